@@ -1,0 +1,495 @@
+//! The ioctl and mmap ABI between `ugds.ko` and user space (`/dev/ugdsN`).
+//!
+//! Every argument struct is `#[repr(C)]` with explicit padding and 8-byte alignment, the same on
+//! both sides. [`ABI_VERSION`] changes whenever any of it does; the library compares it with
+//! [`DeviceInfo::abi_version`] at open and refuses a mismatch.
+//!
+//! # Errors (negative errno from `ioctl`, as documented per request)
+//! | errno | meaning |
+//! | --- | --- |
+//! | `ENOTTY` | unknown request number |
+//! | `EINVAL` | a field is out of range: zero or too large a length or depth, an unaligned address, reserved bits set |
+//! | `EOVERFLOW` | `addr + len` or `offset + len` wraps |
+//! | `EFAULT` | a user pointer (argument struct, buffer to register, segment array) is not mapped |
+//! | `ENOENT` | no such queue pair or registration for this open file |
+//! | `ESTALE` | the registration id exists but its generation differs (stale reference) |
+//! | `EBUSY` | the object is in use (queue pair with an eventfd being torn down, a reset in progress) |
+//! | `EBADF` | the fd is not open, or is not a dma-buf / eventfd as required |
+//! | `ENOSPC` | no free queue id or registration slot |
+//! | `EIO` | the controller failed the admin command or is faulted |
+//! | `ENODEV` | the controller was unbound while this file was open |
+
+/// Version of this ABI.
+pub const ABI_VERSION: u32 = 1;
+
+/// The ioctl type byte of ugds requests.
+pub const IOCTL_TYPE: u8 = 0xD7;
+
+/// Linux errno values used by the module (they are ABI: the same on every Linux architecture ugds targets).
+pub mod errno {
+    /// Operation not permitted.
+    pub const EPERM: i32 = 1;
+    /// No such entry.
+    pub const ENOENT: i32 = 2;
+    /// I/O error.
+    pub const EIO: i32 = 5;
+    /// Bad file descriptor.
+    pub const EBADF: i32 = 9;
+    /// Out of memory.
+    pub const ENOMEM: i32 = 12;
+    /// Bad address.
+    pub const EFAULT: i32 = 14;
+    /// Busy.
+    pub const EBUSY: i32 = 16;
+    /// No such device.
+    pub const ENODEV: i32 = 19;
+    /// Invalid argument.
+    pub const EINVAL: i32 = 22;
+    /// Not a typewriter: unknown ioctl.
+    pub const ENOTTY: i32 = 25;
+    /// No space left.
+    pub const ENOSPC: i32 = 28;
+    /// Value too large.
+    pub const EOVERFLOW: i32 = 75;
+    /// Stale handle.
+    pub const ESTALE: i32 = 116;
+    /// Timed out.
+    pub const ETIMEDOUT: i32 = 110;
+}
+
+const IOC_NRBITS: u32 = 8;
+const IOC_TYPEBITS: u32 = 8;
+const IOC_SIZEBITS: u32 = 14;
+const IOC_NRSHIFT: u32 = 0;
+const IOC_TYPESHIFT: u32 = IOC_NRSHIFT + IOC_NRBITS;
+const IOC_SIZESHIFT: u32 = IOC_TYPESHIFT + IOC_TYPEBITS;
+const IOC_DIRSHIFT: u32 = IOC_SIZESHIFT + IOC_SIZEBITS;
+const IOC_NONE: u32 = 0;
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+/// Encodes an ioctl request number as the kernel's `_IOC` does.
+pub const fn ioc(dir: u32, nr: u8, size: usize) -> u32 {
+    assert!(size < (1 << IOC_SIZEBITS));
+    // CAST: checked above to fit 14 bits.
+    (dir << IOC_DIRSHIFT)
+        | ((IOCTL_TYPE as u32) << IOC_TYPESHIFT)
+        | ((nr as u32) << IOC_NRSHIFT)
+        | ((size as u32) << IOC_SIZESHIFT)
+}
+
+/// Most namespaces reported by [`DeviceInfo`].
+pub const MAX_NAMESPACES: usize = 16;
+
+/// One namespace in [`DeviceInfo`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct NamespaceInfo {
+    /// Namespace ID (1-based).
+    pub nsid: u32,
+    /// Logical block size as a power of two.
+    pub lba_shift: u32,
+    /// Size in logical blocks.
+    pub size_lbas: u64,
+}
+
+/// `GET_INFO` result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct DeviceInfo {
+    /// [`ABI_VERSION`] of the module.
+    pub abi_version: u32,
+    /// N of `/dev/ugdsN`.
+    pub instance: u32,
+    /// Serial number (ASCII, space padded).
+    pub serial: [u8; 20],
+    /// Model number (ASCII, space padded).
+    pub model: [u8; 40],
+    /// Firmware revision (ASCII, space padded).
+    pub firmware: [u8; 8],
+    /// PCI vendor ID.
+    pub vid: u16,
+    /// PCI subsystem vendor ID.
+    pub ssvid: u16,
+    /// CAP register.
+    pub cap: u64,
+    /// VS register.
+    pub vs: u32,
+    /// Maximum data transfer size in bytes (0 = unlimited).
+    pub mdts_bytes: u32,
+    /// Doorbell stride in bytes.
+    pub doorbell_stride: u32,
+    /// I/O queue pairs granted by the controller.
+    pub max_qpairs: u32,
+    /// Most entries in one queue (CAP.MQES + 1).
+    pub max_queue_entries: u32,
+    /// MSI-X vectors available for I/O queues.
+    pub irq_vectors: u32,
+    /// Entries used in `namespaces`.
+    pub num_namespaces: u32,
+    /// Volatile write cache present (1) or not (0).
+    pub vwc: u32,
+    /// Identify Controller ONCS.
+    pub oncs: u32,
+    /// Controller memory page size in bytes (CC.MPS).
+    pub page_size: u32,
+    /// Active namespaces.
+    pub namespaces: [NamespaceInfo; MAX_NAMESPACES],
+}
+
+const _: () = assert!(core::mem::size_of::<DeviceInfo>() == 384);
+const _: () = assert!(core::mem::offset_of!(DeviceInfo, cap) == 80);
+const _: () = assert!(core::mem::offset_of!(DeviceInfo, namespaces) == 128);
+
+/// `CREATE_QPAIR` flag: interrupts enabled for the CQ (an eventfd may be attached).
+pub const QPAIR_FLAG_IRQ: u32 = 1 << 0;
+
+/// `CREATE_QPAIR` argument: `depth` and `flags` in, the rest out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct CreateQpair {
+    /// In: entries per queue (2..=CAP.MQES+1).
+    pub depth: u32,
+    /// In: `QPAIR_FLAG_*`.
+    pub flags: u32,
+    /// Out: queue id (SQ and CQ share it).
+    pub qid: u32,
+    /// Out: MSI-X vector of the CQ (valid with `QPAIR_FLAG_IRQ`).
+    pub irq_vector: u32,
+    /// Out: mmap offset of the SQ.
+    pub sq_offset: u64,
+    /// Out: mmap length of the SQ.
+    pub sq_size: u64,
+    /// Out: mmap offset of the CQ.
+    pub cq_offset: u64,
+    /// Out: mmap length of the CQ.
+    pub cq_size: u64,
+    /// Out: mmap offset of the PRP-list pool (one 4 KiB page per SQ slot).
+    pub prp_offset: u64,
+    /// Out: mmap length of the PRP-list pool.
+    pub prp_size: u64,
+    /// Out: DMA address of the pool's first page; page `i` is at `prp_dma + i * 4096`.
+    pub prp_dma: u64,
+    /// Out: offset of the SQ tail doorbell inside the doorbell mapping.
+    pub sq_doorbell: u64,
+    /// Out: offset of the CQ head doorbell inside the doorbell mapping.
+    pub cq_doorbell: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<CreateQpair>() == 88);
+
+/// `DELETE_QPAIR` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct DeleteQpair {
+    /// Queue id from `CREATE_QPAIR`.
+    pub qid: u32,
+    /// Must be zero.
+    pub reserved: u32,
+}
+
+/// What a registration call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct RegistrationHandle {
+    /// Registration id (per open file).
+    pub id: u32,
+    /// Generation: bumped every time the id is reused.
+    pub generation: u32,
+    /// Number of DMA segments.
+    pub nsegs: u32,
+    /// Must be zero.
+    pub reserved: u32,
+}
+
+/// `REGISTER_HOST` argument: pin `[addr, addr + len)` and DMA-map it for the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct RegisterHost {
+    /// In: page-aligned user address.
+    pub addr: u64,
+    /// In: length, a multiple of 4096, non-zero.
+    pub len: u64,
+    /// Out: the registration.
+    pub handle: RegistrationHandle,
+}
+
+/// `REGISTER_DMABUF` argument: attach a dma-buf (peer-to-peer allowed), map `[offset, offset + len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct RegisterDmabuf {
+    /// In: dma-buf file descriptor.
+    pub fd: i32,
+    /// Must be zero.
+    pub reserved: u32,
+    /// In: page-aligned offset inside the buffer.
+    pub offset: u64,
+    /// In: length, a multiple of 4096, non-zero.
+    pub len: u64,
+    /// Out: the registration.
+    pub handle: RegistrationHandle,
+}
+
+/// One DMA segment of a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct Segment {
+    /// Bus address the controller uses.
+    pub dma_addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// `GET_SEGMENTS` argument: copy segments `[first, first + count)` to `segments`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct GetSegments {
+    /// Registration id.
+    pub id: u32,
+    /// Registration generation.
+    pub generation: u32,
+    /// First segment to copy.
+    pub first: u32,
+    /// Number of segments to copy (the array's capacity).
+    pub count: u32,
+    /// User pointer to `count` [`Segment`]s.
+    pub segments: u64,
+}
+
+/// `DEREGISTER` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct Deregister {
+    /// Registration id.
+    pub id: u32,
+    /// Registration generation.
+    pub generation: u32,
+}
+
+/// `SET_EVENTFD` argument: the queue's MSI-X vector signals `fd`; `-1` detaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct SetEventfd {
+    /// Queue id.
+    pub qid: u32,
+    /// eventfd, or -1.
+    pub fd: i32,
+}
+
+/// The read-only status page (mmap at [`MMAP_STATUS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout
+    )
+)]
+#[repr(C)]
+pub struct StatusPage {
+    /// [`STATUS_MAGIC`].
+    pub magic: u32,
+    /// [`ABI_VERSION`].
+    pub abi_version: u32,
+    /// Bumped by every controller reset; a change means outstanding commands were lost.
+    pub epoch: u64,
+    /// Non-zero while the controller is faulted (a reset is needed or in progress).
+    pub faulted: u32,
+    /// Must be zero.
+    pub reserved: u32,
+    /// Pages pinned for registrations, all files together.
+    pub pinned_pages: u64,
+    /// Live registrations.
+    pub registrations: u64,
+    /// Live I/O queue pairs.
+    pub qpairs: u64,
+    /// Controller resets since probe.
+    pub resets: u64,
+}
+
+/// Value of [`StatusPage::magic`].
+pub const STATUS_MAGIC: u32 = 0x5567_6473; // "sdgU"
+
+/// Request: fill a [`DeviceInfo`].
+pub const IOCTL_GET_INFO: u32 = ioc(IOC_READ, 0x00, core::mem::size_of::<DeviceInfo>());
+/// Request: create a queue pair ([`CreateQpair`]).
+pub const IOCTL_CREATE_QPAIR: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    0x01,
+    core::mem::size_of::<CreateQpair>(),
+);
+/// Request: delete a queue pair ([`DeleteQpair`]).
+pub const IOCTL_DELETE_QPAIR: u32 = ioc(IOC_WRITE, 0x02, core::mem::size_of::<DeleteQpair>());
+/// Request: register host memory ([`RegisterHost`]).
+pub const IOCTL_REGISTER_HOST: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    0x03,
+    core::mem::size_of::<RegisterHost>(),
+);
+/// Request: register a dma-buf ([`RegisterDmabuf`]).
+pub const IOCTL_REGISTER_DMABUF: u32 = ioc(
+    IOC_READ | IOC_WRITE,
+    0x04,
+    core::mem::size_of::<RegisterDmabuf>(),
+);
+/// Request: copy a registration's segments out ([`GetSegments`]).
+pub const IOCTL_GET_SEGMENTS: u32 = ioc(IOC_WRITE, 0x05, core::mem::size_of::<GetSegments>());
+/// Request: deregister ([`Deregister`]).
+pub const IOCTL_DEREGISTER: u32 = ioc(IOC_WRITE, 0x06, core::mem::size_of::<Deregister>());
+/// Request: attach or detach a queue's eventfd ([`SetEventfd`]).
+pub const IOCTL_SET_EVENTFD: u32 = ioc(IOC_WRITE, 0x07, core::mem::size_of::<SetEventfd>());
+/// Request: reset the controller (no argument).
+pub const IOCTL_RESET: u32 = ioc(IOC_NONE, 0x08, 0);
+
+/// mmap region kinds, encoded in the offset by [`mmap_offset`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MmapKind {
+    /// The doorbell page(s), uncached, read-write.
+    Doorbells = 1,
+    /// The status page, read-only.
+    Status = 2,
+    /// A queue pair's SQ.
+    Sq = 3,
+    /// A queue pair's CQ.
+    Cq = 4,
+    /// A queue pair's PRP-list pool.
+    PrpPool = 5,
+}
+
+impl MmapKind {
+    /// Decodes a kind byte.
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(MmapKind::Doorbells),
+            2 => Some(MmapKind::Status),
+            3 => Some(MmapKind::Sq),
+            4 => Some(MmapKind::Cq),
+            5 => Some(MmapKind::PrpPool),
+            _ => None,
+        }
+    }
+}
+
+/// The mmap offset of a region: kind in bits 47:40, queue id in bits 39:24 (page aligned).
+pub const fn mmap_offset(kind: MmapKind, qid: u16) -> u64 {
+    (kind as u64) << 40 | (qid as u64) << 24
+}
+
+/// Splits an mmap offset into kind and queue id; `None` when the offset is not one of ours.
+pub const fn parse_mmap_offset(off: u64) -> Option<(MmapKind, u16)> {
+    if off & ((1 << 24) - 1) != 0 || off >> 48 != 0 {
+        return None;
+    }
+    match MmapKind::from_u8((off >> 40) as u8) {
+        // CAST: 16-bit field.
+        Some(k) => Some((k, (off >> 24) as u16)),
+        None => None,
+    }
+}
+
+/// The mmap offset of the doorbells.
+pub const MMAP_DOORBELLS: u64 = mmap_offset(MmapKind::Doorbells, 0);
+/// The mmap offset of the status page.
+pub const MMAP_STATUS: u64 = mmap_offset(MmapKind::Status, 0);
