@@ -1,1 +1,67 @@
-fn main() {}
+//! `ugds-vm-suite`: runs the VM tests of one variant, checks the kernel log after each, and
+//! prints a result line that `cargo xtask test` reads.
+//!
+//! `--list-variants` prints `name|nvme spec;nvme spec|iommu` per variant.
+
+use ugds_tests::{all_tests, kmsg, VARIANTS};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--list-variants") {
+        for v in VARIANTS {
+            println!("{}|{}|{}", v.name, v.nvme.join(";"), v.iommu);
+        }
+        return;
+    }
+    let mut variant = None;
+    let mut filter = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--variant" => variant = it.next().cloned(),
+            "--filter" => filter = it.next().cloned(),
+            other => {
+                eprintln!("unknown argument {other}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for t in all_tests() {
+        if variant.as_deref().is_some_and(|v| v != t.variant) {
+            continue;
+        }
+        if filter.as_deref().is_some_and(|f| !t.name.contains(f)) {
+            continue;
+        }
+        let mut watch = match kmsg::KmsgWatch::new() {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("cannot read the kernel log: {e:#}");
+                std::process::exit(2);
+            }
+        };
+        let start = std::time::Instant::now();
+        let result = (t.run)();
+        let msgs = watch.new_messages();
+        let bad = kmsg::bad_lines(&msgs);
+        let secs = start.elapsed().as_secs_f64();
+        match (&result, bad.is_empty()) {
+            (Ok(()), true) => {
+                passed += 1;
+                println!("test {} ... ok ({secs:.1}s)", t.name);
+            }
+            _ => {
+                failed += 1;
+                println!("test {} ... FAILED ({secs:.1}s)", t.name);
+                if let Err(e) = &result {
+                    println!("    error: {e:#}");
+                }
+                if !bad.is_empty() {
+                    println!("    kernel log:\n      {}", msgs.join("\n      "));
+                }
+            }
+        }
+    }
+    println!("UGDS-SUITE passed={passed} failed={failed}");
+}

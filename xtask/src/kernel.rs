@@ -97,12 +97,6 @@ fn cache_key(flavour: Flavour, src_version: &str) -> Result<String> {
     Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
-/// Returns the cached kernel for these inputs, or `None` when it still has to be built.
-pub fn cached(flavour: Flavour) -> Result<Option<TestKernel>> {
-    let (k, _) = locate(flavour)?;
-    Ok(k.build.join(".ugds-complete").exists().then_some(k))
-}
-
 fn locate(flavour: Flavour) -> Result<(TestKernel, String)> {
     let version = source_version()?;
     let key = cache_key(flavour, &version)?;

@@ -1,10 +1,17 @@
-//! `cargo xtask`: setup, kernel, vm, install, bind, unbind, test.
+//! `cargo xtask`: kernel, vm, install, bind, unbind, test.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
 
+mod bind;
+mod install;
 mod kernel;
+mod kmod;
+mod suite;
 mod toolchain;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "ugds build, VM and test automation")]
@@ -21,9 +28,66 @@ enum Cmd {
         #[arg(long)]
         debug: bool,
     },
+    /// Boot the test kernel with emulated NVMe controllers and run CMD as root in the guest.
+    Vm {
+        /// An emulated controller: size=1G,lbs=4096,mdts=N,qpairs=N,ns=N,throttle_iops=N,serial=S
+        /// (repeat for more controllers).
+        #[arg(long = "nvme", value_name = "SPEC")]
+        nvme: Vec<vm::NvmeSpec>,
+        /// Add an emulated Intel IOMMU and turn the guest IOMMU on (strict).
+        #[arg(long)]
+        iommu: bool,
+        /// Build and load ugds.ko and bind every controller to it before CMD.
+        #[arg(long)]
+        bind: bool,
+        /// Guest memory.
+        #[arg(long, default_value = "1G")]
+        mem: String,
+        /// Kill the guest after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Use the debug kernel flavour.
+        #[arg(long)]
+        debug_kernel: bool,
+        /// The command to run in the guest, with its arguments.
+        #[arg(last = true, required = true)]
+        cmd: Vec<String>,
+    },
+    /// Build kmod/ against the running kernel (or --kdir) and load it.
+    Install {
+        /// Kernel build tree (default: /lib/modules/$(uname -r)/build).
+        #[arg(long)]
+        kdir: Option<PathBuf>,
+    },
+    /// Give an NVMe controller (/dev/nvmeX, /dev/nvmeXnY or a PCI address) to ugds.
+    Bind {
+        /// The controller.
+        target: String,
+    },
+    /// Give a controller (PCI address or /dev/ugdsN) back to the kernel nvme driver.
+    Unbind {
+        /// The controller.
+        target: String,
+    },
+    /// Host tests, then the VM suite; prints `N passed, M failed`.
+    Test {
+        /// Only host tests.
+        #[arg(long)]
+        host_only: bool,
+        /// Only run VM tests whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+    },
 }
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Kernel { debug } => {
@@ -34,6 +98,70 @@ fn main() -> Result<()> {
             };
             let k = kernel::ensure(flavour)?;
             println!("{}", k.bzimage().display());
+        }
+        Cmd::Vm {
+            nvme,
+            iommu,
+            bind,
+            mem,
+            timeout,
+            debug_kernel,
+            cmd,
+        } => {
+            let flavour = if debug_kernel {
+                kernel::Flavour::Debug
+            } else {
+                kernel::Flavour::Normal
+            };
+            let k = kernel::ensure(flavour)?;
+            let bind_module = if bind {
+                Some(kmod::build_for_test_kernel(&k)?)
+            } else {
+                None
+            };
+            let nvme = if nvme.is_empty() {
+                vec![vm::NvmeSpec::default()]
+            } else {
+                nvme
+            };
+            let cfg = vm::VmConfig {
+                nvme,
+                iommu,
+                bind_module,
+                mem,
+                timeout: Duration::from_secs(timeout),
+                env: Vec::new(),
+                cmd,
+            };
+            let out = vm::run(&cfg, &k, true)?;
+            std::process::exit(out.code);
+        }
+        Cmd::Install { kdir } => install::install(kdir)?,
+        Cmd::Bind { target } => {
+            let addr = bind::bind(&target)?;
+            let nodes = bind::ugds_nodes(&addr);
+            println!(
+                "{addr}: bound to ugds {}",
+                nodes
+                    .iter()
+                    .map(|n| format!("/dev/{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+        }
+        Cmd::Unbind { target } => {
+            let addr = bind::unbind(&target)?;
+            println!(
+                "{addr}: given back to {}",
+                bind::driver_of(&addr).unwrap_or_else(|| "no driver".into())
+            );
+        }
+        Cmd::Test { host_only, filter } => {
+            let summary = suite::run(host_only, filter.as_deref())?;
+            println!("{} passed, {} failed", summary.passed, summary.failed);
+            if summary.failed > 0 {
+                std::process::exit(1);
+            }
         }
     }
     Ok(())

@@ -1,0 +1,7 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/* The C API the module binds to; bindgen turns it into bindings_generated.rs. */
+#include <linux/module.h>
+#include <linux/pci.h>
+#include <linux/io.h>
+#include <linux/dma-mapping.h>
+#include <linux/delay.h>

@@ -1,0 +1,306 @@
+//! PCI driver registration and device access (shaped like upstream `kernel::pci`).
+//!
+//! A [`Registration`] registers a [`Driver`] whose id table matches one PCI class with
+//! `override_only` set: the PCI core then binds it only to devices whose `driver_override`
+//! names it, never on its own. Enabling, bus mastering, BAR regions and mappings are RAII
+//! guards that undo themselves in reverse order when dropped.
+
+use crate::bindings;
+use crate::shim::io::IoMem;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+use kernel::error::to_result;
+use kernel::prelude::*;
+
+/// A PCI driver.
+pub(crate) trait Driver {
+    /// Per-device state, created by `probe`, dropped on remove (in field order).
+    type Data: Send + Sync;
+    /// Driver name (what `driver_override` must say).
+    const NAME: &'static CStr;
+    /// The 24-bit class code (class, subclass, prog-if) the id table names.
+    const CLASS: u32;
+    /// Called when the device is bound.
+    fn probe(dev: &Device) -> Result<KBox<Self::Data>>;
+    /// Called when the device is unbound, before `data` is dropped.
+    fn remove(dev: &Device, data: &Self::Data);
+}
+
+/// A counted reference to a `struct pci_dev`.
+///
+/// # Invariants
+///
+/// `ptr` points to a `pci_dev` on which this object holds a reference (`pci_dev_get`).
+pub(crate) struct Device {
+    ptr: NonNull<bindings::pci_dev>,
+}
+
+// SAFETY: a `pci_dev` reference may be used and dropped from any thread.
+unsafe impl Send for Device {}
+// SAFETY: the accessors only read immutable identification fields or call thread-safe C API.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Takes a new reference to `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must point to a live `pci_dev`.
+    unsafe fn get(ptr: *mut bindings::pci_dev) -> Result<Self> {
+        // SAFETY: the caller guarantees `ptr` is live; `pci_dev_get` takes a reference.
+        let p = unsafe { bindings::pci_dev_get(ptr) };
+        // INVARIANT: we now hold a reference on a non-null device.
+        NonNull::new(p).map(|ptr| Device { ptr }).ok_or(ENODEV)
+    }
+
+    fn raw(&self) -> *mut bindings::pci_dev {
+        self.ptr.as_ptr()
+    }
+
+    /// The device's name, its PCI address (`dev_name`).
+    pub(crate) fn name(&self) -> &CStr {
+        // SAFETY: by the invariant the device is live; `dev_name` is its init name or kobject
+        // name, a NUL-terminated string that lives as long as the device.
+        unsafe {
+            let d = &(*self.raw()).dev;
+            let p = if d.init_name.is_null() { d.kobj.name } else { d.init_name };
+            CStr::from_char_ptr(p.cast())
+        }
+    }
+
+    /// The 24-bit class code.
+    pub(crate) fn class(&self) -> u32 {
+        // SAFETY: `class` is set at enumeration and never changes.
+        unsafe { (*self.raw()).class }
+    }
+
+    /// Vendor and device IDs.
+    pub(crate) fn ids(&self) -> (u16, u16) {
+        // SAFETY: the IDs are set at enumeration and never change.
+        unsafe { ((*self.raw()).vendor, (*self.raw()).device) }
+    }
+
+    /// Physical start and length of BAR `bar` (0 when absent).
+    pub(crate) fn resource(&self, bar: usize) -> Result<(u64, u64)> {
+        // SAFETY: resources are set at enumeration; the index is checked by `get`.
+        let r = unsafe { (*self.raw()).resource.get(bar).ok_or(EINVAL)? };
+        if r.end <= r.start {
+            return Ok((r.start, 0));
+        }
+        Ok((r.start, r.end - r.start + 1))
+    }
+
+    /// Enables memory decoding; disabled again when the guard drops.
+    pub(crate) fn enable_mem(&self) -> Result<Enabled> {
+        // SAFETY: the device is live.
+        to_result(unsafe { bindings::pci_enable_device_mem(self.raw()) })?;
+        // SAFETY: the device is live.
+        let dev = unsafe { Device::get(self.raw()) }?;
+        Ok(Enabled { dev })
+    }
+
+    fn struct_device(&self) -> *mut bindings::device {
+        // SAFETY: the device is live; taking the address of its embedded `struct device`.
+        unsafe { core::ptr::addr_of_mut!((*self.raw()).dev) }
+    }
+
+    /// Sets the streaming and coherent DMA masks to `bits` bits.
+    pub(crate) fn set_dma_mask(&self, bits: u32) -> Result {
+        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        // SAFETY: the device is live.
+        to_result(unsafe { bindings::dma_set_mask(self.struct_device(), mask) })?;
+        // SAFETY: the device is live.
+        to_result(unsafe { bindings::dma_set_coherent_mask(self.struct_device(), mask) })
+    }
+
+    /// Sets the driver data pointer.
+    ///
+    /// # Safety
+    ///
+    /// Only the driver bound to this device may call it, from probe.
+    unsafe fn set_drvdata(&self, data: *mut core::ffi::c_void) {
+        // SAFETY: the caller is the bound driver; `driver_data` is ours to set.
+        unsafe { (*self.raw()).dev.driver_data = data.cast() };
+    }
+
+    /// Returns the driver data pointer.
+    fn drvdata(&self) -> *mut core::ffi::c_void {
+        // SAFETY: the device is live.
+        unsafe { (*self.raw()).dev.driver_data.cast() }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: by the invariant we hold a reference; dropped once here.
+        unsafe { bindings::pci_dev_put(self.raw()) };
+    }
+}
+
+/// An enabled device (memory decoding on). Dropping it clears bus mastering and disables it.
+pub(crate) struct Enabled {
+    dev: Device,
+}
+
+impl Enabled {
+    /// Enables bus mastering (DMA by the device); cleared when `Enabled` drops.
+    pub(crate) fn set_master(&self) {
+        // SAFETY: the device is live and enabled.
+        unsafe { bindings::pci_set_master(self.dev.raw()) };
+    }
+
+    /// Requests BAR `bar` for this driver and maps it uncached.
+    pub(crate) fn map_bar<const SIZE: usize>(&self, bar: u32, name: &'static CStr) -> Result<Bar<SIZE>> {
+        let (start, len) = self.dev.resource(bar as usize)?;
+        if len < SIZE as u64 {
+            return Err(ENODEV);
+        }
+        // SAFETY: the device is live; `name` is a static string.
+        to_result(unsafe { bindings::pci_request_region(self.dev.raw(), bar as _, name.as_char_ptr().cast()) })?;
+        // SAFETY: the device is live.
+        let dev = unsafe { Device::get(self.dev.raw()) }?;
+        let region = Region { dev, bar };
+        // CAST: BAR0 of an NVMe controller is a few KiB to MiB; it fits usize.
+        // SAFETY: the region `[start, start + len)` was just requested for this driver and is
+        // released only after the mapping is dropped (field order of `Bar`).
+        let io = unsafe { IoMem::map(start, len as usize) }?;
+        Ok(Bar { io, _region: region })
+    }
+}
+
+impl Drop for Enabled {
+    fn drop(&mut self) {
+        // SAFETY: the device is live and was enabled by us.
+        unsafe {
+            bindings::pci_clear_master(self.dev.raw());
+            bindings::pci_disable_device(self.dev.raw());
+        }
+    }
+}
+
+struct Region {
+    dev: Device,
+    bar: u32,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: the region was requested by us and its mapping is already gone.
+        unsafe { bindings::pci_release_region(self.dev.raw(), self.bar as _) };
+    }
+}
+
+/// A requested and mapped BAR. Fields drop in order: unmap, then release the region.
+pub(crate) struct Bar<const SIZE: usize> {
+    io: IoMem<SIZE>,
+    _region: Region,
+}
+
+impl<const SIZE: usize> core::ops::Deref for Bar<SIZE> {
+    type Target = IoMem<SIZE>;
+    fn deref(&self) -> &IoMem<SIZE> {
+        &self.io
+    }
+}
+
+struct RawDriver {
+    drv: bindings::pci_driver,
+    ids: [bindings::pci_device_id; 2],
+}
+
+/// A registered PCI driver; unregistered (removing every bound device) on drop.
+///
+/// # Invariants
+///
+/// `raw` came from `KBox::into_raw` and is registered with the PCI core until `Drop`.
+pub(crate) struct Registration<T: Driver> {
+    raw: NonNull<RawDriver>,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the PCI core synchronises driver (un)registration; we only touch `raw` in Drop.
+unsafe impl<T: Driver> Send for Registration<T> {}
+// SAFETY: `&Registration` gives no access to `raw`.
+unsafe impl<T: Driver> Sync for Registration<T> {}
+
+impl<T: Driver> Registration<T> {
+    /// Registers the driver.
+    pub(crate) fn register(module: &'static ThisModule) -> Result<Self> {
+        // SAFETY: `pci_driver` and `pci_device_id` are C structs of integers, pointers and
+        // optional function pointers, for which all-zeroes is a valid (empty) value.
+        let raw: RawDriver = unsafe { core::mem::zeroed() };
+        let raw = KBox::into_raw(KBox::new(raw, GFP_KERNEL)?);
+        // SAFETY: `raw` is a fresh, exclusively owned allocation.
+        let r = unsafe { &mut *raw };
+        let any = bindings::PCI_ANY_ID;
+        r.ids[0].vendor = any;
+        r.ids[0].device = any;
+        r.ids[0].subvendor = any;
+        r.ids[0].subdevice = any;
+        r.ids[0].class = T::CLASS;
+        r.ids[0].class_mask = 0xFF_FFFF;
+        // Bind only when driver_override names us.
+        r.ids[0].override_only = 1;
+        r.drv.name = T::NAME.as_char_ptr().cast();
+        r.drv.id_table = r.ids.as_ptr();
+        r.drv.probe = Some(probe_callback::<T>);
+        r.drv.remove = Some(remove_callback::<T>);
+        // SAFETY: `drv` is fully initialised and lives at a stable heap address until
+        // `pci_unregister_driver` in Drop; `module` is this module's THIS_MODULE.
+        let ret = unsafe {
+            bindings::__pci_register_driver(&mut r.drv, module.as_ptr().cast(), T::NAME.as_char_ptr().cast())
+        };
+        if let Err(e) = to_result(ret) {
+            // SAFETY: registration failed, so the core holds no pointer to `raw`.
+            drop(unsafe { KBox::from_raw(raw) });
+            return Err(e);
+        }
+        // INVARIANT: registered; `raw` is non-null (it came from a box).
+        Ok(Registration { raw: NonNull::new(raw).ok_or(ENOMEM)?, _t: PhantomData })
+    }
+}
+
+impl<T: Driver> Drop for Registration<T> {
+    fn drop(&mut self) {
+        // SAFETY: by the invariant the driver is registered; unregistering removes every bound
+        // device (running `remove`) before returning, after which nothing refers to `raw`.
+        unsafe {
+            bindings::pci_unregister_driver(&mut (*self.raw.as_ptr()).drv);
+            drop(KBox::from_raw(self.raw.as_ptr()));
+        }
+    }
+}
+
+unsafe extern "C" fn probe_callback<T: Driver>(
+    pdev: *mut bindings::pci_dev,
+    _id: *const bindings::pci_device_id,
+) -> kernel::ffi::c_int {
+    // SAFETY: the PCI core passes a live device for the duration of probe.
+    let dev = match unsafe { Device::get(pdev) } {
+        Ok(d) => d,
+        Err(e) => return e.to_errno(),
+    };
+    match T::probe(&dev) {
+        Ok(data) => {
+            // SAFETY: we are the driver being bound, in probe.
+            unsafe { dev.set_drvdata(KBox::into_raw(data).cast()) };
+            0
+        }
+        Err(e) => e.to_errno(),
+    }
+}
+
+unsafe extern "C" fn remove_callback<T: Driver>(pdev: *mut bindings::pci_dev) {
+    // SAFETY: the PCI core passes a live device for the duration of remove.
+    let Ok(dev) = (unsafe { Device::get(pdev) }) else { return };
+    let data = dev.drvdata().cast::<T::Data>();
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: probe stored a `KBox<T::Data>` here, and remove runs once per successful probe.
+    let data = unsafe { KBox::from_raw(data) };
+    T::remove(&dev, &data);
+    // SAFETY: we are the bound driver; clearing our pointer before freeing it.
+    unsafe { dev.set_drvdata(core::ptr::null_mut()) };
+    drop(data);
+}

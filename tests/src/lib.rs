@@ -1,0 +1,218 @@
+//! The VM integration suite's harness: test registry, VM variants, helpers for talking to the
+//! guest's devices, and the kernel-log check that runs after every test.
+//!
+//! Tests run as root inside the test VM (`cargo xtask test` boots it), against QEMU's NVMe model.
+#![deny(missing_docs)]
+
+pub mod foundation;
+pub mod kmsg;
+
+use anyhow::{bail, Context, Result};
+use std::fs;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Command;
+
+/// A VM configuration some tests need.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    /// Name, as passed to `--variant`.
+    pub name: &'static str,
+    /// `--nvme` specs, one per controller.
+    pub nvme: &'static [&'static str],
+    /// Guest IOMMU on.
+    pub iommu: bool,
+}
+
+/// Every VM variant the suite uses.
+pub const VARIANTS: &[Variant] = &[Variant {
+    name: "two-controllers",
+    nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"],
+    iommu: false,
+}];
+
+/// One test.
+pub struct Test {
+    /// Name (what `--filter` matches).
+    pub name: &'static str,
+    /// The variant it runs in.
+    pub variant: &'static str,
+    /// The body.
+    pub run: fn() -> Result<()>,
+}
+
+/// Every test, in run order.
+pub fn all_tests() -> Vec<Test> {
+    foundation::tests()
+}
+
+/// Runs a shell command, returning stdout; fails with its stderr when it exits non-zero.
+pub fn sh(cmd: &str) -> Result<String> {
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .with_context(|| format!("running {cmd}"))?;
+    if !out.status.success() {
+        bail!(
+            "`{cmd}` failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs the host-built xtask binary (`$UGDS_XTASK`) with `args`: (success, stdout + stderr).
+pub fn xtask(args: &[&str]) -> Result<(bool, String)> {
+    let bin = std::env::var("UGDS_XTASK")
+        .context("UGDS_XTASK is not set (run through cargo xtask test)")?;
+    let out = Command::new(&bin)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {bin}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.success(), text))
+}
+
+/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded.
+pub fn load_module() -> Result<()> {
+    if Path::new("/sys/module/ugds").exists() {
+        return Ok(());
+    }
+    let ko = std::env::var("UGDS_KMOD").context("UGDS_KMOD is not set")?;
+    sh(&format!("insmod {ko}")).map(|_| ())
+}
+
+/// Unloads ugds.ko if loaded.
+pub fn unload_module() -> Result<()> {
+    if Path::new("/sys/module/ugds").exists() {
+        sh("rmmod ugds")?;
+    }
+    Ok(())
+}
+
+/// PCI addresses of the NVMe controllers, in PCI order.
+pub fn nvme_controllers() -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    for e in fs::read_dir("/sys/bus/pci/devices")? {
+        let e = e?;
+        if fs::read_to_string(e.path().join("class"))?.trim() == "0x010802" {
+            v.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// The driver bound to a PCI device.
+pub fn driver_of(addr: &str) -> Option<String> {
+    fs::canonicalize(format!("/sys/bus/pci/devices/{addr}/driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+/// The kernel's name (`nvmeN`) of the controller at a PCI address, while nvme drives it.
+pub fn nvme_name(addr: &str) -> Result<String> {
+    let mut d = fs::read_dir(format!("/sys/bus/pci/devices/{addr}/nvme"))
+        .with_context(|| format!("{addr} has no nvme controller"))?;
+    let e = d.next().context("empty nvme dir")??;
+    Ok(e.file_name().to_string_lossy().into_owned())
+}
+
+/// Deterministic test data: a xorshift stream from `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// A 4 KiB-aligned heap buffer for O_DIRECT.
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn layout(len: usize) -> std::alloc::Layout {
+        // 4096 is a power of two and len is rounded up: the layout is always valid.
+        std::alloc::Layout::from_size_align(len.max(4096).next_multiple_of(4096), 4096)
+            .expect("valid layout")
+    }
+    /// A zeroed buffer of `len` bytes.
+    pub fn new(len: usize) -> Self {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        assert!(!ptr.is_null(), "out of memory");
+        AlignedBuf { ptr, len }
+    }
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is a live allocation of at least len initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    /// The bytes, mutable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
+    }
+}
+
+/// Writes `data` at `offset` of a block device with O_DIRECT (through the kernel nvme driver).
+pub fn direct_write(dev: &str, offset: u64, data: &[u8]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .with_context(|| format!("opening {dev}"))?;
+    let mut buf = AlignedBuf::new(data.len());
+    buf.as_mut_slice().copy_from_slice(data);
+    f.write_all_at(buf.as_slice(), offset)
+        .with_context(|| format!("writing {dev}"))?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Reads `len` bytes at `offset` of a block device with O_DIRECT.
+pub fn direct_read(dev: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(dev)
+        .with_context(|| format!("opening {dev}"))?;
+    let mut buf = AlignedBuf::new(len);
+    f.read_exact_at(buf.as_mut_slice(), offset)
+        .with_context(|| format!("reading {dev}"))?;
+    Ok(buf.as_slice().to_vec())
+}
+
+/// Fails with `msg` unless `cond`.
+#[macro_export]
+macro_rules! ensure_that {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            anyhow::bail!($($msg)+);
+        }
+    };
+}

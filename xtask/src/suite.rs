@@ -1,0 +1,179 @@
+//! `cargo xtask test`: host tests, then the VM suite (one VM boot per variant), summed into one
+//! `N passed, M failed` line.
+
+use crate::{kernel, kmod, toolchain, vm};
+use anyhow::{bail, Context, Result};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Totals over every phase.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Summary {
+    /// Tests that passed.
+    pub passed: u64,
+    /// Tests that failed.
+    pub failed: u64,
+}
+
+/// Parses cargo's `test result: ok. 6 passed; 0 failed; ...` line.
+pub fn parse_cargo_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let num_before = |word: &str| -> Option<u64> {
+        let idx = rest.find(word)?;
+        rest[..idx]
+            .trim_end()
+            .rsplit([' ', '.'])
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((num_before(" passed")?, num_before(" failed")?))
+}
+
+/// Parses the suite's `UGDS-SUITE passed=N failed=M` line.
+pub fn parse_suite_result(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().rev().find(|l| l.starts_with("UGDS-SUITE "))?;
+    let mut p = None;
+    let mut f = None;
+    for kv in line.split_whitespace().skip(1) {
+        match kv.split_once('=') {
+            Some(("passed", v)) => p = v.parse().ok(),
+            Some(("failed", v)) => f = v.parse().ok(),
+            _ => {}
+        }
+    }
+    Some((p?, f?))
+}
+
+fn host_tests() -> Result<Summary> {
+    let start = Instant::now();
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(toolchain::workspace_root())
+        .args(["test", "--workspace", "--color", "never"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let mut s = Summary::default();
+    let out = child.stdout.take().context("cargo stdout")?;
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        println!("{line}");
+        if let Some((p, f)) = parse_cargo_result(&line) {
+            s.passed += p;
+            s.failed += f;
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() && s.failed == 0 {
+        // A build failure or crash: count it, so the run cannot look green.
+        s.failed += 1;
+    }
+    eprintln!(
+        "phase host tests: {} passed, {} failed in {:.0?}",
+        s.passed,
+        s.failed,
+        start.elapsed()
+    );
+    Ok(s)
+}
+
+fn build_suite() -> Result<std::path::PathBuf> {
+    toolchain::run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(toolchain::workspace_root())
+            .args(["build", "--quiet", "-p", "ugds-tests", "--bins"]),
+    )?;
+    let bin = toolchain::workspace_root().join("target/debug/ugds-vm-suite");
+    if !bin.exists() {
+        bail!("{} missing after build", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Runs everything; prints each phase's time.
+pub fn run(host_only: bool, filter: Option<&str>) -> Result<Summary> {
+    let mut total = host_tests()?;
+    if host_only {
+        return Ok(total);
+    }
+    let t = Instant::now();
+    let k = kernel::ensure(kernel::Flavour::Normal)?;
+    eprintln!("phase test kernel: {:.0?}", t.elapsed());
+    let t = Instant::now();
+    let ko = kmod::build_for_test_kernel(&k)?;
+    let suite = build_suite()?;
+    eprintln!("phase build module and suite: {:.0?}", t.elapsed());
+    let xtask = std::env::current_exe()?;
+    let variants = toolchain::output(Command::new(&suite).arg("--list-variants"))?;
+    for line in variants.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        let [name, specs, iommu] = f[..] else {
+            bail!("bad variant line {line:?}")
+        };
+        let t = Instant::now();
+        let nvme = specs
+            .split(';')
+            .map(str::parse)
+            .collect::<Result<Vec<vm::NvmeSpec>>>()?;
+        let mut cmd = vec![suite.display().to_string(), "--variant".into(), name.into()];
+        if let Some(f) = filter {
+            cmd.extend(["--filter".into(), f.into()]);
+        }
+        let cfg = vm::VmConfig {
+            nvme,
+            iommu: iommu == "true",
+            bind_module: None,
+            mem: "1G".into(),
+            timeout: Duration::from_secs(1200),
+            env: vec![
+                ("UGDS_XTASK".into(), xtask.display().to_string()),
+                ("UGDS_KMOD".into(), ko.display().to_string()),
+            ],
+            cmd,
+        };
+        eprintln!("phase VM variant {name}: booting");
+        let out = vm::run(&cfg, &k, true)?;
+        match parse_suite_result(&out.output) {
+            Some((p, f)) => {
+                total.passed += p;
+                total.failed += f;
+                eprintln!(
+                    "phase VM variant {name}: {p} passed, {f} failed in {:.0?}",
+                    t.elapsed()
+                );
+            }
+            None => {
+                total.failed += 1;
+                eprintln!(
+                    "phase VM variant {name}: the suite did not finish (exit {}) in {:.0?}",
+                    out.code,
+                    t.elapsed()
+                );
+            }
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_result_lines() {
+        assert_eq!(
+            parse_cargo_result("test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s"),
+            Some((6, 0))
+        );
+        assert_eq!(
+            parse_cargo_result("test result: FAILED. 3 passed; 2 failed; 0 ignored"),
+            Some((3, 2))
+        );
+        assert_eq!(parse_cargo_result("running 3 tests"), None);
+        assert_eq!(
+            parse_suite_result("x\nUGDS-SUITE passed=4 failed=1\n"),
+            Some((4, 1))
+        );
+        assert_eq!(parse_suite_result("no result"), None);
+    }
+}

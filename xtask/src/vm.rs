@@ -1,0 +1,469 @@
+//! `cargo xtask vm`: boots the test kernel under QEMU (TCG) with emulated NVMe controllers and
+//! runs a command as root in the guest.
+//!
+//! The guest's root is a busybox initramfs made per run; the host's `/` is mounted read-only
+//! over 9p at the same paths (the command runs chrooted into it, with a writable tmpfs on /tmp),
+//! so host-built binaries run unchanged. The command's exit code comes back on the serial
+//! console as a marker line. A watchdog kills a guest that outlives the timeout.
+
+use crate::kernel::TestKernel;
+use anyhow::{bail, Context, Result};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Marker the guest prints with the command's exit code.
+const EXIT_MARKER: &str = "UGDS-VM-EXIT=";
+
+/// One emulated NVMe controller: `size=1G,lbs=4096,mdts=2,qpairs=4,ns=2,throttle_iops=10,serial=X`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmeSpec {
+    /// Bytes per namespace.
+    pub size: u64,
+    /// Logical block size (512 or 4096).
+    pub lbs: u32,
+    /// MDTS (power of two of 4 KiB pages), or the QEMU default.
+    pub mdts: Option<u8>,
+    /// Maximum I/O queue pairs, or the QEMU default.
+    pub qpairs: Option<u32>,
+    /// Number of namespaces.
+    pub ns: u32,
+    /// I/O operations per second the backing drive allows (slows the drive), or unlimited.
+    pub throttle_iops: Option<u32>,
+    /// Serial number.
+    pub serial: Option<String>,
+}
+
+impl Default for NvmeSpec {
+    fn default() -> Self {
+        NvmeSpec {
+            size: 256 << 20,
+            lbs: 512,
+            mdts: None,
+            qpairs: None,
+            ns: 1,
+            throttle_iops: None,
+            serial: None,
+        }
+    }
+}
+
+/// Parses a size such as `4096`, `64K`, `256M`, `1G`.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} overflows"))
+}
+
+impl std::str::FromStr for NvmeSpec {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let mut spec = NvmeSpec::default();
+        for kv in s.split(',').filter(|p| !p.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("{kv:?} is not key=value"))?;
+            match k {
+                "size" => spec.size = parse_size(v)?,
+                "lbs" => {
+                    spec.lbs = v.parse()?;
+                    if spec.lbs != 512 && spec.lbs != 4096 {
+                        bail!("lbs must be 512 or 4096, not {v}");
+                    }
+                }
+                "mdts" => spec.mdts = Some(v.parse()?),
+                "qpairs" => spec.qpairs = Some(v.parse()?),
+                "ns" => {
+                    spec.ns = v.parse()?;
+                    if !(1..=16).contains(&spec.ns) {
+                        bail!("ns must be 1..=16, not {v}");
+                    }
+                }
+                "throttle_iops" => spec.throttle_iops = Some(v.parse()?),
+                "serial" => spec.serial = Some(v.to_string()),
+                _ => bail!("unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, ns, throttle_iops, serial)"),
+            }
+        }
+        if spec.size == 0 || spec.size % u64::from(spec.lbs) != 0 {
+            bail!("size must be a non-zero multiple of the block size");
+        }
+        Ok(spec)
+    }
+}
+
+/// Everything one VM run needs.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Emulated controllers, in PCI order.
+    pub nvme: Vec<NvmeSpec>,
+    /// Add QEMU's intel-iommu and turn the guest IOMMU on (strict).
+    pub iommu: bool,
+    /// Load ugds.ko (this path) and bind every controller to it before the command.
+    pub bind_module: Option<PathBuf>,
+    /// Guest memory, QEMU syntax (`1G`).
+    pub mem: String,
+    /// Kill the guest after this long.
+    pub timeout: Duration,
+    /// Environment for the command.
+    pub env: Vec<(String, String)>,
+    /// The command and its arguments.
+    pub cmd: Vec<String>,
+}
+
+/// Quotes a string for the guest's sh.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+fn guest_init(cfg: &VmConfig, kernel: &TestKernel, xtask: &Path) -> Result<String> {
+    let cwd = std::env::current_dir()?;
+    let mut s = String::new();
+    s.push_str(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /host
+if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose host /host; then
+  echo "ugds-vm: mounting the host file system failed"; echo UGDS-VM-EXIT=125; reboot -f
+fi
+mount -t tmpfs tmp /host/tmp
+mount -t devtmpfs dev /host/dev
+mount -t proc proc /host/proc
+mount -t sysfs sys /host/sys
+fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
+"#,
+    );
+    for m in kernel.nvme_modules() {
+        writeln!(
+            s,
+            "insmod /host{} || fail 'loading {}'",
+            m.display(),
+            m.display()
+        )?;
+    }
+    // Wait for the kernel driver to finish probing every controller.
+    let want = cfg.nvme.len();
+    writeln!(
+        s,
+        "i=0; while [ $(ls /sys/class/nvme 2>/dev/null | wc -l) -lt {want} ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done"
+    )?;
+    if let Some(ko) = &cfg.bind_module {
+        writeln!(s, "insmod /host{} || fail 'loading ugds.ko'", ko.display())?;
+        // Bind in PCI order, so /dev/ugdsN follows controller order.
+        writeln!(
+            s,
+            "for d in $(ls /sys/bus/pci/devices); do if [ \"$(cat /sys/bus/pci/devices/$d/class)\" = 0x010802 ]; then chroot /host {} bind $d || fail \"binding $d\"; fi; done",
+            xtask.display()
+        )?;
+    }
+    let mut env = String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb UGDS_IN_VM=1");
+    for (k, v) in &cfg.env {
+        write!(env, " {}={}", k, shell_quote(v))?;
+    }
+    let cmd: Vec<String> = cfg.cmd.iter().map(|a| shell_quote(a)).collect();
+    writeln!(
+        s,
+        "chroot /host /bin/sh -c {}\nrc=$?\nsync\necho\necho {EXIT_MARKER}$rc\nreboot -f",
+        shell_quote(&format!(
+            "{env}; cd {} && exec {}",
+            shell_quote(&cwd.to_string_lossy()),
+            cmd.join(" ")
+        ))
+    )?;
+    Ok(s)
+}
+
+fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
+    let root = dir.join("initramfs");
+    for d in ["bin", "proc", "sys", "dev", "host", "tmp"] {
+        fs::create_dir_all(root.join(d))?;
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        bail!("/bin/busybox missing: run `apt-get install busybox-static`");
+    }
+    fs::copy(busybox, root.join("bin/busybox"))?;
+    fs::write(root.join("init"), init)?;
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
+    let cpio = dir.join("initramfs.cpio");
+    let out = fs::File::create(&cpio)?;
+    let mut child = Command::new("cpio")
+        .args(["-o", "-H", "newc", "--quiet"])
+        .current_dir(&root)
+        .stdin(Stdio::piped())
+        .stdout(out)
+        .spawn()
+        .context("running cpio (apt-get install cpio)")?;
+    {
+        let mut stdin = child.stdin.take().context("cpio stdin")?;
+        for e in [
+            "bin",
+            "bin/busybox",
+            "proc",
+            "sys",
+            "dev",
+            "host",
+            "tmp",
+            "init",
+        ] {
+            writeln!(stdin, "{e}")?;
+        }
+    }
+    if !child.wait()?.success() {
+        bail!("cpio failed");
+    }
+    Ok(cpio)
+}
+
+fn qemu_args(
+    cfg: &VmConfig,
+    kernel: &TestKernel,
+    dir: &Path,
+    initrd: &Path,
+) -> Result<Vec<String>> {
+    let mut a: Vec<String> = [
+        "-machine",
+        "q35",
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-smp",
+        "2",
+        "-m",
+        &cfg.mem,
+        "-nographic",
+        "-no-reboot",
+        "-nic",
+        "none",
+        "-monitor",
+        "none",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut append = String::from("console=ttyS0 panic=-1 loglevel=4 rdinit=/init");
+    if cfg.iommu {
+        // The IOMMU must come before the devices it translates for.
+        a.extend(["-device".into(), "intel-iommu".into()]);
+        append.push_str(" intel_iommu=on iommu.strict=1");
+    }
+    a.extend(["-kernel".into(), kernel.bzimage().display().to_string()]);
+    a.extend(["-initrd".into(), initrd.display().to_string()]);
+    a.extend(["-append".into(), append]);
+    a.extend([
+        "-virtfs".into(),
+        "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap".into(),
+    ]);
+    for (i, spec) in cfg.nvme.iter().enumerate() {
+        let serial = spec.serial.clone().unwrap_or_else(|| format!("ugds{i:04}"));
+        let mut dev = format!("nvme,id=nvme{i},serial={serial}");
+        if let Some(m) = spec.mdts {
+            write!(dev, ",mdts={m}")?;
+        }
+        if let Some(q) = spec.qpairs {
+            write!(dev, ",max_ioqpairs={q}")?;
+        }
+        a.extend(["-device".into(), dev]);
+        for n in 1..=spec.ns {
+            let img = dir.join(format!("nvme{i}n{n}.img"));
+            fs::File::create(&img)?.set_len(spec.size)?;
+            let mut drive = format!(
+                "file={},if=none,id=d{i}n{n},format=raw,cache=unsafe",
+                img.display()
+            );
+            if let Some(t) = spec.throttle_iops {
+                write!(drive, ",throttling.iops-total={t}")?;
+            }
+            a.extend(["-drive".into(), drive]);
+            a.extend([
+                "-device".into(),
+                format!(
+                    "nvme-ns,drive=d{i}n{n},bus=nvme{i},nsid={n},logical_block_size={lbs},physical_block_size={lbs}",
+                    lbs = spec.lbs
+                ),
+            ]);
+        }
+    }
+    Ok(a)
+}
+
+/// What a finished run produced.
+#[derive(Debug)]
+pub struct VmOutcome {
+    /// The command's exit code (125: the guest's setup failed, 124: timed out).
+    pub code: i32,
+    /// Everything the guest printed.
+    pub output: String,
+}
+
+/// Boots the VM, runs the command, and returns its exit code and output. With `echo`, guest
+/// output is also printed as it arrives.
+pub fn run(cfg: &VmConfig, kernel: &TestKernel, echo: bool) -> Result<VmOutcome> {
+    if cfg.cmd.is_empty() {
+        bail!("no command given: cargo xtask vm [OPTIONS] -- CMD ARGS...");
+    }
+    let tmp = TempDir::new("ugds-vm")?;
+    let xtask = std::env::current_exe()?;
+    let init = guest_init(cfg, kernel, &xtask)?;
+    let initrd = make_initramfs(tmp.path(), &init)?;
+    let args = qemu_args(cfg, kernel, tmp.path(), &initrd)?;
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+    let pid = child.id();
+    let done = Arc::new(AtomicBool::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let (done, timed_out, timeout) = (done.clone(), timed_out.clone(), cfg.timeout);
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                if start.elapsed() > timeout {
+                    timed_out.store(true, Ordering::Relaxed);
+                    // SAFETY-free: plain kill(2) of our own child by pid.
+                    unsafe_kill(pid);
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let stderr = child.stderr.take().context("qemu stderr")?;
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            s.push_str(&l);
+            s.push('\n');
+        }
+        s
+    });
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let mut output = String::new();
+    let mut code = None;
+    let mut reader = BufReader::new(stdout);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim_end_matches(['\r', '\n']);
+        if let Some(rc) = line.strip_prefix(EXIT_MARKER) {
+            code = rc.trim().parse::<i32>().ok();
+            continue;
+        }
+        if echo {
+            println!("{line}");
+        }
+        output.push_str(line);
+        output.push('\n');
+    }
+    let status = child.wait()?;
+    done.store(true, Ordering::Relaxed);
+    let _ = watchdog.join();
+    let qemu_err = err_reader.join().unwrap_or_default();
+    if timed_out.load(Ordering::Relaxed) {
+        eprintln!(
+            "ugds-vm: the guest did not finish within {:?}: killed it",
+            cfg.timeout
+        );
+        return Ok(VmOutcome { code: 124, output });
+    }
+    match code {
+        Some(c) => Ok(VmOutcome { code: c, output }),
+        None => bail!(
+            "the guest stopped without reporting an exit code (qemu: {status}){}",
+            if qemu_err.is_empty() {
+                String::new()
+            } else {
+                format!("\nqemu said: {qemu_err}")
+            }
+        ),
+    }
+}
+
+fn unsafe_kill(pid: u32) {
+    // CAST: pids fit in i32.
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+}
+
+/// A temporary folder removed on drop (disk images, initramfs).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates a fresh folder under the system temp dir.
+    pub fn new(prefix: &str) -> Result<Self> {
+        let base = std::env::temp_dir();
+        for i in 0..1000u32 {
+            let p = base.join(format!("{prefix}-{}-{i}", std::process::id()));
+            if fs::create_dir(&p).is_ok() {
+                return Ok(TempDir(p));
+            }
+        }
+        bail!("could not create a temp dir under {}", base.display())
+    }
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_nvme_specs() {
+        let s: NvmeSpec = "size=256M,lbs=4096,mdts=2".parse().unwrap();
+        assert_eq!((s.size, s.lbs, s.mdts, s.ns), (256 << 20, 4096, Some(2), 1));
+        let s: NvmeSpec = "size=128M,ns=2,qpairs=1,throttle_iops=2,serial=abc"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (s.ns, s.qpairs, s.throttle_iops, s.serial.as_deref()),
+            (2, Some(1), Some(2), Some("abc"))
+        );
+        assert!("lbs=1024".parse::<NvmeSpec>().is_err());
+        assert!("bogus=1".parse::<NvmeSpec>().is_err());
+        assert!("ns=0".parse::<NvmeSpec>().is_err());
+        assert!("size=1000,lbs=4096".parse::<NvmeSpec>().is_err());
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    }
+
+    #[test]
+    fn quotes_for_sh() {
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+}
