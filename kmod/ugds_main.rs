@@ -4,6 +4,7 @@
 //! This stage: a PCI driver for the NVMe class that, on probe, enables the device, enables bus
 //! mastering, sets a 64-bit DMA mask, maps BAR0 and logs the controller's CAP and VS.
 
+use kernel::c_str;
 use kernel::prelude::*;
 
 mod bindings;
@@ -43,23 +44,23 @@ impl pci::Driver for NvmeDriver {
     fn probe(dev: &pci::Device) -> Result<KBox<Controller>> {
         let name = dev.name();
         if dev.class() != CLASS_NVME {
-            pr_err!("ugds {}: class {:#08x} is not an NVMe controller\n", name, dev.class());
+            pr_err!("{}: class {:#08x} is not an NVMe controller\n", name, dev.class());
             return Err(ENODEV);
         }
         let enabled = dev.enable_mem().inspect_err(|e| {
-            pr_err!("ugds {}: probe step 'enable device' failed: {:?}\n", name, e)
+            pr_err!("{}: probe step 'enable device' failed: {:?}\n", name, e)
         })?;
         enabled.set_master();
         dev.set_dma_mask(64)
-            .inspect_err(|e| pr_err!("ugds {}: probe step '64-bit DMA mask' failed: {:?}\n", name, e))?;
+            .inspect_err(|e| pr_err!("{}: probe step '64-bit DMA mask' failed: {:?}\n", name, e))?;
         let bar = enabled
             .map_bar::<BAR0_MIN>(0, c_str!("ugds"))
-            .inspect_err(|e| pr_err!("ugds {}: probe step 'map BAR0' failed: {:?}\n", name, e))?;
+            .inspect_err(|e| pr_err!("{}: probe step 'map BAR0' failed: {:?}\n", name, e))?;
         let cap = Cap(bar.read64::<REG_CAP>());
         let vs = Vs(bar.read32::<REG_VS>());
         let (vid, did) = dev.ids();
         pr_info!(
-            "ugds {}: NVMe {:04x}:{:04x} CAP {:#018x} (MQES {}, DSTRD {}, TO {} ms, MPSMIN {}) VS {}.{}.{}, BAR0 {} bytes\n",
+            "{}: NVMe {:04x}:{:04x} CAP {:#018x} (MQES {}, DSTRD {}, TO {} ms, MPSMIN {}) VS {}.{}.{}, BAR0 {} bytes\n",
             name,
             vid,
             did,
@@ -77,7 +78,7 @@ impl pci::Driver for NvmeDriver {
     }
 
     fn remove(dev: &pci::Device, data: &Controller) {
-        pr_info!("ugds {}: released (BAR0 {} bytes)\n", dev.name(), data.bar.len());
+        pr_info!("{}: released (BAR0 {} bytes)\n", dev.name(), data.bar.len());
     }
 }
 
@@ -88,13 +89,13 @@ struct UgdsModule {
 impl kernel::Module for UgdsModule {
     fn init(module: &'static ThisModule) -> Result<Self> {
         let driver = pci::Registration::register(module)?;
-        pr_info!("ugds: loaded (uapi ABI {})\n", uapi::ioctl::ABI_VERSION);
+        pr_info!("loaded (uapi ABI {})\n", uapi::ioctl::ABI_VERSION);
         Ok(UgdsModule { _driver: driver })
     }
 }
 
 impl Drop for UgdsModule {
     fn drop(&mut self) {
-        pr_info!("ugds: unloading\n");
+        pr_info!("unloading\n");
     }
 }

@@ -99,7 +99,7 @@ impl Device {
         Ok(Enabled { dev })
     }
 
-    fn struct_device(&self) -> *mut bindings::device {
+    pub(crate) fn as_device_ptr(&self) -> *mut bindings::device {
         // SAFETY: the device is live; taking the address of its embedded `struct device`.
         unsafe { core::ptr::addr_of_mut!((*self.raw()).dev) }
     }
@@ -108,9 +108,9 @@ impl Device {
     pub(crate) fn set_dma_mask(&self, bits: u32) -> Result {
         let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
         // SAFETY: the device is live.
-        to_result(unsafe { bindings::dma_set_mask(self.struct_device(), mask) })?;
+        to_result(unsafe { bindings::dma_set_mask(self.as_device_ptr(), mask) })?;
         // SAFETY: the device is live.
-        to_result(unsafe { bindings::dma_set_coherent_mask(self.struct_device(), mask) })
+        to_result(unsafe { bindings::dma_set_coherent_mask(self.as_device_ptr(), mask) })
     }
 
     /// Sets the driver data pointer.
@@ -127,6 +127,15 @@ impl Device {
     fn drvdata(&self) -> *mut core::ffi::c_void {
         // SAFETY: the device is live.
         unsafe { (*self.raw()).dev.driver_data.cast() }
+    }
+}
+
+impl Clone for Device {
+    fn clone(&self) -> Self {
+        // SAFETY: by the invariant the device is live; `pci_dev_get` takes another reference.
+        unsafe { bindings::pci_dev_get(self.raw()) };
+        // INVARIANT: the new reference belongs to the clone.
+        Device { ptr: self.ptr }
     }
 }
 
@@ -232,7 +241,8 @@ impl<T: Driver> Registration<T> {
         let raw = KBox::into_raw(KBox::new(raw, GFP_KERNEL)?);
         // SAFETY: `raw` is a fresh, exclusively owned allocation.
         let r = unsafe { &mut *raw };
-        let any = bindings::PCI_ANY_ID;
+        // PCI_ANY_ID is `(~0)`: all ones.
+        let any = u32::MAX;
         r.ids[0].vendor = any;
         r.ids[0].device = any;
         r.ids[0].subvendor = any;

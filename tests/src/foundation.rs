@@ -103,7 +103,7 @@ fn bind_roundtrip() -> Result<()> {
     let probe = log
         .lines()
         .rev()
-        .find(|l| l.contains(&format!("ugds {addr}: NVMe")))
+        .find(|l| l.contains(&format!("ugds: {addr}: NVMe")))
         .with_context(|| format!("no probe line for {addr} in the kernel log"))?;
     ensure_that!(
         probe.contains("CAP 0x") && probe.contains(" VS 1."),
@@ -182,7 +182,7 @@ fn unload_while_bound() -> Result<()> {
     );
     let log = sh("dmesg")?;
     ensure_that!(
-        log.contains(&format!("ugds {addr}: released")),
+        log.contains(&format!("ugds: {addr}: released")),
         "remove did not run for {addr}"
     );
     let (ok, out) = xtask(&["unbind", &addr])?;

@@ -116,6 +116,27 @@ impl Sqe {
             cdw15: 0,
         }
     }
+    /// The entry as the 16 little-endian dwords the device reads (for volatile copies into a queue).
+    pub const fn to_dwords(&self) -> [u32; 16] {
+        [
+            self.cdw0,
+            self.nsid,
+            self.cdw2,
+            self.cdw3,
+            self.mptr as u32,
+            (self.mptr >> 32) as u32,
+            self.prp1 as u32,
+            (self.prp1 >> 32) as u32,
+            self.prp2 as u32,
+            (self.prp2 >> 32) as u32,
+            self.cdw10,
+            self.cdw11,
+            self.cdw12,
+            self.cdw13,
+            self.cdw14,
+            self.cdw15,
+        ]
+    }
     /// Opcode (CDW0 bits 7:0).
     pub const fn opcode(&self) -> u8 {
         // CAST: the low byte is the opcode.
@@ -245,6 +266,18 @@ impl Cqe {
             sq_id: sq_id.to_le(),
             cid: cid.to_le(),
             status: (status.to_field() << 1 | phase as u16).to_le(),
+        }
+    }
+    /// An entry from the four dwords read out of a completion queue slot.
+    pub const fn from_dwords(d: [u32; 4]) -> Self {
+        Cqe {
+            dw0: d[0],
+            dw1: d[1],
+            // CAST: the low and high halves of DW2 and DW3.
+            sq_head: d[2] as u16,
+            sq_id: (d[2] >> 16) as u16,
+            cid: d[3] as u16,
+            status: (d[3] >> 16) as u16,
         }
     }
     /// DW0: command-specific result.

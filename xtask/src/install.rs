@@ -13,7 +13,7 @@ pub fn rustc_version_code(version_line: &str) -> Option<u32> {
     let v = v.split('-').next()?;
     let mut it = v.split('.').map(|p| p.parse::<u32>().ok());
     let (ma, mi, pa) = (it.next()??, it.next()??, it.next()??);
-    Some(ma * 10000 + mi * 100 + pa)
+    Some(ma * 100_000 + mi * 100 + pa)
 }
 
 fn config_value(config: &str, key: &str) -> Option<String> {
@@ -63,8 +63,8 @@ fn matching_rustc(want: u32) -> Result<PathBuf> {
         "the kernel was built with rustc version code {want}, and no matching rustc was found (looked in PATH, /usr/bin, rustup toolchains: {}). \
          Install that exact rustc (e.g. `rustup toolchain install {}.{}.{}` plus `rustup component add rust-src`) and retry.",
         if seen.is_empty() { "none found".into() } else { seen.join(", ") },
-        want / 10000,
-        want / 100 % 100,
+        want / 100_000,
+        want / 100 % 1000,
         want % 100
     )
 }
