@@ -5,3 +5,7 @@
 #include <linux/io.h>
 #include <linux/dma-mapping.h>
 #include <linux/delay.h>
+#include <linux/miscdevice.h>
+#include <linux/fs.h>
+#include <linux/mm.h>
+#include <linux/scatterlist.h>

@@ -1,16 +1,29 @@
-//! ugds: takes over an NVMe controller (bound through `driver_override` only) and, in later
-//! stages, hands its I/O queue pairs and registered memory to user space.
+//! ugds: takes over an NVMe controller (bound through `driver_override` only) and hands its I/O
+//! queue pairs and registered memory to user space through `/dev/ugdsN`.
 //!
-//! This stage: a PCI driver for the NVMe class that, on probe, enables the device, enables bus
-//! mastering, sets a 64-bit DMA mask, maps BAR0 and logs the controller's CAP and VS.
+//! Layout: `shim/` is the thin safe layer over the module-local bindings; `ctrl` brings the
+//! controller up and down, `admin` is the in-kernel admin queue, `qpair` the user queue pairs,
+//! `registry` the registrations, `device` the shared per-controller state and its teardown
+//! order, `chardev` the ioctl/mmap ABI from `uapi`.
 
+use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::c_str;
 use kernel::prelude::*;
 
+mod admin;
 mod bindings;
+mod chardev;
+mod ctrl;
+mod device;
+mod errno;
+mod qpair;
+mod registry;
 mod shim;
+mod table;
 mod uapi;
 
+use device::{Controller, Hw};
+use shim::miscdev::MiscRegistration;
 use shim::pci;
 use uapi::regs::{Cap, Vs, REG_CAP, REG_VS};
 
@@ -28,34 +41,57 @@ const CLASS_NVME: u32 = 0x01_0802;
 /// BAR0 must hold at least the registers and the admin queue's doorbells.
 const BAR0_MIN: usize = 0x1008;
 
-/// One bound controller. Fields drop in declaration order: unmap BAR0, then disable.
-struct Controller {
-    bar: pci::Bar<BAR0_MIN>,
-    _enabled: pci::Enabled,
+/// The controller's mapped BAR0.
+pub(crate) type Bar0 = pci::Bar<BAR0_MIN>;
+
+/// Instance numbers in use (bit N: /dev/ugdsN).
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
+
+fn alloc_instance() -> Result<u32> {
+    loop {
+        let cur = INSTANCES.load(Ordering::Relaxed);
+        let free = (!cur).trailing_zeros();
+        if free >= 64 {
+            return Err(ENOSPC);
+        }
+        if INSTANCES.compare_exchange(cur, cur | 1 << free, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return Ok(free);
+        }
+    }
+}
+
+fn free_instance(n: u32) {
+    INSTANCES.fetch_and(!(1u64 << n), Ordering::AcqRel);
+}
+
+/// One bound controller. Fields drop in order: the misc device goes first (no new opens),
+/// then this reference to the controller state.
+struct Bound {
+    misc: MiscRegistration<chardev::Chardev>,
+    instance: u32,
 }
 
 struct NvmeDriver;
 
+fn step<T>(name: &CStr, what: &str, r: Result<T>) -> Result<T> {
+    r.inspect_err(|e| pr_err!("{}: probe step '{}' failed: {:?}\n", name, what, e))
+}
+
 impl pci::Driver for NvmeDriver {
-    type Data = Controller;
+    type Data = Bound;
     const NAME: &'static CStr = c_str!("ugds");
     const CLASS: u32 = CLASS_NVME;
 
-    fn probe(dev: &pci::Device) -> Result<KBox<Controller>> {
+    fn probe(dev: &pci::Device) -> Result<KBox<Bound>> {
         let name = dev.name();
         if dev.class() != CLASS_NVME {
             pr_err!("{}: class {:#08x} is not an NVMe controller\n", name, dev.class());
             return Err(ENODEV);
         }
-        let enabled = dev.enable_mem().inspect_err(|e| {
-            pr_err!("{}: probe step 'enable device' failed: {:?}\n", name, e)
-        })?;
+        let enabled = step(name, "enable device", dev.enable_mem())?;
         enabled.set_master();
-        dev.set_dma_mask(64)
-            .inspect_err(|e| pr_err!("{}: probe step '64-bit DMA mask' failed: {:?}\n", name, e))?;
-        let bar = enabled
-            .map_bar::<BAR0_MIN>(0, c_str!("ugds"))
-            .inspect_err(|e| pr_err!("{}: probe step 'map BAR0' failed: {:?}\n", name, e))?;
+        step(name, "64-bit DMA mask", dev.set_dma_mask(64))?;
+        let bar = step(name, "map BAR0", enabled.map_bar::<BAR0_MIN>(0, c_str!("ugds")))?;
         let cap = Cap(bar.read64::<REG_CAP>());
         let vs = Vs(bar.read32::<REG_VS>());
         let (vid, did) = dev.ids();
@@ -74,12 +110,102 @@ impl pci::Driver for NvmeDriver {
             vs.tertiary(),
             bar.len()
         );
-        Ok(KBox::new(Controller { bar, _enabled: enabled }, GFP_KERNEL)?)
+        if cap.mpsmin() != 0 || cap.css() & 1 == 0 {
+            pr_err!("{}: needs 4 KiB pages and the NVM command set\n", name);
+            return Err(ENODEV);
+        }
+        let mut adminq = step(name, "allocate admin queue", admin::AdminQueue::new(dev, cap.dstrd()))?;
+        step(name, "disable controller", ctrl::disable(&bar, cap))?;
+        let brought_up = ctrl::enable(&bar, cap, &mut adminq)
+            .inspect_err(|e| pr_err!("{}: probe step 'enable controller' failed: {:?}\n", name, e))
+            .and_then(|_| step(name, "identify", ctrl::identify_all(dev, &bar, cap, &mut adminq)));
+        let mut info = match brought_up {
+            Ok(i) => i,
+            Err(e) => {
+                // Stop the controller before its admin queue memory is freed.
+                let _ = ctrl::disable(&bar, cap);
+                return Err(e);
+            }
+        };
+        info.vs = vs.0;
+        let instance = match alloc_instance() {
+            Ok(i) => i,
+            Err(e) => {
+                let _ = ctrl::disable(&bar, cap);
+                return Err(e);
+            }
+        };
+        info.instance = instance;
+        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), _enabled: enabled };
+        let controller = match Controller::new(dev, info, cap, hw) {
+            Ok(c) => c,
+            Err(e) => {
+                // `hw` was dropped by the failed constructor, which stopped the controller.
+                free_instance(instance);
+                return Err(e);
+            }
+        };
+        let mut node = [0u8; 16];
+        let node_name = format_node(&mut node, instance);
+        let misc = match MiscRegistration::register(node_name, dev, controller.clone(), &THIS_MODULE) {
+            Ok(m) => m,
+            Err(e) => {
+                pr_err!("{}: probe step 'register /dev/{}' failed: {:?}\n", name, node_name, e);
+                controller.shutdown();
+                free_instance(instance);
+                return Err(e);
+            }
+        };
+        pr_info!(
+            "{}: /dev/{}: {} (fw {}, serial {}), MDTS {} bytes, {} I/O queue pairs of up to {} entries\n",
+            name,
+            node_name,
+            ctrl::ascii(&info.model),
+            ctrl::ascii(&info.firmware),
+            ctrl::ascii(&info.serial),
+            info.mdts_bytes,
+            info.max_qpairs,
+            info.max_queue_entries
+        );
+        for ns in &info.namespaces[..info.num_namespaces as usize] {
+            pr_info!(
+                "{}: namespace {}: {} blocks of {} bytes ({} MiB)\n",
+                name,
+                ns.nsid,
+                ns.size_lbas,
+                1u32 << ns.lba_shift,
+                (ns.size_lbas << ns.lba_shift) >> 20
+            );
+        }
+        Ok(KBox::new(Bound { misc, instance }, GFP_KERNEL)?)
     }
 
-    fn remove(dev: &pci::Device, data: &Controller) {
-        pr_info!("{}: released (BAR0 {} bytes)\n", dev.name(), data.bar.len());
+    fn remove(dev: &pci::Device, data: &Bound) {
+        data.misc.device().shutdown();
+        free_instance(data.instance);
+        pr_info!("{}: released\n", dev.name());
     }
+}
+
+/// Writes `ugds<N>` into `buf` and returns it as a str.
+fn format_node(buf: &mut [u8; 16], n: u32) -> &str {
+    let prefix = b"ugds";
+    buf[..4].copy_from_slice(prefix);
+    let mut digits = [0u8; 10];
+    let mut len = 0;
+    let mut v = n;
+    loop {
+        digits[len] = b'0' + (v % 10) as u8;
+        len += 1;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[4 + i] = digits[len - 1 - i];
+    }
+    core::str::from_utf8(&buf[..4 + len]).unwrap_or("ugds")
 }
 
 struct UgdsModule {

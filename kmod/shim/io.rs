@@ -68,15 +68,6 @@ impl<const SIZE: usize> IoMem<SIZE> {
         unsafe { core::ptr::write_volatile(self.addr.add(OFF).cast::<u32>(), v) }
     }
 
-    /// Reads a 32-bit register at a run-time offset.
-    pub(crate) fn try_read32(&self, off: usize) -> Result<u32> {
-        if off % 4 != 0 || off.checked_add(4).map_or(true, |end| end > self.len) {
-            return Err(EINVAL);
-        }
-        // SAFETY: bounds and alignment checked above.
-        Ok(unsafe { core::ptr::read_volatile(self.addr.add(off).cast::<u32>()) })
-    }
-
     /// Writes a 32-bit register at a run-time offset.
     pub(crate) fn try_write32(&self, off: usize, v: u32) -> Result {
         if off % 4 != 0 || off.checked_add(4).map_or(true, |end| end > self.len) {

@@ -1,6 +1,10 @@
 //! The thin safe layer over the module-local bindings, shaped like upstream Rust-for-Linux
-//! abstractions (`kernel::pci`, `kernel::io`) so each file can be swapped for upstream later.
-//! Everything unsafe in the module lives here.
+//! abstractions (`kernel::pci`, `kernel::io`, `kernel::dma`, `kernel::miscdevice`) so each file
+//! can be swapped for upstream later. Nearly all `unsafe` in the module lives here.
 
+pub(crate) mod dma;
 pub(crate) mod io;
+pub(crate) mod miscdev;
 pub(crate) mod pci;
+pub(crate) mod pin;
+pub(crate) mod uaccess;

@@ -141,7 +141,17 @@ mkdir -p /host
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose host /host; then
   echo "ugds-vm: mounting the host file system failed"; echo UGDS-VM-EXIT=125; reboot -f
 fi
+# A writable /tmp, through which what the host had in /tmp stays visible (read-only): a checkout
+# or build under /tmp must run by its host path too.
+mkdir -p /hosttmp
+mount --bind /host/tmp /hosttmp
 mount -t tmpfs tmp /host/tmp
+for e in /hosttmp/* /hosttmp/.[!.]*; do
+  [ -e "$e" ] || continue
+  n="${e#/hosttmp/}"
+  if [ -d "$e" ]; then mkdir -p "/host/tmp/$n"; else touch "/host/tmp/$n"; fi
+  mount --bind "$e" "/host/tmp/$n" 2>/dev/null
+done
 mount -t devtmpfs dev /host/dev
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
@@ -190,7 +200,7 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
 
 fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
     let root = dir.join("initramfs");
-    for d in ["bin", "proc", "sys", "dev", "host", "tmp"] {
+    for d in ["bin", "proc", "sys", "dev", "host", "hosttmp", "tmp"] {
         fs::create_dir_all(root.join(d))?;
     }
     let busybox = Path::new("/bin/busybox");

@@ -1,0 +1,276 @@
+//! `/dev/ugdsN`: open, release, the ioctls and mmap of the uapi ABI. Every argument is validated
+//! before anything changes; each failure has its own documented errno (uapi `ioctl` docs).
+
+use crate::device::Controller;
+use crate::qpair::Qpair;
+use crate::registry::{Backing, Registration};
+use crate::shim::miscdev::{FileHandle, FileOps, Vma};
+use crate::shim::pin::PinnedUserMemory;
+use crate::shim::uaccess::{read_arg, write_arg, write_slice, Plain};
+use crate::uapi::ioctl::*;
+use crate::uapi::regs::{cq_head_doorbell, sq_tail_doorbell, REG_DOORBELL_BASE};
+use kernel::prelude::*;
+use kernel::sync::Arc;
+
+// SAFETY (all below): `#[repr(C)]` structs of integers and integer arrays whose sizes and
+// offsets the uapi const assertions pin down with explicit padding fields; any bits are valid.
+// SAFETY: see above.
+unsafe impl Plain for DeviceInfo {}
+// SAFETY: see above.
+unsafe impl Plain for CreateQpair {}
+// SAFETY: see above.
+unsafe impl Plain for DeleteQpair {}
+// SAFETY: see above.
+unsafe impl Plain for RegisterHost {}
+// SAFETY: see above.
+unsafe impl Plain for GetSegments {}
+// SAFETY: see above.
+unsafe impl Plain for Deregister {}
+// SAFETY: see above.
+unsafe impl Plain for Segment {}
+
+/// Largest host registration: 16 GiB.
+const MAX_REGISTRATION: u64 = 16 << 30;
+/// End of the user address space on x86-64 (TASK_SIZE_MAX with 4-level paging).
+const USER_END: u64 = 0x7FFF_FFFF_F000;
+
+/// The file operations of `/dev/ugdsN`.
+pub(crate) struct Chardev;
+
+/// Per-open-file state: just the controller; what the file owns lives in the controller's
+/// tables, tagged with the file's handle.
+pub(crate) struct OpenFile {
+    ctrl: Arc<Controller>,
+}
+
+impl FileOps for Chardev {
+    type Device = Arc<Controller>;
+    type File = OpenFile;
+
+    fn open(dev: &Arc<Controller>, handle: FileHandle) -> Result<KBox<OpenFile>> {
+        let mut inner = dev.inner.lock();
+        if inner.hw.is_none() {
+            return Err(ENODEV);
+        }
+        inner.files.insert(handle)?;
+        drop(inner);
+        Ok(KBox::new(OpenFile { ctrl: dev.clone() }, GFP_KERNEL)?)
+    }
+
+    fn release(file: KBox<OpenFile>, handle: FileHandle) {
+        file.ctrl.release_file(handle);
+    }
+
+    fn ioctl(file: &OpenFile, handle: FileHandle, cmd: u32, arg: usize) -> Result<isize> {
+        let c = &*file.ctrl;
+        match cmd {
+            IOCTL_GET_INFO => {
+                write_arg(arg, &c.info)?;
+                Ok(0)
+            }
+            IOCTL_CREATE_QPAIR => {
+                let mut a: CreateQpair = read_arg(arg)?;
+                create_qpair(c, handle, &mut a)?;
+                if let Err(e) = write_arg(arg, &a) {
+                    // The caller cannot learn the qid: undo.
+                    let _ = delete_qpair(c, handle, a.qid);
+                    return Err(e);
+                }
+                Ok(0)
+            }
+            IOCTL_DELETE_QPAIR => {
+                let a: DeleteQpair = read_arg(arg)?;
+                if a.reserved != 0 {
+                    return Err(EINVAL);
+                }
+                delete_qpair(c, handle, a.qid).map(|_| 0)
+            }
+            IOCTL_REGISTER_HOST => {
+                let mut a: RegisterHost = read_arg(arg)?;
+                a.handle = register_host(c, handle, a.addr, a.len)?;
+                if let Err(e) = write_arg(arg, &a) {
+                    let _ = deregister(c, handle, a.handle.id, a.handle.generation);
+                    return Err(e);
+                }
+                Ok(0)
+            }
+            IOCTL_GET_SEGMENTS => {
+                let a: GetSegments = read_arg(arg)?;
+                get_segments(c, handle, &a)
+            }
+            IOCTL_DEREGISTER => {
+                let a: Deregister = read_arg(arg)?;
+                deregister(c, handle, a.id, a.generation).map(|_| 0)
+            }
+            IOCTL_RESET => {
+                let mut inner = c.inner.lock();
+                let r = c.reset_locked(&mut inner);
+                c.publish(&inner);
+                r.map(|_| 0)
+            }
+            _ => Err(ENOTTY),
+        }
+    }
+
+    fn mmap(file: &OpenFile, handle: FileHandle, vma: &mut Vma) -> Result {
+        let c = &*file.ctrl;
+        let (kind, qid) = parse_mmap_offset(vma.offset()).ok_or(EINVAL)?;
+        if !vma.is_shared() {
+            return Err(EINVAL);
+        }
+        let inner = c.inner.lock();
+        if inner.hw.is_none() {
+            return Err(ENODEV);
+        }
+        match kind {
+            MmapKind::Doorbells => {
+                let avail = c.bar_len.saturating_sub(REG_DOORBELL_BASE as u64);
+                if qid != 0 || vma.len() == 0 || vma.len() as u64 > avail {
+                    return Err(EINVAL);
+                }
+                // SAFETY: the doorbell range lies inside BAR0, which this driver owns while
+                // `hw` is Some (checked under the lock); shutdown zaps every file's mappings
+                // before giving BAR0 up.
+                unsafe { vma.map_io_uncached(c.bar_phys + REG_DOORBELL_BASE as u64, vma.len()) }
+            }
+            MmapKind::Status => {
+                if qid != 0 {
+                    return Err(EINVAL);
+                }
+                if vma.is_writable() {
+                    return Err(EPERM);
+                }
+                vma.deny_write();
+                // SAFETY: the status page lives as long as the controller, which outlives
+                // every open file (each holds an Arc) and so every mapping.
+                unsafe { c.status.mmap(vma) }
+            }
+            MmapKind::Sq | MmapKind::Cq | MmapKind::PrpPool => {
+                let qp = inner.qpairs.iter().find(|q| q.qid == qid && q.owner == handle).ok_or(ENOENT)?;
+                let region = qp.region(kind).ok_or(EINVAL)?;
+                // SAFETY: delete_qpair, release and shutdown zap these mappings before the
+                // memory is freed.
+                unsafe { region.mmap(vma) }
+            }
+        }
+    }
+}
+
+fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Result {
+    if a.flags != 0 {
+        // Interrupt-driven queues (QPAIR_FLAG_IRQ) are not supported yet.
+        return Err(EINVAL);
+    }
+    if a.depth < 2 || a.depth > c.info.max_queue_entries {
+        return Err(EINVAL);
+    }
+    let mut inner = c.inner.lock();
+    if inner.faulted {
+        return Err(EIO);
+    }
+    let qid = (1..=c.info.max_qpairs as u16)
+        .find(|q| !inner.qpairs.iter().any(|qp| qp.qid == *q))
+        .ok_or(ENOSPC)?;
+    let qp = Qpair::alloc(&c.pdev, handle, qid, a.depth)?;
+    let hw = inner.hw.as_mut().ok_or(ENODEV)?;
+    qp.create_on_device(&hw.bar, &mut hw.admin)?;
+    let dstrd = c.cap.dstrd();
+    *a = CreateQpair {
+        depth: a.depth,
+        flags: a.flags,
+        qid: qid as u32,
+        irq_vector: 0,
+        sq_offset: mmap_offset(MmapKind::Sq, qid),
+        sq_size: qp.sq.size() as u64,
+        cq_offset: mmap_offset(MmapKind::Cq, qid),
+        cq_size: qp.cq.size() as u64,
+        prp_offset: mmap_offset(MmapKind::PrpPool, qid),
+        prp_size: qp.prp.size() as u64,
+        prp_dma: qp.prp.dma_handle(),
+        sq_doorbell: (sq_tail_doorbell(qid, dstrd) - REG_DOORBELL_BASE) as u64,
+        cq_doorbell: (cq_head_doorbell(qid, dstrd) - REG_DOORBELL_BASE) as u64,
+    };
+    if let Err(e) = inner.qpairs.insert(qp) {
+        // Keep the invariant simple: a queue pair we cannot track must not stay on the device.
+        pr_err!("{}: out of memory tracking qid {}\n", c.pdev.name(), qid);
+        return Err(e);
+    }
+    c.publish(&inner);
+    Ok(())
+}
+
+fn delete_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
+    let mut inner = c.inner.lock();
+    let qp = inner.qpairs.remove_first(|q| q.qid as u32 == qid && q.owner == handle).ok_or(ENOENT)?;
+    qp.zap_user_mappings();
+    let doomed = [qp];
+    if c.stop_qpairs_locked(&mut inner, &doomed) {
+        drop(doomed);
+    } else {
+        pr_err!("{}: controller wedged deleting qid {}: its memory stays allocated\n", c.pdev.name(), qid);
+        core::mem::forget(doomed);
+    }
+    c.publish(&inner);
+    Ok(())
+}
+
+fn register_host(c: &Controller, handle: FileHandle, addr: u64, len: u64) -> Result<RegistrationHandle> {
+    if len == 0 || len % 4096 != 0 || addr % 4096 != 0 || len > MAX_REGISTRATION {
+        return Err(EINVAL);
+    }
+    let end = addr.checked_add(len).ok_or_else(crate::errno::eoverflow)?;
+    if end > USER_END {
+        return Err(EFAULT);
+    }
+    // Pin before taking the lock: pinning may fault pages in and take a while.
+    let mem = PinnedUserMemory::pin(&c.pdev, addr, len)?;
+    let mut inner = c.inner.lock();
+    if inner.hw.is_none() {
+        return Err(ENODEV);
+    }
+    let id = (1..=u32::MAX)
+        .find(|i| !inner.regs.iter().any(|r| r.owner == handle && r.id == *i))
+        .ok_or(ENOSPC)?;
+    let generation = inner.next_generation;
+    inner.next_generation = inner.next_generation.checked_add(1).unwrap_or(1);
+    let nsegs = mem.segments().len() as u32;
+    inner.regs.insert(Registration { owner: handle, id, generation, backing: Backing::Host(mem) })?;
+    c.publish(&inner);
+    Ok(RegistrationHandle { id, generation, nsegs, reserved: 0 })
+}
+
+fn get_segments(c: &Controller, handle: FileHandle, a: &GetSegments) -> Result<isize> {
+    let inner = c.inner.lock();
+    let r = find_reg(&inner.regs, handle, a.id, a.generation)?;
+    let segs = r.segments();
+    let first = a.first as usize;
+    if first > segs.len() {
+        return Err(EINVAL);
+    }
+    let n = (a.count as usize).min(segs.len() - first);
+    write_slice(a.segments as usize, &segs[first..first + n])?;
+    Ok(n as isize)
+}
+
+fn find_reg<'a>(
+    regs: &'a crate::table::Table<Registration>,
+    handle: FileHandle,
+    id: u32,
+    generation: u32,
+) -> Result<&'a Registration> {
+    let r = regs.iter().find(|r| r.owner == handle && r.id == id).ok_or(ENOENT)?;
+    if r.generation != generation {
+        return Err(crate::errno::estale());
+    }
+    Ok(r)
+}
+
+fn deregister(c: &Controller, handle: FileHandle, id: u32, generation: u32) -> Result {
+    let mut inner = c.inner.lock();
+    find_reg(&inner.regs, handle, id, generation)?;
+    let r = inner.regs.remove_first(|r| r.owner == handle && r.id == id);
+    c.publish(&inner);
+    drop(inner);
+    drop(r);
+    Ok(())
+}

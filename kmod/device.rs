@@ -1,0 +1,240 @@
+//! A bound controller and everything it owns: the hardware (BAR, admin queue), the queue pairs
+//! and registrations of every open file, and the status page. One mutex guards it all: this is
+//! the control plane, where simplicity beats concurrency.
+//!
+//! Teardown order (DESIGN.md invariant 2): queue pairs are deleted through the admin queue (or
+//! the controller is disabled and RDY=0 observed) before any memory the SSD could write is
+//! unmapped, unpinned or freed.
+
+use crate::admin::AdminQueue;
+use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
+use crate::qpair::Qpair;
+use crate::registry::Registration;
+use crate::shim::dma::CoherentAllocation;
+use crate::shim::miscdev::FileHandle;
+use crate::shim::pci;
+use crate::table::Table;
+use crate::uapi::ioctl::{DeviceInfo, StatusPage, ABI_VERSION, STATUS_MAGIC};
+use crate::uapi::queue::{feature, Sqe};
+use crate::uapi::regs::Cap;
+use crate::Bar0;
+use core::mem::{offset_of, ManuallyDrop};
+use kernel::prelude::*;
+use kernel::sync::{Arc, Mutex};
+
+/// The hardware of a bound controller. Dropping it disables the controller (waiting for
+/// RDY=0) and only then frees the admin queue; then BAR0 is unmapped and the PCI device
+/// disabled (field order).
+pub(crate) struct Hw {
+    /// BAR0.
+    pub(crate) bar: Bar0,
+    /// CAP (for the disable timeout).
+    pub(crate) cap: Cap,
+    /// The admin queue; freed by `Drop` only once the controller stopped.
+    pub(crate) admin: ManuallyDrop<AdminQueue>,
+    /// Memory decoding and bus mastering; dropped last.
+    pub(crate) _enabled: pci::Enabled,
+}
+
+impl Drop for Hw {
+    fn drop(&mut self) {
+        if ctrl::disable(&self.bar, self.cap).is_ok() {
+            // SAFETY: dropped exactly once, here; the controller no longer uses the queue.
+            unsafe { ManuallyDrop::drop(&mut self.admin) };
+        } else {
+            pr_err!("controller did not stop: leaking its admin queue memory\n");
+        }
+    }
+}
+
+/// Mutable state of a controller.
+pub(crate) struct Inner {
+    /// `None` once the device was removed (unbind): every call then fails with ENODEV.
+    pub(crate) hw: Option<Hw>,
+    /// Set while the controller needs a reset (a command or admin command timed out).
+    pub(crate) faulted: bool,
+    /// Live queue pairs of every open file.
+    pub(crate) qpairs: Table<Qpair>,
+    /// Live registrations of every open file.
+    pub(crate) regs: Table<Registration>,
+    /// Open files (for revoking their mappings on unbind).
+    pub(crate) files: Table<FileHandle>,
+    /// Next registration generation (never 0).
+    pub(crate) next_generation: u32,
+    /// Bumped by every reset.
+    pub(crate) epoch: u64,
+    /// Resets since probe.
+    pub(crate) resets: u64,
+}
+
+/// A controller bound to ugds, shared by its misc device and every open file.
+#[pin_data]
+pub(crate) struct Controller {
+    /// The PCI device.
+    pub(crate) pdev: pci::Device,
+    /// What GET_INFO returns.
+    pub(crate) info: DeviceInfo,
+    /// CAP.
+    pub(crate) cap: Cap,
+    /// Physical address and length of BAR0 (for mapping the doorbells).
+    pub(crate) bar_phys: u64,
+    /// Length of BAR0.
+    pub(crate) bar_len: u64,
+    /// The read-only status page (epoch, faulted, counters).
+    pub(crate) status: CoherentAllocation,
+    /// Everything that changes.
+    #[pin]
+    pub(crate) inner: Mutex<Inner>,
+}
+
+impl Controller {
+    /// Builds the shared state around a brought-up controller.
+    pub(crate) fn new(pdev: &pci::Device, info: DeviceInfo, cap: Cap, hw: Hw) -> Result<Arc<Self>> {
+        let (bar_phys, bar_len) = pdev.resource(0)?;
+        let status = CoherentAllocation::alloc(pdev, 4096)?;
+        let inner = Inner {
+            hw: Some(hw),
+            faulted: false,
+            qpairs: Table::new(),
+            regs: Table::new(),
+            files: Table::new(),
+            next_generation: 1,
+            epoch: 1,
+            resets: 0,
+        };
+        let c = Arc::pin_init(
+            pin_init!(Controller {
+                pdev: pdev.clone(),
+                info,
+                cap,
+                bar_phys,
+                bar_len,
+                status,
+                inner <- kernel::new_mutex!(inner, "ugds::Controller::inner"),
+            }),
+            GFP_KERNEL,
+        )?;
+        c.publish(&c.inner.lock());
+        Ok(c)
+    }
+
+    /// Writes the counters into the status page.
+    pub(crate) fn publish(&self, inner: &Inner) {
+        let pinned: u64 = inner.regs.iter().map(|r| r.npages() as u64).sum();
+        let s = &self.status;
+        let _ = s.write32(offset_of!(StatusPage, magic), STATUS_MAGIC);
+        let _ = s.write32(offset_of!(StatusPage, abi_version), ABI_VERSION);
+        let _ = s.write64(offset_of!(StatusPage, epoch), inner.epoch);
+        let _ = s.write32(offset_of!(StatusPage, faulted), (inner.faulted || inner.hw.is_none()) as u32);
+        let _ = s.write64(offset_of!(StatusPage, pinned_pages), pinned);
+        let _ = s.write64(offset_of!(StatusPage, registrations), inner.regs.len() as u64);
+        let _ = s.write64(offset_of!(StatusPage, qpairs), inner.qpairs.len() as u64);
+        let _ = s.write64(offset_of!(StatusPage, resets), inner.resets);
+    }
+
+    /// Resets the controller: disable and wait for RDY=0 (after which it does no DMA), enable,
+    /// re-negotiate queues and re-create every live queue pair; bumps the epoch.
+    ///
+    /// If the controller never reports RDY=0 it stays faulted and the caller must keep all
+    /// memory it could write.
+    pub(crate) fn reset_locked(&self, inner: &mut Inner) -> Result {
+        let Some(hw) = inner.hw.as_mut() else { return Err(ENODEV) };
+        inner.faulted = true;
+        inner.epoch += 1;
+        if let Err(e) = ctrl::disable(&hw.bar, self.cap) {
+            pr_err!("{}: reset: controller did not stop (CSTS.RDY stayed 1): {:?}\n", self.pdev.name(), e);
+            return Err(EIO);
+        }
+        ctrl::enable(&hw.bar, self.cap, &mut hw.admin)?;
+        let mut sqe = Sqe::new(crate::uapi::queue::admin::SET_FEATURES, 0);
+        sqe.set_cdw(10, feature::NUMBER_OF_QUEUES);
+        let q = self.info.max_qpairs - 1;
+        sqe.set_cdw(11, q | q << 16);
+        hw.admin.submit(&hw.bar, sqe, ADMIN_TIMEOUT_MS)?;
+        for qp in inner.qpairs.iter() {
+            qp.clear_cq()?;
+            qp.create_on_device(&hw.bar, &mut hw.admin)?;
+        }
+        inner.faulted = false;
+        inner.resets += 1;
+        inner.epoch += 1;
+        pr_info!("{}: controller reset, epoch {}\n", self.pdev.name(), inner.epoch);
+        Ok(())
+    }
+
+    /// Deletes the given queue pairs (already removed from `inner.qpairs`) on the device and
+    /// returns whether it is now safe to free their memory. A failed delete resets the
+    /// controller; if even that cannot confirm RDY=0, the memory must be leaked.
+    pub(crate) fn stop_qpairs_locked(&self, inner: &mut Inner, doomed: &[Qpair]) -> bool {
+        let mut need_reset = false;
+        if let Some(hw) = inner.hw.as_mut() {
+            for qp in doomed {
+                if qp.delete_on_device(&hw.bar, &mut hw.admin).is_err() {
+                    need_reset = true;
+                    break;
+                }
+            }
+        }
+        if need_reset {
+            return self.reset_locked(inner).is_ok() || inner.hw.as_ref().is_some_and(|hw| ctrl::disable(&hw.bar, self.cap).is_ok());
+        }
+        true
+    }
+
+    /// Releases everything an open file owns: its queue pairs first (deleted on the device),
+    /// then its registrations.
+    pub(crate) fn release_file(&self, handle: FileHandle) {
+        let mut inner = self.inner.lock();
+        let (Ok(doomed), Ok(regs)) = (
+            inner.qpairs.remove_all(|q| q.owner == handle),
+            inner.regs.remove_all(|r| r.owner == handle),
+        ) else {
+            // Out of memory for the bookkeeping: the entries stay (and stay pinned) until unbind.
+            pr_err!("{}: out of memory releasing a file; its resources are freed at unbind\n", self.pdev.name());
+            return;
+        };
+        let safe = self.stop_qpairs_locked(&mut inner, &doomed);
+        if safe {
+            drop(doomed);
+            drop(regs);
+        } else {
+            // The controller may still write this memory: leaking it is the only safe choice.
+            pr_err!(
+                "{}: controller wedged: keeping {} queue pair(s) and {} registration(s) pinned\n",
+                self.pdev.name(),
+                doomed.len(),
+                regs.len()
+            );
+            core::mem::forget(doomed);
+            core::mem::forget(regs);
+        }
+        let _ = inner.files.remove_first(|f| *f == handle);
+        self.publish(&inner);
+    }
+
+    /// Unbind: revoke every user mapping, stop the controller, free everything.
+    pub(crate) fn shutdown(&self) {
+        let mut inner = self.inner.lock();
+        for f in inner.files.iter() {
+            f.zap(0, 0);
+        }
+        let stopped = match inner.hw.as_ref() {
+            Some(hw) => ctrl::disable(&hw.bar, self.cap).is_ok(),
+            None => true,
+        };
+        let qpairs = core::mem::replace(&mut inner.qpairs, Table::new());
+        let regs = core::mem::replace(&mut inner.regs, Table::new());
+        let hw = inner.hw.take();
+        if stopped {
+            drop(qpairs);
+            drop(regs);
+            drop(hw);
+        } else {
+            pr_err!("{}: controller did not stop on unbind: leaking its DMA memory\n", self.pdev.name());
+            core::mem::forget(qpairs);
+            core::mem::forget(regs);
+            core::mem::forget(hw);
+        }
+        self.publish(&inner);
+    }
+}

@@ -1,0 +1,36 @@
+//! Copying ioctl argument structs to and from user space (over `kernel::uaccess`).
+
+use kernel::prelude::*;
+use kernel::uaccess::UserSlice;
+
+/// Plain old data that may be copied from arbitrary user bytes.
+///
+/// # Safety
+///
+/// Implementors are `#[repr(C)]`, contain no padding and no pointers or references, and every
+/// bit pattern is a valid value.
+pub(crate) unsafe trait Plain: Copy {}
+
+/// Reads a `T` from user address `arg` (EFAULT when unmapped).
+pub(crate) fn read_arg<T: Plain>(arg: usize) -> Result<T> {
+    let mut v = core::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: `v` is `size_of::<T>()` writable bytes, zero-initialised.
+    let bytes = unsafe { core::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), core::mem::size_of::<T>()) };
+    UserSlice::new(arg, bytes.len()).reader().read_slice(bytes)?;
+    // SAFETY: every bit pattern is a valid `T` (`Plain`), and all bytes were written.
+    Ok(unsafe { v.assume_init() })
+}
+
+/// Writes `v` to user address `arg` (EFAULT when unmapped).
+pub(crate) fn write_arg<T: Plain>(arg: usize, v: &T) -> Result {
+    // SAFETY: `T` has no padding (`Plain`), so all its bytes are initialised.
+    let bytes = unsafe { core::slice::from_raw_parts((v as *const T).cast::<u8>(), core::mem::size_of::<T>()) };
+    UserSlice::new(arg, bytes.len()).writer().write_slice(bytes)
+}
+
+/// Writes a slice of `T` to user address `arg`.
+pub(crate) fn write_slice<T: Plain>(arg: usize, v: &[T]) -> Result {
+    // SAFETY: as in `write_arg`, for `v.len()` contiguous values.
+    let bytes = unsafe { core::slice::from_raw_parts(v.as_ptr().cast::<u8>(), core::mem::size_of_val(v)) };
+    UserSlice::new(arg, bytes.len()).writer().write_slice(bytes)
+}

@@ -1,0 +1,58 @@
+//! A small slot table (6.12's `KVec` has no remove): removal empties a slot, insertion reuses
+//! the first empty one. Control-plane sizes are small (queue pairs, registrations, files).
+
+use kernel::prelude::*;
+
+/// Slots holding `T`s.
+pub(crate) struct Table<T> {
+    slots: KVec<Option<T>>,
+}
+
+impl<T> Table<T> {
+    /// An empty table.
+    pub(crate) fn new() -> Self {
+        Table { slots: KVec::new() }
+    }
+
+    /// Inserts `v` into the first free slot.
+    pub(crate) fn insert(&mut self, v: T) -> Result {
+        if let Some(slot) = self.slots.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(v);
+            return Ok(());
+        }
+        self.slots.push(Some(v), GFP_KERNEL)?;
+        Ok(())
+    }
+
+    /// The live entries.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(|s| s.as_ref())
+    }
+
+    /// Number of live entries.
+    pub(crate) fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// Removes and returns the first entry matching `pred`.
+    pub(crate) fn remove_first(&mut self, mut pred: impl FnMut(&T) -> bool) -> Option<T> {
+        let slot = self.slots.iter_mut().find(|s| s.as_ref().is_some_and(&mut pred))?;
+        slot.take()
+    }
+
+    /// Removes every entry matching `pred` and returns them. Space for the result is reserved
+    /// first; if that fails, nothing is removed.
+    pub(crate) fn remove_all(&mut self, mut pred: impl FnMut(&T) -> bool) -> Result<KVec<T>> {
+        let n = self.iter().filter(|v| pred(v)).count();
+        let mut out = KVec::with_capacity(n, GFP_KERNEL)?;
+        for slot in self.slots.iter_mut() {
+            if slot.as_ref().is_some_and(&mut pred) {
+                if let Some(v) = slot.take() {
+                    // Cannot fail: capacity for all `n` matches was reserved above.
+                    let _ = out.push(v, GFP_KERNEL);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
