@@ -98,8 +98,17 @@ impl Vma {
             let uc = bindings::cachemode2protval(bindings::page_cache_mode__PAGE_CACHE_MODE_UC_MINUS);
             (*self.raw()).vm_page_prot.pgprot |= uc as bindings::pgprotval_t;
         }
+        // vm_iomap_memory reads vm_pgoff as an offset into the range; ours encodes the region,
+        // so present 0 for the call and restore it (the file offset is what zaps match).
         // SAFETY: the caller owns the MMIO range; vm_iomap_memory checks the VMA fits it.
-        kernel::error::to_result(unsafe { bindings::vm_iomap_memory(self.raw(), phys as _, len as _) })
+        let ret = unsafe {
+            let pgoff = (*self.raw()).vm_pgoff;
+            (*self.raw()).vm_pgoff = 0;
+            let r = bindings::vm_iomap_memory(self.raw(), phys as _, len as _);
+            (*self.raw()).vm_pgoff = pgoff;
+            r
+        };
+        kernel::error::to_result(ret)
     }
 
     /// Raw pointer, for the DMA shim.

@@ -5,7 +5,9 @@
 #![deny(missing_docs)]
 
 pub mod foundation;
+pub mod kmod;
 pub mod kmsg;
+pub mod raw;
 
 use anyhow::{bail, Context, Result};
 use std::fs;
@@ -25,11 +27,22 @@ pub struct Variant {
 }
 
 /// Every VM variant the suite uses.
-pub const VARIANTS: &[Variant] = &[Variant {
-    name: "two-controllers",
-    nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"],
-    iommu: false,
-}];
+pub const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "two-controllers",
+        nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"],
+        iommu: false,
+    },
+    Variant {
+        name: "kmod",
+        nvme: &[
+            "size=256M,lbs=4096",
+            "size=128M,lbs=512,ns=2",
+            "size=64M,throttle_iops=200",
+        ],
+        iommu: false,
+    },
+];
 
 /// One test.
 pub struct Test {
@@ -43,7 +56,9 @@ pub struct Test {
 
 /// Every test, in run order.
 pub fn all_tests() -> Vec<Test> {
-    foundation::tests()
+    let mut v = foundation::tests();
+    v.extend(kmod::tests());
+    v
 }
 
 /// Runs a shell command, returning stdout; fails with its stderr when it exits non-zero.

@@ -13,6 +13,13 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("--child") {
+        if let Err(e) = ugds_tests::kmod::child_main(&args[1..]) {
+            eprintln!("child: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let mut variant = None;
     let mut filter = None;
     let mut it = args.iter();

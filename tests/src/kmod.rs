@@ -1,0 +1,586 @@
+//! Kernel module tests: probe, queue pairs and registrations driven by the raw driver, several
+//! processes, kill -9 with commands in flight, load/unload and bind/unbind loops, and the
+//! bad-input matrix (each case returns its documented errno and changes nothing).
+
+use crate::raw::{errno_of, ioctl_raw, HostBuf, Mapping, RawDev};
+use crate::{
+    direct_read, driver_of, ensure_that, load_module, nvme_controllers, nvme_name, pattern, sh,
+    xtask, Test,
+};
+use anyhow::{Context, Result};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use ugds_uapi::ioctl::*;
+use ugds_uapi::queue::nvm;
+
+const V: &str = "kmod";
+
+/// The kernel module tests.
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test {
+            name: "kmod_probe_logs_model_mdts_and_namespaces",
+            variant: V,
+            run: probe_log,
+        },
+        Test {
+            name: "kmod_raw_io_host_memory_matches_kernel_driver",
+            variant: V,
+            run: raw_io,
+        },
+        Test {
+            name: "kmod_two_processes_one_controller",
+            variant: V,
+            run: two_processes,
+        },
+        Test {
+            name: "kmod_kill9_with_64_commands_in_flight",
+            variant: V,
+            run: kill9_inflight,
+        },
+        Test {
+            name: "kmod_bind_unbind_20_with_io",
+            variant: V,
+            run: bind_unbind_20,
+        },
+        Test {
+            name: "kmod_load_unload_50",
+            variant: V,
+            run: load_unload_50,
+        },
+        Test {
+            name: "kmod_bad_register_zero_huge_unaligned_overflow",
+            variant: V,
+            run: bad_register_ranges,
+        },
+        Test {
+            name: "kmod_bad_register_unmapped_memory",
+            variant: V,
+            run: bad_register_unmapped,
+        },
+        Test {
+            name: "kmod_bad_ids_generations_double_free",
+            variant: V,
+            run: bad_ids,
+        },
+        Test {
+            name: "kmod_bad_qpair_depth",
+            variant: V,
+            run: bad_depth,
+        },
+        Test {
+            name: "kmod_bad_mmap_offsets_sizes_permissions",
+            variant: V,
+            run: bad_mmap,
+        },
+        Test {
+            name: "kmod_bad_other_files_objects",
+            variant: V,
+            run: bad_other_file,
+        },
+        Test {
+            name: "kmod_bad_unknown_ioctl",
+            variant: V,
+            run: bad_unknown_ioctl,
+        },
+    ]
+}
+
+/// Binds controller `idx` to ugds (loading the module) and returns its node.
+pub fn bound_node(idx: usize) -> Result<String> {
+    load_module()?;
+    let addr = nvme_controllers()?
+        .get(idx)
+        .cloned()
+        .context("no such controller")?;
+    if driver_of(&addr).as_deref() != Some("ugds") {
+        let (ok, out) = xtask(&["bind", &addr])?;
+        ensure_that!(ok, "bind {addr}: {out}");
+    }
+    let mut d = std::fs::read_dir(format!("/sys/bus/pci/devices/{addr}/misc"))?;
+    let n = d.next().context("no misc node")??.file_name();
+    Ok(format!("/dev/{}", n.to_string_lossy()))
+}
+
+fn unbind_all() -> Result<()> {
+    for a in nvme_controllers()? {
+        if driver_of(&a).as_deref() != Some("nvme") {
+            let (ok, out) = xtask(&["unbind", &a])?;
+            ensure_that!(ok, "unbind {a}: {out}");
+        }
+    }
+    Ok(())
+}
+
+fn probe_log() -> Result<()> {
+    let ctrls = nvme_controllers()?;
+    bound_node(0)?;
+    bound_node(1)?;
+    let log = sh("dmesg")?;
+    let has = |s: &str| log.lines().any(|l| l.contains(s));
+    ensure_that!(
+        has(&format!("{}: /dev/ugds", ctrls[0])) && has("QEMU NVMe Ctrl"),
+        "no model line:\n{log}"
+    );
+    ensure_that!(has("MDTS 524288 bytes"), "no MDTS in the probe log");
+    ensure_that!(
+        has(&format!(
+            "{}: namespace 1: 65536 blocks of 4096 bytes (256 MiB)",
+            ctrls[0]
+        )),
+        "lbs=4096 namespace line"
+    );
+    for ns in [1, 2] {
+        ensure_that!(
+            has(&format!(
+                "{}: namespace {ns}: 262144 blocks of 512 bytes (128 MiB)",
+                ctrls[1]
+            )),
+            "lbs=512 namespace {ns} line"
+        );
+    }
+    unbind_all()
+}
+
+/// Writes `len` bytes of `pattern(seed)` at `slba` through the raw driver in 256 KiB commands and
+/// reads them back into a second buffer; returns the data.
+fn raw_write_read(dev: &RawDev, seed: u64, slba: u64, len: usize) -> Result<Vec<u8>> {
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair(64)?;
+    let mut wbuf = HostBuf::new(len)?;
+    let rbuf = HostBuf::new(len)?;
+    let data = pattern(seed, len);
+    wbuf.bytes_mut().copy_from_slice(&data);
+    let wh = dev.register(wbuf.addr(), len as u64)?;
+    let rh = dev.register(rbuf.addr(), len as u64)?;
+    let (wsegs, rsegs) = (dev.segments(wh)?, dev.segments(rh)?);
+    ensure_that!(
+        wsegs.iter().map(|s| s.len).sum::<u64>() == len as u64,
+        "segments do not cover the registration"
+    );
+    let chunk = 256 * 1024u64;
+    for off in (0..len as u64).step_by(chunk as usize) {
+        let n = chunk.min(len as u64 - off);
+        qp.rw_sync(true, &ns, slba + (off >> ns.lba_shift), &wsegs, off, n)?;
+    }
+    for off in (0..len as u64).step_by(chunk as usize) {
+        let n = chunk.min(len as u64 - off);
+        qp.rw_sync(false, &ns, slba + (off >> ns.lba_shift), &rsegs, off, n)?;
+    }
+    ensure_that!(
+        rbuf.bytes() == &data[..],
+        "data read back through ugds differs"
+    );
+    dev.delete_qpair(qp.qid)?;
+    dev.deregister(wh.id, wh.generation)?;
+    dev.deregister(rh.id, rh.generation)?;
+    Ok(data)
+}
+
+fn raw_io() -> Result<()> {
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let before = dev.status()?;
+    let data = raw_write_read(&dev, 77, 100, 1 << 20)?;
+    let after = dev.status()?;
+    ensure_that!(
+        after.pinned_pages == before.pinned_pages && after.registrations == 0 && after.qpairs == 0,
+        "counters did not return: {after:?}"
+    );
+    drop(dev);
+    unbind_all()?;
+    let addr = nvme_controllers()?[0].clone();
+    let back = direct_read(
+        &format!("/dev/{}n1", nvme_name(&addr)?),
+        100 * 4096,
+        data.len(),
+    )?;
+    ensure_that!(
+        back == data,
+        "the kernel nvme driver reads different data than ugds wrote"
+    );
+    Ok(())
+}
+
+/// Child process entry points (`ugds-vm-suite --child ...`).
+pub fn child_main(args: &[String]) -> Result<()> {
+    match args.first().map(String::as_str) {
+        Some("io") => {
+            let (node, seed, slba) = (&args[1], args[2].parse()?, args[3].parse()?);
+            let dev = RawDev::open(node)?;
+            for _ in 0..5 {
+                raw_write_read(&dev, seed, slba, 256 * 1024)?;
+            }
+            Ok(())
+        }
+        Some("inflight") => {
+            let dev = RawDev::open(&args[1])?;
+            let ns = dev.info.namespaces[0];
+            let mut qp = dev.create_qpair(128)?;
+            let buf = HostBuf::new(64 * 65536)?;
+            let h = dev.register(buf.addr(), buf.bytes().len() as u64)?;
+            let segs = dev.segments(h)?;
+            for i in 0..64u64 {
+                qp.push_rw(nvm::READ, &ns, i * 16, &segs, i * 65536, 65536)?;
+            }
+            qp.ring();
+            println!("READY");
+            std::thread::sleep(Duration::from_secs(600));
+            Ok(())
+        }
+        other => anyhow::bail!("unknown child mode {other:?}"),
+    }
+}
+
+fn two_processes() -> Result<()> {
+    let node = bound_node(1)?;
+    let me = std::env::current_exe()?;
+    // Run them at the same time: spawn both, then wait.
+    let mut children = Vec::new();
+    for (seed, slba) in [(1u64, 0u64), (2, 8192)] {
+        children.push(
+            Command::new(&me)
+                .args(["--child", "io", &node, &seed.to_string(), &slba.to_string()])
+                .stderr(Stdio::piped())
+                .spawn()?,
+        );
+    }
+    for c in children {
+        let out = c.wait_with_output()?;
+        ensure_that!(
+            out.status.success(),
+            "child failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let st = RawDev::open(&node)?.status()?;
+    ensure_that!(
+        st.qpairs == 0 && st.registrations == 0 && st.pinned_pages == 0,
+        "leftovers after both exited: {st:?}"
+    );
+    unbind_all()
+}
+
+fn kill9_inflight() -> Result<()> {
+    let node = bound_node(2)?;
+    let baseline = RawDev::open(&node)?.status()?;
+    let me = std::env::current_exe()?;
+    let mut child = Command::new(&me)
+        .args(["--child", "inflight", &node])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    ensure_that!(
+        line.trim() == "READY",
+        "child did not get its commands in flight: {line:?}"
+    );
+    let during = RawDev::open(&node)?.status()?;
+    ensure_that!(
+        during.pinned_pages == baseline.pinned_pages + 1024,
+        "child's pages not counted: {during:?}"
+    );
+    child.kill()?;
+    child.wait()?;
+    let dev = RawDev::open(&node)?;
+    let after = dev.status()?;
+    ensure_that!(
+        after.pinned_pages == baseline.pinned_pages
+            && after.qpairs == baseline.qpairs
+            && after.registrations == baseline.registrations,
+        "kill -9 left resources: before {baseline:?} after {after:?}"
+    );
+    raw_write_read(&dev, 9, 4096, 64 * 1024)?;
+    drop(dev);
+    unbind_all()
+}
+
+fn bind_unbind_20() -> Result<()> {
+    for i in 0..20 {
+        let node = bound_node(0)?;
+        let dev = RawDev::open(&node)?;
+        raw_write_read(&dev, i, 2048 + i * 16, 64 * 1024)?;
+        let st = dev.status()?;
+        ensure_that!(
+            st.pinned_pages == 0 && st.qpairs == 0,
+            "iteration {i}: {st:?}"
+        );
+        drop(dev);
+        unbind_all()?;
+    }
+    Ok(())
+}
+
+fn load_unload_50() -> Result<()> {
+    for i in 0..50 {
+        let node = bound_node(0)?;
+        let dev = RawDev::open(&node)?;
+        if i % 10 == 0 {
+            raw_write_read(&dev, i, 4096, 16 * 1024)?;
+        }
+        drop(dev);
+        sh("rmmod ugds").with_context(|| format!("iteration {i}"))?;
+    }
+    unbind_all()
+}
+
+/// Runs `f` against a fresh open of controller 0 and checks the status counters did not change.
+fn unchanged(f: impl FnOnce(&RawDev) -> Result<()>) -> Result<()> {
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let before = dev.status()?;
+    f(&dev)?;
+    let after = dev.status()?;
+    ensure_that!(
+        before == after,
+        "a rejected call changed state: {before:?} -> {after:?}"
+    );
+    Ok(())
+}
+
+fn expect_errno<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>, want: i32) -> Result<()> {
+    match r {
+        Ok(v) => anyhow::bail!("{what}: succeeded ({v:?}), expected errno {want}"),
+        Err(e) => {
+            ensure_that!(
+                errno_of(&e) == want,
+                "{what}: errno {} ({e}), expected {want}",
+                errno_of(&e)
+            );
+            Ok(())
+        }
+    }
+}
+
+fn bad_register_ranges() -> Result<()> {
+    unchanged(|dev| {
+        let buf = HostBuf::new(8192)?;
+        expect_errno("zero length", dev.register(buf.addr(), 0), errno::EINVAL)?;
+        expect_errno(
+            "huge length",
+            dev.register(buf.addr(), 1 << 40),
+            errno::EINVAL,
+        )?;
+        expect_errno(
+            "unaligned address",
+            dev.register(buf.addr() + 1, 4096),
+            errno::EINVAL,
+        )?;
+        expect_errno(
+            "unaligned length",
+            dev.register(buf.addr(), 100),
+            errno::EINVAL,
+        )?;
+        expect_errno(
+            "overflowing range",
+            dev.register(!4095, 8192),
+            errno::EOVERFLOW,
+        )?;
+        expect_errno(
+            "kernel address",
+            dev.register(0xffff_8880_0000_0000, 4096),
+            errno::EFAULT,
+        )?;
+        Ok(())
+    })
+}
+
+fn bad_register_unmapped() -> Result<()> {
+    unchanged(|dev| {
+        let buf = HostBuf::new(3 * 4096)?;
+        let addr = buf.addr();
+        // Punch a hole in the middle page: the range is no longer fully mapped.
+        // SAFETY: unmapping a page of our own mapping that nothing else uses.
+        unsafe { libc::munmap((addr + 4096) as *mut libc::c_void, 4096) };
+        expect_errno(
+            "partly unmapped range",
+            dev.register(addr, 3 * 4096),
+            errno::EFAULT,
+        )?;
+        expect_errno(
+            "unmapped page",
+            dev.register(addr + 4096, 4096),
+            errno::EFAULT,
+        )?;
+        Ok(())
+    })
+}
+
+fn bad_ids() -> Result<()> {
+    unchanged(|dev| {
+        expect_errno("delete bogus qid", dev.delete_qpair(999), errno::ENOENT)?;
+        let qp = dev.create_qpair(16)?;
+        dev.delete_qpair(qp.qid)?;
+        expect_errno("double delete", dev.delete_qpair(qp.qid), errno::ENOENT)?;
+        drop(qp);
+        let buf = HostBuf::new(4096)?;
+        let h = dev.register(buf.addr(), 4096)?;
+        expect_errno(
+            "bogus registration id",
+            dev.deregister(h.id + 100, h.generation),
+            errno::ENOENT,
+        )?;
+        expect_errno(
+            "stale generation",
+            dev.deregister(h.id, h.generation.wrapping_add(1)),
+            errno::ESTALE,
+        )?;
+        let mut stale = h;
+        stale.generation += 7;
+        expect_errno(
+            "segments of a stale generation",
+            dev.segments(stale),
+            errno::ESTALE,
+        )?;
+        dev.deregister(h.id, h.generation)?;
+        expect_errno(
+            "double deregister",
+            dev.deregister(h.id, h.generation),
+            errno::ENOENT,
+        )?;
+        Ok(())
+    })
+}
+
+fn bad_depth() -> Result<()> {
+    unchanged(|dev| {
+        let max = dev.info.max_queue_entries;
+        for d in [0, 1, max + 1, u32::MAX] {
+            expect_errno(
+                &format!("depth {d}"),
+                dev.create_qpair(d).map(|q| q.qid),
+                errno::EINVAL,
+            )?;
+        }
+        let mut a = CreateQpair {
+            depth: 16,
+            flags: 0x8000,
+            ..Default::default()
+        };
+        expect_errno(
+            "unknown flags",
+            ioctl_raw(dev.fd(), IOCTL_CREATE_QPAIR, &mut a),
+            errno::EINVAL,
+        )?;
+        Ok(())
+    })
+}
+
+fn bad_mmap() -> Result<()> {
+    unchanged(|dev| {
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let qp = dev.create_qpair(16)?;
+        let a = qp.args;
+        expect_errno(
+            "unknown offset",
+            Mapping::new(dev.fd(), 4096, 4096, rw).map(|_| ()),
+            errno::EINVAL,
+        )?;
+        expect_errno(
+            "offset of another kind",
+            Mapping::new(dev.fd(), 9 << 40, 4096, rw).map(|_| ()),
+            errno::EINVAL,
+        )?;
+        expect_errno(
+            "SQ too long",
+            Mapping::new(dev.fd(), a.sq_offset, a.sq_size as usize * 2, rw).map(|_| ()),
+            errno::EINVAL,
+        )?;
+        expect_errno(
+            "CQ of a bogus qid",
+            Mapping::new(dev.fd(), mmap_offset(MmapKind::Cq, 77), 4096, rw).map(|_| ()),
+            errno::ENOENT,
+        )?;
+        expect_errno(
+            "writable status page",
+            Mapping::new(dev.fd(), MMAP_STATUS, 4096, rw).map(|_| ()),
+            errno::EPERM,
+        )?;
+        expect_errno(
+            "doorbells beyond BAR0",
+            Mapping::new(dev.fd(), MMAP_DOORBELLS, 1 << 20, rw).map(|_| ()),
+            errno::EINVAL,
+        )?;
+        // A private mapping of device memory is refused.
+        // SAFETY: a fresh mapping request; nothing existing is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                rw,
+                libc::MAP_PRIVATE,
+                dev.fd(),
+                a.sq_offset as i64,
+            )
+        };
+        ensure_that!(p == libc::MAP_FAILED, "a private mapping was allowed");
+        // The status page, once mapped read-only, cannot be made writable.
+        let st = Mapping::new(dev.fd(), MMAP_STATUS, 4096, libc::PROT_READ)?;
+        drop(st);
+        dev.delete_qpair(qp.qid)?;
+        Ok(())
+    })
+}
+
+fn bad_other_file() -> Result<()> {
+    let node = bound_node(0)?;
+    let a = RawDev::open(&node)?;
+    let b = RawDev::open(&node)?;
+    let qp = a.create_qpair(16)?;
+    let buf = HostBuf::new(4096)?;
+    let h = a.register(buf.addr(), 4096)?;
+    let before = a.status()?;
+    expect_errno(
+        "delete another file's qpair",
+        b.delete_qpair(qp.qid),
+        errno::ENOENT,
+    )?;
+    expect_errno(
+        "deregister another file's registration",
+        b.deregister(h.id, h.generation),
+        errno::ENOENT,
+    )?;
+    expect_errno(
+        "segments of another file's registration",
+        b.segments(h),
+        errno::ENOENT,
+    )?;
+    expect_errno(
+        "map another file's SQ",
+        Mapping::new(
+            b.fd(),
+            qp.args.sq_offset,
+            qp.args.sq_size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+        .map(|_| ()),
+        errno::ENOENT,
+    )?;
+    ensure_that!(a.status()? == before, "another file's calls changed state");
+    drop(b);
+    // The owner still has everything.
+    ensure_that!(
+        a.segments(h)?.len() as u32 == h.nsegs,
+        "owner lost its registration"
+    );
+    a.delete_qpair(qp.qid)?;
+    a.deregister(h.id, h.generation)?;
+    Ok(())
+}
+
+fn bad_unknown_ioctl() -> Result<()> {
+    unchanged(|dev| {
+        let mut x = 0u64;
+        expect_errno(
+            "unknown request",
+            ioctl_raw(dev.fd(), ioc_for_test(0x7F), &mut x),
+            libc::ENOTTY,
+        )?;
+        Ok(())
+    })
+}
+
+fn ioc_for_test(nr: u8) -> u32 {
+    (3 << 30) | (8 << 16) | ((IOCTL_TYPE as u32) << 8) | nr as u32
+}
