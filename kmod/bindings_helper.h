@@ -9,3 +9,5 @@
 #include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/scatterlist.h>
+#include <linux/dma-buf.h>
+#include <linux/dma-resv.h>

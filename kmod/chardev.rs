@@ -4,7 +4,8 @@
 use crate::device::Controller;
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
-use crate::shim::miscdev::{FileHandle, FileOps, Vma};
+use crate::shim::dmabuf::DmabufMapping;
+use crate::shim::miscdev::{FileHandle, FileOps, FopsTable, Vma};
 use crate::shim::pin::PinnedUserMemory;
 use crate::shim::uaccess::{read_arg, write_arg, write_slice, Plain};
 use crate::uapi::ioctl::*;
@@ -23,6 +24,8 @@ unsafe impl Plain for DeleteQpair {}
 // SAFETY: see above.
 unsafe impl Plain for RegisterHost {}
 // SAFETY: see above.
+unsafe impl Plain for RegisterDmabuf {}
+// SAFETY: see above.
 unsafe impl Plain for GetSegments {}
 // SAFETY: see above.
 unsafe impl Plain for Deregister {}
@@ -36,6 +39,10 @@ const USER_END: u64 = 0x7FFF_FFFF_F000;
 
 /// The file operations of `/dev/ugdsN`.
 pub(crate) struct Chardev;
+
+/// The (static, see `FopsTable`) table the misc core installs on every open file.
+/// Its owner is this module's `__this_module`, so open files keep the module loaded.
+pub(crate) static FOPS: FopsTable = FopsTable::new::<Chardev>((&raw mut kernel::bindings::__this_module).cast());
 
 /// Per-open-file state: just the controller; what the file owns lives in the controller's
 /// tables, tagged with the file's handle.
@@ -88,6 +95,15 @@ impl FileOps for Chardev {
             IOCTL_REGISTER_HOST => {
                 let mut a: RegisterHost = read_arg(arg)?;
                 a.handle = register_host(c, handle, a.addr, a.len)?;
+                if let Err(e) = write_arg(arg, &a) {
+                    let _ = deregister(c, handle, a.handle.id, a.handle.generation);
+                    return Err(e);
+                }
+                Ok(0)
+            }
+            IOCTL_REGISTER_DMABUF => {
+                let mut a: RegisterDmabuf = read_arg(arg)?;
+                a.handle = register_dmabuf(c, handle, &a)?;
                 if let Err(e) = write_arg(arg, &a) {
                     let _ = deregister(c, handle, a.handle.id, a.handle.generation);
                     return Err(e);
@@ -224,6 +240,22 @@ fn register_host(c: &Controller, handle: FileHandle, addr: u64, len: u64) -> Res
     }
     // Pin before taking the lock: pinning may fault pages in and take a while.
     let mem = PinnedUserMemory::pin(&c.pdev, addr, len)?;
+    insert_registration(c, handle, Backing::Host(mem))
+}
+
+fn register_dmabuf(c: &Controller, handle: FileHandle, a: &RegisterDmabuf) -> Result<RegistrationHandle> {
+    if a.reserved != 0 || a.len == 0 || a.len % 4096 != 0 || a.offset % 4096 != 0 {
+        return Err(EINVAL);
+    }
+    a.offset.checked_add(a.len).ok_or_else(crate::errno::eoverflow)?;
+    if a.fd < 0 {
+        return Err(EBADF);
+    }
+    let m = DmabufMapping::import(&c.pdev, a.fd, a.offset, a.len)?;
+    insert_registration(c, handle, Backing::Dmabuf(m))
+}
+
+fn insert_registration(c: &Controller, handle: FileHandle, backing: Backing) -> Result<RegistrationHandle> {
     let mut inner = c.inner.lock();
     if inner.hw.is_none() {
         return Err(ENODEV);
@@ -233,8 +265,9 @@ fn register_host(c: &Controller, handle: FileHandle, addr: u64, len: u64) -> Res
         .ok_or(ENOSPC)?;
     let generation = inner.next_generation;
     inner.next_generation = inner.next_generation.checked_add(1).unwrap_or(1);
-    let nsegs = mem.segments().len() as u32;
-    inner.regs.insert(Registration { owner: handle, id, generation, backing: Backing::Host(mem) })?;
+    let reg = Registration { owner: handle, id, generation, backing };
+    let nsegs = reg.segments().len() as u32;
+    inner.regs.insert(reg)?;
     c.publish(&inner);
     Ok(RegistrationHandle { id, generation, nsegs, reserved: 0 })
 }

@@ -1,6 +1,7 @@
 //! Registrations: memory an open file made reachable by the controller, with the id and
 //! generation user space names it by.
 
+use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::miscdev::FileHandle;
 use crate::shim::pin::PinnedUserMemory;
 use crate::uapi::ioctl::Segment;
@@ -9,6 +10,8 @@ use crate::uapi::ioctl::Segment;
 pub(crate) enum Backing {
     /// Pinned host pages of the owner's address space.
     Host(PinnedUserMemory),
+    /// An imported dma-buf range (GPU memory, udmabuf, a dma-heap buffer).
+    Dmabuf(DmabufMapping),
 }
 
 /// One registration.
@@ -28,6 +31,7 @@ impl Registration {
     pub(crate) fn segments(&self) -> &[Segment] {
         match &self.backing {
             Backing::Host(p) => p.segments(),
+            Backing::Dmabuf(d) => d.segments(),
         }
     }
 
@@ -35,6 +39,7 @@ impl Registration {
     pub(crate) fn npages(&self) -> usize {
         match &self.backing {
             Backing::Host(p) => p.npages(),
+            Backing::Dmabuf(d) => d.npages(),
         }
     }
 }

@@ -147,7 +147,7 @@ impl pci::Driver for NvmeDriver {
         };
         let mut node = [0u8; 16];
         let node_name = format_node(&mut node, instance);
-        let misc = match MiscRegistration::register(node_name, dev, controller.clone(), &THIS_MODULE) {
+        let misc = match MiscRegistration::register(node_name, dev, controller.clone(), &chardev::FOPS) {
             Ok(m) => m,
             Err(e) => {
                 pr_err!("{}: probe step 'register /dev/{}' failed: {:?}\n", name, node_name, e);

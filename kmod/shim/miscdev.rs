@@ -133,11 +133,34 @@ pub(crate) trait FileOps: Sized + 'static {
     fn mmap(file: &Self::File, handle: FileHandle, vma: &mut Vma) -> Result;
 }
 
+/// The file operations of a `FileOps` type. It must be a `static`: `misc_open` installs it as
+/// the file's `f_op`, which the VFS uses until the last reference to the file is gone, possibly
+/// long after the device was unregistered; `owner` keeps the module loaded until then.
+pub(crate) struct FopsTable(bindings::file_operations);
+
+// SAFETY: the table is immutable after construction; the C side only reads it.
+unsafe impl Sync for FopsTable {}
+
+impl FopsTable {
+    /// The table for `T`, owned by `owner` (this module's `__this_module`).
+    pub(crate) const fn new<T: FileOps>(owner: *mut bindings::module) -> Self {
+        // SAFETY: all-zero is a valid `file_operations` (null pointers, no callbacks).
+        let zero: bindings::file_operations = unsafe { core::mem::zeroed() };
+        FopsTable(bindings::file_operations {
+            owner,
+            open: Some(open_cb::<T>),
+            release: Some(release_cb::<T>),
+            unlocked_ioctl: Some(ioctl_cb::<T>),
+            mmap: Some(mmap_cb::<T>),
+            ..zero
+        })
+    }
+}
+
 #[repr(C)]
 struct Slot<T: FileOps> {
     // First field: `misc_open` hands us a pointer to it, which is also a pointer to the slot.
     misc: bindings::miscdevice,
-    fops: bindings::file_operations,
     name: [u8; 16],
     dev: T::Device,
 }
@@ -158,31 +181,21 @@ unsafe impl<T: FileOps> Sync for MiscRegistration<T> {}
 
 impl<T: FileOps> MiscRegistration<T> {
     /// Registers `/dev/<name>` (mode 0600) under `parent`.
-    pub(crate) fn register(
-        name: &str,
-        parent: &pci::Device,
-        dev: T::Device,
-        module: &'static ThisModule,
-    ) -> Result<Self> {
+    pub(crate) fn register(name: &str, parent: &pci::Device, dev: T::Device, fops: &'static FopsTable) -> Result<Self> {
         if name.len() >= 16 {
             return Err(EINVAL);
         }
         // SAFETY: the C structs are valid all-zero (null pointers, None callbacks).
-        let (misc, fops) = unsafe { (core::mem::zeroed(), core::mem::zeroed()) };
-        let slot = KBox::new(Slot::<T> { misc, fops, name: [0; 16], dev }, GFP_KERNEL)?;
+        let misc = unsafe { core::mem::zeroed() };
+        let slot = KBox::new(Slot::<T> { misc, name: [0; 16], dev }, GFP_KERNEL)?;
         let raw = KBox::into_raw(slot);
         // SAFETY: `raw` is a fresh exclusive allocation.
         let s = unsafe { &mut *raw };
         s.name[..name.len()].copy_from_slice(name.as_bytes());
-        s.fops.owner = module.as_ptr().cast();
-        s.fops.open = Some(open_cb::<T>);
-        s.fops.release = Some(release_cb::<T>);
-        s.fops.unlocked_ioctl = Some(ioctl_cb::<T>);
-        s.fops.mmap = Some(mmap_cb::<T>);
         // MISC_DYNAMIC_MINOR
         s.misc.minor = 255;
         s.misc.name = s.name.as_ptr().cast();
-        s.misc.fops = &s.fops;
+        s.misc.fops = &fops.0;
         s.misc.parent = parent.as_device_ptr();
         s.misc.mode = 0o600;
         // SAFETY: `misc` is initialised and stays at this address until misc_deregister.

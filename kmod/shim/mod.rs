@@ -3,6 +3,7 @@
 //! can be swapped for upstream later. Nearly all `unsafe` in the module lives here.
 
 pub(crate) mod dma;
+pub(crate) mod dmabuf;
 pub(crate) mod io;
 pub(crate) mod miscdev;
 pub(crate) mod pci;

@@ -1,8 +1,8 @@
 //! Foundation tests: the VM's emulated controllers, binding to ugds and back, refusals.
 
 use crate::{
-    direct_read, direct_write, driver_of, ensure_that, load_module, nvme_controllers, nvme_name,
-    pattern, sh, xtask, Test,
+    direct_read, direct_write, driver_of, ensure_that, load_module, nvme_controllers, nvme_name, pattern, sh, xtask,
+    Test,
 };
 use anyhow::{Context, Result};
 use std::fs;
@@ -10,37 +10,16 @@ use std::fs;
 /// The foundation tests.
 pub fn tests() -> Vec<Test> {
     vec![
-        Test {
-            name: "vm_sees_two_controllers_with_asked_geometry",
-            variant: "two-controllers",
-            run: geometry,
-        },
-        Test {
-            name: "bind_logs_cap_vs_and_unbind_keeps_data",
-            variant: "two-controllers",
-            run: bind_roundtrip,
-        },
-        Test {
-            name: "bind_refuses_mounted_namespace",
-            variant: "two-controllers",
-            run: refuses_mounted,
-        },
-        Test {
-            name: "bind_refuses_open_namespace",
-            variant: "two-controllers",
-            run: refuses_open,
-        },
-        Test {
-            name: "module_unload_releases_bound_controller",
-            variant: "two-controllers",
-            run: unload_while_bound,
-        },
+        Test { name: "vm_sees_two_controllers_with_asked_geometry", variant: "two-controllers", run: geometry },
+        Test { name: "bind_logs_cap_vs_and_unbind_keeps_data", variant: "two-controllers", run: bind_roundtrip },
+        Test { name: "bind_refuses_mounted_namespace", variant: "two-controllers", run: refuses_mounted },
+        Test { name: "bind_refuses_open_namespace", variant: "two-controllers", run: refuses_open },
+        Test { name: "module_unload_releases_bound_controller", variant: "two-controllers", run: unload_while_bound },
     ]
 }
 
 fn block_attr(dev: &str, attr: &str) -> Result<u64> {
-    let s = fs::read_to_string(format!("/sys/class/block/{dev}/{attr}"))
-        .with_context(|| format!("{dev}/{attr}"))?;
+    let s = fs::read_to_string(format!("/sys/class/block/{dev}/{attr}")).with_context(|| format!("{dev}/{attr}"))?;
     Ok(s.trim().parse()?)
 }
 
@@ -48,23 +27,14 @@ fn block_attr(dev: &str, attr: &str) -> Result<u64> {
 /// sizes, namespace counts and MDTS the specs asked for.
 fn geometry() -> Result<()> {
     let ctrls = nvme_controllers()?;
-    ensure_that!(
-        ctrls.len() == 2,
-        "expected 2 NVMe controllers, found {ctrls:?}"
-    );
+    ensure_that!(ctrls.len() == 2, "expected 2 NVMe controllers, found {ctrls:?}");
     let c0 = nvme_name(&ctrls[0])?;
     let c1 = nvme_name(&ctrls[1])?;
     let n0 = format!("{c0}n1");
-    ensure_that!(
-        block_attr(&n0, "queue/logical_block_size")? == 4096,
-        "{n0} block size"
-    );
+    ensure_that!(block_attr(&n0, "queue/logical_block_size")? == 4096, "{n0} block size");
     ensure_that!(block_attr(&n0, "size")? * 512 == 256 << 20, "{n0} size");
     // mdts=2: 4 pages of 4 KiB per command.
-    ensure_that!(
-        block_attr(&n0, "queue/max_hw_sectors_kb")? == 16,
-        "{n0} max_hw_sectors_kb"
-    );
+    ensure_that!(block_attr(&n0, "queue/max_hw_sectors_kb")? == 16, "{n0} max_hw_sectors_kb");
     let ns1: Vec<String> = fs::read_dir(format!("/sys/class/nvme/{c1}"))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -72,10 +42,7 @@ fn geometry() -> Result<()> {
         .collect();
     ensure_that!(ns1.len() == 2, "{c1} should have 2 namespaces, has {ns1:?}");
     for n in &ns1 {
-        ensure_that!(
-            block_attr(n, "queue/logical_block_size")? == 512,
-            "{n} block size"
-        );
+        ensure_that!(block_attr(n, "queue/logical_block_size")? == 512, "{n} block size");
         ensure_that!(block_attr(n, "size")? * 512 == 128 << 20, "{n} size");
     }
     Ok(())
@@ -91,36 +58,21 @@ fn bind_roundtrip() -> Result<()> {
     direct_write(&dev, 1 << 20, &data)?;
     let (ok, out) = xtask(&["bind", &dev])?;
     ensure_that!(ok, "xtask bind failed: {out}");
-    ensure_that!(
-        driver_of(&addr).as_deref() == Some("ugds"),
-        "{addr} is not bound to ugds after bind"
-    );
-    ensure_that!(
-        !std::path::Path::new(&dev).exists(),
-        "{dev} still exists while bound to ugds"
-    );
+    ensure_that!(driver_of(&addr).as_deref() == Some("ugds"), "{addr} is not bound to ugds after bind");
+    ensure_that!(!std::path::Path::new(&dev).exists(), "{dev} still exists while bound to ugds");
     let log = sh("dmesg")?;
     let probe = log
         .lines()
         .rev()
         .find(|l| l.contains(&format!("ugds: {addr}: NVMe")))
         .with_context(|| format!("no probe line for {addr} in the kernel log"))?;
-    ensure_that!(
-        probe.contains("CAP 0x") && probe.contains(" VS 1."),
-        "probe line lacks CAP/VS: {probe}"
-    );
+    ensure_that!(probe.contains("CAP 0x") && probe.contains(" VS 1."), "probe line lacks CAP/VS: {probe}");
     let (ok, out) = xtask(&["unbind", &addr])?;
     ensure_that!(ok, "xtask unbind failed: {out}");
-    ensure_that!(
-        driver_of(&addr).as_deref() == Some("nvme"),
-        "{addr} did not return to nvme"
-    );
+    ensure_that!(driver_of(&addr).as_deref() == Some("nvme"), "{addr} did not return to nvme");
     let dev = format!("/dev/{}n1", nvme_name(&addr)?);
     let back = direct_read(&dev, 1 << 20, data.len())?;
-    ensure_that!(
-        back == data,
-        "data read back through nvme after unbind differs"
-    );
+    ensure_that!(back == data, "data read back through nvme after unbind differs");
     Ok(())
 }
 
@@ -129,21 +81,13 @@ fn refuses_mounted() -> Result<()> {
     load_module()?;
     let addr = nvme_controllers()?[1].clone();
     let ns = format!("/dev/{}n1", nvme_name(&addr)?);
-    sh(&format!(
-        "mkfs.ext2 -q -F {ns} && mkdir -p /tmp/mnt && mount -t ext2 {ns} /tmp/mnt"
-    ))?;
+    sh(&format!("mkfs.ext2 -q -F {ns} && mkdir -p /tmp/mnt && mount -t ext2 {ns} /tmp/mnt"))?;
     let result = xtask(&["bind", &ns]);
     let _ = sh("umount /tmp/mnt");
     let (ok, out) = result?;
     ensure_that!(!ok, "bind of a mounted controller succeeded: {out}");
-    ensure_that!(
-        out.contains("is mounted on /tmp/mnt"),
-        "refusal does not say why: {out}"
-    );
-    ensure_that!(
-        driver_of(&addr).as_deref() == Some("nvme"),
-        "{addr} left nvme after a refused bind"
-    );
+    ensure_that!(out.contains("is mounted on /tmp/mnt"), "refusal does not say why: {out}");
+    ensure_that!(driver_of(&addr).as_deref() == Some("nvme"), "{addr} left nvme after a refused bind");
     Ok(())
 }
 
@@ -161,10 +105,7 @@ fn refuses_open() -> Result<()> {
         out.contains(&format!("is open by pid {}", std::process::id())),
         "refusal does not name the holder: {out}"
     );
-    ensure_that!(
-        driver_of(&addr).as_deref() == Some("nvme"),
-        "{addr} left nvme after a refused bind"
-    );
+    ensure_that!(driver_of(&addr).as_deref() == Some("nvme"), "{addr} left nvme after a refused bind");
     Ok(())
 }
 
@@ -176,21 +117,12 @@ fn unload_while_bound() -> Result<()> {
     let (ok, out) = xtask(&["bind", &addr])?;
     ensure_that!(ok, "bind failed: {out}");
     sh("rmmod ugds")?;
-    ensure_that!(
-        driver_of(&addr).is_none(),
-        "{addr} still has a driver after rmmod"
-    );
+    ensure_that!(driver_of(&addr).is_none(), "{addr} still has a driver after rmmod");
     let log = sh("dmesg")?;
-    ensure_that!(
-        log.contains(&format!("ugds: {addr}: released")),
-        "remove did not run for {addr}"
-    );
+    ensure_that!(log.contains(&format!("ugds: {addr}: released")), "remove did not run for {addr}");
     let (ok, out) = xtask(&["unbind", &addr])?;
     ensure_that!(ok, "unbind failed: {out}");
-    ensure_that!(
-        driver_of(&addr).as_deref() == Some("nvme"),
-        "{addr} did not return to nvme"
-    );
+    ensure_that!(driver_of(&addr).as_deref() == Some("nvme"), "{addr} did not return to nvme");
     load_module()?;
     Ok(())
 }

@@ -3,10 +3,7 @@
 //! bad-input matrix (each case returns its documented errno and changes nothing).
 
 use crate::raw::{errno_of, ioctl_raw, HostBuf, Mapping, RawDev};
-use crate::{
-    direct_read, driver_of, ensure_that, load_module, nvme_controllers, nvme_name, pattern, sh,
-    xtask, Test,
-};
+use crate::{direct_read, driver_of, ensure_that, load_module, nvme_controllers, nvme_name, pattern, sh, xtask, Test};
 use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -19,81 +16,29 @@ const V: &str = "kmod";
 /// The kernel module tests.
 pub fn tests() -> Vec<Test> {
     vec![
-        Test {
-            name: "kmod_probe_logs_model_mdts_and_namespaces",
-            variant: V,
-            run: probe_log,
-        },
-        Test {
-            name: "kmod_raw_io_host_memory_matches_kernel_driver",
-            variant: V,
-            run: raw_io,
-        },
-        Test {
-            name: "kmod_two_processes_one_controller",
-            variant: V,
-            run: two_processes,
-        },
-        Test {
-            name: "kmod_kill9_with_64_commands_in_flight",
-            variant: V,
-            run: kill9_inflight,
-        },
-        Test {
-            name: "kmod_bind_unbind_20_with_io",
-            variant: V,
-            run: bind_unbind_20,
-        },
-        Test {
-            name: "kmod_load_unload_50",
-            variant: V,
-            run: load_unload_50,
-        },
-        Test {
-            name: "kmod_bad_register_zero_huge_unaligned_overflow",
-            variant: V,
-            run: bad_register_ranges,
-        },
-        Test {
-            name: "kmod_bad_register_unmapped_memory",
-            variant: V,
-            run: bad_register_unmapped,
-        },
-        Test {
-            name: "kmod_bad_ids_generations_double_free",
-            variant: V,
-            run: bad_ids,
-        },
-        Test {
-            name: "kmod_bad_qpair_depth",
-            variant: V,
-            run: bad_depth,
-        },
-        Test {
-            name: "kmod_bad_mmap_offsets_sizes_permissions",
-            variant: V,
-            run: bad_mmap,
-        },
-        Test {
-            name: "kmod_bad_other_files_objects",
-            variant: V,
-            run: bad_other_file,
-        },
-        Test {
-            name: "kmod_bad_unknown_ioctl",
-            variant: V,
-            run: bad_unknown_ioctl,
-        },
+        Test { name: "kmod_probe_logs_model_mdts_and_namespaces", variant: V, run: probe_log },
+        Test { name: "kmod_raw_io_host_memory_matches_kernel_driver", variant: V, run: raw_io },
+        Test { name: "kmod_raw_io_udmabuf", variant: V, run: udmabuf_io },
+        Test { name: "kmod_unbind_while_open_revokes_everything", variant: V, run: unbind_while_open },
+        Test { name: "kmod_bad_dmabuf_fd_and_range", variant: V, run: bad_dmabuf },
+        Test { name: "kmod_two_processes_one_controller", variant: V, run: two_processes },
+        Test { name: "kmod_kill9_with_64_commands_in_flight", variant: V, run: kill9_inflight },
+        Test { name: "kmod_bind_unbind_20_with_io", variant: V, run: bind_unbind_20 },
+        Test { name: "kmod_load_unload_50", variant: V, run: load_unload_50 },
+        Test { name: "kmod_bad_register_zero_huge_unaligned_overflow", variant: V, run: bad_register_ranges },
+        Test { name: "kmod_bad_register_unmapped_memory", variant: V, run: bad_register_unmapped },
+        Test { name: "kmod_bad_ids_generations_double_free", variant: V, run: bad_ids },
+        Test { name: "kmod_bad_qpair_depth", variant: V, run: bad_depth },
+        Test { name: "kmod_bad_mmap_offsets_sizes_permissions", variant: V, run: bad_mmap },
+        Test { name: "kmod_bad_other_files_objects", variant: V, run: bad_other_file },
+        Test { name: "kmod_bad_unknown_ioctl", variant: V, run: bad_unknown_ioctl },
     ]
 }
 
 /// Binds controller `idx` to ugds (loading the module) and returns its node.
 pub fn bound_node(idx: usize) -> Result<String> {
     load_module()?;
-    let addr = nvme_controllers()?
-        .get(idx)
-        .cloned()
-        .context("no such controller")?;
+    let addr = nvme_controllers()?.get(idx).cloned().context("no such controller")?;
     if driver_of(&addr).as_deref() != Some("ugds") {
         let (ok, out) = xtask(&["bind", &addr])?;
         ensure_that!(ok, "bind {addr}: {out}");
@@ -119,24 +64,15 @@ fn probe_log() -> Result<()> {
     bound_node(1)?;
     let log = sh("dmesg")?;
     let has = |s: &str| log.lines().any(|l| l.contains(s));
-    ensure_that!(
-        has(&format!("{}: /dev/ugds", ctrls[0])) && has("QEMU NVMe Ctrl"),
-        "no model line:\n{log}"
-    );
+    ensure_that!(has(&format!("{}: /dev/ugds", ctrls[0])) && has("QEMU NVMe Ctrl"), "no model line:\n{log}");
     ensure_that!(has("MDTS 524288 bytes"), "no MDTS in the probe log");
     ensure_that!(
-        has(&format!(
-            "{}: namespace 1: 65536 blocks of 4096 bytes (256 MiB)",
-            ctrls[0]
-        )),
+        has(&format!("{}: namespace 1: 65536 blocks of 4096 bytes (256 MiB)", ctrls[0])),
         "lbs=4096 namespace line"
     );
     for ns in [1, 2] {
         ensure_that!(
-            has(&format!(
-                "{}: namespace {ns}: 262144 blocks of 512 bytes (128 MiB)",
-                ctrls[1]
-            )),
+            has(&format!("{}: namespace {ns}: 262144 blocks of 512 bytes (128 MiB)", ctrls[1])),
             "lbs=512 namespace {ns} line"
         );
     }
@@ -155,10 +91,7 @@ fn raw_write_read(dev: &RawDev, seed: u64, slba: u64, len: usize) -> Result<Vec<
     let wh = dev.register(wbuf.addr(), len as u64)?;
     let rh = dev.register(rbuf.addr(), len as u64)?;
     let (wsegs, rsegs) = (dev.segments(wh)?, dev.segments(rh)?);
-    ensure_that!(
-        wsegs.iter().map(|s| s.len).sum::<u64>() == len as u64,
-        "segments do not cover the registration"
-    );
+    ensure_that!(wsegs.iter().map(|s| s.len).sum::<u64>() == len as u64, "segments do not cover the registration");
     let chunk = 256 * 1024u64;
     for off in (0..len as u64).step_by(chunk as usize) {
         let n = chunk.min(len as u64 - off);
@@ -168,10 +101,7 @@ fn raw_write_read(dev: &RawDev, seed: u64, slba: u64, len: usize) -> Result<Vec<
         let n = chunk.min(len as u64 - off);
         qp.rw_sync(false, &ns, slba + (off >> ns.lba_shift), &rsegs, off, n)?;
     }
-    ensure_that!(
-        rbuf.bytes() == &data[..],
-        "data read back through ugds differs"
-    );
+    ensure_that!(rbuf.bytes() == &data[..], "data read back through ugds differs");
     dev.delete_qpair(qp.qid)?;
     dev.deregister(wh.id, wh.generation)?;
     dev.deregister(rh.id, rh.generation)?;
@@ -191,15 +121,8 @@ fn raw_io() -> Result<()> {
     drop(dev);
     unbind_all()?;
     let addr = nvme_controllers()?[0].clone();
-    let back = direct_read(
-        &format!("/dev/{}n1", nvme_name(&addr)?),
-        100 * 4096,
-        data.len(),
-    )?;
-    ensure_that!(
-        back == data,
-        "the kernel nvme driver reads different data than ugds wrote"
-    );
+    let back = direct_read(&format!("/dev/{}n1", nvme_name(&addr)?), 100 * 4096, data.len())?;
+    ensure_that!(back == data, "the kernel nvme driver reads different data than ugds wrote");
     Ok(())
 }
 
@@ -212,6 +135,20 @@ pub fn child_main(args: &[String]) -> Result<()> {
             for _ in 0..5 {
                 raw_write_read(&dev, seed, slba, 256 * 1024)?;
             }
+            Ok(())
+        }
+        Some("touch-after-unbind") => {
+            // Map an SQ, have the parent unbind, then touch the mapping: must fault (SIGBUS).
+            let dev = RawDev::open(&args[1])?;
+            let qp = dev.create_qpair(16)?;
+            qp.peek_sq();
+            println!("MAPPED");
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            let e = dev.create_qpair(16).err().context("create after unbind succeeded")?;
+            println!("ERRNO {}", errno_of(&e));
+            qp.peek_sq();
+            println!("NOFAULT");
             Ok(())
         }
         Some("inflight") => {
@@ -248,11 +185,7 @@ fn two_processes() -> Result<()> {
     }
     for c in children {
         let out = c.wait_with_output()?;
-        ensure_that!(
-            out.status.success(),
-            "child failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ensure_that!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let st = RawDev::open(&node)?.status()?;
     ensure_that!(
@@ -266,21 +199,12 @@ fn kill9_inflight() -> Result<()> {
     let node = bound_node(2)?;
     let baseline = RawDev::open(&node)?.status()?;
     let me = std::env::current_exe()?;
-    let mut child = Command::new(&me)
-        .args(["--child", "inflight", &node])
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let mut child = Command::new(&me).args(["--child", "inflight", &node]).stdout(Stdio::piped()).spawn()?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-    ensure_that!(
-        line.trim() == "READY",
-        "child did not get its commands in flight: {line:?}"
-    );
+    ensure_that!(line.trim() == "READY", "child did not get its commands in flight: {line:?}");
     let during = RawDev::open(&node)?.status()?;
-    ensure_that!(
-        during.pinned_pages == baseline.pinned_pages + 1024,
-        "child's pages not counted: {during:?}"
-    );
+    ensure_that!(during.pinned_pages == baseline.pinned_pages + 1024, "child's pages not counted: {during:?}");
     child.kill()?;
     child.wait()?;
     let dev = RawDev::open(&node)?;
@@ -302,10 +226,7 @@ fn bind_unbind_20() -> Result<()> {
         let dev = RawDev::open(&node)?;
         raw_write_read(&dev, i, 2048 + i * 16, 64 * 1024)?;
         let st = dev.status()?;
-        ensure_that!(
-            st.pinned_pages == 0 && st.qpairs == 0,
-            "iteration {i}: {st:?}"
-        );
+        ensure_that!(st.pinned_pages == 0 && st.qpairs == 0, "iteration {i}: {st:?}");
         drop(dev);
         unbind_all()?;
     }
@@ -332,10 +253,7 @@ fn unchanged(f: impl FnOnce(&RawDev) -> Result<()>) -> Result<()> {
     let before = dev.status()?;
     f(&dev)?;
     let after = dev.status()?;
-    ensure_that!(
-        before == after,
-        "a rejected call changed state: {before:?} -> {after:?}"
-    );
+    ensure_that!(before == after, "a rejected call changed state: {before:?} -> {after:?}");
     Ok(())
 }
 
@@ -343,11 +261,7 @@ fn expect_errno<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>, want: i32
     match r {
         Ok(v) => anyhow::bail!("{what}: succeeded ({v:?}), expected errno {want}"),
         Err(e) => {
-            ensure_that!(
-                errno_of(&e) == want,
-                "{what}: errno {} ({e}), expected {want}",
-                errno_of(&e)
-            );
+            ensure_that!(errno_of(&e) == want, "{what}: errno {} ({e}), expected {want}", errno_of(&e));
             Ok(())
         }
     }
@@ -357,31 +271,11 @@ fn bad_register_ranges() -> Result<()> {
     unchanged(|dev| {
         let buf = HostBuf::new(8192)?;
         expect_errno("zero length", dev.register(buf.addr(), 0), errno::EINVAL)?;
-        expect_errno(
-            "huge length",
-            dev.register(buf.addr(), 1 << 40),
-            errno::EINVAL,
-        )?;
-        expect_errno(
-            "unaligned address",
-            dev.register(buf.addr() + 1, 4096),
-            errno::EINVAL,
-        )?;
-        expect_errno(
-            "unaligned length",
-            dev.register(buf.addr(), 100),
-            errno::EINVAL,
-        )?;
-        expect_errno(
-            "overflowing range",
-            dev.register(!4095, 8192),
-            errno::EOVERFLOW,
-        )?;
-        expect_errno(
-            "kernel address",
-            dev.register(0xffff_8880_0000_0000, 4096),
-            errno::EFAULT,
-        )?;
+        expect_errno("huge length", dev.register(buf.addr(), 1 << 40), errno::EINVAL)?;
+        expect_errno("unaligned address", dev.register(buf.addr() + 1, 4096), errno::EINVAL)?;
+        expect_errno("unaligned length", dev.register(buf.addr(), 100), errno::EINVAL)?;
+        expect_errno("overflowing range", dev.register(!4095, 8192), errno::EOVERFLOW)?;
+        expect_errno("kernel address", dev.register(0xffff_8880_0000_0000, 4096), errno::EFAULT)?;
         Ok(())
     })
 }
@@ -393,16 +287,8 @@ fn bad_register_unmapped() -> Result<()> {
         // Punch a hole in the middle page: the range is no longer fully mapped.
         // SAFETY: unmapping a page of our own mapping that nothing else uses.
         unsafe { libc::munmap((addr + 4096) as *mut libc::c_void, 4096) };
-        expect_errno(
-            "partly unmapped range",
-            dev.register(addr, 3 * 4096),
-            errno::EFAULT,
-        )?;
-        expect_errno(
-            "unmapped page",
-            dev.register(addr + 4096, 4096),
-            errno::EFAULT,
-        )?;
+        expect_errno("partly unmapped range", dev.register(addr, 3 * 4096), errno::EFAULT)?;
+        expect_errno("unmapped page", dev.register(addr + 4096, 4096), errno::EFAULT)?;
         Ok(())
     })
 }
@@ -416,29 +302,13 @@ fn bad_ids() -> Result<()> {
         drop(qp);
         let buf = HostBuf::new(4096)?;
         let h = dev.register(buf.addr(), 4096)?;
-        expect_errno(
-            "bogus registration id",
-            dev.deregister(h.id + 100, h.generation),
-            errno::ENOENT,
-        )?;
-        expect_errno(
-            "stale generation",
-            dev.deregister(h.id, h.generation.wrapping_add(1)),
-            errno::ESTALE,
-        )?;
+        expect_errno("bogus registration id", dev.deregister(h.id + 100, h.generation), errno::ENOENT)?;
+        expect_errno("stale generation", dev.deregister(h.id, h.generation.wrapping_add(1)), errno::ESTALE)?;
         let mut stale = h;
         stale.generation += 7;
-        expect_errno(
-            "segments of a stale generation",
-            dev.segments(stale),
-            errno::ESTALE,
-        )?;
+        expect_errno("segments of a stale generation", dev.segments(stale), errno::ESTALE)?;
         dev.deregister(h.id, h.generation)?;
-        expect_errno(
-            "double deregister",
-            dev.deregister(h.id, h.generation),
-            errno::ENOENT,
-        )?;
+        expect_errno("double deregister", dev.deregister(h.id, h.generation), errno::ENOENT)?;
         Ok(())
     })
 }
@@ -447,22 +317,10 @@ fn bad_depth() -> Result<()> {
     unchanged(|dev| {
         let max = dev.info.max_queue_entries;
         for d in [0, 1, max + 1, u32::MAX] {
-            expect_errno(
-                &format!("depth {d}"),
-                dev.create_qpair(d).map(|q| q.qid),
-                errno::EINVAL,
-            )?;
+            expect_errno(&format!("depth {d}"), dev.create_qpair(d).map(|q| q.qid), errno::EINVAL)?;
         }
-        let mut a = CreateQpair {
-            depth: 16,
-            flags: 0x8000,
-            ..Default::default()
-        };
-        expect_errno(
-            "unknown flags",
-            ioctl_raw(dev.fd(), IOCTL_CREATE_QPAIR, &mut a),
-            errno::EINVAL,
-        )?;
+        let mut a = CreateQpair { depth: 16, flags: 0x8000, ..Default::default() };
+        expect_errno("unknown flags", ioctl_raw(dev.fd(), IOCTL_CREATE_QPAIR, &mut a), errno::EINVAL)?;
         Ok(())
     })
 }
@@ -472,16 +330,8 @@ fn bad_mmap() -> Result<()> {
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         let qp = dev.create_qpair(16)?;
         let a = qp.args;
-        expect_errno(
-            "unknown offset",
-            Mapping::new(dev.fd(), 4096, 4096, rw).map(|_| ()),
-            errno::EINVAL,
-        )?;
-        expect_errno(
-            "offset of another kind",
-            Mapping::new(dev.fd(), 9 << 40, 4096, rw).map(|_| ()),
-            errno::EINVAL,
-        )?;
+        expect_errno("unknown offset", Mapping::new(dev.fd(), 4096, 4096, rw).map(|_| ()), errno::EINVAL)?;
+        expect_errno("offset of another kind", Mapping::new(dev.fd(), 9 << 40, 4096, rw).map(|_| ()), errno::EINVAL)?;
         expect_errno(
             "SQ too long",
             Mapping::new(dev.fd(), a.sq_offset, a.sq_size as usize * 2, rw).map(|_| ()),
@@ -492,11 +342,7 @@ fn bad_mmap() -> Result<()> {
             Mapping::new(dev.fd(), mmap_offset(MmapKind::Cq, 77), 4096, rw).map(|_| ()),
             errno::ENOENT,
         )?;
-        expect_errno(
-            "writable status page",
-            Mapping::new(dev.fd(), MMAP_STATUS, 4096, rw).map(|_| ()),
-            errno::EPERM,
-        )?;
+        expect_errno("writable status page", Mapping::new(dev.fd(), MMAP_STATUS, 4096, rw).map(|_| ()), errno::EPERM)?;
         expect_errno(
             "doorbells beyond BAR0",
             Mapping::new(dev.fd(), MMAP_DOORBELLS, 1 << 20, rw).map(|_| ()),
@@ -504,16 +350,7 @@ fn bad_mmap() -> Result<()> {
         )?;
         // A private mapping of device memory is refused.
         // SAFETY: a fresh mapping request; nothing existing is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                rw,
-                libc::MAP_PRIVATE,
-                dev.fd(),
-                a.sq_offset as i64,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, rw, libc::MAP_PRIVATE, dev.fd(), a.sq_offset as i64) };
         ensure_that!(p == libc::MAP_FAILED, "a private mapping was allowed");
         // The status page, once mapped read-only, cannot be made writable.
         let st = Mapping::new(dev.fd(), MMAP_STATUS, 4096, libc::PROT_READ)?;
@@ -531,39 +368,19 @@ fn bad_other_file() -> Result<()> {
     let buf = HostBuf::new(4096)?;
     let h = a.register(buf.addr(), 4096)?;
     let before = a.status()?;
-    expect_errno(
-        "delete another file's qpair",
-        b.delete_qpair(qp.qid),
-        errno::ENOENT,
-    )?;
-    expect_errno(
-        "deregister another file's registration",
-        b.deregister(h.id, h.generation),
-        errno::ENOENT,
-    )?;
-    expect_errno(
-        "segments of another file's registration",
-        b.segments(h),
-        errno::ENOENT,
-    )?;
+    expect_errno("delete another file's qpair", b.delete_qpair(qp.qid), errno::ENOENT)?;
+    expect_errno("deregister another file's registration", b.deregister(h.id, h.generation), errno::ENOENT)?;
+    expect_errno("segments of another file's registration", b.segments(h), errno::ENOENT)?;
     expect_errno(
         "map another file's SQ",
-        Mapping::new(
-            b.fd(),
-            qp.args.sq_offset,
-            qp.args.sq_size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
-        .map(|_| ()),
+        Mapping::new(b.fd(), qp.args.sq_offset, qp.args.sq_size as usize, libc::PROT_READ | libc::PROT_WRITE)
+            .map(|_| ()),
         errno::ENOENT,
     )?;
     ensure_that!(a.status()? == before, "another file's calls changed state");
     drop(b);
     // The owner still has everything.
-    ensure_that!(
-        a.segments(h)?.len() as u32 == h.nsegs,
-        "owner lost its registration"
-    );
+    ensure_that!(a.segments(h)?.len() as u32 == h.nsegs, "owner lost its registration");
     a.delete_qpair(qp.qid)?;
     a.deregister(h.id, h.generation)?;
     Ok(())
@@ -572,15 +389,158 @@ fn bad_other_file() -> Result<()> {
 fn bad_unknown_ioctl() -> Result<()> {
     unchanged(|dev| {
         let mut x = 0u64;
-        expect_errno(
-            "unknown request",
-            ioctl_raw(dev.fd(), ioc_for_test(0x7F), &mut x),
-            libc::ENOTTY,
-        )?;
+        expect_errno("unknown request", ioctl_raw(dev.fd(), ioc_for_test(0x7F), &mut x), libc::ENOTTY)?;
         Ok(())
     })
 }
 
 fn ioc_for_test(nr: u8) -> u32 {
     (3 << 30) | (8 << 16) | ((IOCTL_TYPE as u32) << 8) | nr as u32
+}
+
+/// A udmabuf over a sealed memfd: a real dma-buf exporter without a GPU.
+pub struct Udmabuf {
+    /// The memfd's shared mapping (what the dma-buf's pages hold).
+    pub map: Mapping,
+    /// The dma-buf fd.
+    pub fd: std::os::fd::OwnedFd,
+}
+
+/// Creates a `len`-byte udmabuf.
+pub fn udmabuf(len: usize) -> Result<Udmabuf> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let name = std::ffi::CString::new("ugds-test")?;
+    // SAFETY: valid name; the fd is owned below.
+    let memfd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC) };
+    ensure_that!(memfd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh fd we own.
+    let memfd = unsafe { OwnedFd::from_raw_fd(memfd) };
+    // SAFETY: plain syscalls on our fd.
+    unsafe {
+        ensure_that!(libc::ftruncate(memfd.as_raw_fd(), len as i64) == 0, "ftruncate");
+        ensure_that!(libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0, "seal");
+    }
+    let map = Mapping::new(memfd.as_raw_fd(), 0, len, libc::PROT_READ | libc::PROT_WRITE)?;
+    let dev = std::fs::File::open("/dev/udmabuf").context("/dev/udmabuf")?;
+    #[repr(C)]
+    struct UdmabufCreate {
+        memfd: u32,
+        flags: u32,
+        offset: u64,
+        size: u64,
+    }
+    let mut c = UdmabufCreate { memfd: memfd.as_raw_fd() as u32, flags: 1, offset: 0, size: len as u64 };
+    // _IOW('u', 0x42, struct udmabuf_create)
+    let req = (1u32 << 30) | (24 << 16) | ((b'u' as u32) << 8) | 0x42;
+    let fd = ioctl_raw(dev.as_raw_fd(), req, &mut c).context("UDMABUF_CREATE")?;
+    // SAFETY: the ioctl returned a new fd we own.
+    Ok(Udmabuf { map, fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+}
+
+fn udmabuf_io() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let ns = dev.info.namespaces[0];
+    let len = 512 * 1024usize;
+    let ub = udmabuf(len)?;
+    let data = pattern(0xd3a, len);
+    for (i, c) in data.chunks(8).enumerate() {
+        ub.map.write64(i * 8, u64::from_le_bytes(c.try_into()?));
+    }
+    let dh = dev.register_dmabuf(ub.fd.as_raw_fd(), 0, len as u64)?;
+    let dsegs = dev.segments(dh)?;
+    ensure_that!(dsegs.iter().map(|s| s.len).sum::<u64>() == len as u64, "dma-buf segments do not cover it");
+    let st = dev.status()?;
+    ensure_that!(st.registrations == 1 && st.pinned_pages == (len / 4096) as u64, "counters: {st:?}");
+    let mut qp = dev.create_qpair(32)?;
+    let chunk = 128 * 1024u64;
+    // dma-buf -> disk, then disk -> host registration.
+    for off in (0..len as u64).step_by(chunk as usize) {
+        qp.rw_sync(true, &ns, 8192 + (off >> ns.lba_shift), &dsegs, off, chunk)?;
+    }
+    let hb = HostBuf::new(len)?;
+    let hh = dev.register(hb.addr(), len as u64)?;
+    let hsegs = dev.segments(hh)?;
+    for off in (0..len as u64).step_by(chunk as usize) {
+        qp.rw_sync(false, &ns, 8192 + (off >> ns.lba_shift), &hsegs, off, chunk)?;
+    }
+    ensure_that!(hb.bytes() == &data[..], "host copy of what the dma-buf wrote differs");
+    // disk -> dma-buf (a different region), checked through the memfd mapping.
+    for off in (0..len as u64).step_by(chunk as usize) {
+        qp.rw_sync(false, &ns, 100 + (off >> ns.lba_shift), &dsegs, off, chunk)?;
+    }
+    let mut back = vec![0u8; len];
+    ub.map.read_bytes(0, &mut back);
+    let expect = direct_read_via_qp(&dev, &mut qp, &ns, 100, len)?;
+    ensure_that!(back == expect, "dma-buf does not hold what the disk has");
+    dev.deregister(dh.id, dh.generation)?;
+    dev.deregister(hh.id, hh.generation)?;
+    dev.delete_qpair(qp.qid)?;
+    let st = dev.status()?;
+    ensure_that!(st.registrations == 0 && st.pinned_pages == 0, "counters after: {st:?}");
+    drop(dev);
+    unbind_all()
+}
+
+fn direct_read_via_qp(
+    dev: &RawDev,
+    qp: &mut crate::raw::RawQpair,
+    ns: &NamespaceInfo,
+    slba: u64,
+    len: usize,
+) -> Result<Vec<u8>> {
+    let hb = HostBuf::new(len)?;
+    let h = dev.register(hb.addr(), len as u64)?;
+    let segs = dev.segments(h)?;
+    for off in (0..len as u64).step_by(128 * 1024) {
+        qp.rw_sync(false, ns, slba + (off >> ns.lba_shift), &segs, off, (128 * 1024).min(len as u64 - off))?;
+    }
+    let v = hb.bytes().to_vec();
+    dev.deregister(h.id, h.generation)?;
+    Ok(v)
+}
+
+fn bad_dmabuf() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let ub = udmabuf(64 * 1024)?;
+    unchanged(|dev| {
+        let f = std::fs::File::open("/proc/self/status")?;
+        expect_errno("regular file fd", dev.register_dmabuf(f.as_raw_fd(), 0, 4096), errno::EINVAL)?;
+        expect_errno("negative fd", dev.register_dmabuf(-1, 0, 4096), errno::EBADF)?;
+        expect_errno("closed fd", dev.register_dmabuf(9999, 0, 4096), errno::EBADF)?;
+        expect_errno(
+            "range past the end",
+            dev.register_dmabuf(ub.fd.as_raw_fd(), 32 * 1024, 64 * 1024),
+            errno::EINVAL,
+        )?;
+        expect_errno("unaligned offset", dev.register_dmabuf(ub.fd.as_raw_fd(), 100, 4096), errno::EINVAL)?;
+        expect_errno("zero length", dev.register_dmabuf(ub.fd.as_raw_fd(), 0, 0), errno::EINVAL)?;
+        expect_errno("overflow", dev.register_dmabuf(ub.fd.as_raw_fd(), !4095, 8192), errno::EOVERFLOW)?;
+        Ok(())
+    })
+}
+
+fn unbind_while_open() -> Result<()> {
+    use std::io::Write;
+    let node = bound_node(0)?;
+    let me = std::env::current_exe()?;
+    let mut child = Command::new(&me)
+        .args(["--child", "touch-after-unbind", &node])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut out = BufReader::new(child.stdout.take().context("stdout")?);
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    ensure_that!(line.trim() == "MAPPED", "child: {line:?}");
+    unbind_all()?;
+    writeln!(child.stdin.take().context("stdin")?, "go")?;
+    line.clear();
+    out.read_line(&mut line)?;
+    ensure_that!(line.trim() == format!("ERRNO {}", errno::ENODEV), "calls after unbind: {line:?}");
+    let status = child.wait()?;
+    use std::os::unix::process::ExitStatusExt;
+    ensure_that!(status.signal() == Some(libc::SIGBUS), "touching a revoked mapping did not fault: {status:?}");
+    Ok(())
 }

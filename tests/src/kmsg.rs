@@ -35,12 +35,7 @@ impl KmsgWatch {
     pub fn new() -> Result<Self> {
         let path = CString::new("/dev/kmsg")?;
         // SAFETY: a valid NUL-terminated path; the fd is owned by the returned value.
-        let fd = unsafe {
-            libc::open(
-                path.as_ptr(),
-                libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
-        };
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error()).context("opening /dev/kmsg");
         }
@@ -84,8 +79,5 @@ impl Drop for KmsgWatch {
 
 /// The lines among `msgs` that match a bad pattern.
 pub fn bad_lines(msgs: &[String]) -> Vec<String> {
-    msgs.iter()
-        .filter(|m| BAD_PATTERNS.iter().any(|p| m.contains(p)))
-        .cloned()
-        .collect()
+    msgs.iter().filter(|m| BAD_PATTERNS.iter().any(|p| m.contains(p))).cloned().collect()
 }

@@ -28,18 +28,10 @@ pub struct Variant {
 
 /// Every VM variant the suite uses.
 pub const VARIANTS: &[Variant] = &[
-    Variant {
-        name: "two-controllers",
-        nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"],
-        iommu: false,
-    },
+    Variant { name: "two-controllers", nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"], iommu: false },
     Variant {
         name: "kmod",
-        nvme: &[
-            "size=256M,lbs=4096",
-            "size=128M,lbs=512,ns=2",
-            "size=64M,throttle_iops=200",
-        ],
+        nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
         iommu: false,
     },
 ];
@@ -63,11 +55,7 @@ pub fn all_tests() -> Vec<Test> {
 
 /// Runs a shell command, returning stdout; fails with its stderr when it exits non-zero.
 pub fn sh(cmd: &str) -> Result<String> {
-    let out = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .with_context(|| format!("running {cmd}"))?;
+    let out = Command::new("/bin/sh").arg("-c").arg(cmd).output().with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
         bail!(
             "`{cmd}` failed ({}): {}{}",
@@ -81,17 +69,9 @@ pub fn sh(cmd: &str) -> Result<String> {
 
 /// Runs the host-built xtask binary (`$UGDS_XTASK`) with `args`: (success, stdout + stderr).
 pub fn xtask(args: &[&str]) -> Result<(bool, String)> {
-    let bin = std::env::var("UGDS_XTASK")
-        .context("UGDS_XTASK is not set (run through cargo xtask test)")?;
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {bin}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let bin = std::env::var("UGDS_XTASK").context("UGDS_XTASK is not set (run through cargo xtask test)")?;
+    let out = Command::new(&bin).args(args).output().with_context(|| format!("running {bin}"))?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     Ok((out.status.success(), text))
 }
 
@@ -163,8 +143,7 @@ pub struct AlignedBuf {
 impl AlignedBuf {
     fn layout(len: usize) -> std::alloc::Layout {
         // 4096 is a power of two and len is rounded up: the layout is always valid.
-        std::alloc::Layout::from_size_align(len.max(4096).next_multiple_of(4096), 4096)
-            .expect("valid layout")
+        std::alloc::Layout::from_size_align(len.max(4096).next_multiple_of(4096), 4096).expect("valid layout")
     }
     /// A zeroed buffer of `len` bytes.
     pub fn new(len: usize) -> Self {
@@ -202,8 +181,7 @@ pub fn direct_write(dev: &str, offset: u64, data: &[u8]) -> Result<()> {
         .with_context(|| format!("opening {dev}"))?;
     let mut buf = AlignedBuf::new(data.len());
     buf.as_mut_slice().copy_from_slice(data);
-    f.write_all_at(buf.as_slice(), offset)
-        .with_context(|| format!("writing {dev}"))?;
+    f.write_all_at(buf.as_slice(), offset).with_context(|| format!("writing {dev}"))?;
     f.sync_all()?;
     Ok(())
 }
@@ -217,8 +195,7 @@ pub fn direct_read(dev: &str, offset: u64, len: usize) -> Result<Vec<u8>> {
         .open(dev)
         .with_context(|| format!("opening {dev}"))?;
     let mut buf = AlignedBuf::new(len);
-    f.read_exact_at(buf.as_mut_slice(), offset)
-        .with_context(|| format!("reading {dev}"))?;
+    f.read_exact_at(buf.as_mut_slice(), offset).with_context(|| format!("reading {dev}"))?;
     Ok(buf.as_slice().to_vec())
 }
 

@@ -44,16 +44,7 @@ impl Mapping {
     /// mmap(fd, offset, len, prot) shared.
     pub fn new(fd: i32, offset: u64, len: usize, prot: i32) -> io::Result<Self> {
         // SAFETY: a fresh mapping chosen by the kernel; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd,
-                offset as i64,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, offset as i64) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
@@ -117,9 +108,7 @@ impl HostBuf {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(HostBuf {
-            map: Mapping { ptr: p.cast(), len },
-        })
+        Ok(HostBuf { map: Mapping { ptr: p.cast(), len } })
     }
     /// Address.
     pub fn addr(&self) -> u64 {
@@ -148,8 +137,7 @@ impl RawDev {
         }
         // SAFETY: a fresh fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut info =
-            DeviceInfo::read_from_bytes(&[0u8; 384][..]).map_err(|_| anyhow::anyhow!("size"))?;
+        let mut info = DeviceInfo::read_from_bytes(&[0u8; 384][..]).map_err(|_| anyhow::anyhow!("size"))?;
         ioctl_raw(fd.as_raw_fd(), IOCTL_GET_INFO, &mut info).context("GET_INFO")?;
         if info.abi_version != ABI_VERSION {
             bail!("ABI {} != {}", info.abi_version, ABI_VERSION);
@@ -162,28 +150,13 @@ impl RawDev {
     }
     /// Registers host memory.
     pub fn register(&self, addr: u64, len: u64) -> io::Result<RegistrationHandle> {
-        let mut a = RegisterHost {
-            addr,
-            len,
-            handle: RegistrationHandle::default(),
-        };
+        let mut a = RegisterHost { addr, len, handle: RegistrationHandle::default() };
         ioctl_raw(self.fd(), IOCTL_REGISTER_HOST, &mut a)?;
         Ok(a.handle)
     }
     /// Registers a dma-buf.
-    pub fn register_dmabuf(
-        &self,
-        fd: i32,
-        offset: u64,
-        len: u64,
-    ) -> io::Result<RegistrationHandle> {
-        let mut a = RegisterDmabuf {
-            fd,
-            reserved: 0,
-            offset,
-            len,
-            handle: RegistrationHandle::default(),
-        };
+    pub fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> io::Result<RegistrationHandle> {
+        let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
         ioctl_raw(self.fd(), IOCTL_REGISTER_DMABUF, &mut a)?;
         Ok(a.handle)
     }
@@ -208,10 +181,7 @@ impl RawDev {
     }
     /// Creates a queue pair and maps it.
     pub fn create_qpair(&self, depth: u32) -> io::Result<RawQpair> {
-        let mut a = CreateQpair {
-            depth,
-            ..Default::default()
-        };
+        let mut a = CreateQpair { depth, ..Default::default() };
         ioctl_raw(self.fd(), IOCTL_CREATE_QPAIR, &mut a)?;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         Ok(RawQpair {
@@ -279,10 +249,7 @@ impl RawQpair {
         let first = dma_at(segs, off).context("offset outside the registration")?;
         match pages {
             1 => Ok((first, 0)),
-            2 => Ok((
-                first,
-                dma_at(segs, off + 4096).context("past the registration")?,
-            )),
+            2 => Ok((first, dma_at(segs, off + 4096).context("past the registration")?)),
             n => {
                 if n - 1 > 512 {
                     bail!("raw driver builds one PRP-list page only");
@@ -328,6 +295,11 @@ impl RawQpair {
             self.sq.write32(base + 4 * i, *w);
         }
         self.tail = (self.tail + 1) % self.depth;
+    }
+
+    /// Reads the first word of the SQ mapping (faults if the mapping was revoked).
+    pub fn peek_sq(&self) -> u32 {
+        self.sq.read32(0)
     }
 
     /// Rings the SQ tail doorbell.

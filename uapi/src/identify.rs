@@ -5,12 +5,7 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct IdentifyController {
@@ -108,12 +103,7 @@ impl IdentifyController {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct LbaFormat(pub u32);
@@ -138,12 +128,7 @@ impl LbaFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct IdentifyNamespace {

@@ -85,12 +85,7 @@ pub const MAX_NAMESPACES: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct NamespaceInfo {
@@ -106,12 +101,7 @@ pub struct NamespaceInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct DeviceInfo {
@@ -166,12 +156,7 @@ pub const QPAIR_FLAG_IRQ: u32 = 1 << 0;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct CreateQpair {
@@ -209,12 +194,7 @@ const _: () = assert!(core::mem::size_of::<CreateQpair>() == 88);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct DeleteQpair {
@@ -228,12 +208,7 @@ pub struct DeleteQpair {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct RegistrationHandle {
@@ -251,12 +226,7 @@ pub struct RegistrationHandle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct RegisterHost {
@@ -272,12 +242,7 @@ pub struct RegisterHost {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct RegisterDmabuf {
@@ -297,12 +262,7 @@ pub struct RegisterDmabuf {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct Segment {
@@ -316,12 +276,7 @@ pub struct Segment {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct GetSegments {
@@ -341,12 +296,7 @@ pub struct GetSegments {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct Deregister {
@@ -360,12 +310,7 @@ pub struct Deregister {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct SetEventfd {
@@ -379,12 +324,7 @@ pub struct SetEventfd {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct StatusPage {
@@ -414,25 +354,13 @@ pub const STATUS_MAGIC: u32 = 0x5567_6473; // "sdgU"
 /// Request: fill a [`DeviceInfo`].
 pub const IOCTL_GET_INFO: u32 = ioc(IOC_READ, 0x00, core::mem::size_of::<DeviceInfo>());
 /// Request: create a queue pair ([`CreateQpair`]).
-pub const IOCTL_CREATE_QPAIR: u32 = ioc(
-    IOC_READ | IOC_WRITE,
-    0x01,
-    core::mem::size_of::<CreateQpair>(),
-);
+pub const IOCTL_CREATE_QPAIR: u32 = ioc(IOC_READ | IOC_WRITE, 0x01, core::mem::size_of::<CreateQpair>());
 /// Request: delete a queue pair ([`DeleteQpair`]).
 pub const IOCTL_DELETE_QPAIR: u32 = ioc(IOC_WRITE, 0x02, core::mem::size_of::<DeleteQpair>());
 /// Request: register host memory ([`RegisterHost`]).
-pub const IOCTL_REGISTER_HOST: u32 = ioc(
-    IOC_READ | IOC_WRITE,
-    0x03,
-    core::mem::size_of::<RegisterHost>(),
-);
+pub const IOCTL_REGISTER_HOST: u32 = ioc(IOC_READ | IOC_WRITE, 0x03, core::mem::size_of::<RegisterHost>());
 /// Request: register a dma-buf ([`RegisterDmabuf`]).
-pub const IOCTL_REGISTER_DMABUF: u32 = ioc(
-    IOC_READ | IOC_WRITE,
-    0x04,
-    core::mem::size_of::<RegisterDmabuf>(),
-);
+pub const IOCTL_REGISTER_DMABUF: u32 = ioc(IOC_READ | IOC_WRITE, 0x04, core::mem::size_of::<RegisterDmabuf>());
 /// Request: copy a registration's segments out ([`GetSegments`]).
 pub const IOCTL_GET_SEGMENTS: u32 = ioc(IOC_WRITE, 0x05, core::mem::size_of::<GetSegments>());
 /// Request: deregister ([`Deregister`]).

@@ -65,12 +65,7 @@ pub mod feature {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct Sqe {
@@ -226,12 +221,7 @@ impl Sqe {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
-    derive(
-        zerocopy::FromBytes,
-        zerocopy::IntoBytes,
-        zerocopy::Immutable,
-        zerocopy::KnownLayout
-    )
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
 )]
 #[repr(C)]
 pub struct Cqe {
@@ -251,14 +241,7 @@ const _: () = assert!(core::mem::offset_of!(Cqe, status) == 14);
 
 impl Cqe {
     /// Builds an entry (as a device would; used by device models in tests).
-    pub const fn new(
-        dw0: u32,
-        sq_head: u16,
-        sq_id: u16,
-        cid: u16,
-        status: Status,
-        phase: bool,
-    ) -> Self {
+    pub const fn new(dw0: u32, sq_head: u16, sq_id: u16, cid: u16, status: Status, phase: bool) -> Self {
         Cqe {
             dw0: dw0.to_le(),
             dw1: 0,

@@ -190,13 +190,7 @@ impl Status {
 
     /// A status with no retry/more bits.
     pub const fn new(sct: StatusType, sc: u8) -> Self {
-        Status {
-            sct,
-            sc,
-            crd: 0,
-            more: false,
-            dnr: false,
-        }
+        Status { sct, sc, crd: 0, more: false, dnr: false }
     }
 
     /// Decodes the 15-bit status field (CQE DW3 bits 31:17, shifted down).
@@ -243,13 +237,7 @@ impl core::fmt::Display for Status {
             Some(n) => write!(f, "{n}")?,
             None => write!(f, "unknown status")?,
         }
-        write!(
-            f,
-            " (SCT {:#x} {}, SC {:#04x}",
-            self.sct.bits(),
-            self.sct.name(),
-            self.sc
-        )?;
+        write!(f, " (SCT {:#x} {}, SC {:#04x}", self.sct.bits(), self.sct.name(), self.sc)?;
         if self.dnr {
             write!(f, ", do not retry")?;
         }

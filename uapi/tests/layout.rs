@@ -28,21 +28,12 @@ fn sqe_fields_land_at_spec_offsets() {
     assert_eq!(b[0], 0x02);
     assert_eq!(u16::from_le_bytes([b[2], b[3]]), 0xBEEF);
     assert_eq!(u32::from_le_bytes(b[4..8].try_into().unwrap()), 7);
-    assert_eq!(
-        u64::from_le_bytes(b[24..32].try_into().unwrap()),
-        0x1122_3344_5566_7788
-    );
-    assert_eq!(
-        u64::from_le_bytes(b[32..40].try_into().unwrap()),
-        0x99AA_BBCC_DDEE_F000
-    );
+    assert_eq!(u64::from_le_bytes(b[24..32].try_into().unwrap()), 0x1122_3344_5566_7788);
+    assert_eq!(u64::from_le_bytes(b[32..40].try_into().unwrap()), 0x99AA_BBCC_DDEE_F000);
     assert_eq!(u32::from_le_bytes(b[40..44].try_into().unwrap()), 2); // CDW10 SLBA low
     assert_eq!(u32::from_le_bytes(b[44..48].try_into().unwrap()), 1); // CDW11 SLBA high
     assert_eq!(u32::from_le_bytes(b[48..52].try_into().unwrap()), 7); // CDW12 NLB zero-based
-    assert_eq!(
-        (s.opcode(), s.cid(), s.nlb(), s.slba()),
-        (2, 0xBEEF, 8, 0x1_0000_0002)
-    );
+    assert_eq!((s.opcode(), s.cid(), s.nlb(), s.slba()), (2, 0xBEEF, 8, 0x1_0000_0002));
     assert_eq!(s.psdt(), 0);
 }
 
@@ -57,10 +48,7 @@ fn cqe_decodes_phase_cid_and_status() {
     let field: u16 = 0x81 | 2 << 8 | 1 << 14;
     raw[14..16].copy_from_slice(&(field << 1 | 1).to_le_bytes());
     let c = Cqe::read_from_bytes(&raw[..]).unwrap();
-    assert_eq!(
-        (c.dw0(), c.sq_head(), c.sq_id(), c.cid(), c.phase()),
-        (0xDEAD_BEEF, 5, 3, 42, true)
-    );
+    assert_eq!((c.dw0(), c.sq_head(), c.sq_id(), c.cid(), c.phase()), (0xDEAD_BEEF, 5, 3, 42, true));
     let st = c.status();
     assert_eq!(st.sct, StatusType::Media);
     assert_eq!(st.sc, 0x81);
@@ -116,12 +104,7 @@ fn registers_decode_fields() {
     assert_eq!(cap.min_page_size(), 4096);
     let vs = Vs(0x0001_0400);
     assert_eq!((vs.major(), vs.minor(), vs.tertiary()), (1, 4, 0));
-    let cc = Cc::default()
-        .with_iosqes(6)
-        .with_iocqes(4)
-        .with_mps(0)
-        .with_css(0)
-        .with_en(true);
+    let cc = Cc::default().with_iosqes(6).with_iocqes(4).with_mps(0).with_css(0).with_en(true);
     assert_eq!(cc.0, 0x0046_0001);
     assert_eq!((cc.iosqes(), cc.iocqes(), cc.en()), (6, 4, true));
     assert_eq!(cc.with_shn(Shutdown::Normal).shn(), 1);
@@ -186,13 +169,7 @@ fn ioctl_structs_and_numbers() {
     for (i, a) in all.iter().enumerate() {
         assert_eq!(a & 0xFF, i as u32, "request numbers are dense and distinct");
     }
-    for k in [
-        MmapKind::Doorbells,
-        MmapKind::Status,
-        MmapKind::Sq,
-        MmapKind::Cq,
-        MmapKind::PrpPool,
-    ] {
+    for k in [MmapKind::Doorbells, MmapKind::Status, MmapKind::Sq, MmapKind::Cq, MmapKind::PrpPool] {
         for q in [0u16, 1, 77, u16::MAX] {
             let off = mmap_offset(k, q);
             assert_eq!(off % 4096, 0);

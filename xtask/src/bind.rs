@@ -19,11 +19,7 @@ fn is_pci_address(s: &str) -> bool {
 
 fn basename_of_link(p: &Path) -> Result<String> {
     let real = fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()))?;
-    Ok(real
-        .file_name()
-        .context("link has no file name")?
-        .to_string_lossy()
-        .into_owned())
+    Ok(real.file_name().context("link has no file name")?.to_string_lossy().into_owned())
 }
 
 /// Resolves `/dev/nvmeX`, `/dev/nvmeXnY[pZ]`, `nvmeX`, `/dev/ugdsN` or a PCI address to the
@@ -89,11 +85,7 @@ fn block_devices(addr: &str) -> Result<Vec<String>> {
 /// Char devices of the controller (`/dev/nvmeX`).
 fn ctrl_devices(addr: &str) -> Vec<String> {
     fs::read_dir(pci_path(addr).join("nvme"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -127,11 +119,7 @@ pub fn users(addr: &str) -> Result<Vec<String>> {
         };
         let rdev = libc::makedev(ma as u32, mi as u32);
         if block_rdevs.contains(&rdev) {
-            let name = blocks
-                .iter()
-                .find(|b| dev_number(b) == Some(rdev))
-                .cloned()
-                .unwrap_or_default();
+            let name = blocks.iter().find(|b| dev_number(b) == Some(rdev)).cloned().unwrap_or_default();
             if *mnt == "/" {
                 why.push(format!("/dev/{name} holds the root file system"));
             } else {
@@ -140,11 +128,7 @@ pub fn users(addr: &str) -> Result<Vec<String>> {
         }
     }
     // Swap.
-    for line in fs::read_to_string("/proc/swaps")
-        .unwrap_or_default()
-        .lines()
-        .skip(1)
-    {
+    for line in fs::read_to_string("/proc/swaps").unwrap_or_default().lines().skip(1) {
         if let Some(dev) = line.split_whitespace().next() {
             if let Ok(m) = fs::metadata(dev) {
                 if m.file_type().is_block_device() && block_rdevs.contains(&m.rdev()) {
@@ -157,10 +141,7 @@ pub fn users(addr: &str) -> Result<Vec<String>> {
     for b in &blocks {
         if let Ok(d) = fs::read_dir(format!("/sys/class/block/{b}/holders")) {
             for h in d.filter_map(|e| e.ok()) {
-                why.push(format!(
-                    "/dev/{b} is held by {}",
-                    h.file_name().to_string_lossy()
-                ));
+                why.push(format!("/dev/{b} is held by {}", h.file_name().to_string_lossy()));
             }
         }
     }
@@ -182,9 +163,7 @@ pub fn users(addr: &str) -> Result<Vec<String>> {
                 let ft = m.file_type();
                 if (ft.is_block_device() || ft.is_char_device()) && rdevs.contains(&m.rdev()) {
                     let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-                    let target = fs::read_link(fd.path())
-                        .map(|t| t.display().to_string())
-                        .unwrap_or_default();
+                    let target = fs::read_link(fd.path()).map(|t| t.display().to_string()).unwrap_or_default();
                     why.push(format!("{target} is open by pid {pid} ({})", comm.trim()));
                 }
             }
@@ -212,11 +191,7 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Re
 /// The ugds device nodes of a controller bound to ugds (`ugdsN`).
 pub fn ugds_nodes(addr: &str) -> Vec<String> {
     fs::read_dir(pci_path(addr).join("misc"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -235,10 +210,7 @@ pub fn bind(target: &str) -> Result<String> {
         Some(_) => {
             let why = users(&addr)?;
             if !why.is_empty() {
-                bail!(
-                    "refusing to take {addr} from its users:\n  {}",
-                    why.join("\n  ")
-                );
+                bail!("refusing to take {addr} from its users:\n  {}", why.join("\n  "));
             }
             write_sysfs(&pci_path(&addr).join("driver/unbind"), &addr)?;
         }
@@ -249,9 +221,7 @@ pub fn bind(target: &str) -> Result<String> {
         // Leave the device bindable by the kernel driver again.
         let _ = write_sysfs(&pci_path(&addr).join("driver_override"), "\n");
         let _ = write_sysfs(Path::new("/sys/bus/pci/drivers_probe"), &addr);
-        return Err(e.context(format!(
-            "ugds failed to probe {addr}; see the kernel log (dmesg)"
-        )));
+        return Err(e.context(format!("ugds failed to probe {addr}; see the kernel log (dmesg)")));
     }
     if driver_of(&addr).as_deref() != Some("ugds") {
         bail!("{addr} did not bind to ugds; see the kernel log");
@@ -268,14 +238,10 @@ pub fn unbind(target: &str) -> Result<String> {
     write_sysfs(&pci_path(&addr).join("driver_override"), "\n")?;
     write_sysfs(Path::new("/sys/bus/pci/drivers_probe"), &addr)?;
     if Path::new("/sys/bus/pci/drivers/nvme").exists() {
-        wait_for("the nvme driver to bind", Duration::from_secs(10), || {
-            driver_of(&addr).as_deref() == Some("nvme")
+        wait_for("the nvme driver to bind", Duration::from_secs(10), || driver_of(&addr).as_deref() == Some("nvme"))?;
+        wait_for("the namespaces to reappear", Duration::from_secs(10), || {
+            block_devices(&addr).map(|b| !b.is_empty()).unwrap_or(false)
         })?;
-        wait_for(
-            "the namespaces to reappear",
-            Duration::from_secs(10),
-            || block_devices(&addr).map(|b| !b.is_empty()).unwrap_or(false),
-        )?;
     }
     Ok(addr)
 }

@@ -30,9 +30,8 @@ fn rustc_candidates() -> Vec<PathBuf> {
     }
     c.push(PathBuf::from("/usr/bin/rustc"));
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let rustup = std::env::var_os("RUSTUP_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(&home).join(".rustup"));
+    let rustup =
+        std::env::var_os("RUSTUP_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(&home).join(".rustup"));
     if let Ok(d) = fs::read_dir(rustup.join("toolchains")) {
         for e in d.filter_map(|e| e.ok()) {
             c.push(e.path().join("bin/rustc"));
@@ -47,11 +46,8 @@ fn rustc_candidates() -> Vec<PathBuf> {
 fn matching_rustc(want: u32) -> Result<PathBuf> {
     let mut seen = Vec::new();
     for r in rustc_candidates() {
-        let line = Command::new(&r)
-            .arg("--version")
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        let line =
+            Command::new(&r).arg("--version").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
         if let Some(line) = line {
             if rustc_version_code(&line) == Some(want) {
                 return Ok(r);
@@ -71,8 +67,12 @@ fn matching_rustc(want: u32) -> Result<PathBuf> {
 
 /// Checks a kernel build tree can build Rust modules; returns the rustc to use.
 pub fn check_kdir(kdir: &Path) -> Result<PathBuf> {
-    let config = fs::read_to_string(kdir.join(".config"))
-        .with_context(|| format!("{} has no .config: is it a kernel build tree? (install the kernel headers package or pass --kdir)", kdir.display()))?;
+    let config = fs::read_to_string(kdir.join(".config")).with_context(|| {
+        format!(
+            "{} has no .config: is it a kernel build tree? (install the kernel headers package or pass --kdir)",
+            kdir.display()
+        )
+    })?;
     if config_value(&config, "CONFIG_RUST").as_deref() != Some("y") {
         bail!(
             "the kernel at {} was built without CONFIG_RUST, so it cannot load Rust modules. \
@@ -108,8 +108,7 @@ pub fn install(kdir: Option<PathBuf>) -> Result<()> {
     let rustc = check_kdir(&kdir)?;
     let ko = kmod::build(&kdir, &rustc)?;
     if Path::new("/sys/module/ugds").exists() {
-        toolchain::run(Command::new("rmmod").arg("ugds"))
-            .context("unloading the old ugds module")?;
+        toolchain::run(Command::new("rmmod").arg("ugds")).context("unloading the old ugds module")?;
     }
     toolchain::run(Command::new("insmod").arg(&ko)).context("loading ugds.ko (see dmesg)")?;
     println!("loaded {}", ko.display());
@@ -134,24 +133,14 @@ mod tests {
     fn refuses_a_tree_without_rust() {
         let dir = std::env::temp_dir().join(format!("ugds-kdir-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        fs::write(
-            dir.join(".config"),
-            "CONFIG_64BIT=y\n# CONFIG_RUST is not set\n",
-        )
-        .unwrap();
+        fs::write(dir.join(".config"), "CONFIG_64BIT=y\n# CONFIG_RUST is not set\n").unwrap();
         let err = check_kdir(&dir).unwrap_err().to_string();
         assert!(err.contains("without CONFIG_RUST"), "{err}");
-        fs::write(
-            dir.join(".config"),
-            "CONFIG_RUST=y\nCONFIG_RUSTC_VERSION=100\n",
-        )
-        .unwrap();
+        fs::write(dir.join(".config"), "CONFIG_RUST=y\nCONFIG_RUSTC_VERSION=100\n").unwrap();
         let err = check_kdir(&dir).unwrap_err().to_string();
         assert!(err.contains("no matching rustc"), "{err}");
         let _ = fs::remove_dir_all(&dir);
-        let err = check_kdir(Path::new("/nonexistent"))
-            .unwrap_err()
-            .to_string();
+        let err = check_kdir(Path::new("/nonexistent")).unwrap_err().to_string();
         assert!(err.contains("no .config"), "{err}");
     }
 }

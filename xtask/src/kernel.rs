@@ -32,10 +32,7 @@ impl TestKernel {
 
     /// The kernel's own NVMe driver modules, in load order.
     pub fn nvme_modules(&self) -> Vec<PathBuf> {
-        vec![
-            self.build.join("drivers/nvme/host/nvme-core.ko"),
-            self.build.join("drivers/nvme/host/nvme.ko"),
-        ]
+        vec![self.build.join("drivers/nvme/host/nvme-core.ko"), self.build.join("drivers/nvme/host/nvme.ko")]
     }
 
     /// The `make` variables every kernel and module build must share.
@@ -68,14 +65,9 @@ fn fragments(flavour: Flavour) -> Vec<PathBuf> {
 }
 
 fn source_version() -> Result<String> {
-    toolchain::output(
-        Command::new("dpkg-query")
-            .args(["-W", "-f=${Version}"])
-            .arg(KERNEL_SOURCE_PACKAGE),
+    toolchain::output(Command::new("dpkg-query").args(["-W", "-f=${Version}"]).arg(KERNEL_SOURCE_PACKAGE)).with_context(
+        || format!("{KERNEL_SOURCE_PACKAGE} is not installed: run `apt-get install {KERNEL_SOURCE_PACKAGE}`"),
     )
-    .with_context(|| {
-        format!("{KERNEL_SOURCE_PACKAGE} is not installed: run `apt-get install {KERNEL_SOURCE_PACKAGE}`")
-    })
 }
 
 /// The cache key of a build: hex SHA-256 over all its inputs (first 16 digits).
@@ -88,11 +80,7 @@ fn cache_key(flavour: Flavour, src_version: &str) -> Result<String> {
     }
     h.update(toolchain::version_of(Path::new(KERNEL_RUSTC))?.as_bytes());
     h.update(toolchain::version_of(&toolchain::bindgen()?)?.as_bytes());
-    h.update(
-        toolchain::version_of(Path::new("clang"))
-            .unwrap_or_default()
-            .as_bytes(),
-    );
+    h.update(toolchain::version_of(Path::new("clang")).unwrap_or_default().as_bytes());
     let digest = h.finalize();
     Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
@@ -106,10 +94,7 @@ fn locate(flavour: Flavour) -> Result<(TestKernel, String)> {
         Flavour::Debug => format!("kernel-debug-{key}"),
     };
     Ok((
-        TestKernel {
-            src: cache.join("src").join(&version).join("linux-source-6.12"),
-            build: cache.join(name),
-        },
+        TestKernel { src: cache.join("src").join(&version).join("linux-source-6.12"), build: cache.join(name) },
         version,
     ))
 }
@@ -129,11 +114,7 @@ pub fn ensure(flavour: Flavour) -> Result<TestKernel> {
 
     let make = |args: &[&str]| -> Command {
         let mut c = Command::new("make");
-        c.arg("-C")
-            .arg(&kernel.src)
-            .arg(format!("O={}", kernel.build.display()))
-            .args(&vars)
-            .args(args);
+        c.arg("-C").arg(&kernel.src).arg(format!("O={}", kernel.build.display())).args(&vars).args(args);
         c
     };
     run_logged(make(&["tinyconfig"]), &log, "tinyconfig")?;
@@ -166,13 +147,7 @@ fn extract_source(src: &Path) -> Result<()> {
         bail!("{KERNEL_SOURCE_TARBALL} is missing: run `apt-get install {KERNEL_SOURCE_PACKAGE}`");
     }
     let pb = spinner("extracting kernel source");
-    toolchain::run(
-        Command::new("tar")
-            .arg("-xf")
-            .arg(KERNEL_SOURCE_TARBALL)
-            .arg("-C")
-            .arg(&tmp),
-    )?;
+    toolchain::run(Command::new("tar").arg("-xf").arg(KERNEL_SOURCE_TARBALL).arg("-C").arg(&tmp))?;
     pb.finish_and_clear();
     let _ = fs::remove_dir_all(parent);
     fs::rename(&tmp, parent)?;
@@ -210,10 +185,7 @@ fn check_config(config: &Path, flavour: Flavour, k: &TestKernel, vars: &[String]
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    bail!(
-        "the kernel config dropped options the fragment sets: {}{hint}",
-        missing.join(", ")
-    )
+    bail!("the kernel config dropped options the fragment sets: {}{hint}", missing.join(", "))
 }
 
 fn spinner(msg: &str) -> ProgressBar {
@@ -259,15 +231,8 @@ fn run_logged(mut cmd: Command, log: &Path, step: &str) -> Result<()> {
     let _ = err_thread.join();
     pb.finish_and_clear();
     if !status.success() {
-        eprintln!(
-            "--- last lines of {} ---\n{}",
-            log.display(),
-            toolchain::tail(log, 40)
-        );
-        bail!(
-            "kernel {step} failed ({status}); full log: {}",
-            log.display()
-        );
+        eprintln!("--- last lines of {} ---\n{}", log.display(), toolchain::tail(log, 40));
+        bail!("kernel {step} failed ({status}); full log: {}", log.display());
     }
     eprintln!("kernel {step}: done in {:.0?}", start.elapsed());
     Ok(())

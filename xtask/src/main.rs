@@ -91,39 +91,15 @@ fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Kernel { debug } => {
-            let flavour = if debug {
-                kernel::Flavour::Debug
-            } else {
-                kernel::Flavour::Normal
-            };
+            let flavour = if debug { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
             let k = kernel::ensure(flavour)?;
             println!("{}", k.bzimage().display());
         }
-        Cmd::Vm {
-            nvme,
-            iommu,
-            bind,
-            mem,
-            timeout,
-            debug_kernel,
-            cmd,
-        } => {
-            let flavour = if debug_kernel {
-                kernel::Flavour::Debug
-            } else {
-                kernel::Flavour::Normal
-            };
+        Cmd::Vm { nvme, iommu, bind, mem, timeout, debug_kernel, cmd } => {
+            let flavour = if debug_kernel { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
             let k = kernel::ensure(flavour)?;
-            let bind_module = if bind {
-                Some(kmod::build_for_test_kernel(&k)?)
-            } else {
-                None
-            };
-            let nvme = if nvme.is_empty() {
-                vec![vm::NvmeSpec::default()]
-            } else {
-                nvme
-            };
+            let bind_module = if bind { Some(kmod::build_for_test_kernel(&k)?) } else { None };
+            let nvme = if nvme.is_empty() { vec![vm::NvmeSpec::default()] } else { nvme };
             let cfg = vm::VmConfig {
                 nvme,
                 iommu,
@@ -142,19 +118,12 @@ fn real_main() -> Result<()> {
             let nodes = bind::ugds_nodes(&addr);
             println!(
                 "{addr}: bound to ugds {}",
-                nodes
-                    .iter()
-                    .map(|n| format!("/dev/{n}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                nodes.iter().map(|n| format!("/dev/{n}")).collect::<Vec<_>>().join(" ")
             );
         }
         Cmd::Unbind { target } => {
             let addr = bind::unbind(&target)?;
-            println!(
-                "{addr}: given back to {}",
-                bind::driver_of(&addr).unwrap_or_else(|| "no driver".into())
-            );
+            println!("{addr}: given back to {}", bind::driver_of(&addr).unwrap_or_else(|| "no driver".into()));
         }
         Cmd::Test { host_only, filter } => {
             let summary = suite::run(host_only, filter.as_deref())?;

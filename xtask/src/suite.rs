@@ -21,12 +21,7 @@ pub fn parse_cargo_result(line: &str) -> Option<(u64, u64)> {
     let rest = line.trim().strip_prefix("test result: ")?;
     let num_before = |word: &str| -> Option<u64> {
         let idx = rest.find(word)?;
-        rest[..idx]
-            .trim_end()
-            .rsplit([' ', '.'])
-            .next()?
-            .parse()
-            .ok()
+        rest[..idx].trim_end().rsplit([' ', '.']).next()?.parse().ok()
     };
     Some((num_before(" passed")?, num_before(" failed")?))
 }
@@ -68,12 +63,7 @@ fn host_tests() -> Result<Summary> {
         // A build failure or crash: count it, so the run cannot look green.
         s.failed += 1;
     }
-    eprintln!(
-        "phase host tests: {} passed, {} failed in {:.0?}",
-        s.passed,
-        s.failed,
-        start.elapsed()
-    );
+    eprintln!("phase host tests: {} passed, {} failed in {:.0?}", s.passed, s.failed, start.elapsed());
     Ok(s)
 }
 
@@ -107,14 +97,9 @@ pub fn run(host_only: bool, filter: Option<&str>) -> Result<Summary> {
     let variants = toolchain::output(Command::new(&suite).arg("--list-variants"))?;
     for line in variants.lines() {
         let f: Vec<&str> = line.split('|').collect();
-        let [name, specs, iommu] = f[..] else {
-            bail!("bad variant line {line:?}")
-        };
+        let [name, specs, iommu] = f[..] else { bail!("bad variant line {line:?}") };
         let t = Instant::now();
-        let nvme = specs
-            .split(';')
-            .map(str::parse)
-            .collect::<Result<Vec<vm::NvmeSpec>>>()?;
+        let nvme = specs.split(';').map(str::parse).collect::<Result<Vec<vm::NvmeSpec>>>()?;
         let mut cmd = vec![suite.display().to_string(), "--variant".into(), name.into()];
         if let Some(f) = filter {
             cmd.extend(["--filter".into(), f.into()]);
@@ -137,10 +122,7 @@ pub fn run(host_only: bool, filter: Option<&str>) -> Result<Summary> {
             Some((p, f)) => {
                 total.passed += p;
                 total.failed += f;
-                eprintln!(
-                    "phase VM variant {name}: {p} passed, {f} failed in {:.0?}",
-                    t.elapsed()
-                );
+                eprintln!("phase VM variant {name}: {p} passed, {f} failed in {:.0?}", t.elapsed());
             }
             None => {
                 total.failed += 1;
@@ -162,18 +144,14 @@ mod tests {
     #[test]
     fn parses_result_lines() {
         assert_eq!(
-            parse_cargo_result("test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s"),
+            parse_cargo_result(
+                "test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s"
+            ),
             Some((6, 0))
         );
-        assert_eq!(
-            parse_cargo_result("test result: FAILED. 3 passed; 2 failed; 0 ignored"),
-            Some((3, 2))
-        );
+        assert_eq!(parse_cargo_result("test result: FAILED. 3 passed; 2 failed; 0 ignored"), Some((3, 2)));
         assert_eq!(parse_cargo_result("running 3 tests"), None);
-        assert_eq!(
-            parse_suite_result("x\nUGDS-SUITE passed=4 failed=1\n"),
-            Some((4, 1))
-        );
+        assert_eq!(parse_suite_result("x\nUGDS-SUITE passed=4 failed=1\n"), Some((4, 1)));
         assert_eq!(parse_suite_result("no result"), None);
     }
 }

@@ -15,10 +15,7 @@ pub const KERNEL_SOURCE_PACKAGE: &str = "linux-source-6.12";
 
 /// Root of the workspace (the parent of `xtask/`).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Cache folder outside the repository: `$UGDS_CACHE`, else `$XDG_CACHE_HOME/ugds`, else `~/.cache/ugds`.
@@ -52,9 +49,7 @@ pub fn bindgen() -> Result<PathBuf> {
 /// Looks a program up in PATH.
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// Runs a command to completion; an error names the command and its exit status.
@@ -70,11 +65,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 pub fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("starting {cmd:?}"))?;
     if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{cmd:?} failed: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -93,7 +84,5 @@ pub fn tail(path: &Path, n: usize) -> String {
 
 /// The number of parallel build jobs: cores + 1.
 pub fn jobs() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get() + 1)
-        .unwrap_or(3)
+    std::thread::available_parallelism().map(|n| n.get() + 1).unwrap_or(3)
 }

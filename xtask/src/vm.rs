@@ -41,15 +41,7 @@ pub struct NvmeSpec {
 
 impl Default for NvmeSpec {
     fn default() -> Self {
-        NvmeSpec {
-            size: 256 << 20,
-            lbs: 512,
-            mdts: None,
-            qpairs: None,
-            ns: 1,
-            throttle_iops: None,
-            serial: None,
-        }
+        NvmeSpec { size: 256 << 20, lbs: 512, mdts: None, qpairs: None, ns: 1, throttle_iops: None, serial: None }
     }
 }
 
@@ -63,8 +55,7 @@ pub fn parse_size(s: &str) -> Result<u64> {
         _ => (s, 1),
     };
     let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size {s:?} overflows"))
+    n.checked_mul(mult).with_context(|| format!("size {s:?} overflows"))
 }
 
 impl std::str::FromStr for NvmeSpec {
@@ -72,9 +63,7 @@ impl std::str::FromStr for NvmeSpec {
     fn from_str(s: &str) -> Result<Self> {
         let mut spec = NvmeSpec::default();
         for kv in s.split(',').filter(|p| !p.is_empty()) {
-            let (k, v) = kv
-                .split_once('=')
-                .with_context(|| format!("{kv:?} is not key=value"))?;
+            let (k, v) = kv.split_once('=').with_context(|| format!("{kv:?} is not key=value"))?;
             match k {
                 "size" => spec.size = parse_size(v)?,
                 "lbs" => {
@@ -159,12 +148,7 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
 "#,
     );
     for m in kernel.nvme_modules() {
-        writeln!(
-            s,
-            "insmod /host{} || fail 'loading {}'",
-            m.display(),
-            m.display()
-        )?;
+        writeln!(s, "insmod /host{} || fail 'loading {}'", m.display(), m.display())?;
     }
     // Wait for the kernel driver to finish probing every controller.
     let want = cfg.nvme.len();
@@ -181,7 +165,9 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
             xtask.display()
         )?;
     }
-    let mut env = String::from("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb UGDS_IN_VM=1");
+    let mut env = String::from(
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb UGDS_IN_VM=1",
+    );
     for (k, v) in &cfg.env {
         write!(env, " {}={}", k, shell_quote(v))?;
     }
@@ -189,11 +175,7 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
     writeln!(
         s,
         "chroot /host /bin/sh -c {}\nrc=$?\nsync\necho\necho {EXIT_MARKER}$rc\nreboot -f",
-        shell_quote(&format!(
-            "{env}; cd {} && exec {}",
-            shell_quote(&cwd.to_string_lossy()),
-            cmd.join(" ")
-        ))
+        shell_quote(&format!("{env}; cd {} && exec {}", shell_quote(&cwd.to_string_lossy()), cmd.join(" ")))
     )?;
     Ok(s)
 }
@@ -222,16 +204,7 @@ fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
         .context("running cpio (apt-get install cpio)")?;
     {
         let mut stdin = child.stdin.take().context("cpio stdin")?;
-        for e in [
-            "bin",
-            "bin/busybox",
-            "proc",
-            "sys",
-            "dev",
-            "host",
-            "tmp",
-            "init",
-        ] {
+        for e in ["bin", "bin/busybox", "proc", "sys", "dev", "host", "tmp", "init"] {
             writeln!(stdin, "{e}")?;
         }
     }
@@ -241,12 +214,7 @@ fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
     Ok(cpio)
 }
 
-fn qemu_args(
-    cfg: &VmConfig,
-    kernel: &TestKernel,
-    dir: &Path,
-    initrd: &Path,
-) -> Result<Vec<String>> {
+fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> Result<Vec<String>> {
     let mut a: Vec<String> = [
         "-machine",
         "q35",
@@ -277,10 +245,7 @@ fn qemu_args(
     a.extend(["-kernel".into(), kernel.bzimage().display().to_string()]);
     a.extend(["-initrd".into(), initrd.display().to_string()]);
     a.extend(["-append".into(), append]);
-    a.extend([
-        "-virtfs".into(),
-        "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap".into(),
-    ]);
+    a.extend(["-virtfs".into(), "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap".into()]);
     for (i, spec) in cfg.nvme.iter().enumerate() {
         let serial = spec.serial.clone().unwrap_or_else(|| format!("ugds{i:04}"));
         let mut dev = format!("nvme,id=nvme{i},serial={serial}");
@@ -294,10 +259,7 @@ fn qemu_args(
         for n in 1..=spec.ns {
             let img = dir.join(format!("nvme{i}n{n}.img"));
             fs::File::create(&img)?.set_len(spec.size)?;
-            let mut drive = format!(
-                "file={},if=none,id=d{i}n{n},format=raw,cache=unsafe",
-                img.display()
-            );
+            let mut drive = format!("file={},if=none,id=d{i}n{n},format=raw,cache=unsafe", img.display());
             if let Some(t) = spec.throttle_iops {
                 write!(drive, ",throttling.iops-total={t}")?;
             }
@@ -395,21 +357,14 @@ pub fn run(cfg: &VmConfig, kernel: &TestKernel, echo: bool) -> Result<VmOutcome>
     let _ = watchdog.join();
     let qemu_err = err_reader.join().unwrap_or_default();
     if timed_out.load(Ordering::Relaxed) {
-        eprintln!(
-            "ugds-vm: the guest did not finish within {:?}: killed it",
-            cfg.timeout
-        );
+        eprintln!("ugds-vm: the guest did not finish within {:?}: killed it", cfg.timeout);
         return Ok(VmOutcome { code: 124, output });
     }
     match code {
         Some(c) => Ok(VmOutcome { code: c, output }),
         None => bail!(
             "the guest stopped without reporting an exit code (qemu: {status}){}",
-            if qemu_err.is_empty() {
-                String::new()
-            } else {
-                format!("\nqemu said: {qemu_err}")
-            }
+            if qemu_err.is_empty() { String::new() } else { format!("\nqemu said: {qemu_err}") }
         ),
     }
 }
@@ -457,13 +412,8 @@ mod tests {
     fn parses_nvme_specs() {
         let s: NvmeSpec = "size=256M,lbs=4096,mdts=2".parse().unwrap();
         assert_eq!((s.size, s.lbs, s.mdts, s.ns), (256 << 20, 4096, Some(2), 1));
-        let s: NvmeSpec = "size=128M,ns=2,qpairs=1,throttle_iops=2,serial=abc"
-            .parse()
-            .unwrap();
-        assert_eq!(
-            (s.ns, s.qpairs, s.throttle_iops, s.serial.as_deref()),
-            (2, Some(1), Some(2), Some("abc"))
-        );
+        let s: NvmeSpec = "size=128M,ns=2,qpairs=1,throttle_iops=2,serial=abc".parse().unwrap();
+        assert_eq!((s.ns, s.qpairs, s.throttle_iops, s.serial.as_deref()), (2, Some(1), Some(2), Some("abc")));
         assert!("lbs=1024".parse::<NvmeSpec>().is_err());
         assert!("bogus=1".parse::<NvmeSpec>().is_err());
         assert!("ns=0".parse::<NvmeSpec>().is_err());
