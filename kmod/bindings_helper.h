@@ -11,3 +11,5 @@
 #include <linux/scatterlist.h>
 #include <linux/dma-buf.h>
 #include <linux/dma-resv.h>
+#include <linux/interrupt.h>
+#include <linux/eventfd.h>

@@ -5,6 +5,7 @@ use crate::device::Controller;
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
 use crate::shim::dmabuf::DmabufMapping;
+use crate::shim::irq::EventfdIrq;
 use crate::shim::miscdev::{FileHandle, FileOps, FopsTable, Vma};
 use crate::shim::pin::PinnedUserMemory;
 use crate::shim::uaccess::{read_arg, write_arg, write_slice, Plain};
@@ -31,6 +32,8 @@ unsafe impl Plain for GetSegments {}
 unsafe impl Plain for Deregister {}
 // SAFETY: see above.
 unsafe impl Plain for Segment {}
+// SAFETY: see above.
+unsafe impl Plain for SetEventfd {}
 
 /// Largest host registration: 16 GiB.
 const MAX_REGISTRATION: u64 = 16 << 30;
@@ -118,6 +121,10 @@ impl FileOps for Chardev {
                 let a: Deregister = read_arg(arg)?;
                 deregister(c, handle, a.id, a.generation).map(|_| 0)
             }
+            IOCTL_SET_EVENTFD => {
+                let a: SetEventfd = read_arg(arg)?;
+                set_eventfd(c, handle, a.qid, a.fd).map(|_| 0)
+            }
             IOCTL_RESET => {
                 let mut inner = c.inner.lock();
                 let r = c.reset_locked(&mut inner);
@@ -173,8 +180,7 @@ impl FileOps for Chardev {
 }
 
 fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Result {
-    if a.flags != 0 {
-        // Interrupt-driven queues (QPAIR_FLAG_IRQ) are not supported yet.
+    if a.flags & !QPAIR_FLAG_IRQ != 0 {
         return Err(EINVAL);
     }
     if a.depth < 2 || a.depth > c.info.max_queue_entries {
@@ -187,15 +193,19 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
     let qid = (1..=c.info.max_qpairs as u16)
         .find(|q| !inner.qpairs.iter().any(|qp| qp.qid == *q))
         .ok_or(ENOSPC)?;
-    let qp = Qpair::alloc(&c.pdev, handle, qid, a.depth)?;
     let hw = inner.hw.as_mut().ok_or(ENODEV)?;
+    if a.flags & QPAIR_FLAG_IRQ != 0 && qid as u32 >= hw.irqs.as_ref().map_or(0, |v| v.count()) {
+        // No MSI-X vector left for this queue id.
+        return Err(ENOSPC);
+    }
+    let qp = Qpair::alloc(&c.pdev, handle, qid, a.depth, a.flags)?;
     qp.create_on_device(&hw.bar, &mut hw.admin)?;
     let dstrd = c.cap.dstrd();
     *a = CreateQpair {
         depth: a.depth,
         flags: a.flags,
         qid: qid as u32,
-        irq_vector: 0,
+        irq_vector: if a.flags & QPAIR_FLAG_IRQ != 0 { qid as u32 } else { 0 },
         sq_offset: mmap_offset(MmapKind::Sq, qid),
         sq_size: qp.sq.size() as u64,
         cq_offset: mmap_offset(MmapKind::Cq, qid),
@@ -305,5 +315,25 @@ fn deregister(c: &Controller, handle: FileHandle, id: u32, generation: u32) -> R
     c.publish(&inner);
     drop(inner);
     drop(r);
+    Ok(())
+}
+
+fn set_eventfd(c: &Controller, handle: FileHandle, qid: u32, fd: i32) -> Result {
+    let mut inner = c.inner.lock();
+    let inner = &mut *inner;
+    let hw = inner.hw.as_ref().ok_or(ENODEV)?;
+    let qp = inner.qpairs.iter_mut().find(|q| q.qid as u32 == qid && q.owner == handle).ok_or(ENOENT)?;
+    if qp.flags & QPAIR_FLAG_IRQ == 0 {
+        return Err(EINVAL);
+    }
+    if fd < -1 {
+        return Err(EBADF);
+    }
+    // Free the old handler first: the vector is not shared.
+    qp.irq = None;
+    if fd >= 0 {
+        let irq = hw.irqs.as_ref().ok_or(EINVAL)?.irq(qid)?;
+        qp.irq = Some(EventfdIrq::attach(irq, fd, kernel::c_str!("ugds"))?);
+    }
     Ok(())
 }

@@ -11,6 +11,7 @@ use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
 use crate::qpair::Qpair;
 use crate::registry::Registration;
 use crate::shim::dma::CoherentAllocation;
+use crate::shim::irq::IrqVectors;
 use crate::shim::miscdev::FileHandle;
 use crate::shim::pci;
 use crate::table::Table;
@@ -32,6 +33,8 @@ pub(crate) struct Hw {
     pub(crate) cap: Cap,
     /// The admin queue; freed by `Drop` only once the controller stopped.
     pub(crate) admin: ManuallyDrop<AdminQueue>,
+    /// MSI-X vectors (vector N serves queue pair N; 0 is the admin queue's, unused: polled).
+    pub(crate) irqs: Option<IrqVectors>,
     /// Memory decoding and bus mastering; dropped last.
     pub(crate) _enabled: pci::Enabled,
 }

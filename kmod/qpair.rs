@@ -4,15 +4,20 @@
 use crate::admin::AdminQueue;
 use crate::ctrl::ADMIN_TIMEOUT_MS;
 use crate::shim::dma::CoherentAllocation;
+use crate::shim::irq::EventfdIrq;
 use crate::shim::miscdev::FileHandle;
 use crate::shim::pci::Device;
-use crate::uapi::ioctl::{mmap_offset, MmapKind};
+use crate::uapi::ioctl::{mmap_offset, MmapKind, QPAIR_FLAG_IRQ};
 use crate::uapi::queue::{admin, Sqe};
 use crate::Bar0;
 use kernel::prelude::*;
 
 /// One I/O queue pair (SQ and CQ share `qid`) owned by an open file.
 pub(crate) struct Qpair {
+    /// The interrupt handler signalling the owner's eventfd (first: freed before the memory).
+    pub(crate) irq: Option<EventfdIrq>,
+    /// `QPAIR_FLAG_*` it was created with.
+    pub(crate) flags: u32,
     /// The open file that created it.
     pub(crate) owner: FileHandle,
     /// Queue id (1-based).
@@ -29,9 +34,11 @@ pub(crate) struct Qpair {
 
 impl Qpair {
     /// Allocates the memory (zeroed) for a queue pair.
-    pub(crate) fn alloc(dev: &Device, owner: FileHandle, qid: u16, depth: u32) -> Result<Self> {
+    pub(crate) fn alloc(dev: &Device, owner: FileHandle, qid: u16, depth: u32, flags: u32) -> Result<Self> {
         let d = depth as usize;
         Ok(Qpair {
+            irq: None,
+            flags,
             owner,
             qid,
             depth,
@@ -47,8 +54,9 @@ impl Qpair {
         let mut c = Sqe::new(admin::CREATE_IO_CQ, 0);
         c.set_prps(self.cq.dma_handle(), 0);
         c.set_cdw(10, (self.depth - 1) << 16 | self.qid as u32);
-        // PC (physically contiguous); IEN off.
-        c.set_cdw(11, 1);
+        // PC (physically contiguous); with interrupts: IEN and vector = qid.
+        let irq = if self.flags & QPAIR_FLAG_IRQ != 0 { (self.qid as u32) << 16 | 1 << 1 } else { 0 };
+        c.set_cdw(11, irq | 1);
         adminq.submit(bar, c, ADMIN_TIMEOUT_MS)?;
         let mut s = Sqe::new(admin::CREATE_IO_SQ, 0);
         s.set_prps(self.sq.dma_handle(), 0);

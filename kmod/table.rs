@@ -29,6 +29,11 @@ impl<T> Table<T> {
         self.slots.iter().filter_map(|s| s.as_ref())
     }
 
+    /// The live entries, mutable.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().filter_map(|s| s.as_mut())
+    }
+
     /// Number of live entries.
     pub(crate) fn len(&self) -> usize {
         self.iter().count()

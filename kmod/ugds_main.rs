@@ -128,6 +128,16 @@ impl pci::Driver for NvmeDriver {
             }
         };
         info.vs = vs.0;
+        // One MSI-X vector per I/O queue pair plus the admin queue's; without MSI-X, queues
+        // are polled only (QPAIR_FLAG_IRQ then fails with ENOSPC).
+        let irqs = match shim::irq::IrqVectors::alloc(dev, info.max_qpairs + 1) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                pr_warn!("{}: no MSI-X vectors ({:?}): interrupt mode unavailable\n", name, e);
+                None
+            }
+        };
+        info.irq_vectors = irqs.as_ref().map_or(0, |v| v.count().saturating_sub(1));
         let instance = match alloc_instance() {
             Ok(i) => i,
             Err(e) => {
@@ -136,7 +146,7 @@ impl pci::Driver for NvmeDriver {
             }
         };
         info.instance = instance;
-        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), _enabled: enabled };
+        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, _enabled: enabled };
         let controller = match Controller::new(dev, info, cap, hw) {
             Ok(c) => c,
             Err(e) => {

@@ -5,6 +5,7 @@
 pub(crate) mod dma;
 pub(crate) mod dmabuf;
 pub(crate) mod io;
+pub(crate) mod irq;
 pub(crate) mod miscdev;
 pub(crate) mod pci;
 pub(crate) mod pin;

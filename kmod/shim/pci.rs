@@ -57,6 +57,11 @@ impl Device {
         self.ptr.as_ptr()
     }
 
+    /// The raw `pci_dev`, for sibling shims.
+    pub(crate) fn raw_pci(&self) -> *mut bindings::pci_dev {
+        self.raw()
+    }
+
     /// The device's name, its PCI address (`dev_name`).
     pub(crate) fn name(&self) -> &CStr {
         // SAFETY: by the invariant the device is live; `dev_name` is its init name or kobject

@@ -19,6 +19,9 @@ pub fn tests() -> Vec<Test> {
         Test { name: "kmod_probe_logs_model_mdts_and_namespaces", variant: V, run: probe_log },
         Test { name: "kmod_raw_io_host_memory_matches_kernel_driver", variant: V, run: raw_io },
         Test { name: "kmod_raw_io_udmabuf", variant: V, run: udmabuf_io },
+        Test { name: "kmod_eventfd_signalled_by_msix", variant: V, run: eventfd_irq },
+        Test { name: "kmod_bad_eventfd_arguments", variant: V, run: bad_eventfd },
+        Test { name: "kmod_reset_recreates_live_queues", variant: V, run: reset_keeps_queues },
         Test { name: "kmod_unbind_while_open_revokes_everything", variant: V, run: unbind_while_open },
         Test { name: "kmod_bad_dmabuf_fd_and_range", variant: V, run: bad_dmabuf },
         Test { name: "kmod_two_processes_one_controller", variant: V, run: two_processes },
@@ -542,5 +545,89 @@ fn unbind_while_open() -> Result<()> {
     let status = child.wait()?;
     use std::os::unix::process::ExitStatusExt;
     ensure_that!(status.signal() == Some(libc::SIGBUS), "touching a revoked mapping did not fault: {status:?}");
+    Ok(())
+}
+
+fn eventfd() -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain syscall; the fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    ensure_that!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh fd.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn eventfd_irq() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    ensure_that!(dev.info.irq_vectors >= 1, "no interrupt vectors: {}", dev.info.irq_vectors);
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
+    ensure_that!(qp.args.irq_vector == qp.qid, "vector {} for qid {}", qp.args.irq_vector, qp.qid);
+    let efd = eventfd()?;
+    dev.set_eventfd(qp.qid, efd.as_raw_fd())?;
+    let buf = HostBuf::new(65536)?;
+    let h = dev.register(buf.addr(), 65536)?;
+    let segs = dev.segments(h)?;
+    for round in 0..3 {
+        qp.push_rw(nvm::READ, &ns, 0, &segs, 0, 65536)?;
+        qp.ring();
+        let mut pfd = libc::pollfd { fd: efd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 5000) };
+        ensure_that!(n == 1, "round {round}: the eventfd was not signalled within 5 s");
+        let mut count = 0u64;
+        // SAFETY: reading 8 bytes into a u64.
+        let r = unsafe { libc::read(efd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        ensure_that!(r == 8 && count >= 1, "eventfd read {r} count {count}");
+        let c = qp.wait(1, Duration::from_secs(1))?;
+        ensure_that!(c[0].status().is_success(), "read failed: {}", c[0].status());
+    }
+    dev.set_eventfd(qp.qid, -1)?;
+    dev.delete_qpair(qp.qid)?;
+    dev.deregister(h.id, h.generation)?;
+    Ok(())
+}
+
+fn bad_eventfd() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    unchanged(|dev| {
+        let efd = eventfd()?;
+        let polled = dev.create_qpair(16)?;
+        expect_errno("queue without interrupts", dev.set_eventfd(polled.qid, efd.as_raw_fd()), errno::EINVAL)?;
+        expect_errno("bogus qid", dev.set_eventfd(999, efd.as_raw_fd()), errno::ENOENT)?;
+        let irq = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
+        let f = std::fs::File::open("/proc/self/status")?;
+        expect_errno("not an eventfd", dev.set_eventfd(irq.qid, f.as_raw_fd()), errno::EINVAL)?;
+        expect_errno("closed fd", dev.set_eventfd(irq.qid, 9999), errno::EBADF)?;
+        expect_errno("negative fd", dev.set_eventfd(irq.qid, -5), errno::EBADF)?;
+        dev.delete_qpair(irq.qid)?;
+        dev.delete_qpair(polled.qid)?;
+        Ok(())
+    })
+}
+
+fn reset_keeps_queues() -> Result<()> {
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair(32)?;
+    let mut buf = HostBuf::new(16384)?;
+    buf.bytes_mut().copy_from_slice(&pattern(31, 16384));
+    let h = dev.register(buf.addr(), 16384)?;
+    let segs = dev.segments(h)?;
+    qp.rw_sync(true, &ns, 777, &segs, 0, 16384)?;
+    let before = dev.status()?;
+    dev.reset()?;
+    let after = dev.status()?;
+    ensure_that!(after.epoch > before.epoch && after.resets == before.resets + 1, "{before:?} -> {after:?}");
+    ensure_that!(after.qpairs == 1 && after.registrations == 1 && after.faulted == 0, "{after:?}");
+    qp.reset_ring();
+    buf.bytes_mut().fill(0);
+    qp.rw_sync(false, &ns, 777, &segs, 0, 16384)?;
+    ensure_that!(buf.bytes() == &pattern(31, 16384)[..], "data after reset differs");
+    dev.delete_qpair(qp.qid)?;
+    dev.deregister(h.id, h.generation)?;
     Ok(())
 }

@@ -181,7 +181,11 @@ impl RawDev {
     }
     /// Creates a queue pair and maps it.
     pub fn create_qpair(&self, depth: u32) -> io::Result<RawQpair> {
-        let mut a = CreateQpair { depth, ..Default::default() };
+        self.create_qpair_flags(depth, 0)
+    }
+    /// Creates a queue pair with `QPAIR_FLAG_*` and maps it.
+    pub fn create_qpair_flags(&self, depth: u32, flags: u32) -> io::Result<RawQpair> {
+        let mut a = CreateQpair { depth, flags, ..Default::default() };
         ioctl_raw(self.fd(), IOCTL_CREATE_QPAIR, &mut a)?;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         Ok(RawQpair {
@@ -202,6 +206,16 @@ impl RawDev {
     pub fn delete_qpair(&self, qid: u32) -> io::Result<()> {
         let mut a = DeleteQpair { qid, reserved: 0 };
         ioctl_raw(self.fd(), IOCTL_DELETE_QPAIR, &mut a).map(|_| ())
+    }
+    /// Attaches (or with -1 detaches) an eventfd to a queue's interrupt.
+    pub fn set_eventfd(&self, qid: u32, fd: i32) -> io::Result<()> {
+        let mut a = SetEventfd { qid, fd };
+        ioctl_raw(self.fd(), IOCTL_SET_EVENTFD, &mut a).map(|_| ())
+    }
+    /// Resets the controller.
+    pub fn reset(&self) -> io::Result<()> {
+        let mut none = 0u64;
+        ioctl_raw(self.fd(), IOCTL_RESET, &mut none).map(|_| ())
     }
     /// Reads the status page.
     pub fn status(&self) -> io::Result<StatusPage> {
@@ -295,6 +309,13 @@ impl RawQpair {
             self.sq.write32(base + 4 * i, *w);
         }
         self.tail = (self.tail + 1) % self.depth;
+    }
+
+    /// Forgets ring state after a controller reset re-created the queues.
+    pub fn reset_ring(&mut self) {
+        self.tail = 0;
+        self.head = 0;
+        self.phase = true;
     }
 
     /// Reads the first word of the SQ mapping (faults if the mapping was revoked).
