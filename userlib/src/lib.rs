@@ -1,1 +1,24 @@
-//! ugds
+//! ugds: user-space GPU Direct Storage. The CPU builds NVMe commands in queues the kernel
+//! module mapped into this process, and the SSD moves the data by DMA into registered host or
+//! GPU (dma-buf) memory. No system call is made on the I/O path.
+//!
+//! ```no_run
+//! let dev = ugds::Device::open("/dev/ugds0")?;
+//! let ns = dev.namespace(1)?;
+//! let mut buf = dev.alloc(1 << 20)?;
+//! ns.read(&mut buf, 0, 0, 1 << 20)?;
+//! # Ok::<(), ugds::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod device;
+pub mod error;
+pub mod mmio;
+pub mod pattern;
+pub mod prp;
+pub mod queue;
+pub mod sys;
+
+pub use device::{Device, DeviceOptions, Namespace, Registration};
+pub use error::{Error, Result};
+pub use ugds_uapi as uapi;

@@ -1,0 +1,286 @@
+//! `ugds`: inspect a controller bound to ugds, read and write it, and benchmark it.
+
+use clap::{Args, Parser, Subcommand};
+use std::io::Write;
+use std::time::{Duration, Instant};
+use ugds::{pattern, Device, DeviceOptions};
+
+#[derive(Parser)]
+#[command(name = "ugds", about = "User-space GPU Direct Storage: NVMe from user space")]
+struct Cli {
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Parses 4096, 64K, 16M, 1G.
+fn size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} overflows"))
+}
+
+#[derive(Args)]
+struct Target {
+    /// The device node (/dev/ugdsN).
+    dev: String,
+    /// Namespace id.
+    #[arg(long, default_value_t = 1)]
+    ns: u32,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Controller, namespaces and limits.
+    Info {
+        /// The device node.
+        dev: String,
+    },
+    /// Write a pattern or a file.
+    Write {
+        #[command(flatten)]
+        t: Target,
+        /// Device byte offset.
+        #[arg(long, value_parser = size)]
+        offset: u64,
+        /// Bytes.
+        #[arg(long, value_parser = size)]
+        len: u64,
+        /// Write the documented pattern with this seed.
+        #[arg(long, conflicts_with = "from")]
+        pattern: Option<u64>,
+        /// Write this file's first LEN bytes.
+        #[arg(long)]
+        from: Option<String>,
+    },
+    /// Read to a file or check a pattern.
+    Read {
+        #[command(flatten)]
+        t: Target,
+        /// Device byte offset.
+        #[arg(long, value_parser = size)]
+        offset: u64,
+        /// Bytes.
+        #[arg(long, value_parser = size)]
+        len: u64,
+        /// Save the data here.
+        #[arg(long, conflicts_with = "check_pattern")]
+        to: Option<String>,
+        /// Check against the pattern with this seed.
+        #[arg(long)]
+        check_pattern: Option<u64>,
+    },
+    /// Random I/O benchmark.
+    Bench {
+        #[command(flatten)]
+        t: Target,
+        /// I/O size.
+        #[arg(long, value_parser = size, default_value = "4K")]
+        size: u64,
+        /// Threads (each runs one synchronous I/O at a time on its own queue).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// read, write or mix (50/50).
+        #[arg(long, default_value = "read")]
+        rw: String,
+        /// Seconds to run.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Working set (random offsets within it).
+        #[arg(long, value_parser = size, default_value = "1G")]
+        span: u64,
+    },
+}
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("ugds: error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// I/O in chunks of this size through one registration.
+const CHUNK: u64 = 8 << 20;
+
+fn run(cli: Cli) -> Res<()> {
+    match cli.cmd {
+        Cmd::Info { dev } => {
+            let d = Device::open_with(&dev, DeviceOptions { queues: 1, ..Default::default() })?;
+            let i = d.info();
+            if cli.json {
+                let ns: Vec<String> = d
+                    .namespaces()
+                    .iter()
+                    .map(|n| {
+                        format!("{{\"id\":{},\"block_size\":{},\"capacity\":{}}}", n.id(), n.block_size(), n.capacity())
+                    })
+                    .collect();
+                println!(
+                    "{{\"model\":\"{}\",\"serial\":\"{}\",\"firmware\":\"{}\",\"mdts\":{},\"max_qpairs\":{},\"max_queue_entries\":{},\"irq_vectors\":{},\"namespaces\":[{}]}}",
+                    d.model(), d.serial(), d.firmware(), i.mdts_bytes, i.max_qpairs, i.max_queue_entries, i.irq_vectors, ns.join(",")
+                );
+            } else {
+                println!("{dev}: {} (serial {}, firmware {})", d.model(), d.serial(), d.firmware());
+                println!(
+                    "  MDTS {} bytes, {} I/O queue pairs of up to {} entries, {} interrupt vectors",
+                    i.mdts_bytes, i.max_qpairs, i.max_queue_entries, i.irq_vectors
+                );
+                for n in d.namespaces() {
+                    println!("  namespace {}: {} bytes in {}-byte blocks", n.id(), n.capacity(), n.block_size());
+                }
+            }
+        }
+        Cmd::Write { t, offset, len, pattern: seed, from } => {
+            let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;
+            let ns = d.namespace(t.ns)?;
+            let file = match (&from, seed) {
+                (Some(f), _) => Some(std::fs::read(f)?),
+                (None, Some(_)) => None,
+                (None, None) => return Err("give --pattern SEED or --from FILE".into()),
+            };
+            if let Some(f) = &file {
+                if (f.len() as u64) < len {
+                    return Err(format!(
+                        "{} holds {} bytes, fewer than --len {len}",
+                        from.unwrap_or_default(),
+                        f.len()
+                    )
+                    .into());
+                }
+            }
+            let mut reg = d.alloc(CHUNK.min(len) as usize)?;
+            let start = Instant::now();
+            let mut done = 0;
+            while done < len {
+                let n = CHUNK.min(len - done);
+                let buf = reg.as_mut_slice().ok_or("host registration has no memory")?;
+                match (&file, seed) {
+                    (Some(f), _) => buf[..n as usize].copy_from_slice(&f[done as usize..(done + n) as usize]),
+                    (None, Some(s)) => pattern::fill(s, offset + done, &mut buf[..n as usize]),
+                    (None, None) => unreachable!(),
+                }
+                ns.write(&reg, 0, offset + done, n)?;
+                done += n;
+            }
+            report(cli.json, "write", len, start.elapsed());
+        }
+        Cmd::Read { t, offset, len, to, check_pattern } => {
+            let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;
+            let ns = d.namespace(t.ns)?;
+            let mut out = match &to {
+                Some(p) => Some(std::fs::File::create(p)?),
+                None => None,
+            };
+            let mut reg = d.alloc(CHUNK.min(len) as usize)?;
+            let start = Instant::now();
+            let mut done = 0;
+            while done < len {
+                let n = CHUNK.min(len - done);
+                ns.read(&mut reg, 0, offset + done, n)?;
+                let buf = &reg.as_slice().ok_or("host registration has no memory")?[..n as usize];
+                if let Some(f) = out.as_mut() {
+                    f.write_all(buf)?;
+                }
+                if let Some(s) = check_pattern {
+                    if let Some(bad) = pattern::first_mismatch(s, offset + done, buf) {
+                        return Err(format!("pattern mismatch at byte offset {bad}").into());
+                    }
+                }
+                done += n;
+            }
+            report(cli.json, "read", len, start.elapsed());
+        }
+        Cmd::Bench { t, size, threads, rw, seconds, span } => bench(cli.json, &t, size, threads, &rw, seconds, span)?,
+    }
+    Ok(())
+}
+
+fn report(json: bool, op: &str, len: u64, t: Duration) {
+    let gibs = len as f64 / t.as_secs_f64() / (1u64 << 30) as f64;
+    if json {
+        println!("{{\"op\":\"{op}\",\"bytes\":{len},\"seconds\":{:.6},\"gib_per_s\":{gibs:.4}}}", t.as_secs_f64());
+    } else {
+        println!("{op}: {len} bytes in {:.3} s ({gibs:.3} GiB/s)", t.as_secs_f64());
+    }
+}
+
+fn bench(json: bool, t: &Target, size: u64, threads: usize, rw: &str, seconds: f64, span: u64) -> Res<()> {
+    if !matches!(rw, "read" | "write" | "mix") {
+        return Err(format!("--rw must be read, write or mix, not {rw:?}").into());
+    }
+    let open_start = Instant::now();
+    let d = Device::open_with(&t.dev, DeviceOptions { queues: threads.max(1), ..Default::default() })?;
+    let open_time = open_start.elapsed();
+    let ns = d.namespace(t.ns)?;
+    let span = span.min(ns.capacity()) / size * size;
+    if span == 0 {
+        return Err("--span is smaller than --size".into());
+    }
+    let deadline = Duration::from_secs_f64(seconds);
+    let results: Vec<Res<Vec<u32>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|ti| {
+                let (d, ns) = (&d, &ns);
+                s.spawn(move || -> Res<Vec<u32>> {
+                    let mut reg = d.alloc(size as usize).map_err(|e| e.to_string())?;
+                    let mut lat = Vec::with_capacity(1 << 20);
+                    let mut x = 0x9E37_79B9u64 ^ ((ti as u64 + 1) * 0x1234_5678_9ABC);
+                    let start = Instant::now();
+                    while start.elapsed() < deadline {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let off = (x % (span / size)) * size;
+                        let write = match rw {
+                            "write" => true,
+                            "mix" => x & 1 == 1,
+                            _ => false,
+                        };
+                        let t0 = Instant::now();
+                        if write {
+                            ns.write(&reg, 0, off, size).map_err(|e| e.to_string())?;
+                        } else {
+                            ns.read(&mut reg, 0, off, size).map_err(|e| e.to_string())?;
+                        }
+                        lat.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into()))).collect()
+    });
+    let mut all = Vec::new();
+    for r in results {
+        all.extend(r?);
+    }
+    all.sort_unstable();
+    let n = all.len() as f64;
+    let pct =
+        |p: f64| all.get(((n * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1000.0;
+    let iops = n / seconds;
+    let gibs = iops * size as f64 / (1u64 << 30) as f64;
+    if json {
+        println!(
+            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3}}}",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
+        );
+    } else {
+        println!(
+            "ugds bench {rw} {size} B x {threads} thread(s): {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us (device open {:.1} ms)",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}

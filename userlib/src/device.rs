@@ -1,0 +1,468 @@
+//! `Device`, `Namespace` and `Registration`: the public, safe API over one `/dev/ugdsN`.
+
+use crate::error::{Error, Result};
+use crate::mmio::Mapping;
+use crate::queue::{self, Command, QueuePair, MAX_BURST};
+use crate::sys::DeviceFd;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use ugds_uapi::ioctl::*;
+
+/// Tuning for [`Device::open_with`].
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// I/O queue pairs for synchronous I/O (threads are spread over them).
+    pub queues: usize,
+    /// Entries per queue.
+    pub depth: u32,
+    /// Per-command deadline.
+    pub timeout: Duration,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions { queues: 4, depth: 256, timeout: Duration::from_secs(30) }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    fd: DeviceFd,
+    info: DeviceInfo,
+    status: Mapping,
+    queues: Vec<QueuePair>,
+    timeout: Duration,
+    /// Largest transfer of one command.
+    max_cmd_bytes: u64,
+}
+
+/// An open ugds controller: its queue pairs are mapped into this process.
+#[derive(Debug, Clone)]
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+/// Largest transfer per command the library builds (one PRP-list page with an unaligned start
+/// covers 511 pages; 1 MiB keeps well inside it).
+const MAX_CMD_BYTES: u64 = 1 << 20;
+
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's index: threads are spread round-robin over a device's queues.
+    static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn thread_index() -> usize {
+    THREAD_INDEX.with(|t| {
+        if t.get() == usize::MAX {
+            t.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+        }
+        t.get()
+    })
+}
+
+fn ascii(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
+}
+
+impl Device {
+    /// Opens `/dev/ugdsN` with default options.
+    pub fn open(path: &str) -> Result<Self> {
+        Self::open_with(path, DeviceOptions::default())
+    }
+
+    /// Opens `/dev/ugdsN`: checks the ABI version, creates and maps the queue pairs.
+    pub fn open_with(path: &str, opts: DeviceOptions) -> Result<Self> {
+        let fd = DeviceFd::open(path)?;
+        let mut info = DeviceInfo {
+            abi_version: 0,
+            instance: 0,
+            serial: [0; 20],
+            model: [0; 40],
+            firmware: [0; 8],
+            vid: 0,
+            ssvid: 0,
+            cap: 0,
+            vs: 0,
+            mdts_bytes: 0,
+            doorbell_stride: 0,
+            max_qpairs: 0,
+            max_queue_entries: 0,
+            irq_vectors: 0,
+            num_namespaces: 0,
+            vwc: 0,
+            oncs: 0,
+            page_size: 0,
+            namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
+        };
+        fd.ioctl("GET_INFO", IOCTL_GET_INFO, &mut info)?;
+        if info.abi_version != ABI_VERSION {
+            return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
+        }
+        if opts.queues == 0 || opts.queues > info.max_qpairs as usize {
+            return Err(Error::invalid("queues", format!("must be 1..={}", info.max_qpairs)));
+        }
+        if opts.depth < 2 || opts.depth > info.max_queue_entries {
+            return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
+        }
+        let status = Mapping::map(fd.raw(), MMAP_STATUS, 4096, false, "mmap status page")?;
+        let (epoch, _) = queue::read_status(&status);
+        let db_len = (4096usize)
+            .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
+        let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
+        let mut queues = Vec::with_capacity(opts.queues);
+        for _ in 0..opts.queues {
+            let mut a = CreateQpair { depth: opts.depth, ..Default::default() };
+            fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
+            let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
+            let cq = Mapping::map(fd.raw(), a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
+            let prp = Mapping::map(fd.raw(), a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
+            queues.push(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch));
+        }
+        let mdts = if info.mdts_bytes == 0 { u64::MAX } else { info.mdts_bytes as u64 };
+        Ok(Device {
+            inner: Arc::new(Inner {
+                fd,
+                info,
+                status,
+                queues,
+                timeout: opts.timeout,
+                max_cmd_bytes: mdts.min(MAX_CMD_BYTES),
+            }),
+        })
+    }
+
+    /// What the controller reported.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// Model number.
+    pub fn model(&self) -> String {
+        ascii(&self.inner.info.model)
+    }
+
+    /// Serial number.
+    pub fn serial(&self) -> String {
+        ascii(&self.inner.info.serial)
+    }
+
+    /// Firmware revision.
+    pub fn firmware(&self) -> String {
+        ascii(&self.inner.info.firmware)
+    }
+
+    /// Maximum data transfer size of one command in bytes (`None`: no limit).
+    pub fn mdts(&self) -> Option<u64> {
+        (self.inner.info.mdts_bytes != 0).then_some(self.inner.info.mdts_bytes as u64)
+    }
+
+    /// The active namespaces.
+    pub fn namespaces(&self) -> Vec<Namespace> {
+        let i = &self.inner.info;
+        i.namespaces[..i.num_namespaces as usize]
+            .iter()
+            .map(|n| Namespace { dev: self.inner.clone(), info: *n })
+            .collect()
+    }
+
+    /// Namespace `nsid`.
+    pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
+        self.namespaces().into_iter().find(|n| n.info.nsid == nsid).ok_or(Error::NoNamespace(nsid))
+    }
+
+    /// The status page: (epoch, faulted).
+    pub fn status(&self) -> (u64, bool) {
+        queue::read_status(&self.inner.status)
+    }
+
+    /// Counters from the status page.
+    pub fn counters(&self) -> StatusPage {
+        let s = &self.inner.status;
+        StatusPage {
+            magic: s.load32(0),
+            abi_version: s.load32(4),
+            epoch: s.load64(8),
+            faulted: s.load32(16),
+            reserved: 0,
+            pinned_pages: s.load64(24),
+            registrations: s.load64(32),
+            qpairs: s.load64(40),
+            resets: s.load64(48),
+        }
+    }
+
+    /// Allocates `len` bytes of page-aligned host memory (rounded up to 4 KiB) and registers it.
+    pub fn alloc(&self, len: usize) -> Result<Registration> {
+        if len == 0 {
+            return Err(Error::invalid("len", "must be non-zero"));
+        }
+        let mem = Mapping::anonymous(len.next_multiple_of(4096))?;
+        let mut a = RegisterHost { addr: mem.addr(), len: mem.len() as u64, handle: RegistrationHandle::default() };
+        self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a)?;
+        self.finish_registration(a.handle, mem.len() as u64, Some(mem))
+    }
+
+    /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
+    pub fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
+        let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
+        self.inner.fd.ioctl("REGISTER_DMABUF", IOCTL_REGISTER_DMABUF, &mut a)?;
+        self.finish_registration(a.handle, len, None)
+    }
+
+    fn finish_registration(&self, h: RegistrationHandle, len: u64, mem: Option<Mapping>) -> Result<Registration> {
+        let mut segments = vec![Segment::default(); h.nsegs as usize];
+        let mut g = GetSegments {
+            id: h.id,
+            generation: h.generation,
+            first: 0,
+            count: h.nsegs,
+            segments: segments.as_mut_ptr() as u64,
+        };
+        // Built before GET_SEGMENTS so that a failure still deregisters (on drop).
+        let mut reg = Registration {
+            dev: self.inner.clone(),
+            handle: h,
+            segments: Vec::new(),
+            len,
+            mem,
+            inflight: AtomicU32::new(0),
+        };
+        let n = self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g)?;
+        segments.truncate(n as usize);
+        reg.segments = segments;
+        Ok(reg)
+    }
+}
+
+/// A namespace of a [`Device`]: where reads and writes go.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    dev: Arc<Inner>,
+    info: NamespaceInfo,
+}
+
+impl Namespace {
+    /// Namespace id.
+    pub fn id(&self) -> u32 {
+        self.info.nsid
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u64 {
+        1 << self.info.lba_shift
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.info.size_lbas << self.info.lba_shift
+    }
+
+    fn check_range(&self, dev_offset: u64, len: u64) -> Result<()> {
+        let bs = self.block_size();
+        if len == 0 {
+            return Err(Error::invalid("len", "must be non-zero"));
+        }
+        if !len.is_multiple_of(bs) {
+            return Err(Error::invalid("len", format!("{len} is not a multiple of the {bs}-byte block size")));
+        }
+        if !dev_offset.is_multiple_of(bs) {
+            return Err(Error::invalid(
+                "dev_offset",
+                format!("{dev_offset} is not a multiple of the {bs}-byte block size"),
+            ));
+        }
+        if dev_offset.checked_add(len).is_none_or(|e| e > self.capacity()) {
+            return Err(Error::invalid(
+                "dev_offset",
+                format!("[{dev_offset}, +{len}) runs past the namespace's {} bytes", self.capacity()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn queue(&self) -> &QueuePair {
+        &self.dev.queues[thread_index() % self.dev.queues.len()]
+    }
+
+    /// Reads `len` bytes at `dev_offset` into `reg` at `reg_offset`.
+    pub fn read(&self, reg: &mut Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
+        self.rw(false, reg, reg_offset, dev_offset, len)
+    }
+
+    /// Writes `len` bytes from `reg` at `reg_offset` to `dev_offset`.
+    pub fn write(&self, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
+        self.rw(true, reg, reg_offset, dev_offset, len)
+    }
+
+    fn rw(&self, write: bool, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
+        self.check_range(dev_offset, len)?;
+        if !Arc::ptr_eq(&reg.dev, &self.dev) {
+            return Err(Error::invalid("reg", "registered on another device"));
+        }
+        if reg_offset.checked_add(len).is_none_or(|e| e > reg.len) {
+            return Err(Error::invalid(
+                "reg_offset",
+                format!("[{reg_offset}, +{len}) runs past the {}-byte registration", reg.len),
+            ));
+        }
+        if !reg_offset.is_multiple_of(4) {
+            return Err(Error::invalid("reg_offset", "must be a multiple of 4 (PRP alignment)"));
+        }
+        let shift = self.info.lba_shift;
+        let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift) & !(self.block_size() - 1);
+        let mut done = 0u64;
+        while done < len {
+            let mut burst = [Command::Flush; MAX_BURST];
+            let mut n = 0;
+            while n < MAX_BURST && done < len {
+                let chunk = per_cmd.min(len - done);
+                burst[n] = Command::Rw {
+                    write,
+                    slba: (dev_offset + done) >> shift,
+                    nlb: (chunk >> shift) as u32,
+                    segs: &reg.segments,
+                    off: reg_offset + done,
+                    len: chunk,
+                };
+                n += 1;
+                done += chunk;
+            }
+            self.submit(reg, &burst[..n])?;
+        }
+        Ok(())
+    }
+
+    fn submit(&self, reg: &Registration, cmds: &[Command<'_>]) -> Result<()> {
+        reg.inflight.fetch_add(cmds.len() as u32, Ordering::AcqRel);
+        let r = self.queue().execute(self.info.nsid, cmds, &self.dev.status, self.dev.timeout);
+        // Commands that timed out may still run: they stay counted, so the registration
+        // refuses to be released until the controller is reset.
+        if !matches!(r, Err(Error::Timeout { .. })) {
+            reg.inflight.fetch_sub(cmds.len() as u32, Ordering::AcqRel);
+        }
+        r
+    }
+
+    fn no_data(&self, cmd: Command<'_>) -> Result<()> {
+        self.queue().execute(self.info.nsid, &[cmd], &self.dev.status, self.dev.timeout)
+    }
+
+    /// Flushes the volatile write cache.
+    pub fn flush(&self) -> Result<()> {
+        self.no_data(Command::Flush)
+    }
+
+    fn blocks(&self, dev_offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
+        self.check_range(dev_offset, len)?;
+        let shift = self.info.lba_shift;
+        let mut v = Vec::new();
+        let (mut slba, mut left) = (dev_offset >> shift, len >> shift);
+        while left > 0 {
+            let n = left.min(65536);
+            v.push((slba, n as u32));
+            slba += n;
+            left -= n;
+        }
+        Ok(v)
+    }
+
+    /// Writes zeroes to `[dev_offset, dev_offset + len)`.
+    pub fn write_zeroes(&self, dev_offset: u64, len: u64) -> Result<()> {
+        for (slba, nlb) in self.blocks(dev_offset, len)? {
+            self.no_data(Command::WriteZeroes { slba, nlb })?;
+        }
+        Ok(())
+    }
+
+    /// Deallocates (trims) `[dev_offset, dev_offset + len)`.
+    pub fn deallocate(&self, dev_offset: u64, len: u64) -> Result<()> {
+        for (slba, nlb) in self.blocks(dev_offset, len)? {
+            self.no_data(Command::Deallocate { slba, nlb })?;
+        }
+        Ok(())
+    }
+}
+
+/// Memory the controller may DMA into or out of. Deregistered on drop.
+///
+/// Reads take `&mut Registration` and writes `&Registration`, so no Rust reference to the
+/// memory can exist while the SSD writes it. Each registration counts its commands in flight;
+/// a registration whose commands timed out is never released (its memory stays pinned and
+/// mapped) because the SSD may still write it.
+#[derive(Debug)]
+pub struct Registration {
+    dev: Arc<Inner>,
+    handle: RegistrationHandle,
+    segments: Vec<Segment>,
+    len: u64,
+    mem: Option<Mapping>,
+    inflight: AtomicU32,
+}
+
+impl Registration {
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when empty (never, for a live registration).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The id and generation the module knows it by.
+    pub fn handle(&self) -> RegistrationHandle {
+        self.handle
+    }
+
+    /// Its DMA segments.
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Commands in flight that name it.
+    pub fn inflight(&self) -> u32 {
+        self.inflight.load(Ordering::Acquire)
+    }
+
+    /// The host memory (None for a dma-buf registration).
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        self.mem.as_ref().map(|m| m.bytes())
+    }
+
+    /// The host memory, mutable (None for a dma-buf registration).
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        self.mem.as_mut().map(|m| m.bytes_mut())
+    }
+
+    /// Deregisters now; when commands are in flight, refuses and hands the registration back
+    /// with [`Error::RegistrationBusy`].
+    #[allow(clippy::result_large_err)]
+    pub fn deregister(self) -> std::result::Result<(), Box<(Self, Error)>> {
+        let n = self.inflight();
+        if n > 0 {
+            let id = self.handle.id;
+            return Err(Box::new((self, Error::RegistrationBusy { id, inflight: n })));
+        }
+        drop(self);
+        Ok(())
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if self.inflight() > 0 {
+            // The SSD may still write this memory: keep it pinned and mapped for good.
+            if let Some(m) = self.mem.take() {
+                std::mem::forget(m);
+            }
+            return;
+        }
+        let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
+        let _ = self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d);
+    }
+}

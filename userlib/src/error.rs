@@ -1,0 +1,96 @@
+//! Typed errors. Each names what was wrong and why; NVMe failures carry the decoded status.
+
+use ugds_uapi::Status;
+
+/// Everything that can go wrong in ugds.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Opening the device node failed.
+    #[error("opening {path}: {source}")]
+    Open {
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The kernel module speaks another ABI version.
+    #[error("kernel module ABI {kernel} does not match the library's {library}: load the matching ugds.ko")]
+    AbiMismatch {
+        /// The module's version.
+        kernel: u32,
+        /// Ours.
+        library: u32,
+    },
+    /// A control call to the module failed.
+    #[error("{op} failed: {source}")]
+    Control {
+        /// The operation (`CREATE_QPAIR`, `REGISTER_HOST`, ...).
+        op: &'static str,
+        /// The errno.
+        source: std::io::Error,
+    },
+    /// An argument was invalid; nothing was submitted.
+    #[error("invalid argument `{arg}`: {reason}")]
+    InvalidArgument {
+        /// The argument's name.
+        arg: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// No such namespace.
+    #[error("namespace {0} does not exist on this controller")]
+    NoNamespace(u32),
+    /// The controller completed a command with an error status.
+    #[error("NVMe {op} at LBA {slba} failed: {status}")]
+    Nvme {
+        /// The command ("read", "write", ...).
+        op: &'static str,
+        /// Its starting LBA.
+        slba: u64,
+        /// The decoded status.
+        status: Status,
+    },
+    /// A command did not complete in time.
+    #[error("NVMe {op} at LBA {slba} did not complete within {timeout_ms} ms")]
+    Timeout {
+        /// The command.
+        op: &'static str,
+        /// Its starting LBA.
+        slba: u64,
+        /// The deadline.
+        timeout_ms: u64,
+    },
+    /// The controller is faulted (a reset is needed or in progress).
+    #[error("the controller is faulted; it must be reset before further I/O")]
+    DeviceFaulted,
+    /// The controller was reset since this queue last saw it: in-flight commands were lost.
+    #[error("the controller was reset (epoch {old} -> {new}); commands in flight were lost, retry")]
+    EpochChanged {
+        /// The epoch this queue knew.
+        old: u64,
+        /// The current epoch.
+        new: u64,
+    },
+    /// The registration still has commands in flight.
+    #[error("registration {id} has {inflight} command(s) in flight")]
+    RegistrationBusy {
+        /// Registration id.
+        id: u32,
+        /// Commands in flight.
+        inflight: u32,
+    },
+    /// The device returned something impossible (unknown or duplicate command id, ...).
+    #[error("device protocol violation: {0}")]
+    DeviceProtocol(String),
+}
+
+/// Result with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { arg, reason: reason.into() }
+    }
+}
