@@ -164,7 +164,7 @@ mod tests {
             len in 1u64..(1 << 21),
         ) {
             let seg_len = [4096u64, 65536, 2 << 20][seg_kind];
-            let segs: Vec<Segment> = (0..nsegs).map(|i| seg(base_pages[i] * 2 << 20, seg_len)).collect();
+            let segs: Vec<Segment> = (0..nsegs).map(|i| seg(base_pages[i] << 21, seg_len)).collect();
             let total = seg_len * nsegs as u64;
             let off = (off_words * 4) % total;
             let len = len.min(total - off);
