@@ -140,6 +140,7 @@ pub fn child_main(args: &[String]) -> Result<()> {
             }
             Ok(())
         }
+        Some("syscall-free") => crate::userlib::syscall_free_child(&args[1]),
         Some("touch-after-unbind") => {
             // Map an SQ, have the parent unbind, then touch the mapping: must fault (SIGBUS).
             let dev = RawDev::open(&args[1])?;

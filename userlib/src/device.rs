@@ -13,7 +13,8 @@ use ugds_uapi::ioctl::*;
 /// Tuning for [`Device::open_with`].
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
-    /// I/O queue pairs for synchronous I/O (threads are spread over them).
+    /// I/O queue pairs for synchronous I/O (threads are spread over them); 0 picks
+    /// `min(4, what the controller grants)`.
     pub queues: usize,
     /// Entries per queue.
     pub depth: u32,
@@ -23,7 +24,7 @@ pub struct DeviceOptions {
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { queues: 4, depth: 256, timeout: Duration::from_secs(30) }
+        DeviceOptions { queues: 0, depth: 256, timeout: Duration::from_secs(30) }
     }
 }
 
@@ -102,8 +103,9 @@ impl Device {
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
-        if opts.queues == 0 || opts.queues > info.max_qpairs as usize {
-            return Err(Error::invalid("queues", format!("must be 1..={}", info.max_qpairs)));
+        let nqueues = if opts.queues == 0 { 4.min(info.max_qpairs as usize) } else { opts.queues };
+        if nqueues == 0 || nqueues > info.max_qpairs as usize {
+            return Err(Error::invalid("queues", format!("must be 1..={} on this controller", info.max_qpairs)));
         }
         if opts.depth < 2 || opts.depth > info.max_queue_entries {
             return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
@@ -113,8 +115,8 @@ impl Device {
         let db_len = (4096usize)
             .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
         let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
-        let mut queues = Vec::with_capacity(opts.queues);
-        for _ in 0..opts.queues {
+        let mut queues = Vec::with_capacity(nqueues);
+        for _ in 0..nqueues {
             let mut a = CreateQpair { depth: opts.depth, ..Default::default() };
             fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
             let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;

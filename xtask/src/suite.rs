@@ -71,7 +71,7 @@ fn build_suite() -> Result<std::path::PathBuf> {
     toolchain::run(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(toolchain::workspace_root())
-            .args(["build", "--quiet", "-p", "ugds-tests", "--bins"]),
+            .args(["build", "--quiet", "-p", "ugds-tests", "-p", "ugds", "--bins"]),
     )?;
     let bin = toolchain::workspace_root().join("target/debug/ugds-vm-suite");
     if !bin.exists() {
@@ -113,6 +113,7 @@ pub fn run(host_only: bool, filter: Option<&str>) -> Result<Summary> {
             env: vec![
                 ("UGDS_XTASK".into(), xtask.display().to_string()),
                 ("UGDS_KMOD".into(), ko.display().to_string()),
+                ("UGDS_CLI".into(), toolchain::workspace_root().join("target/debug/ugds").display().to_string()),
             ],
             cmd,
         };

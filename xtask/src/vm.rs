@@ -236,7 +236,8 @@ fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> 
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut append = String::from("console=ttyS0 panic=-1 loglevel=4 rdinit=/init");
+    // tsc=reliable: keep the vDSO clock (TSC) even if TCG timing trips the clocksource watchdog.
+    let mut append = String::from("console=ttyS0 panic=-1 loglevel=4 rdinit=/init tsc=reliable");
     if cfg.iommu {
         // The IOMMU must come before the devices it translates for.
         a.extend(["-device".into(), "intel-iommu".into()]);
