@@ -31,6 +31,7 @@ pub struct Variant {
 pub const VARIANTS: &[Variant] = &[
     Variant { name: "two-controllers", nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"], iommu: false },
     Variant { name: "userlib", nvme: userlib::NVME, iommu: false },
+    Variant { name: "iommu", nvme: &["size=64M"], iommu: true },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],

@@ -20,6 +20,8 @@ pub fn tests() -> Vec<Test> {
         Test { name: "ugds_scattered_registration_unaligned_offsets", variant: V, run: scattered_registration },
         Test { name: "ugds_bad_requests_named_errors_disk_unchanged", variant: V, run: bad_requests },
         Test { name: "ugds_flush_write_zeroes_deallocate", variant: V, run: flush_zeroes_trim },
+        Test { name: "ugds_dmabuf_registration_io", variant: V, run: dmabuf_io },
+        Test { name: "ugds_iommu_translated_io", variant: "iommu", run: iommu_io },
         Test { name: "ugds_no_syscalls_in_steady_state", variant: V, run: no_syscalls },
         Test { name: "ugds_cli_info_write_read_bench", variant: V, run: cli },
     ]
@@ -380,4 +382,55 @@ fn cli() -> Result<()> {
     ensure_that!(b.contains("IOPS") && b.contains("p99"), "bench: {b}");
     println!("    {}", b.trim());
     unbind(&nvme_controllers()?[0])
+}
+
+fn dmabuf_io() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let node = bound_node(0)?;
+    let dev = Device::open(&node)?;
+    let ns = dev.namespace(1)?;
+    let len = 256 * 1024usize;
+    let ub = crate::kmod::udmabuf(len)?;
+    let mut data = vec![0u8; len];
+    pattern::fill(21, 8 << 20, &mut data);
+    for (i, c) in data.chunks(8).enumerate() {
+        ub.map.write64(i * 8, u64::from_le_bytes(c.try_into()?));
+    }
+    let mut dreg = dev.register_dmabuf(ub.fd.as_raw_fd(), 0, len as u64)?;
+    ensure_that!(dreg.as_slice().is_none(), "a dma-buf registration exposes no host slice");
+    ns.write(&dreg, 0, 8 << 20, len as u64)?;
+    let mut hreg = dev.alloc(len)?;
+    ns.read(&mut hreg, 0, 8 << 20, len as u64)?;
+    ensure_that!(hreg.as_slice().context("mem")? == &data[..], "dma-buf -> disk -> host differs");
+    ns.read(&mut dreg, 0, 0, len as u64)?;
+    let mut back = vec![0u8; len];
+    ub.map.read_bytes(0, &mut back);
+    ns.read(&mut hreg, 0, 0, len as u64)?;
+    ensure_that!(hreg.as_slice().context("mem")? == &back[..], "disk -> dma-buf differs from disk -> host");
+    drop((dreg, hreg, dev));
+    unbind(&nvme_controllers()?[0])
+}
+
+/// With the guest IOMMU translating (DMA API addresses are IOVAs), ugds I/O is still correct.
+fn iommu_io() -> Result<()> {
+    let groups = std::fs::read_dir("/sys/kernel/iommu_groups").map(|d| d.count()).unwrap_or(0);
+    ensure_that!(groups > 0, "no IOMMU groups: the guest IOMMU is off");
+    let addr = nvme_controllers()?[0].clone();
+    let ty = std::fs::read_to_string(format!("/sys/bus/pci/devices/{addr}/iommu_group/type"))?;
+    ensure_that!(ty.trim().starts_with("DMA"), "the NVMe function is not translated: {ty}");
+    let node = bound_node(0)?;
+    let dev = Device::open(&node)?;
+    let ns = dev.namespace(1)?;
+    let mut reg = dev.alloc(1 << 20)?;
+    pattern::fill(8, 0, reg.as_mut_slice().context("mem")?);
+    ns.write(&reg, 0, 0, 1 << 20)?;
+    reg.as_mut_slice().context("mem")?.fill(0);
+    ns.read(&mut reg, 0, 0, 1 << 20)?;
+    ensure_that!(
+        pattern::first_mismatch(8, 0, reg.as_slice().context("mem")?).is_none(),
+        "data differs under the IOMMU"
+    );
+    drop((reg, dev));
+    unbind(&addr)?;
+    kernel_check(&format!("/dev/{}n1", nvme_name(&addr)?), 8, 0, 1 << 20)
 }

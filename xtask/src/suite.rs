@@ -28,7 +28,8 @@ pub fn parse_cargo_result(line: &str) -> Option<(u64, u64)> {
 
 /// Parses the suite's `UGDS-SUITE passed=N failed=M` line.
 pub fn parse_suite_result(text: &str) -> Option<(u64, u64)> {
-    let line = text.lines().rev().find(|l| l.starts_with("UGDS-SUITE "))?;
+    // The serial console may glue escape sequences in front of the line.
+    let line = text.lines().rev().find_map(|l| l.find("UGDS-SUITE ").map(|i| &l[i..]))?;
     let mut p = None;
     let mut f = None;
     for kv in line.split_whitespace().skip(1) {
@@ -154,5 +155,6 @@ mod tests {
         assert_eq!(parse_cargo_result("running 3 tests"), None);
         assert_eq!(parse_suite_result("x\nUGDS-SUITE passed=4 failed=1\n"), Some((4, 1)));
         assert_eq!(parse_suite_result("no result"), None);
+        assert_eq!(parse_suite_result("\x1b[2JUGDS-SUITE passed=0 failed=0"), Some((0, 0)));
     }
 }
