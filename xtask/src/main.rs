@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod bind;
+mod demo;
 mod install;
 mod kernel;
 mod kmod;
@@ -69,6 +70,25 @@ enum Cmd {
         /// The controller.
         target: String,
     },
+    /// The main job: build, boot the VM with an emulated SSD (or use --device), write and verify
+    /// through ugds, cross-check through the kernel driver, compare speed with fio.
+    Demo {
+        /// A real controller already bound to ugds (/dev/ugdsN) instead of the VM. Its data is
+        /// overwritten.
+        #[arg(long)]
+        device: Option<String>,
+        /// Seconds per benchmark point.
+        #[arg(long, default_value_t = 3)]
+        seconds: u64,
+    },
+    /// (internal) The demo's steps inside the VM.
+    #[command(hide = true)]
+    DemoGuest {
+        /// The ugds CLI binary.
+        cli: String,
+        /// Seconds per point.
+        seconds: u64,
+    },
     /// Host tests, then the VM suite; prints `N passed, M failed`.
     Test {
         /// Only host tests.
@@ -125,6 +145,8 @@ fn real_main() -> Result<()> {
             let addr = bind::unbind(&target)?;
             println!("{addr}: given back to {}", bind::driver_of(&addr).unwrap_or_else(|| "no driver".into()));
         }
+        Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
+        Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Test { host_only, filter } => {
             let summary = suite::run(host_only, filter.as_deref())?;
             println!("{} passed, {} failed", summary.passed, summary.failed);
