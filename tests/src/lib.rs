@@ -8,6 +8,7 @@ pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
 pub mod raw;
+pub mod reliability;
 pub mod userlib;
 
 use anyhow::{bail, Context, Result};
@@ -32,6 +33,7 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "two-controllers", nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"], iommu: false },
     Variant { name: "userlib", nvme: userlib::NVME, iommu: false },
     Variant { name: "iommu", nvme: &["size=64M"], iommu: true },
+    Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -54,6 +56,7 @@ pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
     v.extend(userlib::tests());
+    v.extend(reliability::tests());
     v
 }
 

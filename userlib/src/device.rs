@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::mmio::Mapping;
 use crate::queue::{self, Command, QueuePair, MAX_BURST};
-use crate::sys::DeviceFd;
+use crate::sys::{DeviceFd, EventFd};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,11 +20,14 @@ pub struct DeviceOptions {
     pub depth: u32,
     /// Per-command deadline.
     pub timeout: Duration,
+    /// Interrupt mode: wait for completions on the queue's MSI-X interrupt (an eventfd) after
+    /// one poll, instead of busy polling. Costs a system call per wait; saves the CPU.
+    pub interrupts: bool,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { queues: 0, depth: 256, timeout: Duration::from_secs(30) }
+        DeviceOptions { queues: 0, depth: 256, timeout: Duration::from_secs(30), interrupts: false }
     }
 }
 
@@ -103,6 +106,9 @@ impl Device {
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
+        if opts.interrupts && info.irq_vectors == 0 {
+            return Err(Error::invalid("interrupts", "the controller has no MSI-X vectors for I/O queues"));
+        }
         let nqueues = if opts.queues == 0 { 4.min(info.max_qpairs as usize) } else { opts.queues };
         if nqueues == 0 || nqueues > info.max_qpairs as usize {
             return Err(Error::invalid("queues", format!("must be 1..={} on this controller", info.max_qpairs)));
@@ -117,12 +123,21 @@ impl Device {
         let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {
-            let mut a = CreateQpair { depth: opts.depth, ..Default::default() };
+            let flags = if opts.interrupts { QPAIR_FLAG_IRQ } else { 0 };
+            let mut a = CreateQpair { depth: opts.depth, flags, ..Default::default() };
             fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
+            let irq = if opts.interrupts {
+                let ev = EventFd::new()?;
+                let mut s = SetEventfd { qid: a.qid, fd: ev.raw() };
+                fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s)?;
+                Some(ev)
+            } else {
+                None
+            };
             let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
             let cq = Mapping::map(fd.raw(), a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
             let prp = Mapping::map(fd.raw(), a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
-            queues.push(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch));
+            queues.push(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch, irq));
         }
         let mdts = if info.mdts_bytes == 0 { u64::MAX } else { info.mdts_bytes as u64 };
         Ok(Device {
@@ -167,7 +182,7 @@ impl Device {
         let i = &self.inner.info;
         i.namespaces[..i.num_namespaces as usize]
             .iter()
-            .map(|n| Namespace { dev: self.inner.clone(), info: *n })
+            .map(|n| Namespace { dev: self.inner.clone(), info: *n, timeout: self.inner.timeout })
             .collect()
     }
 
@@ -208,6 +223,22 @@ impl Device {
         self.finish_registration(a.handle, mem.len() as u64, Some(mem))
     }
 
+    /// Registers caller-owned host memory `[addr, addr + len)` (page aligned, a multiple of
+    /// 4 KiB). The registration exposes no slice of it.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay mapped for the registration's lifetime, and the caller must not hold
+    /// Rust references to any part of it while a read into it is running (the SSD writes it).
+    pub unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+        if !(addr as usize).is_multiple_of(4096) || len == 0 || !len.is_multiple_of(4096) {
+            return Err(Error::invalid("addr", "address and length must be non-zero multiples of 4096"));
+        }
+        let mut a = RegisterHost { addr: addr as u64, len: len as u64, handle: RegistrationHandle::default() };
+        self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a)?;
+        self.finish_registration(a.handle, len as u64, None)
+    }
+
     /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
     pub fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
@@ -245,9 +276,15 @@ impl Device {
 pub struct Namespace {
     dev: Arc<Inner>,
     info: NamespaceInfo,
+    timeout: Duration,
 }
 
 impl Namespace {
+    /// The same namespace with another per-command deadline (for calls made through it).
+    pub fn with_timeout(&self, timeout: Duration) -> Namespace {
+        Namespace { timeout, ..self.clone() }
+    }
+
     /// Namespace id.
     pub fn id(&self) -> u32 {
         self.info.nsid
@@ -340,17 +377,44 @@ impl Namespace {
 
     fn submit(&self, reg: &Registration, cmds: &[Command<'_>]) -> Result<()> {
         reg.inflight.fetch_add(cmds.len() as u32, Ordering::AcqRel);
-        let r = self.queue().execute(self.info.nsid, cmds, &self.dev.status, self.dev.timeout);
-        // Commands that timed out may still run: they stay counted, so the registration
-        // refuses to be released until the controller is reset.
-        if !matches!(r, Err(Error::Timeout { .. })) {
-            reg.inflight.fetch_sub(cmds.len() as u32, Ordering::AcqRel);
+        let r = self.execute(cmds);
+        // Commands that timed out may still run unless the reset below confirmed the
+        // controller stopped: until then they stay counted, so the registration refuses to be
+        // released and its memory stays pinned.
+        match &r {
+            Err(Error::Timeout { .. }) if self.recover() => {
+                reg.inflight.fetch_sub(cmds.len() as u32, Ordering::AcqRel);
+            }
+            Err(Error::Timeout { .. }) => {}
+            _ => {
+                reg.inflight.fetch_sub(cmds.len() as u32, Ordering::AcqRel);
+            }
         }
         r
     }
 
+    fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {
+        self.queue().execute(self.info.nsid, cmds, &self.dev.status, self.timeout)
+    }
+
+    /// After a timeout: reset the controller (the module disables it, waits for CSTS.RDY=0,
+    /// re-enables it and re-creates every live queue). True when the controller is known to
+    /// have stopped, so memory of the timed-out commands is safe again.
+    fn recover(&self) -> bool {
+        let mut none = 0u64;
+        let ok = self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none).is_ok();
+        if ok {
+            self.queue().resync(&self.dev.status);
+        }
+        ok
+    }
+
     fn no_data(&self, cmd: Command<'_>) -> Result<()> {
-        self.queue().execute(self.info.nsid, &[cmd], &self.dev.status, self.dev.timeout)
+        let r = self.execute(&[cmd]);
+        if matches!(r, Err(Error::Timeout { .. })) {
+            self.recover();
+        }
+        r
     }
 
     /// Flushes the volatile write cache.

@@ -9,6 +9,7 @@
 use crate::error::{Error, Result};
 use crate::mmio::Mapping;
 use crate::prp::{self, PrpError, LIST_ENTRIES, PAGE};
+use crate::sys::EventFd;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -112,6 +113,9 @@ pub struct QueuePair {
     sq_db: usize,
     cq_db: usize,
     ring: Mutex<Ring>,
+    /// Interrupt mode: the eventfd the queue's MSI-X vector signals; waiters poll once, then
+    /// sleep on it.
+    irq: Option<EventFd>,
 }
 
 /// Reads the status page's epoch and faulted flag.
@@ -130,6 +134,7 @@ impl QueuePair {
         prp: Mapping,
         doorbells: Arc<Mapping>,
         epoch: u64,
+        irq: Option<EventFd>,
     ) -> Self {
         let depth = args.depth as u16;
         QueuePair {
@@ -153,6 +158,7 @@ impl QueuePair {
                 epoch,
                 broken: false,
             }),
+            irq,
         }
     }
 
@@ -253,6 +259,13 @@ impl QueuePair {
         }
         s.set_nsid(nsid);
         Ok(s)
+    }
+
+    /// After this process reset the controller itself: adopt the new epoch silently (the
+    /// module re-created the queue empty; our timed-out commands are gone).
+    pub fn resync(&self, status: &Mapping) {
+        let mut r = self.lock();
+        let _ = self.check_epoch(&mut r, status);
     }
 
     fn check_epoch(&self, r: &mut Ring, status: &Mapping) -> Result<()> {
@@ -364,8 +377,21 @@ impl QueuePair {
                     return first_err.map_or(Ok(()), Err);
                 }
             }
-            std::hint::spin_loop();
             spins = spins.wrapping_add(1);
+            if let Some(ev) = &self.irq {
+                // Polled once above; now sleep until the interrupt (or a short safety timeout,
+                // in case another waiter consumed our wake-up).
+                ev.wait(10);
+                if start.elapsed() > timeout {
+                    return Err(Error::Timeout {
+                        op: cmds[0].name(),
+                        slba: cmds[0].slba(),
+                        timeout_ms: timeout.as_millis() as u64,
+                    });
+                }
+                continue;
+            }
+            std::hint::spin_loop();
             if spins.is_multiple_of(4096) && start.elapsed() > timeout {
                 // The commands stay marked busy: their ids and PRP pages are not reused, and
                 // the memory they name stays registered (the caller's borrow ends, but the

@@ -75,3 +75,35 @@ impl DeviceFd {
         Ok(DeviceFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 }
+
+/// An eventfd the module signals from a queue's MSI-X interrupt.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new non-blocking eventfd.
+    pub fn new() -> Result<Self> {
+        // SAFETY: plain syscall; the fd is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::Control { op: "eventfd", source: io::Error::last_os_error() });
+        }
+        // SAFETY: a fresh fd.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The raw fd.
+    pub fn raw(&self) -> i32 {
+        self.0.as_raw_fd()
+    }
+
+    /// Sleeps until signalled or `timeout_ms` passed, then clears the counter.
+    pub fn wait(&self, timeout_ms: i32) {
+        let mut p = libc::pollfd { fd: self.raw(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; errors (EINTR) just end the wait early.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd (EAGAIN when empty).
+        unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+    }
+}

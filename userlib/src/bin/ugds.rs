@@ -97,6 +97,9 @@ enum Cmd {
         /// Working set (random offsets within it).
         #[arg(long, value_parser = size, default_value = "1G")]
         span: u64,
+        /// Wait for completions on interrupts (eventfd) instead of busy polling.
+        #[arg(long)]
+        interrupts: bool,
     },
 }
 
@@ -201,7 +204,9 @@ fn run(cli: Cli) -> Res<()> {
             }
             report(cli.json, "read", len, start.elapsed());
         }
-        Cmd::Bench { t, size, threads, rw, seconds, span } => bench(cli.json, &t, size, threads, &rw, seconds, span)?,
+        Cmd::Bench { t, size, threads, rw, seconds, span, interrupts } => {
+            bench(cli.json, &t, BenchArgs { size, threads, rw, seconds, span, interrupts })?
+        }
     }
     Ok(())
 }
@@ -215,12 +220,33 @@ fn report(json: bool, op: &str, len: u64, t: Duration) {
     }
 }
 
-fn bench(json: bool, t: &Target, size: u64, threads: usize, rw: &str, seconds: f64, span: u64) -> Res<()> {
+struct BenchArgs {
+    size: u64,
+    threads: usize,
+    rw: String,
+    seconds: f64,
+    span: u64,
+    interrupts: bool,
+}
+
+/// User + system CPU time of this process.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
+    let BenchArgs { size, threads, rw, seconds, span, interrupts } = a;
+    let rw = rw.as_str();
     if !matches!(rw, "read" | "write" | "mix") {
         return Err(format!("--rw must be read, write or mix, not {rw:?}").into());
     }
     let open_start = Instant::now();
-    let d = Device::open_with(&t.dev, DeviceOptions { queues: threads.max(1), ..Default::default() })?;
+    let d = Device::open_with(&t.dev, DeviceOptions { queues: threads.max(1), interrupts, ..Default::default() })?;
     let open_time = open_start.elapsed();
     let ns = d.namespace(t.ns)?;
     let span = span.min(ns.capacity()) / size * size;
@@ -228,6 +254,7 @@ fn bench(json: bool, t: &Target, size: u64, threads: usize, rw: &str, seconds: f
         return Err("--span is smaller than --size".into());
     }
     let deadline = Duration::from_secs_f64(seconds);
+    let cpu0 = cpu_time();
     let results: Vec<Res<Vec<u32>>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|ti| {
@@ -261,6 +288,7 @@ fn bench(json: bool, t: &Target, size: u64, threads: usize, rw: &str, seconds: f
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into()))).collect()
     });
+    let cpu = cpu_time() - cpu0;
     let mut all = Vec::new();
     for r in results {
         all.extend(r?);
@@ -271,14 +299,16 @@ fn bench(json: bool, t: &Target, size: u64, threads: usize, rw: &str, seconds: f
         |p: f64| all.get(((n * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1000.0;
     let iops = n / seconds;
     let gibs = iops * size as f64 / (1u64 << 30) as f64;
+    let cpu_us = cpu.as_secs_f64() * 1e6 / n.max(1.0);
+    let mode = if interrupts { "interrupts" } else { "polling" };
     if json {
         println!(
-            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3}}}",
+            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3},\"mode\":\"{mode}\",\"cpu_us_per_io\":{cpu_us:.2}}}",
             all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
         );
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s): {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us (device open {:.1} ms)",
+            "ugds bench {rw} {size} B x {threads} thread(s): {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms)",
             all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
         );
     }

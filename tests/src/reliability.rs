@@ -1,0 +1,307 @@
+//! Reliability: forced timeouts and recoveries on a throttled drive, kill -9 at random moments
+//! with a poison check for late DMA, an ioctl fuzzer, and a stray PRP under the IOMMU.
+
+use crate::kmod::bound_node;
+use crate::raw::{HostBuf, RawDev};
+use crate::{ensure_that, kmsg, nvme_controllers, xtask, Test};
+use anyhow::{Context, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+use ugds::{pattern, Device, DeviceOptions, Error};
+use ugds_uapi::ioctl::*;
+use ugds_uapi::queue::nvm;
+use ugds_uapi::Sqe;
+
+const V: &str = "reliability";
+
+/// The reliability tests.
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "rel_100_forced_timeouts_100_recoveries", variant: V, run: forced_timeouts },
+        Test { name: "rel_100_kill9_no_late_dma_no_leak", variant: V, run: kill9_poison },
+        Test { name: "rel_ioctl_fuzzer_100k_calls", variant: V, run: ioctl_fuzzer },
+        Test { name: "rel_iommu_stray_prp_blocked", variant: "iommu", run: stray_prp },
+    ]
+}
+
+/// Controllers: a throttled drive (20 I/O per second: 50 ms per command) and a normal one.
+pub const NVME: &[&str] = &["size=64M,throttle_iops=20", "size=128M"];
+
+fn unbind_all() -> Result<()> {
+    for a in nvme_controllers()? {
+        if crate::driver_of(&a).as_deref() != Some("nvme") {
+            let (ok, out) = xtask(&["unbind", &a])?;
+            ensure_that!(ok, "unbind {a}: {out}");
+        }
+    }
+    Ok(())
+}
+
+fn forced_timeouts() -> Result<()> {
+    let node = bound_node(0)?;
+    let dev = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
+    // Another user of the controller (another open file, as another process would be).
+    let other = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
+    let ns = dev.namespace(1)?;
+    let patient = ns.with_timeout(Duration::from_secs(10));
+    let hasty = ns.with_timeout(Duration::from_millis(5));
+    let mut reg = dev.alloc(4096)?;
+    pattern::fill(44, 8192, reg.as_mut_slice().context("mem")?);
+    patient.write(&reg, 0, 8192, 4096)?;
+    let resets0 = dev.counters().resets;
+    let (mut timeouts, mut recoveries, mut epoch_errors) = (0, 0, 0);
+    let start = Instant::now();
+    for i in 0..100 {
+        match hasty.read(&mut reg, 0, 8192, 4096) {
+            Err(Error::Timeout { .. }) => timeouts += 1,
+            other => anyhow::bail!("iteration {i}: expected a timeout on the throttled drive, got {other:?}"),
+        }
+        ensure_that!(reg.inflight() == 0, "iteration {i}: timed-out commands still counted after the reset");
+        reg.as_mut_slice().context("mem")?.fill(0);
+        patient.read(&mut reg, 0, 8192, 4096).with_context(|| format!("iteration {i}: after recovery"))?;
+        ensure_that!(
+            pattern::first_mismatch(44, 8192, reg.as_slice().context("mem")?).is_none(),
+            "iteration {i}: data differs after recovery"
+        );
+        recoveries += 1;
+        // The other user sees the epoch change once, then carries on.
+        let ons = other.namespace(1)?.with_timeout(Duration::from_secs(10));
+        let mut oreg = other.alloc(4096)?;
+        match ons.read(&mut oreg, 0, 8192, 4096) {
+            Err(Error::EpochChanged { .. }) => {
+                epoch_errors += 1;
+                ons.read(&mut oreg, 0, 8192, 4096)?;
+            }
+            Ok(()) => {}
+            Err(e) => anyhow::bail!("iteration {i}: other user: {e}"),
+        }
+        ensure_that!(oreg.as_slice() == reg.as_slice(), "iteration {i}: other user reads different data");
+    }
+    let resets = dev.counters().resets - resets0;
+    println!(
+        "    {timeouts} forced timeouts, {recoveries} recoveries, {resets} controller resets, {epoch_errors} epoch-changed errors seen by the other user, {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    ensure_that!(timeouts == 100 && recoveries == 100 && resets >= 100, "counts");
+    ensure_that!(epoch_errors == 100, "the other user did not see every epoch change");
+    drop((reg, dev, other));
+    unbind_all()
+}
+
+/// Child: maps the shared memfd, registers it, and runs mixed reads (DMA into it) and writes
+/// from two threads until killed.
+pub fn crash_child(node: &str, memfd: i32, len: usize) -> Result<()> {
+    // SAFETY: mapping the inherited memfd shared; it stays mapped until the process dies.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd, 0)
+    };
+    ensure_that!(p != libc::MAP_FAILED, "mmap memfd");
+    let dev = Device::open_with(node, DeviceOptions { queues: 2, ..Default::default() })?;
+    let half = len / 2;
+    // SAFETY: the mapping lives until the process dies; no Rust references to it exist.
+    let regs = unsafe { [dev.register_host(p.cast(), half)?, dev.register_host((p as *mut u8).add(half), half)?] };
+    println!("READY");
+    std::thread::scope(|s| {
+        for (t, reg) in regs.into_iter().enumerate() {
+            let dev = &dev;
+            s.spawn(move || {
+                let ns = dev.namespace(1).expect("namespace");
+                let mut reg = reg;
+                let mut x = 0x1234_5678u64 + t as u64;
+                loop {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let off = (x % 256) * 65536;
+                    let _ = if x & 1 == 0 {
+                        ns.read(&mut reg, 0, off, half as u64)
+                    } else {
+                        ns.write(&reg, 0, off, half as u64)
+                    };
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+fn memfd(len: usize) -> Result<OwnedFd> {
+    let name = std::ffi::CString::new("ugds-poison")?;
+    // SAFETY: valid name; not CLOEXEC so the child inherits it.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
+    ensure_that!(fd >= 0, "memfd_create");
+    // SAFETY: a fresh fd.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscall.
+    ensure_that!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as i64) } == 0, "ftruncate");
+    Ok(fd)
+}
+
+fn kill9_poison() -> Result<()> {
+    use std::io::BufRead;
+    let node = bound_node(1)?;
+    let probe = RawDev::open(&node)?;
+    let baseline = probe.status()?;
+    let len = 1 << 20;
+    let me = std::env::current_exe()?;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let start = Instant::now();
+    for i in 0..100 {
+        let fd = memfd(len)?;
+        let map = crate::raw::Mapping::new(fd.as_raw_fd(), 0, len, libc::PROT_READ | libc::PROT_WRITE)?;
+        let mut child = std::process::Command::new(&me)
+            .args(["--child", "crash-io", &node, &fd.as_raw_fd().to_string(), &len.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        ensure_that!(line.trim() == "READY", "iteration {i}: child did not start: {line:?}");
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(rng % 150));
+        child.kill()?;
+        child.wait()?;
+        // The module has released the child's registrations. If any command could still
+        // write, it would write into these (still allocated) pages: poison them and look.
+        for off in (0..len).step_by(8) {
+            map.write64(off, 0xA5A5_A5A5_A5A5_A5A5);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let mut back = vec![0u8; len];
+        map.read_bytes(0, &mut back);
+        ensure_that!(
+            back.iter().all(|b| *b == 0xA5),
+            "iteration {i}: memory changed after the process died (late DMA)"
+        );
+        let st = probe.status()?;
+        ensure_that!(
+            st.pinned_pages == baseline.pinned_pages
+                && st.qpairs == baseline.qpairs
+                && st.registrations == baseline.registrations,
+            "iteration {i}: leaked: {st:?} vs {baseline:?}"
+        );
+        if i % 20 == 19 {
+            // The next process works and reads correct data.
+            let dev = Device::open(&node)?;
+            let ns = dev.namespace(1)?;
+            let mut reg = dev.alloc(65536)?;
+            pattern::fill(i, 32 << 20, reg.as_mut_slice().context("mem")?);
+            ns.write(&reg, 0, 32 << 20, 65536)?;
+            reg.as_mut_slice().context("mem")?.fill(0);
+            ns.read(&mut reg, 0, 32 << 20, 65536)?;
+            ensure_that!(
+                pattern::first_mismatch(i, 32 << 20, reg.as_slice().context("mem")?).is_none(),
+                "next process data"
+            );
+        }
+    }
+    println!("    100 kill -9 during mixed I/O: no late DMA into released memory, pinned pages back to {} each time, {:.1} s", baseline.pinned_pages, start.elapsed().as_secs_f64());
+    drop(probe);
+    unbind_all()
+}
+
+fn ioctl_fuzzer() -> Result<()> {
+    let node = bound_node(1)?;
+    let scratch = HostBuf::new(1 << 20)?;
+    let mut arg = [0u64; 64];
+    let mut x = 0xDEAD_BEEF_1234_5678u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let requests = [
+        IOCTL_GET_INFO,
+        IOCTL_CREATE_QPAIR,
+        IOCTL_DELETE_QPAIR,
+        IOCTL_REGISTER_HOST,
+        IOCTL_REGISTER_DMABUF,
+        IOCTL_GET_SEGMENTS,
+        IOCTL_DEREGISTER,
+        IOCTL_SET_EVENTFD,
+    ];
+    let mut by_errno = std::collections::BTreeMap::new();
+    let start = Instant::now();
+    for round in 0..10 {
+        let dev = RawDev::open(&node)?;
+        for _ in 0..10_000 {
+            let r = next();
+            // Mostly our requests (to get past dispatch), sometimes any number; RESET rarely.
+            let req = match r % 16 {
+                0 => next() as u32,
+                1 if r % 997 == 1 => IOCTL_RESET,
+                _ => requests[(r >> 8) as usize % requests.len()],
+            };
+            for w in arg.iter_mut() {
+                *w = match next() % 4 {
+                    0 => next(),
+                    1 => next() % 2048,
+                    2 => scratch.addr() + (next() % 256) * 4096,
+                    _ => 0,
+                };
+            }
+            // Pointer fields the kernel writes through must point into the scratch buffer.
+            if req == IOCTL_GET_SEGMENTS {
+                arg[2] = scratch.addr() + (next() % 64) * 4096;
+                arg[1] = (arg[1] & 0xFFFF_FFFF) | ((next() % 64) << 32);
+            }
+            let res = crate::raw::ioctl_raw(dev.fd(), req, &mut arg);
+            let key = res.map(|_| 0).unwrap_or_else(|e| e.raw_os_error().unwrap_or(-1));
+            *by_errno.entry(key).or_insert(0u32) += 1;
+        }
+        drop(dev);
+        let st = RawDev::open(&node)?.status()?;
+        ensure_that!(
+            st.pinned_pages == 0 && st.qpairs == 0 && st.registrations == 0,
+            "round {round}: the fuzzer's objects leaked after close: {st:?}"
+        );
+    }
+    println!(
+        "    100000 random ioctls in {:.1} s, results by errno (0 = success): {by_errno:?}",
+        start.elapsed().as_secs_f64()
+    );
+    unbind_all()
+}
+
+fn stray_prp() -> Result<()> {
+    kmsg::expect("DMAR: DRHD: handling fault");
+    kmsg::expect("DMAR: [DMA ");
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair(16)?;
+    let buf = HostBuf::new(8192)?;
+    let h = dev.register(buf.addr(), 8192)?;
+    let segs = dev.segments(h)?;
+    let before = {
+        qp.rw_sync(false, &ns, 0, &segs, 0, 4096)?;
+        buf.bytes()[..4096].to_vec()
+    };
+    // A write whose PRP names bus memory nobody registered: the IOMMU blocks the read of it.
+    let mut s = Sqe::new(nvm::WRITE, 77);
+    s.set_nsid(ns.nsid);
+    s.set_prps(0x7_dead_0000, 0);
+    s.set_slba(0);
+    s.set_nlb((4096u32) >> ns.lba_shift);
+    qp.push(s);
+    qp.ring();
+    let c = qp.wait(1, Duration::from_secs(10))?;
+    ensure_that!(!c[0].status().is_success(), "a write from an unmapped bus address succeeded");
+    println!("    stray PRP write completed with: {}", c[0].status());
+    // And a read into unmapped bus memory.
+    let mut s = Sqe::new(nvm::READ, 78);
+    s.set_nsid(ns.nsid);
+    s.set_prps(0x7_dead_0000, 0);
+    s.set_nlb((4096u32) >> ns.lba_shift);
+    qp.push(s);
+    qp.ring();
+    let c = qp.wait(1, Duration::from_secs(10))?;
+    ensure_that!(!c[0].status().is_success(), "a read into an unmapped bus address succeeded");
+    qp.rw_sync(false, &ns, 0, &segs, 4096, 4096)?;
+    ensure_that!(buf.bytes()[4096..] == before[..], "the disk changed after a blocked stray-PRP write");
+    drop(qp);
+    drop(dev);
+    unbind_all()
+}
