@@ -97,6 +97,12 @@ enum Cmd {
         /// Only run VM tests whose name contains this.
         #[arg(long)]
         filter: Option<String>,
+        /// Run every VM variant with the guest IOMMU on (translating, strict).
+        #[arg(long)]
+        iommu: bool,
+        /// Use the debug kernel flavour (KASAN, lockdep, DEBUG_ATOMIC_SLEEP).
+        #[arg(long)]
+        debug_kernel: bool,
     },
 }
 
@@ -147,8 +153,8 @@ fn real_main() -> Result<()> {
         }
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
-        Cmd::Test { host_only, filter } => {
-            let summary = suite::run(host_only, filter.as_deref())?;
+        Cmd::Test { host_only, filter, iommu, debug_kernel } => {
+            let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel })?;
             println!("{} passed, {} failed", summary.passed, summary.failed);
             if summary.failed > 0 {
                 std::process::exit(1);

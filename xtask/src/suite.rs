@@ -81,14 +81,29 @@ fn build_suite() -> Result<std::path::PathBuf> {
     Ok(bin)
 }
 
+/// What `cargo xtask test` runs.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Only host tests.
+    pub host_only: bool,
+    /// Only VM tests whose name contains this.
+    pub filter: Option<String>,
+    /// Every VM variant with the guest IOMMU on.
+    pub iommu: bool,
+    /// The debug kernel flavour (KASAN, lockdep, atomic-sleep checks).
+    pub debug_kernel: bool,
+}
+
 /// Runs everything; prints each phase's time.
-pub fn run(host_only: bool, filter: Option<&str>) -> Result<Summary> {
+pub fn run(plan: &Plan) -> Result<Summary> {
+    let (host_only, filter) = (plan.host_only, plan.filter.as_deref());
     let mut total = host_tests()?;
     if host_only {
         return Ok(total);
     }
     let t = Instant::now();
-    let k = kernel::ensure(kernel::Flavour::Normal)?;
+    let flavour = if plan.debug_kernel { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
+    let k = kernel::ensure(flavour)?;
     eprintln!("phase test kernel: {:.0?}", t.elapsed());
     let t = Instant::now();
     let ko = kmod::build_for_test_kernel(&k)?;
@@ -107,10 +122,11 @@ pub fn run(host_only: bool, filter: Option<&str>) -> Result<Summary> {
         }
         let cfg = vm::VmConfig {
             nvme,
-            iommu: iommu == "true",
+            iommu: iommu == "true" || plan.iommu,
             bind_module: None,
-            mem: "1G".into(),
-            timeout: Duration::from_secs(1200),
+            // KASAN's shadow memory needs more guest memory.
+            mem: if plan.debug_kernel { "2G".into() } else { "1G".into() },
+            timeout: Duration::from_secs(if plan.debug_kernel { 3600 } else { 1200 }),
             env: vec![
                 ("UGDS_XTASK".into(), xtask.display().to_string()),
                 ("UGDS_KMOD".into(), ko.display().to_string()),
