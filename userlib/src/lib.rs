@@ -14,6 +14,8 @@
 pub mod device;
 pub mod error;
 pub mod mmio;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod mock;
 pub mod pattern;
 pub mod prp;
 pub mod queue;
