@@ -4,6 +4,7 @@
 //! Tests run as root inside the test VM (`cargo xtask test` boots it), against QEMU's NVMe model.
 #![deny(missing_docs)]
 
+pub mod batch;
 pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
@@ -33,6 +34,7 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "two-controllers", nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"], iommu: false },
     Variant { name: "userlib", nvme: userlib::NVME, iommu: false },
     Variant { name: "iommu", nvme: &["size=64M"], iommu: true },
+    Variant { name: "batch", nvme: batch::NVME, iommu: false },
     Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
     Variant {
         name: "kmod",
@@ -57,6 +59,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(kmod::tests());
     v.extend(userlib::tests());
     v.extend(reliability::tests());
+    v.extend(batch::tests());
     v
 }
 

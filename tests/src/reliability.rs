@@ -63,7 +63,7 @@ fn forced_timeouts() -> Result<()> {
         reg.as_mut_slice().context("mem")?.fill(0);
         patient.read(&mut reg, 0, 8192, 4096).with_context(|| format!("iteration {i}: after recovery"))?;
         ensure_that!(
-            pattern::first_mismatch(44, 8192, reg.as_slice().context("mem")?).is_none(),
+            pattern::first_mismatch(44, 8192, &reg.as_slice().context("mem")?).is_none(),
             "iteration {i}: data differs after recovery"
         );
         recoveries += 1;
@@ -78,7 +78,10 @@ fn forced_timeouts() -> Result<()> {
             Ok(()) => {}
             Err(e) => anyhow::bail!("iteration {i}: other user: {e}"),
         }
-        ensure_that!(oreg.as_slice() == reg.as_slice(), "iteration {i}: other user reads different data");
+        ensure_that!(
+            oreg.as_slice().as_deref() == reg.as_slice().as_deref(),
+            "iteration {i}: other user reads different data"
+        );
     }
     let resets = dev.counters().resets - resets0;
     println!(
@@ -194,7 +197,7 @@ fn kill9_poison() -> Result<()> {
             reg.as_mut_slice().context("mem")?.fill(0);
             ns.read(&mut reg, 0, 32 << 20, 65536)?;
             ensure_that!(
-                pattern::first_mismatch(i, 32 << 20, reg.as_slice().context("mem")?).is_none(),
+                pattern::first_mismatch(i, 32 << 20, &reg.as_slice().context("mem")?).is_none(),
                 "next process data"
             );
         }

@@ -175,7 +175,7 @@ fn eight_threads_one_queue() -> Result<()> {
                         ns.write(&reg, 0, off, 256 * 1024)?;
                         reg.as_mut_slice().context("mem")?.fill(0);
                         ns.read(&mut reg, 0, off, 256 * 1024)?;
-                        if let Some(b) = pattern::first_mismatch(seed, off, reg.as_slice().context("mem")?) {
+                        if let Some(b) = pattern::first_mismatch(seed, off, &reg.as_slice().context("mem")?) {
                             anyhow::bail!("thread {t}: byte {b} wrong");
                         }
                     }
@@ -292,6 +292,7 @@ fn flush_zeroes_trim() -> Result<()> {
     let b = reg.as_slice().context("mem")?;
     ensure_that!(b[..16384].iter().all(|x| *x == 0), "write zeroes left data");
     ensure_that!(pattern::first_mismatch(3, (1 << 20) + 16384, &b[16384..]).is_none(), "write zeroes touched too much");
+    drop(b);
     ns.deallocate(1 << 20, 65536)?;
     ns.read(&mut reg, 0, 1 << 20, 65536)?;
     drop(reg);
@@ -405,12 +406,12 @@ fn dmabuf_io() -> Result<()> {
     ns.write(&dreg, 0, 8 << 20, len as u64)?;
     let mut hreg = dev.alloc(len)?;
     ns.read(&mut hreg, 0, 8 << 20, len as u64)?;
-    ensure_that!(hreg.as_slice().context("mem")? == &data[..], "dma-buf -> disk -> host differs");
+    ensure_that!(*hreg.as_slice().context("mem")? == data[..], "dma-buf -> disk -> host differs");
     ns.read(&mut dreg, 0, 0, len as u64)?;
     let mut back = vec![0u8; len];
     ub.map.read_bytes(0, &mut back);
     ns.read(&mut hreg, 0, 0, len as u64)?;
-    ensure_that!(hreg.as_slice().context("mem")? == &back[..], "disk -> dma-buf differs from disk -> host");
+    ensure_that!(*hreg.as_slice().context("mem")? == back[..], "disk -> dma-buf differs from disk -> host");
     drop((dreg, hreg, dev));
     unbind(&nvme_controllers()?[0])
 }
@@ -431,7 +432,7 @@ fn iommu_io() -> Result<()> {
     reg.as_mut_slice().context("mem")?.fill(0);
     ns.read(&mut reg, 0, 0, 1 << 20)?;
     ensure_that!(
-        pattern::first_mismatch(8, 0, reg.as_slice().context("mem")?).is_none(),
+        pattern::first_mismatch(8, 0, &reg.as_slice().context("mem")?).is_none(),
         "data differs under the IOMMU"
     );
     drop((reg, dev));
@@ -465,7 +466,7 @@ fn interrupt_mode() -> Result<()> {
         // per-read deltas, and verify outside it.
         ns.read(&mut buf, 0, off, 1 << 20)?;
         ensure_that!(
-            pattern::first_mismatch(12, off, buf.as_slice().context("mem")?).is_none(),
+            pattern::first_mismatch(12, off, &buf.as_slice().context("mem")?).is_none(),
             "{mode}: data differs"
         );
         let n = 300;
@@ -476,7 +477,7 @@ fn interrupt_mode() -> Result<()> {
         let cpu = (thread_cpu() - c0).as_secs_f64() * 1e6 / n as f64;
         let wall = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
         ensure_that!(
-            pattern::first_mismatch(12, off, buf.as_slice().context("mem")?).is_none(),
+            pattern::first_mismatch(12, off, &buf.as_slice().context("mem")?).is_none(),
             "{mode}: data differs"
         );
         println!("    {mode}: {cpu:.0} us CPU and {wall:.0} us wall per 1 MiB read");

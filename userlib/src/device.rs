@@ -5,7 +5,7 @@ use crate::mmio::Mapping;
 use crate::queue::{self, Command, QueuePair, MAX_BURST};
 use crate::sys::{DeviceFd, EventFd};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use ugds_uapi::ioctl::*;
@@ -32,12 +32,12 @@ impl Default for DeviceOptions {
 }
 
 #[derive(Debug)]
-struct Inner {
-    fd: DeviceFd,
-    info: DeviceInfo,
-    status: Mapping,
+pub(crate) struct Inner {
+    pub(crate) fd: DeviceFd,
+    pub(crate) info: DeviceInfo,
+    pub(crate) status: Mapping,
     queues: Vec<QueuePair>,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     /// Largest transfer of one command.
     max_cmd_bytes: u64,
 }
@@ -45,7 +45,7 @@ struct Inner {
 /// An open ugds controller: its queue pairs are mapped into this process.
 #[derive(Debug, Clone)]
 pub struct Device {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 /// Largest transfer per command the library builds (one PRP-list page with an unaligned start
@@ -263,6 +263,7 @@ impl Device {
             len,
             mem,
             inflight: AtomicU32::new(0),
+            views: AtomicU64::new(0),
         };
         let n = self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g)?;
         segments.truncate(n as usize);
@@ -283,6 +284,37 @@ impl Namespace {
     /// The same namespace with another per-command deadline (for calls made through it).
     pub fn with_timeout(&self, timeout: Duration) -> Namespace {
         Namespace { timeout, ..self.clone() }
+    }
+
+    /// Checks a request against the namespace and the registration; the error names the
+    /// argument. Returns the starting LBA and block count.
+    pub(crate) fn check_io(
+        &self,
+        reg: &Registration,
+        reg_offset: u64,
+        dev_offset: u64,
+        len: u64,
+    ) -> Result<(u64, u32)> {
+        self.check_range(dev_offset, len)?;
+        if !Arc::ptr_eq(&reg.dev, &self.dev) {
+            return Err(Error::invalid("reg", "registered on another device"));
+        }
+        if reg_offset.checked_add(len).is_none_or(|e| e > reg.len) {
+            return Err(Error::invalid(
+                "reg_offset",
+                format!("[{reg_offset}, +{len}) runs past the {}-byte registration", reg.len),
+            ));
+        }
+        if !reg_offset.is_multiple_of(4) {
+            return Err(Error::invalid("reg_offset", "must be a multiple of 4 (PRP alignment)"));
+        }
+        let shift = self.info.lba_shift;
+        let blocks = len >> shift;
+        let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift);
+        if len > per_cmd {
+            return Err(Error::invalid("len", format!("{len} bytes exceed one command's {per_cmd}")));
+        }
+        Ok((dev_offset >> shift, blocks as u32))
     }
 
     /// Namespace id.
@@ -354,10 +386,11 @@ impl Namespace {
         let shift = self.info.lba_shift;
         let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift) & !(self.block_size() - 1);
         let mut done = 0u64;
+        let burst_max = MAX_BURST.min(self.queue().depth() as usize - 1);
         while done < len {
             let mut burst = [Command::Flush; MAX_BURST];
             let mut n = 0;
-            while n < MAX_BURST && done < len {
+            while n < burst_max && done < len {
                 let chunk = per_cmd.min(len - done);
                 burst[n] = Command::Rw {
                     write,
@@ -467,9 +500,63 @@ pub struct Registration {
     len: u64,
     mem: Option<Mapping>,
     inflight: AtomicU32,
+    /// CPU views (`as_slice` guards) in the high 32 bits, device writes into the memory (reads
+    /// from the SSD) in flight in the low 32 bits: the two never overlap.
+    views: AtomicU64,
+}
+
+/// A read-only CPU view of a registration's host memory; while it lives, no batch may read
+/// from the SSD into the registration.
+#[derive(Debug)]
+pub struct HostView<'a> {
+    reg: &'a Registration,
+    bytes: &'a [u8],
+}
+
+impl std::ops::Deref for HostView<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl Drop for HostView<'_> {
+    fn drop(&mut self) {
+        self.reg.views.fetch_sub(1 << 32, Ordering::AcqRel);
+    }
 }
 
 impl Registration {
+    /// Marks `n` device writes (reads from the SSD into this memory) in flight; refused while a
+    /// CPU view exists.
+    pub(crate) fn begin_device_writes(&self, n: u32) -> Result<()> {
+        let mut cur = self.views.load(Ordering::Acquire);
+        loop {
+            if cur >> 32 != 0 {
+                return Err(Error::RegistrationBusy { id: self.handle.id, inflight: (cur >> 32) as u32 });
+            }
+            match self.views.compare_exchange_weak(cur, cur + n as u64, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(v) => cur = v,
+            }
+        }
+    }
+
+    /// Ends `n` device writes.
+    pub(crate) fn end_device_writes(&self, n: u32) {
+        self.views.fetch_sub(n as u64, Ordering::AcqRel);
+    }
+
+    /// Counts `n` commands in flight that name this registration.
+    pub(crate) fn add_inflight(&self, n: u32) {
+        self.inflight.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Uncounts `n` commands.
+    pub(crate) fn sub_inflight(&self, n: u32) {
+        self.inflight.fetch_sub(n, Ordering::AcqRel);
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> u64 {
         self.len
@@ -495,9 +582,20 @@ impl Registration {
         self.inflight.load(Ordering::Acquire)
     }
 
-    /// The host memory (None for a dma-buf registration).
-    pub fn as_slice(&self) -> Option<&[u8]> {
-        self.mem.as_ref().map(|m| m.bytes())
+    /// A view of the host memory: `None` for a dma-buf or caller-owned registration, and
+    /// while a batch is reading from the SSD into it.
+    pub fn as_slice(&self) -> Option<HostView<'_>> {
+        let m = self.mem.as_ref()?;
+        let mut cur = self.views.load(Ordering::Acquire);
+        loop {
+            if cur & 0xFFFF_FFFF != 0 {
+                return None;
+            }
+            match self.views.compare_exchange_weak(cur, cur + (1 << 32), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(HostView { reg: self, bytes: m.bytes() }),
+                Err(v) => cur = v,
+            }
+        }
     }
 
     /// The host memory, mutable (None for a dma-buf registration).

@@ -11,6 +11,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod batch;
 pub mod device;
 pub mod error;
 pub mod mmio;
@@ -21,6 +22,7 @@ pub mod prp;
 pub mod queue;
 pub mod sys;
 
-pub use device::{Device, DeviceOptions, Namespace, Registration};
+pub use batch::{Batch, IoEvent, IoParams, IoStatus, Op};
+pub use device::{Device, DeviceOptions, HostView, Namespace, Registration};
 pub use error::{Error, Result};
 pub use ugds_uapi as uapi;

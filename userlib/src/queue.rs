@@ -293,14 +293,29 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Submits `cmds` (at most [`MAX_BURST`]) with one doorbell write and waits for all of them.
-    /// Returns the first failure (all commands have completed or been abandoned by then).
-    pub fn execute(&self, nsid: u32, cmds: &[Command<'_>], status: &Mapping, timeout: Duration) -> Result<()> {
-        debug_assert!(cmds.len() <= MAX_BURST);
+    /// Queue depth in entries.
+    pub fn depth(&self) -> u16 {
+        self.depth
+    }
+
+    /// Writes `cmds` into free slots (waiting for space up to `timeout`) and rings the doorbell
+    /// once; their command ids go to `cids[..cmds.len()]`. Nothing is published on error.
+    pub fn submit(
+        &self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &Mapping,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<()> {
         let n = cmds.len();
-        let mut cids = [0u16; MAX_BURST];
+        if n == 0 {
+            return Ok(());
+        }
+        if n >= self.depth as usize || cids.len() < n {
+            return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.depth)));
+        }
         let start = Instant::now();
-        // Phase 1: get slots and command ids, write the entries, ring once.
         {
             let mut r = self.lock();
             self.check_epoch(&mut r, status)?;
@@ -354,6 +369,46 @@ impl QueuePair {
             fence(Ordering::SeqCst);
             self.doorbells.store32(self.sq_db, r.sq_tail as u32);
         }
+        Ok(())
+    }
+
+    /// Reaps the queue and collects the completions of `cids` that arrived: for each `i` with
+    /// `out[i]` still `None` whose command completed, stores its status in `out[i]` and frees its
+    /// id. Returns how many were collected by this call.
+    pub fn collect(&self, cids: &[u16], status: &Mapping, out: &mut [Option<Status>]) -> Result<usize> {
+        let mut r = self.lock();
+        self.check_epoch(&mut r, status)?;
+        self.reap(&mut r)?;
+        let mut n = 0;
+        for (c, o) in cids.iter().zip(out.iter_mut()) {
+            if o.is_none() {
+                if let Some(d) = r.done[*c as usize].take() {
+                    *o = Some(d.status);
+                    r.busy[*c as usize] = false;
+                    r.free.push(*c);
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sleeps on the interrupt (interrupt mode) or spins once (polling).
+    pub fn wait_a_little(&self) {
+        match &self.irq {
+            Some(ev) => ev.wait(10),
+            None => std::hint::spin_loop(),
+        }
+    }
+
+    /// Submits `cmds` (at most [`MAX_BURST`]) with one doorbell write and waits for all of them.
+    /// Returns the first failure (all commands have completed or been abandoned by then).
+    pub fn execute(&self, nsid: u32, cmds: &[Command<'_>], status: &Mapping, timeout: Duration) -> Result<()> {
+        debug_assert!(cmds.len() <= MAX_BURST);
+        let n = cmds.len();
+        let mut cids = [0u16; MAX_BURST];
+        let start = Instant::now();
+        self.submit(nsid, cmds, status, timeout, &mut cids)?;
         // Phase 2: poll until all of ours completed.
         let mut spins = 0u32;
         loop {
