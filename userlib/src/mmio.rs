@@ -107,6 +107,17 @@ impl Mapping {
         unsafe { std::ptr::write_volatile(self.ptr.add(off).cast::<u64>(), v) }
     }
 
+    /// Volatile stores of consecutive dwords starting at `off` (one bounds check).
+    #[inline]
+    pub fn store_dwords(&self, off: usize, v: &[u32]) {
+        self.check(off, 4);
+        assert!(off + 4 * v.len() <= self.len, "mapping access {off}+{} out of {}", 4 * v.len(), self.len);
+        for (i, w) in v.iter().enumerate() {
+            // SAFETY: in bounds and aligned (checked above), live by the invariant.
+            unsafe { std::ptr::write_volatile(self.ptr.add(off + 4 * i).cast::<u32>(), *w) }
+        }
+    }
+
     /// The memory as bytes. Only for memory the device does not write concurrently (host
     /// buffers between I/Os, guaranteed by the borrow on the owning registration).
     pub fn bytes(&self) -> &[u8] {

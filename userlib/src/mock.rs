@@ -58,6 +58,8 @@ pub struct MockQueue {
     pub status: Mapping,
     stop: Arc<AtomicBool>,
     device: Option<JoinHandle<()>>,
+    /// In stepped mode: the device, driven by [`MockQueue::step`] on the caller's thread.
+    stepped: Option<DeviceSide>,
 }
 
 struct DeviceSide {
@@ -65,6 +67,7 @@ struct DeviceSide {
     cq: Mapping,
     doorbells: Arc<Mapping>,
     depth: u16,
+    state: std::cell::Cell<(u16, u16, bool)>,
 }
 
 impl DeviceSide {
@@ -82,6 +85,22 @@ impl DeviceSide {
             *tail = 0;
             *phase = !*phase;
         }
+    }
+
+    /// Consumes every submitted entry and completes it successfully. Returns how many.
+    fn step(&self) -> usize {
+        let (mut sq_head, mut cq_tail, mut phase) = self.state.get();
+        let tail = (self.doorbells.load32(0) as u16) % self.depth;
+        fence(Ordering::Acquire);
+        let mut n = 0;
+        while sq_head != tail {
+            let cid = (self.sq.load32(sq_head as usize * 64) >> 16) as u16;
+            sq_head = (sq_head + 1) % self.depth;
+            self.post(&mut cq_tail, &mut phase, Cqe::new(0, sq_head, 1, cid, Status::SUCCESS, true));
+            n += 1;
+        }
+        self.state.set((sq_head, cq_tail, phase));
+        n
     }
 
     fn run(self, stop: Arc<AtomicBool>, behaviour: Behaviour) {
@@ -120,6 +139,21 @@ fn cqe_dwords(c: &Cqe, phase: bool) -> [u32; 4] {
 impl MockQueue {
     /// A queue of `depth` entries answered by a device thread with `behaviour`.
     pub fn new(depth: u16, behaviour: Behaviour) -> Result<Self> {
+        Self::build(depth, Some(behaviour))
+    }
+
+    /// A queue whose device runs only when [`MockQueue::step`] is called, on the caller's
+    /// thread: deterministic, for instruction counting.
+    pub fn stepped(depth: u16) -> Result<Self> {
+        Self::build(depth, None)
+    }
+
+    /// Runs the device once: completes everything submitted so far. Returns how many.
+    pub fn step(&self) -> usize {
+        self.stepped.as_ref().map_or(0, |d| d.step())
+    }
+
+    fn build(depth: u16, behaviour: Option<Behaviour>) -> Result<Self> {
         let d = depth as usize;
         let (sq, dsq) = shared(d * 64)?;
         let (cq, dcq) = shared(d * 16)?;
@@ -139,10 +173,15 @@ impl MockQueue {
         };
         let qp = QueuePair::new(&args, sq, cq, prp, doorbells.clone(), 1, None);
         let stop = Arc::new(AtomicBool::new(false));
-        let side = DeviceSide { sq: dsq, cq: dcq, doorbells, depth };
-        let s2 = stop.clone();
-        let device = std::thread::spawn(move || side.run(s2, behaviour));
-        Ok(MockQueue { qp, status, stop, device: Some(device) })
+        let side = DeviceSide { sq: dsq, cq: dcq, doorbells, depth, state: std::cell::Cell::new((0, 0, true)) };
+        match behaviour {
+            Some(b) => {
+                let s2 = stop.clone();
+                let device = std::thread::spawn(move || side.run(s2, b));
+                Ok(MockQueue { qp, status, stop, device: Some(device), stepped: None })
+            }
+            None => Ok(MockQueue { qp, status, stop, device: None, stepped: Some(side) }),
+        }
     }
 }
 

@@ -63,16 +63,29 @@ fn locate(segs: &[Segment], off: u64, cursor: &mut (usize, u64)) -> Option<(u64,
 /// Builds PRPs for `[off, off + len)` of a registration made of `segs`. `list` receives the
 /// list entries (it must hold [`LIST_ENTRIES`]); `list_bus` is the list page's bus address.
 pub fn build(segs: &[Segment], off: u64, len: u64, list: &mut [u64], list_bus: u64) -> Result<Prps, PrpError> {
+    let cap = list.len().min(LIST_ENTRIES);
+    build_with(segs, off, len, list_bus, cap, |i, a| list[i] = a)
+}
+
+/// Like [`build`], but hands each list entry `(index, bus address)` to `sink` (the data path
+/// writes them straight into the command's PRP page, with no intermediate buffer). At most
+/// `cap` entries are produced. On error, entries already handed out are garbage to ignore.
+#[inline]
+pub fn build_with(
+    segs: &[Segment],
+    off: u64,
+    len: u64,
+    list_bus: u64,
+    cap: usize,
+    mut sink: impl FnMut(usize, u64),
+) -> Result<Prps, PrpError> {
     if len == 0 {
         return Err(PrpError::Empty);
     }
     if !off.is_multiple_of(4) {
         return Err(PrpError::Unaligned);
     }
-    let total: u64 = segs.iter().map(|s| s.len).sum();
-    if off.checked_add(len).is_none_or(|e| e > total) {
-        return Err(PrpError::OutOfRange);
-    }
+    let end = off.checked_add(len).ok_or(PrpError::OutOfRange)?;
     let mut cur = (0usize, 0u64);
     let (first, contig) = locate(segs, off, &mut cur).ok_or(PrpError::OutOfRange)?;
     if first % 4 != 0 {
@@ -84,7 +97,6 @@ pub fn build(segs: &[Segment], off: u64, len: u64, list: &mut [u64], list_bus: u
         return Err(PrpError::Discontiguous);
     }
     let mut pos = off + head;
-    let end = off + len;
     let mut pages = 0usize;
     let mut second = 0u64;
     while pos < end {
@@ -96,10 +108,10 @@ pub fn build(segs: &[Segment], off: u64, len: u64, list: &mut [u64], list_bus: u
         if pages == 0 {
             second = addr;
         }
-        if pages >= list.len().min(LIST_ENTRIES) {
+        if pages >= cap {
             return Err(PrpError::TooLarge);
         }
-        list[pages] = addr;
+        sink(pages, addr);
         pages += 1;
         pos += chunk;
     }

@@ -77,7 +77,15 @@ impl Command<'_> {
 
 #[derive(Debug, Clone, Copy)]
 struct Done {
-    status: Status,
+    /// The CQE's raw 15-bit status field (decoded only when it is an error).
+    raw: u16,
+}
+
+impl Done {
+    #[inline]
+    fn status(self) -> Status {
+        Status::from_field(self.raw)
+    }
 }
 
 /// Ring state; plain data, guarded by the queue pair's mutex.
@@ -207,7 +215,7 @@ impl QueuePair {
                     cqe.sq_head()
                 )));
             }
-            r.done[cid] = Some(Done { status: cqe.status() });
+            r.done[cid] = Some(Done { raw: (dw3 >> 17) as u16 });
             r.sq_head = cqe.sq_head();
             r.cq_head += 1;
             if r.cq_head == self.depth {
@@ -229,11 +237,11 @@ impl QueuePair {
         match *cmd {
             Command::Rw { write, slba, nlb, segs, off, len } => {
                 s = Sqe::new(if write { nvm::WRITE } else { nvm::READ }, cid);
-                let mut list = [0u64; LIST_ENTRIES];
-                let p = prp::build(segs, off, len, &mut list, list_bus)?;
-                for (i, e) in list[..p.list_len].iter().enumerate() {
-                    self.prp.store64(list_off + i * 8, *e);
-                }
+                // An out-of-range request fails in `locate` (the range is checked by the
+                // caller against the registration's length).
+                let prp = &self.prp;
+                let p =
+                    prp::build_with(segs, off, len, list_bus, LIST_ENTRIES, |i, a| prp.store64(list_off + i * 8, a))?;
                 s.set_prps(p.prp1, p.prp2);
                 s.set_slba(slba);
                 s.set_nlb(nlb);
@@ -315,7 +323,8 @@ impl QueuePair {
         if n >= self.depth as usize || cids.len() < n {
             return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.depth)));
         }
-        let start = Instant::now();
+        // Read the clock only if we have to wait for room.
+        let mut start: Option<Instant> = None;
         {
             let mut r = self.lock();
             self.check_epoch(&mut r, status)?;
@@ -328,7 +337,8 @@ impl QueuePair {
                 drop(r);
                 std::hint::spin_loop();
                 spins += 1;
-                if spins.is_multiple_of(4096) && start.elapsed() > timeout {
+                let since = *start.get_or_insert_with(Instant::now);
+                if spins.is_multiple_of(4096) && since.elapsed() > timeout {
                     return Err(Error::Timeout {
                         op: cmds[0].name(),
                         slba: cmds[0].slba(),
@@ -359,10 +369,7 @@ impl QueuePair {
                 };
                 cids[i] = cid;
                 r.busy[cid as usize] = true;
-                let base = r.sq_tail as usize * 64;
-                for (j, w) in sqe.to_dwords().iter().enumerate() {
-                    self.sq.store32(base + 4 * j, *w);
-                }
+                self.sq.store_dwords(r.sq_tail as usize * 64, &sqe.to_dwords());
                 r.sq_tail = (r.sq_tail + 1) % self.depth;
             }
             // The entries (and PRP lists) must be visible before the device sees the tail.
@@ -383,7 +390,7 @@ impl QueuePair {
         for (c, o) in cids.iter().zip(out.iter_mut()) {
             if o.is_none() {
                 if let Some(d) = r.done[*c as usize].take() {
-                    *o = Some(d.status);
+                    *o = Some(d.status());
                     r.busy[*c as usize] = false;
                     r.free.push(*c);
                     n += 1;
@@ -423,9 +430,9 @@ impl QueuePair {
                         r.busy[*c as usize] = false;
                         r.free.push(*c);
                         if let Some(d) = d {
-                            if !d.status.is_success() && first_err.is_none() {
+                            if d.raw != 0 && first_err.is_none() {
                                 first_err =
-                                    Some(Error::Nvme { op: cmds[i].name(), slba: cmds[i].slba(), status: d.status });
+                                    Some(Error::Nvme { op: cmds[i].name(), slba: cmds[i].slba(), status: d.status() });
                             }
                         }
                     }

@@ -100,6 +100,9 @@ enum Cmd {
         /// Wait for completions on interrupts (eventfd) instead of busy polling.
         #[arg(long)]
         interrupts: bool,
+        /// I/Os in flight per thread (1: synchronous calls; more: a batch kept full).
+        #[arg(long, default_value_t = 1)]
+        depth: usize,
     },
 }
 
@@ -204,8 +207,8 @@ fn run(cli: Cli) -> Res<()> {
             }
             report(cli.json, "read", len, start.elapsed());
         }
-        Cmd::Bench { t, size, threads, rw, seconds, span, interrupts } => {
-            bench(cli.json, &t, BenchArgs { size, threads, rw, seconds, span, interrupts })?
+        Cmd::Bench { t, size, threads, rw, seconds, span, interrupts, depth } => {
+            bench(cli.json, &t, BenchArgs { depth, size, threads, rw, seconds, span, interrupts })?
         }
     }
     Ok(())
@@ -220,7 +223,58 @@ fn report(json: bool, op: &str, len: u64, t: Duration) {
     }
 }
 
+/// Keeps `depth` I/Os in flight through a [`ugds::Batch`], resubmitting as they complete.
+#[allow(clippy::too_many_arguments)]
+fn batch_loop(
+    d: &Device,
+    ns: &ugds::Namespace,
+    size: u64,
+    span: u64,
+    depth: usize,
+    deadline: Duration,
+    next: &mut dyn FnMut() -> u64,
+    is_write: &dyn Fn(u64) -> bool,
+    lat: &mut Vec<u32>,
+) -> Res<()> {
+    let reg = d.alloc(size as usize * depth).map_err(|e| e.to_string())?;
+    let mut b = ugds::Batch::new(d, depth).map_err(|e| e.to_string())?;
+    let mut sent = vec![Instant::now(); depth];
+    let make = |slot: usize, next: &mut dyn FnMut() -> u64| {
+        let r = next();
+        ugds::IoParams {
+            op: if is_write(r) { ugds::Op::Write } else { ugds::Op::Read },
+            ns,
+            reg: &reg,
+            reg_offset: slot as u64 * size,
+            dev_offset: (r % (span / size)) * size,
+            len: size,
+            cookie: slot as u64,
+        }
+    };
+    let first: Vec<_> = (0..depth).map(|i| make(i, next)).collect();
+    let start = Instant::now();
+    sent.iter_mut().for_each(|t| *t = Instant::now());
+    b.submit(&first).map_err(|e| e.to_string())?;
+    while start.elapsed() < deadline {
+        let ev = b.status(1, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        let mut again = Vec::with_capacity(ev.len());
+        for e in ev {
+            if e.status != ugds::IoStatus::Complete {
+                return Err(format!("batch I/O failed: {:?}", e.error).into());
+            }
+            let slot = e.cookie as usize;
+            lat.push(sent[slot].elapsed().as_nanos().min(u32::MAX as u128) as u32);
+            sent[slot] = Instant::now();
+            again.push(make(slot, next));
+        }
+        b.submit(&again).map_err(|e| e.to_string())?;
+    }
+    b.cancel().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 struct BenchArgs {
+    depth: usize,
     size: u64,
     threads: usize,
     rw: String,
@@ -240,7 +294,10 @@ fn cpu_time() -> Duration {
 }
 
 fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
-    let BenchArgs { size, threads, rw, seconds, span, interrupts } = a;
+    let BenchArgs { depth, size, threads, rw, seconds, span, interrupts } = a;
+    if depth == 0 {
+        return Err("--depth must be at least 1".into());
+    }
     let rw = rw.as_str();
     if !matches!(rw, "read" | "write" | "mix") {
         return Err(format!("--rw must be read, write or mix, not {rw:?}").into());
@@ -260,22 +317,30 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
             .map(|ti| {
                 let (d, ns) = (&d, &ns);
                 s.spawn(move || -> Res<Vec<u32>> {
-                    let mut reg = d.alloc(size as usize).map_err(|e| e.to_string())?;
-                    let mut lat = Vec::with_capacity(1 << 20);
                     let mut x = 0x9E37_79B9u64 ^ ((ti as u64 + 1) * 0x1234_5678_9ABC);
-                    let start = Instant::now();
-                    while start.elapsed() < deadline {
+                    let mut next = move || {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
-                        let off = (x % (span / size)) * size;
-                        let write = match rw {
-                            "write" => true,
-                            "mix" => x & 1 == 1,
-                            _ => false,
-                        };
+                        x
+                    };
+                    let is_write = |r: u64| match rw {
+                        "write" => true,
+                        "mix" => r & 1 == 1,
+                        _ => false,
+                    };
+                    let mut lat = Vec::with_capacity(1 << 20);
+                    if depth > 1 {
+                        return batch_loop(d, ns, size, span, depth, deadline, &mut next, &is_write, &mut lat)
+                            .map(|_| lat);
+                    }
+                    let mut reg = d.alloc(size as usize).map_err(|e| e.to_string())?;
+                    let start = Instant::now();
+                    while start.elapsed() < deadline {
+                        let r = next();
+                        let off = (r % (span / size)) * size;
                         let t0 = Instant::now();
-                        if write {
+                        if is_write(r) {
                             ns.write(&reg, 0, off, size).map_err(|e| e.to_string())?;
                         } else {
                             ns.read(&mut reg, 0, off, size).map_err(|e| e.to_string())?;
@@ -303,12 +368,12 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     let mode = if interrupts { "interrupts" } else { "polling" };
     if json {
         println!(
-            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3},\"mode\":\"{mode}\",\"cpu_us_per_io\":{cpu_us:.2}}}",
+            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"depth\":{depth},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3},\"mode\":\"{mode}\",\"cpu_us_per_io\":{cpu_us:.2}}}",
             all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
         );
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s): {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms)",
+            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms)",
             all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
         );
     }
