@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod bench;
 mod bind;
 mod demo;
 mod install;
@@ -81,6 +82,24 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         seconds: u64,
     },
+    /// Benchmark grid: ugds vs the kernel driver (fio) on file- and null-backed emulated
+    /// controllers, plus the data path's own cost; writes JSON, markdown and PNG plots.
+    Bench {
+        /// Seconds per point.
+        #[arg(long, default_value_t = 1)]
+        seconds: u64,
+        /// Output folder (default target/bench).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// (internal) The benchmark's steps inside the VM.
+    #[command(hide = true)]
+    BenchGuest {
+        /// The ugds CLI binary.
+        cli: String,
+        /// Seconds per point.
+        seconds: u64,
+    },
     /// (internal) The demo's steps inside the VM.
     #[command(hide = true)]
     DemoGuest {
@@ -152,6 +171,8 @@ fn real_main() -> Result<()> {
             println!("{addr}: given back to {}", bind::driver_of(&addr).unwrap_or_else(|| "no driver".into()));
         }
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
+        Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
+        Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Test { host_only, filter, iommu, debug_kernel } => {
             let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel })?;

@@ -37,11 +37,23 @@ pub struct NvmeSpec {
     pub throttle_iops: Option<u32>,
     /// Serial number.
     pub serial: Option<String>,
+    /// Back the namespaces with QEMU's null driver (no disk I/O: isolates software and
+    /// emulation cost; reads return zeroes).
+    pub null: bool,
 }
 
 impl Default for NvmeSpec {
     fn default() -> Self {
-        NvmeSpec { size: 256 << 20, lbs: 512, mdts: None, qpairs: None, ns: 1, throttle_iops: None, serial: None }
+        NvmeSpec {
+            size: 256 << 20,
+            lbs: 512,
+            mdts: None,
+            qpairs: None,
+            ns: 1,
+            throttle_iops: None,
+            serial: None,
+            null: false,
+        }
     }
 }
 
@@ -82,7 +94,12 @@ impl std::str::FromStr for NvmeSpec {
                 }
                 "throttle_iops" => spec.throttle_iops = Some(v.parse()?),
                 "serial" => spec.serial = Some(v.to_string()),
-                _ => bail!("unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, ns, throttle_iops, serial)"),
+                "backend" => match v {
+                    "file" => spec.null = false,
+                    "null" => spec.null = true,
+                    _ => bail!("backend must be file or null, not {v}"),
+                },
+                _ => bail!("unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, ns, throttle_iops, serial, backend)"),
             }
         }
         if spec.size == 0 || spec.size % u64::from(spec.lbs) != 0 {
@@ -258,9 +275,13 @@ fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> 
         }
         a.extend(["-device".into(), dev]);
         for n in 1..=spec.ns {
-            let img = dir.join(format!("nvme{i}n{n}.img"));
-            fs::File::create(&img)?.set_len(spec.size)?;
-            let mut drive = format!("file={},if=none,id=d{i}n{n},format=raw,cache=unsafe", img.display());
+            let mut drive = if spec.null {
+                format!("driver=null-co,size={},read-zeroes=on,if=none,id=d{i}n{n}", spec.size)
+            } else {
+                let img = dir.join(format!("nvme{i}n{n}.img"));
+                fs::File::create(&img)?.set_len(spec.size)?;
+                format!("file={},if=none,id=d{i}n{n},format=raw,cache=unsafe", img.display())
+            };
             if let Some(t) = spec.throttle_iops {
                 write!(drive, ",throttling.iops-total={t}")?;
             }
@@ -417,6 +438,8 @@ mod tests {
         assert_eq!((s.ns, s.qpairs, s.throttle_iops, s.serial.as_deref()), (2, Some(1), Some(2), Some("abc")));
         assert!("lbs=1024".parse::<NvmeSpec>().is_err());
         assert!("bogus=1".parse::<NvmeSpec>().is_err());
+        assert!("backend=null".parse::<NvmeSpec>().unwrap().null);
+        assert!("backend=tape".parse::<NvmeSpec>().is_err());
         assert!("ns=0".parse::<NvmeSpec>().is_err());
         assert!("size=1000,lbs=4096".parse::<NvmeSpec>().is_err());
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);

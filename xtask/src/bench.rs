@@ -1,0 +1,283 @@
+//! `cargo xtask bench`: one VM boot, two emulated controllers (file-backed, and null-backed to
+//! isolate software and emulation cost), the kernel path (fio, io_uring, O_DIRECT, fixed buffers,
+//! registered files) and ugds (`ugds bench`) on the same grid, side by side; plus the data path's
+//! own cost on the host. Writes JSON, a markdown table with ratios and PNG plots.
+
+use crate::{bind, kernel, kmod, toolchain, vm};
+use anyhow::{bail, Context, Result};
+use plotters::prelude::*;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
+const DEPTHS: &[usize] = &[1, 8, 32, 128];
+const RWS: &[&str] = &["randread", "randwrite"];
+const MARK: &str = "BENCH-POINT ";
+
+/// Host side.
+pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
+    let t = Instant::now();
+    let root = toolchain::workspace_root();
+    toolchain::run(Command::new("bash").arg(root.join("ci/setup.sh")))?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    toolchain::run(Command::new(&cargo).current_dir(&root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "ugds",
+        "--bins",
+    ]))?;
+    toolchain::run(Command::new(&cargo).current_dir(&root).args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "ugds",
+        "--features",
+        "test-utils",
+        "--example",
+        "datapath_cost",
+    ]))?;
+    let k = kernel::ensure(kernel::Flavour::Normal)?;
+    let ko = kmod::build_for_test_kernel(&k)?;
+    let cli = root.join("target/release/ugds");
+    let me = std::env::current_exe()?;
+    let cfg = vm::VmConfig {
+        nvme: vec!["size=2G,lbs=4096".parse()?, "size=2G,lbs=4096,backend=null".parse()?],
+        iommu: false,
+        bind_module: None,
+        mem: "2G".into(),
+        timeout: Duration::from_secs(1800),
+        env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
+        cmd: vec![me.display().to_string(), "bench-guest".into(), cli.display().to_string(), seconds.to_string()],
+    };
+    eprintln!(
+        "bench: booting the VM ({} points x 2 engines x 2 controllers, {seconds} s each)",
+        SIZES.len() * DEPTHS.len() * RWS.len()
+    );
+    let outcome = vm::run(&cfg, &k, true)?;
+    if outcome.code != 0 {
+        bail!("the benchmark failed in the VM (exit {})", outcome.code);
+    }
+    let points: Vec<Value> = outcome
+        .output
+        .lines()
+        .filter_map(|l| l.find(MARK).map(|i| &l[i + MARK.len()..]))
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let micro = microbench(&root)?;
+    let dir = out.unwrap_or_else(|| root.join("target/bench"));
+    std::fs::create_dir_all(&dir)?;
+    let all = json!({ "points": points, "datapath_cost": micro, "seconds_per_point": seconds });
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&all)?)?;
+    let md = table(&points, &micro);
+    std::fs::write(dir.join("results.md"), &md)?;
+    let plots = plot(&points, &dir)?;
+    println!("{md}");
+    println!("wrote results.json, results.md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
+    Ok(())
+}
+
+/// The data path's own cost: ns per command natively, instructions per command from two
+/// callgrind runs (the difference cancels start-up).
+fn microbench(root: &Path) -> Result<Value> {
+    let bin = root.join("target/release/examples/datapath_cost");
+    let native = toolchain::output(Command::new(&bin).args(["4000000", "1"]))?;
+    let ns = native.split_whitespace().nth(2).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let count = |n: u64| -> Result<u64> {
+        let out = Command::new("valgrind")
+            .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+            .arg(&bin)
+            .args([n.to_string(), "1".into()])
+            .output()
+            .context("running valgrind (apt-get install valgrind)")?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        text.lines()
+            .find_map(|l| l.split("Collected :").nth(1))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no callgrind total")
+    };
+    let (a, b) = (count(20_000)?, count(40_000)?);
+    let instr = (b.saturating_sub(a)) as f64 / 20_000.0;
+    Ok(json!({ "ns_per_command": ns, "instructions_per_command": instr }))
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or(0.0)
+}
+
+fn table(points: &[Value], micro: &Value) -> String {
+    let mut s = String::new();
+    for backend in ["file", "null"] {
+        let _ = writeln!(
+            s,
+            "\n### {backend}-backed controller\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 us | ugds p50/p99 us |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for rw in RWS {
+            for size in SIZES {
+                for depth in DEPTHS {
+                    let find = |engine: &str| {
+                        points.iter().find(|p| {
+                            p["backend"] == backend
+                                && p["engine"] == engine
+                                && p["rw"] == *rw
+                                && p["size"] == *size
+                                && p["depth"] == *depth
+                        })
+                    };
+                    if let (Some(k), Some(u)) = (find("kernel"), find("ugds")) {
+                        let _ = writeln!(
+                            s,
+                            "| {rw} | {size} | {depth} | {:.0} | {:.0} | {:.2}x | {:.0} / {:.0} | {:.0} / {:.0} |",
+                            f(k, "iops"),
+                            f(u, "iops"),
+                            f(u, "iops") / f(k, "iops").max(1.0),
+                            f(k, "p50_us"),
+                            f(k, "p99_us"),
+                            f(u, "p50_us"),
+                            f(u, "p99_us")
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nData path's own cost (host, in-memory device stepped on the same thread, 4 KiB reads, burst 1): {:.1} ns and {:.0} instructions per command (device model included).",
+        f(micro, "ns_per_command"),
+        f(micro, "instructions_per_command")
+    );
+    s
+}
+
+fn plot(points: &[Value], dir: &Path) -> Result<usize> {
+    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+        .context("the DejaVu font (apt-get install fonts-dejavu-core)")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("font"))?;
+    let mut n = 0;
+    for backend in ["file", "null"] {
+        for rw in RWS {
+            let path = dir.join(format!("iops-{backend}-{rw}.png"));
+            let root = BitMapBackend::new(&path, (900, 600)).into_drawing_area();
+            root.fill(&WHITE)?;
+            let max = points
+                .iter()
+                .filter(|p| p["backend"] == backend && p["rw"] == *rw)
+                .map(|p| f(p, "iops"))
+                .fold(1.0, f64::max);
+            let mut chart = ChartBuilder::on(&root)
+                .caption(format!("{rw}, {backend}-backed QEMU NVMe: IOPS vs queue depth"), ("sans-serif", 22))
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(0f64..3.2f64, 0f64..max * 1.1)?;
+            chart
+                .configure_mesh()
+                .x_desc("log4(queue depth): 0=1, 1=4... (points at 1, 8, 32, 128)")
+                .y_desc("IOPS")
+                .draw()?;
+            let colors = [RED, BLUE, GREEN, MAGENTA];
+            for (ci, size) in SIZES.iter().enumerate() {
+                for (engine, dashed) in [("ugds", false), ("kernel", true)] {
+                    let series: Vec<(f64, f64)> = DEPTHS
+                        .iter()
+                        .filter_map(|d| {
+                            points
+                                .iter()
+                                .find(|p| {
+                                    p["backend"] == backend
+                                        && p["engine"] == engine
+                                        && p["rw"] == *rw
+                                        && p["size"] == *size
+                                        && p["depth"] == *d
+                                })
+                                .map(|p| ((*d as f64).ln() / 4f64.ln(), f(p, "iops")))
+                        })
+                        .collect();
+                    let style = colors[ci].stroke_width(if dashed { 1 } else { 3 });
+                    chart
+                        .draw_series(LineSeries::new(series, style))?
+                        .label(format!("{engine} {size}"))
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+                }
+            }
+            chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+            root.present()?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn sh(cmd: &str) -> Result<String> {
+    toolchain::output(Command::new("/bin/sh").arg("-c").arg(cmd))
+}
+
+fn controllers() -> Result<Vec<String>> {
+    let mut v: Vec<String> = std::fs::read_dir("/sys/bus/pci/devices")?
+        .filter_map(|e| e.ok())
+        .filter(|e| std::fs::read_to_string(e.path().join("class")).map(|c| c.trim() == "0x010802").unwrap_or(false))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Guest side: both engines on both controllers, one JSON line per point.
+pub fn guest(cli: &str, seconds: u64) -> Result<()> {
+    if !Path::new("/sys/module/ugds").exists() {
+        sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
+    }
+    for (addr, backend) in controllers()?.into_iter().zip(["file", "null"]) {
+        let ctrl = std::fs::read_dir(format!("/sys/bus/pci/devices/{addr}/nvme"))?.next().context("nvme")??.file_name();
+        let blk = format!("/dev/{}n1", ctrl.to_string_lossy());
+        // Fill the working set once, so reads of the file-backed drive read data.
+        if backend == "file" {
+            sh(&format!("fio --name=fill --filename={blk} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size=1G --output=/dev/null"))?;
+        }
+        for rw in RWS {
+            for size in SIZES {
+                for depth in DEPTHS {
+                    let out = sh(&format!(
+                        "fio --output-format=json --name=k --filename={blk} --ioengine=io_uring --direct=1 --fixedbufs \
+                         --registerfiles --rw={rw} --bs={size} --iodepth={depth} --size=1G --runtime={seconds} --time_based --randrepeat=0"
+                    ))?;
+                    let v: Value = serde_json::from_str(out.get(out.find('{').unwrap_or(0)..).unwrap_or(""))?;
+                    let side = if rw.contains("write") { &v["jobs"][0]["write"] } else { &v["jobs"][0]["read"] };
+                    let pct = |p: &str| side["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
+                    println!(
+                        "{MARK}{}",
+                        json!({"engine": "kernel", "backend": backend, "rw": rw, "size": size, "depth": depth,
+                               "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")})
+                    );
+                }
+            }
+        }
+        bind::bind(&addr)?;
+        let node = bind::ugds_nodes(&addr).first().map(|n| format!("/dev/{n}")).context("no ugds node")?;
+        for rw in RWS {
+            let urw = if *rw == "randread" { "read" } else { "write" };
+            for size in SIZES {
+                for depth in DEPTHS {
+                    let out = sh(&format!(
+                        "{cli} --json bench {node} --rw {urw} --size {size} --depth {depth} --seconds {seconds} --span 1G"
+                    ))?;
+                    let mut v: Value = serde_json::from_str(&out)?;
+                    v["engine"] = json!("ugds");
+                    v["backend"] = json!(backend);
+                    v["rw"] = json!(rw);
+                    v["size"] = json!(size);
+                    println!("{MARK}{v}");
+                }
+            }
+        }
+        bind::unbind(&addr)?;
+    }
+    Ok(())
+}
