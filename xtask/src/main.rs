@@ -122,6 +122,9 @@ enum Cmd {
         /// Use the debug kernel flavour (KASAN, lockdep, DEBUG_ATOMIC_SLEEP).
         #[arg(long)]
         debug_kernel: bool,
+        /// Skip the second pass with the guest IOMMU on.
+        #[arg(long)]
+        quick: bool,
     },
 }
 
@@ -174,8 +177,8 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
-        Cmd::Test { host_only, filter, iommu, debug_kernel } => {
-            let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel })?;
+        Cmd::Test { host_only, filter, iommu, debug_kernel, quick } => {
+            let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel, quick })?;
             println!("{} passed, {} failed", summary.passed, summary.failed);
             if summary.failed > 0 {
                 std::process::exit(1);
