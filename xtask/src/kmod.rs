@@ -8,6 +8,14 @@ use std::process::Command;
 /// Builds `ugds.ko` against the kernel build tree `kdir` with `rustc`, returning its path.
 pub fn build(kdir: &Path, rustc: &Path) -> Result<PathBuf> {
     let src = toolchain::workspace_root().join("kmod");
+    // Objects built against another kernel tree must not be reused: clean when it changes.
+    let stamp = src.join(".ugds-kdir");
+    let want = kdir.display().to_string();
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(want.as_str()) {
+        let _ = Command::new("make").arg("-C").arg(&src).arg(format!("KDIR={want}")).arg("clean").output();
+        let _ = std::fs::remove_file(src.join("bindings_generated.rs"));
+        std::fs::write(&stamp, &want)?;
+    }
     let out = Command::new("make")
         .arg("-C")
         .arg(&src)
