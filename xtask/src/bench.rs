@@ -176,10 +176,10 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                 .margin(15)
                 .x_label_area_size(40)
                 .y_label_area_size(70)
-                .build_cartesian_2d(0f64..3.2f64, 0f64..max * 1.1)?;
+                .build_cartesian_2d(0f64..7.2f64, 0f64..max * 1.1)?;
             chart
                 .configure_mesh()
-                .x_desc("log4(queue depth): 0=1, 1=4... (points at 1, 8, 32, 128)")
+                .x_desc("log2(queue depth or batch size): 0 = 1, 3 = 8, 5 = 32, 7 = 128")
                 .y_desc("IOPS")
                 .draw()?;
             let colors = [RED, BLUE, GREEN, MAGENTA];
@@ -197,7 +197,7 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                                         && p["size"] == *size
                                         && p["depth"] == *d
                                 })
-                                .map(|p| ((*d as f64).ln() / 4f64.ln(), f(p, "iops")))
+                                .map(|p| ((*d as f64).log2(), f(p, "iops")))
                         })
                         .collect();
                     let style = colors[ci].stroke_width(if dashed { 1 } else { 3 });
