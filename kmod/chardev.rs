@@ -283,16 +283,22 @@ fn insert_registration(c: &Controller, handle: FileHandle, backing: Backing) -> 
 }
 
 fn get_segments(c: &Controller, handle: FileHandle, a: &GetSegments) -> Result<isize> {
-    let inner = c.inner.lock();
-    let r = find_reg(&inner.regs, handle, a.id, a.generation)?;
-    let segs = r.segments();
-    let first = a.first as usize;
-    if first > segs.len() {
-        return Err(EINVAL);
+    // Copy out of the lock first: copy_to_user may fault and take mmap_lock, which mmap holds
+    // while it takes our lock (lockdep found this ordering under the debug kernel).
+    let mut out = KVVec::new();
+    {
+        let inner = c.inner.lock();
+        let r = find_reg(&inner.regs, handle, a.id, a.generation)?;
+        let segs = r.segments();
+        let first = a.first as usize;
+        if first > segs.len() {
+            return Err(EINVAL);
+        }
+        let n = (a.count as usize).min(segs.len() - first);
+        out.extend_from_slice(&segs[first..first + n], GFP_KERNEL)?;
     }
-    let n = (a.count as usize).min(segs.len() - first);
-    write_slice(a.segments as usize, &segs[first..first + n])?;
-    Ok(n as isize)
+    write_slice(a.segments as usize, &out)?;
+    Ok(out.len() as isize)
 }
 
 fn find_reg<'a>(
