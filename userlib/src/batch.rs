@@ -8,9 +8,8 @@
 //! commands (resetting the controller if they do not finish), so memory is never released while
 //! the SSD may still write it.
 
-use crate::device::{Device, Inner, Namespace, Registration};
+use crate::device::{create_queue_pair, Device, Inner, Namespace, Registration};
 use crate::error::{Error, Result};
-use crate::mmio::Mapping;
 use crate::queue::{Command, QueuePair};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,18 +107,8 @@ impl<'a> Batch<'a> {
         if depth > inner.info.max_queue_entries {
             return Err(Error::invalid("capacity", format!("at most {}", inner.info.max_queue_entries - 1)));
         }
-        let fd = inner.fd.raw();
-        let mut a = CreateQpair { depth, ..Default::default() };
-        inner.fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
-        let sq = Mapping::map(fd, a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
-        let cq = Mapping::map(fd, a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
-        let prp = Mapping::map(fd, a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
-        let db_len = (4096usize).max(
-            ((2 * inner.info.max_qpairs as usize + 2) * inner.info.doorbell_stride as usize).next_multiple_of(4096),
-        );
-        let doorbells = Arc::new(Mapping::map(fd, MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
         let (epoch, _) = crate::queue::read_status(&inner.status);
-        let qp = QueuePair::new(&a, sq, cq, prp, doorbells, epoch, None);
+        let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch)?;
         let timeout = inner.timeout;
         Ok(Batch {
             dev: inner,

@@ -36,6 +36,8 @@ pub(crate) struct Inner {
     pub(crate) fd: DeviceFd,
     pub(crate) info: DeviceInfo,
     pub(crate) status: Mapping,
+    /// The doorbell page(s), shared by every queue pair of this open file.
+    pub(crate) doorbells: Arc<Mapping>,
     queues: Vec<QueuePair>,
     pub(crate) timeout: Duration,
     /// Largest transfer of one command.
@@ -46,6 +48,32 @@ pub(crate) struct Inner {
 #[derive(Debug, Clone)]
 pub struct Device {
     pub(crate) inner: Arc<Inner>,
+}
+
+/// Creates a queue pair of `depth` entries on the controller and maps its SQ, CQ and PRP pool;
+/// in interrupt mode also attaches an eventfd to its MSI-X vector.
+pub(crate) fn create_queue_pair(
+    fd: &DeviceFd,
+    depth: u32,
+    interrupts: bool,
+    doorbells: &Arc<Mapping>,
+    epoch: u64,
+) -> Result<QueuePair> {
+    let flags = if interrupts { QPAIR_FLAG_IRQ } else { 0 };
+    let mut a = CreateQpair { depth, flags, ..Default::default() };
+    fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
+    let irq = if interrupts {
+        let ev = EventFd::new()?;
+        let mut s = SetEventfd { qid: a.qid, fd: ev.raw() };
+        fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s)?;
+        Some(ev)
+    } else {
+        None
+    };
+    let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
+    let cq = Mapping::map(fd.raw(), a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
+    let prp = Mapping::map(fd.raw(), a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
+    Ok(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch, irq))
 }
 
 /// Largest transfer per command the library builds (one PRP-list page with an unaligned start
@@ -123,21 +151,7 @@ impl Device {
         let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {
-            let flags = if opts.interrupts { QPAIR_FLAG_IRQ } else { 0 };
-            let mut a = CreateQpair { depth: opts.depth, flags, ..Default::default() };
-            fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
-            let irq = if opts.interrupts {
-                let ev = EventFd::new()?;
-                let mut s = SetEventfd { qid: a.qid, fd: ev.raw() };
-                fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s)?;
-                Some(ev)
-            } else {
-                None
-            };
-            let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
-            let cq = Mapping::map(fd.raw(), a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
-            let prp = Mapping::map(fd.raw(), a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
-            queues.push(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch, irq));
+            queues.push(create_queue_pair(&fd, opts.depth, opts.interrupts, &doorbells, epoch)?);
         }
         let mdts = if info.mdts_bytes == 0 { u64::MAX } else { info.mdts_bytes as u64 };
         Ok(Device {
@@ -145,6 +159,7 @@ impl Device {
                 fd,
                 info,
                 status,
+                doorbells,
                 queues,
                 timeout: opts.timeout,
                 max_cmd_bytes: mdts.min(MAX_CMD_BYTES),
@@ -286,15 +301,9 @@ impl Namespace {
         Namespace { timeout, ..self.clone() }
     }
 
-    /// Checks a request against the namespace and the registration; the error names the
-    /// argument. Returns the starting LBA and block count.
-    pub(crate) fn check_io(
-        &self,
-        reg: &Registration,
-        reg_offset: u64,
-        dev_offset: u64,
-        len: u64,
-    ) -> Result<(u64, u32)> {
+    /// Checks a data request against the namespace and the registration; the error names the
+    /// argument.
+    fn check_request(&self, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
         self.check_range(dev_offset, len)?;
         if !Arc::ptr_eq(&reg.dev, &self.dev) {
             return Err(Error::invalid("reg", "registered on another device"));
@@ -308,6 +317,19 @@ impl Namespace {
         if !reg_offset.is_multiple_of(4) {
             return Err(Error::invalid("reg_offset", "must be a multiple of 4 (PRP alignment)"));
         }
+        Ok(())
+    }
+
+    /// Checks a single-command request (batches): [`Namespace::check_request`] plus the
+    /// per-command size limit. Returns the starting LBA and block count.
+    pub(crate) fn check_io(
+        &self,
+        reg: &Registration,
+        reg_offset: u64,
+        dev_offset: u64,
+        len: u64,
+    ) -> Result<(u64, u32)> {
+        self.check_request(reg, reg_offset, dev_offset, len)?;
         let shift = self.info.lba_shift;
         let blocks = len >> shift;
         let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift);
@@ -370,19 +392,7 @@ impl Namespace {
     }
 
     fn rw(&self, write: bool, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
-        self.check_range(dev_offset, len)?;
-        if !Arc::ptr_eq(&reg.dev, &self.dev) {
-            return Err(Error::invalid("reg", "registered on another device"));
-        }
-        if reg_offset.checked_add(len).is_none_or(|e| e > reg.len) {
-            return Err(Error::invalid(
-                "reg_offset",
-                format!("[{reg_offset}, +{len}) runs past the {}-byte registration", reg.len),
-            ));
-        }
-        if !reg_offset.is_multiple_of(4) {
-            return Err(Error::invalid("reg_offset", "must be a multiple of 4 (PRP alignment)"));
-        }
+        self.check_request(reg, reg_offset, dev_offset, len)?;
         let shift = self.info.lba_shift;
         let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift) & !(self.block_size() - 1);
         let mut done = 0u64;

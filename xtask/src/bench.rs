@@ -21,27 +21,8 @@ const MARK: &str = "BENCH-POINT ";
 pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
     let t = Instant::now();
     let root = toolchain::workspace_root();
-    toolchain::run(Command::new("bash").arg(root.join("ci/setup.sh")))?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    toolchain::run(Command::new(&cargo).current_dir(&root).args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "ugds",
-        "--bins",
-    ]))?;
-    toolchain::run(Command::new(&cargo).current_dir(&root).args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "ugds",
-        "--features",
-        "test-utils",
-        "--example",
-        "datapath_cost",
-    ]))?;
+    toolchain::setup_and_build_release(&["-p", "ugds", "--bins"])?;
+    toolchain::setup_and_build_release(&["-p", "ugds", "--features", "test-utils", "--example", "datapath_cost"])?;
     let k = kernel::ensure(kernel::Flavour::Normal)?;
     let ko = kmod::build_for_test_kernel(&k)?;
     let cli = root.join("target/release/ugds");

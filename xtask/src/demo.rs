@@ -21,17 +21,8 @@ const ROWS: &[(&str, &str, &str, usize)] = &[
 /// Host side: set up, build, boot the VM (or run on a real device), report.
 pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
     let t = Instant::now();
-    let root = toolchain::workspace_root();
-    toolchain::run(Command::new("bash").arg(root.join("ci/setup.sh"))).context("installing prerequisites")?;
-    toolchain::run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())).current_dir(&root).args([
-        "build",
-        "--quiet",
-        "--release",
-        "-p",
-        "ugds",
-        "--bins",
-    ]))?;
-    let cli = root.join("target/release/ugds");
+    let release = toolchain::setup_and_build_release(&["-p", "ugds", "--bins"])?;
+    let cli = release.join("ugds");
     let me = std::env::current_exe()?;
     if let Some(dev) = device {
         return guest(&cli.display().to_string(), &dev, seconds);

@@ -86,3 +86,13 @@ pub fn tail(path: &Path, n: usize) -> String {
 pub fn jobs() -> usize {
     std::thread::available_parallelism().map(|n| n.get() + 1).unwrap_or(3)
 }
+
+/// Installs what is missing (`ci/setup.sh`) and builds `cargo build --release` with `args`
+/// (the CLI and examples the demo and the benchmark run). Returns the release folder.
+pub fn setup_and_build_release(args: &[&str]) -> Result<PathBuf> {
+    let root = workspace_root();
+    run(Command::new("bash").arg(root.join("ci/setup.sh"))).context("installing prerequisites")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(cargo).current_dir(&root).args(["build", "--quiet", "--release"]).args(args))?;
+    Ok(root.join("target/release"))
+}
