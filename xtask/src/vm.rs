@@ -335,8 +335,7 @@ pub fn run(cfg: &VmConfig, kernel: &TestKernel, echo: bool) -> Result<VmOutcome>
             while !done.load(Ordering::Relaxed) {
                 if start.elapsed() > timeout {
                     timed_out.store(true, Ordering::Relaxed);
-                    // SAFETY-free: plain kill(2) of our own child by pid.
-                    unsafe_kill(pid);
+                    kill_child(pid);
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -391,7 +390,8 @@ pub fn run(cfg: &VmConfig, kernel: &TestKernel, echo: bool) -> Result<VmOutcome>
     }
 }
 
-fn unsafe_kill(pid: u32) {
+/// Kills QEMU (our child) at the timeout.
+fn kill_child(pid: u32) {
     // CAST: pids fit in i32.
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe {
