@@ -98,6 +98,16 @@ pub struct Batch<'a> {
     timeout: Duration,
 }
 
+impl Slot<'_> {
+    /// The entry's command is over (completed, or the controller was reset): uncount it.
+    fn release(&self) {
+        self.reg.sub_inflight(1);
+        if self.device_writes {
+            self.reg.end_device_writes(1);
+        }
+    }
+}
+
 impl<'a> Batch<'a> {
     /// Creates a batch of up to `capacity` entries in flight, with its own queue pair (all
     /// allocation happens here, so the first submit is as fast as later ones).
@@ -177,12 +187,7 @@ impl<'a> Batch<'a> {
         let Some(nsid) = nsid else { return Ok(()) };
         let mut cids = vec![0u16; cmds.len()];
         if let Err(e) = self.qp.submit(nsid, &cmds, &self.dev.status, self.timeout, &mut cids) {
-            for s in &slots {
-                s.reg.sub_inflight(1);
-                if s.device_writes {
-                    s.reg.end_device_writes(1);
-                }
-            }
+            slots.iter().for_each(Slot::release);
             return Err(e);
         }
         for (s, c) in slots.iter_mut().zip(cids) {
@@ -190,14 +195,6 @@ impl<'a> Batch<'a> {
         }
         self.pending.extend(slots);
         Ok(())
-    }
-
-    fn release(&mut self, i: usize) {
-        let s = &self.pending[i];
-        s.reg.sub_inflight(1);
-        if s.device_writes {
-            s.reg.end_device_writes(1);
-        }
     }
 
     fn collect_once(&mut self) -> Result<()> {
@@ -216,7 +213,7 @@ impl<'a> Batch<'a> {
             if self.pending[i].status.is_none() {
                 if let Some(st) = self.done[k] {
                     self.pending[i].status = Some(st);
-                    self.release(i);
+                    self.pending[i].release();
                 }
                 k += 1;
             }
@@ -269,7 +266,7 @@ impl<'a> Batch<'a> {
             self.qp.resync(&self.dev.status);
             for i in 0..self.pending.len() {
                 if self.pending[i].status.is_none() {
-                    self.release(i);
+                    self.pending[i].release();
                 }
             }
         }

@@ -416,48 +416,26 @@ impl QueuePair {
         let mut cids = [0u16; MAX_BURST];
         let start = Instant::now();
         self.submit(nsid, cmds, status, timeout, &mut cids)?;
-        // Phase 2: poll until all of ours completed.
+        // Phase 2: collect until all of ours completed.
+        let mut out = [None; MAX_BURST];
+        let mut got = 0;
         let mut spins = 0u32;
         loop {
-            {
-                let mut r = self.lock();
-                self.check_epoch(&mut r, status)?;
-                self.reap(&mut r)?;
-                if cids[..n].iter().all(|c| r.done[*c as usize].is_some()) {
-                    let mut first_err = None;
-                    for (i, c) in cids[..n].iter().enumerate() {
-                        let d = r.done[*c as usize].take();
-                        r.busy[*c as usize] = false;
-                        r.free.push(*c);
-                        if let Some(d) = d {
-                            if d.raw != 0 && first_err.is_none() {
-                                first_err =
-                                    Some(Error::Nvme { op: cmds[i].name(), slba: cmds[i].slba(), status: d.status() });
-                            }
-                        }
+            got += self.collect(&cids[..n], status, &mut out[..n])?;
+            if got == n {
+                for (i, st) in out[..n].iter().enumerate() {
+                    if let Some(st) = st.filter(|s| !s.is_success()) {
+                        return Err(Error::Nvme { op: cmds[i].name(), slba: cmds[i].slba(), status: st });
                     }
-                    return first_err.map_or(Ok(()), Err);
                 }
+                return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if let Some(ev) = &self.irq {
-                // Polled once above; now sleep until the interrupt (or a short safety timeout,
-                // in case another waiter consumed our wake-up).
-                ev.wait(10);
-                if start.elapsed() > timeout {
-                    return Err(Error::Timeout {
-                        op: cmds[0].name(),
-                        slba: cmds[0].slba(),
-                        timeout_ms: timeout.as_millis() as u64,
-                    });
-                }
-                continue;
-            }
-            std::hint::spin_loop();
-            if spins.is_multiple_of(4096) && start.elapsed() > timeout {
-                // The commands stay marked busy: their ids and PRP pages are not reused, and
-                // the memory they name stays registered (the caller's borrow ends, but the
-                // registration counts them). A controller reset clears them.
+            self.wait_a_little();
+            // Interrupt mode slept above; polling reads the clock only now and then.
+            if (self.irq.is_some() || spins.is_multiple_of(4096)) && start.elapsed() > timeout {
+                // The uncollected commands stay marked busy: their ids and PRP pages are not
+                // reused, and the registration keeps counting them. A controller reset clears them.
                 return Err(Error::Timeout {
                     op: cmds[0].name(),
                     slba: cmds[0].slba(),
