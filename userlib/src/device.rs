@@ -391,7 +391,7 @@ impl Namespace {
         self.rw(true, reg, reg_offset, dev_offset, len)
     }
 
-    fn rw(&self, write: bool, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
+    pub(crate) fn rw(&self, write: bool, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
         self.check_request(reg, reg_offset, dev_offset, len)?;
         let shift = self.info.lba_shift;
         let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift) & !(self.block_size() - 1);

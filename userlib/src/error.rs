@@ -83,6 +83,32 @@ pub enum Error {
     /// The device returned something impossible (unknown or duplicate command id, ...).
     #[error("device protocol violation: {0}")]
     DeviceProtocol(String),
+    /// A GPU runtime call failed.
+    #[error("{op} failed: {reason}")]
+    Gpu {
+        /// The runtime call.
+        op: &'static str,
+        /// The runtime's error name.
+        reason: String,
+    },
+    /// This machine cannot do what was asked; `fix` says what would make it possible.
+    #[error("{what} is not possible here: {why}; {fix}")]
+    Unsupported {
+        /// What was attempted.
+        what: &'static str,
+        /// Why it cannot work.
+        why: String,
+        /// What to do about it.
+        fix: &'static str,
+    },
+    /// A system call of the fallback path failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// The operation and its target.
+        op: String,
+        /// The errno.
+        source: std::io::Error,
+    },
 }
 
 /// Result with [`Error`].
@@ -92,5 +118,23 @@ impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { arg, reason: reason.into() }
+    }
+
+    /// The negative errno that stands for this error in result slots and the C ABI.
+    pub fn errno(&self) -> i32 {
+        let e = match self {
+            Error::Open { source, .. } | Error::Control { source, .. } | Error::Io { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
+            Error::AbiMismatch { .. } => libc::EPROTO,
+            Error::InvalidArgument { .. } => libc::EINVAL,
+            Error::NoNamespace(_) => libc::ENODEV,
+            Error::Nvme { .. } | Error::DeviceProtocol(_) | Error::Gpu { .. } => libc::EIO,
+            Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::DeviceFaulted | Error::EpochChanged { .. } => libc::EAGAIN,
+            Error::RegistrationBusy { .. } => libc::EBUSY,
+            Error::Unsupported { .. } => libc::EOPNOTSUPP,
+        };
+        -e
     }
 }

@@ -13,16 +13,30 @@
 
 pub mod batch;
 pub mod device;
+pub mod doctor;
+pub mod engine;
 pub mod error;
+pub mod fallback;
+pub mod gpu;
 pub mod mmio;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
 pub mod pattern;
 pub mod prp;
 pub mod queue;
+pub mod storage;
+pub mod storage_batch;
+pub mod stream;
+pub mod stream_io;
 pub mod sys;
 
 pub use batch::{Batch, IoEvent, IoParams, IoStatus, Op};
 pub use device::{Device, DeviceOptions, HostView, Namespace, Registration};
 pub use error::{Error, Result};
+pub use fallback::FileTarget;
+pub use gpu::{Gpu, GpuMemory};
+pub use storage::{Buffer, Path, PathCounts, Storage};
+pub use storage_batch::{IoRequest, StorageBatch};
+pub use stream::{CpuStream, Stream};
+pub use stream_io::{AsyncArgs, AsyncOp, StreamIo};
 pub use ugds_uapi as uapi;

@@ -104,7 +104,32 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         depth: usize,
     },
+    /// What decides the I/O path on this machine, each finding with a verdict and the fix.
+    Doctor,
+    /// The fallback path into GPU memory vs pread(O_DIRECT)+copy vs the disk alone.
+    BenchGpu {
+        /// The file to read (created with a pattern when missing or short).
+        #[arg(long)]
+        file: String,
+        /// Its size.
+        #[arg(long, value_parser = size, default_value = "2G")]
+        file_size: u64,
+        /// I/O sizes.
+        #[arg(long, value_parser = size, value_delimiter = ',', default_value = "4K,64K,1M,4M,16M")]
+        sizes: Vec<u64>,
+        /// Thread counts.
+        #[arg(long, value_delimiter = ',', default_value = "1,8")]
+        threads: Vec<usize>,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+        /// Use the CPU stand-in runtime instead of CUDA.
+        #[arg(long)]
+        cpu: bool,
+    },
 }
+
+mod gpu_bench;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -121,6 +146,31 @@ const CHUNK: u64 = 8 << 20;
 
 fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
+        Cmd::Doctor => {
+            let findings = ugds::doctor::diagnose();
+            for f in &findings {
+                if cli.json {
+                    println!(
+                        "{{\"topic\":{:?},\"verdict\":\"{:?}\",\"detail\":{:?},\"fix\":{:?}}}",
+                        f.topic, f.verdict, f.detail, f.fix
+                    );
+                    continue;
+                }
+                let tag = match f.verdict {
+                    ugds::doctor::Verdict::Ok => "[ ok ]",
+                    ugds::doctor::Verdict::Warn => "[warn]",
+                    ugds::doctor::Verdict::No => "[ no ]",
+                    ugds::doctor::Verdict::Info => "[info]",
+                };
+                println!("{tag} {:<14} {}", f.topic, f.detail);
+                if !f.fix.is_empty() {
+                    println!("       {:<14} fix: {}", "", f.fix);
+                }
+            }
+        }
+        Cmd::BenchGpu { file, file_size, sizes, threads, seconds, cpu } => {
+            gpu_bench::run(gpu_bench::Params { file, file_size, sizes, threads, seconds, cpu, json: cli.json })?
+        }
         Cmd::Info { dev } => {
             let d = Device::open_with(&dev, DeviceOptions { queues: 1, ..Default::default() })?;
             let i = d.info();
@@ -397,4 +447,14 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
         );
     }
     Ok(())
+}
+
+/// 4096 → "4K", 1 MiB → "1M".
+fn human(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n.is_multiple_of(1 << 30) => format!("{}G", n >> 30),
+        n if n >= 1 << 20 && n.is_multiple_of(1 << 20) => format!("{}M", n >> 20),
+        n if n >= 1 << 10 && n.is_multiple_of(1 << 10) => format!("{}K", n >> 10),
+        n => n.to_string(),
+    }
 }

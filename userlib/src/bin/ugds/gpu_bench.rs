@@ -1,0 +1,168 @@
+//! `ugds bench-gpu`: the fallback path into GPU memory against `pread(O_DIRECT)` + a copy to
+//! the GPU, and against the disk's own O_DIRECT read bandwidth (no GPU), in one run.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds::gpu::Gpu;
+use ugds::{pattern, Storage};
+
+/// What to run.
+pub struct Params {
+    pub file: String,
+    pub file_size: u64,
+    pub sizes: Vec<u64>,
+    pub threads: Vec<usize>,
+    pub seconds: f64,
+    pub cpu: bool,
+    pub json: bool,
+}
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Makes sure the file holds `size` bytes of the pattern.
+fn prepare(path: &str, size: u64) -> Res<()> {
+    if std::fs::metadata(path).map(|m| m.len() >= size).unwrap_or(false) {
+        return Ok(());
+    }
+    let f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path)?;
+    let mut chunk = vec![0u8; 8 << 20];
+    let mut off = 0;
+    while off < size {
+        pattern::fill(1, off, &mut chunk);
+        std::os::unix::fs::FileExt::write_all_at(&f, &chunk, off)?;
+        off += chunk.len() as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Runs `body(thread, iteration)` on `threads` threads for `secs`; returns GB/s.
+fn timed(threads: usize, secs: f64, size: u64, body: impl Fn(usize, u64) -> Res<()> + Sync) -> Res<f64> {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let counts: Vec<Res<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let body = &body;
+                s.spawn(move || -> Res<u64> {
+                    let mut n = 0u64;
+                    while Instant::now() < deadline {
+                        body(t, n)?;
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a benchmark thread panicked".into()))).collect()
+    });
+    let mut total = 0;
+    for c in counts {
+        total += c?;
+    }
+    Ok(total as f64 * size as f64 / start.elapsed().as_secs_f64() / 1e9)
+}
+
+fn offset(t: usize, n: u64, size: u64, file_size: u64) -> u64 {
+    let slots = (file_size / size).max(1);
+    (pattern::splitmix64((t as u64) << 40 | n) % slots) * size
+}
+
+pub fn run(p: Params) -> Res<()> {
+    prepare(&p.file, p.file_size)?;
+    let gpu = if p.cpu { Gpu::cpu() } else { Gpu::cuda()? };
+    let st = Storage::open(&p.file)?;
+    let maxt = p.threads.iter().copied().max().unwrap_or(1);
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p.file)?;
+    let fd = file.as_raw_fd();
+    let mut rows = Vec::new();
+    if !p.json {
+        println!(
+            "device: {}   file: {} ({} MiB, O_DIRECT {})",
+            gpu.runtime().device_name(),
+            p.file,
+            p.file_size >> 20,
+            if st.is_direct() { "n/a" } else { "yes" }
+        );
+        println!(
+            "{:>8} {:>7} {:>14} {:>18} {:>14} {:>12} {:>12}",
+            "size", "threads", "ugds GB/s", "pread+copy GB/s", "disk GB/s", "vs pread+cp", "vs disk"
+        );
+    }
+    for &size in &p.sizes {
+        // Per thread: GPU memory registered with ugds, pinned host memory and a copy queue for
+        // the baseline.
+        let mut bufs = Vec::new();
+        let mut pinned = Vec::new();
+        for _ in 0..maxt {
+            let m = Arc::new(gpu.alloc(size as usize)?);
+            bufs.push((st.register_gpu(m.clone(), true)?, m));
+            pinned.push(gpu.alloc_pinned(size as usize)?);
+        }
+        let queues: Vec<std::sync::Mutex<_>> =
+            (0..maxt).map(|_| gpu.runtime().copy_queue().map(std::sync::Mutex::new)).collect::<Result<_, _>>()?;
+        for &threads in &p.threads {
+            let ugds_bw = timed(threads, p.seconds, size, |t, n| {
+                let got = st.read(&bufs[t].0, 0, offset(t, n, size, p.file_size), size)?;
+                if got != size {
+                    return Err(format!("short read: {got} of {size}").into());
+                }
+                Ok(())
+            })?;
+            let pread = |t: usize, n: u64| -> Res<()> {
+                let h = pinned[t].as_ptr();
+                // SAFETY: `h` is this thread's pinned buffer of `size` bytes.
+                let r = unsafe {
+                    libc::pread(fd, h as *mut libc::c_void, size as usize, offset(t, n, size, p.file_size) as i64)
+                };
+                if r != size as isize {
+                    return Err(format!("pread returned {r}: {}", std::io::Error::last_os_error()).into());
+                }
+                Ok(())
+            };
+            let copy_bw = timed(threads, p.seconds, size, |t, n| {
+                pread(t, n)?;
+                let mut q = queues[t].lock().map_err(|_| "poisoned")?;
+                // SAFETY: pinned[t] holds `size` bytes read above; bufs[t] is `size` bytes of
+                // device memory; we wait before the next pread reuses the buffer.
+                unsafe { q.to_device(bufs[t].1.device_ptr(), pinned[t].as_ptr(), size as usize)? };
+                q.wait()?;
+                Ok(())
+            })?;
+            let disk_bw = timed(threads, p.seconds, size, pread)?;
+            let row = (size, threads, ugds_bw, copy_bw, disk_bw);
+            if p.json {
+                rows.push(format!(
+                    "{{\"size\":{size},\"threads\":{threads},\"ugds_gbps\":{ugds_bw:.3},\"pread_copy_gbps\":{copy_bw:.3},\"disk_gbps\":{disk_bw:.3}}}"
+                ));
+            } else {
+                println!(
+                    "{:>8} {:>7} {:>14.3} {:>18.3} {:>14.3} {:>11.2}x {:>11.2}x",
+                    super::human(row.0),
+                    row.1,
+                    row.2,
+                    row.3,
+                    row.4,
+                    row.2 / row.3,
+                    row.2 / row.4
+                );
+            }
+        }
+    }
+    if p.json {
+        println!("[{}]", rows.join(","));
+    }
+    let c = st.path_counts();
+    if !p.json {
+        println!(
+            "paths: {} fallback, {} direct-host, {} direct-p2p I/Os ({} MiB)",
+            c.fallback,
+            c.direct_host,
+            c.direct_p2p,
+            c.bytes >> 20
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! Worker threads that run I/O for stream-ordered operations and portable batches, so neither
+//! the GPU runtime's callback thread nor the caller blocks for an I/O's duration. Each worker
+//! uses its own queue pair (the direct path spreads threads over queues) or io_uring ring.
+
+use crate::error::{Error, Result};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// A fixed pool of I/O worker threads.
+#[derive(Debug)]
+pub struct Engine {
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts `workers` threads (the number of I/Os that overlap).
+    pub fn new(workers: usize) -> Result<Arc<Engine>> {
+        if workers == 0 {
+            return Err(Error::invalid("workers", "must be at least 1"));
+        }
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::with_capacity(workers);
+        for i in 0..workers {
+            let rx = rx.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("ugds-io-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    match job {
+                        Ok(j) => j(),
+                        Err(_) => return,
+                    }
+                })
+                .map_err(|e| Error::Io { op: "spawning an I/O worker".into(), source: e })?;
+            threads.push(t);
+        }
+        Ok(Arc::new(Engine { tx: Mutex::new(Some(tx)), threads }))
+    }
+
+    /// Queues `f` on a worker.
+    pub fn spawn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        match tx.as_ref() {
+            Some(tx) => tx.send(Box::new(f)).map_err(|_| Error::invalid("engine", "shut down")),
+            None => Err(Error::invalid("engine", "shut down")),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the channel lets each worker finish the queued jobs and exit.
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

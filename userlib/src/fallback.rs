@@ -1,0 +1,351 @@
+//! The fallback path: io_uring with O_DIRECT on a regular file or a block device (owned by the
+//! kernel's driver), and, for GPU memory, pinned host staging chunks with asynchronous copies,
+//! pipelined so that the disk transfer of chunk k+1 overlaps the copy of chunk k.
+//!
+//! Alignment rule (O_DIRECT's): file offsets and lengths are multiples of [`FileTarget::align`];
+//! memory that is not aligned is bounced through an aligned buffer.
+
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, STAGING_CHUNK};
+use io_uring::{opcode, types, IoUring};
+use std::cell::RefCell;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+
+/// One command's size: large enough to stream, small enough that a request is split into many
+/// commands in flight at once.
+const PIECE: usize = 1 << 20;
+/// Commands in flight per request.
+const RING_ENTRIES: u32 = 64;
+
+thread_local! {
+    /// One ring per thread: rings are not shared, so there is no lock on the I/O path.
+    static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+}
+
+/// A regular file or a block device opened for the fallback path.
+#[derive(Debug)]
+pub struct FileTarget {
+    file: File,
+    path: String,
+    direct: bool,
+    align: u64,
+    block_device: bool,
+}
+
+fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {
+    Error::Io { op: op.into(), source: e }
+}
+
+/// `BLKSSZGET` and `BLKGETSIZE64` from <linux/fs.h>.
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+
+impl FileTarget {
+    /// Opens `path` read-write with O_DIRECT (read-only when `writable` is false). File systems
+    /// without O_DIRECT (tmpfs) are opened buffered; [`FileTarget::direct`] says which.
+    pub fn open(path: &str, writable: bool) -> Result<FileTarget> {
+        let open = |flags: i32| std::fs::OpenOptions::new().read(true).write(writable).custom_flags(flags).open(path);
+        let (file, direct) = match open(libc::O_DIRECT) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (open(0).map_err(|e| io_err(format!("open {path}"), e))?, false)
+            }
+            Err(e) => return Err(io_err(format!("open {path}"), e)),
+        };
+        Self::from_file(file, path, direct)
+    }
+
+    /// Uses an open file (the C ABI's descriptor registration). `direct` says whether it was
+    /// opened with O_DIRECT.
+    pub fn from_file(file: File, path: &str, direct: bool) -> Result<FileTarget> {
+        let meta = file.metadata().map_err(|e| io_err(format!("stat {path}"), e))?;
+        let block_device = meta.file_type().is_block_device();
+        let mut align = 512u64;
+        if block_device {
+            let mut ssz: libc::c_int = 0;
+            // SAFETY: BLKSSZGET writes an int.
+            if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut ssz) } == 0 && ssz > 0 {
+                align = ssz as u64;
+            }
+        } else if !meta.file_type().is_file() {
+            return Err(Error::invalid("path", format!("{path} is neither a regular file nor a block device")));
+        }
+        Ok(FileTarget { file, path: path.to_string(), direct, align, block_device })
+    }
+
+    /// Whether the file was opened with O_DIRECT (false on file systems without it).
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Offsets and lengths must be multiples of this.
+    pub fn align(&self) -> u64 {
+        self.align
+    }
+
+    /// The path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Size in bytes (a block device's capacity, a file's length).
+    pub fn capacity(&self) -> Result<u64> {
+        if self.block_device {
+            let mut n: u64 = 0;
+            // SAFETY: BLKGETSIZE64 writes a u64.
+            if unsafe { libc::ioctl(self.file.as_raw_fd(), BLKGETSIZE64, &mut n) } != 0 {
+                return Err(io_err("BLKGETSIZE64", std::io::Error::last_os_error()));
+            }
+            return Ok(n);
+        }
+        Ok(self.file.metadata().map_err(|e| io_err(format!("stat {}", self.path), e))?.len())
+    }
+
+    /// Checks offset and length against the alignment rule.
+    pub fn check(&self, file_offset: u64, len: u64) -> Result<()> {
+        let a = self.align;
+        if len == 0 {
+            return Err(Error::invalid("len", "must be non-zero"));
+        }
+        if !len.is_multiple_of(a) {
+            return Err(Error::invalid("len", format!("{len} is not a multiple of {a} (O_DIRECT alignment)")));
+        }
+        if !file_offset.is_multiple_of(a) {
+            return Err(Error::invalid(
+                "file_offset",
+                format!("{file_offset} is not a multiple of {a} (O_DIRECT alignment)"),
+            ));
+        }
+        if file_offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
+            return Err(Error::invalid("file_offset", "offset + length overflows"));
+        }
+        Ok(())
+    }
+
+    /// Reads up to `len` bytes at `file_offset` into host memory at `ptr`; returns the bytes
+    /// read (fewer at end of file).
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be writable memory that nothing else accesses during the call.
+    pub unsafe fn read_host(&self, ptr: *mut u8, len: usize, file_offset: u64) -> Result<usize> {
+        self.check(file_offset, len as u64)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.transfer(false, ptr, len, file_offset) }
+    }
+
+    /// Writes `len` bytes from host memory at `ptr` to `file_offset`; returns the bytes written.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must be readable memory not written during the call.
+    pub unsafe fn write_host(&self, ptr: *const u8, len: usize, file_offset: u64) -> Result<usize> {
+        self.check(file_offset, len as u64)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.transfer(true, ptr as *mut u8, len, file_offset) }
+    }
+
+    /// Moves `len` bytes between `ptr` and the file, bouncing when `ptr` is not aligned.
+    unsafe fn transfer(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> Result<usize> {
+        if !self.direct || (ptr as u64).is_multiple_of(self.align) {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.ring_io(write, ptr, len, off) };
+        }
+        let bounce = crate::mmio::Mapping::anonymous(PIECE)?;
+        let b = bounce.addr() as *mut u8;
+        let mut done = 0;
+        while done < len {
+            let n = PIECE.min(len - done);
+            // SAFETY: the caller guarantees ptr..ptr+len; the bounce buffer holds PIECE bytes.
+            let got = unsafe {
+                if write {
+                    std::ptr::copy_nonoverlapping(ptr.add(done), b, n);
+                }
+                let got = self.ring_io(write, b, n, off + done as u64)?;
+                if !write {
+                    std::ptr::copy_nonoverlapping(b, ptr.add(done), got);
+                }
+                got
+            };
+            done += got;
+            if got < n {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Splits the request into pieces, all in flight at once on this thread's ring.
+    unsafe fn ring_io(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> Result<usize> {
+        RING.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            if slot.is_none() {
+                *slot = Some(IoUring::new(RING_ENTRIES).map_err(|e| io_err("io_uring_setup", e))?);
+            }
+            let ring = slot.as_mut().ok_or_else(|| Error::invalid("ring", "missing"))?;
+            let fd = types::Fd(self.file.as_raw_fd());
+            let mut done = 0usize;
+            while done < len {
+                // One round: up to RING_ENTRIES pieces.
+                let mut lens = Vec::with_capacity(RING_ENTRIES as usize);
+                let mut pos = done;
+                while pos < len && lens.len() < RING_ENTRIES as usize {
+                    let n = PIECE.min(len - pos);
+                    // SAFETY: the caller guarantees ptr..ptr+len.
+                    let p = unsafe { ptr.add(pos) };
+                    let at = off + pos as u64;
+                    let e = if write {
+                        opcode::Write::new(fd, p, n as u32).offset(at).build()
+                    } else {
+                        opcode::Read::new(fd, p, n as u32).offset(at).build()
+                    }
+                    .user_data(lens.len() as u64);
+                    // SAFETY: the buffer outlives the wait below, which reaps every entry.
+                    unsafe { ring.submission().push(&e) }
+                        .map_err(|_| Error::invalid("ring", "submission queue full"))?;
+                    lens.push(n);
+                    pos += n;
+                }
+                ring.submit_and_wait(lens.len()).map_err(|e| io_err("io_uring_enter", e))?;
+                let mut got = vec![0i32; lens.len()];
+                let mut reaped = 0;
+                while reaped < lens.len() {
+                    for c in ring.completion() {
+                        got[c.user_data() as usize] = c.result();
+                        reaped += 1;
+                    }
+                    if reaped < lens.len() {
+                        ring.submit_and_wait(1).map_err(|e| io_err("io_uring_enter", e))?;
+                    }
+                }
+                for (i, r) in got.iter().enumerate() {
+                    if *r < 0 {
+                        let what = if write { "write" } else { "read" };
+                        return Err(io_err(
+                            format!("{what} {} at {}", self.path, off + done as u64),
+                            std::io::Error::from_raw_os_error(-r),
+                        ));
+                    }
+                    done += *r as usize;
+                    if (*r as usize) < lens[i] {
+                        // End of file: what follows the short piece is not data.
+                        return Ok(done);
+                    }
+                }
+            }
+            Ok(done)
+        })
+    }
+
+    /// Reads into GPU memory at `dev_ptr` through staging chunks; returns bytes read.
+    pub fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
+        self.check(file_offset, len as u64)?;
+        staged(gpu, false, dev_ptr, len, None, |p, n, at| {
+            // SAFETY: `p` is a staging chunk of STAGING_CHUNK >= n bytes owned by `staged`.
+            unsafe { self.ring_io(false, p, n, file_offset + at) }
+        })
+    }
+
+    /// Writes from GPU memory at `dev_ptr` through staging chunks; returns bytes written.
+    pub fn write_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
+        self.check(file_offset, len as u64)?;
+        staged(gpu, true, dev_ptr, len, None, |p, n, at| {
+            // SAFETY: as above.
+            unsafe { self.ring_io(true, p, n, file_offset + at) }
+        })
+    }
+
+    /// Flushes written data to stable storage.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| io_err(format!("fdatasync {}", self.path), e))
+    }
+}
+
+/// The staging pipeline: two chunks, each with its own copy queue. For reads, the disk fills
+/// chunk k+1 while chunk k is copied to the device; for writes, the device copies chunk k+1 out
+/// while chunk k goes to disk. `disk(ptr, n, at)` moves `n` bytes between the chunk at `ptr`
+/// and the target at relative offset `at`. `chunks` are the caller's own staging chunks (each
+/// [`STAGING_CHUNK`] bytes, e.g. registered with the module); by default they come from the
+/// GPU's pinned pool.
+pub(crate) fn staged(
+    gpu: &Gpu,
+    write: bool,
+    dev_ptr: u64,
+    len: usize,
+    chunks: Option<[*mut u8; 2]>,
+    mut disk: impl FnMut(*mut u8, usize, u64) -> Result<usize>,
+) -> Result<usize> {
+    let pooled = match chunks {
+        Some(_) => Vec::new(),
+        None => gpu.take_staging(2)?,
+    };
+    let stage: [*mut u8; 2] = match chunks {
+        Some(c) => c,
+        None => [pooled[0].as_ptr(), pooled[1].as_ptr()],
+    };
+    let mut qs = Vec::with_capacity(2);
+    for _ in 0..2 {
+        match gpu.take_queue() {
+            Ok(q) => qs.push(q),
+            Err(e) => {
+                qs.into_iter().for_each(|q| gpu.put_queue(q));
+                gpu.put_staging(pooled);
+                return Err(e);
+            }
+        }
+    }
+    let nchunks = len.div_ceil(STAGING_CHUNK);
+    let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
+    let mut run = |qs: &mut Vec<Box<dyn crate::gpu::CopyQueue>>| -> Result<usize> {
+        let mut done = 0;
+        if write {
+            let (at, n) = piece(0);
+            // SAFETY: chunk 0 holds STAGING_CHUNK >= n bytes and is not touched until wait.
+            unsafe { qs[0].to_host(stage[0], dev_ptr + at as u64, n)? };
+        }
+        for k in 0..nchunks {
+            let i = k % 2;
+            let (at, n) = piece(k);
+            // Chunk i is free again (its previous copy finished) / holds chunk k's data.
+            qs[i].wait()?;
+            if write {
+                if k + 1 < nchunks {
+                    let (at1, n1) = piece(k + 1);
+                    // SAFETY: the other chunk's previous use (disk write k-1) has returned.
+                    unsafe { qs[1 - i].to_host(stage[1 - i], dev_ptr + at1 as u64, n1)? };
+                }
+                let got = disk(stage[i], n, at as u64)?;
+                done += got;
+                if got < n {
+                    break;
+                }
+            } else {
+                let got = disk(stage[i], n, at as u64)?;
+                // SAFETY: chunk i stays untouched until its queue is waited on.
+                unsafe { qs[i].to_device(dev_ptr + at as u64, stage[i], got)? };
+                done += got;
+                if got < n {
+                    break;
+                }
+            }
+        }
+        for q in qs.iter_mut() {
+            q.wait()?;
+        }
+        Ok(done)
+    };
+    let r = run(&mut qs);
+    // A failed copy queue may still be copying: only healthy ones go back to the pools.
+    if r.is_ok() {
+        qs.into_iter().for_each(|q| gpu.put_queue(q));
+        gpu.put_staging(pooled);
+    } else if qs.iter_mut().all(|q| q.wait().is_ok()) {
+        gpu.put_staging(pooled);
+    } else {
+        // A copy may still be running into or out of these chunks: never free them.
+        std::mem::forget(pooled);
+    }
+    r
+}

@@ -1,0 +1,397 @@
+//! CUDA through the driver API, loaded at run time (cudarc's dynamic loading): the crate builds
+//! and runs without CUDA, and says so clearly when asked for a GPU that is not there.
+
+use super::{CopyQueue, Runtime, Vendor};
+use crate::error::{Error, Result};
+use crate::stream::{CompletionWord, HostFn, Stream};
+use cudarc::driver::sys as cu;
+use std::ffi::c_void;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+/// Turns a driver status into a result naming the call and the status.
+fn check(op: &'static str, r: cu::CUresult) -> Result<()> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string (or leaves it null).
+    unsafe { cu::cuGetErrorName(r, &mut name) };
+    let reason = if name.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: a NUL-terminated static string from the driver.
+        unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    };
+    Err(Error::Gpu { op, reason })
+}
+
+/// Whether the CUDA driver library can be loaded here.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library.
+    unsafe { cu::is_culib_present() }
+}
+
+/// A retained primary context, released when the last user drops it.
+#[derive(Debug)]
+pub struct Ctx {
+    dev: cu::CUdevice,
+    ctx: cu::CUcontext,
+}
+
+// SAFETY: a CUcontext may be made current on any thread; every use binds it first.
+unsafe impl Send for Ctx {}
+// SAFETY: as above; the driver API is thread-safe.
+unsafe impl Sync for Ctx {}
+
+impl Ctx {
+    /// Makes the context current on this thread (cheap; every call does it).
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: ctx is a retained primary context.
+        check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(self.ctx) })
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // SAFETY: releases the reference retained in `Cuda::new`.
+        unsafe { cu::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// A CUDA device (its primary context) as a [`Runtime`].
+#[derive(Debug)]
+pub struct Cuda {
+    c: Arc<Ctx>,
+}
+
+impl Cuda {
+    /// Retains the primary context of device `ordinal`.
+    pub fn new(ordinal: i32) -> Result<Cuda> {
+        if !driver_present() {
+            return Err(Error::Unsupported {
+                what: "CUDA",
+                why: "the CUDA driver library (libcuda.so) is not installed".into(),
+                fix: "install the NVIDIA driver, or use the CPU runtime",
+            });
+        }
+        let mut dev = 0;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: plain driver calls with out-pointers to locals.
+        unsafe {
+            check("cuInit", cu::cuInit(0))?;
+            check("cuDeviceGet", cu::cuDeviceGet(&mut dev, ordinal))?;
+            check("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
+        }
+        let c = Cuda { c: Arc::new(Ctx { dev, ctx }) };
+        c.bind()?;
+        Ok(c)
+    }
+
+    /// Makes the context current on this thread.
+    pub fn bind(&self) -> Result<()> {
+        self.c.bind()
+    }
+
+    /// The context (for callers that launch their own work).
+    pub fn context(&self) -> &Arc<Ctx> {
+        &self.c
+    }
+
+    /// A device attribute.
+    pub fn attribute(&self, a: cu::CUdevice_attribute) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: out-pointer to a local.
+        check("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut v, a, self.c.dev) })?;
+        Ok(v)
+    }
+
+    /// The driver's version (e.g. 13000).
+    pub fn driver_version() -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: out-pointer to a local.
+        check("cuDriverGetVersion", unsafe { cu::cuDriverGetVersion(&mut v) })?;
+        Ok(v)
+    }
+
+    /// The device's PCI address (domain:bus:device.function).
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer's length is passed.
+        check("cuDeviceGetPCIBusId", unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, self.c.dev) })?;
+        // SAFETY: the driver NUL-terminates within the length.
+        Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_lowercase())
+    }
+
+    /// Wraps an existing `CUstream` of this context (not destroyed on drop).
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a stream of this device's primary context that outlives the result.
+    pub unsafe fn wrap_stream(&self, raw: usize) -> Arc<CudaStream> {
+        Arc::new(CudaStream { cuda: self.c.clone(), raw: raw as cu::CUstream, owned: false })
+    }
+
+    /// A new non-blocking stream.
+    pub fn stream(&self) -> Result<Arc<CudaStream>> {
+        self.bind()?;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the context is current.
+        check("cuStreamCreate", unsafe {
+            cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Arc::new(CudaStream { cuda: self.c.clone(), raw: s, owned: true }))
+    }
+}
+
+impl Runtime for Cuda {
+    fn vendor(&self) -> Vendor {
+        Vendor::Cuda
+    }
+
+    fn device_name(&self) -> String {
+        let mut buf = [0 as std::ffi::c_char; 128];
+        // SAFETY: the buffer's length is passed; the driver NUL-terminates.
+        if unsafe { cu::cuDeviceGetName(buf.as_mut_ptr(), 128, self.c.dev) } != cu::CUresult::CUDA_SUCCESS {
+            return "unknown CUDA device".into();
+        }
+        // SAFETY: NUL-terminated by the driver.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    fn alloc(&self, len: usize) -> Result<u64> {
+        self.bind()?;
+        let mut p = 0;
+        // SAFETY: out-pointer to a local; the context is current.
+        check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut p, len) })?;
+        Ok(p)
+    }
+
+    fn free(&self, ptr: u64, _len: usize) {
+        if self.bind().is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc and is no longer used.
+            unsafe { cu::cuMemFree_v2(ptr) };
+        }
+    }
+
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
+        self.bind()?;
+        let mut p = std::ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: out-pointer to a local; the context is current.
+        check("cuMemHostAlloc", unsafe { cu::cuMemHostAlloc(&mut p, len, flags) })?;
+        Ok(p as *mut u8)
+    }
+
+    fn free_pinned(&self, ptr: *mut u8, _len: usize) {
+        if self.bind().is_ok() {
+            // SAFETY: `ptr` came from cuMemHostAlloc and is no longer used.
+            unsafe { cu::cuMemFreeHost(ptr as *mut c_void) };
+        }
+    }
+
+    fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        self.bind()?;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the context is current.
+        check("cuStreamCreate", unsafe {
+            cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Box::new(CudaCopyQueue { ctx: self.c.clone(), stream: s }))
+    }
+
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
+        self.dmabuf_support().map_err(|why| Error::Unsupported {
+            what: "dma-buf export of CUDA memory",
+            why,
+            fix: "use NVIDIA's open kernel modules (nvidia-open) with CUDA 11.7+, or allow the fallback path",
+        })?;
+        if !ptr.is_multiple_of(4096) || !len.is_multiple_of(4096) {
+            return Err(Error::invalid("ptr", "dma-buf export needs a page-aligned address and length"));
+        }
+        self.bind()?;
+        let ty = cu::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
+        let mut fd: i32 = -1;
+        // Ask for a PCIe (BAR) mapping first, which peer devices can reach; older drivers only
+        // know the default flags.
+        let pcie = cu::CUmemRangeFlags::CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE as u64;
+        let mut r = Err(Error::invalid("flags", "unreachable"));
+        for flags in [pcie, 0] {
+            // SAFETY: `fd` is an out-pointer to an int, as the dma-buf handle type requires.
+            r = check("cuMemGetHandleForAddressRange", unsafe {
+                cu::cuMemGetHandleForAddressRange(&mut fd as *mut i32 as *mut c_void, ptr, len, ty, flags)
+            });
+            if r.is_ok() {
+                break;
+            }
+        }
+        r?;
+        // SAFETY: the driver returned a new dma-buf fd that the caller now owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn dmabuf_support(&self) -> std::result::Result<(), String> {
+        match self.attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) {
+            Ok(1) => Ok(()),
+            Ok(_) => {
+                Err("the driver reports no dma-buf support (the proprietary kernel module does not export dma-bufs)"
+                    .into())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn new_stream(&self) -> Result<Arc<dyn Stream>> {
+        Ok(self.stream()?)
+    }
+}
+
+/// A CUDA stream used for staging copies.
+#[derive(Debug)]
+struct CudaCopyQueue {
+    ctx: Arc<Ctx>,
+    stream: cu::CUstream,
+}
+
+// SAFETY: CUDA streams may be used from any thread with their context current.
+unsafe impl Send for CudaCopyQueue {}
+
+impl CudaCopyQueue {
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind()
+    }
+}
+
+impl CopyQueue for CudaCopyQueue {
+    unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the ranges; the stream is ours.
+        check("cuMemcpyHtoDAsync", unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.stream) })
+    }
+
+    unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the ranges; the stream is ours.
+        check("cuMemcpyDtoHAsync", unsafe { cu::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.stream) })
+    }
+
+    fn wait(&mut self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the stream is ours.
+        check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.stream) })
+    }
+}
+
+impl Drop for CudaCopyQueue {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: the stream is ours; pending work finishes before it is destroyed.
+            unsafe { cu::cuStreamDestroy_v2(self.stream) };
+        }
+    }
+}
+
+/// A CUDA stream as a [`Stream`].
+#[derive(Debug)]
+pub struct CudaStream {
+    cuda: Arc<Ctx>,
+    raw: cu::CUstream,
+    owned: bool,
+}
+
+// SAFETY: CUDA streams may be used from any thread with their context current.
+unsafe impl Send for CudaStream {}
+// SAFETY: as above; the driver API is thread-safe.
+unsafe impl Sync for CudaStream {}
+
+/// Pinned host memory holding a completion word; freed with the word.
+struct PinnedWord {
+    cuda: Arc<Ctx>,
+    ptr: *mut c_void,
+}
+
+// SAFETY: the pointer is only freed on drop; the word is accessed atomically.
+unsafe impl Send for PinnedWord {}
+// SAFETY: as above.
+unsafe impl Sync for PinnedWord {}
+
+impl Drop for PinnedWord {
+    fn drop(&mut self) {
+        if self.cuda.bind().is_ok() {
+            // SAFETY: `ptr` came from cuMemHostAlloc and the word using it is gone.
+            unsafe { cu::cuMemFreeHost(self.ptr) };
+        }
+    }
+}
+
+/// Runs a boxed host function queued by `Stream::host_fn`.
+unsafe extern "C" fn run_host_fn(data: *mut c_void) {
+    // SAFETY: `data` is the Box<HostFn> leaked by `host_fn`, run exactly once by the driver.
+    let f = unsafe { Box::from_raw(data as *mut HostFn) };
+    // A panic must not unwind into the driver.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+}
+
+impl Stream for CudaStream {
+    fn completion_word(&self) -> Result<CompletionWord> {
+        self.cuda.bind()?;
+        let mut p = std::ptr::null_mut();
+        let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: out-pointer to a local; the context is current.
+        check("cuMemHostAlloc", unsafe { cu::cuMemHostAlloc(&mut p, 64, flags) })?;
+        let owner = PinnedWord { cuda: self.cuda.clone(), ptr: p };
+        let mut dev = 0;
+        // SAFETY: `p` is device-mapped pinned memory (DEVICEMAP) from this context.
+        check("cuMemHostGetDevicePointer", unsafe { cu::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) })?;
+        let word = p as *const AtomicU32;
+        // SAFETY: fresh, page-aligned pinned memory, zeroed here before first use, owned by
+        // `owner` which the word keeps.
+        unsafe {
+            (*word).store(0, std::sync::atomic::Ordering::Release);
+            Ok(CompletionWord::new(word, dev, Box::new(owner)))
+        }
+    }
+
+    fn host_fn(&self, f: HostFn) -> Result<()> {
+        self.cuda.bind()?;
+        let data = Box::into_raw(Box::new(f)) as *mut c_void;
+        // SAFETY: `run_host_fn` takes back the box exactly once.
+        let r = check("cuLaunchHostFunc", unsafe { cu::cuLaunchHostFunc(self.raw, Some(run_host_fn), data) });
+        if r.is_err() {
+            // SAFETY: the driver did not take the function: free it here.
+            drop(unsafe { Box::from_raw(data as *mut HostFn) });
+        }
+        r
+    }
+
+    fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
+        self.cuda.bind()?;
+        let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        // SAFETY: the word's device address is mapped pinned memory that outlives the wait
+        // (the caller keeps the word until the stream is synchronized).
+        check("cuStreamWaitValue32", unsafe { cu::cuStreamWaitValue32_v2(self.raw, word.device_addr(), value, geq) })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.cuda.bind()?;
+        // SAFETY: a live stream.
+        check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.raw) })
+    }
+
+    fn raw(&self) -> usize {
+        self.raw as usize
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        if self.owned && self.cuda.bind().is_ok() {
+            // SAFETY: a stream we created.
+            unsafe {
+                cu::cuStreamSynchronize(self.raw);
+                cu::cuStreamDestroy_v2(self.raw);
+            }
+        }
+    }
+}

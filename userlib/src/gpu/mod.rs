@@ -1,0 +1,266 @@
+//! GPU runtimes behind one trait: device memory, pinned host memory, asynchronous copies,
+//! dma-buf export and ordered streams.
+//!
+//! [`cuda`] loads the CUDA driver at run time (cudarc's dynamic loading), so everything builds
+//! and the host tests run without CUDA. [`cpu`] is a runtime whose "device memory" is host
+//! memory backed by a memfd: the VM tests use it to drive the staging pipeline, the stream
+//! ordering and the dma-buf registration path (its export is a real udmabuf) without a GPU.
+
+pub mod cpu;
+pub mod cuda;
+
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+/// Which runtime a [`Gpu`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vendor {
+    /// NVIDIA CUDA.
+    Cuda,
+    /// Host memory standing in for a GPU (tests, machines without one).
+    Cpu,
+}
+
+/// Pinned (page-locked) host memory, for staging copies.
+#[derive(Debug)]
+pub struct PinnedHost {
+    ptr: *mut u8,
+    len: usize,
+    owner: Arc<dyn Runtime>,
+}
+
+// SAFETY: the pointer is a private allocation this value owns; it is only accessed through
+// `&self`/`&mut self` methods, so Rust's aliasing rules apply to it as to a Vec.
+unsafe impl Send for PinnedHost {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for PinnedHost {}
+
+impl PinnedHost {
+    /// The memory's address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        self.owner.free_pinned(self.ptr, self.len);
+    }
+}
+
+/// An ordered queue of asynchronous copies between pinned host memory and device memory.
+pub trait CopyQueue: Send + std::fmt::Debug {
+    /// Starts copying `len` bytes from host `src` to device address `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay valid and unwritten until [`CopyQueue::wait`] returns; `dst..dst+len`
+    /// must be device memory of this runtime.
+    unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()>;
+    /// Starts copying `len` bytes from device address `src` to host `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid and untouched until [`CopyQueue::wait`] returns.
+    unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()>;
+    /// Waits until every copy started so far is complete.
+    fn wait(&mut self) -> Result<()>;
+}
+
+/// What a GPU runtime must provide. Implementations are small FFI layers; the logic that uses
+/// them (staging, stream ordering, registration) is written once, above this trait.
+pub trait Runtime: Send + Sync + std::fmt::Debug {
+    /// Which runtime this is.
+    fn vendor(&self) -> Vendor;
+    /// The device's name.
+    fn device_name(&self) -> String;
+    /// Allocates `len` bytes of device memory; returns its device address.
+    fn alloc(&self, len: usize) -> Result<u64>;
+    /// Frees device memory from [`Runtime::alloc`].
+    fn free(&self, ptr: u64, len: usize);
+    /// Allocates pinned host memory.
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8>;
+    /// Frees pinned host memory.
+    fn free_pinned(&self, ptr: *mut u8, len: usize);
+    /// A new ordered copy queue.
+    fn copy_queue(&self) -> Result<Box<dyn CopyQueue>>;
+    /// Exports `[ptr, ptr+len)` of device memory as a dma-buf; the caller owns the fd.
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd>;
+    /// Whether this device can export dma-bufs at all, and if not, why.
+    fn dmabuf_support(&self) -> std::result::Result<(), String>;
+    /// A new stream of this runtime.
+    fn new_stream(&self) -> Result<Arc<dyn Stream>>;
+}
+
+/// Size of one staging chunk: large enough that a copy's fixed cost is small, small enough
+/// that two chunks in flight overlap well for the sizes KV-cache users move (64 KiB – 64 MiB).
+pub const STAGING_CHUNK: usize = 2 << 20;
+
+/// A GPU: its runtime plus pools of staging buffers and copy queues, so the fallback path
+/// allocates nothing per I/O once warm.
+#[derive(Debug)]
+pub struct Gpu {
+    rt: Arc<dyn Runtime>,
+    staging: Mutex<Vec<PinnedHost>>,
+    queues: Mutex<Vec<Box<dyn CopyQueue>>>,
+}
+
+/// Device memory allocated through a [`Gpu`]; freed on drop.
+#[derive(Debug)]
+pub struct GpuMemory {
+    gpu: Arc<Gpu>,
+    ptr: u64,
+    len: usize,
+}
+
+impl Gpu {
+    /// The first CUDA device (loads the driver library; a clear error when there is none).
+    pub fn cuda() -> Result<Arc<Gpu>> {
+        Ok(Self::with_runtime(Arc::new(cuda::Cuda::new(0)?)))
+    }
+
+    /// The CPU stand-in runtime.
+    pub fn cpu() -> Arc<Gpu> {
+        Self::with_runtime(Arc::new(cpu::Cpu::default()))
+    }
+
+    /// Wraps a runtime.
+    pub fn with_runtime(rt: Arc<dyn Runtime>) -> Arc<Gpu> {
+        Arc::new(Gpu { rt, staging: Mutex::new(Vec::new()), queues: Mutex::new(Vec::new()) })
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.rt
+    }
+
+    /// Allocates device memory.
+    pub fn alloc(self: &Arc<Self>, len: usize) -> Result<GpuMemory> {
+        if len == 0 {
+            return Err(Error::invalid("len", "must be non-zero"));
+        }
+        let ptr = self.rt.alloc(len)?;
+        Ok(GpuMemory { gpu: self.clone(), ptr, len })
+    }
+
+    /// Allocates pinned host memory.
+    pub fn alloc_pinned(&self, len: usize) -> Result<PinnedHost> {
+        let ptr = self.rt.alloc_pinned(len)?;
+        Ok(PinnedHost { ptr, len, owner: self.rt.clone() })
+    }
+
+    /// Takes `n` staging chunks from the pool (allocating when it is short).
+    pub(crate) fn take_staging(&self, n: usize) -> Result<Vec<PinnedHost>> {
+        let mut out = {
+            let mut pool = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+            let keep = pool.len().saturating_sub(n);
+            pool.split_off(keep)
+        };
+        while out.len() < n {
+            out.push(self.alloc_pinned(STAGING_CHUNK)?);
+        }
+        Ok(out)
+    }
+
+    /// Gives staging chunks back.
+    pub(crate) fn put_staging(&self, bufs: Vec<PinnedHost>) {
+        self.staging.lock().unwrap_or_else(|e| e.into_inner()).extend(bufs);
+    }
+
+    /// Takes a copy queue from the pool.
+    pub(crate) fn take_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        let q = self.queues.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match q {
+            Some(q) => Ok(q),
+            None => self.rt.copy_queue(),
+        }
+    }
+
+    /// Gives a copy queue back.
+    pub(crate) fn put_queue(&self, q: Box<dyn CopyQueue>) {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner()).push(q);
+    }
+
+    /// Copies host bytes to device memory and waits (tests, examples).
+    pub fn upload(&self, dst: &GpuMemory, offset: usize, src: &[u8]) -> Result<()> {
+        dst.check(offset, src.len())?;
+        let stage = self.alloc_pinned(src.len().max(1))?;
+        // SAFETY: `stage` is a fresh allocation of at least src.len() bytes owned here.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), stage.as_ptr(), src.len()) };
+        let mut q = self.take_queue()?;
+        // SAFETY: `stage` lives until after `wait`; the range was checked against `dst`.
+        let r = unsafe { q.to_device(dst.ptr + offset as u64, stage.as_ptr(), src.len()) }.and_then(|_| q.wait());
+        self.put_queue(q);
+        r
+    }
+
+    /// Copies device memory to host bytes and waits (tests, examples).
+    pub fn download(&self, src: &GpuMemory, offset: usize, dst: &mut [u8]) -> Result<()> {
+        src.check(offset, dst.len())?;
+        let stage = self.alloc_pinned(dst.len().max(1))?;
+        let mut q = self.take_queue()?;
+        // SAFETY: `stage` lives until after `wait`; the range was checked against `src`.
+        let r = unsafe { q.to_host(stage.as_ptr(), src.ptr + offset as u64, dst.len()) }.and_then(|_| q.wait());
+        self.put_queue(q);
+        r?;
+        // SAFETY: the copy into `stage` completed (wait returned Ok); it holds dst.len() bytes.
+        unsafe { std::ptr::copy_nonoverlapping(stage.as_ptr(), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+}
+
+impl GpuMemory {
+    /// Device address.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The GPU it lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Exports the whole allocation as a dma-buf (for RDMA or other dma-buf consumers); the
+    /// caller owns the fd.
+    pub fn export_dmabuf(&self) -> Result<OwnedFd> {
+        self.gpu.rt.export_dmabuf(self.ptr, self.len)
+    }
+
+    pub(crate) fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::invalid(
+                "offset",
+                format!("[{offset}, +{len}) runs past the {}-byte allocation", self.len),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GpuMemory {
+    fn drop(&mut self) {
+        self.gpu.rt.free(self.ptr, self.len);
+    }
+}

@@ -1,0 +1,268 @@
+//! Streams: a GPU runtime's ordered work queue, seen through the two operations stream-ordered
+//! I/O needs — run a short host function when the stream reaches a point, and make the stream
+//! wait until a host-mapped 32-bit word reaches a value.
+//!
+//! [`CpuStream`] implements them with a thread, so the ordering logic of
+//! [`crate::stream_io`] is tested without a GPU; `gpu::cuda` implements them with
+//! `cuLaunchHostFunc` and `cuStreamWaitValue32`.
+
+use crate::error::{Error, Result};
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// A 32-bit word in host memory that the stream's device can read (for CUDA: page-locked,
+/// device-mapped memory). The library stores completion counters in it; streams wait on it.
+#[derive(Clone)]
+pub struct CompletionWord {
+    inner: Arc<WordInner>,
+}
+
+struct WordInner {
+    host: *const AtomicU32,
+    device: u64,
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+// SAFETY: `host` points into memory owned by `_owner`, which lives as long as this value; the
+// word is only accessed atomically.
+unsafe impl Send for WordInner {}
+// SAFETY: as above.
+unsafe impl Sync for WordInner {}
+
+impl std::fmt::Debug for CompletionWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CompletionWord({} @ {:#x})", self.load(), self.inner.device)
+    }
+}
+
+impl CompletionWord {
+    /// Wraps a word at `host` (device address `device`) kept alive by `owner`.
+    ///
+    /// # Safety
+    ///
+    /// `host` must be valid, 4-byte aligned and only accessed atomically for as long as
+    /// `owner` lives.
+    pub unsafe fn new(host: *const AtomicU32, device: u64, owner: Box<dyn Any + Send + Sync>) -> Self {
+        CompletionWord { inner: Arc::new(WordInner { host, device, _owner: owner }) }
+    }
+
+    /// A word in ordinary host memory (for [`CpuStream`]).
+    pub fn host() -> Self {
+        let b = Box::new(AtomicU32::new(0));
+        let p: *const AtomicU32 = &*b;
+        // SAFETY: the box owns the atomic and is kept by the word.
+        unsafe { Self::new(p, p as u64, b) }
+    }
+
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: see `new`: valid while `_owner`, held by `inner`, lives.
+        unsafe { &*self.inner.host }
+    }
+
+    /// Current value.
+    pub fn load(&self) -> u32 {
+        self.word().load(Ordering::Acquire)
+    }
+
+    /// Publishes `v` (Release: everything written before is visible to whoever sees `v`).
+    pub fn store(&self, v: u32) {
+        self.word().store(v, Ordering::Release)
+    }
+
+    /// The address the stream's device uses.
+    pub fn device_addr(&self) -> u64 {
+        self.inner.device
+    }
+
+    /// True when the word has reached `value` (cyclic comparison, as CUDA's GEQ wait: wraps).
+    pub fn reached(&self, value: u32) -> bool {
+        self.load().wrapping_sub(value) as i32 >= 0
+    }
+}
+
+/// A host function queued on a stream.
+pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// An ordered GPU work queue.
+pub trait Stream: Send + Sync + std::fmt::Debug {
+    /// A word this stream can wait on.
+    fn completion_word(&self) -> Result<CompletionWord>;
+    /// Queues `f`: it runs (on a runtime thread; it must be short and must not call the
+    /// runtime) when everything queued before it is done.
+    fn host_fn(&self, f: HostFn) -> Result<()>;
+    /// Queues a wait: later work starts once `word` has reached `value` (cyclic `>=`).
+    fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()>;
+    /// Blocks until everything queued so far is done.
+    fn synchronize(&self) -> Result<()>;
+    /// The runtime's handle (`CUstream` for CUDA), for callers that launch their own work.
+    fn raw(&self) -> usize;
+}
+
+enum Job {
+    Run(HostFn),
+    Wait(CompletionWord, u32),
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Jobs taken but not finished (0 or 1).
+    running: usize,
+    closed: bool,
+}
+
+/// A stream run by a thread: host functions run in order, waits spin and then sleep until the
+/// word is reached. Work of the "GPU" (kernels in the CUDA tests) is queued with
+/// [`CpuStream::launch`].
+#[derive(Debug)]
+pub struct CpuStream {
+    shared: Arc<(Mutex<QueueDebug>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// `Queue` with a Debug impl that does not print closures.
+struct QueueDebug(Queue);
+
+impl std::fmt::Debug for QueueDebug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} queued, {} running", self.0.jobs.len(), self.0.running)
+    }
+}
+
+impl CpuStream {
+    /// Starts the stream's thread.
+    pub fn new() -> Result<Arc<CpuStream>> {
+        let shared = Arc::new((Mutex::new(QueueDebug(Queue::default())), Condvar::new()));
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ugds-cpu-stream".into())
+            .spawn(move || Self::run(&s))
+            .map_err(|e| Error::Io { op: "spawning the CPU stream thread".into(), source: e })?;
+        Ok(Arc::new(CpuStream { shared, thread: Some(thread) }))
+    }
+
+    fn run(shared: &(Mutex<QueueDebug>, Condvar)) {
+        let (m, cv) = shared;
+        loop {
+            let job = {
+                let mut q = m.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(j) = q.0.jobs.pop_front() {
+                        q.0.running = 1;
+                        break j;
+                    }
+                    if q.0.closed {
+                        return;
+                    }
+                    q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            match job {
+                Job::Run(f) => f(),
+                Job::Wait(w, v) => {
+                    let mut spins = 0u32;
+                    while !w.reached(v) {
+                        spins += 1;
+                        if spins < 1000 {
+                            std::hint::spin_loop();
+                        } else {
+                            std::thread::sleep(Duration::from_micros(20));
+                        }
+                    }
+                }
+            }
+            let mut q = m.lock().unwrap_or_else(|e| e.into_inner());
+            q.0.running = 0;
+            cv.notify_all();
+        }
+    }
+
+    fn push(&self, j: Job) -> Result<()> {
+        let (m, cv) = &*self.shared;
+        m.lock().unwrap_or_else(|e| e.into_inner()).0.jobs.push_back(j);
+        cv.notify_all();
+        Ok(())
+    }
+
+    /// Queues work standing in for a kernel: it runs in stream order.
+    pub fn launch(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.push(Job::Run(Box::new(f)))
+    }
+}
+
+impl Stream for CpuStream {
+    fn completion_word(&self) -> Result<CompletionWord> {
+        Ok(CompletionWord::host())
+    }
+
+    fn host_fn(&self, f: HostFn) -> Result<()> {
+        self.push(Job::Run(f))
+    }
+
+    fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
+        self.push(Job::Wait(word.clone(), value))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let (m, cv) = &*self.shared;
+        let mut q = m.lock().unwrap_or_else(|e| e.into_inner());
+        while !q.0.jobs.is_empty() || q.0.running > 0 {
+            q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    }
+
+    fn raw(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+}
+
+impl Drop for CpuStream {
+    fn drop(&mut self) {
+        let _ = self.synchronize();
+        let (m, cv) = &*self.shared;
+        m.lock().unwrap_or_else(|e| e.into_inner()).0.closed = true;
+        cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_hold_later_work_until_the_word_is_reached() {
+        let s = CpuStream::new().unwrap();
+        let w = s.completion_word().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        s.launch(move || l.lock().unwrap().push(1)).unwrap();
+        s.wait_word(&w, 2).unwrap();
+        let l = log.clone();
+        s.launch(move || l.lock().unwrap().push(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(*log.lock().unwrap(), vec![1]);
+        w.store(1);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(*log.lock().unwrap(), vec![1], "1 < 2: still waiting");
+        w.store(2);
+        s.synchronize().unwrap();
+        assert_eq!(*log.lock().unwrap(), vec![1, 2]);
+    }
+
+    #[test]
+    fn cyclic_comparison_wraps() {
+        let w = CompletionWord::host();
+        w.store(u32::MAX);
+        assert!(w.reached(u32::MAX - 5));
+        assert!(!w.reached(3));
+        w.store(3);
+        assert!(w.reached(u32::MAX), "3 is after u32::MAX cyclically");
+    }
+}

@@ -1,0 +1,185 @@
+//! Stream-ordered I/O (cuFile's `cuFileReadAsync`/`cuFileWriteAsync`), without blocking the
+//! GPU runtime's callback thread for an I/O's duration.
+//!
+//! A group of operations becomes two stream entries: a host function that, when the stream
+//! reaches it, reads each operation's late-bound arguments (size, file offset, buffer offset)
+//! from host memory and hands the I/O to worker threads — then returns at once; and a wait on a
+//! host-mapped completion word, which the workers advance as operations finish (in ticket
+//! order, so the word means "every operation up to this ticket is done"). Work queued after the
+//! group starts only when all of the group's I/O is done; the operations of one group overlap
+//! their device time. [`StreamIo::read_async`] is a group of one. Results (bytes, or a negative
+//! errno) are written to each operation's [`AsyncArgs::bytes`] before the word advances; an
+//! invalid argument found at execution time is reported there and later operations still run.
+
+use crate::batch::Op;
+use crate::error::{Error, Result};
+use crate::storage::{Buffer, Storage};
+use crate::stream::{CompletionWord, Stream};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Late-bound arguments and the result of one stream-ordered operation. They are read when the
+/// stream reaches the operation, so kernels or host code queued before it may set them.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct AsyncArgs {
+    /// Bytes to move.
+    pub size: AtomicU64,
+    /// Offset in the file or namespace.
+    pub file_offset: AtomicI64,
+    /// Offset in the buffer.
+    pub buf_offset: AtomicI64,
+    /// The result: bytes moved, or a negative errno. Written before the operation counts as done.
+    pub bytes: AtomicI64,
+}
+
+impl AsyncArgs {
+    /// New arguments.
+    pub fn new(size: u64, file_offset: i64, buf_offset: i64) -> Arc<AsyncArgs> {
+        let a = AsyncArgs::default();
+        a.set(size, file_offset, buf_offset);
+        Arc::new(a)
+    }
+
+    /// Sets the arguments (before the stream reaches the operation).
+    pub fn set(&self, size: u64, file_offset: i64, buf_offset: i64) {
+        self.size.store(size, Ordering::Release);
+        self.file_offset.store(file_offset, Ordering::Release);
+        self.buf_offset.store(buf_offset, Ordering::Release);
+    }
+
+    /// The result (valid once the stream has passed the operation).
+    pub fn result(&self) -> i64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+}
+
+/// One operation of a group.
+#[derive(Debug, Clone)]
+pub struct AsyncOp {
+    /// Read or write.
+    pub op: Op,
+    /// The memory.
+    pub buf: Arc<Buffer>,
+    /// Its arguments and result slot.
+    pub args: Arc<AsyncArgs>,
+}
+
+/// Completion tickets: the word carries the largest ticket up to which everything is done.
+#[derive(Debug, Default)]
+struct Tickets {
+    prefix: u32,
+    done: BTreeSet<u32>,
+}
+
+/// Stream-ordered I/O on one stream (cuFile's registered stream).
+#[derive(Debug)]
+pub struct StreamIo {
+    stream: Arc<dyn Stream>,
+    word: CompletionWord,
+    tickets: Arc<Mutex<Tickets>>,
+    next: Mutex<u32>,
+}
+
+fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
+    let mut t = tickets.lock().unwrap_or_else(|e| e.into_inner());
+    t.done.insert(ticket);
+    loop {
+        let n = t.prefix.wrapping_add(1);
+        if !t.done.remove(&n) {
+            break;
+        }
+        t.prefix = n;
+    }
+    word.store(t.prefix);
+}
+
+impl StreamIo {
+    /// Registers a stream for stream-ordered I/O.
+    pub fn new(stream: Arc<dyn Stream>) -> Result<StreamIo> {
+        let word = stream.completion_word()?;
+        word.store(0);
+        Ok(StreamIo { stream, word, tickets: Arc::default(), next: Mutex::new(0) })
+    }
+
+    /// The stream.
+    pub fn stream(&self) -> &Arc<dyn Stream> {
+        &self.stream
+    }
+
+    /// Queues a read of `args.size` bytes at `args.file_offset` into `buf` at `args.buf_offset`.
+    pub fn read_async(&self, storage: &Arc<Storage>, buf: &Arc<Buffer>, args: &Arc<AsyncArgs>) -> Result<()> {
+        self.submit(storage, &[AsyncOp { op: Op::Read, buf: buf.clone(), args: args.clone() }])
+    }
+
+    /// Queues a write.
+    pub fn write_async(&self, storage: &Arc<Storage>, buf: &Arc<Buffer>, args: &Arc<AsyncArgs>) -> Result<()> {
+        self.submit(storage, &[AsyncOp { op: Op::Write, buf: buf.clone(), args: args.clone() }])
+    }
+
+    /// Queues a group: its operations run concurrently once the stream reaches it, and later
+    /// stream work waits for all of them.
+    pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
+        if ops.is_empty() {
+            return Err(Error::invalid("ops", "empty group"));
+        }
+        let engine = storage.engine()?;
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let first = next.wrapping_add(1);
+        let last = next.wrapping_add(ops.len() as u32);
+        let (ops, storage, word, tickets) = (ops.to_vec(), storage.clone(), self.word.clone(), self.tickets.clone());
+        let run = move || {
+            for (i, o) in ops.into_iter().enumerate() {
+                let ticket = first.wrapping_add(i as u32);
+                let size = o.args.size.load(Ordering::Acquire);
+                let foff = o.args.file_offset.load(Ordering::Acquire);
+                let boff = o.args.buf_offset.load(Ordering::Acquire);
+                let checked = if foff < 0 {
+                    Err(Error::invalid("file_offset", format!("{foff} is negative")))
+                } else if boff < 0 {
+                    Err(Error::invalid("buf_offset", format!("{boff} is negative")))
+                } else {
+                    storage.check(&o.buf, boff as u64, foff as u64, size)
+                };
+                if let Err(e) = checked {
+                    o.args.bytes.store(e.errno() as i64, Ordering::Release);
+                    finish(&tickets, &word, ticket);
+                    continue;
+                }
+                let (s, w, t) = (storage.clone(), word.clone(), tickets.clone());
+                let args = o.args.clone();
+                let job = move || {
+                    let r = s.rw(o.op == Op::Write, &o.buf, boff as u64, foff as u64, size);
+                    args.bytes.store(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64), Ordering::Release);
+                    finish(&t, &w, ticket);
+                };
+                if engine.spawn(job).is_err() {
+                    o.args.bytes.store(-(libc::ESHUTDOWN as i64), Ordering::Release);
+                    finish(&tickets, &word, ticket);
+                }
+            }
+        };
+        self.stream.host_fn(Box::new(run))?;
+        if let Err(e) = self.stream.wait_word(&self.word, last) {
+            // The host function is queued and will finish these tickets; nothing waits on them.
+            *next = last;
+            return Err(e);
+        }
+        *next = last;
+        Ok(())
+    }
+
+    /// Waits for everything queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize()
+    }
+}
+
+impl Drop for StreamIo {
+    fn drop(&mut self) {
+        // Queued host functions hold what they need; waiting here keeps the stream's waits from
+        // outliving the registration in the caller's mind.
+        let _ = self.stream.synchronize();
+    }
+}
