@@ -8,6 +8,7 @@ pub mod batch;
 pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
+pub mod portable;
 pub mod raw;
 pub mod reliability;
 pub mod userlib;
@@ -36,6 +37,7 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "iommu", nvme: &["size=64M"], iommu: true },
     Variant { name: "batch", nvme: batch::NVME, iommu: false },
     Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
+    Variant { name: "portable", nvme: portable::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -60,6 +62,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(userlib::tests());
     v.extend(reliability::tests());
     v.extend(batch::tests());
+    v.extend(portable::tests());
     v
 }
 

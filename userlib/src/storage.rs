@@ -77,9 +77,9 @@ pub struct Storage {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Logs why the fallback path was chosen: once per distinct reason per process.
-fn note_fallback(what: &str, why: &str) {
+fn note_fallback(what: &str, how: &str, why: &str) {
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let line = format!("ugds: {what}: using the fallback path (io_uring + host staging): {why}");
+    let line = format!("ugds: {what}: using the fallback path ({how}): {why}");
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if !seen.contains(&line) {
         eprintln!("{line}");
@@ -247,7 +247,11 @@ impl Storage {
     /// A file or block device (the fallback path).
     pub fn file(f: FileTarget) -> Result<Arc<Storage>> {
         if !f.direct() {
-            note_fallback(f.path(), "the file system does not support O_DIRECT; I/O goes through the page cache");
+            note_fallback(
+                f.path(),
+                "buffered I/O",
+                "the file system does not support O_DIRECT; I/O goes through the page cache",
+            );
         }
         Ok(Self::new(Target::File(f)))
     }
@@ -362,7 +366,11 @@ impl Storage {
         match direct {
             Ok(reg) => Ok(self.buffer(Mem::Gpu(mem), Some(reg), None, Path::DirectP2p)),
             Err(e) if allow_fallback => {
-                note_fallback(&format!("GPU memory on {}", mem.gpu().runtime().device_name()), &e.to_string());
+                note_fallback(
+                    &format!("GPU memory on {}", mem.gpu().runtime().device_name()),
+                    "staged through registered host memory",
+                    &e.to_string(),
+                );
                 let stage = dev.alloc(2 * STAGING_CHUNK)?;
                 Ok(self.buffer(Mem::Gpu(mem), None, Some(stage), Path::Fallback))
             }

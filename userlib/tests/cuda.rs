@@ -120,7 +120,19 @@ impl Kernels {
     fn launch(&self, f: cu::CUfunction, stream: usize, blocks: u32, params: &mut [*mut c_void]) {
         // SAFETY: parameters match the kernel's signature (pointers to locals of the caller).
         ck("cuLaunchKernel", unsafe {
-            cu::cuLaunchKernel(f, blocks, 1, 1, 256, 1, 1, 0, stream as cu::CUstream, params.as_mut_ptr(), std::ptr::null_mut())
+            cu::cuLaunchKernel(
+                f,
+                blocks,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                stream as cu::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         });
     }
 
@@ -135,7 +147,11 @@ impl Kernels {
             self.fill,
             stream,
             words.div_ceil(256),
-            &mut [&mut p as *mut u64 as *mut c_void, &mut n as *mut u32 as *mut c_void, &mut s as *mut u32 as *mut c_void],
+            &mut [
+                &mut p as *mut u64 as *mut c_void,
+                &mut n as *mut u32 as *mut c_void,
+                &mut s as *mut u32 as *mut c_void,
+            ],
         );
     }
 
@@ -164,7 +180,8 @@ struct TempFile(std::path::PathBuf);
 
 impl TempFile {
     fn new(name: &str, len: usize) -> TempFile {
-        let dir = std::env::var("UGDS_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().to_string_lossy().into_owned());
+        let dir =
+            std::env::var("UGDS_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().to_string_lossy().into_owned());
         let p = std::path::Path::new(&dir).join(format!("ugds-cuda-{name}-{}", std::process::id()));
         let mut f = std::fs::File::create(&p).unwrap();
         let mut chunk = vec![0u8; 8 << 20];
@@ -206,7 +223,10 @@ fn cuda_dmabuf_export_of_device_memory() {
         assert_eq!(size as usize, len);
     }
     let m = gpu.alloc(8192).unwrap();
-    assert!(matches!(gpu.runtime().export_dmabuf(m.device_ptr() + 512, 4096), Err(ugds::Error::InvalidArgument { arg: "ptr", .. })));
+    assert!(matches!(
+        gpu.runtime().export_dmabuf(m.device_ptr() + 512, 4096),
+        Err(ugds::Error::InvalidArgument { arg: "ptr", .. })
+    ));
 }
 
 #[test]
@@ -243,7 +263,14 @@ fn cuda_fallback_moves_correct_data_sync_and_batch() {
     let mut at = 0u64;
     for i in 0..64u64 {
         let len = [4096u64, 65536, 1 << 20][(i % 3) as usize];
-        reqs.push(IoRequest { op: Op::Read, buf: buf.clone(), buf_offset: at, file_offset: (i * 1_048_576) % (64 << 20), len, cookie: i });
+        reqs.push(IoRequest {
+            op: Op::Read,
+            buf: buf.clone(),
+            buf_offset: at,
+            file_offset: (i * 1_048_576) % (64 << 20),
+            len,
+            cookie: i,
+        });
         at += len;
     }
     reqs[9].file_offset = 1;
@@ -285,7 +312,8 @@ fn cuda_stream_orders_io_between_kernels() {
     let out = Arc::new(gpu.alloc(4096).unwrap());
     gpu.upload(&out, 0, &[0u8; 4]).unwrap();
     gpu.upload(&b, 0, &vec![0xEEu8; len]).unwrap();
-    let (abuf, bbuf) = (Arc::new(st.register_gpu(a.clone(), false).unwrap()), Arc::new(st.register_gpu(b.clone(), false).unwrap()));
+    let (abuf, bbuf) =
+        (Arc::new(st.register_gpu(a.clone(), false).unwrap()), Arc::new(st.register_gpu(b.clone(), false).unwrap()));
 
     // Arguments are wrong when queued and set afterwards, while the stream is still busy.
     let w = AsyncArgs::new(0, -1, -1);
@@ -315,12 +343,20 @@ fn cuda_stream_orders_io_between_kernels() {
     gpu.download(&out, 0, &mut mism).unwrap();
     assert_eq!(u32::from_le_bytes(mism), 0, "the kernel after the read saw the data the kernel before the write made");
     let disk = std::fs::read(f.path()).unwrap();
-    assert_eq!(&disk[32 << 20..(32 << 20) + len], &filled(len / 4, 0x1234_5678)[..], "the file holds the kernel's output");
+    assert_eq!(
+        &disk[32 << 20..(32 << 20) + len],
+        &filled(len / 4, 0x1234_5678)[..],
+        "the file holds the kernel's output"
+    );
     println!("queued in {queued:?}; kernel→write→read(invalid)→read→kernel done in {total:?}");
 
     // A group of 8 reads overlaps; 8 single reads run one after another. Same bytes.
     let group: Vec<AsyncOp> = (0..8)
-        .map(|i| AsyncOp { op: Op::Read, buf: bbuf.clone(), args: AsyncArgs::new(512 << 10, i * (512 << 10), i * (512 << 10)) })
+        .map(|i| AsyncOp {
+            op: Op::Read,
+            buf: bbuf.clone(),
+            args: AsyncArgs::new(512 << 10, i * (512 << 10), i * (512 << 10)),
+        })
         .collect();
     let t = Instant::now();
     for _ in 0..20 {
@@ -340,5 +376,8 @@ fn cuda_stream_orders_io_between_kernels() {
     let mut got = vec![0u8; 4 << 20];
     bbuf.copy_out(0, &mut got).unwrap();
     assert_eq!(pattern::first_mismatch(SEED, 0, &got), None);
-    println!("20 x 8 x 512 KiB: grouped {grouped:?}, one by one {single:?} ({:.2}x)", single.as_secs_f64() / grouped.as_secs_f64());
+    println!(
+        "20 x 8 x 512 KiB: grouped {grouped:?}, one by one {single:?} ({:.2}x)",
+        single.as_secs_f64() / grouped.as_secs_f64()
+    );
 }

@@ -1,0 +1,346 @@
+//! The portable layer in the VM: [`ugds::Storage`] on the direct path (host memory, and "GPU"
+//! memory of the CPU runtime exported as a real dma-buf and registered peer-to-peer), the
+//! staged fallback when export is impossible, the fallback path on the kernel's block device,
+//! dma-heap buffers, portable batches and stream-ordered I/O on a CPU stream. Data is checked
+//! through the kernel nvme driver.
+
+use crate::kmod::bound_node;
+use crate::{direct_read, direct_write, driver_of, ensure_that, nvme_controllers, nvme_name, xtask, Test};
+use anyhow::{Context, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use ugds::batch::{IoStatus, Op};
+use ugds::gpu::{CopyQueue, Gpu, Runtime, Vendor};
+use ugds::{pattern, AsyncArgs, CpuStream, Device, Error, IoRequest, Path, Storage, StorageBatch, Stream, StreamIo};
+
+const V: &str = "portable";
+
+/// The portable-layer tests.
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "portable_direct_host_and_p2p_buffers", variant: V, run: direct_paths },
+        Test { name: "portable_gpu_export_refused_error_or_staged_fallback", variant: V, run: export_refused },
+        Test { name: "portable_fallback_on_kernel_block_device", variant: V, run: block_device_fallback },
+        Test { name: "portable_dma_heap_buffer_io", variant: V, run: dma_heap },
+        Test { name: "portable_batch_on_direct_path", variant: V, run: batch_direct },
+        Test { name: "portable_stream_100_late_bound_ops_in_order", variant: V, run: stream_ops },
+    ]
+}
+
+/// 128 MiB with 4 KiB blocks; 64 MiB with 512-byte blocks.
+pub const NVME: &[&str] = &["size=128M,lbs=4096", "size=64M,lbs=512"];
+
+fn unbind(idx: usize) -> Result<String> {
+    let addr = nvme_controllers()?[idx].clone();
+    if driver_of(&addr).as_deref() != Some("nvme") {
+        let (ok, out) = xtask(&["unbind", &addr])?;
+        ensure_that!(ok, "unbind {addr}: {out}");
+    }
+    // The kernel names the block device after it probes; wait for it.
+    for _ in 0..100 {
+        if let Ok(n) = nvme_name(&addr) {
+            let dev = format!("/dev/{n}n1");
+            if std::path::Path::new(&dev).exists() {
+                return Ok(dev);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!("{addr}: no block device after unbind")
+}
+
+fn pat(seed: u64, off: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    pattern::fill(seed, off, &mut v);
+    v
+}
+
+fn direct_paths() -> Result<()> {
+    let blk = unbind(0)?;
+    direct_write(&blk, 0, &pat(1, 0, 8 << 20))?;
+    let dev = Device::open(&bound_node(0)?)?;
+    let st = Storage::direct(&dev, 1)?;
+    let gpu = Gpu::cpu();
+    let gbuf = st.register_gpu(Arc::new(gpu.alloc(4 << 20)?), false)?;
+    ensure_that!(gbuf.path() == Path::DirectP2p, "GPU memory took {}", gbuf.path());
+    ensure_that!(st.read(&gbuf, 0, 1 << 20, 4 << 20)? == 4 << 20, "short read");
+    let mut out = vec![0u8; 4 << 20];
+    gbuf.copy_out(0, &mut out)?;
+    ensure_that!(pattern::first_mismatch(1, 1 << 20, &out).is_none(), "dma-buf read differs");
+    let host = st.alloc_host(4 << 20)?;
+    ensure_that!(host.path() == Path::DirectHost, "host memory took {}", host.path());
+    host.copy_in(0, &pat(2, 16 << 20, 4 << 20))?;
+    st.write(&host, 0, 16 << 20, 4 << 20)?;
+    gbuf.copy_in(0, &pat(3, 24 << 20, 4 << 20))?;
+    st.write(&gbuf, 0, 24 << 20, 4 << 20)?;
+    let c = st.path_counts();
+    ensure_that!(c.direct_p2p == 2 && c.direct_host == 1 && c.fallback == 0, "{c:?}");
+    println!("    paths: {c:?}");
+    drop((gbuf, host, st, dev));
+    let blk = unbind(0)?;
+    ensure_that!(direct_read(&blk, 16 << 20, 4 << 20)? == pat(2, 16 << 20, 4 << 20), "host-memory write differs");
+    ensure_that!(direct_read(&blk, 24 << 20, 4 << 20)? == pat(3, 24 << 20, 4 << 20), "dma-buf write differs");
+    Ok(())
+}
+
+/// The CPU runtime, except that dma-buf export is refused (as with NVIDIA's proprietary
+/// driver).
+#[derive(Debug)]
+struct NoExport(ugds::gpu::cpu::Cpu);
+
+impl Runtime for NoExport {
+    fn vendor(&self) -> Vendor {
+        self.0.vendor()
+    }
+    fn device_name(&self) -> String {
+        "CPU stand-in without dma-buf".into()
+    }
+    fn alloc(&self, len: usize) -> ugds::Result<u64> {
+        self.0.alloc(len)
+    }
+    fn free(&self, ptr: u64, len: usize) {
+        self.0.free(ptr, len)
+    }
+    fn alloc_pinned(&self, len: usize) -> ugds::Result<*mut u8> {
+        self.0.alloc_pinned(len)
+    }
+    fn free_pinned(&self, ptr: *mut u8, len: usize) {
+        self.0.free_pinned(ptr, len)
+    }
+    fn copy_queue(&self) -> ugds::Result<Box<dyn CopyQueue>> {
+        self.0.copy_queue()
+    }
+    fn export_dmabuf(&self, _ptr: u64, _len: usize) -> ugds::Result<OwnedFd> {
+        Err(Error::Unsupported {
+            what: "dma-buf export",
+            why: self.dmabuf_support().unwrap_err(),
+            fix: "use a driver that exports dma-bufs, or allow the fallback path",
+        })
+    }
+    fn dmabuf_support(&self) -> std::result::Result<(), String> {
+        Err("this test runtime never exports".into())
+    }
+    fn new_stream(&self) -> ugds::Result<Arc<dyn Stream>> {
+        self.0.new_stream()
+    }
+}
+
+fn export_refused() -> Result<()> {
+    let dev = Device::open(&bound_node(0)?)?;
+    let st = Storage::direct(&dev, 1)?;
+    let gpu = Gpu::with_runtime(Arc::new(NoExport(Default::default())));
+    let mem = Arc::new(gpu.alloc(6 << 20)?);
+    match st.register_gpu(mem.clone(), false) {
+        Err(e @ Error::Unsupported { .. }) => {
+            let s = e.to_string();
+            ensure_that!(s.contains("never exports") && s.contains("allow the fallback"), "unhelpful error: {s}");
+        }
+        other => anyhow::bail!("expected Unsupported, got {other:?}"),
+    }
+    let buf = st.register_gpu(mem, true)?;
+    ensure_that!(buf.path() == Path::Fallback, "took {}", buf.path());
+    // 6 MiB: three staging chunks each way.
+    buf.copy_in(0, &pat(4, 40 << 20, 6 << 20))?;
+    st.write(&buf, 0, 40 << 20, 6 << 20)?;
+    let mut zero = vec![0u8; 6 << 20];
+    buf.copy_in(0, &zero)?;
+    st.read(&buf, 0, 40 << 20, 6 << 20)?;
+    buf.copy_out(0, &mut zero)?;
+    ensure_that!(pattern::first_mismatch(4, 40 << 20, &zero).is_none(), "staged round trip differs");
+    let c = st.path_counts();
+    ensure_that!(c.fallback == 2 && c.direct_p2p == 0, "{c:?}");
+    drop((buf, st, dev));
+    let blk = unbind(0)?;
+    ensure_that!(direct_read(&blk, 40 << 20, 6 << 20)? == pat(4, 40 << 20, 6 << 20), "staged write differs on disk");
+    Ok(())
+}
+
+fn block_device_fallback() -> Result<()> {
+    let blk = unbind(1)?;
+    let st = Storage::open(&blk)?;
+    ensure_that!(!st.is_direct() && st.block_size() == 512, "block size {}", st.block_size());
+    ensure_that!(st.capacity()? == 64 << 20, "capacity {}", st.capacity()?);
+    let gpu = Gpu::cpu();
+    let g = st.register_gpu(Arc::new(gpu.alloc(5 << 20)?), false)?;
+    let h = st.alloc_host(1 << 20)?;
+    g.copy_in(0, &pat(5, 3 << 20, 5 << 20))?;
+    st.write(&g, 0, 3 << 20, 5 << 20)?;
+    h.copy_in(0, &pat(6, 512, 1 << 20))?;
+    // A 512-byte aligned offset on a 512-byte-block device, from an unaligned buffer offset
+    // (bounced).
+    st.write(&h, 0, 512, (1 << 20) - 512)?;
+    ensure_that!(
+        direct_read(&blk, 3 << 20, 5 << 20)? == pat(5, 3 << 20, 5 << 20),
+        "staged write through the kernel differs"
+    );
+    let back = direct_read(&blk, 0, 1 << 20)?;
+    ensure_that!(back[512..] == pat(6, 512, 1 << 20)[..(1 << 20) - 512], "host write differs");
+    st.read(&h, 512, 3 << 20, (1 << 20) - 512)?;
+    let mut out = vec![0u8; (1 << 20) - 512];
+    h.copy_out(512, &mut out)?;
+    ensure_that!(pattern::first_mismatch(5, 3 << 20, &out).is_none(), "bounced read differs");
+    match st.read(&h, 0, 100, 512) {
+        Err(Error::InvalidArgument { arg: "file_offset", .. }) => {}
+        other => anyhow::bail!("unaligned offset: {other:?}"),
+    }
+    ensure_that!(st.path_counts().fallback == 3, "{:?}", st.path_counts());
+    Ok(())
+}
+
+/// `struct dma_heap_allocation_data` and `DMA_HEAP_IOCTL_ALLOC`.
+#[repr(C)]
+struct HeapAlloc {
+    len: u64,
+    fd: u32,
+    fd_flags: u32,
+    heap_flags: u64,
+}
+const DMA_HEAP_IOCTL_ALLOC: libc::c_ulong = 0xC018_4800;
+/// `DMA_BUF_IOCTL_SYNC` and its flags: CPU access to a dma-buf is bracketed by these.
+const DMA_BUF_IOCTL_SYNC: libc::c_ulong = 0x4008_6200;
+const SYNC_RW_START: u64 = 3;
+const SYNC_RW_END: u64 = 3 | 4;
+
+fn dma_heap() -> Result<()> {
+    let len = 1usize << 20;
+    let heap = std::fs::File::open("/dev/dma_heap/system").context("/dev/dma_heap/system")?;
+    let mut a = HeapAlloc { len: len as u64, fd: 0, fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32, heap_flags: 0 };
+    // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a `dma_heap_allocation_data`.
+    ensure_that!(unsafe { libc::ioctl(heap.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut a) } == 0, "dma-heap alloc failed");
+    // SAFETY: the ioctl returned a new fd that we own.
+    let buf = unsafe { OwnedFd::from_raw_fd(a.fd as i32) };
+    // SAFETY: mapping the dma-buf we own, shared, for CPU access.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, buf.as_raw_fd(), 0)
+    };
+    ensure_that!(p != libc::MAP_FAILED, "mmap of the dma-heap buffer failed");
+    let cpu = |f: &mut dyn FnMut(&mut [u8])| {
+        let (mut s, mut e) = (SYNC_RW_START, SYNC_RW_END);
+        // SAFETY: DMA_BUF_IOCTL_SYNC reads a u64; the mapping is `len` bytes and no DMA into it
+        // runs while the CPU holds it (between the two syncs).
+        unsafe {
+            libc::ioctl(buf.as_raw_fd(), DMA_BUF_IOCTL_SYNC, &mut s);
+            f(std::slice::from_raw_parts_mut(p as *mut u8, len));
+            libc::ioctl(buf.as_raw_fd(), DMA_BUF_IOCTL_SYNC, &mut e);
+        }
+    };
+    let blk = unbind(0)?;
+    direct_write(&blk, 60 << 20, &pat(8, 60 << 20, len))?;
+    let dev = Device::open(&bound_node(0)?)?;
+    let ns = dev.namespace(1)?;
+    let mut reg = dev.register_dmabuf(buf.as_raw_fd(), 0, len as u64)?;
+    cpu(&mut |m| pattern::fill(7, 50 << 20, m));
+    ns.write(&reg, 0, 50 << 20, len as u64)?;
+    ns.read(&mut reg, 0, 60 << 20, len as u64)?;
+    let mut ok = false;
+    cpu(&mut |m| ok = pattern::first_mismatch(8, 60 << 20, m).is_none());
+    drop((reg, ns, dev));
+    // SAFETY: unmapping our own mapping; nothing refers to it any more.
+    unsafe { libc::munmap(p, len) };
+    let blk = unbind(0)?;
+    ensure_that!(direct_read(&blk, 50 << 20, len)? == pat(7, 50 << 20, len), "dma-heap -> disk differs");
+    ensure_that!(ok, "disk -> dma-heap differs (seen from the CPU mapping)");
+    Ok(())
+}
+
+fn batch_direct() -> Result<()> {
+    let blk = unbind(0)?;
+    direct_write(&blk, 0, &pat(9, 0, 4 << 20))?;
+    let dev = Device::open(&bound_node(0)?)?;
+    let st = Storage::direct(&dev, 1)?;
+    let buf = Arc::new(st.alloc_host(128 * 4096)?);
+    let mut b = StorageBatch::new(&st, 128)?;
+    let mut reqs: Vec<_> = (0..128u64)
+        .map(|i| IoRequest {
+            op: Op::Read,
+            buf: buf.clone(),
+            buf_offset: i * 4096,
+            file_offset: (i * 97 % 1024) * 4096,
+            len: 4096,
+            cookie: i,
+        })
+        .collect();
+    reqs[77].file_offset = 1 << 40;
+    b.submit(&reqs)?;
+    let mut ev = Vec::new();
+    while ev.len() < 128 {
+        ev.extend(b.status(128, Duration::from_secs(30))?);
+    }
+    let mut out = vec![0u8; 128 * 4096];
+    buf.copy_out(0, &mut out)?;
+    for e in &ev {
+        let r = &reqs[e.cookie as usize];
+        if e.cookie == 77 {
+            ensure_that!(e.status == IoStatus::Failed || e.status == IoStatus::Invalid, "{e:?}");
+            continue;
+        }
+        ensure_that!(e.status == IoStatus::Complete, "{e:?}");
+        let got = &out[r.buf_offset as usize..][..4096];
+        ensure_that!(pattern::first_mismatch(9, r.file_offset, got).is_none(), "entry {}", e.cookie);
+    }
+    Ok(())
+}
+
+/// 100 stream-ordered ops on the direct path: writes of data made by the stream work before
+/// them, then reads back, with arguments bound when the stream gets there; one invalid.
+fn stream_ops() -> Result<()> {
+    let dev = Device::open(&bound_node(0)?)?;
+    let st = Storage::direct(&dev, 1)?;
+    let gpu = Gpu::cpu();
+    let mem = Arc::new(gpu.alloc(50 * 8192)?);
+    let base = mem.device_ptr() as usize;
+    let buf = Arc::new(st.register_gpu(mem, false)?);
+    ensure_that!(buf.path() == Path::DirectP2p, "took {}", buf.path());
+    let stream = CpuStream::new()?;
+    let sio = StreamIo::new(stream.clone())?;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut args = Vec::new();
+    for i in 0..100usize {
+        let slot = i % 50;
+        let (write, seed) = (i < 50, 1000 + slot as u64);
+        let a = AsyncArgs::new(0, -1, -1);
+        let a2 = a.clone();
+        let bad = i == 63;
+        stream.launch(move || {
+            let at = base + slot * 8192;
+            // SAFETY: the CPU runtime's device memory is host memory; no I/O on this slot is
+            // running at this point of the stream.
+            let m = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, 8192) };
+            if write {
+                pattern::fill(seed, 0, m);
+            } else {
+                m.fill(0);
+            }
+            a2.set(if bad { 4000 } else { 8192 }, (70 << 20) + slot as i64 * 8192, slot as i64 * 8192);
+        })?;
+        if write {
+            sio.write_async(&st, &buf, &a)?;
+        } else {
+            sio.read_async(&st, &buf, &a)?;
+        }
+        let (a3, l) = (a.clone(), log.clone());
+        stream.launch(move || {
+            // SAFETY: as above; the stream waited for the op.
+            let m = unsafe { std::slice::from_raw_parts((base + slot * 8192) as *const u8, 8192) };
+            let ok = pattern::first_mismatch(seed, 0, m).is_none();
+            if let Ok(mut l) = l.lock() {
+                l.push((i, a3.result(), ok));
+            }
+        })?;
+        args.push(a);
+    }
+    sio.synchronize()?;
+    let log = log.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    ensure_that!(log.len() == 100, "{} ops reported", log.len());
+    for (k, &(i, r, ok)) in log.iter().enumerate() {
+        ensure_that!(i == k, "stream order broken at {k}: {i}");
+        if i == 63 {
+            ensure_that!(r == -(libc::EINVAL as i64), "invalid size reported as {r}");
+        } else {
+            ensure_that!(r == 8192 && (i < 50 || ok), "op {i}: result {r}, data ok {ok}");
+        }
+    }
+    ensure_that!(st.path_counts().direct_p2p == 99, "{:?}", st.path_counts());
+    Ok(())
+}
