@@ -270,6 +270,55 @@ fn reuse_1000() -> Result<()> {
         median.as_secs_f64() * 1e6,
         times[0].as_secs_f64() / median.as_secs_f64()
     );
+    // One sample is at the emulator's mercy (single batches vary 4x here): repeat with 20 fresh
+    // batches and compare the median first batch with the median of their next 100.
+    let (mut firsts, mut laters, mut after_mmap): (Vec<Duration>, Vec<Duration>, Vec<Duration>) = Default::default();
+    for k in 0..20u64 {
+        let mut fresh = Batch::new(&dev, 8)?;
+        for round in 0..102u64 {
+            if round == 101 {
+                // Control: a mapping made and removed (nothing to do with the batch) just
+                // before a steady-state batch, as Batch::new's mmaps are before the first.
+                drop(ugds::mmio::Mapping::anonymous(4096)?);
+            }
+            let ios: Vec<_> = random_offsets(k * 1000 + round, 8)
+                .iter()
+                .enumerate()
+                .map(|(i, &o)| IoParams {
+                    op: Op::Read,
+                    ns: &ns,
+                    reg: &reg,
+                    reg_offset: i as u64 * 4096,
+                    dev_offset: o,
+                    len: 4096,
+                    cookie: i as u64,
+                })
+                .collect();
+            let t = Instant::now();
+            fresh.submit(&ios)?;
+            let ev = fresh.status(8, Duration::from_secs(30))?;
+            let el = t.elapsed();
+            ensure_that!(ev.len() == 8, "fresh batch {k} round {round}");
+            match round {
+                0 => firsts.push(el),
+                101 => after_mmap.push(el),
+                _ => laters.push(el),
+            }
+        }
+    }
+    firsts.sort();
+    laters.sort();
+    after_mmap.sort();
+    let (f, l, m) = (firsts[10], laters[laters.len() / 2], after_mmap[10]);
+    println!(
+        "    20 fresh batches: median first batch {:.0} us, median of their next 100 {:.0} us (ratio {:.2}); \
+         a steady batch right after an unrelated mmap+munmap {:.0} us (ratio {:.2})",
+        f.as_secs_f64() * 1e6,
+        l.as_secs_f64() * 1e6,
+        f.as_secs_f64() / l.as_secs_f64(),
+        m.as_secs_f64() * 1e6,
+        m.as_secs_f64() / l.as_secs_f64()
+    );
     drop(b);
     drop((reg, dev));
     unbind()
