@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::batch::{IoStatus, Op};
 use ugds::gpu::{CopyQueue, Gpu, Runtime, Vendor};
-use ugds::{pattern, AsyncArgs, CpuStream, Device, Error, IoRequest, Path, Storage, StorageBatch, Stream, StreamIo};
+use ugds::{
+    pattern, AsyncArgs, AsyncParams, CpuStream, Device, Error, IoRequest, Path, Storage, StorageBatch, Stream, StreamIo,
+};
 
 const V: &str = "portable";
 
@@ -25,6 +27,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "portable_dma_heap_buffer_io", variant: V, run: dma_heap },
         Test { name: "portable_batch_on_direct_path", variant: V, run: batch_direct },
         Test { name: "portable_stream_100_late_bound_ops_in_order", variant: V, run: stream_ops },
+        Test { name: "capi_c_suite_on_the_direct_path", variant: V, run: c_suite },
     ]
 }
 
@@ -101,6 +104,9 @@ impl Runtime for NoExport {
     }
     fn free(&self, ptr: u64, len: usize) {
         self.0.free(ptr, len)
+    }
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        self.0.is_device_memory(ptr)
     }
     fn alloc_pinned(&self, len: usize) -> ugds::Result<*mut u8> {
         self.0.alloc_pinned(len)
@@ -342,5 +348,33 @@ fn stream_ops() -> Result<()> {
         }
     }
     ensure_that!(st.path_counts().direct_p2p == 99, "{:?}", st.path_counts());
+    Ok(())
+}
+
+/// The C ABI suite (gcc against the installed header and library) on /dev/ugdsN; its reads
+/// check data the kernel driver wrote, and its writes are checked through the kernel after.
+fn c_suite() -> Result<()> {
+    let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;
+    let blk = unbind(0)?;
+    direct_write(&blk, 16 << 20, &pat(0x16, 16 << 20, 1 << 20))?;
+    direct_write(&blk, 8 << 20, &vec![0u8; 2 << 20])?;
+    let node = bound_node(0)?;
+    let out = std::process::Command::new(&bin).arg(&node).output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or("").to_string();
+    for l in text.lines().filter(|l| l.starts_with("not ok")) {
+        println!("    {l}");
+    }
+    println!("    {last}");
+    ensure_that!(
+        out.status.success() && last.contains("failed=0"),
+        "C suite: {last} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let blk = unbind(0)?;
+    ensure_that!(
+        direct_read(&blk, 8 << 20, 2 << 20)? == pat(0x8, 8 << 20, 2 << 20),
+        "uGDSWrite's data differs on disk"
+    );
     Ok(())
 }

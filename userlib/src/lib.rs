@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod capi;
 pub mod device;
 pub mod doctor;
 pub mod engine;
@@ -38,5 +39,5 @@ pub use gpu::{Gpu, GpuMemory};
 pub use storage::{Buffer, Path, PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};
-pub use stream_io::{AsyncArgs, AsyncOp, StreamIo};
+pub use stream_io::{AsyncArgs, AsyncOp, AsyncParams, StreamIo};
 pub use ugds_uapi as uapi;

@@ -48,9 +48,33 @@ impl AsyncArgs {
         self.file_offset.store(file_offset, Ordering::Release);
         self.buf_offset.store(buf_offset, Ordering::Release);
     }
+}
 
-    /// The result (valid once the stream has passed the operation).
-    pub fn result(&self) -> i64 {
+/// Where an operation's late-bound arguments live and its result goes: [`AsyncArgs`], or the
+/// caller's own words (the C ABI's `size_p`, `file_offset_p`, ... pointers).
+pub trait AsyncParams: Send + Sync + std::fmt::Debug {
+    /// Reads (size, file offset, buffer offset) when the stream reaches the operation.
+    fn load(&self) -> (u64, i64, i64);
+    /// Stores the result: bytes, or a negative errno.
+    fn store_result(&self, v: i64);
+    /// The result stored last.
+    fn result(&self) -> i64;
+}
+
+impl AsyncParams for AsyncArgs {
+    fn load(&self) -> (u64, i64, i64) {
+        (
+            self.size.load(Ordering::Acquire),
+            self.file_offset.load(Ordering::Acquire),
+            self.buf_offset.load(Ordering::Acquire),
+        )
+    }
+
+    fn store_result(&self, v: i64) {
+        self.bytes.store(v, Ordering::Release)
+    }
+
+    fn result(&self) -> i64 {
         self.bytes.load(Ordering::Acquire)
     }
 }
@@ -63,7 +87,7 @@ pub struct AsyncOp {
     /// The memory.
     pub buf: Arc<Buffer>,
     /// Its arguments and result slot.
-    pub args: Arc<AsyncArgs>,
+    pub args: Arc<dyn AsyncParams>,
 }
 
 /// Completion tickets: the word carries the largest ticket up to which everything is done.
@@ -118,6 +142,12 @@ impl StreamIo {
         self.submit(storage, &[AsyncOp { op: Op::Write, buf: buf.clone(), args: args.clone() }])
     }
 
+    /// Queues `f` on the stream after everything queued so far (the C ABI uses it to count a
+    /// handle's stream-ordered I/O as finished).
+    pub fn then(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.stream.host_fn(Box::new(f))
+    }
+
     /// Queues a group: its operations run concurrently once the stream reaches it, and later
     /// stream work waits for all of them.
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
@@ -132,9 +162,7 @@ impl StreamIo {
         let run = move || {
             for (i, o) in ops.into_iter().enumerate() {
                 let ticket = first.wrapping_add(i as u32);
-                let size = o.args.size.load(Ordering::Acquire);
-                let foff = o.args.file_offset.load(Ordering::Acquire);
-                let boff = o.args.buf_offset.load(Ordering::Acquire);
+                let (size, foff, boff) = o.args.load();
                 let checked = if foff < 0 {
                     Err(Error::invalid("file_offset", format!("{foff} is negative")))
                 } else if boff < 0 {
@@ -143,7 +171,7 @@ impl StreamIo {
                     storage.check(&o.buf, boff as u64, foff as u64, size)
                 };
                 if let Err(e) = checked {
-                    o.args.bytes.store(e.errno() as i64, Ordering::Release);
+                    o.args.store_result(e.errno() as i64);
                     finish(&tickets, &word, ticket);
                     continue;
                 }
@@ -151,11 +179,11 @@ impl StreamIo {
                 let args = o.args.clone();
                 let job = move || {
                     let r = s.rw(o.op == Op::Write, &o.buf, boff as u64, foff as u64, size);
-                    args.bytes.store(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64), Ordering::Release);
+                    args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
                     finish(&t, &w, ticket);
                 };
                 if engine.spawn(job).is_err() {
-                    o.args.bytes.store(-(libc::ESHUTDOWN as i64), Ordering::Release);
+                    o.args.store_result(-(libc::ESHUTDOWN as i64));
                     finish(&tickets, &word, ticket);
                 }
             }

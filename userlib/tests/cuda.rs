@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds::batch::{IoStatus, Op};
 use ugds::gpu::cuda::Cuda;
-use ugds::{pattern, AsyncArgs, AsyncOp, Gpu, IoRequest, Path, Storage, StorageBatch, StreamIo};
+use ugds::{pattern, AsyncArgs, AsyncOp, AsyncParams, Gpu, IoRequest, Path, Storage, StorageBatch, StreamIo};
 
 const SEED: u64 = 0xc0da;
 
@@ -367,7 +367,7 @@ fn cuda_stream_orders_io_between_kernels() {
     let t = Instant::now();
     for _ in 0..20 {
         for g in &group {
-            sio.read_async(&st, &bbuf, &g.args).unwrap();
+            sio.submit(&st, std::slice::from_ref(g)).unwrap();
         }
     }
     sio.synchronize().unwrap();

@@ -3,11 +3,12 @@
 //! and stream-ordered I/O on a CPU stream.
 
 use std::io::Write;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::batch::{IoStatus, Op};
-use ugds::{pattern, AsyncArgs, AsyncOp, CpuStream, Error, Gpu, IoRequest, Path, Storage, StorageBatch, StreamIo};
+use ugds::{
+    pattern, AsyncArgs, AsyncOp, AsyncParams, CpuStream, Error, Gpu, IoRequest, Path, Storage, StorageBatch, StreamIo,
+};
 
 const SEED: u64 = 0x5eed_f11e;
 
@@ -246,5 +247,5 @@ fn stream_groups_and_writes_follow_stream_order() {
     buf.copy_out(0, &mut out).unwrap();
     // The group read file [0, 1 MiB), which the write did not touch.
     assert_eq!(pattern::first_mismatch(SEED, 0, &out), None);
-    assert_eq!(ops[3].args.bytes.load(Ordering::Acquire), 65536);
+    assert_eq!(ops[3].args.result(), 65536);
 }

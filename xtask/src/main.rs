@@ -7,6 +7,7 @@ use std::time::Duration;
 
 mod bench;
 mod bind;
+mod clib;
 mod demo;
 mod install;
 mod kernel;
@@ -108,6 +109,18 @@ enum Cmd {
         /// Seconds per point.
         seconds: u64,
     },
+    /// Generates include/ugds.h from the C ABI with cbindgen (`--check`: fail when stale).
+    Header {
+        /// Compare instead of writing.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Installs libugds.so/.a, libcufile_ugds.so, ugds.h and ugds.pc under a prefix.
+    InstallLib {
+        /// The prefix (lib/, include/, lib/pkgconfig/ go under it).
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+    },
     /// Host tests, then the VM suite; prints `N passed, M failed`.
     Test {
         /// Only host tests.
@@ -174,6 +187,8 @@ fn real_main() -> Result<()> {
             println!("{addr}: given back to {}", bind::driver_of(&addr).unwrap_or_else(|| "no driver".into()));
         }
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
+        Cmd::Header { check } => clib::header(check)?,
+        Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,

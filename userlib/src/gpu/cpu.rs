@@ -97,6 +97,11 @@ impl Runtime for Cpu {
         }
     }
 
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        let allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        allocs.range(..=ptr).next_back().is_some_and(|(&base, (_, len))| ptr < base + *len as u64)
+    }
+
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
         map_anonymous(len.next_multiple_of(4096))
     }

@@ -175,6 +175,17 @@ impl Runtime for Cuda {
         }
     }
 
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        if self.bind().is_err() {
+            return false;
+        }
+        let mut ty: u32 = 0;
+        let attr = cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+        // SAFETY: MEMORY_TYPE writes an unsigned int; unknown pointers return an error.
+        let r = unsafe { cu::cuPointerGetAttribute(&mut ty as *mut u32 as *mut c_void, attr, ptr) };
+        r == cu::CUresult::CUDA_SUCCESS && ty == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+    }
+
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
         self.bind()?;
         let mut p = std::ptr::null_mut();

@@ -90,6 +90,9 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn alloc(&self, len: usize) -> Result<u64>;
     /// Frees device memory from [`Runtime::alloc`].
     fn free(&self, ptr: u64, len: usize);
+    /// Whether `ptr` is device memory of this runtime (the C ABI tells GPU from host
+    /// pointers with it).
+    fn is_device_memory(&self, ptr: u64) -> bool;
     /// Allocates pinned host memory.
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8>;
     /// Frees pinned host memory.
@@ -123,6 +126,8 @@ pub struct GpuMemory {
     gpu: Arc<Gpu>,
     ptr: u64,
     len: usize,
+    /// Allocated here (freed on drop), or the caller's.
+    owned: bool,
 }
 
 impl Gpu {
@@ -152,7 +157,20 @@ impl Gpu {
             return Err(Error::invalid("len", "must be non-zero"));
         }
         let ptr = self.rt.alloc(len)?;
-        Ok(GpuMemory { gpu: self.clone(), ptr, len })
+        Ok(GpuMemory { gpu: self.clone(), ptr, len, owned: true })
+    }
+
+    /// Device memory the caller allocated (not freed on drop).
+    ///
+    /// # Safety
+    ///
+    /// `[ptr, ptr + len)` must be device memory of this GPU that stays allocated while the
+    /// result (and any buffer registered from it) lives.
+    pub unsafe fn borrow(self: &Arc<Self>, ptr: u64, len: usize) -> Result<GpuMemory> {
+        if len == 0 || ptr == 0 {
+            return Err(Error::invalid("len", "a null or empty range"));
+        }
+        Ok(GpuMemory { gpu: self.clone(), ptr, len, owned: false })
     }
 
     /// Allocates pinned host memory.
@@ -261,6 +279,8 @@ impl GpuMemory {
 
 impl Drop for GpuMemory {
     fn drop(&mut self) {
-        self.gpu.rt.free(self.ptr, self.len);
+        if self.owned {
+            self.gpu.rt.free(self.ptr, self.len);
+        }
     }
 }
