@@ -277,16 +277,19 @@ pub(crate) fn staged(
     chunks: Option<[*mut u8; 2]>,
     mut disk: impl FnMut(*mut u8, usize, u64) -> Result<usize>,
 ) -> Result<usize> {
+    let nchunks = len.div_ceil(STAGING_CHUNK);
+    // One chunk needs one lane (a small I/O pays for one staging buffer and one queue).
+    let lanes = nchunks.clamp(1, 2);
     let pooled = match chunks {
         Some(_) => Vec::new(),
-        None => gpu.take_staging(2)?,
+        None => gpu.take_staging(lanes)?,
     };
     let stage: [*mut u8; 2] = match chunks {
         Some(c) => c,
-        None => [pooled[0].as_ptr(), pooled[1].as_ptr()],
+        None => [pooled[0].as_ptr(), pooled.get(1).map_or(std::ptr::null_mut(), |p| p.as_ptr())],
     };
-    let mut qs = Vec::with_capacity(2);
-    for _ in 0..2 {
+    let mut qs = Vec::with_capacity(lanes);
+    for _ in 0..lanes {
         match gpu.take_queue() {
             Ok(q) => qs.push(q),
             Err(e) => {
@@ -296,7 +299,6 @@ pub(crate) fn staged(
             }
         }
     }
-    let nchunks = len.div_ceil(STAGING_CHUNK);
     let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
     let mut run = |qs: &mut Vec<Box<dyn crate::gpu::CopyQueue>>| -> Result<usize> {
         let mut done = 0;

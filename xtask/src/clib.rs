@@ -107,26 +107,27 @@ pub fn install(prefix: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds the C test suite against the installed library (`target/c-prefix`); returns the
-/// binary.
+/// Builds the C test suite and the C example against the installed library
+/// (`target/c-prefix`); returns the suite's binary (the example's is beside it).
 pub fn build_c_suite() -> Result<PathBuf> {
     let prefix = root().join("target/c-prefix");
     install(&prefix)?;
-    let bin = prefix.join("ugds_test");
-    toolchain::run(Command::new("gcc").args([
-        "-O1",
-        "-Wall",
-        "-Wextra",
-        "-Werror",
-        "-o",
-        &bin.display().to_string(),
-        &root().join("tests/c/ugds_test.c").display().to_string(),
-        &format!("-I{}", prefix.join("include").display()),
-        &format!("-L{}", prefix.join("lib").display()),
-        "-lugds",
-        &format!("-Wl,-rpath,{}", prefix.join("lib").display()),
-    ]))?;
-    Ok(bin)
+    for (name, src) in [("ugds_test", "tests/c/ugds_test.c"), ("quickstart", "examples/c/quickstart.c")] {
+        toolchain::run(Command::new("gcc").args([
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            &prefix.join(name).display().to_string(),
+            &root().join(src).display().to_string(),
+            &format!("-I{}", prefix.join("include").display()),
+            &format!("-L{}", prefix.join("lib").display()),
+            "-lugds",
+            &format!("-Wl,-rpath,{}", prefix.join("lib").display()),
+        ]))?;
+    }
+    Ok(prefix.join("ugds_test"))
 }
 
 /// Parses the C suite's `C-SUITE passed=N failed=M` line.
@@ -145,11 +146,53 @@ pub fn run_c_suite_on_file(bin: &Path) -> Result<(u64, u64)> {
     let out = Command::new(bin).arg(&file).output().context("running the C suite")?;
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     print!("{text}");
+    // The example counts as one more test.
+    let ex = Command::new(bin.with_file_name("quickstart")).arg(&file).output().context("running the C example")?;
+    print!("{}{}", String::from_utf8_lossy(&ex.stdout), String::from_utf8_lossy(&ex.stderr));
+    let ex_ok = ex.status.success() && String::from_utf8_lossy(&ex.stdout).contains("quickstart: ok");
     let _ = std::fs::remove_file(&file);
     match parse_c_result(&text) {
-        Some(r) => Ok(r),
+        Some((p, f)) => Ok((p + ex_ok as u64, f + !ex_ok as u64)),
         None => bail!("the C suite did not finish ({})", out.status),
     }
+}
+
+/// `cargo xtask gpu-bundle`: what the GPU machine runs (it has no registry access): the CLI,
+/// the CUDA test binary and an installed library prefix, under target/gpu. Then
+/// `bash tests/gpu/run.sh` there (the device tool carries target/gpu).
+pub fn gpu_bundle() -> Result<()> {
+    let out = root().join("target/gpu");
+    std::fs::create_dir_all(&out)?;
+    install(&out.join("prefix"))?;
+    // The static archive is not needed there (and is large to carry).
+    let _ = std::fs::remove_file(out.join("prefix/lib/libugds.a"));
+    toolchain::run(Command::new("cargo").current_dir(root()).args([
+        "build",
+        "--release",
+        "-p",
+        "ugds",
+        "--bin",
+        "ugds",
+    ]))?;
+    std::fs::copy(root().join("target/release/ugds"), out.join("ugds"))?;
+    let json = toolchain::output(Command::new("cargo").current_dir(root()).args([
+        "test",
+        "--release",
+        "-p",
+        "ugds",
+        "--test",
+        "cuda",
+        "--no-run",
+        "--message-format=json",
+    ]))?;
+    let exe = json
+        .lines()
+        .filter(|l| l.contains("\"executable\"") && l.contains("\"cuda\""))
+        .find_map(|l| l.split("\"executable\":\"").nth(1).and_then(|r| r.split('"').next()))
+        .context("no cuda test executable in cargo's output")?;
+    std::fs::copy(exe, out.join("cuda-tests"))?;
+    println!("{}: ugds, cuda-tests, prefix/", out.display());
+    Ok(())
 }
 
 #[cfg(test)]

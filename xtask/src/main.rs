@@ -121,6 +121,8 @@ enum Cmd {
         #[arg(long, default_value = "/usr/local")]
         prefix: PathBuf,
     },
+    /// Builds what the GPU machine runs into target/gpu (see tests/gpu/run.sh).
+    GpuBundle,
     /// Host tests, then the VM suite; prints `N passed, M failed`.
     Test {
         /// Only host tests.
@@ -189,6 +191,7 @@ fn real_main() -> Result<()> {
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
         Cmd::Header { check } => clib::header(check)?,
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
+        Cmd::GpuBundle => clib::gpu_bundle()?,
         Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
