@@ -18,6 +18,8 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 const PIECE: usize = 1 << 20;
 /// Commands in flight per request.
 const RING_ENTRIES: u32 = 64;
+/// Staging chunks read from disk at once by [`FileTarget::read_gpu`].
+pub const READ_LANES: usize = 8;
 
 thread_local! {
     /// One ring per thread: rings are not shared, so there is no lock on the I/O path.
@@ -182,7 +184,15 @@ impl FileTarget {
         RING.with(|cell| {
             let mut slot = cell.borrow_mut();
             if slot.is_none() {
-                *slot = Some(IoUring::new(RING_ENTRIES).map_err(|e| io_err("io_uring_setup", e))?);
+                // One thread submits and reaps: tell the kernel (less task-work overhead per
+                // I/O, kernel 6.1+); older kernels get a plain ring.
+                let ring = IoUring::builder()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .build(RING_ENTRIES)
+                    .or_else(|_| IoUring::new(RING_ENTRIES))
+                    .map_err(|e| io_err("io_uring_setup", e))?;
+                *slot = Some(ring);
             }
             let ring = slot.as_mut().ok_or_else(|| Error::invalid("ring", "missing"))?;
             let fd = types::Fd(self.file.as_raw_fd());
@@ -240,12 +250,127 @@ impl FileTarget {
     }
 
     /// Reads into GPU memory at `dev_ptr` through staging chunks; returns bytes read.
+    ///
+    /// Up to [`READ_LANES`] chunks are read from disk at once; as each arrives, its copy to the
+    /// device starts, and its staging chunk is read into again once that copy is done.
     pub fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
         self.check(file_offset, len as u64)?;
-        staged(gpu, false, dev_ptr, len, None, |p, n, at| {
-            // SAFETY: `p` is a staging chunk of STAGING_CHUNK >= n bytes owned by `staged`.
-            unsafe { self.ring_io(false, p, n, file_offset + at) }
-        })
+        let nchunks = len.div_ceil(STAGING_CHUNK);
+        let lanes = nchunks.clamp(1, READ_LANES);
+        let stage = gpu.take_staging(lanes)?;
+        let mut qs = Vec::with_capacity(lanes);
+        for _ in 0..lanes {
+            match gpu.take_queue() {
+                Ok(q) => qs.push(q),
+                Err(e) => {
+                    qs.into_iter().for_each(|q| gpu.put_queue(q));
+                    gpu.put_staging(stage);
+                    return Err(e);
+                }
+            }
+        }
+        let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
+        let mut got = vec![0usize; nchunks];
+        // Disk reads still in flight if the loop below had to give up: their chunks are never
+        // reused.
+        let mut stranded = 0usize;
+        let r = RING.with(|cell| -> Result<()> {
+            let mut slot = cell.borrow_mut();
+            let ring = match slot.as_mut() {
+                Some(r) => r,
+                None => {
+                    drop(slot);
+                    // Set the ring up through the common path, then take it.
+                    // SAFETY: a zero-length read touches no memory.
+                    let _ = unsafe { self.ring_io(false, std::ptr::null_mut(), 0, 0) };
+                    slot = cell.borrow_mut();
+                    slot.as_mut().ok_or_else(|| Error::invalid("ring", "missing"))?
+                }
+            };
+            let fd = types::Fd(self.file.as_raw_fd());
+            let (mut next, mut inflight, mut first_err) = (0usize, 0usize, None);
+            while next < nchunks || inflight > 0 {
+                while first_err.is_none() && next < nchunks && inflight < lanes {
+                    let lane = next % lanes;
+                    // The lane's staging chunk is free once its last copy finished.
+                    if let Err(e) = qs[lane].wait() {
+                        first_err = Some(e);
+                        break;
+                    }
+                    let (at, n) = piece(next);
+                    let e = opcode::Read::new(fd, stage[lane].as_ptr(), n as u32)
+                        .offset(file_offset + at as u64)
+                        .build()
+                        .user_data(next as u64);
+                    // SAFETY: the staging chunk stays untouched until this entry is reaped below.
+                    unsafe { ring.submission().push(&e) }
+                        .map_err(|_| Error::invalid("ring", "submission queue full"))?;
+                    next += 1;
+                    inflight += 1;
+                }
+                if inflight == 0 {
+                    break;
+                }
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                    Err(e) => {
+                        stranded = inflight;
+                        return Err(io_err("io_uring_enter", e));
+                    }
+                }
+                let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
+                for (k, res) in done {
+                    inflight -= 1;
+                    let k = k as usize;
+                    if res < 0 {
+                        let e = io_err(
+                            format!("read {} at {}", self.path, file_offset + piece(k).0 as u64),
+                            std::io::Error::from_raw_os_error(-res),
+                        );
+                        first_err.get_or_insert(e);
+                        continue;
+                    }
+                    got[k] = res as usize;
+                    if first_err.is_none() && res > 0 {
+                        let lane = k % lanes;
+                        // SAFETY: the chunk holds `res` bytes just read; it is not reused
+                        // before this lane's queue is waited on.
+                        if let Err(e) = unsafe {
+                            qs[lane].to_device(dev_ptr + piece(k).0 as u64, stage[lane].as_ptr(), res as usize)
+                        } {
+                            first_err = Some(e);
+                        }
+                    }
+                }
+            }
+            match first_err {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        });
+        // Every disk read is reaped by now; copies may still run: wait before the chunks go
+        // back (or keep them forever if a queue cannot say it is done).
+        let waited = qs.iter_mut().all(|q| q.wait().is_ok());
+        if waited && stranded == 0 {
+            qs.into_iter().for_each(|q| gpu.put_queue(q));
+            gpu.put_staging(stage);
+        } else {
+            std::mem::forget(stage);
+        }
+        r?;
+        if !waited {
+            return Err(Error::Gpu { op: "staging copy", reason: "a copy queue failed".into() });
+        }
+        // Bytes up to the first short chunk (the end of the file).
+        let mut total = 0;
+        for (k, &g) in got.iter().enumerate() {
+            total += g;
+            if g < piece(k).1 {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     /// Writes from GPU memory at `dev_ptr` through staging chunks; returns bytes written.

@@ -65,6 +65,14 @@ fn timed(threads: usize, secs: f64, size: u64, body: impl Fn(usize, u64) -> Res<
     Ok(total as f64 * size as f64 / start.elapsed().as_secs_f64() / 1e9)
 }
 
+/// Rounds per measurement.
+const ROUNDS: usize = 3;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
 fn offset(t: usize, n: u64, size: u64, file_size: u64) -> u64 {
     let slots = (file_size / size).max(1);
     (pattern::splitmix64((t as u64) << 40 | n) % slots) * size
@@ -104,13 +112,13 @@ pub fn run(p: Params) -> Res<()> {
         let queues: Vec<std::sync::Mutex<_>> =
             (0..maxt).map(|_| gpu.runtime().copy_queue().map(std::sync::Mutex::new)).collect::<Result<_, _>>()?;
         for &threads in &p.threads {
-            let ugds_bw = timed(threads, p.seconds, size, |t, n| {
+            let ugds_io = |t: usize, n: u64| -> Res<()> {
                 let got = st.read(&bufs[t].0, 0, offset(t, n, size, p.file_size), size)?;
                 if got != size {
                     return Err(format!("short read: {got} of {size}").into());
                 }
                 Ok(())
-            })?;
+            };
             let pread = |t: usize, n: u64| -> Res<()> {
                 let h = pinned[t].as_ptr();
                 // SAFETY: `h` is this thread's pinned buffer of `size` bytes.
@@ -122,7 +130,7 @@ pub fn run(p: Params) -> Res<()> {
                 }
                 Ok(())
             };
-            let copy_bw = timed(threads, p.seconds, size, |t, n| {
+            let pread_copy = |t: usize, n: u64| -> Res<()> {
                 pread(t, n)?;
                 let mut q = queues[t].lock().map_err(|_| "poisoned")?;
                 // SAFETY: pinned[t] holds `size` bytes read above; bufs[t] is `size` bytes of
@@ -130,8 +138,16 @@ pub fn run(p: Params) -> Res<()> {
                 unsafe { q.to_device(bufs[t].1.device_ptr(), pinned[t].as_ptr(), size as usize)? };
                 q.wait()?;
                 Ok(())
-            })?;
-            let disk_bw = timed(threads, p.seconds, size, pread)?;
+            };
+            // The disk is shared and noisy: the three methods take turns, three rounds each,
+            // and each reports its median round.
+            let (mut u, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                u.push(timed(threads, p.seconds / ROUNDS as f64, size, ugds_io)?);
+                c.push(timed(threads, p.seconds / ROUNDS as f64, size, pread_copy)?);
+                d.push(timed(threads, p.seconds / ROUNDS as f64, size, pread)?);
+            }
+            let (ugds_bw, copy_bw, disk_bw) = (median(u), median(c), median(d));
             let row = (size, threads, ugds_bw, copy_bw, disk_bw);
             if p.json {
                 rows.push(format!(
