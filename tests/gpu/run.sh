@@ -29,6 +29,8 @@ run() { echo; echo "\$ $*"; "$@" 2>&1; echo "(exit $?)"; }
   run "$NVCC" -O2 -o "$DIR/rt_ugds" tests/gpu/cufile_roundtrip.c -L"$P/lib" -lcufile_ugds -lcudart -Xlinker -rpath="$P/lib"
   run "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
   run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
+  run env CUFILE_FORCE_COMPAT_MODE=true "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
+  run tail -n 12 cufile.log
   run "$DIR/rt_ugds" "$DIR/rt-ugds.dat"
   run env LD_PRELOAD="$P/lib/libcufile_ugds.so" "$DIR/rt_nvidia" "$DIR/rt-preload.dat"
   run ldd "$DIR/rt_ugds"

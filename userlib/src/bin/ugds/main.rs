@@ -437,13 +437,13 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     let mode = if interrupts { "interrupts" } else { "polling" };
     if json {
         println!(
-            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"depth\":{depth},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3},\"mode\":\"{mode}\",\"cpu_us_per_io\":{cpu_us:.2}}}",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
+            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"depth\":{depth},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3},\"mode\":\"{mode}\",\"cpu_us_per_io\":{cpu_us:.2},\"path\":\"direct-host\",\"path_ios\":{}}}",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, all.len()
         );
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms)",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
+            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); path: {} I/Os direct (host memory), 0 fallback",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, all.len()
         );
     }
     Ok(())
