@@ -4,7 +4,7 @@ use crate::kmod::bound_node;
 use crate::{ensure_that, nvme_controllers, xtask, Test};
 use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
-use ugds::{pattern, Batch, Device, Error, IoParams, IoStatus, Op};
+use ugds::{pattern, Batch, Device, Error, IoParams, IoStatus, Namespace, Op, Registration};
 
 const V: &str = "batch";
 
@@ -225,6 +225,22 @@ fn four_threads() -> Result<()> {
     unbind()
 }
 
+/// One 4 KiB read per offset, into consecutive 4 KiB slots of `reg`.
+fn reads_4k<'a>(ns: &'a Namespace, reg: &'a Registration, offs: &[u64]) -> Vec<IoParams<'a>> {
+    offs.iter()
+        .enumerate()
+        .map(|(i, &o)| IoParams {
+            op: Op::Read,
+            ns,
+            reg,
+            reg_offset: i as u64 * 4096,
+            dev_offset: o,
+            len: 4096,
+            cookie: i as u64,
+        })
+        .collect()
+}
+
 fn reuse_1000() -> Result<()> {
     let dev = setup()?;
     let ns = dev.namespace(1)?;
@@ -233,19 +249,7 @@ fn reuse_1000() -> Result<()> {
     let mut times = Vec::with_capacity(1000);
     for round in 0..1000u64 {
         let offs = random_offsets(round + 7, 8);
-        let ios: Vec<_> = offs
-            .iter()
-            .enumerate()
-            .map(|(i, &o)| IoParams {
-                op: Op::Read,
-                ns: &ns,
-                reg: &reg,
-                reg_offset: i as u64 * 4096,
-                dev_offset: o,
-                len: 4096,
-                cookie: i as u64,
-            })
-            .collect();
+        let ios = reads_4k(&ns, &reg, &offs);
         let t = Instant::now();
         b.submit(&ios)?;
         let ev = b.status(8, Duration::from_secs(30))?;
@@ -281,19 +285,7 @@ fn reuse_1000() -> Result<()> {
                 // before a steady-state batch, as Batch::new's mmaps are before the first.
                 drop(ugds::mmio::Mapping::anonymous(4096)?);
             }
-            let ios: Vec<_> = random_offsets(k * 1000 + round, 8)
-                .iter()
-                .enumerate()
-                .map(|(i, &o)| IoParams {
-                    op: Op::Read,
-                    ns: &ns,
-                    reg: &reg,
-                    reg_offset: i as u64 * 4096,
-                    dev_offset: o,
-                    len: 4096,
-                    cookie: i as u64,
-                })
-                .collect();
+            let ios = reads_4k(&ns, &reg, &random_offsets(k * 1000 + round, 8));
             let t = Instant::now();
             fresh.submit(&ios)?;
             let ev = fresh.status(8, Duration::from_secs(30))?;

@@ -258,17 +258,13 @@ impl FileTarget {
         let nchunks = len.div_ceil(STAGING_CHUNK);
         let lanes = nchunks.clamp(1, READ_LANES);
         let stage = gpu.take_staging(lanes)?;
-        let mut qs = Vec::with_capacity(lanes);
-        for _ in 0..lanes {
-            match gpu.take_queue() {
-                Ok(q) => qs.push(q),
-                Err(e) => {
-                    qs.into_iter().for_each(|q| gpu.put_queue(q));
-                    gpu.put_staging(stage);
-                    return Err(e);
-                }
+        let mut qs = match gpu.take_queues(lanes) {
+            Ok(q) => q,
+            Err(e) => {
+                gpu.put_staging(stage);
+                return Err(e);
             }
-        }
+        };
         let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
         let mut got = vec![0usize; nchunks];
         // Disk reads still in flight if the loop below had to give up: their chunks are never
@@ -413,17 +409,13 @@ pub(crate) fn staged(
         Some(c) => c,
         None => [pooled[0].as_ptr(), pooled.get(1).map_or(std::ptr::null_mut(), |p| p.as_ptr())],
     };
-    let mut qs = Vec::with_capacity(lanes);
-    for _ in 0..lanes {
-        match gpu.take_queue() {
-            Ok(q) => qs.push(q),
-            Err(e) => {
-                qs.into_iter().for_each(|q| gpu.put_queue(q));
-                gpu.put_staging(pooled);
-                return Err(e);
-            }
+    let mut qs = match gpu.take_queues(lanes) {
+        Ok(q) => q,
+        Err(e) => {
+            gpu.put_staging(pooled);
+            return Err(e);
         }
-    }
+    };
     let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
     let mut run = |qs: &mut Vec<Box<dyn crate::gpu::CopyQueue>>| -> Result<usize> {
         let mut done = 0;

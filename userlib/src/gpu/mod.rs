@@ -206,6 +206,21 @@ impl Gpu {
         }
     }
 
+    /// Takes `n` copy queues (all or none).
+    pub(crate) fn take_queues(&self, n: usize) -> Result<Vec<Box<dyn CopyQueue>>> {
+        let mut qs = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.take_queue() {
+                Ok(q) => qs.push(q),
+                Err(e) => {
+                    qs.into_iter().for_each(|q| self.put_queue(q));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(qs)
+    }
+
     /// Gives a copy queue back.
     pub(crate) fn put_queue(&self, q: Box<dyn CopyQueue>) {
         self.queues.lock().unwrap_or_else(|e| e.into_inner()).push(q);
