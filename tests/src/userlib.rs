@@ -382,14 +382,16 @@ fn cli() -> Result<()> {
         !bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("pattern mismatch at byte offset 65536"),
         "wrong seed not detected"
     );
+    let to = format!("/tmp/ugds-cli-past-{}", std::process::id());
     let past = std::process::Command::new(&bin)
-        .args(["read", &node, "--offset", "1G", "--len", "4K", "--to", "/tmp/x"])
+        .args(["read", &node, "--offset", "1G", "--len", "4K", "--to", &to])
         .output()?;
     ensure_that!(
         !past.status.success() && String::from_utf8_lossy(&past.stderr).contains("dev_offset"),
         "out-of-range read not reported: {}",
         String::from_utf8_lossy(&past.stderr)
     );
+    ensure_that!(!std::path::Path::new(&to).exists(), "a refused read created its output file");
     let b = sh(&format!("{bin} bench {node} --seconds 1 --size 4K"))?;
     ensure_that!(b.contains("IOPS") && b.contains("p99"), "bench: {b}");
     println!("    {}", b.trim());

@@ -354,7 +354,9 @@ impl Namespace {
         self.info.size_lbas << self.info.lba_shift
     }
 
-    fn check_range(&self, dev_offset: u64, len: u64) -> Result<()> {
+    /// Checks a device range (non-zero, block aligned, inside the namespace); the error names
+    /// the argument.
+    pub fn check_range(&self, dev_offset: u64, len: u64) -> Result<()> {
         let bs = self.block_size();
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));

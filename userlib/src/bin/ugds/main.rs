@@ -234,6 +234,8 @@ fn run(cli: Cli) -> Res<()> {
         Cmd::Read { t, offset, len, to, check_pattern } => {
             let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;
             let ns = d.namespace(t.ns)?;
+            // A bad range is refused before the output file is created or truncated.
+            ns.check_range(offset, len)?;
             let mut out = match &to {
                 Some(p) => Some(std::fs::File::create(p)?),
                 None => None,
