@@ -257,6 +257,7 @@ fn batch_direct() -> Result<()> {
     let st = Storage::direct(&dev, 1)?;
     let buf = Arc::new(st.alloc_host(128 * 4096)?);
     let mut b = StorageBatch::new(&st, 128)?;
+    ensure_that!(b.is_native(), "the direct path's batch should use its own queue pair");
     let mut reqs: Vec<_> = (0..128u64)
         .map(|i| IoRequest {
             op: Op::Read,
@@ -285,6 +286,7 @@ fn batch_direct() -> Result<()> {
         let got = &out[r.buf_offset as usize..][..4096];
         ensure_that!(pattern::first_mismatch(9, r.file_offset, got).is_none(), "entry {}", e.cookie);
     }
+    ensure_that!(st.path_counts().direct_host == 127, "{:?}", st.path_counts());
     Ok(())
 }
 

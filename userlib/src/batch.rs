@@ -11,6 +11,7 @@
 use crate::device::{create_queue_pair, Device, Inner, Namespace, Registration};
 use crate::error::{Error, Result};
 use crate::queue::{Command, QueuePair};
+use crate::storage::Buffer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,13 +79,46 @@ pub struct IoEvent {
     pub error: Option<Error>,
 }
 
+/// The registration an entry names: borrowed (the Rust API), or shared with a [`Buffer`] (the
+/// portable layer and the C ABI, whose entries outlive any borrow; the slot keeps both alive
+/// until the command is over).
+#[derive(Debug, Clone)]
+enum RegRef<'a> {
+    Borrowed(&'a Registration),
+    Shared { reg: Arc<Registration>, _buf: Arc<Buffer> },
+}
+
+impl RegRef<'_> {
+    fn get(&self) -> &Registration {
+        match self {
+            RegRef::Borrowed(r) => r,
+            RegRef::Shared { reg, .. } => reg,
+        }
+    }
+}
+
+/// One entry, however its registration is held.
+struct Entry<'a, 'n> {
+    op: Op,
+    ns: &'n Namespace,
+    reg: RegRef<'a>,
+    reg_offset: u64,
+    dev_offset: u64,
+    len: u64,
+    cookie: u64,
+}
+
+/// An entry of [`Batch::submit_shared`]: (op, registration, its buffer, reg offset, device
+/// offset, len, cookie).
+pub(crate) type SharedEntry = (Op, Arc<Registration>, Arc<Buffer>, u64, u64, u64, u64);
+
 #[derive(Debug)]
 struct Slot<'a> {
     cookie: u64,
     len: u64,
     cid: u16,
     status: Option<Status>,
-    reg: &'a Registration,
+    reg: RegRef<'a>,
     device_writes: bool,
     reported: bool,
 }
@@ -105,9 +139,9 @@ pub struct Batch<'a> {
 impl Slot<'_> {
     /// The entry's command is over (completed, or the controller was reset): uncount it.
     fn release(&self) {
-        self.reg.sub_inflight(1);
+        self.reg.get().sub_inflight(1);
         if self.device_writes {
-            self.reg.end_device_writes(1);
+            self.reg.get().end_device_writes(1);
         }
     }
 }
@@ -177,31 +211,66 @@ impl<'a> Batch<'a> {
     /// events; the rest run. Fails as a whole only when the batch has no room or the device
     /// refuses the submission.
     pub fn submit(&mut self, ios: &[IoParams<'a>]) -> Result<()> {
+        let entries = ios
+            .iter()
+            .map(|io| Entry {
+                op: io.op,
+                ns: io.ns,
+                reg: RegRef::Borrowed(io.reg),
+                reg_offset: io.reg_offset,
+                dev_offset: io.dev_offset,
+                len: io.len,
+                cookie: io.cookie,
+            })
+            .collect();
+        self.submit_entries(entries)
+    }
+
+    /// [`Batch::submit`] for entries whose registrations are shared with buffers (the batch
+    /// keeps them alive until their commands are over).
+    pub(crate) fn submit_shared(&mut self, ns: &Namespace, ios: Vec<SharedEntry>) -> Result<()> {
+        let entries = ios
+            .into_iter()
+            .map(|(op, reg, buf, reg_offset, dev_offset, len, cookie)| Entry {
+                op,
+                ns,
+                reg: RegRef::Shared { reg, _buf: buf },
+                reg_offset,
+                dev_offset,
+                len,
+                cookie,
+            })
+            .collect();
+        self.submit_entries(entries)
+    }
+
+    fn submit_entries(&mut self, ios: Vec<Entry<'a, '_>>) -> Result<()> {
         if self.in_flight() + ios.len() > self.capacity {
             return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", ios.len())));
         }
         let mut cmds = Vec::with_capacity(ios.len());
         let mut slots = Vec::with_capacity(ios.len());
         let mut nsid = None;
-        for io in ios {
-            let checked = io.ns.check_io(io.reg, io.reg_offset, io.dev_offset, io.len).and_then(|(slba, nlb)| {
+        for io in &ios {
+            let reg = io.reg.get();
+            let checked = io.ns.check_io(reg, io.reg_offset, io.dev_offset, io.len).and_then(|(slba, nlb)| {
                 if nsid.is_some_and(|n| n != io.ns.id()) {
                     return Err(Error::invalid("ns", "one submit may name one namespace"));
                 }
                 if io.op == Op::Read {
-                    io.reg.begin_device_writes(1)?;
+                    reg.begin_device_writes(1)?;
                 }
                 Ok((slba, nlb))
             });
             match checked {
                 Ok((slba, nlb)) => {
                     nsid = Some(io.ns.id());
-                    io.reg.add_inflight(1);
+                    reg.add_inflight(1);
                     cmds.push(Command::Rw {
                         write: io.op == Op::Write,
                         slba,
                         nlb,
-                        segs: io.reg.segments(),
+                        segs: reg.segments(),
                         off: io.reg_offset,
                         len: io.len,
                     });
@@ -210,7 +279,7 @@ impl<'a> Batch<'a> {
                         len: io.len,
                         cid: 0,
                         status: None,
-                        reg: io.reg,
+                        reg: io.reg.clone(),
                         device_writes: io.op == Op::Read,
                         reported: false,
                     });

@@ -339,6 +339,11 @@ impl Namespace {
         Ok((dev_offset >> shift, blocks as u32))
     }
 
+    /// The largest transfer one command (and so one batch entry) may carry.
+    pub fn max_command_bytes(&self) -> u64 {
+        self.dev.max_cmd_bytes.min(65536 << self.info.lba_shift)
+    }
+
     /// Namespace id.
     pub fn id(&self) -> u32 {
         self.info.nsid

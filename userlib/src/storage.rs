@@ -96,7 +96,7 @@ enum Mem {
 /// on the direct path it holds the module's registration.
 pub struct Buffer {
     mem: Mem,
-    reg: Option<Registration>,
+    reg: Option<Arc<Registration>>,
     /// Registered host staging chunks, for GPU memory on the direct path without dma-buf.
     stage: Option<Mutex<Registration>>,
     path: Path,
@@ -163,6 +163,11 @@ impl Buffer {
             Mem::Gpu(g) => Some(g),
             Mem::Host { .. } => None,
         }
+    }
+
+    /// The module's registration, on the direct path.
+    pub(crate) fn registration(&self) -> Option<&Arc<Registration>> {
+        self.reg.as_ref()
     }
 
     /// The host address, when it is host memory.
@@ -265,6 +270,25 @@ impl Storage {
         })
     }
 
+    /// The namespace and device, on the direct path.
+    pub(crate) fn direct_parts(&self) -> Option<(&Namespace, &Device)> {
+        match &self.target {
+            Target::Direct { ns, dev } => Some((ns, dev)),
+            Target::File(_) => None,
+        }
+    }
+
+    /// Counts one finished I/O of `bytes` on `path`.
+    pub(crate) fn count(&self, path: Path, bytes: u64) {
+        let counter = match path {
+            Path::DirectP2p => &self.stats.p2p,
+            Path::DirectHost => &self.stats.host,
+            Path::Fallback => &self.stats.fallback,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// True for the direct path.
     pub fn is_direct(&self) -> bool {
         matches!(self.target, Target::Direct { .. })
@@ -306,7 +330,14 @@ impl Storage {
     }
 
     fn buffer(&self, mem: Mem, reg: Option<Registration>, stage: Option<Registration>, path: Path) -> Buffer {
-        Buffer { mem, reg, stage: stage.map(Mutex::new), path, storage: self.id, inflight: AtomicU32::new(0) }
+        Buffer {
+            mem,
+            reg: reg.map(Arc::new),
+            stage: stage.map(Mutex::new),
+            path,
+            storage: self.id,
+            inflight: AtomicU32::new(0),
+        }
     }
 
     /// Allocates and registers `len` bytes of page-aligned host memory.
@@ -454,13 +485,7 @@ impl Storage {
                 })? as u64
             }
         };
-        let counter = match buf.path {
-            Path::DirectP2p => &self.stats.p2p,
-            Path::DirectHost => &self.stats.host,
-            Path::Fallback => &self.stats.fallback,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(n, Ordering::Relaxed);
+        self.count(buf.path, n);
         Ok(n)
     }
 

@@ -1,13 +1,15 @@
-//! Batches over any [`Storage`] path (cuFile's batch API on the portable layer): entries run
-//! concurrently on the storage's worker threads; events are collected with `status`. On the
-//! direct path, [`crate::Batch`] is the native alternative (one doorbell per submit).
+//! Batches over any [`Storage`] path (cuFile's batch API on the portable layer). On the direct
+//! path, entries of registered memory that fit one command go to a native [`Batch`] (its own
+//! queue pair, one doorbell per submit); the rest (the fallback path, staged GPU memory, larger
+//! entries) run concurrently on the storage's worker threads. Events are collected with `status`.
 //!
 //! Rules as for [`crate::Batch`]: `submit` validates every entry; invalid entries become
 //! `Invalid` events and the rest run. Dropping the batch waits for its entries.
 
-use crate::batch::{IoEvent, IoStatus, Op};
+use crate::batch::{Batch, IoEvent, IoStatus, Op, SharedEntry};
 use crate::error::{Error, Result};
-use crate::storage::{Buffer, Storage};
+use crate::storage::{Buffer, Path, Storage};
+use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,12 +36,21 @@ struct State {
     events: Vec<IoEvent>,
 }
 
+/// The direct path's native batch and what its events need.
+#[derive(Debug)]
+struct Native {
+    batch: Batch<'static>,
+    /// Cookie → (path, bytes) for counting finished entries.
+    paths: HashMap<u64, (Path, u64)>,
+}
+
 /// A reusable batch of up to `capacity` entries in flight.
 #[derive(Debug)]
 pub struct StorageBatch {
     storage: Arc<Storage>,
     capacity: usize,
     state: Arc<(Mutex<State>, Condvar)>,
+    native: Option<Native>,
 }
 
 impl StorageBatch {
@@ -49,7 +60,12 @@ impl StorageBatch {
             return Err(Error::invalid("capacity", "must be at least 1"));
         }
         storage.engine()?;
-        Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default() })
+        // A queue pair of its own on the direct path (when the controller grants one that deep).
+        let native = storage
+            .direct_parts()
+            .and_then(|(_, dev)| Batch::new(dev, capacity).ok())
+            .map(|batch| Native { batch, paths: HashMap::new() });
+        Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native })
     }
 
     /// Capacity.
@@ -59,29 +75,59 @@ impl StorageBatch {
 
     /// Entries running.
     pub fn in_flight(&self) -> usize {
-        self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running
+        let pool = self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running;
+        pool + self.native.as_ref().map_or(0, |n| n.batch.in_flight())
+    }
+
+    /// Whether the direct path's native batch (one doorbell per submit) is in use.
+    pub fn is_native(&self) -> bool {
+        self.native.is_some()
     }
 
     /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
     pub fn submit(&mut self, reqs: &[IoRequest]) -> Result<()> {
         let engine = self.storage.engine()?;
-        let (m, cv) = &*self.state;
-        {
-            let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-            if st.running + reqs.len() > self.capacity {
-                return Err(Error::invalid(
-                    "reqs",
-                    format!(
-                        "{} entries exceed the batch's free capacity ({} of {})",
-                        reqs.len(),
-                        self.capacity - st.running,
-                        self.capacity
-                    ),
-                ));
-            }
-            st.running += reqs.len();
+        let busy = self.in_flight();
+        if busy + reqs.len() > self.capacity {
+            return Err(Error::invalid(
+                "reqs",
+                format!(
+                    "{} entries exceed the batch's free capacity ({} of {})",
+                    reqs.len(),
+                    self.capacity - busy,
+                    self.capacity
+                ),
+            ));
         }
+        // Entries of registered memory that fit one command take the native batch.
+        let mut native = Vec::new();
+        let mut pooled = Vec::new();
         for r in reqs {
+            let fits = self.storage.direct_parts().is_some_and(|(ns, _)| r.len <= ns.max_command_bytes());
+            match (&self.native, r.buf.registration(), fits) {
+                (Some(_), Some(reg), true) => native.push((r, reg.clone())),
+                _ => pooled.push(r),
+            }
+        }
+        if let (Some(n), Some((ns, _))) = (self.native.as_mut(), self.storage.direct_parts()) {
+            if !native.is_empty() {
+                let mut entries: Vec<SharedEntry> = Vec::with_capacity(native.len());
+                for (r, reg) in native {
+                    if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
+                        let (m, _) = &*self.state;
+                        let ev = IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) };
+                        m.lock().unwrap_or_else(|e| e.into_inner()).events.push(ev);
+                        continue;
+                    }
+                    n.paths.insert(r.cookie, (r.buf.path(), r.len));
+                    entries.push((r.op, reg, r.buf.clone(), r.buf_offset, r.file_offset, r.len, r.cookie));
+                }
+                n.batch.submit_shared(ns, entries)?;
+            }
+        }
+        let (m, cv) = &*self.state;
+        m.lock().unwrap_or_else(|e| e.into_inner()).running += pooled.len();
+        for r in pooled {
             let event = |status, bytes, error| IoEvent { cookie: r.cookie, status, bytes, error };
             if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
                 let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -118,23 +164,48 @@ impl StorageBatch {
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing is
     /// running) and returns all available events.
     pub fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<IoEvent>> {
-        let (m, cv) = &*self.state;
         let deadline = Instant::now() + timeout;
-        let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-        while st.events.len() < min && st.running > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
+        let mut out = Vec::new();
+        loop {
+            if let Some(n) = self.native.as_mut() {
+                for e in n.batch.status(0, Duration::ZERO)? {
+                    if let Some((path, bytes)) = n.paths.remove(&e.cookie) {
+                        if e.status == IoStatus::Complete {
+                            self.storage.count(path, bytes);
+                        }
+                    }
+                    out.push(e);
+                }
             }
-            st = cv.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            let (m, cv) = &*self.state;
+            let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+            out.append(&mut st.events);
+            let native_busy = self.native.as_ref().is_some_and(|n| n.batch.in_flight() > 0);
+            let now = Instant::now();
+            if out.len() >= min || (st.running == 0 && !native_busy) || now >= deadline {
+                return Ok(out);
+            }
+            if native_busy {
+                // The native batch completes by polling: spin, but let the workers run.
+                drop(st);
+                std::thread::yield_now();
+            } else {
+                let _ = cv.wait_timeout(st, (deadline - now).min(Duration::from_millis(10)));
+            }
         }
-        Ok(std::mem::take(&mut st.events))
     }
 
     /// Waits for every running entry (they cannot be recalled from the kernel or the SSD) and
     /// returns all events.
     pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
-        self.status(usize::MAX, Duration::MAX.min(Duration::from_secs(3600)))
+        let mut out = Vec::new();
+        if let Some(n) = self.native.as_mut() {
+            // The native batch waits up to its deadline, then resets the controller.
+            out.extend(n.batch.cancel()?);
+            n.paths.clear();
+        }
+        out.extend(self.status(usize::MAX, Duration::from_secs(3600))?);
+        Ok(out)
     }
 }
 
