@@ -30,6 +30,7 @@ pub mod storage_batch;
 pub mod stream;
 pub mod stream_io;
 pub mod sys;
+pub mod units;
 
 pub use batch::{Batch, IoEvent, IoParams, IoStatus, Op};
 pub use device::{Device, DeviceOptions, HostView, Namespace, Registration};

@@ -59,15 +59,7 @@ impl Default for NvmeSpec {
 
 /// Parses a size such as `4096`, `64K`, `256M`, `1G`.
 pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mult).with_context(|| format!("size {s:?} overflows"))
+    ugds::units::parse(s).map_err(anyhow::Error::msg)
 }
 
 impl std::str::FromStr for NvmeSpec {

@@ -17,15 +17,7 @@ struct Cli {
 
 /// Parses 4096, 64K, 16M, 1G.
 fn size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|e| format!("{s:?}: {e}"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} overflows"))
+    ugds::units::parse(s)
 }
 
 #[derive(Args)]
@@ -453,10 +445,5 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
 
 /// 4096 → "4K", 1 MiB → "1M".
 fn human(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 && n.is_multiple_of(1 << 30) => format!("{}G", n >> 30),
-        n if n >= 1 << 20 && n.is_multiple_of(1 << 20) => format!("{}M", n >> 20),
-        n if n >= 1 << 10 && n.is_multiple_of(1 << 10) => format!("{}K", n >> 10),
-        n => n.to_string(),
-    }
+    ugds::units::human(n)
 }
