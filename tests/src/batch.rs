@@ -66,19 +66,7 @@ fn random_reads_128() -> Result<()> {
     let reg = dev.alloc(128 * 4096)?;
     let offs = random_offsets(1, 128);
     let mut b = Batch::new(&dev, 128)?;
-    let ios: Vec<IoParams<'_>> = offs
-        .iter()
-        .enumerate()
-        .map(|(i, &o)| IoParams {
-            op: Op::Read,
-            ns: &ns,
-            reg: &reg,
-            reg_offset: i as u64 * 4096,
-            dev_offset: o,
-            len: 4096,
-            cookie: i as u64,
-        })
-        .collect();
+    let ios = reads_4k(&ns, &reg, &offs);
     b.submit(&ios)?;
     ensure_that!(reg.as_slice().is_none(), "a CPU view was granted while the SSD writes the registration");
     let ev = b.status(128, Duration::from_secs(30))?;
@@ -185,19 +173,7 @@ fn four_threads() -> Result<()> {
                     let offs = random_offsets(10 + t, 64);
                     let mut b = Batch::new(dev, 64)?;
                     for round in 0..5 {
-                        let ios: Vec<_> = offs
-                            .iter()
-                            .enumerate()
-                            .map(|(i, &o)| IoParams {
-                                op: Op::Read,
-                                ns,
-                                reg: &reg,
-                                reg_offset: i as u64 * 4096,
-                                dev_offset: o,
-                                len: 4096,
-                                cookie: i as u64,
-                            })
-                            .collect();
+                        let ios = reads_4k(ns, &reg, &offs);
                         b.submit(&ios)?;
                         let ev = b.status(64, Duration::from_secs(30))?;
                         ensure_that!(
