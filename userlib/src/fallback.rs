@@ -26,6 +26,28 @@ thread_local! {
     static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
 }
 
+/// Runs `f` with this thread's ring, setting it up on first use.
+fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> Result<R>) -> Result<R> {
+    RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            // One thread submits and reaps: tell the kernel (less task-work overhead per I/O,
+            // kernel 6.1+); older kernels get a plain ring.
+            let ring = IoUring::builder()
+                .setup_single_issuer()
+                .setup_defer_taskrun()
+                .build(RING_ENTRIES)
+                .or_else(|_| IoUring::new(RING_ENTRIES))
+                .map_err(|e| io_err("io_uring_setup", e))?;
+            *slot = Some(ring);
+        }
+        match slot.as_mut() {
+            Some(ring) => f(ring),
+            None => Err(Error::invalid("ring", "missing")),
+        }
+    })
+}
+
 /// A regular file or a block device opened for the fallback path.
 #[derive(Debug)]
 pub struct FileTarget {
@@ -181,20 +203,7 @@ impl FileTarget {
 
     /// Splits the request into pieces, all in flight at once on this thread's ring.
     unsafe fn ring_io(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> Result<usize> {
-        RING.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            if slot.is_none() {
-                // One thread submits and reaps: tell the kernel (less task-work overhead per
-                // I/O, kernel 6.1+); older kernels get a plain ring.
-                let ring = IoUring::builder()
-                    .setup_single_issuer()
-                    .setup_defer_taskrun()
-                    .build(RING_ENTRIES)
-                    .or_else(|_| IoUring::new(RING_ENTRIES))
-                    .map_err(|e| io_err("io_uring_setup", e))?;
-                *slot = Some(ring);
-            }
-            let ring = slot.as_mut().ok_or_else(|| Error::invalid("ring", "missing"))?;
+        with_ring(|ring| {
             let fd = types::Fd(self.file.as_raw_fd());
             let mut done = 0usize;
             while done < len {
@@ -270,19 +279,7 @@ impl FileTarget {
         // Disk reads still in flight if the loop below had to give up: their chunks are never
         // reused.
         let mut stranded = 0usize;
-        let r = RING.with(|cell| -> Result<()> {
-            let mut slot = cell.borrow_mut();
-            let ring = match slot.as_mut() {
-                Some(r) => r,
-                None => {
-                    drop(slot);
-                    // Set the ring up through the common path, then take it.
-                    // SAFETY: a zero-length read touches no memory.
-                    let _ = unsafe { self.ring_io(false, std::ptr::null_mut(), 0, 0) };
-                    slot = cell.borrow_mut();
-                    slot.as_mut().ok_or_else(|| Error::invalid("ring", "missing"))?
-                }
-            };
+        let r = with_ring(|ring| -> Result<()> {
             let fd = types::Fd(self.file.as_raw_fd());
             let (mut next, mut inflight, mut first_err) = (0usize, 0usize, None);
             while next < nchunks || inflight > 0 {

@@ -454,7 +454,11 @@ impl Storage {
             (Target::Direct { ns, .. }, Mem::Gpu(g)) => {
                 let stage = buf.stage.as_ref().ok_or_else(|| Error::invalid("buf", "not registered"))?;
                 let stage = stage.lock().unwrap_or_else(|e| e.into_inner());
-                let base = stage.as_slice().map(|v| v.as_ptr() as usize).unwrap_or(0);
+                // Only this lock's holder uses the staging registration, so its view is free.
+                let base = stage
+                    .as_slice()
+                    .map(|v| v.as_ptr() as usize)
+                    .ok_or_else(|| Error::invalid("buf", "the staging memory is busy"))?;
                 let staging = [base as *mut u8, (base + STAGING_CHUNK) as *mut u8];
                 let dev_ptr = g.device_ptr() + buf_offset;
                 staged(g.gpu(), write, dev_ptr, len as usize, Some(staging), |p, n, at| {

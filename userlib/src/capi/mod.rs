@@ -133,16 +133,40 @@ fn handle_buffer(h: &Handle, base: usize, e: &BufEntry) -> Result<Arc<Buffer>, E
     Ok(b)
 }
 
+/// Why `resolve` failed: a library code, or an error of registering the buffer.
+enum Unresolved {
+    Lib(types::uGDSOpError),
+    Os(Error),
+}
+
+impl Unresolved {
+    /// As a read/write return value.
+    fn ret(&self) -> libc::ssize_t {
+        match self {
+            Unresolved::Lib(code) => lib(*code),
+            Unresolved::Os(e) => neg(e),
+        }
+    }
+
+    /// As a status.
+    fn status(&self) -> uGDSError_t {
+        match self {
+            Unresolved::Lib(code) => uGDSError_t::of(*code),
+            Unresolved::Os(e) => err(e),
+        }
+    }
+}
+
 /// Resolves (handle, buffer pointer) for an I/O: the handle, its buffer, and the offset of
-/// `ptr` in it. Errors are read/write return values.
-fn resolve(h: uGDSHandle_t, ptr: *mut c_void) -> Result<(Arc<Handle>, Arc<Buffer>, u64), libc::ssize_t> {
+/// `ptr` in it.
+fn resolve(h: uGDSHandle_t, ptr: *mut c_void) -> Result<(Arc<Handle>, Arc<Buffer>, u64), Unresolved> {
     let st = state();
-    let h = handle(&st, h).ok_or(lib(UGDS_HANDLE_NOT_REGISTERED))?;
-    let (base, e) = buffer_at(&st, ptr as usize).ok_or(lib(UGDS_MEMORY_NOT_REGISTERED))?;
+    let h = handle(&st, h).ok_or(Unresolved::Lib(UGDS_HANDLE_NOT_REGISTERED))?;
+    let (base, e) = buffer_at(&st, ptr as usize).ok_or(Unresolved::Lib(UGDS_MEMORY_NOT_REGISTERED))?;
     drop(st);
     let b = handle_buffer(&h, base, &e).map_err(|e| match e {
-        Error::Unsupported { .. } | Error::Gpu { .. } => lib(UGDS_GPU_MEMORY_PINNING_FAILED),
-        e => neg(&e),
+        Error::Unsupported { .. } | Error::Gpu { .. } => Unresolved::Lib(UGDS_GPU_MEMORY_PINNING_FAILED),
+        e => Unresolved::Os(e),
     })?;
     Ok((h, b, (ptr as usize - base) as u64))
 }
@@ -414,7 +438,7 @@ fn rw(
     }
     let (h, b, off) = match resolve(fh, buf) {
         Ok(x) => x,
-        Err(code) => return code,
+        Err(u) => return u.ret(),
     };
     h.inflight.fetch_add(1, Ordering::AcqRel);
     let r = if write {
@@ -526,7 +550,7 @@ pub unsafe extern "C" fn uGDSBatchIOSubmit(
         let resolved = if p.file_offset < 0 || p.devPtr_offset < 0 {
             Err(-(libc::EINVAL as libc::ssize_t))
         } else {
-            resolve(fh, p.devPtr_base)
+            resolve(fh, p.devPtr_base).map_err(|u| u.ret())
         };
         match resolved {
             Ok((_, buf, off)) => {
@@ -735,7 +759,7 @@ unsafe fn rw_async(
     }
     let (h, b, off) = match resolve(fh, buf) {
         Ok(x) => x,
-        Err(code) => return uGDSError_t::of(error_from_ret(code)),
+        Err(u) => return u.status(),
     };
     let sio = match stream_io(stream) {
         Ok(s) => s,
@@ -765,15 +789,6 @@ unsafe fn rw_async(
         return uGDSError_t::of(UGDS_INTERNAL_ERROR);
     }
     uGDSError_t::OK
-}
-
-fn error_from_ret(code: libc::ssize_t) -> types::uGDSOpError {
-    match -code {
-        5024 => UGDS_MEMORY_NOT_REGISTERED,
-        5027 => UGDS_HANDLE_NOT_REGISTERED,
-        5036 => UGDS_GPU_MEMORY_PINNING_FAILED,
-        _ => UGDS_INVALID_VALUE,
-    }
 }
 
 /// Queues a read in stream order: `*size_p`, `*file_offset_p` and `*buf_offset_p` are read when

@@ -156,7 +156,7 @@ pub fn run(p: Params) -> Res<()> {
             } else {
                 println!(
                     "{:>8} {:>7} {:>14.3} {:>18.3} {:>14.3} {:>11.2}x {:>11.2}x",
-                    super::human(row.0),
+                    ugds::units::human(row.0),
                     row.1,
                     row.2,
                     row.3,

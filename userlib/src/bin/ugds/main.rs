@@ -442,8 +442,3 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     }
     Ok(())
 }
-
-/// 4096 → "4K", 1 MiB → "1M".
-fn human(n: u64) -> String {
-    ugds::units::human(n)
-}
