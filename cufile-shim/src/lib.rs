@@ -1,40 +1,134 @@
-//! `libcufile_ugds.so`: NVIDIA cuFile's function names, types and layouts, implemented on
-//! ugds's C ABI, so that a program written for cuFile runs on ugds by relinking
-//! (`-lcufile_ugds` instead of `-lcufile`) or with `LD_PRELOAD=libcufile_ugds.so`.
+//! `libcufile_ugds.so`, also installed as `libcufile.so.0`: NVIDIA cuFile's API, names, types,
+//! layouts and semantics, on ugds's core ([`ugds::capi::Library`] with [`Face::CuFile`]).
 //!
-//! cuFile's types differ from uGDS's in a few places, converted here: its descriptor carries an
-//! `fs_ops` pointer, its batch entries name their file handle and a mode (so one cuFile batch
-//! may touch several files: it becomes one uGDS batch per file), and its event `ret` is a
-//! `size_t`.
+//! cuFile's semantics, as its documentation defines them: the library opens itself on first
+//! use; memory need not be registered (it is staged through the library's own buffers), sizes
+//! and offsets need not be aligned (reads go through a bounce buffer, writes read-modify-write
+//! their edge blocks), any host memory registers, and one batch may span several files.
 #![allow(non_camel_case_types, non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex, OnceLock};
-use ugds::capi::{self as u, uGDSOpError};
+use std::ffi::{c_int, c_long, c_uint, c_void};
+use std::sync::LazyLock;
+use std::time::Duration;
+use ugds::capi::{self as u, uGDSOpError, CResult, Entry, EventStatus, Face, Fail, LateArgs, Library};
 
-/// `CUfileError_t`: same layout as `uGDSError_t`.
-pub type CUfileError_t = u::uGDSError_t;
+/// The process's cuFile library state.
+static CUFILE: LazyLock<Library> = LazyLock::new(|| Library::new(Face::CuFile));
+
+fn lib() -> &'static Library {
+    &CUFILE
+}
+
+/// `CUfileError_t`: a `CUfileOpError` and the CUDA driver's `CUresult` when that is the cause.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUfileError_t {
+    /// `CUfileOpError`.
+    pub err: c_int,
+    /// `CUresult`.
+    pub cu_err: c_int,
+}
+
+/// `CUfileOpError` values this library returns (cufile.h's numbering).
+pub mod codes {
+    use std::ffi::c_int;
+    /// Success.
+    pub const CU_FILE_SUCCESS: c_int = 0;
+    /// The library is not open.
+    pub const CU_FILE_DRIVER_NOT_INITIALIZED: c_int = 5001;
+    /// Invalid driver property.
+    pub const CU_FILE_DRIVER_INVALID_PROPS: c_int = 5002;
+    /// Property out of range.
+    pub const CU_FILE_DRIVER_UNSUPPORTED_LIMIT: c_int = 5003;
+    /// Not supported on this platform.
+    pub const CU_FILE_PLATFORM_NOT_SUPPORTED: c_int = 5007;
+    /// Not supported on this file.
+    pub const CU_FILE_IO_NOT_SUPPORTED: c_int = 5008;
+    /// A CUDA driver call failed.
+    pub const CU_FILE_CUDA_DRIVER_ERROR: c_int = 5011;
+    /// Unsupported file type.
+    pub const CU_FILE_INVALID_FILE_TYPE: c_int = 5018;
+    /// Invalid argument.
+    pub const CU_FILE_INVALID_VALUE: c_int = 5022;
+    /// Memory already registered.
+    pub const CU_FILE_MEMORY_ALREADY_REGISTERED: c_int = 5023;
+    /// Memory not registered.
+    pub const CU_FILE_MEMORY_NOT_REGISTERED: c_int = 5024;
+    /// Descriptor not registered.
+    pub const CU_FILE_HANDLE_NOT_REGISTERED: c_int = 5027;
+    /// Descriptor already registered.
+    pub const CU_FILE_HANDLE_ALREADY_REGISTERED: c_int = 5028;
+    /// Internal error.
+    pub const CU_FILE_INTERNAL_ERROR: c_int = 5030;
+    /// GPU memory could not be registered for DMA.
+    pub const CU_FILE_GPU_MEMORY_PINNING_FAILED: c_int = 5036;
+    /// Out of memory.
+    pub const CU_FILE_NOMEM_ERROR: c_int = 5043;
+    /// I/O error.
+    pub const CU_FILE_IO_ERROR: c_int = 5044;
+}
+use codes::*;
+
+/// A core code as cuFile's: equal numbers up to 5038; the core's uGDS-only codes above that
+/// become the cuFile code with the same meaning.
+pub fn cufile_code(c: uGDSOpError) -> c_int {
+    match c {
+        uGDSOpError::UGDS_BATCH_CAPACITY_EXCEEDED => CU_FILE_INVALID_VALUE,
+        uGDSOpError::UGDS_BUSY => CU_FILE_INTERNAL_ERROR,
+        uGDSOpError::UGDS_RDMA_MR_STILL_ACTIVE => CU_FILE_INTERNAL_ERROR,
+        uGDSOpError::UGDS_OUT_OF_MEMORY => CU_FILE_NOMEM_ERROR,
+        other => other as c_int,
+    }
+}
+
+/// A status with cuFile's code.
+pub fn err(code: c_int) -> CUfileError_t {
+    CUfileError_t { err: code, cu_err: 0 }
+}
+
+fn status(r: CResult<()>) -> CUfileError_t {
+    match r {
+        Ok(()) => err(CU_FILE_SUCCESS),
+        Err(f) => err(cufile_code(f.code())),
+    }
+}
+
+/// A read/write result: bytes, or `-errno` / `-CUfileOpError`.
+fn ret(r: CResult<usize>) -> libc::ssize_t {
+    match r {
+        Ok(n) => n as libc::ssize_t,
+        Err(Fail::Code(c)) => -(cufile_code(c) as libc::ssize_t),
+        Err(f) => f.ret(),
+    }
+}
+
+/// `CUfileDescr_t`.
+#[repr(C)]
+pub struct CUfileDescr_t {
+    /// `CUfileFileHandleType` (1: an fd).
+    pub type_: c_int,
+    /// The fd (or a Windows handle).
+    pub handle: u::uGDSDescrHandle,
+    /// `CUfileFSOps_t *`, for user-space file systems (not used).
+    pub fs_ops: *const c_void,
+}
+
 /// `CUfileHandle_t`.
 pub type CUfileHandle_t = *mut c_void;
 /// `CUfileBatchHandle_t`.
 pub type CUfileBatchHandle_t = *mut c_void;
 
-/// `CUfileDescr_t`.
-#[repr(C)]
-pub struct CUfileDescr_t {
-    pub type_: c_int,
-    pub handle: u::uGDSDescrHandle,
-    pub fs_ops: *const c_void,
-}
-
 /// The batch member of `CUfileIOParams_t`'s union.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CUfileBatchIO {
+    /// Memory (device or host).
     pub devPtr_base: *mut c_void,
+    /// Offset in the file.
     pub file_offset: libc::off_t,
+    /// Offset from the base.
     pub devPtr_offset: libc::off_t,
+    /// Bytes.
     pub size: usize,
 }
 
@@ -42,10 +136,15 @@ pub struct CUfileBatchIO {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CUfileIOParams_t {
+    /// `CUfileBatchMode_t` (1: batch).
     pub mode: c_int,
+    /// The entry.
     pub batch: CUfileBatchIO,
+    /// Its file.
     pub fh: CUfileHandle_t,
+    /// `CUfileOpcode_t` (0 read, 1 write).
     pub opcode: c_int,
+    /// Returned with the event.
     pub cookie: *mut c_void,
 }
 
@@ -53,304 +152,274 @@ pub struct CUfileIOParams_t {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CUfileIOEvents_t {
+    /// The entry's cookie.
     pub cookie: *mut c_void,
+    /// `CUfileStatus_t`.
     pub status: c_int,
+    /// Bytes, or a negative errno in two's complement.
     pub ret: usize,
 }
 
-fn e(err: uGDSOpError) -> CUfileError_t {
-    u::uGDSError_t { err, cu_err: 0 }
-}
-
+/// Opens the library (optional: the first call of any other function opens it).
 #[no_mangle]
 pub extern "C" fn cuFileDriverOpen() -> CUfileError_t {
-    u::uGDSDriverOpen()
+    status(lib().driver_open())
 }
 
+/// Closes the library: handles, buffers and batches end (after their I/O). Application
+/// streams are never touched.
 #[no_mangle]
 pub extern "C" fn cuFileDriverClose() -> CUfileError_t {
-    u::uGDSDriverClose()
+    status(lib().driver_close())
 }
 
+/// Same as `cuFileDriverClose` (libcufile exports both names).
 #[no_mangle]
 pub extern "C" fn cuFileDriverClose_v2() -> CUfileError_t {
-    u::uGDSDriverClose()
+    status(lib().driver_close())
 }
 
+/// How many times the library is open in this process (0 or 1: opening is idempotent).
 #[no_mangle]
-pub unsafe extern "C" fn cuFileHandleRegister(fh: *mut CUfileHandle_t, descr: *const CUfileDescr_t) -> CUfileError_t {
-    if descr.is_null() {
-        return e(uGDSOpError::UGDS_INVALID_VALUE);
+pub extern "C" fn cuFileUseCount() -> c_long {
+    c_long::from(lib().is_open())
+}
+
+/// Registers a file descriptor: a ugds node (direct path), a regular file or a block device
+/// (fallback path, through a descriptor of the library's own with O_DIRECT).
+#[no_mangle]
+pub unsafe extern "C" fn cuFileHandleRegister(fh: *mut CUfileHandle_t, descr: *mut CUfileDescr_t) -> CUfileError_t {
+    if fh.is_null() || descr.is_null() {
+        return err(CU_FILE_INVALID_VALUE);
     }
-    // SAFETY: checked non-null; the caller passes a valid descriptor.
-    let d = unsafe { &*descr };
-    if d.type_ != 1 {
-        return e(uGDSOpError::UGDS_INVALID_VALUE);
+    // SAFETY: non-null; the type is read as the int the caller stored.
+    let (kind, fd) = unsafe { ((*descr).type_, (*descr).handle.fd) };
+    if kind != 1 {
+        return err(CU_FILE_INVALID_FILE_TYPE);
     }
-    let ud = u::uGDSDescr_t { type_: u::uGDSHandleType::UGDS_HANDLE_TYPE_OPAQUE_FD, handle: d.handle };
-    // SAFETY: forwarded.
-    unsafe { u::uGDSHandleRegister(fh, &ud) }
+    match lib().handle_register(fd) {
+        Ok(h) => {
+            // SAFETY: checked non-null.
+            unsafe { *fh = h as CUfileHandle_t };
+            err(CU_FILE_SUCCESS)
+        }
+        Err(f) => err(cufile_code(f.code())),
+    }
 }
 
+/// Deregisters a handle after its I/O. Unknown handles are ignored.
 #[no_mangle]
-pub unsafe extern "C" fn cuFileHandleDeregister(fh: CUfileHandle_t) {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSHandleDeregister(fh) }
+pub extern "C" fn cuFileHandleDeregister(fh: CUfileHandle_t) {
+    let _ = lib().handle_deregister(fh as usize, -1);
 }
 
+/// Registers memory: GPU memory (detected from the pointer) or any host memory (the pages
+/// holding it are pinned). `flags` (RDMA hints) are accepted and have no effect.
 #[no_mangle]
-pub unsafe extern "C" fn cuFileBufRegister(ptr: *const c_void, len: usize, flags: c_int) -> CUfileError_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSBufRegister(ptr, len, flags) }
+pub unsafe extern "C" fn cuFileBufRegister(bufPtr_base: *const c_void, length: usize, flags: c_int) -> CUfileError_t {
+    let _ = flags;
+    if let Err(f) = lib().require_open_pub() {
+        return err(cufile_code(f.code()));
+    }
+    let base = bufPtr_base as usize;
+    let gpu = u::cuda().filter(|g| g.runtime().is_device_memory(base as u64));
+    // SAFETY: the caller keeps the memory allocated until cuFileBufDeregister.
+    status(unsafe { lib().buf_register(base, length, gpu, false) })
 }
 
+/// Deregisters memory (refused while I/O on it runs).
 #[no_mangle]
-pub unsafe extern "C" fn cuFileBufDeregister(ptr: *const c_void) -> CUfileError_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSBufDeregister(ptr) }
+pub extern "C" fn cuFileBufDeregister(bufPtr_base: *const c_void) -> CUfileError_t {
+    status(lib().buf_deregister(bufPtr_base as usize))
 }
 
+/// Reads `size` bytes at `file_offset` into `bufPtr_base + bufPtr_offset` (any memory, any
+/// alignment); bytes read, or `-errno` / `-CUfileOpError`.
 #[no_mangle]
 pub unsafe extern "C" fn cuFileRead(
     fh: CUfileHandle_t,
-    buf: *mut c_void,
+    bufPtr_base: *mut c_void,
     size: usize,
     file_offset: libc::off_t,
-    buf_offset: libc::off_t,
+    bufPtr_offset: libc::off_t,
 ) -> libc::ssize_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSRead(fh, buf, size, file_offset, buf_offset) }
+    // SAFETY: the caller's memory contract.
+    ret(unsafe { lib().rw(false, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset) })
 }
 
+/// Writes `size` bytes from `bufPtr_base + bufPtr_offset` to `file_offset` (see `cuFileRead`).
 #[no_mangle]
 pub unsafe extern "C" fn cuFileWrite(
     fh: CUfileHandle_t,
-    buf: *const c_void,
+    bufPtr_base: *const c_void,
     size: usize,
     file_offset: libc::off_t,
-    buf_offset: libc::off_t,
+    bufPtr_offset: libc::off_t,
 ) -> libc::ssize_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSWrite(fh, buf, size, file_offset, buf_offset) }
+    // SAFETY: the caller's memory contract.
+    ret(unsafe { lib().rw(true, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset) })
 }
 
+/// Queues a read on `stream` (late-bound size and offsets; result in `*bytes_read_p`).
 #[no_mangle]
 pub unsafe extern "C" fn cuFileReadAsync(
     fh: CUfileHandle_t,
-    buf: *mut c_void,
-    size_p: *const usize,
-    file_offset_p: *const libc::off_t,
-    buf_offset_p: *const libc::off_t,
-    bytes_p: *mut libc::ssize_t,
+    bufPtr_base: *mut c_void,
+    size_p: *mut usize,
+    file_offset_p: *mut libc::off_t,
+    bufPtr_offset_p: *mut libc::off_t,
+    bytes_read_p: *mut libc::ssize_t,
     stream: *mut c_void,
 ) -> CUfileError_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSReadAsync(fh, buf, size_p, file_offset_p, buf_offset_p, bytes_p, stream) }
+    let args = LateArgs { size: size_p, file_offset: file_offset_p, buf_offset: bufPtr_offset_p, bytes: bytes_read_p };
+    // SAFETY: the caller keeps the words and memory valid until the stream passed the call.
+    status(unsafe { lib().rw_async(false, fh as usize, bufPtr_base as usize, args, u::stream_key(stream)) })
 }
 
+/// Queues a write on `stream` (see `cuFileReadAsync`).
 #[no_mangle]
 pub unsafe extern "C" fn cuFileWriteAsync(
     fh: CUfileHandle_t,
-    buf: *mut c_void,
-    size_p: *const usize,
-    file_offset_p: *const libc::off_t,
-    buf_offset_p: *const libc::off_t,
-    bytes_p: *mut libc::ssize_t,
+    bufPtr_base: *mut c_void,
+    size_p: *mut usize,
+    file_offset_p: *mut libc::off_t,
+    bufPtr_offset_p: *mut libc::off_t,
+    bytes_written_p: *mut libc::ssize_t,
     stream: *mut c_void,
 ) -> CUfileError_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSWriteAsync(fh, buf, size_p, file_offset_p, buf_offset_p, bytes_p, stream) }
+    let args =
+        LateArgs { size: size_p, file_offset: file_offset_p, buf_offset: bufPtr_offset_p, bytes: bytes_written_p };
+    // SAFETY: as for cuFileReadAsync.
+    status(unsafe { lib().rw_async(true, fh as usize, bufPtr_base as usize, args, u::stream_key(stream)) })
 }
 
+/// Registers a stream; `flags` say which arguments are known aligned (hints; no effect here).
 #[no_mangle]
-pub unsafe extern "C" fn cuFileStreamRegister(stream: *mut c_void, flags: c_uint) -> CUfileError_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSStreamRegister(stream, flags) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuFileStreamDeregister(stream: *mut c_void) -> CUfileError_t {
-    // SAFETY: forwarded.
-    unsafe { u::uGDSStreamDeregister(stream) }
-}
-
-/// A cuFile batch: one uGDS batch per file handle its entries name.
-struct Batch {
-    nr: c_uint,
-    per_file: HashMap<usize, usize>,
-    ready: VecDeque<CUfileIOEvents_t>,
-}
-
-// SAFETY: the uGDS batch handles are registry keys, never dereferenced here.
-unsafe impl Send for Batch {}
-
-fn batches() -> std::sync::MutexGuard<'static, HashMap<usize, Arc<Mutex<Batch>>>> {
-    static B: OnceLock<Mutex<HashMap<usize, Arc<Mutex<Batch>>>>> = OnceLock::new();
-    B.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn find(b: CUfileBatchHandle_t) -> Option<Arc<Mutex<Batch>>> {
-    batches().get(&(b as usize)).cloned()
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuFileBatchIOSetUp(batch: *mut CUfileBatchHandle_t, nr: c_uint) -> CUfileError_t {
-    if batch.is_null() || nr == 0 {
-        return e(uGDSOpError::UGDS_INVALID_VALUE);
+pub extern "C" fn cuFileStreamRegister(stream: *mut c_void, flags: c_uint) -> CUfileError_t {
+    let _ = (stream, flags);
+    if let Err(f) = lib().require_open_pub() {
+        return err(cufile_code(f.code()));
     }
-    let b = Arc::new(Mutex::new(Batch { nr, per_file: HashMap::new(), ready: VecDeque::new() }));
-    let key = Arc::as_ptr(&b) as usize;
-    batches().insert(key, b);
-    // SAFETY: checked non-null.
-    unsafe { *batch = key as CUfileBatchHandle_t };
-    e(uGDSOpError::UGDS_SUCCESS)
+    err(CU_FILE_SUCCESS)
 }
 
+/// Deregisters a stream once the library's own queued work on it has run; the stream itself
+/// is never synchronised or otherwise touched.
+#[no_mangle]
+pub extern "C" fn cuFileStreamDeregister(stream: *mut c_void) -> CUfileError_t {
+    lib().stream_forget(u::stream_key(stream));
+    err(CU_FILE_SUCCESS)
+}
+
+/// Sets up a batch of up to `nr` entries in flight (at most 128).
+#[no_mangle]
+pub unsafe extern "C" fn cuFileBatchIOSetUp(batch_idp: *mut CUfileBatchHandle_t, nr: c_uint) -> CUfileError_t {
+    if batch_idp.is_null() {
+        return err(CU_FILE_INVALID_VALUE);
+    }
+    match lib().batch_setup(0, nr) {
+        Ok(b) => {
+            // SAFETY: checked non-null.
+            unsafe { *batch_idp = b as CUfileBatchHandle_t };
+            err(CU_FILE_SUCCESS)
+        }
+        Err(f) => err(cufile_code(f.code())),
+    }
+}
+
+/// Submits `nr` entries, each naming its file; any memory and alignment. An entry that names
+/// an unknown handle or has a bad value becomes a `CUFILE_INVALID` event; the rest run.
 #[no_mangle]
 pub unsafe extern "C" fn cuFileBatchIOSubmit(
-    batch: CUfileBatchHandle_t,
+    batch_idp: CUfileBatchHandle_t,
     nr: c_uint,
-    params: *const CUfileIOParams_t,
+    iocbp: *mut CUfileIOParams_t,
     flags: c_uint,
 ) -> CUfileError_t {
-    let Some(b) = find(batch) else { return e(uGDSOpError::UGDS_INVALID_VALUE) };
-    if params.is_null() && nr > 0 {
-        return e(uGDSOpError::UGDS_INVALID_VALUE);
+    let _ = flags;
+    if iocbp.is_null() && nr > 0 {
+        return err(CU_FILE_INVALID_VALUE);
     }
-    let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-    if nr > b.nr {
-        return e(uGDSOpError::UGDS_BATCH_CAPACITY_EXCEEDED);
+    if nr == 0 {
+        return err(CU_FILE_SUCCESS);
     }
     // SAFETY: the caller passes `nr` entries.
-    let ps = if nr == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(params, nr as usize) } };
-    let mut by_file: HashMap<usize, Vec<u::uGDSIOParams_t>> = HashMap::new();
+    let ps = unsafe { std::slice::from_raw_parts(iocbp, nr as usize) };
+    let mut entries = Vec::with_capacity(ps.len());
     for p in ps {
-        let opcode = if p.opcode == 1 { u::uGDSOpcode_t::UGDS_WRITE } else { u::uGDSOpcode_t::UGDS_READ };
-        by_file.entry(p.fh as usize).or_default().push(u::uGDSIOParams_t {
-            devPtr_base: p.batch.devPtr_base,
+        if p.mode != 1 || !(0..=1).contains(&p.opcode) {
+            return err(CU_FILE_INVALID_VALUE);
+        }
+        entries.push(Entry {
+            fh: p.fh as usize,
+            write: p.opcode == 1,
+            base: p.batch.devPtr_base as usize,
+            buf_offset: p.batch.devPtr_offset,
             file_offset: p.batch.file_offset,
-            devPtr_offset: p.batch.devPtr_offset,
             size: p.batch.size,
-            opcode,
             cookie: p.cookie,
         });
     }
-    for (fh, entries) in by_file {
-        let ub = match b.per_file.get(&fh) {
-            Some(&ub) => ub,
-            None => {
-                let mut ub = std::ptr::null_mut();
-                // SAFETY: out-pointer to a local; `fh` is checked by uGDS.
-                let r = unsafe { u::uGDSBatchIOSetUp(&mut ub, fh as *mut c_void, b.nr) };
-                if r.err != uGDSOpError::UGDS_SUCCESS {
-                    // Entries naming an unknown handle are invalid; the rest still run.
-                    for en in &entries {
-                        b.ready.push_back(CUfileIOEvents_t { cookie: en.cookie, status: 0x04, ret: 0 });
-                    }
-                    continue;
-                }
-                b.per_file.insert(fh, ub as usize);
-                ub as usize
-            }
-        };
-        // SAFETY: `entries` holds `len` entries.
-        let r = unsafe { u::uGDSBatchIOSubmit(ub as *mut c_void, entries.len() as c_uint, entries.as_ptr(), flags) };
-        if r.err != uGDSOpError::UGDS_SUCCESS {
-            return r;
-        }
-    }
-    e(uGDSOpError::UGDS_SUCCESS)
+    // SAFETY: the caller's memory contract for every entry.
+    status(unsafe { lib().batch_submit(batch_idp as usize, &entries) })
 }
 
+/// Waits until `min_nr` entries finished (or `timeout`; NULL: no limit) and returns up to
+/// `*nr` events; `*nr` is set to how many.
 #[no_mangle]
 pub unsafe extern "C" fn cuFileBatchIOGetStatus(
-    batch: CUfileBatchHandle_t,
+    batch_idp: CUfileBatchHandle_t,
     min_nr: c_uint,
     nr: *mut c_uint,
-    events: *mut CUfileIOEvents_t,
-    timeout: *const libc::timespec,
+    iocbp: *mut CUfileIOEvents_t,
+    timeout: *mut libc::timespec,
 ) -> CUfileError_t {
-    let Some(b) = find(batch) else { return e(uGDSOpError::UGDS_INVALID_VALUE) };
-    if nr.is_null() || events.is_null() {
-        return e(uGDSOpError::UGDS_INVALID_VALUE);
+    if nr.is_null() || iocbp.is_null() {
+        return err(CU_FILE_INVALID_VALUE);
     }
     // SAFETY: checked non-null.
     let max = unsafe { *nr } as usize;
-    let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-    let deadline = std::time::Instant::now()
-        + if timeout.is_null() {
-            std::time::Duration::from_secs(3600)
-        } else {
-            // SAFETY: checked non-null.
-            let t = unsafe { *timeout };
-            std::time::Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32)
-        };
-    let zero = libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 };
-    loop {
-        let files: Vec<usize> = b.per_file.values().copied().collect();
-        for ub in files {
-            let mut buf = vec![
-                u::uGDSIOEvents_t {
-                    cookie: std::ptr::null_mut(),
-                    status: u::uGDSBatchStatus_t::UGDS_BATCH_WAITING,
-                    ret: 0
+    if max == 0 || (min_nr as usize) > max {
+        return err(CU_FILE_INVALID_VALUE);
+    }
+    let limit = if timeout.is_null() {
+        None
+    } else {
+        // SAFETY: checked non-null.
+        let t = unsafe { *timeout };
+        Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+    };
+    match lib().batch_status(batch_idp as usize, min_nr as usize, max, limit) {
+        Ok(evs) => {
+            for (i, e) in evs.iter().enumerate() {
+                let status = match e.status {
+                    EventStatus::Complete => 0x10,
+                    EventStatus::Failed => 0x40,
+                    EventStatus::Invalid => 0x04,
+                    EventStatus::Canceled => 0x08,
+                    EventStatus::Timeout => 0x20,
                 };
-                max.max(1)
-            ];
-            let mut n = buf.len() as c_uint;
-            // SAFETY: `buf` has room for `n` events.
-            let r = unsafe { u::uGDSBatchIOGetStatus(ub as *mut c_void, 0, &mut n, buf.as_mut_ptr(), &zero) };
-            if r.err != uGDSOpError::UGDS_SUCCESS {
-                return r;
+                // SAFETY: `iocbp` has room for `max` events; `evs` holds at most that.
+                unsafe { *iocbp.add(i) = CUfileIOEvents_t { cookie: e.cookie, status, ret: e.ret as usize } };
             }
-            for ev in &buf[..n as usize] {
-                b.ready.push_back(CUfileIOEvents_t {
-                    cookie: ev.cookie,
-                    status: ev.status as c_int,
-                    ret: ev.ret.max(0) as usize,
-                });
-            }
+            // SAFETY: checked non-null.
+            unsafe { *nr = evs.len() as c_uint };
+            err(CU_FILE_SUCCESS)
         }
-        if b.ready.len() >= min_nr as usize || std::time::Instant::now() >= deadline {
-            break;
-        }
-    }
-    let n = b.ready.len().min(max);
-    for i in 0..n {
-        if let Some(ev) = b.ready.pop_front() {
-            // SAFETY: `events` has room for `max` >= n entries.
-            unsafe { *events.add(i) = ev };
-        }
-    }
-    // SAFETY: checked non-null.
-    unsafe { *nr = n as c_uint };
-    e(uGDSOpError::UGDS_SUCCESS)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuFileBatchIOCancel(batch: CUfileBatchHandle_t) -> CUfileError_t {
-    // Entries cannot be recalled once submitted; cancelling waits for them (as destroy does).
-    match find(batch) {
-        Some(_) => e(uGDSOpError::UGDS_SUCCESS),
-        None => e(uGDSOpError::UGDS_INVALID_VALUE),
+        Err(f) => err(cufile_code(f.code())),
     }
 }
 
+/// Waits for the batch's submitted entries (they cannot be recalled from the SSD or kernel).
 #[no_mangle]
-pub unsafe extern "C" fn cuFileBatchIODestroy(batch: CUfileBatchHandle_t) {
-    let b = batches().remove(&(batch as usize));
-    if let Some(b) = b {
-        let b = b.lock().unwrap_or_else(|e| e.into_inner());
-        for &ub in b.per_file.values() {
-            // SAFETY: a uGDS batch made in submit.
-            unsafe { u::uGDSBatchIODestroy(ub as *mut c_void) };
-        }
-    }
+pub extern "C" fn cuFileBatchIOCancel(batch_idp: CUfileBatchHandle_t) -> CUfileError_t {
+    status(lib().batch_cancel(batch_idp as usize))
 }
 
+/// Destroys a batch after its entries finish.
 #[no_mangle]
-pub extern "C" fn cuFileUseCount() -> std::ffi::c_long {
-    1
+pub extern "C" fn cuFileBatchIODestroy(batch_idp: CUfileBatchHandle_t) {
+    lib().batch_destroy(batch_idp as usize);
 }
 
 #[cfg(test)]
@@ -363,7 +432,16 @@ mod tests {
         assert_eq!(std::mem::size_of::<CUfileDescr_t>(), 24);
         assert_eq!(std::mem::size_of::<CUfileIOParams_t>(), 64);
         assert_eq!(std::mem::offset_of!(CUfileIOParams_t, fh), 40);
+        assert_eq!(std::mem::offset_of!(CUfileIOParams_t, cookie), 56);
         assert_eq!(std::mem::size_of::<CUfileIOEvents_t>(), 24);
         assert_eq!(std::mem::size_of::<CUfileError_t>(), 8);
+    }
+
+    #[test]
+    fn uGDS_only_codes_become_cufile_codes() {
+        assert_eq!(cufile_code(uGDSOpError::UGDS_INVALID_VALUE), CU_FILE_INVALID_VALUE);
+        assert_eq!(cufile_code(uGDSOpError::UGDS_BATCH_CAPACITY_EXCEEDED), CU_FILE_INVALID_VALUE);
+        assert_eq!(cufile_code(uGDSOpError::UGDS_OUT_OF_MEMORY), CU_FILE_NOMEM_ERROR);
+        assert_eq!(cufile_code(uGDSOpError::UGDS_HANDLE_NOT_REGISTERED), CU_FILE_HANDLE_NOT_REGISTERED);
     }
 }

@@ -1,7 +1,7 @@
 /* ugds from C with host memory: read/write, a batch, stream-ordered reads on a CPU stream.
  *
  *   cc quickstart.c $(pkg-config --cflags --libs ugds) -o quickstart
- *   ./quickstart /dev/ugds0      # a controller bound to ugds (direct path)
+ *   ./quickstart /dev/ugds_drv0      # a controller bound to ugds (direct path)
  *   ./quickstart data.bin        # a file of at least 16 MiB (fallback path: io_uring + O_DIRECT)
  */
 #define _GNU_SOURCE
@@ -16,13 +16,13 @@
 #define MiB (1 << 20)
 
 static int fail(const char *what, long code) {
-    fprintf(stderr, "quickstart: %s: %ld (%s)\n", what, code, uGDSGetErrorString(code));
+    fprintf(stderr, "quickstart: %s: %ld (%s)\n", what, code, ugdsxErrorString(code));
     return 1;
 }
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s /dev/ugdsN|FILE\n", argv[0]);
+        fprintf(stderr, "usage: %s /dev/ugds_drvN|FILE\n", argv[0]);
         return 2;
     }
     int is_dev = strncmp(argv[1], "/dev/ugds", 9) == 0;
@@ -33,8 +33,9 @@ int main(int argc, char **argv) {
     }
     uGDSDescr_t d = {.type = UGDS_HANDLE_TYPE_OPAQUE_FD, .handle.fd = fd};
     uGDSHandle_t h;
-    uGDSError_t e = uGDSHandleRegister(&h, &d);
-    if (e.err) return fail("uGDSHandleRegister", e.err);
+    uGDSError_t e = uGDSDriverOpen();
+    if (e.err) return fail("uGDSDriverOpen", e.err);
+    if ((e = uGDSHandleRegister(&h, &d)).err) return fail("uGDSHandleRegister", e.err);
 
     /* Host memory must be page aligned; any length. */
     uint8_t *buf = aligned_alloc(4096, 2 * MiB);
@@ -73,7 +74,7 @@ int main(int argc, char **argv) {
 
     /* 3. Stream-ordered reads: arguments are read when the stream reaches each one. */
     void *s;
-    if ((e = uGDSCpuStreamCreate(&s)).err) return fail("uGDSCpuStreamCreate", e.err);
+    if ((e = ugdsxCpuStreamCreate(&s)).err) return fail("ugdsxCpuStreamCreate", e.err);
     size_t size[4];
     off_t foff[4], boff[4];
     ssize_t bytes[4];
@@ -84,10 +85,10 @@ int main(int argc, char **argv) {
         if ((e = uGDSReadAsync(h, buf, &size[i], &foff[i], &boff[i], &bytes[i], s)).err)
             return fail("uGDSReadAsync", e.err);
     }
-    uGDSCpuStreamSynchronize(s);
+    ugdsxCpuStreamSynchronize(s);
     for (int i = 0; i < 4; i++)
         if (bytes[i] != 65536) return fail("async read", bytes[i]);
-    uGDSCpuStreamDestroy(s);
+    ugdsxCpuStreamDestroy(s);
     printf("async: 4 stream-ordered reads complete\n");
 
     uGDSBufDeregister(buf);

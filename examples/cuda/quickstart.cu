@@ -23,13 +23,13 @@ __global__ void count_diff(const unsigned *a, const unsigned *b, unsigned n, uns
 }
 
 static int fail(const char *what, long code) {
-    fprintf(stderr, "cuda quickstart: %s: %ld (%s)\n", what, code, uGDSGetErrorString(code));
+    fprintf(stderr, "cuda quickstart: %s: %ld (%s)\n", what, code, ugdsxErrorString(code));
     return 1;
 }
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: %s /dev/ugdsN|FILE\n", argv[0]);
+        fprintf(stderr, "usage: %s /dev/ugds_drvN|FILE\n", argv[0]);
         return 2;
     }
     int is_dev = strncmp(argv[1], "/dev/ugds", 9) == 0;
@@ -52,8 +52,9 @@ int main(int argc, char **argv) {
     d.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
     d.handle.fd = fd;
     uGDSHandle_t h;
-    uGDSError_t e = uGDSHandleRegister(&h, &d);
-    if (e.err) return fail("uGDSHandleRegister", e.err);
+    uGDSError_t e = uGDSDriverOpen();
+    if (e.err) return fail("uGDSDriverOpen", e.err);
+    if ((e = uGDSHandleRegister(&h, &d)).err) return fail("uGDSHandleRegister", e.err);
     uGDSBufConfig_t cfg = {UGDS_BACKEND_CUDA, true};
     if ((e = uGDSBufRegisterEx(a, len, &cfg)).err) return fail("uGDSBufRegisterEx(a)", e.err);
     if ((e = uGDSBufRegister(b, len, 0)).err) return fail("uGDSBufRegister(b)", e.err);
@@ -104,7 +105,7 @@ int main(int argc, char **argv) {
     // 3. In stream order: kernel -> write -> read -> kernel, the I/O's arguments in host memory.
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if ((e = uGDSStreamRegister(s, 0)).err) return fail("uGDSStreamRegister", e.err);
+    if ((e = uGDSStreamRegister(s)).err) return fail("uGDSStreamRegister", e.err);
     size_t size = len;
     off_t foff = 32 * MiB, boff = 0;
     ssize_t wbytes = 0, rbytes = 0;

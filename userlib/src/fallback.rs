@@ -127,6 +127,22 @@ impl FileTarget {
         Ok(self.file.metadata().map_err(|e| io_err(format!("stat {}", self.path), e))?.len())
     }
 
+    /// A regular file's length (`None` for a block device).
+    pub fn file_len(&self) -> Option<u64> {
+        if self.block_device {
+            return None;
+        }
+        self.file.metadata().ok().map(|m| m.len())
+    }
+
+    /// Sets a regular file's length (staged writes cut back the padding of their last block).
+    pub fn set_file_len(&self, len: u64) -> Result<()> {
+        if self.block_device {
+            return Err(Error::invalid("len", "a block device has a fixed size"));
+        }
+        self.file.set_len(len).map_err(|e| io_err(format!("truncate {}", self.path), e))
+    }
+
     /// Checks offset and length against the alignment rule.
     pub fn check(&self, file_offset: u64, len: u64) -> Result<()> {
         let a = self.align;

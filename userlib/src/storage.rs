@@ -302,6 +302,22 @@ impl Storage {
         }
     }
 
+    /// The length of a regular file on the fallback path (`None` for devices).
+    pub fn file_len(&self) -> Option<u64> {
+        match &self.target {
+            Target::File(f) => f.file_len(),
+            Target::Direct { .. } => None,
+        }
+    }
+
+    /// Sets the length of a regular file on the fallback path.
+    pub fn set_file_len(&self, len: u64) -> Result<()> {
+        match &self.target {
+            Target::File(f) => f.set_file_len(len),
+            Target::Direct { .. } => Err(Error::invalid("len", "a namespace has a fixed size")),
+        }
+    }
+
     /// Offsets and lengths must be multiples of this.
     pub fn block_size(&self) -> u64 {
         match &self.target {

@@ -12,12 +12,14 @@
 //! invalid argument found at execution time is reported there and later operations still run.
 
 use crate::batch::Op;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::storage::{Buffer, Storage};
 use crate::stream::{CompletionWord, Stream};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Late-bound arguments and the result of one stream-ordered operation. They are read when the
 /// stream reaches the operation, so kernels or host code queued before it may set them.
@@ -98,13 +100,28 @@ struct Tickets {
 }
 
 /// Stream-ordered I/O on one stream (cuFile's registered stream).
+///
+/// Dropping it never calls the stream (the application may have destroyed it already): it
+/// waits until the stream has passed every group queued through it, which a host function
+/// queued after each group's wait reports, and only then frees the completion word the
+/// stream's waits read.
 #[derive(Debug)]
 pub struct StreamIo {
     stream: Arc<dyn Stream>,
     word: CompletionWord,
     tickets: Arc<Mutex<Tickets>>,
     next: Mutex<u32>,
+    /// The last ticket whose group the stream has passed (its wait included).
+    passed: Arc<AtomicU32>,
 }
+
+/// One operation of a group as a job: it runs on a worker thread once the stream reaches the
+/// group; it reads its own arguments and stores its own result.
+pub type StreamJob = Box<dyn FnOnce() + Send + 'static>;
+
+/// How long dropping a [`StreamIo`] waits for the stream to pass its groups before it gives
+/// up and leaves the completion word allocated (a stream that never runs again).
+const DROP_WAIT: Duration = Duration::from_secs(60);
 
 fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
     let mut t = tickets.lock().unwrap_or_else(|e| e.into_inner());
@@ -124,7 +141,7 @@ impl StreamIo {
     pub fn new(stream: Arc<dyn Stream>) -> Result<StreamIo> {
         let word = stream.completion_word()?;
         word.store(0);
-        Ok(StreamIo { stream, word, tickets: Arc::default(), next: Mutex::new(0) })
+        Ok(StreamIo { stream, word, tickets: Arc::default(), next: Mutex::new(0), passed: Arc::default() })
     }
 
     /// The stream.
@@ -142,8 +159,7 @@ impl StreamIo {
         self.submit(storage, &[AsyncOp { op: Op::Write, buf: buf.clone(), args: args.clone() }])
     }
 
-    /// Queues `f` on the stream after everything queued so far (the C ABI uses it to count a
-    /// handle's stream-ordered I/O as finished).
+    /// Queues `f` on the stream after everything queued so far.
     pub fn then(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
         self.stream.host_fn(Box::new(f))
     }
@@ -151,63 +167,82 @@ impl StreamIo {
     /// Queues a group: its operations run concurrently once the stream reaches it, and later
     /// stream work waits for all of them.
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
-        if ops.is_empty() {
+        let jobs = ops
+            .iter()
+            .map(|o| {
+                let (o, s) = (o.clone(), storage.clone());
+                Box::new(move || {
+                    let (size, foff, boff) = o.args.load();
+                    let r = if foff < 0 {
+                        Err(Error::invalid("file_offset", format!("{foff} is negative")))
+                    } else if boff < 0 {
+                        Err(Error::invalid("buf_offset", format!("{boff} is negative")))
+                    } else {
+                        s.check(&o.buf, boff as u64, foff as u64, size)
+                            .and_then(|_| s.rw(o.op == Op::Write, &o.buf, boff as u64, foff as u64, size))
+                    };
+                    o.args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
+                }) as StreamJob
+            })
+            .collect();
+        self.submit_jobs(&storage.engine()?, jobs)
+    }
+
+    /// Queues a group of jobs (the general form of [`StreamIo::submit`]: the C faces' jobs
+    /// resolve their memory and choose their path when they run).
+    pub fn submit_jobs(&self, engine: &Arc<Engine>, jobs: Vec<StreamJob>) -> Result<()> {
+        if jobs.is_empty() {
             return Err(Error::invalid("ops", "empty group"));
         }
-        let engine = storage.engine()?;
         let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
         let first = next.wrapping_add(1);
-        let last = next.wrapping_add(ops.len() as u32);
-        let (ops, storage, word, tickets) = (ops.to_vec(), storage.clone(), self.word.clone(), self.tickets.clone());
+        let last = next.wrapping_add(jobs.len() as u32);
+        let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
         let run = move || {
-            for (i, o) in ops.into_iter().enumerate() {
+            for (i, job) in jobs.into_iter().enumerate() {
                 let ticket = first.wrapping_add(i as u32);
-                let (size, foff, boff) = o.args.load();
-                let checked = if foff < 0 {
-                    Err(Error::invalid("file_offset", format!("{foff} is negative")))
-                } else if boff < 0 {
-                    Err(Error::invalid("buf_offset", format!("{boff} is negative")))
-                } else {
-                    storage.check(&o.buf, boff as u64, foff as u64, size)
-                };
-                if let Err(e) = checked {
-                    o.args.store_result(e.errno() as i64);
-                    finish(&tickets, &word, ticket);
-                    continue;
-                }
-                let (s, w, t) = (storage.clone(), word.clone(), tickets.clone());
-                let args = o.args.clone();
-                let job = move || {
-                    let r = s.rw(o.op == Op::Write, &o.buf, boff as u64, foff as u64, size);
-                    args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
+                let (w, t) = (word.clone(), tickets.clone());
+                let done = move || {
+                    job();
                     finish(&t, &w, ticket);
                 };
-                if engine.spawn(job).is_err() {
-                    o.args.store_result(-(libc::ESHUTDOWN as i64));
+                if engine.spawn(done).is_err() {
+                    // The engine is shutting down: the job is dropped, its slot still counts.
                     finish(&tickets, &word, ticket);
                 }
             }
         };
         self.stream.host_fn(Box::new(run))?;
-        if let Err(e) = self.stream.wait_word(&self.word, last) {
-            // The host function is queued and will finish these tickets; nothing waits on them.
-            *next = last;
-            return Err(e);
-        }
+        // Whatever happens next, the host function above finishes these tickets.
         *next = last;
-        Ok(())
+        let waited = self.stream.wait_word(&self.word, last);
+        let passed = self.passed.clone();
+        let marked = self.stream.host_fn(Box::new(move || passed.store(last, Ordering::Release)));
+        waited.and(marked)
     }
 
     /// Waits for everything queued on the stream.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()
     }
+
+    /// Whether the stream has passed every group queued through this registration.
+    pub fn idle(&self) -> bool {
+        let next = *self.next.lock().unwrap_or_else(|e| e.into_inner());
+        self.passed.load(Ordering::Acquire).wrapping_sub(next) as i32 >= 0
+    }
 }
 
 impl Drop for StreamIo {
     fn drop(&mut self) {
-        // Queued host functions hold what they need; waiting here keeps the stream's waits from
-        // outliving the registration in the caller's mind.
-        let _ = self.stream.synchronize();
+        let deadline = Instant::now() + DROP_WAIT;
+        while !self.idle() {
+            if Instant::now() >= deadline {
+                // The stream may still read the word: leave its memory allocated.
+                std::mem::forget(self.word.clone());
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 }

@@ -1,11 +1,33 @@
-//! The C ABI's types and error codes: uGDS's names with cuFile's layouts and numbering.
+//! The C ABI's types, constants and error codes: uGDS's public header, name for name and value
+//! for value (`include/ugds.h` is generated from this file and `capi/ugds_abi.rs`).
+//!
+//! Structures the caller fills in are read through `Raw*` mirrors whose enum and `bool` fields
+//! are plain integers: a C caller may store any value there, and reading it as a Rust enum or
+//! `bool` would be undefined behaviour. The header still shows uGDS's field types (the mirrors'
+//! wrapper types are renamed to them by the header generator, `xtask/src/clib.rs`).
+#![allow(non_camel_case_types, non_snake_case)]
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
-/// Error codes: 0, then cuFile's numbering from 5000 with cuFile's names.
+/// Library error codes start above this (`IS_UGDS_ERR`).
+pub const UGDS_BASE_ERR: c_int = 5000;
+/// `uGDSBufRegister` flag: the memory is dma-buf backed (GPU memory exported by its runtime).
+pub const NVM_MAP_DMABUF: c_int = 0x1;
+/// `uGDSBufRegister` flag: keep the dma-buf for RDMA registration (`uGDSRDMARegister`).
+pub const NVM_MAP_RDMA: c_int = 0x2;
+/// `uGDSBufRegister` flag: treat the memory as CUDA memory without probing.
+pub const NVM_MAP_FORCE_CUDA: c_int = 0x4;
+/// `uGDSBufRegister` flag: register through dma-buf (same bit as `NVM_MAP_DMABUF`).
+pub const UGDS_REGISTER_DMABUF: c_int = NVM_MAP_DMABUF;
+/// Most segments in one vectored call (`uGDSReadv`, `uGDSReadvAsync`).
+pub const UGDS_IOV_MAX: c_uint = 1024;
+/// Most segments in one vectored batch entry.
+pub const UGDS_BATCH_IOV_MAX: c_uint = 128;
+
+/// Status codes: 0, then uGDS's numbering from `UGDS_BASE_ERR`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, missing_docs)]
+#[allow(missing_docs)]
 pub enum uGDSOpError {
     UGDS_SUCCESS = 0,
     UGDS_DRIVER_NOT_INITIALIZED = 5001,
@@ -40,50 +62,54 @@ pub enum uGDSOpError {
     UGDS_GETNEWFD_FAILED = 5031,
     UGDS_NVFS_SETUP_ERROR = 5033,
     UGDS_IO_DISABLED = 5034,
-    UGDS_BATCH_SUBMIT_FAILED = 5035,
     UGDS_GPU_MEMORY_PINNING_FAILED = 5036,
-    UGDS_BATCH_FULL = 5037,
-    UGDS_ASYNC_NOT_SUPPORTED = 5038,
     UGDS_BATCH_CAPACITY_EXCEEDED = 5040,
+    UGDS_RDMA_MR_STILL_ACTIVE = 5041,
     UGDS_BUSY = 5042,
     UGDS_OUT_OF_MEMORY = 5043,
 }
 
-/// A status: the library code, and the GPU driver's code when that is the cause.
+/// A status: the library's code, and the GPU driver's code when that is the cause.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub struct uGDSError_t {
+pub struct uGDSError {
     /// The library's code.
     pub err: uGDSOpError,
-    /// The GPU driver's code (CUresult), 0 when not applicable.
+    /// The GPU driver's code (`CUresult`), 0 when not applicable.
     pub cu_err: c_int,
 }
 
-impl uGDSError_t {
-    pub(crate) const OK: uGDSError_t = uGDSError_t { err: uGDSOpError::UGDS_SUCCESS, cu_err: 0 };
-    pub(crate) fn of(err: uGDSOpError) -> uGDSError_t {
-        uGDSError_t { err, cu_err: 0 }
+/// uGDS's name for [`uGDSError`].
+pub type uGDSError_t = uGDSError;
+
+impl uGDSError {
+    pub(crate) const OK: uGDSError = uGDSError { err: uGDSOpError::UGDS_SUCCESS, cu_err: 0 };
+    pub(crate) fn of(err: uGDSOpError) -> uGDSError {
+        uGDSError { err, cu_err: 0 }
     }
 }
 
 /// What a descriptor's handle is.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, missing_docs)]
+#[allow(missing_docs)]
 pub enum uGDSHandleType {
     UGDS_HANDLE_TYPE_OPAQUE_FD = 1,
     UGDS_HANDLE_TYPE_OPAQUE_WIN32 = 2,
     UGDS_HANDLE_TYPE_USERSPACE_FS = 3,
 }
 
+/// An `enum uGDSHandleType` field as the caller stored it (any int).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleTypeField(pub c_int);
+
 /// The descriptor's handle.
 #[repr(C)]
 #[derive(Clone, Copy)]
-#[allow(non_camel_case_types)]
 pub union uGDSDescrHandle {
-    /// A file descriptor: `/dev/ugdsN` (direct path), a regular file or a block device
-    /// (fallback path).
+    /// A file descriptor: a ugds node `/dev/ugds_drvN` (direct path), a regular file or a
+    /// block device (fallback path).
     pub fd: c_int,
     /// Other handle kinds (not supported).
     pub handle: *mut c_void,
@@ -94,35 +120,137 @@ pub union uGDSDescrHandle {
 /// cbindgen:field-names=[type, handle]
 #[repr(C)]
 #[derive(Clone, Copy)]
-#[allow(non_camel_case_types)]
 pub struct uGDSDescr_t {
     /// Must be `UGDS_HANDLE_TYPE_OPAQUE_FD`.
-    pub type_: uGDSHandleType,
+    pub type_: HandleTypeField,
     /// The descriptor.
     pub handle: uGDSDescrHandle,
 }
 
-/// A registered file or device.
-#[allow(non_camel_case_types)]
+/// A registered file or device (a generation-checked table slot, not an address).
 pub type uGDSHandle_t = *mut c_void;
-/// A batch.
-#[allow(non_camel_case_types)]
+/// A batch (a generation-checked table slot, not an address).
 pub type uGDSBatchHandle_t = *mut c_void;
+
+/// Which GPU runtime a buffer or stream belongs to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum uGDSBackend {
+    UGDS_BACKEND_DEFAULT = 0,
+    UGDS_BACKEND_CUDA = 1,
+    UGDS_BACKEND_HIP = 2,
+}
+
+/// uGDS's name for [`uGDSBackend`].
+pub type uGDSBackend_t = uGDSBackend;
+
+/// A `uGDSBackend_t` argument or field as the caller passed it (any int).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackendArg(pub c_int);
+
+impl BackendArg {
+    /// The backend, when the value names one.
+    pub fn get(self) -> Option<uGDSBackend> {
+        match self.0 {
+            0 => Some(uGDSBackend::UGDS_BACKEND_DEFAULT),
+            1 => Some(uGDSBackend::UGDS_BACKEND_CUDA),
+            2 => Some(uGDSBackend::UGDS_BACKEND_HIP),
+            _ => None,
+        }
+    }
+}
+
+/// A C `bool` field as the caller stored it (any byte).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoolField(pub u8);
+
+/// Options of `uGDSBufRegisterEx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct uGDSBufConfig {
+    /// The runtime (DEFAULT: detect from the pointer).
+    pub backend: BackendArg,
+    /// The buffer will be exported with `uGDSExportDmabuf` / `uGDSRDMARegister`.
+    pub enable_export: BoolField,
+}
+
+/// uGDS's name for [`uGDSBufConfig`].
+pub type uGDSBufConfig_t = uGDSBufConfig;
+
+/// A dma-buf exported by `uGDSExportDmabuf`; the caller owns `fd` and closes it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct uGDSDmabufExport {
+    /// The dma-buf.
+    pub fd: c_int,
+    /// Where the buffer starts in it.
+    pub offset: u64,
+    /// Its length.
+    pub length: usize,
+}
+
+/// uGDS's name for [`uGDSDmabufExport`].
+pub type uGDSDmabufExport_t = uGDSDmabufExport;
+
+/// A memory region registered with an RDMA device by `uGDSRDMARegister`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct uGDSRDMARegion {
+    /// The verbs memory region (`struct ibv_mr *`).
+    pub mr: *mut c_void,
+    /// Its I/O virtual address (the buffer's address).
+    pub iova: u64,
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+    /// The library's token for this registration (checked by `uGDSRDMAUnregister`).
+    pub token: u64,
+}
+
+/// uGDS's name for [`uGDSRDMARegion`].
+pub type uGDSRDMARegion_t = uGDSRDMARegion;
 
 /// Direction of a batch entry.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, missing_docs)]
-pub enum uGDSOpcode_t {
+#[allow(missing_docs)]
+pub enum uGDSOpcode {
     UGDS_READ = 0,
     UGDS_WRITE = 1,
 }
 
+/// uGDS's name for [`uGDSOpcode`].
+pub type uGDSOpcode_t = uGDSOpcode;
+
+/// A `uGDSOpcode_t` field as the caller stored it (any int).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpcodeField(pub c_int);
+
+/// State of a batch entry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum uGDSBatchStatus {
+    UGDS_BATCH_WAITING = 0x01,
+    UGDS_BATCH_PENDING = 0x02,
+    UGDS_BATCH_INVALID = 0x04,
+    UGDS_BATCH_COMPLETE = 0x10,
+    UGDS_BATCH_TIMEOUT = 0x20,
+    UGDS_BATCH_FAILED = 0x40,
+}
+
+/// uGDS's name for [`uGDSBatchStatus`].
+pub type uGDSBatchStatus_t = uGDSBatchStatus;
+
 /// One batch entry.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-#[allow(non_camel_case_types, non_snake_case)]
-pub struct uGDSIOParams_t {
+pub struct uGDSIOParams {
     /// Base of a registered buffer.
     pub devPtr_base: *mut c_void,
     /// Offset in the file.
@@ -132,71 +260,63 @@ pub struct uGDSIOParams_t {
     /// Bytes.
     pub size: usize,
     /// Read or write.
-    pub opcode: uGDSOpcode_t,
-    /// Returned with the event.
+    pub opcode: OpcodeField,
+    /// Returned with the entry's event.
     pub cookie: *mut c_void,
 }
 
-/// State of a batch entry (cuFile's values).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, missing_docs)]
-pub enum uGDSBatchStatus_t {
-    UGDS_BATCH_WAITING = 0x01,
-    UGDS_BATCH_PENDING = 0x02,
-    UGDS_BATCH_INVALID = 0x04,
-    UGDS_BATCH_CANCELED = 0x08,
-    UGDS_BATCH_COMPLETE = 0x10,
-    UGDS_BATCH_TIMEOUT = 0x20,
-    UGDS_BATCH_FAILED = 0x40,
-}
+/// uGDS's name for [`uGDSIOParams`].
+pub type uGDSIOParams_t = uGDSIOParams;
 
 /// A completion event.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct uGDSIOEvents_t {
+pub struct uGDSIOEvents {
     /// The entry's cookie.
     pub cookie: *mut c_void,
     /// Its state.
-    pub status: uGDSBatchStatus_t,
-    /// Bytes transferred, or a negative errno / library code.
+    pub status: uGDSBatchStatus,
+    /// Bytes transferred, or a negative errno.
     pub ret: libc::ssize_t,
 }
 
-/// Which GPU runtime a buffer belongs to.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, missing_docs)]
-pub enum uGDSBackend_t {
-    UGDS_BACKEND_DEFAULT = 0,
-    UGDS_BACKEND_CUDA = 1,
-    UGDS_BACKEND_HIP = 2,
-}
+/// uGDS's name for [`uGDSIOEvents`].
+pub type uGDSIOEvents_t = uGDSIOEvents;
 
-/// Options of `uGDSBufRegisterEx`.
+/// One segment of a vectored I/O: `size` bytes at `offset` in the registration whose base is
+/// `base`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct uGDSBufConfig_t {
-    /// The runtime (DEFAULT: detect from the pointer).
-    pub backend: uGDSBackend_t,
-    /// The buffer will be exported with `uGDSExportDmabuf` (it must then be page aligned).
-    pub enable_export: bool,
+pub struct uGDSIoSegment {
+    /// A registered buffer's base (the exact pointer passed to `uGDSBufRegister`).
+    pub base: *mut c_void,
+    /// Offset in that registration.
+    pub offset: libc::off_t,
+    /// Bytes.
+    pub size: usize,
 }
 
-/// A dma-buf exported by `uGDSExportDmabuf`; the caller owns `fd`.
+/// uGDS's name for [`uGDSIoSegment`].
+pub type uGDSIoSegment_t = uGDSIoSegment;
+
+/// One vectored batch entry.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct uGDSDmabufExport_t {
-    /// The dma-buf.
-    pub fd: c_int,
-    /// Where the buffer starts in it.
-    pub offset: u64,
-    /// Its length.
-    pub length: usize,
+pub struct uGDSIOSegParams {
+    /// The segments (copied at submit).
+    pub segs: *const uGDSIoSegment,
+    /// How many (at most `UGDS_BATCH_IOV_MAX`).
+    pub nr_segs: c_uint,
+    /// Where the first segment's data is in the file; the rest follow contiguously.
+    pub file_offset: libc::off_t,
+    /// Read or write.
+    pub opcode: OpcodeField,
+    /// Returned with the entry's event.
+    pub cookie: *mut c_void,
 }
+
+/// uGDS's name for [`uGDSIOSegParams`].
+pub type uGDSIOSegParams_t = uGDSIOSegParams;
 
 /// The message for a code (a `uGDSOpError`, or a negative return value of read/write).
 pub fn message(code: i64) -> &'static std::ffi::CStr {
@@ -221,7 +341,7 @@ pub fn message(code: i64) -> &'static std::ffi::CStr {
         (UGDS_CUDA_CONTEXT_MISMATCH, c"GPU context mismatch"),
         (UGDS_INVALID_MAPPING_SIZE, c"invalid mapping size"),
         (UGDS_INVALID_MAPPING_RANGE, c"invalid mapping range"),
-        (UGDS_INVALID_FILE_TYPE, c"not a /dev/ugdsN node, regular file or block device"),
+        (UGDS_INVALID_FILE_TYPE, c"not a ugds node (/dev/ugds_drvN), regular file or block device"),
         (UGDS_INVALID_FILE_OPEN_FLAG, c"invalid file open flags"),
         (UGDS_DIO_NOT_SET, c"O_DIRECT not set"),
         (UGDS_INVALID_VALUE, c"invalid argument"),
@@ -236,11 +356,9 @@ pub fn message(code: i64) -> &'static std::ffi::CStr {
         (UGDS_GETNEWFD_FAILED, c"cannot open a new file descriptor"),
         (UGDS_NVFS_SETUP_ERROR, c"kernel module setup error"),
         (UGDS_IO_DISABLED, c"I/O disabled"),
-        (UGDS_BATCH_SUBMIT_FAILED, c"batch submit failed"),
         (UGDS_GPU_MEMORY_PINNING_FAILED, c"GPU memory cannot be registered for DMA (dma-buf export failed)"),
-        (UGDS_BATCH_FULL, c"batch full"),
-        (UGDS_ASYNC_NOT_SUPPORTED, c"async I/O not supported"),
         (UGDS_BATCH_CAPACITY_EXCEEDED, c"more entries than the batch's free capacity"),
+        (UGDS_RDMA_MR_STILL_ACTIVE, c"an RDMA memory region still uses the buffer"),
         (UGDS_BUSY, c"I/O in flight"),
         (UGDS_OUT_OF_MEMORY, c"out of memory"),
     ];

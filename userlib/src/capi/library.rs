@@ -1,0 +1,510 @@
+//! The state behind a C face: open/closed, registered handles and buffers, batches, streams.
+//! Both faces share this code; where uGDS and cuFile define different behaviour, [`Face`] picks
+//! (the differences are listed on [`Face`]). Every function returns a typed [`Fail`] that each
+//! face turns into its own codes.
+
+use super::slots::Slots;
+use super::types::uGDSError;
+use super::types::uGDSOpError::{self, *};
+use crate::error::Error;
+use crate::fallback::FileTarget;
+use crate::gpu::{Gpu, GpuMemory};
+use crate::storage::{Buffer, Storage};
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant};
+
+/// Which API's semantics a [`Library`] follows.
+///
+/// | | uGDS | cuFile |
+/// | --- | --- | --- |
+/// | calls before `DriverOpen` | refused (`DRIVER_NOT_INITIALIZED`) where uGDS checks | open the library implicitly |
+/// | unregistered memory | sync I/O registers it for the call | staged through the library's bounce buffers (sync and batch) |
+/// | sizes, offsets not block multiples | `-EINVAL` | read through a bounce buffer; writes read-modify-write the edge blocks |
+/// | host memory at any address | page-aligned only | any (the pages containing it are pinned) |
+/// | the same fd registered twice | a second, independent handle | `HANDLE_ALREADY_REGISTERED` |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Face {
+    /// uGDS's C API (`libugds.so`).
+    Ugds,
+    /// NVIDIA cuFile's (`libcufile_ugds.so`).
+    CuFile,
+}
+
+/// Why a call failed, before a face turns it into its codes.
+#[derive(Debug)]
+pub enum Fail {
+    /// A library status code.
+    Code(uGDSOpError),
+    /// An errno (read/write return it negated).
+    Errno(c_int),
+    /// An error of the layer below, mapped by [`Fail::code`] / [`Fail::errno`].
+    Lib(Error),
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        Fail::Lib(e)
+    }
+}
+
+impl Fail {
+    /// As a status code.
+    pub fn code(&self) -> uGDSOpError {
+        match self {
+            Fail::Code(c) => *c,
+            Fail::Errno(e) if *e == libc::ENOMEM => UGDS_OUT_OF_MEMORY,
+            Fail::Errno(e) if *e == libc::EBUSY => UGDS_BUSY,
+            Fail::Errno(_) => UGDS_INVALID_VALUE,
+            Fail::Lib(e) => code_of(e),
+        }
+    }
+
+    /// As a status.
+    pub fn status(&self) -> uGDSError {
+        uGDSError { err: self.code(), cu_err: 0 }
+    }
+
+    /// As a read/write return value: `-errno`, or `-code` for library codes.
+    pub fn ret(&self) -> libc::ssize_t {
+        match self {
+            Fail::Code(c) => -(*c as libc::ssize_t),
+            Fail::Errno(e) => -(*e as libc::ssize_t),
+            Fail::Lib(e) => e.errno() as libc::ssize_t,
+        }
+    }
+}
+
+/// The status code for an error of the layer below.
+pub fn code_of(e: &Error) -> uGDSOpError {
+    match e {
+        Error::InvalidArgument { .. } => UGDS_INVALID_VALUE,
+        Error::RegistrationBusy { .. } => UGDS_BUSY,
+        Error::Open { .. } | Error::NoNamespace(_) => UGDS_DEVICE_NOT_FOUND,
+        Error::AbiMismatch { .. } => UGDS_DRIVER_VERSION_MISMATCH,
+        Error::Gpu { .. } => UGDS_CUDA_DRIVER_ERROR,
+        Error::Unsupported { .. } => UGDS_IO_NOT_SUPPORTED,
+        Error::Control { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => UGDS_OUT_OF_MEMORY,
+        Error::Control { .. } => UGDS_NVFS_DRIVER_ERROR,
+        _ => UGDS_INTERNAL_ERROR,
+    }
+}
+
+/// Result of the core functions.
+pub type CResult<T> = Result<T, Fail>;
+
+/// The CUDA runtime, when this machine has one (loaded once, at first need).
+pub fn cuda() -> Option<Arc<Gpu>> {
+    static G: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
+    G.get_or_init(|| if crate::gpu::cuda::driver_present() { Gpu::cuda().ok() } else { None }).clone()
+}
+
+/// What a handle value points at: uGDS's programs read the registered fd from the first `int`
+/// of a handle (`*(int *)fh`), so a handle is the address of one of these. Records are never
+/// freed or reused, so a stale handle can never name a newer registration; lookups go through
+/// a table keyed by the address, so a forged value is a miss and is never dereferenced.
+#[repr(C)]
+struct HandleRecord {
+    fd: c_int,
+}
+
+/// A registered file or device.
+pub struct Handle {
+    /// Where its I/O goes.
+    pub storage: Arc<Storage>,
+    /// The caller's descriptor.
+    pub fd: c_int,
+    /// Stream-ordered I/O and batches not yet finished (deregistering waits for them).
+    pub(crate) inflight: Arc<AtomicU32>,
+    /// This handle's registration of each registered buffer, by base address.
+    regs: RwLock<HashMap<usize, Arc<Buffer>>>,
+    /// Aligned host buffers of this storage for staged I/O (cuFile semantics).
+    bounce: Mutex<Vec<Buffer>>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Handle(fd {})", self.fd)
+    }
+}
+
+/// Memory registered with `BufRegister`.
+#[derive(Debug)]
+pub(crate) enum Memory {
+    Host,
+    Gpu(Arc<GpuMemory>),
+}
+
+/// A registered buffer.
+#[derive(Debug)]
+pub(crate) struct BufEntry {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    pub(crate) mem: Memory,
+    /// Registered for export (`uGDSExportDmabuf`, `uGDSRDMARegister`).
+    pub(crate) export: bool,
+    /// I/O running on it through any handle, with the registrations' own counts.
+    pub(crate) inflight: AtomicU32,
+    /// RDMA memory regions made from it.
+    pub(crate) rdma: AtomicU32,
+}
+
+/// One face's state. `libugds.so` has one with [`Face::Ugds`]; the cuFile drop-in one with
+/// [`Face::CuFile`].
+pub struct Library {
+    pub(crate) face: Face,
+    open: AtomicBool,
+    handles: RwLock<HashMap<usize, Arc<Handle>>>,
+    bufs: RwLock<HashMap<usize, Arc<BufEntry>>>,
+    pub(crate) batches: Slots<Mutex<super::batch::CBatch>>,
+    pub(crate) streams: super::stream::Streams,
+    pub(crate) rdma_tokens: AtomicU64,
+    pub(crate) rdma: super::rdma::RdmaRecords,
+}
+
+impl Library {
+    /// An empty, closed library with `face`'s semantics.
+    pub fn new(face: Face) -> Library {
+        Library {
+            face,
+            open: AtomicBool::new(false),
+            handles: RwLock::default(),
+            bufs: RwLock::default(),
+            batches: Slots::default(),
+            streams: Default::default(),
+            rdma_tokens: AtomicU64::new(0),
+            rdma: Default::default(),
+        }
+    }
+
+    /// Which semantics.
+    pub fn face(&self) -> Face {
+        self.face
+    }
+
+    /// Whether the library is open.
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Fails with `DRIVER_NOT_INITIALIZED` when closed (uGDS), or opens it (cuFile).
+    pub(crate) fn require_open(&self) -> CResult<()> {
+        if self.is_open() {
+            return Ok(());
+        }
+        match self.face {
+            Face::Ugds => Err(Fail::Code(UGDS_DRIVER_NOT_INITIALIZED)),
+            Face::CuFile => {
+                self.open.store(true, Ordering::Release);
+                Ok(())
+            }
+        }
+    }
+
+    /// Opens the library when the face opens implicitly (cuFile); refuses when it does not.
+    pub fn require_open_pub(&self) -> CResult<()> {
+        self.require_open()
+    }
+
+    /// `DriverOpen`: idempotent (no reference count, as in both APIs).
+    pub fn driver_open(&self) -> CResult<()> {
+        self.open.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// `DriverClose`: refused while buffers have I/O in flight or RDMA regions; otherwise every
+    /// buffer registration is released. Handles stay registered (uGDS keeps them usable after
+    /// close; cuFile's close ends the handles too). Application streams are never touched.
+    pub fn driver_close(&self) -> CResult<()> {
+        if !self.is_open() {
+            return Err(Fail::Code(UGDS_DRIVER_NOT_INITIALIZED));
+        }
+        {
+            let bufs = self.bufs.read().unwrap_or_else(|e| e.into_inner());
+            if bufs.values().any(|b| b.rdma.load(Ordering::Acquire) > 0) {
+                return Err(Fail::Code(UGDS_RDMA_MR_STILL_ACTIVE));
+            }
+        }
+        // All or nothing: no buffer is released while any is busy.
+        let entries = self.buffers();
+        if entries.iter().any(|e| self.buf_busy(e)) {
+            return Err(Fail::Code(UGDS_BUSY));
+        }
+        for e in entries {
+            match self.buf_deregister(e.base) {
+                Ok(()) | Err(Fail::Code(UGDS_MEMORY_NOT_REGISTERED)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if self.face == Face::CuFile {
+            for b in self.batches.drain() {
+                drop(b);
+            }
+            let keys: Vec<usize> = self.handles.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+            for k in keys {
+                let _ = self.handle_deregister(k, -1);
+            }
+        }
+        self.open.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    // ---- handles ----
+
+    /// The handle `h` names (0 and unknown values: `None`).
+    pub fn handle(&self, h: usize) -> Option<Arc<Handle>> {
+        self.handles.read().unwrap_or_else(|e| e.into_inner()).get(&h).cloned()
+    }
+
+    /// `HandleRegister` of a descriptor (validated by the face): opens the target and returns
+    /// the new handle value.
+    pub fn handle_register(&self, fd: c_int) -> CResult<usize> {
+        self.require_open()?;
+        if self.face == Face::CuFile
+            && self.handles.read().unwrap_or_else(|e| e.into_inner()).values().any(|h| h.fd == fd)
+        {
+            return Err(Fail::Code(UGDS_HANDLE_ALREADY_REGISTERED));
+        }
+        let storage = open_fd(fd)?;
+        let h = Arc::new(Handle {
+            storage,
+            fd,
+            inflight: Arc::default(),
+            regs: RwLock::default(),
+            bounce: Mutex::default(),
+        });
+        // Register the buffers that exist already on the new storage (I/O then never registers).
+        for b in self.buffers() {
+            let _ = self.registration(&h, &b);
+        }
+        // A record of its own for every handle, never freed: see `HandleRecord`.
+        let rec: &'static mut HandleRecord = Box::leak(Box::new(HandleRecord { fd }));
+        let key = rec as *mut HandleRecord as usize;
+        self.handles.write().unwrap_or_else(|e| e.into_inner()).insert(key, h);
+        Ok(key)
+    }
+
+    /// `HandleDeregisterEx`: `timeout_sec` 0 checks once, -1 waits as long as it takes, n > 0
+    /// waits up to n seconds, below -1 tears down without waiting (the caller asserts that
+    /// nothing runs). Unknown handles succeed (already gone).
+    pub fn handle_deregister(&self, h: usize, timeout_sec: c_int) -> CResult<()> {
+        let Some(handle) = self.handle(h) else { return Ok(()) };
+        let deadline = (timeout_sec >= 0).then(|| Instant::now() + Duration::from_secs(timeout_sec as u64));
+        if timeout_sec >= -1 {
+            while handle.inflight.load(Ordering::Acquire) > 0 {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(Fail::Code(UGDS_BUSY));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        self.handles.write().unwrap_or_else(|e| e.into_inner()).remove(&h);
+        // Batches on this handle end with it (their events can no longer be collected).
+        for (k, b) in self.batches.all() {
+            if b.lock().unwrap_or_else(|e| e.into_inner()).handle == h {
+                self.batches.remove(k);
+            }
+        }
+        Ok(())
+    }
+
+    // ---- buffers ----
+
+    fn buffers(&self) -> Vec<Arc<BufEntry>> {
+        self.bufs.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// The buffer registered with exactly this base.
+    pub(crate) fn buffer(&self, base: usize) -> Option<Arc<BufEntry>> {
+        self.bufs.read().unwrap_or_else(|e| e.into_inner()).get(&base).cloned()
+    }
+
+    /// `BufRegister`: `gpu` says whether the memory is GPU memory (decided by the face).
+    ///
+    /// # Safety
+    ///
+    /// `[base, base+len)` must stay allocated until deregistered.
+    pub unsafe fn buf_register(&self, base: usize, len: usize, gpu: Option<Arc<Gpu>>, export: bool) -> CResult<()> {
+        if base == 0 || len == 0 {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        let page_aligned = base.is_multiple_of(4096);
+        let mem = match gpu {
+            Some(g) => {
+                if !page_aligned && (self.face == Face::Ugds || export) {
+                    return Err(Fail::Code(UGDS_INVALID_VALUE));
+                }
+                // SAFETY: the caller keeps the memory allocated while registered.
+                Memory::Gpu(Arc::new(unsafe { g.borrow(base as u64, len) }?))
+            }
+            None => {
+                if export {
+                    return Err(Fail::Code(UGDS_INVALID_VALUE));
+                }
+                if !page_aligned && self.face == Face::Ugds {
+                    return Err(Fail::Code(UGDS_INVALID_VALUE));
+                }
+                Memory::Host
+            }
+        };
+        let entry = Arc::new(BufEntry { base, len, mem, export, inflight: AtomicU32::new(0), rdma: AtomicU32::new(0) });
+        {
+            let mut bufs = self.bufs.write().unwrap_or_else(|e| e.into_inner());
+            if bufs.contains_key(&base) {
+                return Err(Fail::Code(UGDS_MEMORY_ALREADY_REGISTERED));
+            }
+            bufs.insert(base, entry.clone());
+        }
+        // Register on every handle now, so I/O never makes registration calls.
+        let handles: Vec<Arc<Handle>> =
+            self.handles.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for h in handles {
+            if let Err(e) = self.registration(&h, &entry) {
+                let _ = self.buf_deregister(base);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// `BufDeregister`: refused while I/O on it runs or RDMA regions use it.
+    pub fn buf_deregister(&self, base: usize) -> CResult<()> {
+        let mut bufs = self.bufs.write().unwrap_or_else(|e| e.into_inner());
+        let Some(entry) = bufs.get(&base).cloned() else { return Err(Fail::Code(UGDS_MEMORY_NOT_REGISTERED)) };
+        if entry.rdma.load(Ordering::Acquire) > 0 {
+            return Err(Fail::Code(UGDS_RDMA_MR_STILL_ACTIVE));
+        }
+        let handles: Vec<Arc<Handle>> =
+            self.handles.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let mut locked: Vec<_> = handles.iter().map(|h| h.regs.write().unwrap_or_else(|e| e.into_inner())).collect();
+        // Someone else holding a registration is I/O (sync, batch or stream-ordered) using it.
+        let busy = entry.inflight.load(Ordering::Acquire) > 0
+            || locked.iter().any(|m| m.get(&base).is_some_and(|b| Arc::strong_count(b) > 1 || b.inflight() > 0));
+        if busy {
+            return Err(Fail::Code(UGDS_BUSY));
+        }
+        for m in locked.iter_mut() {
+            m.remove(&base);
+        }
+        bufs.remove(&base);
+        Ok(())
+    }
+
+    /// Whether I/O (sync, batch or stream-ordered) uses `e` now.
+    fn buf_busy(&self, e: &BufEntry) -> bool {
+        if e.inflight.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        let handles: Vec<Arc<Handle>> =
+            self.handles.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        handles.iter().any(|h| {
+            h.regs
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&e.base)
+                .is_some_and(|b| Arc::strong_count(b) > 1 || b.inflight() > 0)
+        })
+    }
+
+    /// `h`'s registration of `e` (made now if the buffer or handle is new).
+    pub(crate) fn registration(&self, h: &Handle, e: &BufEntry) -> CResult<Arc<Buffer>> {
+        if let Some(b) = h.regs.read().unwrap_or_else(|e| e.into_inner()).get(&e.base) {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(register_on(&h.storage, e)?);
+        // Still registered? (A deregistration may have raced with us; it holds this lock first.)
+        let bufs = self.bufs.read().unwrap_or_else(|e| e.into_inner());
+        if !bufs.get(&e.base).is_some_and(|x| std::ptr::eq(&**x, e)) {
+            return Err(Fail::Code(UGDS_MEMORY_NOT_REGISTERED));
+        }
+        let mut regs = h.regs.write().unwrap_or_else(|e| e.into_inner());
+        Ok(regs.entry(e.base).or_insert(b).clone())
+    }
+
+    /// Takes an aligned host buffer of `h`'s storage for staged I/O.
+    pub(crate) fn take_bounce(&self, h: &Handle) -> CResult<Buffer> {
+        if let Some(b) = h.bounce.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(b);
+        }
+        Ok(h.storage.alloc_host(BOUNCE)?)
+    }
+
+    /// Returns a bounce buffer.
+    pub(crate) fn put_bounce(&self, h: &Handle, b: Buffer) {
+        let mut pool = h.bounce.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.len() < 8 {
+            pool.push(b);
+        }
+    }
+}
+
+/// Size of one bounce buffer (staged I/O moves this much per step).
+pub(crate) const BOUNCE: usize = 1 << 20;
+
+/// Registers `e`'s memory on `s`.
+fn register_on(s: &Storage, e: &BufEntry) -> CResult<Buffer> {
+    match &e.mem {
+        Memory::Gpu(m) => s.register_gpu(m.clone(), true).map_err(|err| match err {
+            Error::Unsupported { .. } | Error::Gpu { .. } => Fail::Code(UGDS_GPU_MEMORY_PINNING_FAILED),
+            other => Fail::Lib(other),
+        }),
+        Memory::Host => {
+            // The pages that hold the buffer (mappings are page-granular, so they are mapped).
+            let start = e.base & !4095;
+            let len = (e.base + e.len).next_multiple_of(4096) - start;
+            // SAFETY: the caller registered [base, base+len) and keeps it mapped until it
+            // deregisters, which drops this registration first; the rest of its pages belong
+            // to the same mappings.
+            Ok(unsafe { s.register_host(start as *mut u8, len) }?)
+        }
+    }
+}
+
+/// Opens the target behind a caller's descriptor: a ugds node takes the direct path; a regular
+/// file or block device the fallback path, through a descriptor of our own opened with O_DIRECT
+/// (so a file the caller opened without it still bypasses the page cache).
+fn open_fd(fd: c_int) -> CResult<Arc<Storage>> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
+    let path = link.to_string_lossy().into_owned();
+    if path.starts_with("/dev/ugds") {
+        return Ok(Storage::open(&path)?);
+    }
+    // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Fail::Code(UGDS_INVALID_VALUE));
+    }
+    let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+    let file = reopen_direct(fd, writable)
+        .map(|f| (f, true))
+        .or_else(|_| dup_own(fd).map(|f| (f, flags & libc::O_DIRECT != 0)))?;
+    match FileTarget::from_file(file.0, &path, file.1) {
+        Ok(f) => Ok(Storage::file(f)?),
+        Err(Error::InvalidArgument { .. }) => Err(Fail::Code(UGDS_INVALID_FILE_TYPE)),
+        Err(e) => Err(Fail::Lib(e)),
+    }
+}
+
+/// Opens the caller's file again, with O_DIRECT, through /proc (the same file even if renamed
+/// or unlinked since).
+fn reopen_direct(fd: c_int, writable: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(format!("/proc/self/fd/{fd}"))
+}
+
+/// A duplicate of the caller's descriptor that we own.
+fn dup_own(fd: c_int) -> CResult<std::fs::File> {
+    // SAFETY: dup of a descriptor the caller passed; failure returns -1.
+    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if own < 0 {
+        return Err(Fail::Code(UGDS_GETNEWFD_FAILED));
+    }
+    // SAFETY: `own` is a new descriptor nobody else owns.
+    Ok(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(own) })
+}

@@ -1,0 +1,254 @@
+//! Stream-ordered I/O of the C faces. A stream the application passes is never synchronised or
+//! destroyed by the library: each I/O is a job that runs once the stream reaches it, and
+//! forgetting a stream (deregistration, closing) waits only for the library's own jobs on it.
+//! CPU streams (`ugdsxCpuStream*`) give stream-ordered I/O without a GPU.
+
+use super::library::{cuda, BufEntry, CResult, Face, Fail, Handle, Library};
+use super::slots::Slots;
+use super::types::uGDSIoSegment;
+use super::types::uGDSOpError::*;
+use crate::stream::{CpuStream, Stream};
+use crate::stream_io::{StreamIo, StreamJob};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// The streams a library has queued I/O on, and its CPU streams.
+#[derive(Default)]
+pub struct Streams {
+    /// By the application's stream value.
+    io: Mutex<HashMap<usize, Arc<StreamIo>>>,
+    /// CPU streams made by `ugdsxCpuStreamCreate`; their handles are these slots.
+    pub(crate) cpu: Slots<CpuStream>,
+}
+
+/// Keeps a handle and buffers counted busy while a stream-ordered operation is queued or running;
+/// released when the job has run, or when it is dropped unrun (the runtime refused it).
+struct Hold {
+    handle: Arc<Handle>,
+    bufs: Vec<Arc<BufEntry>>,
+}
+
+impl Hold {
+    fn new(handle: Arc<Handle>, bufs: Vec<Arc<BufEntry>>) -> Hold {
+        handle.inflight.fetch_add(1, Ordering::AcqRel);
+        for b in &bufs {
+            b.inflight.fetch_add(1, Ordering::AcqRel);
+        }
+        Hold { handle, bufs }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        for b in &self.bufs {
+            b.inflight.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.handle.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Late-bound arguments in the caller's memory (`size_p`, `file_offset_p`, `buf_offset_p`,
+/// `bytes_p`), read when the stream reaches the operation.
+#[derive(Debug, Clone, Copy)]
+pub struct LateArgs {
+    /// `size_t *`.
+    pub size: *const usize,
+    /// `off_t *`.
+    pub file_offset: *const libc::off_t,
+    /// `off_t *`.
+    pub buf_offset: *const libc::off_t,
+    /// `ssize_t *`: the result.
+    pub bytes: *mut libc::ssize_t,
+}
+
+// SAFETY: the C caller keeps these words valid until the stream has passed the operation; they
+// are read and written only by the operation's job, with volatile accesses.
+unsafe impl Send for LateArgs {}
+
+/// Late-bound vectored arguments: the segment array and the file offset are read when the stream
+/// reaches the operation (each segment's base was checked at enqueue).
+#[derive(Debug, Clone, Copy)]
+pub struct LateSegs {
+    /// The caller's segment array.
+    pub segs: *const uGDSIoSegment,
+    /// How many.
+    pub nr: u32,
+    /// `off_t *`.
+    pub file_offset: *const libc::off_t,
+    /// `ssize_t *`: the result.
+    pub bytes: *mut libc::ssize_t,
+}
+
+// SAFETY: as for `LateArgs`.
+unsafe impl Send for LateSegs {}
+
+impl Library {
+    /// The stream-ordered I/O state of `stream`: a CPU stream of ours, or a CUDA stream.
+    fn stream_io(&self, stream: usize) -> CResult<Arc<StreamIo>> {
+        let mut io = self.streams.io.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = io.get(&stream) {
+            return Ok(s.clone());
+        }
+        let s: Arc<dyn Stream> = match self.streams.cpu.get(stream) {
+            Some(c) => c,
+            None => {
+                if cuda().is_none() {
+                    return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
+                }
+                let c = crate::gpu::cuda::Cuda::new(0)?;
+                // SAFETY: the caller passes a stream of the primary context (what the CUDA
+                // runtime uses); it is used only while the caller's enqueue call runs (queuing
+                // work), never after.
+                unsafe { c.wrap_stream(stream) }
+            }
+        };
+        let sio = Arc::new(StreamIo::new(s)?);
+        io.insert(stream, sio.clone());
+        Ok(sio)
+    }
+
+    /// Forgets `stream` after the library's own work on it is done (never calls the stream).
+    pub fn stream_forget(&self, stream: usize) {
+        let s = self.streams.io.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
+        drop(s);
+    }
+
+    /// `ReadAsync`/`WriteAsync`: checks now, moves data when the stream gets there. The
+    /// operation holds the handle and buffer busy until it has run.
+    ///
+    /// # Safety
+    ///
+    /// `args`' pointers must stay valid until the stream has passed the operation, and the
+    /// memory must be valid for the range they will name.
+    pub unsafe fn rw_async(
+        &'static self,
+        write: bool,
+        fh: usize,
+        base: usize,
+        args: LateArgs,
+        stream: usize,
+    ) -> CResult<()> {
+        match self.face {
+            Face::Ugds => {
+                if !self.is_open() {
+                    return Err(Fail::Code(UGDS_DRIVER_NOT_INITIALIZED));
+                }
+            }
+            Face::CuFile => self.require_open()?,
+        }
+        if fh == 0 || base == 0 {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        if args.size.is_null() || args.file_offset.is_null() || args.buf_offset.is_null() || args.bytes.is_null() {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        let entry = self.buffer(base);
+        if entry.is_none() && self.face == Face::Ugds {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        let h = self.handle(fh).ok_or(Fail::Code(match self.face {
+            Face::Ugds => UGDS_INVALID_VALUE,
+            Face::CuFile => UGDS_HANDLE_NOT_REGISTERED,
+        }))?;
+        let sio = self.stream_io(stream)?;
+        let engine = h.storage.engine()?;
+        let hold = Hold::new(h, entry.into_iter().collect());
+        let job: StreamJob = Box::new(move || {
+            let args = args;
+            // SAFETY: the caller keeps the words valid until the stream has passed this.
+            let (size, foff, boff) = unsafe {
+                (
+                    std::ptr::read_volatile(args.size),
+                    std::ptr::read_volatile(args.file_offset),
+                    std::ptr::read_volatile(args.buf_offset),
+                )
+            };
+            // SAFETY: the memory contract is the caller's (registered memory stays valid).
+            let v = match unsafe { self.rw(write, fh, base, size, foff, boff) } {
+                Ok(n) => n as libc::ssize_t,
+                Err(f) => f.ret(),
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile(args.bytes, v) };
+            drop(hold);
+        });
+        sio.submit_jobs(&engine, vec![job]).map_err(Fail::Lib)
+    }
+
+    /// `ReadvAsync`/`WritevAsync` (uGDS): the segment bases are checked now; offsets, sizes and
+    /// the file offset are read when the stream gets there. `*bytes` is 0 until then.
+    ///
+    /// # Safety
+    ///
+    /// As [`Library::rw_async`], for the segment array and words.
+    pub unsafe fn rwv_async(&'static self, write: bool, fh: usize, args: LateSegs, stream: usize) -> CResult<()> {
+        if !self.is_open() {
+            return Err(Fail::Code(UGDS_DRIVER_NOT_INITIALIZED));
+        }
+        if fh == 0 || args.segs.is_null() {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        if args.nr == 0 || args.nr > super::types::UGDS_IOV_MAX || args.file_offset.is_null() || args.bytes.is_null() {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        // SAFETY: the caller passes `nr` segments and a valid result word.
+        let segs = unsafe {
+            std::ptr::write_volatile(args.bytes, 0);
+            std::slice::from_raw_parts(args.segs, args.nr as usize)
+        };
+        if segs.iter().any(|s| s.base.is_null()) {
+            return Err(Fail::Code(UGDS_INVALID_VALUE));
+        }
+        let h = self.handle(fh).ok_or(Fail::Code(UGDS_INVALID_VALUE))?;
+        let mut entries = Vec::with_capacity(segs.len());
+        for s in segs {
+            entries.push(self.buffer(s.base as usize).ok_or(Fail::Code(UGDS_INVALID_VALUE))?);
+        }
+        let sio = self.stream_io(stream)?;
+        let engine = h.storage.engine()?;
+        let hold = Hold::new(h, entries);
+        let job: StreamJob = Box::new(move || {
+            let args = args;
+            // SAFETY: the caller keeps the array and words valid until the stream passed this.
+            let r = unsafe {
+                let foff = std::ptr::read_volatile(args.file_offset);
+                let snap: Vec<uGDSIoSegment> =
+                    (0..args.nr as usize).map(|i| std::ptr::read_volatile(args.segs.add(i))).collect();
+                self.rwv(write, fh, snap.as_ptr(), args.nr, foff)
+            };
+            let v = match r {
+                Ok(n) => n as libc::ssize_t,
+                Err(f) => f.ret(),
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile(args.bytes, v) };
+            drop(hold);
+        });
+        sio.submit_jobs(&engine, vec![job]).map_err(Fail::Lib)
+    }
+
+    /// `ugdsxCpuStreamCreate`.
+    pub fn cpu_stream_create(&self) -> CResult<usize> {
+        Ok(self.streams.cpu.insert(CpuStream::new()?))
+    }
+
+    /// A CPU stream by handle.
+    pub fn cpu_stream(&self, s: usize) -> CResult<Arc<CpuStream>> {
+        self.streams.cpu.get(s).ok_or(Fail::Code(UGDS_INVALID_VALUE))
+    }
+
+    /// `ugdsxCpuStreamDestroy`: after its queued work.
+    pub fn cpu_stream_destroy(&self, s: usize) -> CResult<()> {
+        self.stream_forget(s);
+        let c = self.streams.cpu.remove(s).ok_or(Fail::Code(UGDS_INVALID_VALUE))?;
+        drop(c);
+        Ok(())
+    }
+}
+
+/// A stream value as the key the library uses.
+pub fn key(stream: *mut c_void) -> usize {
+    stream as usize
+}
