@@ -8,6 +8,11 @@
 //! `size_t`.
 #![allow(non_camel_case_types, non_snake_case, clippy::missing_safety_doc)]
 
+pub mod bar;
+pub mod config;
+pub mod stats;
+pub use config::{config, Config};
+
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
