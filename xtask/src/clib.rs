@@ -1,6 +1,7 @@
 //! The C library: `cargo xtask header [--check]` generates `include/ugds.h` with cbindgen
 //! (checked in; `--check` fails when it is stale), and `cargo xtask install-lib --prefix P`
-//! installs libugds.so/.a, libcufile_ugds.so, the header and a pkg-config file under P.
+//! installs libugds.so/.a, libcufile_ugds.so, the header and a pkg-config file under P, plus the
+//! cuFile drop-in `P/lib/ugds-cufile/libcufile.so.0`, and checks the result ([`check_install`]).
 
 use crate::toolchain;
 use anyhow::{bail, Context, Result};
@@ -89,9 +90,17 @@ pub fn install(prefix: &Path) -> Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let target = root().join("target/release");
-    for f in ["libugds.so", "libugds.a", "libcufile_ugds.so"] {
-        std::fs::copy(target.join(f), lib.join(f)).with_context(|| format!("installing {f}"))?;
-    }
+    let version = env!("CARGO_PKG_VERSION");
+    install_versioned(&target.join("libugds.so"), &lib, "libugds.so", version)?;
+    install_versioned(&target.join("libcufile_ugds.so"), &lib, "libcufile_ugds.so", version)?;
+    replace_file(&target.join("libugds.a"), &lib.join("libugds.a"))?;
+    // The cuFile drop-in: the same library under cuFile's names, in a directory of its own so
+    // that one LD_LIBRARY_PATH entry puts it ahead of NVIDIA's libcufile.
+    let dropin = lib.join(DROPIN_DIR);
+    std::fs::create_dir_all(&dropin).with_context(|| format!("creating {}", dropin.display()))?;
+    replace_file(&target.join("libcufile_ugds.so"), &dropin.join("libcufile.so.0"))?;
+    crate::soname::set(&dropin.join("libcufile.so.0"), "libcufile.so.0")?;
+    symlink("libcufile.so.0", &dropin.join("libcufile.so"))?;
     std::fs::copy(header_path(), inc.join("ugds.h"))?;
     std::fs::write(
         pc.join("ugds.pc"),
@@ -103,7 +112,112 @@ pub fn install(prefix: &Path) -> Result<()> {
             env!("CARGO_PKG_VERSION")
         ),
     )?;
-    println!("installed libugds.so, libugds.a, libcufile_ugds.so, ugds.h and ugds.pc under {}", prefix.display());
+    check_install(&prefix)?;
+    println!(
+        "installed libugds.so.{version}, libugds.a, libcufile_ugds.so.{version}, {DROPIN_DIR}/libcufile.so.0, ugds.h \
+         and ugds.pc under {}",
+        prefix.display()
+    );
+    println!("cuFile programs (kvikio, NIXL, cufile-python) use ugds with:");
+    println!("LD_LIBRARY_PATH={}", dropin.display());
+    Ok(())
+}
+
+/// The drop-in's directory under `PREFIX/lib`.
+pub const DROPIN_DIR: &str = "ugds-cufile";
+
+/// Copies `src` to `dst`, replacing whatever `dst` is (a symlink from an older layout
+/// included: copying through it would overwrite its target).
+fn replace_file(src: &Path, dst: &Path) -> Result<()> {
+    match std::fs::remove_file(dst) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", dst.display()))
+        }
+        _ => {}
+    }
+    std::fs::copy(src, dst).with_context(|| format!("installing {} as {}", src.display(), dst.display()))?;
+    Ok(())
+}
+
+/// Makes `link` a symlink to `to` (relative), replacing what is there.
+fn symlink(to: &str, link: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(to, link).with_context(|| format!("linking {} -> {to}", link.display()))
+}
+
+/// The usual layout of a shared library: `NAME.VERSION` (the file), `NAME.MAJOR` (the SONAME,
+/// what programs load) and `NAME` (what `-l` and ctypes' search find), each a symlink to the
+/// one before.
+fn install_versioned(src: &Path, lib: &Path, name: &str, version: &str) -> Result<()> {
+    let major = version.split('.').next().unwrap_or("0");
+    let file = format!("{name}.{version}");
+    let soname = format!("{name}.{major}");
+    replace_file(src, &lib.join(&file))?;
+    symlink(&file, &lib.join(&soname))?;
+    symlink(&soname, &lib.join(name))
+}
+
+/// Checks an installed prefix the way clients find the libraries:
+/// - `readelf -d` shows the SONAMEs `libugds.so.0`, `libcufile_ugds.so.0` and, for the drop-in,
+///   `libcufile.so.0`;
+/// - python3's `ctypes.util.find_library` (when python3 is installed) finds each by name with
+///   its directory in `LD_LIBRARY_PATH`, and loading what it names maps the file under the
+///   prefix. Tested recipe: `LD_LIBRARY_PATH=PREFIX/lib python3 -c 'import ctypes,
+///   ctypes.util; n = ctypes.util.find_library("ugds"); ctypes.CDLL(n)'`: on Linux,
+///   find_library asks `ldconfig -p`, then gcc, then `ld -t -L<each LD_LIBRARY_PATH dir>
+///   -lugds`, which finds the `libugds.so` symlink, and reads the SONAME with `objdump -p`
+///   (both from binutils); without a SONAME it returns None. CDLL then loads
+///   `libugds.so.0` through LD_LIBRARY_PATH.
+pub fn check_install(prefix: &Path) -> Result<()> {
+    let lib = prefix.join("lib");
+    let dropin = lib.join(DROPIN_DIR);
+    let version = env!("CARGO_PKG_VERSION");
+    for (file, want) in [
+        (lib.join(format!("libugds.so.{version}")), "libugds.so.0"),
+        (lib.join(format!("libcufile_ugds.so.{version}")), "libcufile_ugds.so.0"),
+        (dropin.join("libcufile.so.0"), "libcufile.so.0"),
+    ] {
+        let out = Command::new("readelf").arg("-d").arg(&file).output().context("running readelf")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !text.contains(&format!("Library soname: [{want}]")) {
+            bail!("{}: readelf -d shows no SONAME {want}:\n{text}", file.display());
+        }
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        println!("python3 not installed: ctypes.util.find_library check skipped");
+        return Ok(());
+    }
+    // Prints what find_library returns and the file the loaded library maps from.
+    const PY: &str = "import ctypes, ctypes.util, sys\n\
+        n = ctypes.util.find_library(sys.argv[1])\n\
+        if n is None: print('None'); sys.exit(0)\n\
+        ctypes.CDLL(n)\n\
+        maps = [l.split()[-1] for l in open('/proc/self/maps') if n in l]\n\
+        print(n, maps[0] if maps else '?')\n";
+    for (dir, name, want) in [
+        (&lib, "ugds", "libugds.so.0"),
+        (&lib, "cufile_ugds", "libcufile_ugds.so.0"),
+        (&dropin, "cufile", "libcufile.so.0"),
+    ] {
+        let out = Command::new("python3")
+            .args(["-c", PY, name])
+            .env("LD_LIBRARY_PATH", dir)
+            .output()
+            .context("running python3")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut f = text.split_whitespace();
+        let (found, path) = (f.next().unwrap_or("None"), f.next().unwrap_or("?"));
+        let dir_ok = Path::new(path).parent().and_then(|p| p.canonicalize().ok()) == dir.canonicalize().ok();
+        if !out.status.success() || found != want || !dir_ok {
+            bail!(
+                "LD_LIBRARY_PATH={} python3 ctypes.util.find_library({name:?}) gave {found:?} loading {path:?} \
+                 (want {want} from that directory){}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        println!("find_library({name:?}) with LD_LIBRARY_PATH={}: {found} ({path})", dir.display());
+    }
     Ok(())
 }
 
