@@ -12,6 +12,11 @@
 //! and closes ([`driver_closed`]). Closing ends the session's settings: the next open starts from
 //! the defaults again, as cuFile re-reads its configuration at every open.
 //!
+//! As in NVIDIA's libcufile 1.15 (measured on the GPU machine), `cuFileDriverGetProperties`, the
+//! `cuFileDriverSet*` calls and `cuFileGetBARSizeInKB` open the driver implicitly (a parameter set
+//! after them is refused); `cuFileGetVersion`, `cuFileGetParameter*` and the statistics-level
+//! calls do not.
+//!
 //! # Units
 //!
 //! cuFile reports and takes every size here in KiB (its "KB"); so do [`Config`]'s `*_kb` fields.
@@ -328,7 +333,7 @@ pub fn properties(c: &Config) -> CUfileDrvProps_t {
     }
 }
 
-/// Fills `props` with the current settings. Works whether or not the driver is open.
+/// Fills `props` with the current settings; opens the driver implicitly.
 ///
 /// # Safety
 ///
@@ -339,6 +344,7 @@ pub unsafe extern "C" fn cuFileDriverGetProperties(props: *mut CUfileDrvProps_t)
         return status(UGDS_INVALID_VALUE);
     }
     guard(|| {
+        driver_opened();
         let p = properties(&config());
         // SAFETY: checked non-null; the caller provides a writable struct.
         unsafe { props.write(p) };
@@ -347,10 +353,10 @@ pub unsafe extern "C" fn cuFileDriverGetProperties(props: *mut CUfileDrvProps_t)
 }
 
 /// Changes one value through a `cuFileDriverSet*` call: out of the parameter's range is
-/// `CU_FILE_DRIVER_UNSUPPORTED_LIMIT`. These tunables apply whether or not the driver is open
-/// (cuFile's documentation has said both "before open" and "after open" over its versions; ugds
-/// takes them at any time and the I/O layer reads them per I/O).
+/// `CU_FILE_DRIVER_UNSUPPORTED_LIMIT`. Opens the driver implicitly (as NVIDIA's library does);
+/// the value applies at once, and the I/O layer reads it per I/O.
 fn driver_set(param: SizeParam, value: usize, apply: impl FnOnce(&mut Config)) -> uGDSError_t {
+    driver_opened();
     let (min, max) = param.range();
     if !(min..=max).contains(&value) {
         return status(UGDS_DRIVER_UNSUPPORTED_LIMIT);
@@ -831,8 +837,10 @@ mod tests {
         assert_eq!(p.max_device_pinned_mem_size, u32::MAX);
         assert_eq!(p.max_batch_io_size, 256);
         assert_eq!(p.max_batch_io_timeout_msecs, 30_000);
+        assert!(driver_is_open(), "GetProperties opens the driver implicitly");
         // SAFETY: NULL is refused.
         assert_eq!(code(unsafe { cuFileDriverGetProperties(std::ptr::null_mut()) }), UGDS_INVALID_VALUE);
+        reset_for_test();
     }
 
     #[test]
@@ -857,8 +865,9 @@ mod tests {
         assert_eq!(code(cuFileDriverSetMaxPinnedMemSize(usize::MAX)), UGDS_DRIVER_UNSUPPORTED_LIMIT);
         assert_eq!(code(cuFileDriverSetPollMode(1, usize::MAX)), UGDS_DRIVER_UNSUPPORTED_LIMIT);
         assert_eq!(config().max_direct_io_size_kb, 1024, "a refused value changes nothing");
-        // Also while open.
-        driver_opened();
+        // They opened the driver: parameters are frozen now, the tunables still apply.
+        assert!(driver_is_open());
+        assert_eq!(code(cuFileSetParameterSizeT(SizeParam::MaxIoThreads as c_int, 2)), UGDS_DRIVER_ALREADY_OPEN);
         assert_eq!(code(cuFileDriverSetPollMode(1, 4)), UGDS_SUCCESS);
         assert!(config().use_poll_mode);
         driver_closed();
