@@ -7,6 +7,11 @@
 //! their edge blocks), any host memory registers, and one batch may span several files.
 #![allow(non_camel_case_types, non_snake_case, clippy::missing_safety_doc)]
 
+pub mod bar;
+pub mod config;
+pub mod stats;
+pub use config::{config, Config};
+
 use std::ffi::{c_int, c_long, c_uint, c_void};
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -15,7 +20,7 @@ use ugds::capi::{self as u, uGDSOpError, CResult, Entry, EventStatus, Face, Fail
 /// The process's cuFile library state.
 static CUFILE: LazyLock<Library> = LazyLock::new(|| Library::new(Face::CuFile));
 
-fn lib() -> &'static Library {
+pub(crate) fn lib() -> &'static Library {
     &CUFILE
 }
 
@@ -102,6 +107,15 @@ fn ret(r: CResult<usize>) -> libc::ssize_t {
     }
 }
 
+/// Runs a read or write, counting it for cuFile's statistics (when they are on).
+fn counted(op: stats::Op, f: impl FnOnce() -> CResult<usize>) -> libc::ssize_t {
+    let t = std::time::Instant::now();
+    let r = f();
+    let ns = t.elapsed().as_nanos() as u64;
+    stats::record(op, *r.as_ref().unwrap_or(&0) as u64, ns, r.is_ok());
+    ret(r)
+}
+
 /// `CUfileDescr_t`.
 #[repr(C)]
 pub struct CUfileDescr_t {
@@ -170,13 +184,21 @@ pub extern "C" fn cuFileDriverOpen() -> CUfileError_t {
 /// streams are never touched.
 #[no_mangle]
 pub extern "C" fn cuFileDriverClose() -> CUfileError_t {
-    status(lib().driver_close())
+    close()
+}
+
+fn close() -> CUfileError_t {
+    let r = lib().driver_close();
+    if r.is_ok() {
+        config::reset_settings();
+    }
+    status(r)
 }
 
 /// Same as `cuFileDriverClose` (libcufile exports both names).
 #[no_mangle]
 pub extern "C" fn cuFileDriverClose_v2() -> CUfileError_t {
-    status(lib().driver_close())
+    close()
 }
 
 /// How many times the library is open in this process (0 or 1: opening is idempotent).
@@ -244,7 +266,9 @@ pub unsafe extern "C" fn cuFileRead(
     bufPtr_offset: libc::off_t,
 ) -> libc::ssize_t {
     // SAFETY: the caller's memory contract.
-    ret(unsafe { lib().rw(false, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset) })
+    counted(stats::Op::Read, || unsafe {
+        lib().rw(false, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset)
+    })
 }
 
 /// Writes `size` bytes from `bufPtr_base + bufPtr_offset` to `file_offset` (see `cuFileRead`).
@@ -257,7 +281,9 @@ pub unsafe extern "C" fn cuFileWrite(
     bufPtr_offset: libc::off_t,
 ) -> libc::ssize_t {
     // SAFETY: the caller's memory contract.
-    ret(unsafe { lib().rw(true, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset) })
+    counted(stats::Op::Write, || unsafe {
+        lib().rw(true, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset)
+    })
 }
 
 /// Queues a read on `stream` (late-bound size and offsets; result in `*bytes_read_p`).

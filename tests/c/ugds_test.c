@@ -21,25 +21,11 @@
 
 #include <ugds.h>
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            passed++;                                                                      \
-        } else {                                                                           \
-            failed++;                                                                      \
-            printf("not ok - %s:%d: ", __FILE__, __LINE__);                                \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-        }                                                                                  \
-    } while (0)
+#include "check.h"
 
 #define OK(call) CHECK((call).err == UGDS_SUCCESS, "%s", #call)
 #define FAILS_WITH(call, code) \
     do { uGDSError_t e_ = (call); CHECK(e_.err == (code), "%s returned %d, expected %s", #call, e_.err, #code); } while (0)
-#define RETURNS(call, want) \
-    do { ssize_t r_ = (call); CHECK(r_ == (ssize_t)(want), "%s returned %zd, expected %s", #call, r_, #want); } while (0)
 
 /* ugds's test pattern: byte o is byte o%8 (little endian) of splitmix64(seed ^ (o/8)). */
 static uint64_t splitmix64(uint64_t x) {
@@ -433,6 +419,5 @@ int main(int argc, char **argv) {
     close(fd);
     free(buf);
     free(other);
-    printf("C-SUITE passed=%d failed=%d\n", passed, failed);
-    return failed ? 1 : 0;
+    return CHECK_SUMMARY();
 }

@@ -1,6 +1,7 @@
 //! The C library: `cargo xtask header [--check]` generates `include/ugds.h` with cbindgen
 //! (checked in; `--check` fails when it is stale), and `cargo xtask install-lib --prefix P`
-//! installs libugds.so/.a, libcufile_ugds.so, the header and a pkg-config file under P.
+//! installs libugds.so/.a, libcufile_ugds.so, the header and a pkg-config file under P, plus the
+//! cuFile drop-in `P/lib/ugds-cufile/libcufile.so.0`, and checks the result ([`check_install`]).
 
 use crate::toolchain;
 use anyhow::{bail, Context, Result};
@@ -172,15 +173,7 @@ pub fn header(check: bool) -> Result<()> {
 /// lib/pkgconfig/ugds.pc under P.
 pub fn install(prefix: &Path) -> Result<()> {
     header(true)?;
-    toolchain::run(Command::new("cargo").current_dir(root()).args([
-        "build",
-        "--release",
-        "-p",
-        "ugds",
-        "-p",
-        "ugds-cufile",
-        "--lib",
-    ]))?;
+    build_libraries()?;
     let prefix = if prefix.is_absolute() { prefix.to_path_buf() } else { std::env::current_dir()?.join(prefix) };
     let lib = prefix.join("lib");
     let inc = prefix.join("include");
@@ -189,9 +182,17 @@ pub fn install(prefix: &Path) -> Result<()> {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
     }
     let target = root().join("target/release");
-    for f in ["libugds.so", "libugds.a", "libcufile_ugds.so"] {
-        std::fs::copy(target.join(f), lib.join(f)).with_context(|| format!("installing {f}"))?;
-    }
+    let version = env!("CARGO_PKG_VERSION");
+    install_versioned(&target.join("libugds.so"), &lib, "libugds.so", version)?;
+    install_versioned(&target.join("libcufile_ugds.so"), &lib, "libcufile_ugds.so", version)?;
+    replace_file(&target.join("libugds.a"), &lib.join("libugds.a"))?;
+    // The cuFile drop-in: the same library under cuFile's names, in a directory of its own so
+    // that one LD_LIBRARY_PATH entry puts it ahead of NVIDIA's libcufile.
+    let dropin = lib.join(DROPIN_DIR);
+    std::fs::create_dir_all(&dropin).with_context(|| format!("creating {}", dropin.display()))?;
+    replace_file(&target.join("libcufile_ugds.so"), &dropin.join("libcufile.so.0"))?;
+    crate::soname::set(&dropin.join("libcufile.so.0"), "libcufile.so.0")?;
+    symlink("libcufile.so.0", &dropin.join("libcufile.so"))?;
     std::fs::copy(header_path(), inc.join("ugds.h"))?;
     std::fs::write(
         pc.join("ugds.pc"),
@@ -203,16 +204,155 @@ pub fn install(prefix: &Path) -> Result<()> {
             env!("CARGO_PKG_VERSION")
         ),
     )?;
-    println!("installed libugds.so, libugds.a, libcufile_ugds.so, ugds.h and ugds.pc under {}", prefix.display());
+    check_install(&prefix)?;
+    println!(
+        "installed libugds.so.{version}, libugds.a, libcufile_ugds.so.{version}, {DROPIN_DIR}/libcufile.so.0, ugds.h \
+         and ugds.pc under {}",
+        prefix.display()
+    );
+    println!("cuFile programs (kvikio, NIXL, cufile-python) use ugds with:");
+    println!("LD_LIBRARY_PATH={}", dropin.display());
     Ok(())
 }
 
-/// Builds the C test suite and the C example against the installed library
-/// (`target/c-prefix`); returns the suite's binary (the example's is beside it).
+/// The drop-in's directory under `PREFIX/lib`.
+pub const DROPIN_DIR: &str = "ugds-cufile";
+
+/// Copies `src` to `dst`, replacing whatever `dst` is (a symlink from an older layout
+/// included: copying through it would overwrite its target).
+fn replace_file(src: &Path, dst: &Path) -> Result<()> {
+    match std::fs::remove_file(dst) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", dst.display()))
+        }
+        _ => {}
+    }
+    std::fs::copy(src, dst).with_context(|| format!("installing {} as {}", src.display(), dst.display()))?;
+    Ok(())
+}
+
+/// Makes `link` a symlink to `to` (relative), replacing what is there.
+fn symlink(to: &str, link: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(link);
+    std::os::unix::fs::symlink(to, link).with_context(|| format!("linking {} -> {to}", link.display()))
+}
+
+/// The usual layout of a shared library: `NAME.VERSION` (the file), `NAME.MAJOR` (the SONAME,
+/// what programs load) and `NAME` (what `-l` and ctypes' search find), each a symlink to the
+/// one before.
+fn install_versioned(src: &Path, lib: &Path, name: &str, version: &str) -> Result<()> {
+    let major = version.split('.').next().unwrap_or("0");
+    let file = format!("{name}.{version}");
+    let soname = format!("{name}.{major}");
+    replace_file(src, &lib.join(&file))?;
+    symlink(&file, &lib.join(&soname))?;
+    symlink(&soname, &lib.join(name))
+}
+
+/// Checks an installed prefix the way clients find the libraries:
+/// - `readelf -d` shows the SONAMEs `libugds.so.0`, `libcufile_ugds.so.0` and, for the drop-in,
+///   `libcufile.so.0`;
+/// - python3's `ctypes.util.find_library` (when python3 is installed) finds each by name with
+///   its directory in `LD_LIBRARY_PATH`, and loading what it names maps the file under the
+///   prefix. Tested recipe: `LD_LIBRARY_PATH=PREFIX/lib python3 -c 'import ctypes,
+///   ctypes.util; n = ctypes.util.find_library("ugds"); ctypes.CDLL(n)'`: on Linux,
+///   find_library asks `ldconfig -p`, then gcc, then `ld -t -L<each LD_LIBRARY_PATH dir>
+///   -lugds`, which finds the `libugds.so` symlink, and reads the SONAME with `objdump -p`
+///   (both from binutils); without a SONAME it returns None. CDLL then loads
+///   `libugds.so.0` through LD_LIBRARY_PATH.
+pub fn check_install(prefix: &Path) -> Result<()> {
+    let lib = prefix.join("lib");
+    let dropin = lib.join(DROPIN_DIR);
+    let version = env!("CARGO_PKG_VERSION");
+    for (file, want) in [
+        (lib.join(format!("libugds.so.{version}")), "libugds.so.0"),
+        (lib.join(format!("libcufile_ugds.so.{version}")), "libcufile_ugds.so.0"),
+        (dropin.join("libcufile.so.0"), "libcufile.so.0"),
+    ] {
+        let out = Command::new("readelf").arg("-d").arg(&file).output().context("running readelf")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !text.contains(&format!("Library soname: [{want}]")) {
+            bail!("{}: readelf -d shows no SONAME {want}:\n{text}", file.display());
+        }
+    }
+    if Command::new("python3").arg("--version").output().is_err() {
+        println!("python3 not installed: ctypes.util.find_library check skipped");
+        return Ok(());
+    }
+    // Prints what find_library returns and the file the loaded library maps from.
+    const PY: &str = "import ctypes, ctypes.util, sys\n\
+        n = ctypes.util.find_library(sys.argv[1])\n\
+        if n is None: print('None'); sys.exit(0)\n\
+        ctypes.CDLL(n)\n\
+        maps = [l.split()[-1] for l in open('/proc/self/maps') if n in l]\n\
+        print(n, maps[0] if maps else '?')\n";
+    for (dir, name, want) in [
+        (&lib, "ugds", "libugds.so.0"),
+        (&lib, "cufile_ugds", "libcufile_ugds.so.0"),
+        (&dropin, "cufile", "libcufile.so.0"),
+    ] {
+        let out = Command::new("python3")
+            .args(["-c", PY, name])
+            .env("LD_LIBRARY_PATH", dir)
+            .output()
+            .context("running python3")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut f = text.split_whitespace();
+        let (found, path) = (f.next().unwrap_or("None"), f.next().unwrap_or("?"));
+        let dir_ok = Path::new(path).parent().and_then(|p| p.canonicalize().ok()) == dir.canonicalize().ok();
+        if !out.status.success() || found != want || !dir_ok {
+            bail!(
+                "LD_LIBRARY_PATH={} python3 ctypes.util.find_library({name:?}) gave {found:?} loading {path:?} \
+                 (want {want} from that directory){}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        println!("find_library({name:?}) with LD_LIBRARY_PATH={}: {found} ({path})", dir.display());
+    }
+    Ok(())
+}
+
+/// Builds libcufile_ugds.so, then libugds.so, in separate cargo runs: built together, cargo
+/// would unify the core's features and the drop-in would export uGDS's functions too (a
+/// process loading both libraries could then call the wrong copy). Checks the exports.
+pub fn build_libraries() -> Result<()> {
+    for pkg in ["ugds-cufile", "ugds"] {
+        toolchain::run(Command::new("cargo").current_dir(root()).args(["build", "--release", "-p", pkg, "--lib"]))?;
+    }
+    let target = root().join("target/release");
+    let exports = |f: &str| -> Result<Vec<String>> {
+        let out = toolchain::output(Command::new("nm").args(["-D", "--defined-only"]).arg(target.join(f)))?;
+        Ok(out
+            .lines()
+            .filter(|l| l.contains(" T "))
+            .filter_map(|l| l.split_whitespace().nth(2).map(String::from))
+            .collect())
+    };
+    let shim = exports("libcufile_ugds.so")?;
+    if let Some(s) = shim.iter().find(|s| s.starts_with("uGDS") || s.starts_with("ugdsx")) {
+        bail!("libcufile_ugds.so exports {s}: it must export cuFile's functions only");
+    }
+    if !exports("libugds.so")?.iter().any(|s| s == "uGDSRead") {
+        bail!("libugds.so does not export uGDSRead");
+    }
+    Ok(())
+}
+
+/// Builds the C suites and the C example against the installed libraries
+/// (`target/c-prefix`): `ugds_test` and `quickstart` with `-lugds`, `cufile_test` against the
+/// cuFile drop-in (`-L lib/ugds-cufile -lcufile`, as a cuFile program links). Returns the
+/// folder holding them.
 pub fn build_c_suite() -> Result<PathBuf> {
     let prefix = root().join("target/c-prefix");
     install(&prefix)?;
-    for (name, src) in [("ugds_test", "tests/c/ugds_test.c"), ("quickstart", "examples/c/quickstart.c")] {
+    let lib = prefix.join("lib");
+    let cufile = lib.join("ugds-cufile");
+    for (name, src, dir, link) in [
+        ("ugds_test", "tests/c/ugds_test.c", &lib, "-lugds"),
+        ("quickstart", "examples/c/quickstart.c", &lib, "-lugds"),
+        ("cufile_test", "tests/c/cufile_test.c", &cufile, "-lcufile"),
+    ] {
         toolchain::run(Command::new("gcc").args([
             "-O1",
             "-Wall",
@@ -222,39 +362,88 @@ pub fn build_c_suite() -> Result<PathBuf> {
             &prefix.join(name).display().to_string(),
             &root().join(src).display().to_string(),
             &format!("-I{}", prefix.join("include").display()),
-            &format!("-L{}", prefix.join("lib").display()),
-            "-lugds",
-            &format!("-Wl,-rpath,{}", prefix.join("lib").display()),
+            &format!("-I{}", root().join("tests/c").display()),
+            &format!("-L{}", dir.display()),
+            link,
+            &format!("-Wl,-rpath,{}", dir.display()),
         ]))?;
     }
-    Ok(prefix.join("ugds_test"))
+    Ok(prefix)
 }
 
-/// Parses the C suite's `C-SUITE passed=N failed=M` line.
+/// Parses a suite's `C-SUITE passed=N failed=M` line.
 pub fn parse_c_result(text: &str) -> Option<(u64, u64)> {
     let line = text.lines().rev().find_map(|l| l.find("C-SUITE ").map(|i| &l[i + 8..]))?;
     let mut it = line.split_whitespace().filter_map(|kv| kv.split_once('=')).filter_map(|(_, v)| v.parse().ok());
     Some((it.next()?, it.next()?))
 }
 
-/// Runs the C suite against a 64 MiB file on the host (the fallback path).
-pub fn run_c_suite_on_file(bin: &Path) -> Result<(u64, u64)> {
-    let file = root().join("target/c-prefix/ugds-c-test.dat");
+/// What the host-side C ABI programs found: tests (a program that passed all its checks, the
+/// example, the ctypes client) and, separately, the checks inside the two suites.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CResults {
+    /// Programs that passed.
+    pub tests_passed: u64,
+    /// Programs that failed.
+    pub tests_failed: u64,
+    /// Checks that passed, both suites.
+    pub checks_passed: u64,
+    /// Checks that failed.
+    pub checks_failed: u64,
+}
+
+/// Runs the C suites, the C example and the Python ctypes client against files on the host (the
+/// fallback path).
+pub fn run_c_suite_on_file(dir: &Path) -> Result<CResults> {
+    let mut r = CResults::default();
+    let mut count = |ok: bool| {
+        if ok {
+            r.tests_passed += 1
+        } else {
+            r.tests_failed += 1
+        }
+    };
+    let file = dir.join("ugds-c-test.dat");
     let f = std::fs::File::create(&file)?;
     f.set_len(64 << 20)?;
     drop(f);
-    let out = Command::new(bin).arg(&file).output().context("running the C suite")?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    print!("{text}");
-    // The example counts as one more test.
-    let ex = Command::new(bin.with_file_name("quickstart")).arg(&file).output().context("running the C example")?;
-    print!("{}{}", String::from_utf8_lossy(&ex.stdout), String::from_utf8_lossy(&ex.stderr));
-    let ex_ok = ex.status.success() && String::from_utf8_lossy(&ex.stdout).contains("quickstart: ok");
-    let _ = std::fs::remove_file(&file);
-    match parse_c_result(&text) {
-        Some((p, f)) => Ok((p + ex_ok as u64, f + !ex_ok as u64)),
-        None => bail!("the C suite did not finish ({})", out.status),
+    let mut checks = (0, 0);
+    for suite in ["ugds_test", "cufile_test"] {
+        if suite == "cufile_test" {
+            std::fs::File::create(&file)?;
+        }
+        let out = Command::new(dir.join(suite)).arg(&file).output().with_context(|| format!("running {suite}"))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        print!("{text}");
+        match parse_c_result(&text) {
+            Some((p, f)) => {
+                checks = (checks.0 + p, checks.1 + f);
+                count(f == 0 && out.status.success());
+            }
+            None => {
+                eprintln!("{suite} did not finish ({})", out.status);
+                count(false);
+            }
+        }
     }
+    r.checks_passed = checks.0;
+    r.checks_failed = checks.1;
+    let f = std::fs::File::create(&file)?;
+    f.set_len(64 << 20)?;
+    drop(f);
+    let ex = Command::new(dir.join("quickstart")).arg(&file).output().context("running the C example")?;
+    print!("{}{}", String::from_utf8_lossy(&ex.stdout), String::from_utf8_lossy(&ex.stderr));
+    count(ex.status.success() && String::from_utf8_lossy(&ex.stdout).contains("quickstart: ok"));
+    let py = Command::new("python3")
+        .arg(root().join("tests/python/ctypes_client.py"))
+        .arg(dir.join("ugds-py-test.dat"))
+        .env("LD_LIBRARY_PATH", dir.join("lib"))
+        .output()
+        .context("running the ctypes client")?;
+    print!("{}{}", String::from_utf8_lossy(&py.stdout), String::from_utf8_lossy(&py.stderr));
+    count(py.status.success() && String::from_utf8_lossy(&py.stdout).contains("PY-CTYPES ok"));
+    let _ = std::fs::remove_file(&file);
+    Ok(r)
 }
 
 /// `cargo xtask gpu-bundle`: what the GPU machine runs (it has no registry access): the CLI,

@@ -12,6 +12,7 @@ mod demo;
 mod install;
 mod kernel;
 mod kmod;
+mod soname;
 mod suite;
 mod toolchain;
 mod vm;
@@ -115,7 +116,8 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Installs libugds.so/.a, libcufile_ugds.so, ugds.h and ugds.pc under a prefix.
+    /// Installs libugds.so/.a, libcufile_ugds.so (also as lib/ugds-cufile/libcufile.so.0), ugds.h
+    /// and ugds.pc under a prefix, and checks SONAMEs and ctypes' find_library.
     InstallLib {
         /// The prefix (lib/, include/, lib/pkgconfig/ go under it).
         #[arg(long, default_value = "/usr/local")]

@@ -101,11 +101,19 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let (host_only, filter) = (plan.host_only, plan.filter.as_deref());
     let mut total = host_tests()?;
     let t = Instant::now();
-    let c_suite = clib::build_c_suite()?;
-    let (p, f) = clib::run_c_suite_on_file(&c_suite).unwrap_or((0, 1));
-    total.passed += p;
-    total.failed += f;
-    eprintln!("phase C ABI suite on a file (fallback path): {p} passed, {f} failed in {:.0?}", t.elapsed());
+    let c_dir = clib::build_c_suite()?;
+    let c = clib::run_c_suite_on_file(&c_dir).unwrap_or(clib::CResults { tests_failed: 1, ..Default::default() });
+    total.passed += c.tests_passed;
+    total.failed += c.tests_failed;
+    eprintln!(
+        "phase C ABI on files (fallback path): {} tests passed, {} failed (ugds and cuFile suites, example, ctypes \
+         client); inside the suites {} checks passed, {} failed; {:.0?}",
+        c.tests_passed,
+        c.tests_failed,
+        c.checks_passed,
+        c.checks_failed,
+        t.elapsed()
+    );
     if host_only {
         return Ok(total);
     }
@@ -151,7 +159,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 ("UGDS_XTASK".into(), xtask.display().to_string()),
                 ("UGDS_KMOD".into(), ko.display().to_string()),
                 ("UGDS_CLI".into(), toolchain::workspace_root().join("target/debug/ugds").display().to_string()),
-                ("UGDS_C_SUITE".into(), c_suite.display().to_string()),
+                ("UGDS_C_SUITE".into(), c_dir.join("ugds_test").display().to_string()),
             ],
             cmd,
         };

@@ -15,6 +15,7 @@ mod rdma;
 mod slots;
 mod stream;
 pub mod types;
+#[cfg(feature = "c-abi")]
 pub mod ugds_abi;
 
 pub use batch::{Entry, Event, EventStatus, MAX_BATCH};

@@ -82,8 +82,12 @@ pub struct uGDSError {
 /// uGDS's name for [`uGDSError`].
 pub type uGDSError_t = uGDSError;
 
+// Used by the uGDS face (feature `c-abi`); a `pub const` would become a macro in ugds.h.
+#[cfg_attr(not(feature = "c-abi"), allow(dead_code))]
 impl uGDSError {
+    /// Success.
     pub(crate) const OK: uGDSError = uGDSError { err: uGDSOpError::UGDS_SUCCESS, cu_err: 0 };
+    /// A status with no GPU driver code.
     pub(crate) fn of(err: uGDSOpError) -> uGDSError {
         uGDSError { err, cu_err: 0 }
     }
