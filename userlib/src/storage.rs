@@ -289,6 +289,15 @@ impl Storage {
         self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// False only for a file opened without O_DIRECT (its file system has none): then I/O goes
+    /// through the page cache.
+    pub fn bypasses_page_cache(&self) -> bool {
+        match &self.target {
+            Target::Direct { .. } => true,
+            Target::File(f) => f.direct(),
+        }
+    }
+
     /// True for the direct path.
     pub fn is_direct(&self) -> bool {
         matches!(self.target, Target::Direct { .. })

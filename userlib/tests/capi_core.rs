@@ -1,0 +1,118 @@
+//! The C faces' shared core on files (no device, no GPU): cuFile's staged I/O at any size,
+//! offset and memory alignment against a model of the file, descriptor handling, and handle
+//! values that can never reach a later registration.
+
+use proptest::prelude::*;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use ugds::capi::{Face, Library};
+
+fn temp_file(name: &str, len: usize) -> (std::path::PathBuf, std::fs::File) {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("{name}-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+    f.write_all(&data).unwrap();
+    (path, f)
+}
+
+fn leak_lib(face: Face) -> &'static Library {
+    Box::leak(Box::new(Library::new(face)))
+}
+
+#[test]
+fn a_file_opened_without_o_direct_is_read_with_o_direct() {
+    let (path, f) = temp_file("no-odirect", 1 << 20);
+    let lib = leak_lib(Face::Ugds);
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    assert!(lib.handle(h).unwrap().storage.bypasses_page_cache(), "the library opens its own O_DIRECT descriptor");
+    lib.handle_deregister(h, -1).unwrap();
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn a_stale_handle_never_reaches_a_new_registration() {
+    let (path, f) = temp_file("stale", 1 << 20);
+    let lib = leak_lib(Face::Ugds);
+    lib.driver_open().unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let h = lib.handle_register(f.as_raw_fd()).unwrap();
+        assert!(!seen.contains(&h), "a handle value was reused");
+        // SAFETY: a handle points at its record, whose first int is the descriptor.
+        assert_eq!(unsafe { *(h as *const i32) }, f.as_raw_fd());
+        lib.handle_deregister(h, 0).unwrap();
+        assert!(lib.handle(h).is_none());
+        seen.push(h);
+    }
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` is valid for 4096 bytes.
+    let r = unsafe { lib.rw(false, seen[0], buf.as_mut_ptr() as usize, 4096, 0, 0) };
+    assert_eq!(r.map_err(|e| e.ret()), Err(-(libc::EBADF as isize)));
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn ugds_refuses_what_cufile_stages() {
+    let (path, f) = temp_file("strict", 1 << 20);
+    let lib = leak_lib(Face::Ugds);
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let mut buf = vec![0u8; 8192];
+    for (size, off) in [(100usize, 0i64), (512, 7), (0, 0)] {
+        // SAFETY: `buf` holds 8192 bytes.
+        let r = unsafe { lib.rw(false, h, buf.as_mut_ptr() as usize, size, off, 0) };
+        assert_eq!(r.map_err(|e| e.ret()), Err(-(libc::EINVAL as isize)), "size {size} offset {off}");
+    }
+    assert!(buf.iter().all(|&b| b == 0), "a refused read wrote nothing");
+    std::fs::remove_file(path).unwrap();
+}
+
+const LEN: usize = 256 << 10;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Random unaligned writes and reads through cuFile's staged path agree byte for byte with a
+    /// model of the file, neighbours of every write included, and the file's length grows only
+    /// to the end of what was written.
+    #[test]
+    fn staged_io_matches_a_model(ops in proptest::collection::vec((any::<bool>(), 0usize..LEN + 5000, 1usize..70_000, 0usize..64), 1..12)) {
+        let (path, mut f) = temp_file("staged", LEN);
+        let mut model: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+        let lib = leak_lib(Face::CuFile);
+        let h = lib.handle_register(f.as_raw_fd()).unwrap();
+        for (i, (write, off, len, mem_off)) in ops.into_iter().enumerate() {
+            let mut mem = vec![0u8; len + 64];
+            let p = mem.as_mut_ptr() as usize + mem_off;
+            if write {
+                for (k, b) in mem[mem_off..mem_off + len].iter_mut().enumerate() {
+                    *b = (k as u8).wrapping_mul(7).wrapping_add(i as u8);
+                }
+                // SAFETY: `mem` holds `len` bytes from `p`.
+                let n = unsafe { lib.rw(true, h, p, len, off as i64, 0) }.unwrap();
+                prop_assert_eq!(n, len);
+                if model.len() < off + len {
+                    model.resize(off + len, 0);
+                }
+                model[off..off + len].copy_from_slice(&mem[mem_off..mem_off + len]);
+            } else {
+                // SAFETY: as above.
+                let n = unsafe { lib.rw(false, h, p, len, off as i64, 0) }.unwrap();
+                let want = model.len().saturating_sub(off).min(len);
+                prop_assert_eq!(n, want);
+                if n > 0 {
+                    prop_assert_eq!(&mem[mem_off..mem_off + n], &model[off..off + n]);
+                }
+            }
+        }
+        lib.handle_deregister(h, -1).unwrap();
+        let mut disk = Vec::new();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.read_to_end(&mut disk).unwrap();
+        prop_assert_eq!(disk.len(), model.len());
+        prop_assert!(disk == model, "file content differs from the model");
+        std::fs::remove_file(path).unwrap();
+    }
+}
