@@ -176,9 +176,10 @@ impl Library {
 
     /// Staged I/O through the handle's aligned bounce buffers: any memory, any size and offset.
     /// Reads read the covering blocks and copy out the requested bytes; writes read the partly
-    /// covered edge blocks first (read-modify-write; concurrent writers of the same block must
+    /// covered edge blocks first (read-modify-write: concurrent writers of the same block must
     /// not overlap in time, as with any block device), and a regular file that grew by the
-    /// padding of its last block is cut back to the written end.
+    /// padding of its last block is cut back to the written end (unless another writer has
+    /// extended it further meanwhile).
     ///
     /// # Safety
     ///
@@ -193,8 +194,11 @@ impl Library {
         self.put_bounce(h, bounce);
         let done = r?;
         if let Some(old) = old_len {
+            // Cut back only our own padding: a concurrent writer that extended the file further
+            // keeps its data (its own write trims its padding).
             let want = old.max(off + done as u64);
-            if s.file_len().is_some_and(|now| now > want) {
+            let padded = (off + done as u64).next_multiple_of(bs);
+            if padded > want && s.file_len() == Some(padded) {
                 s.set_file_len(want)?;
             }
         }
