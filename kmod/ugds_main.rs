@@ -54,6 +54,7 @@ static UGDS_DRV: chrdev::Class = chrdev::Class::new::<0o600>(c_str!("ugds_drv"))
 
 /// How many controllers can be bound at once (minor numbers of the region, bits of INSTANCES).
 const MAX_INSTANCES: u32 = 64;
+static_assert!(MAX_INSTANCES <= u64::BITS);
 
 /// Instance numbers in use (bit N: /dev/ugds_drvN, minor N).
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
@@ -62,7 +63,7 @@ fn alloc_instance() -> Result<u32> {
     loop {
         let cur = INSTANCES.load(Ordering::Relaxed);
         let free = (!cur).trailing_zeros();
-        if free >= 64 {
+        if free >= MAX_INSTANCES {
             return Err(ENOSPC);
         }
         if INSTANCES.compare_exchange(cur, cur | 1 << free, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
