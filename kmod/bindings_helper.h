@@ -5,7 +5,8 @@
 #include <linux/io.h>
 #include <linux/dma-mapping.h>
 #include <linux/delay.h>
-#include <linux/miscdevice.h>
+#include <linux/cdev.h>
+#include <linux/device.h>
 #include <linux/fs.h>
 #include <linux/mm.h>
 #include <linux/scatterlist.h>

@@ -1,12 +1,12 @@
-//! `/dev/ugdsN`: open, release, the ioctls and mmap of the uapi ABI. Every argument is validated
+//! `/dev/ugds_drvN`: open, release, the ioctls and mmap of the uapi ABI. Every argument is validated
 //! before anything changes; each failure has its own documented errno (uapi `ioctl` docs).
 
 use crate::device::Controller;
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
+use crate::shim::chrdev::{FileHandle, FileOps, FopsTable, Vma};
 use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::irq::EventfdIrq;
-use crate::shim::miscdev::{FileHandle, FileOps, FopsTable, Vma};
 use crate::shim::pin::PinnedUserMemory;
 use crate::shim::uaccess::{read_arg, write_arg, write_slice, Plain};
 use crate::uapi::ioctl::*;
@@ -40,10 +40,10 @@ const MAX_REGISTRATION: u64 = 16 << 30;
 /// End of the user address space on x86-64 (TASK_SIZE_MAX with 4-level paging).
 const USER_END: u64 = 0x7FFF_FFFF_F000;
 
-/// The file operations of `/dev/ugdsN`.
+/// The file operations of `/dev/ugds_drvN`.
 pub(crate) struct Chardev;
 
-/// The (static, see `FopsTable`) table the misc core installs on every open file.
+/// The (static, see `FopsTable`) table `chrdev_open` installs on every open file.
 /// Its owner is this module's `__this_module`, so open files keep the module loaded.
 pub(crate) static FOPS: FopsTable = FopsTable::new::<Chardev>((&raw mut kernel::bindings::__this_module).cast());
 

@@ -10,9 +10,9 @@ use crate::admin::AdminQueue;
 use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
 use crate::qpair::Qpair;
 use crate::registry::Registration;
+use crate::shim::chrdev::FileHandle;
 use crate::shim::dma::CoherentAllocation;
 use crate::shim::irq::IrqVectors;
-use crate::shim::miscdev::FileHandle;
 use crate::shim::pci;
 use crate::table::Table;
 use crate::uapi::ioctl::{DeviceInfo, StatusPage, ABI_VERSION, STATUS_MAGIC};
@@ -70,7 +70,7 @@ pub(crate) struct Inner {
     pub(crate) resets: u64,
 }
 
-/// A controller bound to ugds, shared by its misc device and every open file.
+/// A controller bound to ugds, shared by its device node and every open file.
 #[pin_data]
 pub(crate) struct Controller {
     /// The PCI device.

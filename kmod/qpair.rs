@@ -3,9 +3,9 @@
 
 use crate::admin::AdminQueue;
 use crate::ctrl::ADMIN_TIMEOUT_MS;
+use crate::shim::chrdev::FileHandle;
 use crate::shim::dma::CoherentAllocation;
 use crate::shim::irq::EventfdIrq;
-use crate::shim::miscdev::FileHandle;
 use crate::shim::pci::Device;
 use crate::uapi::ioctl::{mmap_offset, MmapKind, QPAIR_FLAG_IRQ};
 use crate::uapi::queue::{admin, Sqe};

@@ -1,8 +1,8 @@
 //! Registrations: memory an open file made reachable by the controller, with the id and
 //! generation user space names it by.
 
+use crate::shim::chrdev::FileHandle;
 use crate::shim::dmabuf::DmabufMapping;
-use crate::shim::miscdev::FileHandle;
 use crate::shim::pin::PinnedUserMemory;
 use crate::uapi::ioctl::Segment;
 

@@ -1,5 +1,7 @@
 //! ugds: takes over an NVMe controller (bound through `driver_override` only) and hands its I/O
-//! queue pairs and registered memory to user space through `/dev/ugdsN`.
+//! queue pairs and registered memory to user space through `/dev/ugds_drvN` (character devices
+//! of the sysfs class `ugds_drv`, as uGDS names them, so its tools and LMCache's uGDS backend
+//! accept them).
 //!
 //! Layout: `shim/` is the thin safe layer over the module-local bindings; `ctrl` brings the
 //! controller up and down, `admin` is the in-kernel admin queue, `qpair` the user queue pairs,
@@ -9,6 +11,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::c_str;
 use kernel::prelude::*;
+use kernel::str::CString;
 
 mod admin;
 mod bindings;
@@ -23,7 +26,8 @@ mod table;
 mod uapi;
 
 use device::{Controller, Hw};
-use shim::miscdev::MiscRegistration;
+use kernel::sync::Arc;
+use shim::chrdev;
 use shim::pci;
 use uapi::regs::{Cap, Vs, REG_CAP, REG_VS};
 
@@ -44,14 +48,22 @@ const BAR0_MIN: usize = 0x1008;
 /// The controller's mapped BAR0.
 pub(crate) type Bar0 = pci::Bar<BAR0_MIN>;
 
-/// Instance numbers in use (bit N: /dev/ugdsN).
+/// The device class of the nodes: `/sys/class/ugds_drv`, nodes `/dev/ugds_drvN`, mode 0600
+/// (without an IOMMU, whoever opens a node can make the SSD write anywhere).
+static UGDS_DRV: chrdev::Class = chrdev::Class::new::<0o600>(c_str!("ugds_drv"));
+
+/// How many controllers can be bound at once (minor numbers of the region, bits of INSTANCES).
+const MAX_INSTANCES: u32 = 64;
+static_assert!(MAX_INSTANCES <= u64::BITS);
+
+/// Instance numbers in use (bit N: /dev/ugds_drvN, minor N).
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
 fn alloc_instance() -> Result<u32> {
     loop {
         let cur = INSTANCES.load(Ordering::Relaxed);
         let free = (!cur).trailing_zeros();
-        if free >= 64 {
+        if free >= MAX_INSTANCES {
             return Err(ENOSPC);
         }
         if INSTANCES.compare_exchange(cur, cur | 1 << free, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
@@ -64,11 +76,20 @@ fn free_instance(n: u32) {
     INSTANCES.fetch_and(!(1u64 << n), Ordering::AcqRel);
 }
 
-/// One bound controller. Fields drop in order: the misc device goes first (no new opens),
-/// then this reference to the controller state.
+/// An instance number in use; freed on drop.
+struct Instance(u32);
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        free_instance(self.0);
+    }
+}
+
+/// One bound controller. Fields drop in order: the node goes first (no new opens; it held a
+/// reference to the controller state), then its instance number becomes free for reuse.
 struct Bound {
-    misc: MiscRegistration<chardev::Chardev>,
-    instance: u32,
+    node: chrdev::Registration<chardev::Chardev>,
+    _instance: Instance,
 }
 
 struct NvmeDriver;
@@ -79,10 +100,11 @@ fn step<T>(name: &CStr, what: &str, r: Result<T>) -> Result<T> {
 
 impl pci::Driver for NvmeDriver {
     type Data = Bound;
+    type Context = Arc<chrdev::Region>;
     const NAME: &'static CStr = c_str!("ugds");
     const CLASS: u32 = CLASS_NVME;
 
-    fn probe(dev: &pci::Device) -> Result<KBox<Bound>> {
+    fn probe(dev: &pci::Device, region: &Arc<chrdev::Region>) -> Result<KBox<Bound>> {
         let name = dev.name();
         if dev.class() != CLASS_NVME {
             pr_err!("{}: class {:#08x} is not an NVMe controller\n", name, dev.class());
@@ -139,37 +161,38 @@ impl pci::Driver for NvmeDriver {
         };
         info.irq_vectors = irqs.as_ref().map_or(0, |v| v.count().saturating_sub(1));
         let instance = match alloc_instance() {
-            Ok(i) => i,
+            Ok(i) => Instance(i),
             Err(e) => {
                 let _ = ctrl::disable(&bar, cap);
                 return Err(e);
             }
         };
-        info.instance = instance;
-        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, _enabled: enabled };
-        let controller = match Controller::new(dev, info, cap, hw) {
-            Ok(c) => c,
+        info.instance = instance.0;
+        let node_name = match CString::try_from_fmt(kernel::fmt!("ugds_drv{}", instance.0)) {
+            Ok(n) => n,
             Err(e) => {
-                // `hw` was dropped by the failed constructor, which stopped the controller.
-                free_instance(instance);
+                let _ = ctrl::disable(&bar, cap);
                 return Err(e);
             }
         };
-        let mut node = [0u8; 16];
-        let node_name = format_node(&mut node, instance);
-        let misc = match MiscRegistration::register(node_name, dev, controller.clone(), &chardev::FOPS) {
-            Ok(m) => m,
+        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, _enabled: enabled };
+        // On failure `hw` was dropped by the constructor, which stopped the controller.
+        let controller = Controller::new(dev, info, cap, hw)?;
+        let fops = &chardev::FOPS;
+        let node = match chrdev::Registration::register(region, instance.0, &node_name, dev, controller.clone(), fops) {
+            Ok(n) => n,
             Err(e) => {
-                pr_err!("{}: probe step 'register /dev/{}' failed: {:?}\n", name, node_name, e);
+                pr_err!("{}: probe step 'register /dev/{}' failed: {:?}\n", name, &*node_name, e);
                 controller.shutdown();
-                free_instance(instance);
                 return Err(e);
             }
         };
         pr_info!(
-            "{}: /dev/{}: {} (fw {}, serial {}), MDTS {} bytes, {} I/O queue pairs of up to {} entries\n",
+            "{}: /dev/{} ({}:{}): {} (fw {}, serial {}), MDTS {} bytes, {} I/O queue pairs of up to {} entries\n",
             name,
-            node_name,
+            &*node_name,
+            region.major(),
+            instance.0,
             ctrl::ascii(&info.model),
             ctrl::ascii(&info.firmware),
             ctrl::ascii(&info.serial),
@@ -187,44 +210,25 @@ impl pci::Driver for NvmeDriver {
                 (ns.size_lbas << ns.lba_shift) >> 20
             );
         }
-        Ok(KBox::new(Bound { misc, instance }, GFP_KERNEL)?)
+        Ok(KBox::new(Bound { node, _instance: instance }, GFP_KERNEL)?)
     }
 
     fn remove(dev: &pci::Device, data: &Bound) {
-        data.misc.device().shutdown();
-        free_instance(data.instance);
+        data.node.device().shutdown();
         pr_info!("{}: released\n", dev.name());
     }
 }
 
-/// Writes `ugds<N>` into `buf` and returns it as a str.
-fn format_node(buf: &mut [u8; 16], n: u32) -> &str {
-    let prefix = b"ugds";
-    buf[..4].copy_from_slice(prefix);
-    let mut digits = [0u8; 10];
-    let mut len = 0;
-    let mut v = n;
-    loop {
-        digits[len] = b'0' + (v % 10) as u8;
-        len += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for i in 0..len {
-        buf[4 + i] = digits[len - 1 - i];
-    }
-    core::str::from_utf8(&buf[..4 + len]).unwrap_or("ugds")
-}
-
+/// The module. Unloading drops the driver (removing every bound controller and its node), then
+/// the last reference to the node region: its device numbers and the class go last.
 struct UgdsModule {
     _driver: pci::Registration<NvmeDriver>,
 }
 
 impl kernel::Module for UgdsModule {
     fn init(module: &'static ThisModule) -> Result<Self> {
-        let driver = pci::Registration::register(module)?;
+        let region = Arc::new(chrdev::Region::register(&UGDS_DRV, MAX_INSTANCES)?, GFP_KERNEL)?;
+        let driver = pci::Registration::register(module, region)?;
         pr_info!("loaded (uapi ABI {})\n", uapi::ioctl::ABI_VERSION);
         Ok(UgdsModule { _driver: driver })
     }

@@ -1,7 +1,7 @@
 /* ugds from C with host memory: read/write, a batch, stream-ordered reads on a CPU stream.
  *
  *   cc quickstart.c $(pkg-config --cflags --libs ugds) -o quickstart
- *   ./quickstart /dev/ugds_drv0      # a controller bound to ugds (direct path)
+ *   ./quickstart /dev/ugds_drv0  # a controller bound to ugds (direct path)
  *   ./quickstart data.bin        # a file of at least 16 MiB (fallback path: io_uring + O_DIRECT)
  */
 #define _GNU_SOURCE
@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <ugds.h>
 
@@ -25,7 +26,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s /dev/ugds_drvN|FILE\n", argv[0]);
         return 2;
     }
-    int is_dev = strncmp(argv[1], "/dev/ugds", 9) == 0;
+    /* A character device (a ugds node) cannot be opened with O_DIRECT; a file or block device
+     * is opened with it, for the fallback path. */
+    struct stat st;
+    int is_dev = stat(argv[1], &st) == 0 && S_ISCHR(st.st_mode);
     int fd = open(argv[1], O_RDWR | (is_dev ? 0 : O_DIRECT));
     if (fd < 0) {
         perror(argv[1]);

@@ -1,12 +1,13 @@
 // ugds with CUDA memory: read/write, a batch, stream-ordered I/O between kernels, dma-buf export.
 //
 //   nvcc quickstart.cu -I$PREFIX/include -L$PREFIX/lib -lugds -lcuda -o quickstart
-//   ./quickstart data.bin      # a file of at least 64 MiB (fallback path), or /dev/ugdsN
+//   ./quickstart data.bin      # a file of at least 64 MiB (fallback path), or /dev/ugds_drvN
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <ugds.h>
 
@@ -32,7 +33,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s /dev/ugds_drvN|FILE\n", argv[0]);
         return 2;
     }
-    int is_dev = strncmp(argv[1], "/dev/ugds", 9) == 0;
+    /* A character device (a ugds node) cannot be opened with O_DIRECT; a file or block device
+     * is opened with it, for the fallback path. */
+    struct stat st;
+    int is_dev = stat(argv[1], &st) == 0 && S_ISCHR(st.st_mode);
     int fd = open(argv[1], O_RDWR | (is_dev ? 0 : O_DIRECT));
     if (fd < 0) {
         perror(argv[1]);

@@ -4,7 +4,7 @@
 //! no `&`/`&mut` to its contents is ever handed out.
 
 use crate::bindings;
-use crate::shim::miscdev::Vma;
+use crate::shim::chrdev::Vma;
 use crate::shim::pci::Device;
 use kernel::prelude::*;
 

@@ -16,12 +16,17 @@ use kernel::prelude::*;
 pub(crate) trait Driver {
     /// Per-device state, created by `probe`, dropped on remove (in field order).
     type Data: Send + Sync;
+    /// Driver-wide state given to every `probe` (e.g. the character-device region its nodes
+    /// are numbered in); the registration owns it and drops it after the last device is
+    /// removed. (Upstream passes the matched id's info here; a module-wide object is what 6.12,
+    /// without a global-lock helper, needs instead.)
+    type Context: Send + Sync;
     /// Driver name (what `driver_override` must say).
     const NAME: &'static CStr;
     /// The 24-bit class code (class, subclass, prog-if) the id table names.
     const CLASS: u32;
     /// Called when the device is bound.
-    fn probe(dev: &Device) -> Result<KBox<Self::Data>>;
+    fn probe(dev: &Device, ctx: &Self::Context) -> Result<KBox<Self::Data>>;
     /// Called when the device is unbound, before `data` is dropped.
     fn remove(dev: &Device, data: &Self::Data);
 }
@@ -217,9 +222,12 @@ impl<const SIZE: usize> core::ops::Deref for Bar<SIZE> {
     }
 }
 
-struct RawDriver {
+#[repr(C)]
+struct RawDriver<T: Driver> {
+    // First field: `probe_callback` finds the `RawDriver` from it.
     drv: bindings::pci_driver,
     ids: [bindings::pci_device_id; 2],
+    ctx: T::Context,
 }
 
 /// A registered PCI driver; unregistered (removing every bound device) on drop.
@@ -228,7 +236,7 @@ struct RawDriver {
 ///
 /// `raw` came from `KBox::into_raw` and is registered with the PCI core until `Drop`.
 pub(crate) struct Registration<T: Driver> {
-    raw: NonNull<RawDriver>,
+    raw: NonNull<RawDriver<T>>,
     _t: PhantomData<T>,
 }
 
@@ -238,12 +246,12 @@ unsafe impl<T: Driver> Send for Registration<T> {}
 unsafe impl<T: Driver> Sync for Registration<T> {}
 
 impl<T: Driver> Registration<T> {
-    /// Registers the driver.
-    pub(crate) fn register(module: &'static ThisModule) -> Result<Self> {
+    /// Registers the driver; `ctx` is handed to every probe.
+    pub(crate) fn register(module: &'static ThisModule, ctx: T::Context) -> Result<Self> {
         // SAFETY: `pci_driver` and `pci_device_id` are C structs of integers, pointers and
         // optional function pointers, for which all-zeroes is a valid (empty) value.
-        let raw: RawDriver = unsafe { core::mem::zeroed() };
-        let raw = KBox::into_raw(KBox::new(raw, GFP_KERNEL)?);
+        let (drv, ids) = unsafe { (core::mem::zeroed(), core::mem::zeroed()) };
+        let raw = KBox::into_raw(KBox::new(RawDriver::<T> { drv, ids, ctx }, GFP_KERNEL)?);
         // SAFETY: `raw` is a fresh, exclusively owned allocation.
         let r = unsafe { &mut *raw };
         // PCI_ANY_ID is `(~0)`: all ones.
@@ -295,7 +303,14 @@ unsafe extern "C" fn probe_callback<T: Driver>(
         Ok(d) => d,
         Err(e) => return e.to_errno(),
     };
-    match T::probe(&dev) {
+    // SAFETY: the driver core set `dev.driver` to the `device_driver` embedded in the
+    // `pci_driver` it matched, which is ours: the `drv` field (first, `repr(C)`) of a
+    // `RawDriver<T>` that stays registered, and so alive, until probe and remove are done.
+    let ctx = unsafe {
+        let drv = (*pdev).dev.driver.byte_sub(core::mem::offset_of!(bindings::pci_driver, driver));
+        &(*drv.cast::<RawDriver<T>>()).ctx
+    };
+    match T::probe(&dev, ctx) {
         Ok(data) => {
             // SAFETY: we are the driver being bound, in probe.
             unsafe { dev.set_drvdata(KBox::into_raw(data).cast()) };

@@ -102,7 +102,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *target = argv[1];
-    int direct = strncmp(target, "/dev/ugds", 9) == 0;
+    struct stat sb;
+    int direct = stat(target, &sb) == 0 && S_ISCHR(sb.st_mode); /* a ugds node */
     int fd = open(target, direct ? O_RDWR : (O_RDWR | O_DIRECT));
     if (fd < 0) {
         perror(target);

@@ -2,6 +2,17 @@
 # Runs the GPU-machine checks from prebuilt binaries in target/gpu (built here by
 # `cargo xtask gpu-bundle`; the GPU machine has no registry access). Output goes to stdout and,
 # when $OUT is set, to $OUT/gpu-run.txt.
+#
+# STEPS selects what runs (comma-separated; default "all"):
+#   new = func,stream,overhead,python      old = base,cuda,examples,cufile,bench
+#   func      uGDS's own functional tests (target/gpu/ugds-functional, fetched from
+#             ScaleX-IO/uGDS, never committed), compiled unchanged against our header and -lugds
+#   stream    tests/gpu/stream_lifetime.cu
+#   overhead  tests/gpu/cufile_overhead.cu through the drop-in, and through NVIDIA's libcufile
+#   python    kvikio and cufile-python (wheels in target/gpu/wheels) through the drop-in
+#   base      machine facts and `ugds doctor`; cuda: the Rust CUDA tests; examples: the C
+#             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
+# Every step has a time limit and reports its exit status; a failing step never stops the rest.
 set -u
 B=${BIN:-$PWD/target/gpu}
 P=$B/prefix
@@ -9,39 +20,251 @@ DIR=${UGDS_TEST_DIR:-/tmp}
 export UGDS_TEST_DIR=$DIR
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 CUDA_LIB=$(dirname "$(dirname "$NVCC")")/lib64
-run() { echo; echo "\$ $*"; "$@" 2>&1; echo "(exit $?)"; }
+STEPS=${STEPS:-all}
+want() {
+  case ",$STEPS," in
+    *",all,"* | *",$1,"*) return 0 ;;
+    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python)$ ]] ;;
+    *",old,"*) [[ $1 =~ ^(base|cuda|examples|cufile|bench)$ ]] ;;
+    *) return 1 ;;
+  esac
+}
+# run [T=seconds] CMD...: prints the command, its output and its exit status (124 = timed out).
+run() {
+  local t=${T:-300}
+  echo
+  echo "\$ $*"
+  timeout -k 10 "$t" "$@" 2>&1
+  local rc=$?
+  echo "(exit $rc)"
+  return $rc
+}
+section() { echo; echo "=================== $* ==================="; }
+
+# ---------------------------------------------------------------------------------------------
+# uGDS's functional tests, unchanged, against a regular file (the fallback path).
+func_tests() {
+  local FD=$B/ugds-functional W=$DIR/ugds-func
+  section "uGDS functional tests (ScaleX-IO/uGDS test/functional, unchanged) against a file"
+  if [ ! -d "$FD" ]; then
+    echo "SKIP: $FD is missing (fetch the sources first)"
+    return
+  fi
+  rm -rf "$W"
+  mkdir -p "$W/bin" "$W/log"
+  echo "compile: $NVCC -O2 -I$P/include -I<test dir> -I$FD TEST.cu -L$P/lib -lugds -lcudart -Xlinker -rpath=$P/lib -o TEST"
+  echo "run:     TEST $DIR/ugds-func.dat 0   (a fresh 512 MiB sparse file each time; 120 s limit)"
+  local f name n=0 srcs=()
+  for f in "$FD"/*.cu "$FD"/cuda/*.cu; do srcs+=("$f"); done
+  local have_verbs=0
+  [ -f /usr/include/infiniband/verbs.h ] && have_verbs=1
+  for f in "${srcs[@]}"; do
+    name=$(basename "$f" .cu)
+    [[ $f == */cuda/* ]] && name="cuda_$name"
+    (
+      timeout 300 "$NVCC" -O2 -I"$P/include" -I"$(dirname "$f")" -I"$FD" "$f" -L"$P/lib" -lugds -lcudart \
+        -Xlinker -rpath="$P/lib" -o "$W/bin/$name" >"$W/log/$name.cc" 2>&1
+      echo $? >"$W/log/$name.ccrc"
+    ) &
+    n=$((n + 1))
+    [ $((n % 16)) -eq 0 ] && wait
+  done
+  if [ $have_verbs = 1 ]; then
+    timeout 300 "$NVCC" -O2 -D_RDMA -I"$P/include" -I"$FD" "$FD/test_rdma_tracked.cu" -L"$P/lib" -lugds -lcudart \
+      -libverbs -Xlinker -rpath="$P/lib" -o "$W/bin/test_rdma_tracked_RDMA" >"$W/log/test_rdma_tracked_RDMA.cc" 2>&1
+    echo $? >"$W/log/test_rdma_tracked_RDMA.ccrc"
+  else
+    echo "note: /usr/include/infiniband/verbs.h absent: test_rdma_tracked is built without -D_RDMA only"
+  fi
+  wait
+  local rows=() failed=() rc res why last
+  for ccrc in "$W"/log/*.ccrc; do
+    name=$(basename "$ccrc" .ccrc)
+    why=""
+    case $name in
+      test_interrupt_ioctls) why="uGDS's private kernel-module ioctls (type 0x80, nr 5/6/7) on the device fd" ;;
+      test_batch_interrupt) why="counts ugds_drv MSI-X interrupts in /proc/interrupts (real device needed)" ;;
+      test_nvmeof_direct) why="includes uGDS's private ../../src/ugds_nvmeof_capsule.h; needs an nvme-rdma namespace" ;;
+      test_nvmeof_register) why="NVMe-oF branch API (uGDSHandleRegisterNvmeof); needs an NVMe-oF block device" ;;
+      test_rdma_export | test_rdma_tracked | test_rdma_tracked_RDMA) why="RDMA: exit 77 expected without a verbs device" ;;
+    esac
+    echo
+    echo "----- $name"
+    if [ "$(cat "$ccrc")" != 0 ]; then
+      grep -m6 -E "error|undefined" "$W/log/$name.cc"
+      last=$(grep -m1 -E "error|undefined" "$W/log/$name.cc" | sed 's/.*error: //' | cut -c1-110)
+      if [ -n "$why" ]; then res="SKIP"; else res="FAIL"; fi
+      rows+=("| $name | $res | compile error | ${why:+$why; }$last |")
+      continue
+    fi
+    rm -f "$DIR/ugds-func.dat"
+    truncate -s 512M "$DIR/ugds-func.dat"
+    timeout -k 5 120 "$W/bin/$name" "$DIR/ugds-func.dat" 0 >"$W/log/$name.out" 2>&1
+    rc=$?
+    cat "$W/log/$name.out"
+    echo "(exit $rc)"
+    last=$(grep -v '^\s*$' "$W/log/$name.out" | tail -1 | cut -c1-140)
+    if [ $rc = 0 ]; then
+      res=PASS
+    elif [ $rc = 77 ]; then
+      res=SKIP
+    elif [ -n "$why" ]; then
+      res="SKIP"
+    else
+      res=FAIL
+    fi
+    [ $rc -ge 128 ] && last="killed by signal $((rc - 128)); $last"
+    [ $rc = 124 ] && last="timed out (120 s); $last"
+    [ "$res" = SKIP ] || why=""
+    rows+=("| $name | $res | exit $rc | ${why:+$why; }$last |")
+    [ "$res" = FAIL ] && failed+=("$name")
+  done
+  # A failure that comes and goes is a race: run each failed test again, 20 times.
+  for name in "${failed[@]}"; do
+    local pass=0 i outs=""
+    for i in $(seq 20); do
+      rm -f "$DIR/ugds-func.dat"
+      truncate -s 512M "$DIR/ugds-func.dat"
+      if timeout -k 5 60 "$W/bin/$name" "$DIR/ugds-func.dat" 0 >"$W/log/$name.rep" 2>&1; then
+        pass=$((pass + 1))
+      else
+        outs="$(tail -1 "$W/log/$name.rep")"
+      fi
+    done
+    echo "repeat: $name passed $pass of 20 more runs${outs:+ (last failure: $outs)}"
+    rows=("${rows[@]/"| $name | FAIL | "/"| $name | FAIL ($pass/20 passed on repeat) | "}")
+  done
+  rm -f "$DIR/ugds-func.dat"
+  echo
+  echo "uGDS functional tests:"
+  echo "| test | result | how it ended | output / reason |"
+  echo "| --- | --- | --- | --- |"
+  printf '%s\n' "${rows[@]}"
+  printf '%s\n' "${rows[@]}" | awk -F'|' '{s=$3; gsub(/^ +/,"",s); split(s,a," "); c[a[1]]++} END {printf "FUNCTIONAL PASS=%d FAIL=%d SKIP=%d\n", c["PASS"], c["FAIL"], c["SKIP"]}'
+}
+
+# ---------------------------------------------------------------------------------------------
+stream_lifetime() {
+  section "stream lifetime (tests/gpu/stream_lifetime.cu)"
+  run "$NVCC" -O2 -o "$DIR/stream_lifetime" tests/gpu/stream_lifetime.cu -I"$P/include" -L"$P/lib" -lugds -lcudart \
+    -Xlinker -rpath="$P/lib" &&
+    T=200 run "$DIR/stream_lifetime" "$DIR/stream-lifetime.dat"
+}
+
+# ---------------------------------------------------------------------------------------------
+overhead() {
+  section "cuFile drop-in overhead at 4 KiB (tests/gpu/cufile_overhead.cu)"
+  # Against CUDA's own cufile.h (layouts checked by the compiler), linked with -lcufile from the
+  # drop-in's directory; and the same source against NVIDIA's libcufile.
+  run "$NVCC" -O2 -DUSE_CUFILE_H -o "$DIR/ov_ugds" tests/gpu/cufile_overhead.cu -L"$P/lib/ugds-cufile" -lcufile -lcudart \
+    -Xlinker -rpath="$P/lib/ugds-cufile" && run ldd "$DIR/ov_ugds" | grep -i cufile
+  run "$NVCC" -O2 -DUSE_CUFILE_H -o "$DIR/ov_nvidia" tests/gpu/cufile_overhead.cu -L"$CUDA_LIB" -lcufile -lcudart
+  T=240 run "$DIR/ov_ugds" "$DIR/ov-1g.dat" "${OV_ROUNDS:-15}" "${OV_READS:-500}"
+  T=120 run "$DIR/ov_nvidia" "$DIR/ov-1g.dat" 3 200
+  T=120 run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/ov_nvidia" "$DIR/ov-1g.dat" 3 200
+  T=120 run env CUFILE_FORCE_COMPAT_MODE=true CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/ov_nvidia" "$DIR/ov-1g.dat" 3 200
+  [ -f cufile.log ] && run tail -n 8 cufile.log
+  rm -f "$DIR/ov-1g.dat"
+}
+
+# ---------------------------------------------------------------------------------------------
+python_clients() {
+  section "real clients: kvikio and cufile-python through the drop-in"
+  local X=$DIR/pyext D=$P/lib/ugds-cufile
+  if ! ls "$B"/wheels/*.whl >/dev/null 2>&1; then
+    echo "SKIP: no wheels in $B/wheels"
+    return
+  fi
+  rm -rf "$X"
+  run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$X" "$B"/wheels/*.whl || return
+  run python3 -m pip show cuda-pathfinder nvidia-cufile cupy-cuda13x torch 2>&1 | grep -E "^(Name|Version|Location):"
+  run python3 -c "import cuda.pathfinder as p; print(p.load_nvidia_dynamic_lib('cufile'))"
+  export PYTHONPATH=$X PYTHONUNBUFFERED=1
+  # kvikio's AUTO mode takes its POSIX path unless cuFile looks usable to it: libcufile loads,
+  # /run/udev is readable and the machine is not WSL.
+  run ls -ld /run/udev
+  local K="KVIKIO_COMPAT_MODE=OFF KVIKIO_GDS_THRESHOLD=1"
+  echo
+  echo "--- kvikio, recipe 0: nothing set (kvikio loads the libcufile.so.0 of the nvidia-cufile wheel)"
+  T=150 run env $K python3 tests/gpu/kvikio_client.py "$DIR"
+  echo
+  echo "--- kvikio, recipe 1: LD_LIBRARY_PATH=$D"
+  T=150 run env $K LD_LIBRARY_PATH="$D" python3 tests/gpu/kvikio_client.py "$DIR"
+  echo
+  echo "--- kvikio, recipe 2: LD_PRELOAD=$D/libcufile.so.0"
+  T=150 run env $K LD_PRELOAD="$D/libcufile.so.0" python3 tests/gpu/kvikio_client.py "$DIR"
+  echo
+  echo "--- kvikio, recipe 2 with kvikio's defaults (compat mode AUTO, GDS threshold 16 KiB): informational"
+  T=150 run env LD_PRELOAD="$D/libcufile.so.0" python3 tests/gpu/kvikio_client.py "$DIR"
+  echo
+  echo "--- loader trace for recipe 2 (LD_DEBUG=libs, lines naming libcufile)"
+  T=60 run env LD_DEBUG=libs LD_PRELOAD="$D/libcufile.so.0" KVIKIO_COMPAT_MODE=OFF python3 -c \
+    "import kvikio, kvikio.cufile_driver; kvikio.cufile_driver.driver_open(); print('libcufile', kvikio.cufile_driver.libcufile_version())" \
+    2>&1 | grep -E "libcufile|^libcufile" | grep -v "search path" | head -20
+  echo
+  echo "--- cufile-python, nothing set"
+  T=150 run python3 tests/gpu/cufile_python_client.py "$DIR"
+  echo
+  echo "--- cufile-python, LD_LIBRARY_PATH=$D"
+  T=150 run env LD_LIBRARY_PATH="$D" python3 tests/gpu/cufile_python_client.py "$DIR"
+  unset PYTHONPATH
+}
+
 {
-  run nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  run head -1 /proc/driver/nvidia/version
-  run df -T "$DIR"
-  run "$B/ugds" doctor
-  run "$B/cuda-tests" --ignored --test-threads=1 --nocapture
+  echo "STEPS=$STEPS  $(date -u +%FT%TZ)"
+  echo '{ "properties": { "allow_compat_mode": true }, "execution": {}, "logging": { "level": "ERROR" } }' >"$DIR/cufile-compat.json"
+  if want base; then
+    run nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    run head -1 /proc/driver/nvidia/version
+    run df -T "$DIR"
+    run "$B/ugds" doctor
+  fi
+  want func && func_tests
+  want stream && stream_lifetime
+  want overhead && overhead
+  want python && python_clients
 
-  # The C ABI: the CUDA example against the installed header and library.
-  truncate -s 128M "$DIR/ugds-example.dat"
-  run "$NVCC" -O2 -o "$DIR/cuda_quickstart" examples/cuda/quickstart.cu -I"$P/include" -L"$P/lib" -lugds -lcuda -Xlinker -rpath="$P/lib"
-  run "$DIR/cuda_quickstart" "$DIR/ugds-example.dat"
+  if want cuda; then
+    section "Rust CUDA tests"
+    T=400 run "$B/cuda-tests" --ignored --test-threads=1 --nocapture
+  fi
 
-  # A cuFile program, unchanged: NVIDIA's libcufile, ugds's shim by relinking, and by LD_PRELOAD.
-  echo '{ "properties": { "allow_compat_mode": true }, "execution": {}, "logging": { "level": "ERROR" } }' > "$DIR/cufile-compat.json"
-  run grep -n -m3 'allow_compat_mode\|"use_compat_mode"' /etc/cufile.json
-  run "$NVCC" -O2 -o "$DIR/rt_nvidia" tests/gpu/cufile_roundtrip.c -lcufile -lcudart
-  run "$NVCC" -O2 -o "$DIR/rt_ugds" tests/gpu/cufile_roundtrip.c -L"$P/lib" -lcufile_ugds -lcudart -Xlinker -rpath="$P/lib"
-  run "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
-  run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
-  run env CUFILE_FORCE_COMPAT_MODE=true "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
-  run tail -n 12 cufile.log
-  run "$DIR/rt_ugds" "$DIR/rt-ugds.dat"
-  run env LD_PRELOAD="$P/lib/libcufile_ugds.so" "$DIR/rt_nvidia" "$DIR/rt-preload.dat"
-  run ldd "$DIR/rt_ugds"
+  if want examples; then
+    section "C example"
+    # The C ABI: the CUDA example against the installed header and library.
+    truncate -s 128M "$DIR/ugds-example.dat"
+    run "$NVCC" -O2 -o "$DIR/cuda_quickstart" examples/cuda/quickstart.cu -I"$P/include" -L"$P/lib" -lugds -lcuda -Xlinker -rpath="$P/lib"
+    run "$DIR/cuda_quickstart" "$DIR/ugds-example.dat"
+  fi
 
-  # Benchmarks: the fallback path vs pread+copy vs the disk; NVIDIA cuFile and the shim on the
-  # same file.
-  run "$B/ugds" bench-gpu --file "$DIR/ugds-bench.dat" --file-size "${FILE_SIZE:-4G}" --seconds "${SECONDS_PER:-1}"
-  MIB=$(( $(stat -c %s "$DIR/ugds-bench.dat") >> 20 ))
-  if run "$NVCC" -O2 -o "$DIR/cufile_probe" tests/gpu/cufile_probe.c -lcufile -lcudart; then
-    run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
-    run env LD_PRELOAD="$P/lib/libcufile_ugds.so" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
+  if want cufile; then
+    section "cuFile round trip"
+    # A cuFile program, unchanged: NVIDIA's libcufile, ugds's shim by relinking, and by LD_PRELOAD.
+    run grep -n -m3 'allow_compat_mode\|"use_compat_mode"' /etc/cufile.json
+    run "$NVCC" -O2 -o "$DIR/rt_nvidia" tests/gpu/cufile_roundtrip.c -lcufile -lcudart
+    run "$NVCC" -O2 -o "$DIR/rt_ugds" tests/gpu/cufile_roundtrip.c -L"$P/lib" -lcufile_ugds -lcudart -Xlinker -rpath="$P/lib"
+    run "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
+    run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
+    run env CUFILE_FORCE_COMPAT_MODE=true "$DIR/rt_nvidia" "$DIR/rt-nvidia.dat"
+    run tail -n 12 cufile.log
+    run "$DIR/rt_ugds" "$DIR/rt-ugds.dat"
+    run env LD_PRELOAD="$P/lib/libcufile_ugds.so" "$DIR/rt_nvidia" "$DIR/rt-preload.dat"
+    run env LD_LIBRARY_PATH="$P/lib/ugds-cufile" "$DIR/rt_nvidia" "$DIR/rt-ldpath.dat"
+    run ldd "$DIR/rt_ugds"
+  fi
+
+  if want bench; then
+    section "benchmarks"
+    # Benchmarks: the fallback path vs pread+copy vs the disk; NVIDIA cuFile and the shim on the
+    # same file.
+    T=500 run "$B/ugds" bench-gpu --file "$DIR/ugds-bench.dat" --file-size "${FILE_SIZE:-4G}" --seconds "${SECONDS_PER:-1}"
+    MIB=$(( $(stat -c %s "$DIR/ugds-bench.dat" 2>/dev/null || echo 0) >> 20 ))
+    if run "$NVCC" -O2 -o "$DIR/cufile_probe" tests/gpu/cufile_probe.c -lcufile -lcudart; then
+      T=120 run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
+      T=120 run env LD_PRELOAD="$P/lib/libcufile_ugds.so" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
+    fi
   fi
   rm -f "$DIR"/ugds-bench.dat "$DIR"/ugds-example.dat "$DIR"/rt-*.dat
-} | tee "${OUT:-/tmp}/gpu-run.txt"
+  echo
+  echo "run.sh done: STEPS=$STEPS $(date -u +%FT%TZ)"
+} 2>&1 | tee "${OUT:-/tmp}/gpu-run.txt"

@@ -17,6 +17,7 @@ const V: &str = "kmod";
 pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "kmod_probe_logs_model_mdts_and_namespaces", variant: V, run: probe_log },
+        Test { name: "kmod_node_is_ugds_drv_class_chardev_0600_gone_after_unbind", variant: V, run: node_class },
         Test { name: "kmod_raw_io_host_memory_matches_kernel_driver", variant: V, run: raw_io },
         Test { name: "kmod_raw_io_udmabuf", variant: V, run: udmabuf_io },
         Test { name: "kmod_eventfd_signalled_by_msix", variant: V, run: eventfd_irq },
@@ -38,7 +39,7 @@ pub fn tests() -> Vec<Test> {
     ]
 }
 
-/// Binds controller `idx` to ugds (loading the module) and returns its node.
+/// Binds controller `idx` to ugds (loading the module) and returns its node (`/dev/ugds_drvN`).
 pub fn bound_node(idx: usize) -> Result<String> {
     load_module()?;
     let addr = nvme_controllers()?.get(idx).cloned().context("no such controller")?;
@@ -46,9 +47,15 @@ pub fn bound_node(idx: usize) -> Result<String> {
         let (ok, out) = xtask(&["bind", &addr])?;
         ensure_that!(ok, "bind {addr}: {out}");
     }
-    let mut d = std::fs::read_dir(format!("/sys/bus/pci/devices/{addr}/misc"))?;
-    let n = d.next().context("no misc node")??.file_name();
-    Ok(format!("/dev/{}", n.to_string_lossy()))
+    node_of(&addr)?.context("bound, but no ugds_drv node under the PCI device")
+}
+
+/// The ugds node of a controller (sysfs lists the class's devices under the PCI device in a
+/// directory named after the class), if it has one.
+fn node_of(addr: &str) -> Result<Option<String>> {
+    let dir = format!("/sys/bus/pci/devices/{addr}/{}", ugds::device::NODE_CLASS);
+    let Ok(mut d) = std::fs::read_dir(&dir) else { return Ok(None) };
+    Ok(d.next().transpose()?.map(|n| format!("/dev/{}", n.file_name().to_string_lossy())))
 }
 
 fn unbind_all() -> Result<()> {
@@ -67,7 +74,7 @@ fn probe_log() -> Result<()> {
     bound_node(1)?;
     let log = sh("dmesg")?;
     let has = |s: &str| log.lines().any(|l| l.contains(s));
-    ensure_that!(has(&format!("{}: /dev/ugds", ctrls[0])) && has("QEMU NVMe Ctrl"), "no model line:\n{log}");
+    ensure_that!(has(&format!("{}: /dev/ugds_drv", ctrls[0])) && has("QEMU NVMe Ctrl"), "no model line:\n{log}");
     ensure_that!(has("MDTS 524288 bytes"), "no MDTS in the probe log");
     ensure_that!(
         has(&format!("{}: namespace 1: 65536 blocks of 4096 bytes (256 MiB)", ctrls[0])),
@@ -80,6 +87,70 @@ fn probe_log() -> Result<()> {
         );
     }
     unbind_all()
+}
+
+/// The node is what uGDS's tools and LMCache's uGDS backend look for: `/dev/ugds_drvN`, printed by
+/// `xtask bind`, a character device of mode 0600 whose `/sys/dev/char/MAJ:MIN/subsystem` is the
+/// class `ugds_drv`, numbered in the module's region (`/proc/devices`), minor = instance. A
+/// file opened before unbind cannot be reopened (through /proc/self/fd) afterwards; unbind by the
+/// node's path removes node, class entry and number; unloading removes class and region.
+fn node_class() -> Result<()> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    load_module()?;
+    let addr = nvme_controllers()?[0].clone();
+    if driver_of(&addr).as_deref() == Some("ugds") {
+        unbind_all()?;
+    }
+    let (ok, out) = xtask(&["bind", &addr])?;
+    ensure_that!(ok, "bind {addr}: {out}");
+    let node = node_of(&addr)?.context("no node after bind")?;
+    ensure_that!(node.starts_with("/dev/ugds_drv"), "node {node} is not named ugds_drvN");
+    ensure_that!(out.contains(&format!("bound to ugds: {node}")), "bind did not print {node}: {out}");
+    let meta = std::fs::metadata(&node).with_context(|| node.clone())?;
+    ensure_that!(meta.file_type().is_char_device(), "{node} is not a character device");
+    ensure_that!(meta.permissions().mode() & 0o7777 == 0o600, "{node} has mode {:o}", meta.permissions().mode());
+    let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    let sys = format!("/sys/dev/char/{major}:{minor}");
+    let subsystem = std::fs::canonicalize(format!("{sys}/subsystem"))?;
+    ensure_that!(subsystem.ends_with("class/ugds_drv"), "{sys}/subsystem is {}", subsystem.display());
+    let parent = std::fs::canonicalize(format!("{sys}/device"))?;
+    ensure_that!(parent.file_name().is_some_and(|n| n == addr.as_str()), "{sys}/device is {}", parent.display());
+    ensure_that!(ugds::device::is_ugds_node(&node), "is_ugds_node({node}) is false");
+    ensure_that!(!ugds::device::is_ugds_node("/dev/null"), "is_ugds_node(/dev/null) is true");
+    ensure_that!(!ugds::device::is_ugds_node("/proc/self/exe"), "is_ugds_node of a regular file is true");
+    let devices = std::fs::read_to_string("/proc/devices")?;
+    ensure_that!(
+        devices.lines().any(|l| l.trim() == format!("{major} ugds_drv")),
+        "no '{major} ugds_drv' in /proc/devices"
+    );
+    let dev = RawDev::open(&node)?;
+    ensure_that!(dev.info.instance == minor, "instance {} but minor {minor}", dev.info.instance);
+    ensure_that!(
+        ugds::device::is_ugds_node(format!("/proc/self/fd/{}", dev.fd())),
+        "an open node's fd is not recognised"
+    );
+    let (ok, out) = xtask(&["unbind", &node])?;
+    ensure_that!(ok, "unbind {node}: {out}");
+    ensure_that!(driver_of(&addr).as_deref() == Some("nvme"), "{addr} is not back with nvme after unbind by {node}");
+    ensure_that!(!std::path::Path::new(&node).exists(), "{node} still exists after unbind");
+    ensure_that!(!std::path::Path::new(&sys).exists(), "{sys} still exists after unbind");
+    let name = node.trim_start_matches("/dev/");
+    ensure_that!(
+        !std::path::Path::new(&format!("/sys/class/ugds_drv/{name}")).exists(),
+        "class entry left after unbind"
+    );
+    // The file still open keeps its cdev; reopening it reaches a removed device: refused.
+    let again = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/self/fd/{}", dev.fd()));
+    ensure_that!(
+        again.as_ref().err().and_then(|e| e.raw_os_error()) == Some(errno::ENODEV),
+        "reopening a removed node: {again:?}"
+    );
+    drop(dev);
+    sh("rmmod ugds")?;
+    ensure_that!(!std::path::Path::new("/sys/class/ugds_drv").exists(), "/sys/class/ugds_drv left after rmmod");
+    let devices = std::fs::read_to_string("/proc/devices")?;
+    ensure_that!(!devices.lines().any(|l| l.ends_with(" ugds_drv")), "ugds_drv left in /proc/devices after rmmod");
+    load_module()
 }
 
 /// Writes `len` bytes of `pattern(seed)` at `slba` through the raw driver in 256 KiB commands and

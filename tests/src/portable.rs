@@ -353,7 +353,7 @@ fn stream_ops() -> Result<()> {
     Ok(())
 }
 
-/// The C ABI suite (gcc against the installed header and library) on a ugds node; its reads
+/// The C ABI suite (gcc against the installed header and library) on /dev/ugds_drvN; its reads
 /// check data the kernel driver wrote, and its writes are checked through the kernel after.
 fn c_suite() -> Result<()> {
     let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;

@@ -12,7 +12,7 @@ use ugds_uapi::queue::nvm;
 use ugds_uapi::{Cqe, Sqe};
 use zerocopy::FromBytes;
 
-/// An open `/dev/ugdsN`.
+/// An open `/dev/ugds_drvN`.
 pub struct RawDev {
     fd: OwnedFd,
     /// GET_INFO.

@@ -1,4 +1,4 @@
-//! The ioctl and mmap ABI between `ugds.ko` and user space (`/dev/ugdsN`).
+//! The ioctl and mmap ABI between `ugds.ko` and user space (`/dev/ugds_drvN`, class `ugds_drv`).
 //!
 //! Every argument struct is `#[repr(C)]` with explicit padding and 8-byte alignment, the same on
 //! both sides. [`ABI_VERSION`] changes whenever any of it does; the library compares it with
@@ -107,7 +107,7 @@ pub struct NamespaceInfo {
 pub struct DeviceInfo {
     /// [`ABI_VERSION`] of the module.
     pub abi_version: u32,
-    /// N of `/dev/ugdsN`.
+    /// N of `/dev/ugds_drvN` (also its minor number).
     pub instance: u32,
     /// Serial number (ASCII, space padded).
     pub serial: [u8; 20],

@@ -1,10 +1,12 @@
-//! `Device`, `Namespace` and `Registration`: the public, safe API over one `/dev/ugdsN`.
+//! `Device`, `Namespace` and `Registration`: the public, safe API over one `/dev/ugds_drvN`;
+//! [`is_ugds_node`] tells such a node from anything else.
 
 use crate::error::{Error, Result};
 use crate::mmio::Mapping;
 use crate::queue::{self, Command, QueuePair, MAX_BURST};
 use crate::sys::{DeviceFd, EventFd};
 use std::cell::Cell;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,17 +98,35 @@ fn thread_index() -> usize {
     })
 }
 
+/// The sysfs class of ugds device nodes: `/sys/class/ugds_drv`, nodes `/dev/ugds_drvN` (the
+/// names uGDS uses, so its tools and LMCache's uGDS backend accept them).
+pub const NODE_CLASS: &str = "ugds_drv";
+
+/// True when `path` (or what it points to, e.g. `/proc/self/fd/N`) is a ugds device node: a
+/// character device whose `/sys/dev/char/MAJ:MIN/subsystem` is the class [`NODE_CLASS`]. The
+/// check goes by the sysfs class, never by the name, so a node of another driver named like
+/// ours is not taken for one, and a ugds node under any name is.
+pub fn is_ugds_node(path: impl AsRef<std::path::Path>) -> bool {
+    let Ok(meta) = std::fs::metadata(path) else { return false };
+    if !meta.file_type().is_char_device() {
+        return false;
+    }
+    let rdev = meta.rdev();
+    let subsystem = format!("/sys/dev/char/{}:{}/subsystem", libc::major(rdev), libc::minor(rdev));
+    std::fs::read_link(subsystem).is_ok_and(|class| class.file_name().is_some_and(|n| n == NODE_CLASS))
+}
+
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
 
 impl Device {
-    /// Opens `/dev/ugdsN` with default options.
+    /// Opens `/dev/ugds_drvN` with default options.
     pub fn open(path: &str) -> Result<Self> {
         Self::open_with(path, DeviceOptions::default())
     }
 
-    /// Opens `/dev/ugdsN`: checks the ABI version, creates and maps the queue pairs.
+    /// Opens `/dev/ugds_drvN`: checks the ABI version, creates and maps the queue pairs.
     pub fn open_with(path: &str, opts: DeviceOptions) -> Result<Self> {
         let fd = DeviceFd::open(path)?;
         let mut info = DeviceInfo {
@@ -645,5 +665,23 @@ impl Drop for Registration {
         }
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
         let _ = self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_ugds_node;
+
+    /// Only a character device of the class `ugds_drv` is a ugds node: not a missing path, a
+    /// regular file, a directory, another driver's character device, or a link to one.
+    #[test]
+    fn is_ugds_node_needs_the_sysfs_class() {
+        assert!(!is_ugds_node("/nonexistent/ugds_drv0"));
+        assert!(!is_ugds_node("/proc/self/exe"));
+        assert!(!is_ugds_node("/dev"));
+        assert!(!is_ugds_node("/dev/null"));
+        let f = std::fs::File::open("/dev/null").unwrap();
+        use std::os::fd::AsRawFd;
+        assert!(!is_ugds_node(format!("/proc/self/fd/{}", f.as_raw_fd())));
     }
 }

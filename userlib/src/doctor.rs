@@ -158,10 +158,15 @@ pub fn diagnose() -> Vec<Finding> {
             .collect();
         let v = if bound.is_empty() { Verdict::Warn } else { Verdict::Ok };
         let fix = if bound.is_empty() { "bind a dedicated SSD: cargo xtask bind <pci-address>" } else { "" };
+        let mut nodes: Vec<String> = std::fs::read_dir(format!("/sys/class/{}", crate::device::NODE_CLASS))
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| format!("/dev/{}", e.file_name().to_string_lossy())).collect())
+            .unwrap_or_default();
+        nodes.sort();
+        let nodes = if nodes.is_empty() { String::new() } else { format!(" ({})", nodes.join(" ")) };
         out.push(finding(
             "NVMe",
             v,
-            format!("{} controller(s): {}; {} bound to ugds", nvme.len(), list.join(", "), bound.len()),
+            format!("{} controller(s): {}; {} bound to ugds{nodes}", nvme.len(), list.join(", "), bound.len()),
             fix,
         ));
     }
@@ -173,7 +178,7 @@ pub fn diagnose() -> Vec<Finding> {
         (0, _) => finding(
             "IOMMU",
             Verdict::Warn,
-            "no IOMMU in use: the SSD can DMA anywhere; /dev/ugdsN is root-only for that reason",
+            "no IOMMU in use: the SSD can DMA anywhere; /dev/ugds_drvN is root-only for that reason",
             "enable the IOMMU (intel_iommu=on / amd_iommu=on) to confine the SSD's DMA",
         ),
         (_, true) => finding(

@@ -3,7 +3,7 @@
 //! GPU (dma-buf) memory. No system call is made on the I/O path.
 //!
 //! ```no_run
-//! let dev = ugds::Device::open("/dev/ugds0")?;
+//! let dev = ugds::Device::open("/dev/ugds_drv0")?;
 //! let ns = dev.namespace(1)?;
 //! let mut buf = dev.alloc(1 << 20)?;
 //! ns.read(&mut buf, 0, 0, 1 << 20)?;

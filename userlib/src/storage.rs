@@ -233,10 +233,11 @@ impl Buffer {
 }
 
 impl Storage {
-    /// Opens `path`: `/dev/ugdsN` (namespace 1) takes the direct path; a regular file or a
+    /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
+    /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a regular file or a
     /// block device takes the fallback path.
     pub fn open(path: &str) -> Result<Arc<Storage>> {
-        if path.starts_with("/dev/ugds") {
+        if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;
             return Self::direct(&dev, 1);
         }

@@ -1,4 +1,4 @@
-//! The system-call layer (control plane only): ioctls on `/dev/ugdsN` and shared mappings.
+//! The system-call layer (control plane only): ioctls on `/dev/ugds_drvN` and shared mappings.
 //! All of the crate's `unsafe` FFI lives here and in [`crate::mmio`].
 
 use crate::error::{Error, Result};
@@ -33,7 +33,7 @@ unsafe impl IoctlArg for ugds_uapi::ioctl::SetEventfd {}
 // SAFETY: a plain integer (for requests without argument).
 unsafe impl IoctlArg for u64 {}
 
-/// An open `/dev/ugdsN`.
+/// An open `/dev/ugds_drvN`.
 #[derive(Debug)]
 pub struct DeviceFd(OwnedFd);
 

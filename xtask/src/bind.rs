@@ -22,7 +22,8 @@ fn basename_of_link(p: &Path) -> Result<String> {
     Ok(real.file_name().context("link has no file name")?.to_string_lossy().into_owned())
 }
 
-/// Resolves `/dev/nvmeX`, `/dev/nvmeXnY[pZ]`, `nvmeX`, `/dev/ugdsN` or a PCI address to the
+/// Resolves `/dev/nvmeX`, `/dev/nvmeXnY[pZ]`, `nvmeX`, a ugds node (`/dev/ugds_drvN`, `ugds_drvN`:
+/// recognised by its sysfs class, see `ugds::device::is_ugds_node`) or a PCI address to the
 /// controller's PCI address.
 pub fn resolve(target: &str) -> Result<String> {
     if is_pci_address(target) {
@@ -32,8 +33,10 @@ pub fn resolve(target: &str) -> Result<String> {
         return Ok(target.to_string());
     }
     let name = target.strip_prefix("/dev/").unwrap_or(target);
-    let link = if name.starts_with("ugds") {
-        PathBuf::from(format!("/sys/class/misc/{name}/device"))
+    let node = if target.starts_with('/') { PathBuf::from(target) } else { Path::new("/dev").join(target) };
+    let link = if ugds::device::is_ugds_node(&node) {
+        let rdev = fs::metadata(&node)?.rdev();
+        PathBuf::from(format!("/sys/dev/char/{}:{}/device", libc::major(rdev), libc::minor(rdev)))
     } else if Path::new(&format!("/sys/class/nvme/{name}")).exists() {
         PathBuf::from(format!("/sys/class/nvme/{name}/device"))
     } else if Path::new(&format!("/sys/class/block/{name}")).exists() {
@@ -188,9 +191,10 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Re
     Ok(())
 }
 
-/// The ugds device nodes of a controller bound to ugds (`ugdsN`).
+/// The ugds device nodes of a controller bound to ugds (`ugds_drvN`: its devices of the class
+/// `ugds_drv`, which sysfs lists under the PCI device in a directory named after the class).
 pub fn ugds_nodes(addr: &str) -> Vec<String> {
-    fs::read_dir(pci_path(addr).join("misc"))
+    fs::read_dir(pci_path(addr).join(ugds::device::NODE_CLASS))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }

@@ -1,5 +1,5 @@
 //! `cargo xtask demo`: the README's first command. Installs what is missing, builds everything,
-//! boots the VM with an emulated SSD (or uses `--device /dev/ugdsN` on real hardware), writes
+//! boots the VM with an emulated SSD (or uses `--device /dev/ugds_drvN` on real hardware), writes
 //! and verifies data through ugds, cross-checks it through the kernel nvme driver, and prints a
 //! short ugds-vs-kernel (fio, io_uring, O_DIRECT) comparison measured in the same run.
 
@@ -112,7 +112,7 @@ pub fn guest(cli: &str, device: &str, seconds: u64) -> Result<()> {
     }
     let addr = if in_vm { first_controller()? } else { bind::resolve(device)? };
     let node = |addr: &str| -> Result<String> {
-        bind::ugds_nodes(addr).first().map(|n| format!("/dev/{n}")).context("no /dev/ugdsN after bind")
+        bind::ugds_nodes(addr).first().map(|n| format!("/dev/{n}")).context("no /dev/ugds_drvN after bind")
     };
     println!("== 1. write and verify through ugds, then cross-check through the kernel nvme driver");
     bind::bind(&addr)?;

@@ -68,7 +68,7 @@ enum Cmd {
         /// The controller.
         target: String,
     },
-    /// Give a controller (PCI address or /dev/ugdsN) back to the kernel nvme driver.
+    /// Give a controller (PCI address or /dev/ugds_drvN) back to the kernel nvme driver.
     Unbind {
         /// The controller.
         target: String,
@@ -76,7 +76,7 @@ enum Cmd {
     /// The main job: build, boot the VM with an emulated SSD (or use --device), write and verify
     /// through ugds, cross-check through the kernel driver, compare speed with fio.
     Demo {
-        /// A real controller already bound to ugds (/dev/ugdsN) instead of the VM. Its data is
+        /// A real controller already bound to ugds (/dev/ugds_drvN) instead of the VM. Its data is
         /// overwritten.
         #[arg(long)]
         device: Option<String>,
@@ -180,11 +180,11 @@ fn real_main() -> Result<()> {
         Cmd::Install { kdir } => install::install(kdir)?,
         Cmd::Bind { target } => {
             let addr = bind::bind(&target)?;
-            let nodes = bind::ugds_nodes(&addr);
-            println!(
-                "{addr}: bound to ugds {}",
-                nodes.iter().map(|n| format!("/dev/{n}")).collect::<Vec<_>>().join(" ")
-            );
+            let nodes: Vec<String> = bind::ugds_nodes(&addr).iter().map(|n| format!("/dev/{n}")).collect();
+            if !nodes.iter().any(ugds::device::is_ugds_node) {
+                anyhow::bail!("{addr} is bound to ugds but no /dev/ugds_drvN node appeared; see the kernel log");
+            }
+            println!("{addr}: bound to ugds: {}", nodes.join(" "));
         }
         Cmd::Unbind { target } => {
             let addr = bind::unbind(&target)?;

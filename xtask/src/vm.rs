@@ -167,7 +167,7 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
     )?;
     if let Some(ko) = &cfg.bind_module {
         writeln!(s, "insmod /host{} || fail 'loading ugds.ko'", ko.display())?;
-        // Bind in PCI order, so /dev/ugdsN follows controller order.
+        // Bind in PCI order, so /dev/ugds_drvN follows controller order.
         writeln!(
             s,
             "for d in $(ls /sys/bus/pci/devices); do if [ \"$(cat /sys/bus/pci/devices/$d/class)\" = 0x010802 ]; then chroot /host {} bind $d || fail \"binding $d\"; fi; done",

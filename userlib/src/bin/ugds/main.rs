@@ -22,7 +22,7 @@ fn size(s: &str) -> Result<u64, String> {
 
 #[derive(Args)]
 struct Target {
-    /// The device node (/dev/ugdsN).
+    /// The device node (/dev/ugds_drvN).
     dev: String,
     /// Namespace id.
     #[arg(long, default_value_t = 1)]
