@@ -468,7 +468,7 @@ fn register_on(s: &Storage, e: &BufEntry) -> CResult<Buffer> {
 fn open_fd(fd: c_int) -> CResult<Arc<Storage>> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
     let path = link.to_string_lossy().into_owned();
-    if crate::device::is_ugds_node(&format!("/proc/self/fd/{fd}")) {
+    if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
         return Ok(Storage::open(&path)?);
     }
     // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
