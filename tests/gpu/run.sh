@@ -214,6 +214,7 @@ python_clients() {
   echo "STEPS=$STEPS  $(date -u +%FT%TZ)"
   echo '{ "properties": { "allow_compat_mode": true }, "execution": {}, "logging": { "level": "ERROR" } }' >"$DIR/cufile-compat.json"
   if want base; then
+    [ -f "$B/BUILT_FROM" ] && cat "$B/BUILT_FROM"
     run nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     run head -1 /proc/driver/nvidia/version
     run df -T "$DIR"

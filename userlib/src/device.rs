@@ -116,6 +116,28 @@ pub fn is_ugds_node(path: impl AsRef<std::path::Path>) -> bool {
     std::fs::read_link(subsystem).is_ok_and(|class| class.file_name().is_some_and(|n| n == NODE_CLASS))
 }
 
+/// What `path` is, in words (for errors that name a wrong target).
+pub fn describe_path(path: impl AsRef<std::path::Path>) -> String {
+    let Ok(meta) = std::fs::metadata(&path) else { return "missing".into() };
+    let t = meta.file_type();
+    if t.is_file() {
+        format!("a regular file of {} bytes", meta.len())
+    } else if t.is_dir() {
+        "a directory".into()
+    } else if t.is_block_device() {
+        "a block device".into()
+    } else if t.is_char_device() {
+        let rdev = meta.rdev();
+        let subsystem = format!("/sys/dev/char/{}:{}/subsystem", libc::major(rdev), libc::minor(rdev));
+        match std::fs::read_link(subsystem).ok().and_then(|c| c.file_name().map(|n| n.to_string_lossy().into_owned())) {
+            Some(class) => format!("a character device of the class {class}"),
+            None => "a character device".into(),
+        }
+    } else {
+        "neither a file nor a device".into()
+    }
+}
+
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
@@ -128,6 +150,15 @@ impl Device {
 
     /// Opens `/dev/ugds_drvN`: checks the ABI version, creates and maps the queue pairs.
     pub fn open_with(path: &str, opts: DeviceOptions) -> Result<Self> {
+        if std::path::Path::new(path).exists() && !is_ugds_node(path) {
+            return Err(Error::NotUgdsNode {
+                path: path.to_string(),
+                what: describe_path(path),
+                fix: "bind a controller to ugds (`cargo xtask bind /dev/nvmeX`, which prints its node \
+                      /dev/ugds_drvN); files and block devices take the fallback path through \
+                      `Storage::open` (the CLI's info, read and write accept them)",
+            });
+        }
         let fd = DeviceFd::open(path)?;
         let mut info = DeviceInfo {
             abi_version: 0,

@@ -14,6 +14,16 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A path given where a ugds node was expected is something else.
+    #[error("{path} is {what}, not a ugds node (a character device of the class ugds_drv): {fix}")]
+    NotUgdsNode {
+        /// The path.
+        path: String,
+        /// What it is.
+        what: String,
+        /// What to do.
+        fix: &'static str,
+    },
     /// The kernel module speaks another ABI version.
     #[error("kernel module ABI {kernel} does not match the library's {library}: load the matching ugds.ko")]
     AbiMismatch {
@@ -128,7 +138,7 @@ impl Error {
             }
             Error::AbiMismatch { .. } => libc::EPROTO,
             Error::InvalidArgument { .. } => libc::EINVAL,
-            Error::NoNamespace(_) => libc::ENODEV,
+            Error::NoNamespace(_) | Error::NotUgdsNode { .. } => libc::ENODEV,
             Error::Nvme { .. } | Error::DeviceProtocol(_) | Error::Gpu { .. } => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::DeviceFaulted | Error::EpochChanged { .. } => libc::EAGAIN,

@@ -237,11 +237,53 @@ impl Storage {
     /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a regular file or a
     /// block device takes the fallback path.
     pub fn open(path: &str) -> Result<Arc<Storage>> {
+        Self::open_ns(path, 1)
+    }
+
+    /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
+    pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
         if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;
-            return Self::direct(&dev, 1);
+            return Self::direct(&dev, nsid);
         }
-        Self::file(FileTarget::open(path, true)?)
+        if !std::path::Path::new(path).exists() {
+            return Err(Error::Open {
+                path: path.to_string(),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            });
+        }
+        FileTarget::open(path, true)
+            .map_err(|e| match e {
+                Error::InvalidArgument { .. } => Error::NotUgdsNode {
+                    path: path.to_string(),
+                    what: crate::device::describe_path(path),
+                    fix: "give a ugds node (/dev/ugds_drvN, direct path), a regular file or a block \
+                      device (fallback path)",
+                },
+                other => other,
+            })
+            .and_then(Self::file)
+    }
+
+    /// Which path I/O on this storage takes, and on what, in words.
+    pub fn describe(&self) -> String {
+        match &self.target {
+            Target::Direct { ns, dev } => format!(
+                "direct path (user-space NVMe queues): namespace {} of {} (serial {}), {} bytes in {}-byte blocks",
+                ns.id(),
+                dev.model(),
+                dev.serial(),
+                ns.capacity(),
+                ns.block_size()
+            ),
+            Target::File(f) => format!(
+                "fallback path ({}): {}, {} bytes, {}-byte alignment",
+                if f.direct() { "io_uring, O_DIRECT" } else { "io_uring through the page cache: no O_DIRECT here" },
+                f.path(),
+                f.capacity().unwrap_or(0),
+                f.align()
+            ),
+        }
     }
 
     /// Namespace `nsid` of an open device.

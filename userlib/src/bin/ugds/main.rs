@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use std::io::Write;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Device, DeviceOptions};
+use ugds::{pattern, Device, DeviceOptions, Storage};
 
 #[derive(Parser)]
 #[command(name = "ugds", about = "User-space GPU Direct Storage: NVMe from user space")]
@@ -163,6 +163,19 @@ fn run(cli: Cli) -> Res<()> {
         Cmd::BenchGpu { file, file_size, sizes, threads, seconds, cpu } => {
             gpu_bench::run(gpu_bench::Params { file, file_size, sizes, threads, seconds, cpu, json: cli.json })?
         }
+        Cmd::Info { dev } if !ugds::device::is_ugds_node(&dev) => {
+            // A file or block device: the fallback path.
+            let s = Storage::open(&dev)?;
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"target": dev, "path": "fallback", "direct_io": s.bypasses_page_cache(),
+                        "capacity": s.capacity()?, "block_size": s.block_size()})
+                );
+            } else {
+                println!("{dev}: {}", s.describe());
+            }
+        }
         Cmd::Info { dev } => {
             let d = Device::open_with(&dev, DeviceOptions { queues: 1, ..Default::default() })?;
             let i = d.info();
@@ -188,6 +201,34 @@ fn run(cli: Cli) -> Res<()> {
                     println!("  namespace {}: {} bytes in {}-byte blocks", n.id(), n.capacity(), n.block_size());
                 }
             }
+        }
+        Cmd::Write { t, offset, len, pattern: seed, from } if !ugds::device::is_ugds_node(&t.dev) => {
+            let file = match (&from, seed) {
+                (Some(f), _) => Some(std::fs::read(f)?),
+                (None, Some(_)) => None,
+                (None, None) => return Err("give --pattern SEED or --from FILE".into()),
+            };
+            if file.as_ref().is_some_and(|f| (f.len() as u64) < len) {
+                return Err(format!("{} holds fewer than --len {len} bytes", from.unwrap_or_default()).into());
+            }
+            let s = Storage::open(&t.dev)?;
+            let buf = s.alloc_host(CHUNK.min(len).max(1) as usize)?;
+            let start = Instant::now();
+            let mut done = 0;
+            let mut chunk = vec![0u8; CHUNK.min(len) as usize];
+            while done < len {
+                let n = CHUNK.min(len - done) as usize;
+                match (&file, seed) {
+                    (Some(f), _) => chunk[..n].copy_from_slice(&f[done as usize..done as usize + n]),
+                    (None, Some(sd)) => pattern::fill(sd, offset + done, &mut chunk[..n]),
+                    (None, None) => return Err("give --pattern SEED or --from FILE".into()),
+                }
+                buf.copy_in(0, &chunk[..n])?;
+                s.write(&buf, 0, offset + done, n as u64)?;
+                done += n as u64;
+            }
+            eprintln!("{}: {}", t.dev, s.describe());
+            report(cli.json, "write", len, start.elapsed());
         }
         Cmd::Write { t, offset, len, pattern: seed, from } => {
             let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;
@@ -222,6 +263,38 @@ fn run(cli: Cli) -> Res<()> {
                 done += n;
             }
             report(cli.json, "write", len, start.elapsed());
+        }
+        Cmd::Read { t, offset, len, to, check_pattern } if !ugds::device::is_ugds_node(&t.dev) => {
+            let s = Storage::open(&t.dev)?;
+            // A bad range is refused before the output file is created or truncated.
+            let cap = s.capacity()?;
+            if offset.checked_add(len).is_none_or(|e| e > cap) {
+                return Err(format!("[{offset}, +{len}) runs past the end of {} ({cap} bytes)", t.dev).into());
+            }
+            let mut out = match &to {
+                Some(p) => Some(std::fs::File::create(p)?),
+                None => None,
+            };
+            let buf = s.alloc_host(CHUNK.min(len).max(1) as usize)?;
+            let mut chunk = vec![0u8; CHUNK.min(len) as usize];
+            let start = Instant::now();
+            let mut done = 0;
+            while done < len {
+                let n = CHUNK.min(len - done) as usize;
+                s.read(&buf, 0, offset + done, n as u64)?;
+                buf.copy_out(0, &mut chunk[..n])?;
+                if let Some(f) = out.as_mut() {
+                    f.write_all(&chunk[..n])?;
+                }
+                if let Some(sd) = check_pattern {
+                    if let Some(bad) = pattern::first_mismatch(sd, offset + done, &chunk[..n]) {
+                        return Err(format!("pattern mismatch at byte offset {bad}").into());
+                    }
+                }
+                done += n as u64;
+            }
+            eprintln!("{}: {}", t.dev, s.describe());
+            report(cli.json, "read", len, start.elapsed());
         }
         Cmd::Read { t, offset, len, to, check_pattern } => {
             let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;

@@ -1,0 +1,41 @@
+//! The `ugds` CLI on targets that are not ugds nodes: files take the fallback path and say so;
+//! anything else is refused with an error that names the target, what it is and what to do.
+
+use std::process::Command;
+
+fn ugds(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ugds")).args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn info_read_and_write_work_on_a_file() {
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{}.bin", std::process::id()));
+    std::fs::File::create(&path).unwrap().set_len(8 << 20).unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, out) = ugds(&["info", p]);
+    assert!(ok && out.contains("fallback path") && out.contains("8388608 bytes"), "{out}");
+    let (ok, out) = ugds(&["--json", "info", p]);
+    assert!(ok && out.contains("\"path\":\"fallback\""), "{out}");
+    let (ok, out) = ugds(&["write", p, "--offset", "1M", "--len", "2M", "--pattern", "9"]);
+    assert!(ok, "{out}");
+    let (ok, out) = ugds(&["read", p, "--offset", "1M", "--len", "2M", "--check-pattern", "9"]);
+    assert!(ok && out.contains("fallback path"), "{out}");
+    let (ok, out) = ugds(&["read", p, "--offset", "1M", "--len", "2M", "--check-pattern", "10"]);
+    assert!(!ok && out.contains("pattern mismatch"), "{out}");
+    let to = format!("{p}.out");
+    let (ok, out) = ugds(&["read", p, "--offset", "8M", "--len", "4K", "--to", &to]);
+    assert!(!ok && out.contains("runs past the end"), "{out}");
+    assert!(!std::path::Path::new(&to).exists(), "a refused read created its output file");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_wrong_target_is_named_with_what_it_is_and_what_to_do() {
+    let (ok, out) = ugds(&["info", "/dev/null"]);
+    assert!(!ok && out.contains("/dev/null is a character device") && out.contains("ugds_drv"), "{out}");
+    let (ok, out) = ugds(&["bench", "/dev/null"]);
+    assert!(!ok && out.contains("not a ugds node") && out.contains("cargo xtask bind"), "{out}");
+    let (ok, out) = ugds(&["info", "/nonexistent/x"]);
+    assert!(!ok && out.contains("/nonexistent/x"), "{out}");
+}
