@@ -138,7 +138,7 @@ fn memory_types_follow_the_runtime_versions_numbering() {
     assert_eq!(v5.runtime_version(), 50731921);
     let dev = v5.alloc(8192).unwrap();
     let pinned = v5.alloc_pinned(4096).unwrap();
-    let host = vec![0u8; 64];
+    let host = [0u8; 64];
     // The fake now answers in ROCm 5's numbering.
     assert!(v5.is_device_memory(dev));
     assert!(!v5.is_device_memory(pinned as u64), "ROCm 5 Host (0)");
