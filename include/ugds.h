@@ -442,8 +442,9 @@ uGDSError_t uGDSHandleDeregisterEx(uGDSHandle_t fh, int timeout_sec);
 uGDSError_t uGDSGetDeviceCapacity(uGDSHandle_t fh, uint64_t *capacity_bytes);
 
 /**
- * Registers memory: GPU memory (CUDA, detected from the pointer), or page-aligned host memory
- * (a ugds extension: uGDS registers GPU memory only). `flags`: `NVM_MAP_DMABUF` (HIP),
+ * Registers memory: GPU memory (CUDA or HIP, detected from the pointer), or page-aligned host
+ * memory (a ugds extension: uGDS registers GPU memory only). `flags`: `NVM_MAP_DMABUF` (HIP
+ * memory, through its dma-buf; `UGDS_IO_NOT_SUPPORTED` where no HIP runtime loads),
  * `NVM_MAP_RDMA` (keep exportable), `NVM_MAP_FORCE_CUDA`.
  *
  * # Safety
@@ -684,8 +685,10 @@ uGDSError_t uGDSWritevAsync(uGDSHandle_t fh,
 uGDSError_t uGDSStreamRegister(void *stream);
 
 /**
- * Registers a stream with its runtime: succeeds for `UGDS_BACKEND_CUDA` (the runtime this
- * build drives); `UGDS_INVALID_VALUE` for any other value, DEFAULT included.
+ * Registers a stream with its runtime: succeeds for `UGDS_BACKEND_CUDA`, and for
+ * `UGDS_BACKEND_HIP` where the HIP runtime (libamdhip64.so) loads; `UGDS_INVALID_VALUE` for any
+ * other value, DEFAULT included. Stream-ordered I/O wraps a stream with the runtime of the
+ * buffer it moves (CUDA for host memory where CUDA loads, else HIP).
  */
 uGDSError_t uGDSStreamRegisterEx(void *stream, enum uGDSBackend backend);
 

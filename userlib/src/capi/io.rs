@@ -3,7 +3,7 @@
 //! own aligned buffers (cuFile: unregistered memory, any size and offset), and uGDS's vectored
 //! read/write.
 
-use super::library::{cuda, BufEntry, CResult, Face, Fail, Handle, Library, Memory, BOUNCE};
+use super::library::{gpu_of, BufEntry, CResult, Face, Fail, Handle, Library, Memory, BOUNCE};
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
 use crate::gpu::Gpu;
@@ -37,7 +37,7 @@ enum Raw {
 }
 
 fn classify(addr: usize) -> Raw {
-    match cuda().filter(|g| g.runtime().is_device_memory(addr as u64)) {
+    match gpu_of(addr) {
         Some(g) => Raw::Gpu(g),
         None => Raw::Host,
     }

@@ -101,6 +101,20 @@ pub fn cuda() -> Option<Arc<Gpu>> {
     G.get_or_init(|| if crate::gpu::cuda::driver_present() { Gpu::cuda().ok() } else { None }).clone()
 }
 
+/// The HIP runtime, when this machine has one (loaded once, at first need: `libamdhip64.so`, or
+/// the file `UGDS_HIP_LIBRARY` names then).
+pub fn hip() -> Option<Arc<Gpu>> {
+    static G: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
+    G.get_or_init(|| Gpu::hip().ok()).clone()
+}
+
+/// The GPU runtime whose device memory `addr` is: CUDA's, else HIP's (`None` for host memory).
+pub fn gpu_of(addr: usize) -> Option<Arc<Gpu>> {
+    cuda()
+        .filter(|g| g.runtime().is_device_memory(addr as u64))
+        .or_else(|| hip().filter(|g| g.runtime().is_device_memory(addr as u64)))
+}
+
 /// What a handle value points at: uGDS's programs read the registered fd from the first `int`
 /// of a handle (`*(int *)fh`), so a handle is the address of one of these. Records are never
 /// freed or reused, so a stale handle can never name a newer registration; lookups go through

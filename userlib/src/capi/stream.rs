@@ -3,10 +3,11 @@
 //! forgetting a stream (deregistration, closing) waits only for the library's own jobs on it.
 //! CPU streams (`ugdsxCpuStream*`) give stream-ordered I/O without a GPU.
 
-use super::library::{cuda, BufEntry, CResult, Face, Fail, Handle, Library};
+use super::library::{cuda, hip, BufEntry, CResult, Face, Fail, Handle, Library, Memory};
 use super::slots::Slots;
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
+use crate::gpu::Vendor;
 use crate::stream::{CpuStream, Stream};
 use crate::stream_io::{StreamIo, StreamJob};
 use std::collections::HashMap;
@@ -85,8 +86,10 @@ pub struct LateSegs {
 unsafe impl Send for LateSegs {}
 
 impl Library {
-    /// The stream-ordered I/O state of `stream`: a CPU stream of ours, or a CUDA stream.
-    fn stream_io(&self, stream: usize) -> CResult<Arc<StreamIo>> {
+    /// The stream-ordered I/O state of `stream`: a CPU stream of ours, or a stream of the GPU
+    /// runtime whose memory `bufs` are (the first GPU buffer decides; for host memory, CUDA
+    /// where it loads, else HIP). A stream keeps the runtime it was first seen with.
+    fn stream_io(&self, stream: usize, bufs: &[Arc<BufEntry>]) -> CResult<Arc<StreamIo>> {
         let mut io = self.streams.io.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = io.get(&stream) {
             return Ok(s.clone());
@@ -94,14 +97,38 @@ impl Library {
         let s: Arc<dyn Stream> = match self.streams.cpu.get(stream) {
             Some(c) => c,
             None => {
-                if cuda().is_none() {
-                    return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
+                let vendor = bufs.iter().find_map(|b| match &b.mem {
+                    Memory::Gpu(m) => Some(m.gpu().runtime().vendor()),
+                    Memory::Host => None,
+                });
+                let vendor = match vendor {
+                    Some(v) => v,
+                    None if cuda().is_some() => Vendor::Cuda,
+                    None if hip().is_some() => Vendor::Hip,
+                    None => return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED)),
+                };
+                match vendor {
+                    Vendor::Hip => {
+                        if hip().is_none() {
+                            return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
+                        }
+                        let h = crate::gpu::hip::Hip::new(0)?;
+                        // SAFETY: the caller passes a stream of the device its HIP memory is on;
+                        // it is used only while the caller's enqueue call runs (queuing work),
+                        // never after.
+                        unsafe { h.wrap_stream(stream) }
+                    }
+                    Vendor::Cuda | Vendor::Cpu => {
+                        if cuda().is_none() {
+                            return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
+                        }
+                        let c = crate::gpu::cuda::Cuda::new(0)?;
+                        // SAFETY: the caller passes a stream of the primary context (what the
+                        // CUDA runtime uses); it is used only while the caller's enqueue call
+                        // runs (queuing work), never after.
+                        unsafe { c.wrap_stream(stream) }
+                    }
                 }
-                let c = crate::gpu::cuda::Cuda::new(0)?;
-                // SAFETY: the caller passes a stream of the primary context (what the CUDA
-                // runtime uses); it is used only while the caller's enqueue call runs (queuing
-                // work), never after.
-                unsafe { c.wrap_stream(stream) }
             }
         };
         let sio = Arc::new(StreamIo::new(s)?);
@@ -152,9 +179,10 @@ impl Library {
             Face::Ugds => UGDS_INVALID_VALUE,
             Face::CuFile => UGDS_HANDLE_NOT_REGISTERED,
         }))?;
-        let sio = self.stream_io(stream)?;
+        let bufs: Vec<Arc<BufEntry>> = entry.into_iter().collect();
+        let sio = self.stream_io(stream, &bufs)?;
         let engine = h.storage.engine()?;
-        let hold = Hold::new(h, entry.into_iter().collect());
+        let hold = Hold::new(h, bufs);
         let job: StreamJob = Box::new(move || {
             let args = args;
             // SAFETY: the caller keeps the words valid until the stream has passed this.
@@ -206,7 +234,7 @@ impl Library {
         for s in segs {
             entries.push(self.buffer(s.base as usize).ok_or(Fail::Code(UGDS_INVALID_VALUE))?);
         }
-        let sio = self.stream_io(stream)?;
+        let sio = self.stream_io(stream, &entries)?;
         let engine = h.storage.engine()?;
         let hold = Hold::new(h, entries);
         let job: StreamJob = Box::new(move || {

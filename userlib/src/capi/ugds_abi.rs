@@ -112,8 +112,9 @@ pub unsafe extern "C" fn uGDSGetDeviceCapacity(fh: uGDSHandle_t, capacity_bytes:
     }
 }
 
-/// Registers memory: GPU memory (CUDA, detected from the pointer), or page-aligned host memory
-/// (a ugds extension: uGDS registers GPU memory only). `flags`: `NVM_MAP_DMABUF` (HIP),
+/// Registers memory: GPU memory (CUDA or HIP, detected from the pointer), or page-aligned host
+/// memory (a ugds extension: uGDS registers GPU memory only). `flags`: `NVM_MAP_DMABUF` (HIP
+/// memory, through its dma-buf; `UGDS_IO_NOT_SUPPORTED` where no HIP runtime loads),
 /// `NVM_MAP_RDMA` (keep exportable), `NVM_MAP_FORCE_CUDA`.
 ///
 /// # Safety
@@ -130,8 +131,10 @@ pub unsafe extern "C" fn uGDSBufRegister(bufPtr_base: *const c_void, length: usi
         return code(UGDS_INVALID_VALUE);
     }
     if flags & NVM_MAP_DMABUF != 0 {
-        // The HIP path: no HIP runtime in this build.
-        return code(UGDS_IO_NOT_SUPPORTED);
+        // The HIP path: HIP memory, registered through its dma-buf where the storage takes one.
+        let Some(hip) = super::library::hip() else { return code(UGDS_IO_NOT_SUPPORTED) };
+        // SAFETY: forwarded.
+        return status(unsafe { register_on_gpu(bufPtr_base as usize, length, hip, flags & NVM_MAP_RDMA != 0) });
     }
     // SAFETY: forwarded.
     status(unsafe {
@@ -139,17 +142,32 @@ pub unsafe extern "C" fn uGDSBufRegister(bufPtr_base: *const c_void, length: usi
     })
 }
 
-/// Registers with the GPU runtime decided by the pointer (or forced).
+/// Registers with the GPU runtime decided by the pointer (CUDA, then HIP), or CUDA's (forced).
 unsafe fn register(base: usize, len: usize, force_cuda: bool, export: bool) -> CResult<()> {
     if base == 0 || len == 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
-    let gpu = super::library::cuda().filter(|g| g.runtime().is_device_memory(base as u64));
-    if force_cuda && gpu.is_none() {
+    if force_cuda {
+        let Some(cuda) = super::library::cuda() else { return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID)) };
+        // SAFETY: forwarded from the caller.
+        return unsafe { register_on_gpu(base, len, cuda, export) };
+    }
+    let gpu = super::library::gpu_of(base);
+    // SAFETY: forwarded from the caller.
+    unsafe { lib().buf_register(base, len, gpu, export) }
+}
+
+/// Registers memory that must be device memory of `gpu` (`UGDS_CUDA_MEMORY_TYPE_INVALID`, the
+/// memory-type error, when it is not).
+unsafe fn register_on_gpu(base: usize, len: usize, gpu: std::sync::Arc<crate::gpu::Gpu>, export: bool) -> CResult<()> {
+    if base == 0 || len == 0 {
+        return Err(Fail::Code(UGDS_INVALID_VALUE));
+    }
+    if !gpu.runtime().is_device_memory(base as u64) {
         return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID));
     }
     // SAFETY: forwarded from the caller.
-    unsafe { lib().buf_register(base, len, gpu, export) }
+    unsafe { lib().buf_register(base, len, Some(gpu), export) }
 }
 
 /// Registers memory with a backend choice and whether it will be exported (dma-buf, RDMA).
@@ -184,7 +202,11 @@ pub unsafe extern "C" fn uGDSBufRegisterEx(
             // SAFETY: forwarded.
             status(unsafe { register(bufPtr_base as usize, length, true, export) })
         }
-        Some(uGDSBackend::UGDS_BACKEND_HIP) => code(UGDS_PLATFORM_NOT_SUPPORTED),
+        Some(uGDSBackend::UGDS_BACKEND_HIP) => {
+            let Some(hip) = super::library::hip() else { return code(UGDS_PLATFORM_NOT_SUPPORTED) };
+            // SAFETY: forwarded.
+            status(unsafe { register_on_gpu(bufPtr_base as usize, length, hip, export) })
+        }
         None => code(UGDS_INVALID_VALUE),
     }
 }
@@ -607,13 +629,16 @@ pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
     uGDSError::OK
 }
 
-/// Registers a stream with its runtime: succeeds for `UGDS_BACKEND_CUDA` (the runtime this
-/// build drives); `UGDS_INVALID_VALUE` for any other value, DEFAULT included.
+/// Registers a stream with its runtime: succeeds for `UGDS_BACKEND_CUDA`, and for
+/// `UGDS_BACKEND_HIP` where the HIP runtime (libamdhip64.so) loads; `UGDS_INVALID_VALUE` for any
+/// other value, DEFAULT included. Stream-ordered I/O wraps a stream with the runtime of the
+/// buffer it moves (CUDA for host memory where CUDA loads, else HIP).
 #[no_mangle]
 pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: BackendArg) -> uGDSError_t {
     let _ = stream;
     match backend.get() {
         Some(uGDSBackend::UGDS_BACKEND_CUDA) => uGDSError::OK,
+        Some(uGDSBackend::UGDS_BACKEND_HIP) if super::library::hip().is_some() => uGDSError::OK,
         _ => code(UGDS_INVALID_VALUE),
     }
 }

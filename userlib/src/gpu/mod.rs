@@ -2,12 +2,14 @@
 //! dma-buf export and ordered streams.
 //!
 //! [`cuda`] loads the CUDA driver at run time (cudarc's dynamic loading), so everything builds
-//! and the host tests run without CUDA. [`cpu`] is a runtime whose "device memory" is host
+//! and the host tests run without CUDA. [`hip`] loads AMD's HIP runtime (`libamdhip64.so`) at
+//! run time the same way, with `dlopen`. [`cpu`] is a runtime whose "device memory" is host
 //! memory backed by a memfd: the VM tests use it to drive the staging pipeline, the stream
 //! ordering and the dma-buf registration path (its export is a real udmabuf) without a GPU.
 
 pub mod cpu;
 pub mod cuda;
+pub mod hip;
 
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -19,6 +21,8 @@ use std::sync::{Arc, Mutex};
 pub enum Vendor {
     /// NVIDIA CUDA.
     Cuda,
+    /// AMD HIP (ROCm).
+    Hip,
     /// Host memory standing in for a GPU (tests, machines without one).
     Cpu,
 }
@@ -134,6 +138,12 @@ impl Gpu {
     /// The first CUDA device (loads the driver library; a clear error when there is none).
     pub fn cuda() -> Result<Arc<Gpu>> {
         Ok(Self::with_runtime(Arc::new(cuda::Cuda::new(0)?)))
+    }
+
+    /// The first HIP device (loads `libamdhip64.so`, or the file `UGDS_HIP_LIBRARY` names; an
+    /// [`Error::Unsupported`] naming the library when it cannot be loaded).
+    pub fn hip() -> Result<Arc<Gpu>> {
+        Ok(Self::with_runtime(Arc::new(hip::Hip::new(0)?)))
     }
 
     /// The CPU stand-in runtime.

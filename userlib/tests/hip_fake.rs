@@ -1,0 +1,339 @@
+//! The HIP runtime (`gpu::hip`) against a fake `libamdhip64.so` (`tests/fake_hip/fake_hip.c`,
+//! built here with gcc and loaded through `UGDS_HIP_LIBRARY`): loading and the error when the
+//! library is absent, device memory round trips, the memory-type numbering of ROCm 5 and 6, a
+//! file read and written from "device" memory on the fallback path, stream-ordered I/O on a HIP
+//! stream with late-bound arguments, and the uGDS C functions with the HIP backend.
+//!
+//! No AMD GPU exists here: the fake implements the HIP calls over host memory, so these tests
+//! check what ugds asks of the runtime (calls, arguments, order), not what a GPU does.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use ugds::gpu::hip::{Hip, LIBRARY_ENV};
+use ugds::gpu::{Runtime, Vendor};
+use ugds::{pattern, AsyncArgs, AsyncParams, Error, Gpu, Storage, Stream, StreamIo};
+
+const SEED: u64 = 0x41d_f11e;
+
+/// Builds the fake runtime once per test process.
+fn fake_library() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-hip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("libamdhip64.so");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_hip/fake_hip.c");
+        let st = std::process::Command::new("gcc")
+            .args(["-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("gcc runs");
+        assert!(st.success(), "building the fake libamdhip64.so failed");
+        out
+    })
+}
+
+/// Serialises the tests (they change the environment the loader reads) and points the loader
+/// at the fake runtime, answering in ROCm 6's numbering.
+fn fake_hip() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var(LIBRARY_ENV, fake_library());
+    std::env::remove_var("FAKE_HIP_RUNTIME_VERSION");
+    g
+}
+
+/// A file of `len` pattern bytes, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, len: usize) -> TempFile {
+        let p = std::env::temp_dir().join(format!("ugds-hip-{name}-{}", std::process::id()));
+        let mut data = vec![0u8; len];
+        pattern::fill(SEED, 0, &mut data);
+        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+        TempFile(p)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn the_fake_runtime_loads_and_names_its_device() {
+    let _g = fake_hip();
+    let gpu = Gpu::hip().unwrap();
+    assert_eq!(gpu.runtime().vendor(), Vendor::Hip);
+    assert_eq!(gpu.runtime().device_name(), "Fake HIP device (ugds tests)");
+    let h = Hip::new(0).unwrap();
+    assert_eq!(h.runtime_version(), 60032830);
+    assert_eq!(h.library_path(), fake_library().to_str().unwrap());
+    let e = Hip::new(1).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
+    assert!(e.to_string().contains("no device 1 (1 found)"), "{e}");
+}
+
+#[test]
+fn an_absent_library_is_an_unsupported_error_naming_it() {
+    let _g = fake_hip();
+    let missing = std::env::temp_dir().join("ugds-no-such-dir/libamdhip64.so");
+    std::env::set_var(LIBRARY_ENV, &missing);
+    let e = Gpu::hip().unwrap_err();
+    std::env::set_var(LIBRARY_ENV, fake_library());
+    let Error::Unsupported { what, why, fix } = &e else { panic!("expected Unsupported, got {e}") };
+    assert_eq!(*what, "HIP");
+    assert!(why.contains("libamdhip64.so") && why.contains("ugds-no-such-dir"), "{why}");
+    assert!(fix.contains("UGDS_HIP_LIBRARY"), "{fix}");
+    // A file that is not a HIP runtime is refused by its missing symbols.
+    std::env::set_var(LIBRARY_ENV, "libc.so.6");
+    let e = Gpu::hip().unwrap_err();
+    std::env::set_var(LIBRARY_ENV, fake_library());
+    assert!(e.to_string().contains("libc.so.6 has no hipInit"), "{e}");
+}
+
+#[test]
+fn device_memory_round_trips_and_is_told_from_host_memory() {
+    let _g = fake_hip();
+    let gpu = Gpu::hip().unwrap();
+    let mem = gpu.alloc(3 << 20).unwrap();
+    let mut data = vec![0u8; 3 << 20];
+    pattern::fill(5, 0, &mut data);
+    gpu.upload(&mem, 0, &data).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    gpu.download(&mem, 1 << 20, &mut back).unwrap();
+    assert_eq!(back, data[1 << 20..2 << 20]);
+    let rt = gpu.runtime();
+    assert!(rt.is_device_memory(mem.device_ptr()));
+    assert!(rt.is_device_memory(mem.device_ptr() + 12345), "an interior address");
+    assert!(!rt.is_device_memory(data.as_ptr() as u64), "ordinary host memory");
+    let pinned = gpu.alloc_pinned(4096).unwrap();
+    assert!(!rt.is_device_memory(pinned.as_ptr() as u64), "pinned host memory");
+    assert!(!rt.is_device_memory(0));
+    let p = mem.device_ptr();
+    drop(mem);
+    assert!(!rt.is_device_memory(p), "freed memory");
+    // The fake has no dma-buf exporter: export fails with the runtime's error, named.
+    assert!(rt.dmabuf_support().is_ok(), "the symbol is there");
+    let m = gpu.alloc(1 << 20).unwrap();
+    let e = m.export_dmabuf().unwrap_err();
+    assert!(e.to_string().contains("hipMemGetHandleForAddressRange failed: hipErrorNotSupported"), "{e}");
+}
+
+/// ROCm 5 numbers `hipMemoryType` differently (Device = 1, which is ROCm 6's Host): the
+/// runtime's version picks the numbering, so each version recognises its own answers only.
+#[test]
+fn memory_types_follow_the_runtime_versions_numbering() {
+    let _g = fake_hip();
+    let v6 = Hip::new(0).unwrap();
+    std::env::set_var("FAKE_HIP_RUNTIME_VERSION", "50731921");
+    let v5 = Hip::new(0).unwrap();
+    assert_eq!(v5.runtime_version(), 50731921);
+    let dev = v5.alloc(8192).unwrap();
+    let pinned = v5.alloc_pinned(4096).unwrap();
+    let host = [0u8; 64];
+    // The fake now answers in ROCm 5's numbering.
+    assert!(v5.is_device_memory(dev));
+    assert!(!v5.is_device_memory(pinned as u64), "ROCm 5 Host (0)");
+    assert!(!v5.is_device_memory(host.as_ptr() as u64), "unknown pointers are an error in ROCm 5");
+    assert!(!v6.is_device_memory(dev), "ROCm 5's Device (1) is ROCm 6's Host");
+    std::env::remove_var("FAKE_HIP_RUNTIME_VERSION");
+    assert!(v6.is_device_memory(dev));
+    assert!(!v5.is_device_memory(dev), "ROCm 6's Device (2) is ROCm 5's Array");
+    assert!(!v6.is_device_memory(pinned as u64), "ROCm 6 Host (1)");
+    v6.free_pinned(pinned, 4096);
+    v6.free(dev, 8192);
+}
+
+#[test]
+fn a_file_is_read_into_and_written_from_hip_memory_on_the_fallback_path() {
+    let _g = fake_hip();
+    let f = TempFile::new("file", 16 << 20);
+    let st = Storage::open(f.path()).unwrap();
+    let gpu = Gpu::hip().unwrap();
+    let mem = Arc::new(gpu.alloc(8 << 20).unwrap());
+    let buf = st.register_gpu(mem.clone(), true).unwrap();
+    assert_eq!(buf.path(), ugds::Path::Fallback);
+    for (len, off, boff) in [(4096u64, 0u64, 0u64), (3 << 20, 1 << 20, 4096), (5 << 20, 7 << 20, 0)] {
+        assert_eq!(st.read(&buf, boff, off, len).unwrap(), len);
+        let mut out = vec![0u8; len as usize];
+        gpu.download(&mem, boff as usize, &mut out).unwrap();
+        assert_eq!(pattern::first_mismatch(SEED, off, &out), None, "{len} bytes at {off} into +{boff}");
+    }
+    // A write of several staging chunks from device memory, read back through the kernel.
+    let mut data = vec![0u8; 5 << 20];
+    pattern::fill(7, 0, &mut data);
+    gpu.upload(&mem, 0, &data).unwrap();
+    assert_eq!(st.write(&buf, 0, 4 << 20, 5 << 20).unwrap(), 5 << 20);
+    st.flush().unwrap();
+    let back = std::fs::read(f.path()).unwrap();
+    assert_eq!(&back[4 << 20..9 << 20], &data[..]);
+    assert_eq!(pattern::first_mismatch(SEED, 0, &back[..4 << 20]), None, "bytes before the write are untouched");
+}
+
+/// Stream-ordered reads on a HIP stream the "application" made (wrapped, not owned): each op's
+/// arguments are set by stream work queued just before it, and stream work after it sees its
+/// result, in order.
+#[test]
+fn stream_ordered_io_on_a_hip_stream_binds_arguments_late() {
+    let _g = fake_hip();
+    let f = TempFile::new("stream", 4 << 20);
+    let st = Storage::open(f.path()).unwrap();
+    let hip = Arc::new(Hip::new(0).unwrap());
+    let gpu = Gpu::with_runtime(hip.clone());
+    let mem = Arc::new(gpu.alloc(32 * 4096).unwrap());
+    let buf = Arc::new(st.register_gpu(mem.clone(), true).unwrap());
+    let app = hip.stream().unwrap();
+    // SAFETY: `app` is a stream of this device and outlives `stream`.
+    let stream = unsafe { hip.wrap_stream(app.raw()) };
+    let sio = StreamIo::new(stream.clone()).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut all = Vec::new();
+    for i in 0..32u64 {
+        let args = AsyncArgs::new(0, -1, -1);
+        let a = args.clone();
+        let bad = i == 9;
+        stream
+            .host_fn(Box::new(move || {
+                a.set(if bad { 1000 } else { 4096 }, (i as i64 * 5 % 1000) * 4096, i as i64 * 4096)
+            }))
+            .unwrap();
+        sio.read_async(&st, &buf, &args).unwrap();
+        let (a, l) = (args.clone(), log.clone());
+        stream.host_fn(Box::new(move || l.lock().unwrap().push((i, a.result())))).unwrap();
+        all.push(args);
+    }
+    sio.synchronize().unwrap();
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 32);
+    for (k, &(i, r)) in log.iter().enumerate() {
+        assert_eq!(i, k as u64, "stream order");
+        if i == 9 {
+            assert_eq!(r, -(libc::EINVAL as i64), "the invalid size is reported in the result slot");
+        } else {
+            assert_eq!(r, 4096, "op {i}");
+        }
+    }
+    for i in (0..32u64).filter(|&i| i != 9) {
+        let mut out = vec![0u8; 4096];
+        gpu.download(&mem, i as usize * 4096, &mut out).unwrap();
+        assert_eq!(pattern::first_mismatch(SEED, (i * 5 % 1000) * 4096, &out), None, "op {i}'s data");
+    }
+    drop(sio);
+    drop(stream);
+    app.synchronize().unwrap();
+}
+
+/// The stream's wait must hold later work until the word reaches the value, also across the
+/// 32-bit wrap, where HIP's non-cyclic `>=` alone would let it through early.
+#[test]
+fn waits_hold_the_stream_across_the_wrap_of_the_word() {
+    let _g = fake_hip();
+    let hip = Hip::new(0).unwrap();
+    let s = hip.stream().unwrap();
+    let w = s.completion_word().unwrap();
+    for (start, target) in [(5u32, 9u32), (u32::MAX - 2, 1), (0x7fff_fff0, 0x8000_0003)] {
+        w.store(start);
+        let ran = Arc::new(Mutex::new(false));
+        s.wait_word(&w, target).unwrap();
+        let r = ran.clone();
+        s.host_fn(Box::new(move || *r.lock().unwrap() = true)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!*ran.lock().unwrap(), "{start} -> {target}: still waiting");
+        w.store(target.wrapping_sub(1));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!*ran.lock().unwrap(), "{start} -> {target}: one short");
+        w.store(target);
+        s.synchronize().unwrap();
+        assert!(*ran.lock().unwrap(), "{start} -> {target}: released");
+    }
+}
+
+/// The uGDS C functions with HIP memory and a HIP stream (called directly: they are the same
+/// functions libugds.so exports).
+#[test]
+fn the_ugds_c_api_registers_hip_memory_and_streams() {
+    use std::os::fd::AsRawFd;
+    use ugds::capi::uGDSOpError::*;
+    use ugds::capi::ugds_abi::*;
+    use ugds::capi::*;
+    let _g = fake_hip();
+    let f = TempFile::new("capi", 4 << 20);
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(f.path()).unwrap();
+    let gpu = Gpu::hip().unwrap();
+    let mem = gpu.alloc(1 << 20).unwrap();
+    let mem2 = gpu.alloc(1 << 20).unwrap();
+    let host = Box::new([0u8; 8192]);
+    let (p, p2) = (mem.device_ptr() as *mut std::ffi::c_void, mem2.device_ptr() as *mut std::ffi::c_void);
+    assert_eq!(uGDSDriverOpen().err, UGDS_SUCCESS);
+    let mut descr = uGDSDescr_t {
+        type_: HandleTypeField(uGDSHandleType::UGDS_HANDLE_TYPE_OPAQUE_FD as i32),
+        handle: uGDSDescrHandle { fd: file.as_raw_fd() },
+    };
+    let mut fh: uGDSHandle_t = std::ptr::null_mut();
+    // SAFETY: valid pointers to locals.
+    assert_eq!(unsafe { uGDSHandleRegister(&mut fh, &mut descr) }.err, UGDS_SUCCESS);
+    let hip_cfg =
+        uGDSBufConfig_t { backend: BackendArg(uGDSBackend::UGDS_BACKEND_HIP as i32), enable_export: BoolField(0) };
+    // SAFETY: device memory that outlives its registration; a valid config.
+    unsafe {
+        assert_eq!(uGDSBufRegisterEx(p, 1 << 20, &hip_cfg).err, UGDS_SUCCESS);
+        assert_eq!(uGDSBufRegister(p2, 1 << 20, NVM_MAP_DMABUF).err, UGDS_SUCCESS);
+        assert_eq!(
+            uGDSBufRegisterEx(host.as_ptr() as *const _, 4096, &hip_cfg).err,
+            UGDS_CUDA_MEMORY_TYPE_INVALID,
+            "host memory is not HIP memory"
+        );
+        assert_eq!(uGDSBufRegister(host.as_ptr() as *const _, 4096, NVM_MAP_DMABUF).err, UGDS_CUDA_MEMORY_TYPE_INVALID);
+    }
+    // Synchronous I/O into the registered HIP memory (staged: the fallback path).
+    // SAFETY: registered memory, in range.
+    assert_eq!(unsafe { uGDSRead(fh, p, 65536, 8192, 4096) }, 65536);
+    let mut out = vec![0u8; 65536];
+    gpu.download(&mem, 4096, &mut out).unwrap();
+    assert_eq!(pattern::first_mismatch(SEED, 8192, &out), None);
+    // Stream-ordered I/O on a HIP stream, arguments set by stream work before it.
+    let hip = Hip::new(0).unwrap();
+    let s = hip.stream().unwrap();
+    let raw = s.raw() as *mut std::ffi::c_void;
+    assert_eq!(uGDSStreamRegisterEx(raw, BackendArg(uGDSBackend::UGDS_BACKEND_HIP as i32)).err, UGDS_SUCCESS);
+    struct Late {
+        size: usize,
+        foff: libc::off_t,
+        boff: libc::off_t,
+        bytes: libc::ssize_t,
+    }
+    let late = Box::into_raw(Box::new(Late { size: 0, foff: -1, boff: -1, bytes: 0 }));
+    let addr = late as usize;
+    s.host_fn(Box::new(move || {
+        // SAFETY: the box lives until after the stream is synchronized below; only the stream
+        // touches it meanwhile.
+        let l = unsafe { &mut *(addr as *mut Late) };
+        (l.size, l.foff, l.boff) = (131072, 1 << 20, 0);
+    }))
+    .unwrap();
+    // SAFETY: the words stay valid until the stream is synchronized.
+    let r = unsafe {
+        uGDSReadAsync(fh, p2, &mut (*late).size, &mut (*late).foff, &mut (*late).boff, &mut (*late).bytes, raw)
+    };
+    assert_eq!(r.err, UGDS_SUCCESS);
+    s.synchronize().unwrap();
+    // SAFETY: the stream has passed the operation; nothing else uses the box.
+    let late = unsafe { Box::from_raw(late) };
+    assert_eq!(late.bytes, 131072);
+    let mut out = vec![0u8; 131072];
+    gpu.download(&mem2, 0, &mut out).unwrap();
+    assert_eq!(pattern::first_mismatch(SEED, 1 << 20, &out), None);
+    assert_eq!(uGDSStreamDeregister(raw).err, UGDS_SUCCESS);
+    assert_eq!(uGDSBufDeregister(p).err, UGDS_SUCCESS);
+    assert_eq!(uGDSBufDeregister(p2).err, UGDS_SUCCESS);
+    uGDSHandleDeregister(fh);
+    assert_eq!(uGDSDriverClose().err, UGDS_SUCCESS);
+}
