@@ -104,8 +104,12 @@ fn bad_arguments_are_named_and_change_nothing() {
         assert_eq!(invalid_arg(st.register_host(std::ptr::null_mut(), 4096).unwrap_err()), "ptr");
         assert_eq!(invalid_arg(st.register_host(8 as *mut u8, 4096).unwrap_err()), "ptr");
     }
-    assert!(matches!(Storage::open("/nonexistent/ugds"), Err(Error::Io { .. })));
-    assert_eq!(invalid_arg(Storage::open("/dev/null").unwrap_err()), "path");
+    assert!(matches!(Storage::open("/nonexistent/ugds"), Err(Error::Open { .. })));
+    let e = Storage::open("/dev/null").unwrap_err();
+    assert!(
+        matches!(&e, Error::NotUgdsNode { path, what, .. } if path == "/dev/null" && what.contains("character device")),
+        "{e}"
+    );
 }
 
 #[test]
