@@ -116,3 +116,42 @@ proptest! {
         std::fs::remove_file(path).unwrap();
     }
 }
+
+/// GetStatus with a minimum and no timeout returns at least that many events, even when an
+/// entry finishes while it looks (regression: uGDS's test_batch_basic "got 0 of 1" on the GPU
+/// machine; the count of running entries was read after collecting).
+#[test]
+fn get_status_waits_for_min_nr_events() {
+    use ugds::capi::Entry;
+    let (path, f) = temp_file("batch-min", 1 << 20);
+    let lib = leak_lib(Face::Ugds);
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let m = ugds::Storage::open(path.to_str().unwrap()).unwrap().alloc_host(64 << 10).unwrap();
+    let base = m.host_ptr().unwrap() as usize;
+    // SAFETY: `m` stays allocated until the end of the test.
+    unsafe { lib.buf_register(base, 64 << 10, None, false) }.unwrap();
+    let b = lib.batch_setup(h, 8).unwrap();
+    for round in 0..300 {
+        let n = 1 + round % 8;
+        let entries: Vec<Entry> = (0..n)
+            .map(|i| Entry {
+                fh: h,
+                write: false,
+                base,
+                buf_offset: (i * 4096) as i64,
+                file_offset: (i * 4096) as i64,
+                size: 4096,
+                cookie: std::ptr::null_mut(),
+            })
+            .collect();
+        // SAFETY: registered memory, in range.
+        unsafe { lib.batch_submit(b, &entries) }.unwrap();
+        let evs = lib.batch_status(b, n, 0, None).unwrap();
+        assert_eq!(evs.len(), n, "round {round}");
+    }
+    lib.batch_destroy(b);
+    lib.buf_deregister(base).unwrap();
+    lib.handle_deregister(h, 0).unwrap();
+    std::fs::remove_file(path).unwrap();
+}
