@@ -31,7 +31,11 @@ impl Engine {
                 .spawn(move || loop {
                     let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     match job {
-                        Ok(j) => j(),
+                        // A panicking job must not take the worker (and the jobs queued
+                        // behind it) down; the job's own guards report its failure.
+                        Ok(j) => {
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(j));
+                        }
                         Err(_) => return,
                     }
                 })
@@ -55,8 +59,13 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // Closing the channel lets each worker finish the queued jobs and exit.
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let me = std::thread::current().id();
         for t in self.threads.drain(..) {
-            let _ = t.join();
+            // The last owner may be a job on one of these workers: that worker exits on its
+            // own once its job returns (the channel is closed); joining itself would fail.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
         }
     }
 }

@@ -56,6 +56,8 @@ pub struct FileTarget {
     direct: bool,
     align: u64,
     block_device: bool,
+    /// The same file without O_DIRECT, opened at first need (writes of any size and offset).
+    buffered: std::sync::OnceLock<File>,
 }
 
 fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {
@@ -96,7 +98,7 @@ impl FileTarget {
         } else if !meta.file_type().is_file() {
             return Err(Error::invalid("path", format!("{path} is neither a regular file nor a block device")));
         }
-        Ok(FileTarget { file, path: path.to_string(), direct, align, block_device })
+        Ok(FileTarget { file, path: path.to_string(), direct, align, block_device, buffered: Default::default() })
     }
 
     /// Whether the file was opened with O_DIRECT (false on file systems without it).
@@ -127,20 +129,25 @@ impl FileTarget {
         Ok(self.file.metadata().map_err(|e| io_err(format!("stat {}", self.path), e))?.len())
     }
 
-    /// A regular file's length (`None` for a block device).
-    pub fn file_len(&self) -> Option<u64> {
-        if self.block_device {
-            return None;
-        }
-        self.file.metadata().ok().map(|m| m.len())
-    }
-
-    /// Sets a regular file's length (staged writes cut back the padding of their last block).
-    pub fn set_file_len(&self, len: u64) -> Result<()> {
-        if self.block_device {
-            return Err(Error::invalid("len", "a block device has a fixed size"));
-        }
-        self.file.set_len(len).map_err(|e| io_err(format!("truncate {}", self.path), e))
+    /// Writes `data` at `off` through the page cache: any size and offset, exactly these bytes
+    /// (no block padding), concurrent writers of neighbouring bytes serialised by the kernel.
+    /// Later O_DIRECT reads of the range see the data (the kernel writes dirty pages back
+    /// before a direct read of their range).
+    pub fn write_buffered(&self, data: &[u8], off: u64) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let f = match self.buffered.get() {
+            Some(f) => f,
+            None if !self.direct => &self.file,
+            None => {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+                    .map_err(|e| io_err(format!("reopening {} without O_DIRECT", self.path), e))?;
+                self.buffered.get_or_init(|| f)
+            }
+        };
+        f.write_all_at(data, off).map_err(|e| io_err(format!("write {} at {off}", self.path), e))
     }
 
     /// Checks offset and length against the alignment rule.

@@ -354,19 +354,12 @@ impl Storage {
         }
     }
 
-    /// The length of a regular file on the fallback path (`None` for devices).
-    pub fn file_len(&self) -> Option<u64> {
+    /// Writes `data` at `off` exactly (any size and offset) through the page cache, on the
+    /// fallback path; `None` on the direct path (a namespace has no byte-granular write).
+    pub fn write_bytes(&self, data: &[u8], off: u64) -> Option<Result<()>> {
         match &self.target {
-            Target::File(f) => f.file_len(),
+            Target::File(f) => Some(f.write_buffered(data, off)),
             Target::Direct { .. } => None,
-        }
-    }
-
-    /// Sets the length of a regular file on the fallback path.
-    pub fn set_file_len(&self, len: u64) -> Result<()> {
-        match &self.target {
-            Target::File(f) => f.set_file_len(len),
-            Target::Direct { .. } => Err(Error::invalid("len", "a namespace has a fixed size")),
         }
     }
 

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::storage::{Buffer, Storage};
 use crate::stream::{CompletionWord, Stream};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -123,6 +123,19 @@ pub type StreamJob = Box<dyn FnOnce() + Send + 'static>;
 /// up and leaves the completion word allocated (a stream that never runs again).
 const DROP_WAIT: Duration = Duration::from_secs(60);
 
+/// Finishes one ticket when dropped.
+struct Finish {
+    tickets: Arc<Mutex<Tickets>>,
+    word: CompletionWord,
+    ticket: u32,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        finish(&self.tickets, &self.word, self.ticket);
+    }
+}
+
 fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
     let mut t = tickets.lock().unwrap_or_else(|e| e.into_inner());
     t.done.insert(ticket);
@@ -198,24 +211,35 @@ impl StreamIo {
         let first = next.wrapping_add(1);
         let last = next.wrapping_add(jobs.len() as u32);
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
+        // Set when queuing the group's wait failed after its host function was queued: the
+        // caller is told the operation failed, so its jobs must not run (they would use memory
+        // the caller may free). Jobs that started before the flag was set cannot be recalled.
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancel = cancelled.clone();
         let run = move || {
             for (i, job) in jobs.into_iter().enumerate() {
                 let ticket = first.wrapping_add(i as u32);
-                let (w, t) = (word.clone(), tickets.clone());
-                let done = move || {
-                    job();
-                    finish(&t, &w, ticket);
+                // Finishes the ticket however the job ends (returns, panics, or is dropped
+                // unrun), so the stream's wait is always released.
+                let done = Finish { tickets: tickets.clone(), word: word.clone(), ticket };
+                let cancelled = cancelled.clone();
+                let work = move || {
+                    let _done = done;
+                    if !cancelled.load(Ordering::Acquire) {
+                        job();
+                    }
                 };
-                if engine.spawn(done).is_err() {
-                    // The engine is shutting down: the job is dropped, its slot still counts.
-                    finish(&tickets, &word, ticket);
-                }
+                // A refused spawn drops `work` and with it `done`: the ticket still finishes.
+                let _ = engine.spawn(work);
             }
         };
         self.stream.host_fn(Box::new(run))?;
         // Whatever happens next, the host function above finishes these tickets.
         *next = last;
         let waited = self.stream.wait_word(&self.word, last);
+        if waited.is_err() {
+            cancel.store(true, Ordering::Release);
+        }
         let passed = self.passed.clone();
         let marked = self.stream.host_fn(Box::new(move || passed.store(last, Ordering::Release)));
         waited.and(marked)

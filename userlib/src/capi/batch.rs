@@ -195,15 +195,27 @@ impl Library {
                 Ok(None) => {}
                 Err(f) => {
                     let st = if self.face == Face::Ugds { EventStatus::Failed } else { EventStatus::Invalid };
-                    b.ready.push_back(Event { cookie: e.cookie, status: st, ret: f.ret() });
+                    b.ready.push_back(Event { cookie: e.cookie, status: st, ret: f.ret_for(self.face) });
                 }
             }
         }
+        // A group the storage refuses after others went in is reported per entry (cancelled,
+        // with an event each), so no entry is left without one; the call still says it failed.
+        let mut refused = Vec::new();
         for (fh, reqs) in plain {
             let (_, sb) = b.per_handle.get_mut(&fh).ok_or(Fail::Code(UGDS_INTERNAL_ERROR))?;
-            sb.submit(&reqs)?;
+            if sb.submit(&reqs).is_err() {
+                refused.extend(reqs.iter().map(|r| r.cookie));
+            }
         }
-        Ok(())
+        if refused.is_empty() {
+            return Ok(());
+        }
+        for id in refused {
+            let cookie = b.cookies.remove(&id).unwrap_or(std::ptr::null_mut());
+            b.ready.push_back(Event { cookie, status: EventStatus::Failed, ret: -(libc::ECANCELED as isize) });
+        }
+        Err(Fail::Code(UGDS_INTERNAL_ERROR))
     }
 
     /// Prepares one entry: `Some` for the handle's storage batch, `None` when it was started as
@@ -253,7 +265,7 @@ impl Library {
         b.cookies.remove(&id);
         let entry = *e;
         // SAFETY: the submit contract covers the entry's memory until its event is read.
-        b.spawn_side(&h, entry.cookie, move || unsafe {
+        b.spawn_side(self.face, &h, entry.cookie, move || unsafe {
             self.rw(entry.write, entry.fh, entry.base, entry.size, entry.file_offset, entry.buf_offset)
         })?;
         Ok(None)
@@ -295,7 +307,7 @@ impl Library {
         }
         b.outstanding += plans.len();
         for (segs, foff, write, cookie) in plans {
-            b.spawn_side(&h, cookie, move || {
+            b.spawn_side(self.face, &h, cookie, move || {
                 let segs = segs;
                 // SAFETY: `segs` is our copy; the memory is registered (checked when it runs).
                 unsafe { self.rwv(write, fh, segs.0.as_ptr(), segs.0.len() as u32, foff) }
@@ -317,7 +329,8 @@ impl Library {
         let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
         let max = if max == 0 { b.capacity } else { max };
         let want = min_nr.min(max);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to represent is no timeout.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             // Counted before collecting: an entry that finishes in between is then either
             // collected now or still counted as running, never neither (found by uGDS's
@@ -357,6 +370,7 @@ impl CBatch {
     /// Runs `f` on the storage's workers; its result becomes an event with `cookie`.
     fn spawn_side(
         &mut self,
+        face: Face,
         h: &Handle,
         cookie: *mut c_void,
         f: impl FnOnce() -> CResult<usize> + Send + 'static,
@@ -372,7 +386,7 @@ impl CBatch {
             let c = c;
             let ev = match f() {
                 Ok(n) => Event { cookie: c.0, status: EventStatus::Complete, ret: n as isize },
-                Err(f) => Event { cookie: c.0, status: EventStatus::Failed, ret: f.ret() },
+                Err(f) => Event { cookie: c.0, status: EventStatus::Failed, ret: f.ret_for(face) },
             };
             let (m, cv) = &*side;
             let mut st = m.lock().unwrap_or_else(|e| e.into_inner());

@@ -67,6 +67,23 @@ impl Fail {
         uGDSError { err: self.code(), cu_err: 0 }
     }
 
+    /// As a read/write result for `face`: uGDS reports errnos only (a library condition becomes
+    /// the errno it stands for); cuFile also `-code`.
+    pub fn ret_for(&self, face: Face) -> libc::ssize_t {
+        if face == Face::CuFile {
+            return self.ret();
+        }
+        let errno = match self {
+            Fail::Errno(e) => *e,
+            Fail::Lib(e) => -e.errno(),
+            Fail::Code(UGDS_MEMORY_NOT_REGISTERED | UGDS_INVALID_VALUE) => libc::EINVAL,
+            Fail::Code(UGDS_BUSY) => libc::EBUSY,
+            Fail::Code(UGDS_OUT_OF_MEMORY) => libc::ENOMEM,
+            Fail::Code(_) => libc::EIO,
+        };
+        -(errno.max(1) as libc::ssize_t)
+    }
+
     /// As a read/write return value: `-errno`, or `-code` for library codes.
     pub fn ret(&self) -> libc::ssize_t {
         match self {
@@ -132,10 +149,51 @@ pub struct Handle {
     pub fd: c_int,
     /// Stream-ordered I/O and batches not yet finished (deregistering waits for them).
     pub(crate) inflight: Arc<AtomicU32>,
-    /// This handle's registration of each registered buffer, by base address.
-    regs: RwLock<HashMap<usize, Arc<Buffer>>>,
+    /// This handle's registration of each registered buffer, by base address, with the
+    /// identity of the registration (`BufEntry`) it was made for.
+    regs: RwLock<HashMap<usize, (u64, Arc<Buffer>)>>,
     /// Aligned host buffers of this storage for staged I/O (cuFile semantics).
     bounce: Mutex<Vec<Buffer>>,
+    /// Blocks a staged write is reading, modifying and writing (namespaces only).
+    edges: Mutex<std::collections::HashSet<u64>>,
+    edges_freed: std::sync::Condvar,
+}
+
+/// Edge blocks locked by a staged write; released on drop.
+pub(crate) struct EdgeLock<'a> {
+    handle: &'a Handle,
+    blocks: Vec<u64>,
+}
+
+impl Drop for EdgeLock<'_> {
+    fn drop(&mut self) {
+        let mut held = self.handle.edges.lock().unwrap_or_else(|e| e.into_inner());
+        for b in &self.blocks {
+            held.remove(b);
+        }
+        self.handle.edges_freed.notify_all();
+    }
+}
+
+impl Handle {
+    /// Locks the partly covered first and last blocks of `[off, off+len)` (both at once, so two
+    /// writers never wait for each other crosswise).
+    pub(crate) fn lock_edges(&self, off: u64, len: u64, bs: u64) -> EdgeLock<'_> {
+        let end = off + len;
+        let mut blocks = Vec::with_capacity(2);
+        if !off.is_multiple_of(bs) {
+            blocks.push(off / bs);
+        }
+        if !end.is_multiple_of(bs) && !blocks.contains(&(end / bs)) {
+            blocks.push(end / bs);
+        }
+        let mut held = self.edges.lock().unwrap_or_else(|e| e.into_inner());
+        while blocks.iter().any(|b| held.contains(b)) {
+            held = self.edges_freed.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        held.extend(blocks.iter().copied());
+        EdgeLock { handle: self, blocks }
+    }
 }
 
 impl std::fmt::Debug for Handle {
@@ -154,6 +212,8 @@ pub(crate) enum Memory {
 /// A registered buffer.
 #[derive(Debug)]
 pub(crate) struct BufEntry {
+    /// Unique for the process's life (a later registration at the same address differs).
+    pub(crate) id: u64,
     pub(crate) base: usize,
     pub(crate) len: usize,
     pub(crate) mem: Memory,
@@ -258,7 +318,8 @@ impl Library {
             }
             let keys: Vec<usize> = self.handles.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
             for k in keys {
-                let _ = self.handle_deregister(k, -1);
+                // Bounded: closing (often at exit) must not hang on a stream that never runs.
+                let _ = self.handle_deregister(k, 30);
             }
         }
         self.open.store(false, Ordering::Release);
@@ -288,15 +349,18 @@ impl Library {
             inflight: Arc::default(),
             regs: RwLock::default(),
             bounce: Mutex::default(),
+            edges: Mutex::default(),
+            edges_freed: Default::default(),
         });
-        // Register the buffers that exist already on the new storage (I/O then never registers).
-        for b in self.buffers() {
-            let _ = self.registration(&h, &b);
-        }
         // A record of its own for every handle, never freed: see `HandleRecord`.
         let rec: &'static mut HandleRecord = Box::leak(Box::new(HandleRecord { fd }));
         let key = rec as *mut HandleRecord as usize;
-        self.handles.write().unwrap_or_else(|e| e.into_inner()).insert(key, h);
+        // Visible first, so a concurrent buffer deregistration sees (and cleans) this handle's
+        // registrations; then register the buffers that exist already (I/O never registers).
+        self.handles.write().unwrap_or_else(|e| e.into_inner()).insert(key, h.clone());
+        for b in self.buffers() {
+            let _ = self.registration(&h, &b);
+        }
         Ok(key)
     }
 
@@ -306,6 +370,7 @@ impl Library {
     pub fn handle_deregister(&self, h: usize, timeout_sec: c_int) -> CResult<()> {
         let Some(handle) = self.handle(h) else { return Ok(()) };
         let deadline = (timeout_sec >= 0).then(|| Instant::now() + Duration::from_secs(timeout_sec as u64));
+        // (c_int seconds always fit an Instant.)
         if timeout_sec >= -1 {
             while handle.inflight.load(Ordering::Acquire) > 0 {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -363,7 +428,16 @@ impl Library {
                 Memory::Host
             }
         };
-        let entry = Arc::new(BufEntry { base, len, mem, export, inflight: AtomicU32::new(0), rdma: AtomicU32::new(0) });
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let entry = Arc::new(BufEntry {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            base,
+            len,
+            mem,
+            export,
+            inflight: AtomicU32::new(0),
+            rdma: AtomicU32::new(0),
+        });
         {
             let mut bufs = self.bufs.write().unwrap_or_else(|e| e.into_inner());
             if bufs.contains_key(&base) {
@@ -395,7 +469,7 @@ impl Library {
         let mut locked: Vec<_> = handles.iter().map(|h| h.regs.write().unwrap_or_else(|e| e.into_inner())).collect();
         // Someone else holding a registration is I/O (sync, batch or stream-ordered) using it.
         let busy = entry.inflight.load(Ordering::Acquire) > 0
-            || locked.iter().any(|m| m.get(&base).is_some_and(|b| Arc::strong_count(b) > 1 || b.inflight() > 0));
+            || locked.iter().any(|m| m.get(&base).is_some_and(|(_, b)| Arc::strong_count(b) > 1 || b.inflight() > 0));
         if busy {
             return Err(Fail::Code(UGDS_BUSY));
         }
@@ -418,23 +492,33 @@ impl Library {
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&e.base)
-                .is_some_and(|b| Arc::strong_count(b) > 1 || b.inflight() > 0)
+                .is_some_and(|(_, b)| Arc::strong_count(b) > 1 || b.inflight() > 0)
         })
     }
 
     /// `h`'s registration of `e` (made now if the buffer or handle is new).
     pub(crate) fn registration(&self, h: &Handle, e: &BufEntry) -> CResult<Arc<Buffer>> {
-        if let Some(b) = h.regs.read().unwrap_or_else(|e| e.into_inner()).get(&e.base) {
-            return Ok(b.clone());
+        let id = e.id;
+        if let Some((made_for, b)) = h.regs.read().unwrap_or_else(|e| e.into_inner()).get(&e.base) {
+            if *made_for == id {
+                return Ok(b.clone());
+            }
         }
         let b = Arc::new(register_on(&h.storage, e)?);
         // Still registered? (A deregistration may have raced with us; it holds this lock first.)
         let bufs = self.bufs.read().unwrap_or_else(|e| e.into_inner());
-        if !bufs.get(&e.base).is_some_and(|x| std::ptr::eq(&**x, e)) {
+        if bufs.get(&e.base).is_none_or(|x| x.id != e.id) {
             return Err(Fail::Code(UGDS_MEMORY_NOT_REGISTERED));
         }
         let mut regs = h.regs.write().unwrap_or_else(|e| e.into_inner());
-        Ok(regs.entry(e.base).or_insert(b).clone())
+        match regs.get(&e.base) {
+            Some((made_for, existing)) if *made_for == id => Ok(existing.clone()),
+            // None, or one made for an earlier registration at this address: replace it.
+            _ => {
+                regs.insert(e.base, (id, b.clone()));
+                Ok(b)
+            }
+        }
     }
 
     /// Takes an aligned host buffer of `h`'s storage for staged I/O.

@@ -14,6 +14,8 @@ use std::sync::{Mutex, OnceLock};
 /// One live memory region.
 #[derive(Debug)]
 pub(crate) struct RdmaRecord {
+    /// The registration the region maps (its count of regions keeps it registered).
+    entry: std::sync::Arc<super::library::BufEntry>,
     base: usize,
     mr: usize,
     token: u64,
@@ -102,6 +104,27 @@ impl Library {
             return Err(Fail::Code(UGDS_INVALID_VALUE));
         }
         let e = self.buffer(base).ok_or(Fail::Code(UGDS_MEMORY_NOT_REGISTERED))?;
+        // Counted before anything else (uGDS's PENDING record): deregistration is refused from
+        // here on, so the region can never outlive the registration it maps.
+        e.rdma.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: forwarded.
+        match unsafe { self.rdma_register_counted(&e, pd, access) } {
+            Ok(r) => Ok(r),
+            Err(f) => {
+                e.rdma.fetch_sub(1, Ordering::AcqRel);
+                Err(f)
+            }
+        }
+    }
+
+    /// The rest of [`Library::rdma_register`], with the region counted on `e`.
+    unsafe fn rdma_register_counted(
+        &self,
+        e: &std::sync::Arc<super::library::BufEntry>,
+        pd: *mut c_void,
+        access: c_int,
+    ) -> CResult<uGDSRDMARegion> {
+        let base = e.base;
         let (fd, offset, len) = self.export_dmabuf(base)?;
         let v = verbs().ok_or(Fail::Code(UGDS_IO_NOT_SUPPORTED))?;
         // SAFETY: `pd` is live (caller), `fd` a dma-buf of `len` bytes at `offset`; the region
@@ -118,8 +141,8 @@ impl Library {
         // SAFETY: a region the verbs library just returned.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
         let token = self.rdma_tokens.fetch_add(1, Ordering::AcqRel);
-        e.rdma.fetch_add(1, Ordering::AcqRel);
         self.rdma.0.lock().unwrap_or_else(|e| e.into_inner()).push(RdmaRecord {
+            entry: e.clone(),
             base,
             mr: mr as usize,
             token,
@@ -149,10 +172,8 @@ impl Library {
         if unsafe { (v.dereg_mr)(recs[i].mr as *mut IbvMr) } != 0 {
             return Err(Fail::Code(UGDS_INTERNAL_ERROR));
         }
-        recs.remove(i);
-        if let Some(e) = self.buffer(base) {
-            e.rdma.fetch_sub(1, Ordering::AcqRel);
-        }
+        let rec = recs.remove(i);
+        rec.entry.rdma.fetch_sub(1, Ordering::AcqRel);
         *region = uGDSRDMARegion { mr: std::ptr::null_mut(), iova: 0, lkey: 0, rkey: 0, token: 0 };
         Ok(())
     }

@@ -27,7 +27,8 @@ pub struct Streams {
 /// Keeps a handle and buffers counted busy while a stream-ordered operation is queued or running;
 /// released when the job has run, or when it is dropped unrun (the runtime refused it).
 struct Hold {
-    handle: Arc<Handle>,
+    handle: Option<Arc<Handle>>,
+    inflight: Arc<std::sync::atomic::AtomicU32>,
     bufs: Vec<Arc<BufEntry>>,
 }
 
@@ -37,7 +38,7 @@ impl Hold {
         for b in &bufs {
             b.inflight.fetch_add(1, Ordering::AcqRel);
         }
-        Hold { handle, bufs }
+        Hold { inflight: handle.inflight.clone(), handle: Some(handle), bufs }
     }
 }
 
@@ -46,7 +47,10 @@ impl Drop for Hold {
         for b in &self.bufs {
             b.inflight.fetch_sub(1, Ordering::AcqRel);
         }
-        self.handle.inflight.fetch_sub(1, Ordering::AcqRel);
+        // Our reference to the handle goes before the count that lets a deregistration finish,
+        // so the last reference (and the storage's worker pool) is never dropped on a worker.
+        drop(self.handle.take());
+        self.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -196,7 +200,7 @@ impl Library {
             // SAFETY: the memory contract is the caller's (registered memory stays valid).
             let v = match unsafe { self.rw(write, fh, base, size, foff, boff) } {
                 Ok(n) => n as libc::ssize_t,
-                Err(f) => f.ret(),
+                Err(f) => f.ret_for(self.face),
             };
             // SAFETY: as above.
             unsafe { std::ptr::write_volatile(args.bytes, v) };
@@ -248,7 +252,7 @@ impl Library {
             };
             let v = match r {
                 Ok(n) => n as libc::ssize_t,
-                Err(f) => f.ret(),
+                Err(f) => f.ret_for(self.face),
             };
             // SAFETY: as above.
             unsafe { std::ptr::write_volatile(args.bytes, v) };

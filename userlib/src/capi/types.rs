@@ -325,7 +325,8 @@ pub type uGDSIOSegParams_t = uGDSIOSegParams;
 /// The message for a code (a `uGDSOpError`, or a negative return value of read/write).
 pub fn message(code: i64) -> &'static std::ffi::CStr {
     use uGDSOpError::*;
-    let code = code.abs();
+    // unsigned_abs: i64::MIN has no positive counterpart.
+    let code = code.unsigned_abs() as i64;
     let table: &[(uGDSOpError, &std::ffi::CStr)] = &[
         (UGDS_SUCCESS, c"success"),
         (UGDS_DRIVER_NOT_INITIALIZED, c"driver not initialized"),

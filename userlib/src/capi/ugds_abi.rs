@@ -332,20 +332,7 @@ pub unsafe extern "C" fn uGDSWrite(
 fn ret(r: CResult<usize>) -> libc::ssize_t {
     match r {
         Ok(n) => n as libc::ssize_t,
-        Err(Fail::Lib(e)) => {
-            // uGDS returns errnos only: library conditions become the errno they stand for.
-            let n = e.errno() as libc::ssize_t;
-            if n < 0 {
-                n
-            } else {
-                -(libc::EIO as libc::ssize_t)
-            }
-        }
-        Err(Fail::Code(UGDS_MEMORY_NOT_REGISTERED | UGDS_INVALID_VALUE)) => -(libc::EINVAL as libc::ssize_t),
-        Err(Fail::Code(UGDS_BUSY)) => -(libc::EBUSY as libc::ssize_t),
-        Err(Fail::Code(UGDS_OUT_OF_MEMORY)) => -(libc::ENOMEM as libc::ssize_t),
-        Err(Fail::Code(_)) => -(libc::EIO as libc::ssize_t),
-        Err(f @ Fail::Errno(_)) => f.ret(),
+        Err(f) => f.ret_for(Face::Ugds),
     }
 }
 
