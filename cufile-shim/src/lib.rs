@@ -244,6 +244,7 @@ pub unsafe extern "C" fn cuFileBufRegister(bufPtr_base: *const c_void, length: u
         return err(cufile_code(f.code()));
     }
     let base = bufPtr_base as usize;
+    let _caller = ugds::gpu::cuda::CallerContext::keep();
     let gpu = u::cuda().filter(|g| g.runtime().is_device_memory(base as u64));
     // SAFETY: the caller keeps the memory allocated until cuFileBufDeregister.
     status(unsafe { lib().buf_register(base, length, gpu, false) })

@@ -83,6 +83,8 @@ impl Library {
         file_offset: i64,
         buf_offset: i64,
     ) -> CResult<usize> {
+        // The caller's CUDA context is the same after the call (we may bind ours).
+        let _caller = crate::gpu::cuda::CallerContext::keep();
         if self.face == Face::CuFile {
             self.require_open()?;
         }
@@ -221,6 +223,8 @@ impl Library {
         nr: u32,
         file_offset: i64,
     ) -> CResult<usize> {
+        // The caller's CUDA context is the same after the call (we may bind ours).
+        let _caller = crate::gpu::cuda::CallerContext::keep();
         if segs.is_null() || nr == 0 || nr as usize > IOV_MAX {
             return Err(Fail::Errno(libc::EINVAL));
         }

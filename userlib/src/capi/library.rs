@@ -406,6 +406,8 @@ impl Library {
     ///
     /// `[base, base+len)` must stay allocated until deregistered.
     pub unsafe fn buf_register(&self, base: usize, len: usize, gpu: Option<Arc<Gpu>>, export: bool) -> CResult<()> {
+        // The caller's CUDA context is the same after the call (we may bind ours).
+        let _caller = crate::gpu::cuda::CallerContext::keep();
         if base == 0 || len == 0 {
             return Err(Fail::Code(UGDS_INVALID_VALUE));
         }

@@ -161,6 +161,8 @@ impl Library {
         args: LateArgs,
         stream: usize,
     ) -> CResult<()> {
+        // The caller's CUDA context is the same after the call (we may bind ours).
+        let _caller = crate::gpu::cuda::CallerContext::keep();
         match self.face {
             Face::Ugds => {
                 if !self.is_open() {
@@ -216,6 +218,8 @@ impl Library {
     ///
     /// As [`Library::rw_async`], for the segment array and words.
     pub unsafe fn rwv_async(&'static self, write: bool, fh: usize, args: LateSegs, stream: usize) -> CResult<()> {
+        // The caller's CUDA context is the same after the call (we may bind ours).
+        let _caller = crate::gpu::cuda::CallerContext::keep();
         if !self.is_open() {
             return Err(Fail::Code(UGDS_DRIVER_NOT_INITIALIZED));
         }

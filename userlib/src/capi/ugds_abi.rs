@@ -144,6 +144,7 @@ pub unsafe extern "C" fn uGDSBufRegister(bufPtr_base: *const c_void, length: usi
 
 /// Registers with the GPU runtime decided by the pointer (CUDA, then HIP), or CUDA's (forced).
 unsafe fn register(base: usize, len: usize, force_cuda: bool, export: bool) -> CResult<()> {
+    let _caller = crate::gpu::cuda::CallerContext::keep();
     if base == 0 || len == 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }

@@ -29,8 +29,36 @@ fn check(op: &'static str, r: cu::CUresult) -> Result<()> {
 
 /// Whether the CUDA driver library can be loaded here.
 pub fn driver_present() -> bool {
-    // SAFETY: only tries to open the library.
-    unsafe { cu::is_culib_present() }
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: only tries to open the library (once; the answer does not change).
+    *PRESENT.get_or_init(|| unsafe { cu::is_culib_present() })
+}
+
+/// The calling thread's current CUDA context, put back when this is dropped. The C faces take
+/// one at every entry that may bind a context of ours on the caller's thread, so the
+/// application's own current context (say, device 3's) is the same after the call.
+pub struct CallerContext(Option<cu::CUcontext>);
+
+impl CallerContext {
+    /// Records the current context (nothing when the CUDA driver is absent or not loaded).
+    pub fn keep() -> CallerContext {
+        if !driver_present() {
+            return CallerContext(None);
+        }
+        let mut c: cu::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes the thread's current context (or null) into a local.
+        let ok = unsafe { cu::cuCtxGetCurrent(&mut c) } == cu::CUresult::CUDA_SUCCESS;
+        CallerContext(ok.then_some(c))
+    }
+}
+
+impl Drop for CallerContext {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            // SAFETY: the context the thread had on entry (or null: none), restored as it was.
+            unsafe { cu::cuCtxSetCurrent(c) };
+        }
+    }
 }
 
 /// A retained primary context, released when the last user drops it.
