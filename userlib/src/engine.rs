@@ -1,6 +1,7 @@
 //! Worker threads that run I/O for stream-ordered operations and portable batches, so neither
-//! the GPU runtime's callback thread nor the caller blocks for an I/O's duration. Each worker
-//! uses its own queue pair (the direct path spreads threads over queues) or io_uring ring.
+//! the GPU runtime's callback thread nor the caller blocks for an I/O's duration. On the direct
+//! path the workers share the storage's queue pairs (each locked while used); on the fallback
+//! path each worker thread has its own io_uring ring.
 
 use crate::error::{Error, Result};
 use std::sync::mpsc;
