@@ -180,17 +180,17 @@ fn run(cli: Cli) -> Res<()> {
             let d = Device::open_with(&dev, DeviceOptions { queues: 1, ..Default::default() })?;
             let i = d.info();
             if cli.json {
-                let ns: Vec<String> = d
+                let ns: Vec<_> = d
                     .namespaces()
                     .iter()
-                    .map(|n| {
-                        format!("{{\"id\":{},\"block_size\":{},\"capacity\":{}}}", n.id(), n.block_size(), n.capacity())
-                    })
+                    .map(|n| serde_json::json!({"id": n.id(), "block_size": n.block_size(), "capacity": n.capacity()}))
                     .collect();
-                println!(
-                    "{{\"model\":\"{}\",\"serial\":\"{}\",\"firmware\":\"{}\",\"mdts\":{},\"max_qpairs\":{},\"max_queue_entries\":{},\"irq_vectors\":{},\"namespaces\":[{}]}}",
-                    d.model(), d.serial(), d.firmware(), i.mdts_bytes, i.max_qpairs, i.max_queue_entries, i.irq_vectors, ns.join(",")
-                );
+                let v = serde_json::json!({
+                    "target": dev, "path": "direct", "model": d.model(), "serial": d.serial(),
+                    "firmware": d.firmware(), "mdts": i.mdts_bytes, "max_qpairs": i.max_qpairs,
+                    "max_queue_entries": i.max_queue_entries, "irq_vectors": i.irq_vectors, "namespaces": ns,
+                });
+                println!("{v}");
             } else {
                 println!("{dev}: {} (serial {}, firmware {})", d.model(), d.serial(), d.firmware());
                 println!(
@@ -502,15 +502,21 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     let gibs = iops * size as f64 / (1u64 << 30) as f64;
     let cpu_us = cpu.as_secs_f64() * 1e6 / n.max(1.0);
     let mode = if interrupts { "interrupts" } else { "polling" };
+    // Every I/O counted above went through `Namespace::read`/`write` on a host registration of
+    // a ugds node (bench refuses anything else): the direct path into host memory.
+    let direct_host = all.len();
     if json {
-        println!(
-            "{{\"engine\":\"ugds\",\"rw\":\"{rw}\",\"size\":{size},\"threads\":{threads},\"depth\":{depth},\"ios\":{},\"iops\":{iops:.1},\"gib_per_s\":{gibs:.4},\"p50_us\":{:.2},\"p99_us\":{:.2},\"open_ms\":{:.3},\"mode\":\"{mode}\",\"cpu_us_per_io\":{cpu_us:.2},\"path\":\"direct-host\",\"path_ios\":{}}}",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, all.len()
-        );
+        let v = serde_json::json!({
+            "engine": "ugds", "rw": rw, "size": size, "threads": threads, "depth": depth,
+            "ios": all.len(), "iops": iops, "gib_per_s": gibs, "p50_us": pct(0.5), "p99_us": pct(0.99),
+            "open_ms": open_time.as_secs_f64() * 1e3, "mode": mode, "cpu_us_per_io": cpu_us,
+            "path_ios": {"direct_host": direct_host, "direct_p2p": 0, "fallback": 0},
+        });
+        println!("{v}");
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); path: {} I/Os direct (host memory), 0 fallback",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, all.len()
+            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); path: {direct_host} I/Os direct into host memory",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
         );
     }
     Ok(())
