@@ -117,19 +117,50 @@ impl std::fmt::Debug for Buffer {
     }
 }
 
-/// Counts one I/O on a buffer for as long as it runs.
+/// The bit of [`Buffer`]'s lease word that says the CPU is copying (the rest counts I/Os).
+const CPU_COPY: u32 = 1 << 31;
+
+/// Leases a buffer to one I/O for as long as it runs; refused while the CPU is copying.
 struct InFlight<'a>(&'a Buffer);
 
 impl<'a> InFlight<'a> {
-    fn new(b: &'a Buffer) -> Self {
-        b.inflight.fetch_add(1, Ordering::AcqRel);
-        InFlight(b)
+    fn new(b: &'a Buffer) -> Result<Self> {
+        let mut cur = b.inflight.load(Ordering::Acquire);
+        loop {
+            if cur & CPU_COPY != 0 {
+                return Err(Error::RegistrationBusy { id: 0, inflight: 0 });
+            }
+            match b.inflight.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(InFlight(b)),
+                Err(v) => cur = v,
+            }
+        }
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Leases a buffer to the CPU (copy_in/copy_out): only when no I/O runs, and no I/O starts
+/// until it ends. Taking the lease and checking for I/O is one atomic step, so two threads
+/// sharing an `Arc<Buffer>` cannot copy while the device writes.
+struct CpuLease<'a>(&'a Buffer);
+
+impl<'a> CpuLease<'a> {
+    fn new(b: &'a Buffer) -> Result<Self> {
+        match b.inflight.compare_exchange(0, CPU_COPY, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Ok(CpuLease(b)),
+            Err(cur) => Err(Error::RegistrationBusy { id: 0, inflight: cur & !CPU_COPY }),
+        }
+    }
+}
+
+impl Drop for CpuLease<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(CPU_COPY, Ordering::AcqRel);
     }
 }
 
@@ -154,7 +185,7 @@ impl Buffer {
 
     /// I/Os running on it.
     pub fn inflight(&self) -> u32 {
-        self.inflight.load(Ordering::Acquire)
+        self.inflight.load(Ordering::Acquire) & !CPU_COPY
     }
 
     /// The GPU memory, when it is GPU memory.
@@ -197,7 +228,7 @@ impl Buffer {
 
     /// Copies `src` into the buffer at `offset` (refused while I/O on it is running).
     pub fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.idle()?;
+        let _cpu = CpuLease::new(self)?;
         self.check(offset as u64, src.len() as u64)?;
         match &self.mem {
             // SAFETY: range checked; no I/O is running on the buffer.
@@ -209,7 +240,7 @@ impl Buffer {
 
     /// Copies the buffer at `offset` into `dst` (refused while I/O on it is running).
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.idle()?;
+        let _cpu = CpuLease::new(self)?;
         self.check(offset as u64, dst.len() as u64)?;
         match &self.mem {
             // SAFETY: range checked; no I/O is running on the buffer.
@@ -505,7 +536,7 @@ impl Storage {
 
     pub(crate) fn rw(&self, write: bool, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
         self.check(buf, buf_offset, file_offset, len)?;
-        let _busy = InFlight::new(buf);
+        let _busy = InFlight::new(buf)?;
         let n = match (&self.target, &buf.mem) {
             (Target::Direct { ns, .. }, _) if buf.reg.is_some() => {
                 let reg = buf.reg.as_ref().ok_or_else(|| Error::invalid("buf", "not registered"))?;
@@ -514,12 +545,14 @@ impl Storage {
             }
             (Target::Direct { ns, .. }, Mem::Gpu(g)) => {
                 let stage = buf.stage.as_ref().ok_or_else(|| Error::invalid("buf", "not registered"))?;
-                let stage = stage.lock().unwrap_or_else(|e| e.into_inner());
-                // Only this lock's holder uses the staging registration, so its view is free.
+                let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
+                // The lock makes us the staging memory's only user: its address (taken through
+                // the exclusive borrow, which ends here) is written by the copies and by the
+                // device in turn, never at once (`staged` orders them).
                 let base = stage
-                    .as_slice()
-                    .map(|v| v.as_ptr() as usize)
-                    .ok_or_else(|| Error::invalid("buf", "the staging memory is busy"))?;
+                    .as_mut_slice()
+                    .map(|v| v.as_mut_ptr() as usize)
+                    .ok_or_else(|| Error::invalid("buf", "the staging registration has no host memory"))?;
                 let staging = [base as *mut u8, (base + STAGING_CHUNK) as *mut u8];
                 let dev_ptr = g.device_ptr() + buf_offset;
                 staged(g.gpu(), write, dev_ptr, len as usize, Some(staging), |p, n, at| {
@@ -560,5 +593,34 @@ impl Storage {
             Target::Direct { ns, .. } => ns.flush(),
             Target::File(f) => f.sync(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU copying into a buffer and the device writing into it exclude each other in one
+    /// atomic step (two threads sharing an `Arc<Buffer>` used to race: `copy_in` checked for I/O
+    /// and then copied).
+    #[test]
+    fn cpu_copies_and_io_exclude_each_other() {
+        let path = std::env::temp_dir().join(format!("ugds-lease-{}", std::process::id()));
+        std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let st = Storage::open(path.to_str().unwrap()).unwrap();
+        let buf = st.alloc_host(8192).unwrap();
+        let io = InFlight::new(&buf).unwrap();
+        assert!(matches!(buf.copy_in(0, &[1; 16]), Err(Error::RegistrationBusy { inflight: 1, .. })));
+        let mut out = [0u8; 16];
+        assert!(buf.copy_out(0, &mut out).is_err());
+        drop(io);
+        let cpu = CpuLease::new(&buf).unwrap();
+        assert!(matches!(st.read(&buf, 0, 0, 4096), Err(Error::RegistrationBusy { .. })));
+        assert!(CpuLease::new(&buf).is_err(), "one CPU lease at a time");
+        assert_eq!(buf.inflight(), 0, "the CPU lease is not an I/O");
+        drop(cpu);
+        assert_eq!(st.read(&buf, 0, 0, 4096).unwrap(), 4096);
+        buf.copy_in(0, &[1; 16]).unwrap();
+        std::fs::remove_file(path).unwrap();
     }
 }
