@@ -367,7 +367,8 @@ impl<'a> Batch<'a> {
         }
         if self.in_flight() > 0 {
             let mut none = 0u64;
-            self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none)?;
+            // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
+            unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) }?;
             self.qp.resync(&self.dev.status);
             for i in 0..self.pending.len() {
                 if self.pending[i].status.is_none() {
@@ -396,6 +397,7 @@ impl Drop for Batch<'_> {
         // Nothing is in flight (or the controller was reset): give the queue pair back. The
         // module revokes our mappings of it; `qp` unmaps them after this.
         let mut d = DeleteQpair { qid: self.qp.qid() as u32, reserved: 0 };
-        let _ = self.dev.fd.ioctl("DELETE_QPAIR", IOCTL_DELETE_QPAIR, &mut d);
+        // SAFETY: IOCTL_DELETE_QPAIR takes a `DeleteQpair`; `d` is one.
+        let _ = unsafe { self.dev.fd.ioctl("DELETE_QPAIR", IOCTL_DELETE_QPAIR, &mut d) };
     }
 }

@@ -63,11 +63,13 @@ pub(crate) fn create_queue_pair(
 ) -> Result<QueuePair> {
     let flags = if interrupts { QPAIR_FLAG_IRQ } else { 0 };
     let mut a = CreateQpair { depth, flags, ..Default::default() };
-    fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a)?;
+    // SAFETY: IOCTL_CREATE_QPAIR takes a `CreateQpair`; `a` is one.
+    unsafe { fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a) }?;
     let irq = if interrupts {
         let ev = EventFd::new()?;
         let mut s = SetEventfd { qid: a.qid, fd: ev.raw() };
-        fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s)?;
+        // SAFETY: IOCTL_SET_EVENTFD takes a `SetEventfd`; `s` is one.
+        unsafe { fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s) }?;
         Some(ev)
     } else {
         None
@@ -181,7 +183,8 @@ impl Device {
             page_size: 0,
             namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
         };
-        fd.ioctl("GET_INFO", IOCTL_GET_INFO, &mut info)?;
+        // SAFETY: IOCTL_GET_INFO takes a `DeviceInfo`; `info` is one.
+        unsafe { fd.ioctl("GET_INFO", IOCTL_GET_INFO, &mut info) }?;
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
@@ -285,7 +288,8 @@ impl Device {
         }
         let mem = Mapping::anonymous(len.next_multiple_of(4096))?;
         let mut a = RegisterHost { addr: mem.addr(), len: mem.len() as u64, handle: RegistrationHandle::default() };
-        self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a)?;
+        // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
+        unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
         self.finish_registration(a.handle, mem.len() as u64, Some(mem))
     }
 
@@ -301,14 +305,16 @@ impl Device {
             return Err(Error::invalid("addr", "address and length must be non-zero multiples of 4096"));
         }
         let mut a = RegisterHost { addr: addr as u64, len: len as u64, handle: RegistrationHandle::default() };
-        self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a)?;
+        // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
+        unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
         self.finish_registration(a.handle, len as u64, None)
     }
 
     /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
     pub fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
-        self.inner.fd.ioctl("REGISTER_DMABUF", IOCTL_REGISTER_DMABUF, &mut a)?;
+        // SAFETY: IOCTL_REGISTER_DMABUF takes a `RegisterDmabuf`; `a` is one.
+        unsafe { self.inner.fd.ioctl("REGISTER_DMABUF", IOCTL_REGISTER_DMABUF, &mut a) }?;
         self.finish_registration(a.handle, len, None)
     }
 
@@ -331,7 +337,8 @@ impl Device {
             inflight: AtomicU32::new(0),
             views: AtomicU64::new(0),
         };
-        let n = self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g)?;
+        // SAFETY: IOCTL_GET_SEGMENTS takes a `GetSegments`; `g` is one.
+        let n = unsafe { self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g) }?;
         segments.truncate(n as usize);
         reg.segments = segments;
         Ok(reg)
@@ -503,7 +510,8 @@ impl Namespace {
     /// have stopped, so memory of the timed-out commands is safe again.
     fn recover(&self) -> bool {
         let mut none = 0u64;
-        let ok = self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none).is_ok();
+        // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
+        let ok = unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) }.is_ok();
         if ok {
             self.queue().resync(&self.dev.status);
         }
@@ -660,7 +668,9 @@ impl Registration {
                 return None;
             }
             match self.views.compare_exchange_weak(cur, cur + (1 << 32), Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(HostView { reg: self, bytes: m.bytes() }),
+                // SAFETY: the view's lease is held: device writes are refused until it ends
+                // (`begin_device_writes`), so nothing writes the memory while the slice lives.
+                Ok(_) => return Some(HostView { reg: self, bytes: unsafe { m.bytes() } }),
                 Err(v) => cur = v,
             }
         }
@@ -668,7 +678,9 @@ impl Registration {
 
     /// The host memory, mutable (None for a dma-buf registration).
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        self.mem.as_mut().map(|m| m.bytes_mut())
+        // SAFETY: `&mut self`: no I/O can name this registration while the borrow lives (I/O
+        // borrows it shared, batches through an `Arc` that makes `&mut` impossible).
+        self.mem.as_mut().map(|m| unsafe { m.bytes_mut() })
     }
 
     /// Deregisters now; when commands are in flight, refuses and hands the registration back
@@ -695,7 +707,8 @@ impl Drop for Registration {
             return;
         }
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
-        let _ = self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d);
+        // SAFETY: IOCTL_DEREGISTER takes a `Deregister`; `d` is one.
+        let _ = unsafe { self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d) };
     }
 }
 

@@ -22,8 +22,9 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    /// Maps `len` bytes at `offset` of `fd`, shared.
-    pub fn map(fd: i32, offset: u64, len: usize, writable: bool, what: &'static str) -> Result<Self> {
+    /// Maps `len` bytes at `offset` of `fd`, shared (crate-private: the module's queue, PRP,
+    /// doorbell and status mappings).
+    pub(crate) fn map(fd: i32, offset: u64, len: usize, writable: bool, what: &'static str) -> Result<Self> {
         let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         // SAFETY: a new mapping placed by the kernel; no existing memory is affected.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd, offset as libc::off_t) };
@@ -118,16 +119,23 @@ impl Mapping {
         }
     }
 
-    /// The memory as bytes. Only for memory the device does not write concurrently (host
-    /// buffers between I/Os, guaranteed by the borrow on the owning registration).
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: live mapping of len bytes; see the doc for the aliasing rule.
+    /// The memory as bytes.
+    ///
+    /// # Safety
+    ///
+    /// Nothing (the device above all) may write the memory while the slice lives.
+    pub(crate) unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: live mapping of len bytes (invariant); no concurrent writer (caller).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    /// The memory as mutable bytes (same rule as [`Mapping::bytes`]).
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: live mapping, exclusive borrow.
+    /// The memory as mutable bytes.
+    ///
+    /// # Safety
+    ///
+    /// Nothing else (the device above all) may read or write the memory while the slice lives.
+    pub(crate) unsafe fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: live mapping (invariant), exclusive borrow; no device access (caller).
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }

@@ -54,9 +54,14 @@ impl DeviceFd {
     }
 
     /// Issues `req` with `arg`.
-    pub fn ioctl<T: IoctlArg>(&self, op: &'static str, req: u32, arg: &mut T) -> Result<i32> {
-        // SAFETY: `arg` is a live, exclusive `T` of the size the request number encodes (the
-        // uapi constants are built from the same struct sizes); the kernel validates content.
+    ///
+    /// # Safety
+    ///
+    /// `req` must be a request whose argument is a `T` (the kernel reads and writes as many
+    /// bytes as the request says).
+    pub(crate) unsafe fn ioctl<T: IoctlArg>(&self, op: &'static str, req: u32, arg: &mut T) -> Result<i32> {
+        // SAFETY: `arg` is a live, exclusive `T`, the argument type of `req` (caller); the kernel
+        // validates the content.
         let r = unsafe { libc::ioctl(self.raw(), req as _, arg as *mut T) };
         if r < 0 {
             return Err(Error::Control { op, source: io::Error::last_os_error() });
