@@ -198,6 +198,11 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
         // No MSI-X vector left for this queue id.
         return Err(ENOSPC);
     }
+    // The slot that will track the queue pair is allocated before the controller gets the
+    // queue: once it is created there, its memory must not be freed untracked (an insert that
+    // failed on allocation used to drop it while the controller still owned it).
+    inner.qpairs.reserve_one()?;
+    let hw = inner.hw.as_mut().ok_or(ENODEV)?;
     let qp = Qpair::alloc(&c.pdev, handle, qid, a.depth, a.flags)?;
     qp.create_on_device(&hw.bar, &mut hw.admin)?;
     let dstrd = c.cap.dstrd();
@@ -216,11 +221,8 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
         sq_doorbell: (sq_tail_doorbell(qid, dstrd) - REG_DOORBELL_BASE) as u64,
         cq_doorbell: (cq_head_doorbell(qid, dstrd) - REG_DOORBELL_BASE) as u64,
     };
-    if let Err(e) = inner.qpairs.insert(qp) {
-        // Keep the invariant simple: a queue pair we cannot track must not stay on the device.
-        pr_err!("{}: out of memory tracking qid {}\n", c.pdev.name(), qid);
-        return Err(e);
-    }
+    // Cannot fail: a free slot was reserved above and the lock has been held since.
+    inner.qpairs.insert(qp)?;
     c.publish(&inner);
     Ok(())
 }

@@ -14,6 +14,16 @@ impl<T> Table<T> {
         Table { slots: KVec::new() }
     }
 
+    /// Makes sure the next [`Table::insert`] finds a free slot without allocating, so a caller
+    /// can do irreversible work between this and the insert.
+    pub(crate) fn reserve_one(&mut self) -> Result {
+        if self.slots.iter().any(|s| s.is_none()) {
+            return Ok(());
+        }
+        self.slots.push(None, GFP_KERNEL)?;
+        Ok(())
+    }
+
     /// Inserts `v` into the first free slot.
     pub(crate) fn insert(&mut self, v: T) -> Result {
         if let Some(slot) = self.slots.iter_mut().find(|s| s.is_none()) {

@@ -16,10 +16,10 @@ use core::ptr::NonNull;
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
-/// VMA flag bits (include/linux/mm.h).
-const VM_WRITE: u64 = 0x2;
-const VM_SHARED: u64 = 0x8;
-const VM_MAYWRITE: u64 = 0x20;
+/// VMA flag bits, from the target kernel's include/linux/mm.h (bindgen).
+const VM_WRITE: u64 = bindings::VM_WRITE as u64;
+const VM_SHARED: u64 = bindings::VM_SHARED as u64;
+const VM_MAYWRITE: u64 = bindings::VM_MAYWRITE as u64;
 
 /// The identity of an open file and its page-cache mapping (for revoking user mappings).
 ///
@@ -91,7 +91,11 @@ impl Vma {
 
     /// Forbids a later mprotect to writable.
     pub(crate) fn deny_write(&mut self) {
-        // SAFETY: the VMA is not yet visible to others during mmap; plain flag update.
+        // SAFETY: `->mmap` runs before the new VMA is stored in the VMA tree (6.12
+        // mm/mmap.c: `mmap_file` precedes `vma_iter_store`/`vma_link_file`), so it has no other
+        // user and needs no VMA lock: exactly the case the kernel's own `__vm_flags_mod` (a
+        // plain update through `vm_flags_init`) is for; `vm_flags_clear` would only add the
+        // per-VMA write lock that an unreachable VMA does not need.
         unsafe { (*self.raw()).__bindgen_anon_2.__vm_flags &= !(VM_MAYWRITE as bindings::vm_flags_t) };
     }
 

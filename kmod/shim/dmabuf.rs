@@ -8,8 +8,8 @@ use crate::uapi::ioctl::Segment;
 use core::ptr::NonNull;
 use kernel::prelude::*;
 
-/// DMA_BIDIRECTIONAL.
-const DMA_BIDIRECTIONAL: u32 = 0;
+/// DMA_BIDIRECTIONAL (bindgen, from the target kernel's headers).
+const DMA_BIDIRECTIONAL: u32 = bindings::dma_data_direction_DMA_BIDIRECTIONAL as u32;
 
 /// dma-buf symbols live in the DMA_BUF namespace; the module must import it (modpost keeps this
 /// entry because the module is composite, see Kbuild).

@@ -6,8 +6,9 @@ use crate::shim::pci::Device;
 use core::ptr::NonNull;
 use kernel::prelude::*;
 
-const PCI_IRQ_MSIX: u32 = 1 << 2;
-const IRQ_HANDLED: u32 = 1;
+// From the target kernel's headers (bindgen), not copied values.
+const PCI_IRQ_MSIX: u32 = bindings::PCI_IRQ_MSIX;
+const IRQ_HANDLED: u32 = bindings::irqreturn_IRQ_HANDLED;
 
 /// MSI-X vectors allocated for a device; freed on drop (every handler must be gone by then).
 pub(crate) struct IrqVectors {

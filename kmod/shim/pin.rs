@@ -6,10 +6,11 @@ use crate::shim::pci::Device;
 use crate::uapi::ioctl::Segment;
 use kernel::prelude::*;
 
-const FOLL_WRITE: u32 = 1 << 0;
-const FOLL_LONGTERM: u32 = 1 << 8;
+// From the target kernel's headers (bindgen), not copied values.
+const FOLL_WRITE: u32 = bindings::FOLL_WRITE as u32;
+const FOLL_LONGTERM: u32 = bindings::FOLL_LONGTERM as u32;
 /// DMA_BIDIRECTIONAL: the controller both reads (writes to disk) and writes (reads from disk).
-const DMA_BIDIRECTIONAL: u32 = 0;
+const DMA_BIDIRECTIONAL: u32 = bindings::dma_data_direction_DMA_BIDIRECTIONAL as u32;
 /// Largest scatter-gather segment: 2 GiB, page aligned, fits the 32-bit length field.
 const MAX_SEGMENT: u32 = 1 << 31;
 
