@@ -140,6 +140,22 @@ pub fn describe_path(path: impl AsRef<std::path::Path>) -> String {
     }
 }
 
+/// Identify Controller ONCS bits (NVMe base spec 2.0, figure 275).
+const ONCS_DATASET_MANAGEMENT: u32 = 1 << 2;
+const ONCS_WRITE_ZEROES: u32 = 1 << 3;
+
+/// Refuses an optional NVM command the controller does not support (its ONCS bit is clear).
+fn optional_command(oncs: u32, bit: u32, what: &'static str) -> Result<()> {
+    if oncs & bit != 0 {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        what,
+        why: format!("the controller does not support it (Identify Controller ONCS {oncs:#x} lacks bit {:#x})", bit),
+        fix: "write a zeroed buffer instead, or use a controller that supports the command",
+    })
+}
+
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
@@ -526,8 +542,12 @@ impl Namespace {
         r
     }
 
-    /// Flushes the volatile write cache.
+    /// Flushes the volatile write cache. A controller without one (Identify VWC bit 0 clear)
+    /// has nothing to flush: nothing is sent, which is exact.
     pub fn flush(&self) -> Result<()> {
+        if self.dev.info.vwc & 1 == 0 {
+            return Ok(());
+        }
         self.no_data(Command::Flush)
     }
 
@@ -545,16 +565,20 @@ impl Namespace {
         Ok(v)
     }
 
-    /// Writes zeroes to `[dev_offset, dev_offset + len)`.
+    /// Writes zeroes to `[dev_offset, dev_offset + len)`; refused by name when the controller
+    /// lacks Write Zeroes (ONCS bit 3).
     pub fn write_zeroes(&self, dev_offset: u64, len: u64) -> Result<()> {
+        optional_command(self.dev.info.oncs, ONCS_WRITE_ZEROES, "Write Zeroes")?;
         for (slba, nlb) in self.blocks(dev_offset, len)? {
             self.no_data(Command::WriteZeroes { slba, nlb })?;
         }
         Ok(())
     }
 
-    /// Deallocates (trims) `[dev_offset, dev_offset + len)`.
+    /// Deallocates (trims) `[dev_offset, dev_offset + len)`; refused by name when the controller
+    /// lacks Dataset Management (ONCS bit 2).
     pub fn deallocate(&self, dev_offset: u64, len: u64) -> Result<()> {
+        optional_command(self.dev.info.oncs, ONCS_DATASET_MANAGEMENT, "Dataset Management (deallocate)")?;
         for (slba, nlb) in self.blocks(dev_offset, len)? {
             self.no_data(Command::Deallocate { slba, nlb })?;
         }
@@ -718,6 +742,15 @@ mod tests {
 
     /// Only a character device of the class `ugds_drv` is a ugds node: not a missing path, a
     /// regular file, a directory, another driver's character device, or a link to one.
+    #[test]
+    fn optional_commands_follow_oncs() {
+        use super::{optional_command, ONCS_DATASET_MANAGEMENT, ONCS_WRITE_ZEROES};
+        assert!(optional_command(ONCS_WRITE_ZEROES, ONCS_WRITE_ZEROES, "Write Zeroes").is_ok());
+        let e = optional_command(ONCS_DATASET_MANAGEMENT, ONCS_WRITE_ZEROES, "Write Zeroes").unwrap_err();
+        assert!(e.to_string().contains("Write Zeroes") && e.to_string().contains("ONCS"), "{e}");
+        assert!(optional_command(0, ONCS_DATASET_MANAGEMENT, "Dataset Management (deallocate)").is_err());
+    }
+
     #[test]
     fn is_ugds_node_needs_the_sysfs_class() {
         assert!(!is_ugds_node("/nonexistent/ugds_drv0"));
