@@ -28,6 +28,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "portable_batch_on_direct_path", variant: V, run: batch_direct },
         Test { name: "portable_stream_100_late_bound_ops_in_order", variant: V, run: stream_ops },
         Test { name: "capi_c_suite_on_the_direct_path", variant: V, run: c_suite },
+        Test { name: "capi_cufile_unaligned_io_on_the_direct_path", variant: V, run: cufile_direct },
     ]
 }
 
@@ -378,5 +379,62 @@ fn c_suite() -> Result<()> {
         direct_read(&blk, 8 << 20, 2 << 20)? == pat(0x8, 8 << 20, 2 << 20),
         "uGDSWrite's data differs on disk"
     );
+    Ok(())
+}
+
+/// The cuFile face on a ugds node (both block sizes): unaligned reads, and unaligned writes
+/// that read-modify-write their edge blocks on the namespace, from unaligned memory and from
+/// concurrent threads sharing blocks; the kernel driver then reads exactly the model's bytes.
+fn cufile_direct() -> Result<()> {
+    use ugds::capi::{Face, Library};
+    for idx in 0..2 {
+        let blk = unbind(idx)?;
+        let init = pat(0x21, 0, 1 << 20);
+        direct_write(&blk, 0, &init)?;
+        let node = bound_node(idx)?;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&node)?;
+        let lib: &'static Library = Box::leak(Box::new(Library::new(Face::CuFile)));
+        let h = lib.handle_register(f.as_raw_fd()).map_err(|e| anyhow::anyhow!("register {node}: {e:?}"))?;
+        ensure_that!(lib.handle(h).is_some_and(|x| x.storage.is_direct()), "{node}: not the direct path");
+        let mut model = init.clone();
+        // Unaligned writes from unaligned memory, then concurrent writers sharing blocks.
+        for (i, (off, len)) in
+            [(7usize, 100usize), (4095, 2), (4096 * 3 + 11, 70_001), (511, 513)].into_iter().enumerate()
+        {
+            let mem: Vec<u8> = (0..len + 3).map(|k| (k as u8).wrapping_mul(13) ^ i as u8).collect();
+            // SAFETY: `mem` holds len + 3 bytes.
+            let n = unsafe { lib.rw(true, h, mem.as_ptr() as usize + 3, len, off as i64, 0) };
+            ensure_that!(n.as_ref().is_ok_and(|n| *n == len), "write {len} at {off}: {n:?}");
+            model[off..off + len].copy_from_slice(&mem[3..]);
+        }
+        let part = 3001usize;
+        std::thread::scope(|sc| {
+            for t in 0..8usize {
+                let model_part: Vec<u8> = (0..part).map(|k| (t * 7 + k) as u8 | 0x80).collect();
+                sc.spawn(move || {
+                    for _ in 0..10 {
+                        // SAFETY: `model_part` holds `part` bytes.
+                        let _ = unsafe {
+                            lib.rw(true, h, model_part.as_ptr() as usize, part, (200_000 + t * part) as i64, 0)
+                        };
+                    }
+                });
+            }
+        });
+        for t in 0..8usize {
+            let d: Vec<u8> = (0..part).map(|k| (t * 7 + k) as u8 | 0x80).collect();
+            model[200_000 + t * part..200_000 + (t + 1) * part].copy_from_slice(&d);
+        }
+        // An unaligned read through the library sees the model.
+        let mut back = vec![0u8; 300_001];
+        // SAFETY: `back` holds 300_001 bytes.
+        let n = unsafe { lib.rw(false, h, back.as_mut_ptr() as usize, 300_001, 5, 0) };
+        ensure_that!(n.as_ref().is_ok_and(|n| *n == 300_001), "unaligned read: {n:?}");
+        ensure_that!(back[..] == model[5..300_006], "{node}: an unaligned read differs from the model");
+        lib.handle_deregister(h, -1).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        drop(f);
+        let blk = unbind(idx)?;
+        ensure_that!(direct_read(&blk, 0, 1 << 20)? == model, "{blk}: the kernel reads other bytes than the model");
+    }
     Ok(())
 }
