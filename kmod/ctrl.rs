@@ -156,7 +156,13 @@ pub(crate) fn identify_all(dev: &Device, bar: &Bar0, cap: Cap, adminq: &mut Admi
             pr_warn!("namespace {} has unsupported LBA size 2^{}; skipped\n", nsid, lba_shift);
             continue;
         }
-        info.namespaces[info.num_namespaces as usize] = NamespaceInfo { nsid, lba_shift, size_lbas: nsze };
+        // Metadata and protection information are reported, not handled: user space refuses
+        // such a namespace by name.
+        let metadata_bytes = (lbaf & 0xFFFF) as u16;
+        buf.read_bytes(offset_of!(IdentifyNamespace, dps), &mut b)?;
+        let pi_type = b[0] & 0x7;
+        info.namespaces[info.num_namespaces as usize] =
+            NamespaceInfo { nsid, lba_shift: lba_shift as u8, pi_type, metadata_bytes, size_lbas: nsze };
         info.num_namespaces += 1;
         let _ = i;
     }

@@ -202,12 +202,14 @@ impl pci::Driver for NvmeDriver {
         );
         for ns in &info.namespaces[..info.num_namespaces as usize] {
             pr_info!(
-                "{}: namespace {}: {} blocks of {} bytes ({} MiB)\n",
+                "{}: namespace {}: {} blocks of {} bytes ({} MiB), {} bytes of metadata, PI type {}\n",
                 name,
                 ns.nsid,
                 ns.size_lbas,
                 1u32 << ns.lba_shift,
-                (ns.size_lbas << ns.lba_shift) >> 20
+                (ns.size_lbas << ns.lba_shift) >> 20,
+                ns.metadata_bytes,
+                ns.pi_type
             );
         }
         Ok(KBox::new(Bound { node, _instance: instance }, GFP_KERNEL)?)

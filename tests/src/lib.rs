@@ -38,6 +38,8 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "batch", nvme: batch::NVME, iommu: false },
     Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
     Variant { name: "portable", nvme: portable::NVME, iommu: false },
+    // Namespace 2 is formatted with 8 bytes of metadata per block (QEMU's `ms=8`).
+    Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],

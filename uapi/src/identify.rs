@@ -144,7 +144,14 @@ pub struct IdentifyNamespace {
     pub nlbaf: u8,
     /// Formatted LBA size: bits 3:0 the format index's low bits, bits 6:5 its high bits.
     pub flbas: u8,
-    rsvd27: [u8; 101],
+    /// Metadata capabilities.
+    pub mc: u8,
+    /// End-to-end data protection capabilities.
+    pub dpc: u8,
+    /// End-to-end data protection type settings: bits 2:0 the protection information type in
+    /// use (0: none).
+    pub dps: u8,
+    rsvd30: [u8; 98],
     /// LBA format descriptors.
     pub lbaf: [LbaFormat; 64],
     rsvd384: [u8; 3712],
@@ -154,6 +161,7 @@ const _: () = assert!(core::mem::size_of::<IdentifyNamespace>() == 4096);
 const _: () = assert!(core::mem::offset_of!(IdentifyNamespace, ncap) == 8);
 const _: () = assert!(core::mem::offset_of!(IdentifyNamespace, nlbaf) == 25);
 const _: () = assert!(core::mem::offset_of!(IdentifyNamespace, flbas) == 26);
+const _: () = assert!(core::mem::offset_of!(IdentifyNamespace, dps) == 29);
 const _: () = assert!(core::mem::offset_of!(IdentifyNamespace, lbaf) == 128);
 
 impl IdentifyNamespace {

@@ -20,7 +20,7 @@
 //! | `ENODEV` | the controller was unbound while this file was open |
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -92,7 +92,11 @@ pub struct NamespaceInfo {
     /// Namespace ID (1-based).
     pub nsid: u32,
     /// Logical block size as a power of two.
-    pub lba_shift: u32,
+    pub lba_shift: u8,
+    /// Protection information type in use (0: none; Identify Namespace DPS bits 2:0).
+    pub pi_type: u8,
+    /// Metadata bytes per logical block (0: none).
+    pub metadata_bytes: u16,
     /// Size in logical blocks.
     pub size_lbas: u64,
 }

@@ -140,6 +140,23 @@ pub fn describe_path(path: impl AsRef<std::path::Path>) -> String {
     }
 }
 
+/// Refuses a namespace whose blocks carry metadata or protection information.
+fn metadata_free(info: &NamespaceInfo) -> Result<()> {
+    if info.metadata_bytes == 0 && info.pi_type == 0 {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        what: "a namespace formatted with metadata",
+        why: format!(
+            "namespace {} has {} bytes of metadata per block and protection information type {}; \
+             ugds moves data blocks only",
+            info.nsid, info.metadata_bytes, info.pi_type
+        ),
+        fix: "format it with a metadata-free LBA format (`nvme format /dev/nvmeXnY --lbaf=N --pi=0`, \
+              after unbinding), or use another namespace",
+    })
+}
+
 /// Identify Controller ONCS bits (NVMe base spec 2.0, figure 275).
 const ONCS_DATASET_MANAGEMENT: u32 = 1 << 2;
 const ONCS_WRITE_ZEROES: u32 = 1 << 3;
@@ -272,8 +289,13 @@ impl Device {
     }
 
     /// Namespace `nsid`.
+    ///
+    /// A namespace formatted with metadata or protection information is refused by name: the
+    /// data path moves data blocks only (no metadata buffers, no protection fields).
     pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
-        self.namespaces().into_iter().find(|n| n.info.nsid == nsid).ok_or(Error::NoNamespace(nsid))
+        let ns = self.namespaces().into_iter().find(|n| n.info.nsid == nsid).ok_or(Error::NoNamespace(nsid))?;
+        metadata_free(&ns.info)?;
+        Ok(ns)
     }
 
     /// The status page: (epoch, faulted).
@@ -416,6 +438,17 @@ impl Namespace {
     /// The largest transfer one command (and so one batch entry) may carry.
     pub fn max_command_bytes(&self) -> u64 {
         self.dev.max_cmd_bytes.min(65536 << self.info.lba_shift)
+    }
+
+    /// Metadata bytes per block (0: none; such a namespace cannot be used, see
+    /// [`Device::namespace`]).
+    pub fn metadata_bytes(&self) -> u16 {
+        self.info.metadata_bytes
+    }
+
+    /// Protection information type (0: none).
+    pub fn pi_type(&self) -> u8 {
+        self.info.pi_type
     }
 
     /// Namespace id.
@@ -742,6 +775,18 @@ mod tests {
 
     /// Only a character device of the class `ugds_drv` is a ugds node: not a missing path, a
     /// regular file, a directory, another driver's character device, or a link to one.
+    #[test]
+    fn namespaces_with_metadata_are_refused_by_name() {
+        use super::metadata_free;
+        use ugds_uapi::ioctl::NamespaceInfo;
+        let plain = NamespaceInfo { nsid: 1, lba_shift: 12, size_lbas: 8, ..Default::default() };
+        assert!(metadata_free(&plain).is_ok());
+        let md = NamespaceInfo { metadata_bytes: 8, ..plain };
+        let e = metadata_free(&md).unwrap_err().to_string();
+        assert!(e.contains("8 bytes of metadata") && e.contains("nvme format"), "{e}");
+        assert!(metadata_free(&NamespaceInfo { pi_type: 1, ..plain }).is_err());
+    }
+
     #[test]
     fn optional_commands_follow_oncs() {
         use super::{optional_command, ONCS_DATASET_MANAGEMENT, ONCS_WRITE_ZEROES};

@@ -40,6 +40,8 @@ pub struct NvmeSpec {
     /// Back the namespaces with QEMU's null driver (no disk I/O: isolates software and
     /// emulation cost; reads return zeroes).
     pub null: bool,
+    /// Metadata bytes per block of the last namespace (0: none), for the refusal test.
+    pub ms: u16,
 }
 
 impl Default for NvmeSpec {
@@ -53,6 +55,7 @@ impl Default for NvmeSpec {
             throttle_iops: None,
             serial: None,
             null: false,
+            ms: 0,
         }
     }
 }
@@ -86,12 +89,15 @@ impl std::str::FromStr for NvmeSpec {
                 }
                 "throttle_iops" => spec.throttle_iops = Some(v.parse()?),
                 "serial" => spec.serial = Some(v.to_string()),
+                "ms" => spec.ms = v.parse()?,
                 "backend" => match v {
                     "file" => spec.null = false,
                     "null" => spec.null = true,
                     _ => bail!("backend must be file or null, not {v}"),
                 },
-                _ => bail!("unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, ns, throttle_iops, serial, backend)"),
+                _ => bail!(
+                    "unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, ns, throttle_iops, serial, backend, ms)"
+                ),
             }
         }
         if spec.size == 0 || spec.size % u64::from(spec.lbs) != 0 {
@@ -281,8 +287,10 @@ fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> 
             a.extend([
                 "-device".into(),
                 format!(
-                    "nvme-ns,drive=d{i}n{n},bus=nvme{i},nsid={n},logical_block_size={lbs},physical_block_size={lbs}",
-                    lbs = spec.lbs
+                    "nvme-ns,drive=d{i}n{n},bus=nvme{i},nsid={n},logical_block_size={lbs},physical_block_size={lbs}{ms}",
+                    lbs = spec.lbs,
+                    // The last namespace carries the metadata (separate buffer: mset=0).
+                    ms = if spec.ms > 0 && n == spec.ns { format!(",ms={}", spec.ms) } else { String::new() },
                 ),
             ]);
         }

@@ -198,7 +198,16 @@ fn run(cli: Cli) -> Res<()> {
                     i.mdts_bytes, i.max_qpairs, i.max_queue_entries, i.irq_vectors
                 );
                 for n in d.namespaces() {
-                    println!("  namespace {}: {} bytes in {}-byte blocks", n.id(), n.capacity(), n.block_size());
+                    let extra = if n.metadata_bytes() > 0 || n.pi_type() > 0 {
+                        format!(
+                            "; {} bytes of metadata per block, PI type {}: not usable by ugds (format without metadata)",
+                            n.metadata_bytes(),
+                            n.pi_type()
+                        )
+                    } else {
+                        String::new()
+                    };
+                    println!("  namespace {}: {} bytes in {}-byte blocks{extra}", n.id(), n.capacity(), n.block_size());
                 }
             }
         }
