@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks)]
 //! `libcufile_ugds.so`, also installed as `libcufile.so.0`: NVIDIA cuFile's API, names, types,
 //! layouts and semantics, on ugds's core ([`ugds::capi::Library`] with [`Face::CuFile`]).
 //!

@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 //! The VM integration suite's harness: test registry, VM variants, helpers for talking to the
 //! guest's devices, and the kernel-log check that runs after every test.
 //!

@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 //! `ugds-vm-suite`: runs the VM tests of one variant, checks the kernel log after each, and
 //! prints a result line that `cargo xtask test` reads.
 //!

@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 //! NVMe wire layouts and the ugds ioctl ABI, shared by the kernel module and user space.
 //!
 //! This crate is `#![no_std]` and uses no external crate in its own code: the kernel module

@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 //! ugds: user-space GPU Direct Storage. The CPU builds NVMe commands in queues the kernel
 //! module mapped into this process, and the SSD moves the data by DMA into registered host or
 //! GPU (dma-buf) memory. No system call is made on the I/O path.

@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 //! `cargo xtask`: kernel, vm, install, bind, unbind, test.
 
 use anyhow::Result;
