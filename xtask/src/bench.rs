@@ -21,7 +21,7 @@ const MARK: &str = "BENCH-POINT ";
 pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
     let t = Instant::now();
     let root = toolchain::workspace_root();
-    toolchain::setup_and_build_release(&["-p", "ugds", "--bins"])?;
+    toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     toolchain::setup_and_build_release(&["-p", "ugds", "--features", "test-utils", "--example", "datapath_cost"])?;
     let k = kernel::ensure(kernel::Flavour::Normal)?;
     let ko = kmod::build_for_test_kernel(&k)?;

@@ -459,7 +459,7 @@ pub fn gpu_bundle() -> Result<()> {
         "build",
         "--release",
         "-p",
-        "ugds",
+        "ugds-cli",
         "--bin",
         "ugds",
     ]))?;

@@ -21,7 +21,7 @@ const ROWS: &[(&str, &str, &str, usize)] = &[
 /// Host side: set up, build, boot the VM (or run on a real device), report.
 pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
     let t = Instant::now();
-    let release = toolchain::setup_and_build_release(&["-p", "ugds", "--bins"])?;
+    let release = toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     let cli = release.join("ugds");
     let me = std::env::current_exe()?;
     if let Some(dev) = device {

@@ -72,7 +72,7 @@ fn build_suite() -> Result<std::path::PathBuf> {
     toolchain::run(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(toolchain::workspace_root())
-            .args(["build", "--quiet", "-p", "ugds-tests", "-p", "ugds", "--bins"]),
+            .args(["build", "--quiet", "-p", "ugds-tests", "-p", "ugds-cli", "--bins"]),
     )?;
     let bin = toolchain::workspace_root().join("target/debug/ugds-vm-suite");
     if !bin.exists() {

@@ -1,3 +1,4 @@
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 //! `ugds`: inspect a controller bound to ugds, read and write it, and benchmark it.
 
 use clap::{Args, Parser, Subcommand};
