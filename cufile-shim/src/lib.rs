@@ -16,10 +16,26 @@ pub use config::{config, Config};
 use std::ffi::{c_int, c_long, c_uint, c_void};
 use std::sync::LazyLock;
 use std::time::Duration;
-use ugds::capi::{self as u, uGDSOpError, CResult, Entry, EventStatus, Face, Fail, LateArgs, Library};
+use ugds::capi::{self as u, uGDSOpError, CResult, Entry, EventStatus, Face, Fail, IoKind, LateArgs, Library};
 
 /// The process's cuFile library state.
-static CUFILE: LazyLock<Library> = LazyLock::new(|| Library::new(Face::CuFile));
+static CUFILE: LazyLock<Library> = LazyLock::new(|| {
+    let lib = Library::new(Face::CuFile);
+    lib.set_observer(count_io);
+    lib
+});
+
+/// Counts every read and write the core performs for this face (sync, stream-ordered and batch)
+/// in cuFile's statistics.
+fn count_io(kind: IoKind, write: bool, bytes: u64, ns: u64, ok: bool) {
+    let op = match (kind, write) {
+        (IoKind::Batch, false) => stats::Op::BatchRead,
+        (IoKind::Batch, true) => stats::Op::BatchWrite,
+        (_, false) => stats::Op::Read,
+        (_, true) => stats::Op::Write,
+    };
+    stats::record(op, bytes, ns, ok);
+}
 
 pub(crate) fn lib() -> &'static Library {
     &CUFILE
@@ -106,15 +122,6 @@ fn ret(r: CResult<usize>) -> libc::ssize_t {
         Err(Fail::Code(c)) => -(cufile_code(c) as libc::ssize_t),
         Err(f) => f.ret(),
     }
-}
-
-/// Runs a read or write, counting it for cuFile's statistics (when they are on).
-fn counted(op: stats::Op, f: impl FnOnce() -> CResult<usize>) -> libc::ssize_t {
-    let t = std::time::Instant::now();
-    let r = f();
-    let ns = t.elapsed().as_nanos() as u64;
-    stats::record(op, *r.as_ref().unwrap_or(&0) as u64, ns, r.is_ok());
-    ret(r)
 }
 
 /// `CUfileDescr_t`.
@@ -268,9 +275,7 @@ pub unsafe extern "C" fn cuFileRead(
     bufPtr_offset: libc::off_t,
 ) -> libc::ssize_t {
     // SAFETY: the caller's memory contract.
-    counted(stats::Op::Read, || unsafe {
-        lib().rw(false, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset)
-    })
+    ret(unsafe { lib().rw(false, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset) })
 }
 
 /// Writes `size` bytes from `bufPtr_base + bufPtr_offset` to `file_offset` (see `cuFileRead`).
@@ -283,9 +288,7 @@ pub unsafe extern "C" fn cuFileWrite(
     bufPtr_offset: libc::off_t,
 ) -> libc::ssize_t {
     // SAFETY: the caller's memory contract.
-    counted(stats::Op::Write, || unsafe {
-        lib().rw(true, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset)
-    })
+    ret(unsafe { lib().rw(true, fh as usize, bufPtr_base as usize, size, file_offset, bufPtr_offset) })
 }
 
 /// Queues a read on `stream` (late-bound size and offsets; result in `*bytes_read_p`).
@@ -471,5 +474,76 @@ mod tests {
         assert_eq!(cufile_code(uGDSOpError::UGDS_BATCH_CAPACITY_EXCEEDED), CU_FILE_INVALID_VALUE);
         assert_eq!(cufile_code(uGDSOpError::UGDS_OUT_OF_MEMORY), CU_FILE_NOMEM_ERROR);
         assert_eq!(cufile_code(uGDSOpError::UGDS_HANDLE_NOT_REGISTERED), CU_FILE_HANDLE_NOT_REGISTERED);
+    }
+}
+
+#[cfg(test)]
+mod io_stats_tests {
+    use super::*;
+    use crate::config::test_lock;
+    use crate::stats::{
+        cuFileGetStatsL1, cuFileSetStatsLevel, cuFileStatsReset, cuFileStatsStart, CUfileStatsLevel1_t,
+    };
+    use std::os::fd::AsRawFd;
+
+    /// Reads and writes of every kind the core performs are counted: sync calls, and batch
+    /// entries (counted as batch reads), through the core's observer.
+    #[test]
+    fn sync_and_batch_io_are_counted() {
+        let _l = test_lock();
+        let path = std::env::temp_dir().join(format!("ugds-cufile-stats-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len(1 << 20).unwrap();
+        assert_eq!(cuFileSetStatsLevel(1).err as c_int, 0);
+        assert_eq!(cuFileDriverOpen().err, 0);
+        assert_eq!(cuFileStatsStart().err as c_int, 0);
+        assert_eq!(cuFileStatsReset().err as c_int, 0);
+        let mut d =
+            CUfileDescr_t { type_: 1, handle: u::uGDSDescrHandle { fd: f.as_raw_fd() }, fs_ops: std::ptr::null() };
+        let mut fh = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor.
+        assert_eq!(unsafe { cuFileHandleRegister(&mut fh, &mut d) }.err, 0);
+        let mut mem = vec![0u8; 3 * 4096 + 7];
+        // SAFETY: `mem` holds 4096 bytes from offset 3.
+        assert_eq!(unsafe { cuFileRead(fh, mem.as_mut_ptr().cast(), 4096, 5, 3) }, 4096);
+        let mut b = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuFileBatchIOSetUp(&mut b, 4) }.err, 0);
+        let mut io: Vec<CUfileIOParams_t> = (0..2)
+            .map(|i| CUfileIOParams_t {
+                mode: 1,
+                batch: CUfileBatchIO {
+                    devPtr_base: mem.as_mut_ptr().cast(),
+                    file_offset: 8192 * i,
+                    devPtr_offset: 4096 * i,
+                    size: 4096,
+                },
+                fh,
+                opcode: 0,
+                cookie: std::ptr::null_mut(),
+            })
+            .collect();
+        // SAFETY: two entries on `mem`, which outlives the batch.
+        assert_eq!(unsafe { cuFileBatchIOSubmit(b, 2, io.as_mut_ptr(), 0) }.err, 0);
+        let mut ev = [CUfileIOEvents_t { cookie: std::ptr::null_mut(), status: 0, ret: 0 }; 2];
+        let mut got = 0;
+        while got < 2 {
+            let mut n = (2 - got) as c_uint;
+            // SAFETY: room for `n` events.
+            assert_eq!(
+                unsafe { cuFileBatchIOGetStatus(b, 1, &mut n, ev[got..].as_mut_ptr(), std::ptr::null_mut()) }.err,
+                0
+            );
+            got += n as usize;
+        }
+        cuFileBatchIODestroy(b);
+        let mut s = CUfileStatsLevel1_t::default();
+        // SAFETY: a local.
+        assert_eq!(unsafe { cuFileGetStatsL1(&mut s) }.err as c_int, 0);
+        assert_eq!(s.read_bytes, 4096, "the sync read");
+        assert_eq!(s.batch_read_bytes, 8192, "the two batch entries");
+        cuFileHandleDeregister(fh);
+        let _ = cuFileDriverClose();
+        std::fs::remove_file(path).unwrap();
     }
 }

@@ -4,7 +4,7 @@
 //! doorbell per submit); the rest (cuFile's unregistered or unaligned entries) run as staged
 //! I/O on the storage's workers. Events are kept until `GetStatus` hands them out.
 
-use super::library::{CResult, Face, Fail, Handle, Library, Memory};
+use super::library::{CResult, Face, Fail, Handle, IoKind, Library, Memory};
 use super::types::uGDSIOSegParams;
 use super::types::uGDSOpError::*;
 use crate::batch::{IoStatus, Op};
@@ -88,7 +88,8 @@ pub struct CBatch {
     per_handle: HashMap<usize, (Arc<Handle>, StorageBatch)>,
     side: Arc<(Mutex<Side>, Condvar)>,
     ready: VecDeque<Event>,
-    cookies: HashMap<u64, *mut c_void>,
+    /// Native entries: the caller's cookie, direction and submit time, by our id.
+    cookies: HashMap<u64, (*mut c_void, bool, Instant)>,
     next: u64,
     /// Entries submitted since every earlier one was reported (uGDS's capacity rule).
     outstanding: usize,
@@ -212,7 +213,7 @@ impl Library {
             return Ok(());
         }
         for id in refused {
-            let cookie = b.cookies.remove(&id).unwrap_or(std::ptr::null_mut());
+            let cookie = b.cookies.remove(&id).map_or(std::ptr::null_mut(), |c| c.0);
             b.ready.push_back(Event { cookie, status: EventStatus::Failed, ret: -(libc::ECANCELED as isize) });
         }
         Err(Fail::Code(UGDS_INTERNAL_ERROR))
@@ -249,7 +250,7 @@ impl Library {
         };
         b.next += 1;
         let id = b.next;
-        b.cookies.insert(id, e.cookie);
+        b.cookies.insert(id, (e.cookie, e.write, Instant::now()));
         if let Some((buf, off)) = reg {
             return Ok(Some(IoRequest {
                 op: if e.write { Op::Write } else { Op::Read },
@@ -266,7 +267,15 @@ impl Library {
         let entry = *e;
         // SAFETY: the submit contract covers the entry's memory until its event is read.
         b.spawn_side(self.face, &h, entry.cookie, move || unsafe {
-            self.rw(entry.write, entry.fh, entry.base, entry.size, entry.file_offset, entry.buf_offset)
+            self.rw_as(
+                IoKind::Batch,
+                entry.write,
+                entry.fh,
+                entry.base,
+                entry.size,
+                entry.file_offset,
+                entry.buf_offset,
+            )
         })?;
         Ok(None)
     }
@@ -336,14 +345,14 @@ impl Library {
             // collected now or still counted as running, never neither (found by uGDS's
             // test_batch_basic on the GPU machine: "got 0 of 1").
             let running = b.in_flight();
-            b.collect(Duration::ZERO)?;
+            b.collect(self, Duration::ZERO)?;
             let now = Instant::now();
             if b.ready.len() >= want || running == 0 || deadline.is_some_and(|d| now >= d) {
                 break;
             }
             // Poll the native queues briefly, or sleep on the side jobs.
             let slice = deadline.map_or(Duration::from_millis(1), |d| (d - now).min(Duration::from_millis(1)));
-            b.collect(slice)?;
+            b.collect(self, slice)?;
         }
         let n = b.ready.len().min(max);
         Ok(b.ready.drain(..n).collect())
@@ -355,9 +364,9 @@ impl Library {
         let b = self.batches.get(batch).ok_or(Fail::Code(UGDS_INVALID_VALUE))?;
         let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
         while b.in_flight() > 0 {
-            b.collect(Duration::from_millis(1))?;
+            b.collect(self, Duration::from_millis(1))?;
         }
-        b.collect(Duration::ZERO)
+        b.collect(self, Duration::ZERO)
     }
 
     /// `BatchIODestroy`: waits for the batch's entries, then forgets it.
@@ -407,18 +416,27 @@ impl CBatch {
     }
 
     /// Moves finished entries to `ready`, waiting up to `wait` for the side jobs.
-    fn collect(&mut self, wait: Duration) -> CResult<()> {
+    fn collect(&mut self, lib: &Library, wait: Duration) -> CResult<()> {
         let mut evs = Vec::new();
         for (_, sb) in self.per_handle.values_mut() {
             evs.extend(sb.status(0, Duration::ZERO)?);
         }
         for e in evs {
-            let cookie = self.cookies.remove(&e.cookie).unwrap_or(std::ptr::null_mut());
+            let (cookie, write, since) =
+                self.cookies.remove(&e.cookie).unwrap_or((std::ptr::null_mut(), false, Instant::now()));
             let status = status_of(e.status);
             let ret = match status {
                 EventStatus::Complete => e.bytes as isize,
                 _ => e.error.as_ref().map_or(-(libc::EIO as isize), |x| x.errno() as isize),
             };
+            // Latency from submit to collection (an upper bound: it includes the reap delay).
+            lib.observe(
+                IoKind::Batch,
+                write,
+                e.bytes,
+                since.elapsed().as_nanos() as u64,
+                status == EventStatus::Complete,
+            );
             self.ready.push_back(Event { cookie, status, ret });
         }
         let (m, cv) = &*self.side;

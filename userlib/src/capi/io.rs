@@ -3,7 +3,7 @@
 //! own aligned buffers (cuFile: unregistered memory, any size and offset), and uGDS's vectored
 //! read/write.
 
-use super::library::{gpu_of, BufEntry, CResult, Face, Fail, Handle, Library, Memory, BOUNCE};
+use super::library::{gpu_of, BufEntry, CResult, Face, Fail, Handle, IoKind, Library, Memory, BOUNCE};
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
 use crate::gpu::Gpu;
@@ -75,6 +75,43 @@ impl Library {
     /// `[base + buf_offset, +size)` must be memory the caller may have the device read or write
     /// (registered memory stays valid by the registration contract).
     pub unsafe fn rw(
+        &self,
+        write: bool,
+        fh: usize,
+        base: usize,
+        size: usize,
+        file_offset: i64,
+        buf_offset: i64,
+    ) -> CResult<usize> {
+        // SAFETY: forwarded.
+        unsafe { self.rw_as(IoKind::Sync, write, fh, base, size, file_offset, buf_offset) }
+    }
+
+    /// [`Library::rw`] for a caller of `kind`, reported to the observer as such.
+    ///
+    /// # Safety
+    ///
+    /// As [`Library::rw`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn rw_as(
+        &self,
+        kind: IoKind,
+        write: bool,
+        fh: usize,
+        base: usize,
+        size: usize,
+        file_offset: i64,
+        buf_offset: i64,
+    ) -> CResult<usize> {
+        let t = std::time::Instant::now();
+        // SAFETY: forwarded.
+        let r = unsafe { self.rw_unobserved(write, fh, base, size, file_offset, buf_offset) };
+        let ns = t.elapsed().as_nanos() as u64;
+        self.observe(kind, write, *r.as_ref().unwrap_or(&0) as u64, ns, r.is_ok());
+        r
+    }
+
+    unsafe fn rw_unobserved(
         &self,
         write: bool,
         fh: usize,

@@ -225,6 +225,21 @@ pub(crate) struct BufEntry {
     pub(crate) rdma: AtomicU32,
 }
 
+/// How an observed I/O was issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    /// A synchronous read or write call.
+    Sync,
+    /// A stream-ordered operation.
+    Async,
+    /// A batch entry.
+    Batch,
+}
+
+/// Called after every read or write the library performs for a face (its statistics):
+/// (how, write, bytes moved, latency in ns, success).
+pub type IoObserver = fn(IoKind, bool, u64, u64, bool);
+
 /// One face's state. `libugds.so` has one with [`Face::Ugds`]; the cuFile drop-in one with
 /// [`Face::CuFile`].
 pub struct Library {
@@ -236,6 +251,7 @@ pub struct Library {
     pub(crate) streams: super::stream::Streams,
     pub(crate) rdma_tokens: AtomicU64,
     pub(crate) rdma: super::rdma::RdmaRecords,
+    observer: OnceLock<IoObserver>,
 }
 
 impl Library {
@@ -250,6 +266,19 @@ impl Library {
             streams: Default::default(),
             rdma_tokens: AtomicU64::new(0),
             rdma: Default::default(),
+            observer: OnceLock::new(),
+        }
+    }
+
+    /// Sets the function told about every read and write (once; later calls are ignored).
+    pub fn set_observer(&self, f: IoObserver) {
+        let _ = self.observer.set(f);
+    }
+
+    /// Tells the observer about one I/O.
+    pub(crate) fn observe(&self, kind: IoKind, write: bool, bytes: u64, ns: u64, ok: bool) {
+        if let Some(f) = self.observer.get() {
+            f(kind, write, bytes, ns, ok);
         }
     }
 

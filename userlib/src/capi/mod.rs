@@ -19,6 +19,6 @@ pub mod types;
 pub mod ugds_abi;
 
 pub use batch::{Entry, Event, EventStatus, MAX_BATCH};
-pub use library::{code_of, cuda, gpu_of, hip, CResult, Face, Fail, Handle, Library};
+pub use library::{code_of, cuda, gpu_of, hip, CResult, Face, Fail, Handle, IoKind, IoObserver, Library};
 pub use stream::{key as stream_key, LateArgs};
 pub use types::*;

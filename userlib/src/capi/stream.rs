@@ -3,7 +3,7 @@
 //! forgetting a stream (deregistration, closing) waits only for the library's own jobs on it.
 //! CPU streams (`ugdsxCpuStream*`) give stream-ordered I/O without a GPU.
 
-use super::library::{cuda, hip, BufEntry, CResult, Face, Fail, Handle, Library, Memory};
+use super::library::{cuda, hip, BufEntry, CResult, Face, Fail, Handle, IoKind, Library, Memory};
 use super::slots::Slots;
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
@@ -200,7 +200,7 @@ impl Library {
                 )
             };
             // SAFETY: the memory contract is the caller's (registered memory stays valid).
-            let v = match unsafe { self.rw(write, fh, base, size, foff, boff) } {
+            let v = match unsafe { self.rw_as(IoKind::Async, write, fh, base, size, foff, boff) } {
                 Ok(n) => n as libc::ssize_t,
                 Err(f) => f.ret_for(self.face),
             };
