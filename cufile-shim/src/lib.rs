@@ -530,10 +530,8 @@ mod io_stats_tests {
         while got < 2 {
             let mut n = (2 - got) as c_uint;
             // SAFETY: room for `n` events.
-            assert_eq!(
-                unsafe { cuFileBatchIOGetStatus(b, 1, &mut n, ev[got..].as_mut_ptr(), std::ptr::null_mut()) }.err,
-                0
-            );
+            let r = unsafe { cuFileBatchIOGetStatus(b, 1, &mut n, ev[got..].as_mut_ptr(), std::ptr::null_mut()) };
+            assert_eq!(r.err, 0);
             got += n as usize;
         }
         cuFileBatchIODestroy(b);
