@@ -1,7 +1,9 @@
 //! `ugds doctor`: what decides, on this machine, which path I/O takes — each finding with a
 //! plain verdict and the fix. Reads /proc and /sys only (and asks the GPU driver, if present).
 
+#[cfg(feature = "cuda")]
 use crate::gpu::cuda::{self, Cuda};
+#[cfg(feature = "cuda")]
 use crate::gpu::Runtime;
 use std::path::{Path, PathBuf};
 
@@ -250,6 +252,9 @@ pub fn diagnose() -> Vec<Finding> {
             "",
         ));
     }
+    #[cfg(not(feature = "cuda"))]
+    out.push(finding("CUDA", Verdict::Info, "this build of ugds has no CUDA backend (feature `cuda`)", ""));
+    #[cfg(feature = "cuda")]
     if cuda::driver_present() {
         match Cuda::new(0) {
             Ok(c) => {

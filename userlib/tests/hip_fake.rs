@@ -258,6 +258,7 @@ fn waits_hold_the_stream_across_the_wrap_of_the_word() {
 
 /// The uGDS C functions with HIP memory and a HIP stream (called directly: they are the same
 /// functions libugds.so exports).
+#[cfg(feature = "c-abi")]
 #[test]
 fn the_ugds_c_api_registers_hip_memory_and_streams() {
     use std::os::fd::AsRawFd;

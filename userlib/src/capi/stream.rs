@@ -126,11 +126,16 @@ impl Library {
                         if cuda().is_none() {
                             return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
                         }
-                        let c = crate::gpu::cuda::Cuda::new(0)?;
-                        // SAFETY: the caller passes a stream of the primary context (what the
-                        // CUDA runtime uses); it is used only while the caller's enqueue call
-                        // runs (queuing work), never after.
-                        unsafe { c.wrap_stream(stream) }
+                        #[cfg(feature = "cuda")]
+                        {
+                            let c = crate::gpu::cuda::Cuda::new(0)?;
+                            // SAFETY: the caller passes a stream of the primary context (what
+                            // the CUDA runtime uses); it is used only while the caller's
+                            // enqueue call runs (queuing work), never after.
+                            unsafe { c.wrap_stream(stream) }
+                        }
+                        #[cfg(not(feature = "cuda"))]
+                        return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
                     }
                 }
             }

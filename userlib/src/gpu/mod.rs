@@ -8,7 +8,26 @@
 //! ordering and the dma-buf registration path (its export is a real udmabuf) without a GPU.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
+/// The CUDA backend is not built (feature `cuda` off): what the rest of the crate asks of it.
+#[cfg(not(feature = "cuda"))]
+pub mod cuda {
+    /// No CUDA in this build.
+    pub fn driver_present() -> bool {
+        false
+    }
+
+    /// Nothing to keep: this build never binds a CUDA context.
+    pub struct CallerContext;
+
+    impl CallerContext {
+        /// A no-op.
+        pub fn keep() -> CallerContext {
+            CallerContext
+        }
+    }
+}
 pub mod hip;
 
 use crate::error::{Error, Result};
@@ -137,7 +156,14 @@ pub struct GpuMemory {
 impl Gpu {
     /// The first CUDA device (loads the driver library; a clear error when there is none).
     pub fn cuda() -> Result<Arc<Gpu>> {
-        Ok(Self::with_runtime(Arc::new(cuda::Cuda::new(0)?)))
+        #[cfg(feature = "cuda")]
+        return Ok(Self::with_runtime(Arc::new(cuda::Cuda::new(0)?)));
+        #[cfg(not(feature = "cuda"))]
+        Err(Error::Unsupported {
+            what: "CUDA",
+            why: "this build of ugds has no CUDA backend".into(),
+            fix: "build the ugds crate with its `cuda` feature (on by default)",
+        })
     }
 
     /// The first HIP device (loads `libamdhip64.so`, or the file `UGDS_HIP_LIBRARY` names; an
