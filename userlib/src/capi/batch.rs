@@ -334,28 +334,41 @@ impl Library {
         max: usize,
         timeout: Option<Duration>,
     ) -> CResult<Vec<Event>> {
-        let b = self.batches.get(batch).ok_or(Fail::Code(UGDS_INVALID_VALUE))?;
-        let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-        let max = if max == 0 { b.capacity } else { max };
+        let batch = self.batches.get(batch).ok_or(Fail::Code(UGDS_INVALID_VALUE))?;
+        let (max, side) = {
+            let b = batch.lock().unwrap_or_else(|e| e.into_inner());
+            (if max == 0 { b.capacity } else { max }, b.side.clone())
+        };
         let want = min_nr.min(max);
         // A timeout too large to represent is no timeout.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
-            // Counted before collecting: an entry that finishes in between is then either
-            // collected now or still counted as running, never neither (found by uGDS's
-            // test_batch_basic on the GPU machine: "got 0 of 1").
-            let running = b.in_flight();
-            b.collect(self, Duration::ZERO)?;
-            let now = Instant::now();
-            if b.ready.len() >= want || running == 0 || deadline.is_some_and(|d| now >= d) {
-                break;
-            }
-            // Poll the native queues briefly, or sleep on the side jobs.
+            let now = {
+                let mut b = batch.lock().unwrap_or_else(|e| e.into_inner());
+                // Counted before collecting: an entry that finishes in between is then either
+                // collected now or still counted as running, never neither (found by uGDS's
+                // test_batch_basic on the GPU machine: "got 0 of 1").
+                let running = b.in_flight();
+                b.collect(self, Duration::ZERO)?;
+                let now = Instant::now();
+                if b.ready.len() >= want || running == 0 || deadline.is_some_and(|d| now >= d) {
+                    let n = b.ready.len().min(max);
+                    return Ok(b.ready.drain(..n).collect());
+                }
+                now
+            };
+            // Wait without the batch's lock (a submitter on another thread is not held up):
+            // on the staged jobs' condition variable, or briefly while native entries complete.
             let slice = deadline.map_or(Duration::from_millis(1), |d| (d - now).min(Duration::from_millis(1)));
-            b.collect(self, slice)?;
+            let (m, cv) = &*side;
+            let st = m.lock().unwrap_or_else(|e| e.into_inner());
+            if st.events.is_empty() && st.running > 0 {
+                let _ = cv.wait_timeout(st, slice);
+            } else {
+                drop(st);
+                std::thread::yield_now();
+            }
         }
-        let n = b.ready.len().min(max);
-        Ok(b.ready.drain(..n).collect())
     }
 
     /// `BatchIOCancel` (cuFile): entries cannot be recalled from the SSD or the kernel, so this
