@@ -15,7 +15,6 @@ pub use config::{config, Config};
 
 use std::ffi::{c_int, c_long, c_uint, c_void};
 use std::sync::LazyLock;
-use std::time::Duration;
 use ugds::capi::{self as u, uGDSOpError, CResult, Entry, EventStatus, Face, Fail, IoKind, LateArgs, Library};
 
 /// The process's cuFile library state.
@@ -248,12 +247,12 @@ pub extern "C" fn cuFileHandleDeregister(fh: CUfileHandle_t) {
 #[no_mangle]
 pub unsafe extern "C" fn cuFileBufRegister(bufPtr_base: *const c_void, length: usize, flags: c_int) -> CUfileError_t {
     let _ = flags;
-    if let Err(f) = lib().require_open_pub() {
+    if let Err(f) = lib().require_open() {
         return err(cufile_code(f.code()));
     }
     let base = bufPtr_base as usize;
     let _caller = ugds::gpu::cuda::CallerContext::keep();
-    let gpu = u::cuda().filter(|g| g.runtime().is_device_memory(base as u64));
+    let gpu = u::gpu_of(base);
     // SAFETY: the caller keeps the memory allocated until cuFileBufDeregister.
     status(unsafe { lib().buf_register(base, length, gpu, false) })
 }
@@ -328,7 +327,7 @@ pub unsafe extern "C" fn cuFileWriteAsync(
 #[no_mangle]
 pub extern "C" fn cuFileStreamRegister(stream: *mut c_void, flags: c_uint) -> CUfileError_t {
     let _ = (stream, flags);
-    if let Err(f) = lib().require_open_pub() {
+    if let Err(f) = lib().require_open() {
         return err(cufile_code(f.code()));
     }
     err(CU_FILE_SUCCESS)
@@ -413,13 +412,8 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
     if max == 0 || (min_nr as usize) > max {
         return err(CU_FILE_INVALID_VALUE);
     }
-    let limit = if timeout.is_null() {
-        None
-    } else {
-        // SAFETY: checked non-null.
-        let t = unsafe { *timeout };
-        Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
-    };
+    // SAFETY: NULL or the caller's timespec.
+    let limit = unsafe { u::timeout_of(timeout) };
     match lib().batch_status(batch_idp as usize, min_nr as usize, max, limit) {
         Ok(evs) => {
             for (i, e) in evs.iter().enumerate() {

@@ -18,6 +18,20 @@ use std::time::{Duration, Instant};
 /// Largest batch (uGDS's and cuFile's default `max_batch_io_size`).
 pub const MAX_BATCH: usize = 128;
 
+/// A `GetStatus` timeout: NULL waits without limit; negative parts count as zero.
+///
+/// # Safety
+///
+/// `t` must be NULL or point to a valid `timespec`.
+pub unsafe fn timeout_of(t: *const libc::timespec) -> Option<Duration> {
+    if t.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, valid by the caller's contract.
+    let t = unsafe { *t };
+    Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+}
+
 /// How an entry ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventStatus {

@@ -230,7 +230,8 @@ impl Library {
             return Err(Fail::Errno(libc::EINVAL));
         }
         let bounce = self.take_bounce(h)?;
-        let r = if write && s.write_bytes(&[], off).is_some() {
+        // Files take byte-exact writes through the page cache; namespaces read-modify-write.
+        let r = if write && !s.is_direct() {
             // SAFETY: forwarded from the caller.
             unsafe { write_exact(s, &bounce, mem, addr, size, off) }
         } else if write {

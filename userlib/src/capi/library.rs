@@ -293,7 +293,7 @@ impl Library {
     }
 
     /// Fails with `DRIVER_NOT_INITIALIZED` when closed (uGDS), or opens it (cuFile).
-    pub(crate) fn require_open(&self) -> CResult<()> {
+    pub fn require_open(&self) -> CResult<()> {
         if self.is_open() {
             return Ok(());
         }
@@ -304,11 +304,6 @@ impl Library {
                 Ok(())
             }
         }
-    }
-
-    /// Opens the library when the face opens implicitly (cuFile); refuses when it does not.
-    pub fn require_open_pub(&self) -> CResult<()> {
-        self.require_open()
     }
 
     /// `DriverOpen`: idempotent (no reference count, as in both APIs).

@@ -18,7 +18,7 @@ pub mod types;
 #[cfg(feature = "c-abi")]
 pub mod ugds_abi;
 
-pub use batch::{Entry, Event, EventStatus, MAX_BATCH};
+pub use batch::{timeout_of, Entry, Event, EventStatus, MAX_BATCH};
 pub use library::{code_of, cuda, gpu_of, hip, CResult, Face, Fail, Handle, IoKind, IoObserver, Library};
 pub use stream::{key as stream_key, LateArgs};
 pub use types::*;

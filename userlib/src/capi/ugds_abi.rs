@@ -12,7 +12,6 @@ use super::types::*;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::os::fd::IntoRawFd;
 use std::sync::LazyLock;
-use std::time::Duration;
 
 /// The process's uGDS library state.
 static UGDS: LazyLock<Library> = LazyLock::new(|| Library::new(Face::Ugds));
@@ -491,13 +490,8 @@ pub unsafe extern "C" fn uGDSBatchIOGetStatus(
     }
     // SAFETY: checked non-null.
     let max = unsafe { *nr } as usize;
-    let limit = if timeout.is_null() {
-        None
-    } else {
-        // SAFETY: checked non-null.
-        let t = unsafe { *timeout };
-        Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
-    };
+    // SAFETY: NULL or the caller's timespec.
+    let limit = unsafe { super::batch::timeout_of(timeout) };
     match lib().batch_status(batch as usize, min_nr as usize, max, limit) {
         Ok(evs) => {
             for (i, e) in evs.iter().enumerate() {
