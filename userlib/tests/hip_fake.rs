@@ -7,7 +7,8 @@
 //! No AMD GPU exists here: the fake implements the HIP calls over host memory, so these tests
 //! check what ugds asks of the runtime (calls, arguments, order), not what a GPU does.
 
-use std::io::Write;
+mod common;
+use common::TempFile;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use ugds::gpu::hip::{Hip, LIBRARY_ENV};
@@ -43,28 +44,6 @@ fn fake_hip() -> MutexGuard<'static, ()> {
     std::env::set_var(LIBRARY_ENV, fake_library());
     std::env::remove_var("FAKE_HIP_RUNTIME_VERSION");
     g
-}
-
-/// A file of `len` pattern bytes, removed on drop.
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, len: usize) -> TempFile {
-        let p = std::env::temp_dir().join(format!("ugds-hip-{name}-{}", std::process::id()));
-        let mut data = vec![0u8; len];
-        pattern::fill(SEED, 0, &mut data);
-        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
-        TempFile(p)
-    }
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 #[test]
@@ -155,7 +134,7 @@ fn memory_types_follow_the_runtime_versions_numbering() {
 #[test]
 fn a_file_is_read_into_and_written_from_hip_memory_on_the_fallback_path() {
     let _g = fake_hip();
-    let f = TempFile::new("file", 16 << 20);
+    let f = TempFile::new("hip-file", 16 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     let gpu = Gpu::hip().unwrap();
     let mem = Arc::new(gpu.alloc(8 << 20).unwrap());
@@ -184,7 +163,7 @@ fn a_file_is_read_into_and_written_from_hip_memory_on_the_fallback_path() {
 #[test]
 fn stream_ordered_io_on_a_hip_stream_binds_arguments_late() {
     let _g = fake_hip();
-    let f = TempFile::new("stream", 4 << 20);
+    let f = TempFile::new("hip-stream", 4 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     let hip = Arc::new(Hip::new(0).unwrap());
     let gpu = Gpu::with_runtime(hip.clone());
@@ -266,7 +245,7 @@ fn the_ugds_c_api_registers_hip_memory_and_streams() {
     use ugds::capi::ugds_abi::*;
     use ugds::capi::*;
     let _g = fake_hip();
-    let f = TempFile::new("capi", 4 << 20);
+    let f = TempFile::new("hip-capi", 4 << 20, SEED);
     let file = std::fs::OpenOptions::new().read(true).write(true).open(f.path()).unwrap();
     let gpu = Gpu::hip().unwrap();
     let mem = gpu.alloc(1 << 20).unwrap();

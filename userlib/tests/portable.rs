@@ -2,7 +2,8 @@
 //! O_DIRECT through io_uring, the CPU stand-in GPU runtime (staging pipeline), portable batches
 //! and stream-ordered I/O on a CPU stream.
 
-use std::io::Write;
+mod common;
+use common::TempFile;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::batch::{IoStatus, Op};
@@ -11,28 +12,6 @@ use ugds::{
 };
 
 const SEED: u64 = 0x5eed_f11e;
-
-/// A file of `len` pattern bytes, removed on drop.
-struct TempFile(std::path::PathBuf);
-
-impl TempFile {
-    fn new(name: &str, len: usize) -> TempFile {
-        let p = std::env::temp_dir().join(format!("ugds-{name}-{}", std::process::id()));
-        let mut data = vec![0u8; len];
-        pattern::fill(SEED, 0, &mut data);
-        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
-        TempFile(p)
-    }
-    fn path(&self) -> &str {
-        self.0.to_str().unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn invalid_arg(e: Error) -> &'static str {
     match e {
@@ -43,7 +22,7 @@ fn invalid_arg(e: Error) -> &'static str {
 
 #[test]
 fn host_and_staged_gpu_memory_read_and_write_a_file() {
-    let f = TempFile::new("sync", 16 << 20);
+    let f = TempFile::new("sync", 16 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     assert!(!st.is_direct());
     assert_eq!(st.capacity().unwrap(), 16 << 20);
@@ -77,7 +56,7 @@ fn host_and_staged_gpu_memory_read_and_write_a_file() {
 
 #[test]
 fn reads_past_the_end_of_a_file_return_the_bytes_there_were() {
-    let f = TempFile::new("eof", 64 << 10);
+    let f = TempFile::new("eof", 64 << 10, SEED);
     let st = Storage::open(f.path()).unwrap();
     let buf = st.alloc_host(1 << 20).unwrap();
     assert_eq!(st.read(&buf, 0, 32 << 10, 1 << 20).unwrap(), 32 << 10);
@@ -85,7 +64,7 @@ fn reads_past_the_end_of_a_file_return_the_bytes_there_were() {
 
 #[test]
 fn bad_arguments_are_named_and_change_nothing() {
-    let f = TempFile::new("bad", 1 << 20);
+    let f = TempFile::new("bad", 1 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     let other = Storage::open(f.path()).unwrap();
     let buf = st.alloc_host(64 << 10).unwrap();
@@ -114,7 +93,7 @@ fn bad_arguments_are_named_and_change_nothing() {
 
 #[test]
 fn a_batch_runs_valid_entries_and_reports_invalid_ones() {
-    let f = TempFile::new("batch", 4 << 20);
+    let f = TempFile::new("batch", 4 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     let buf = Arc::new(st.alloc_host(128 * 4096).unwrap());
     let mut b = StorageBatch::new(&st, 128).unwrap();
@@ -160,7 +139,7 @@ fn a_batch_runs_valid_entries_and_reports_invalid_ones() {
 /// (so they are bound late); stream work after each checks its data, in order.
 #[test]
 fn stream_ordered_reads_bind_arguments_late_and_complete_in_order() {
-    let f = TempFile::new("stream", 4 << 20);
+    let f = TempFile::new("stream", 4 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     let gpu = Gpu::cpu();
     let mem = Arc::new(gpu.alloc(100 * 4096).unwrap());
@@ -211,7 +190,7 @@ fn stream_ordered_reads_bind_arguments_late_and_complete_in_order() {
 /// stream work carry what that work produced.
 #[test]
 fn stream_groups_and_writes_follow_stream_order() {
-    let f = TempFile::new("group", 4 << 20);
+    let f = TempFile::new("group", 4 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();
     let buf = Arc::new(st.alloc_host(16 * 65536).unwrap());
     let base = buf.host_ptr().unwrap() as usize;
