@@ -4,8 +4,9 @@
 //!
 //! cuFile's semantics, as its documentation defines them: the library opens itself on first
 //! use; memory need not be registered (it is staged through the library's own buffers), sizes
-//! and offsets need not be aligned (reads go through a bounce buffer, writes read-modify-write
-//! their edge blocks), any host memory registers, and one batch may span several files.
+//! and offsets need not be aligned (reads go through a bounce buffer; writes go to a file
+//! through the page cache, to a namespace by read-modify-write of their edge blocks), any host
+//! memory registers, and one batch may span several files.
 #![allow(non_camel_case_types, non_snake_case, clippy::missing_safety_doc)]
 
 pub mod bar;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 /// | --- | --- | --- |
 /// | calls before `DriverOpen` | refused (`DRIVER_NOT_INITIALIZED`) where uGDS checks | open the library implicitly |
 /// | unregistered memory | sync I/O registers it for the call | staged through the library's bounce buffers (sync and batch) |
-/// | sizes, offsets not block multiples | `-EINVAL` | read through a bounce buffer; writes read-modify-write the edge blocks |
+/// | sizes, offsets not block multiples | `-EINVAL` | read through a bounce buffer; writes exact bytes to files (page cache), read-modify-write edge blocks on namespaces |
 /// | host memory at any address | page-aligned only | any (the pages containing it are pinned) |
 /// | the same fd registered twice | a second, independent handle | `HANDLE_ALREADY_REGISTERED` |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
