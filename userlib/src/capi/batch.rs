@@ -240,10 +240,6 @@ impl Library {
         if e.file_offset < 0 || e.buf_offset < 0 || e.base == 0 {
             return Err(Fail::Errno(libc::EINVAL));
         }
-        if !b.per_handle.contains_key(&e.fh) {
-            let sb = StorageBatch::new(&h.storage, b.capacity)?;
-            b.per_handle.insert(e.fh, (h.clone(), sb));
-        }
         let bs = h.storage.block_size();
         let addr = e.base.checked_add(e.buf_offset as usize).ok_or(Fail::Errno(libc::EINVAL))?;
         let aligned =
@@ -262,36 +258,41 @@ impl Library {
             _ if self.face == Face::Ugds => return Err(Fail::Errno(libc::EINVAL)),
             _ => None,
         };
+        let Some((buf, off)) = reg else {
+            // Staged: the sync path on a worker, with cuFile's rules. Its event carries the
+            // caller's cookie directly.
+            let entry = *e;
+            // SAFETY: the submit contract covers the entry's memory until its event is read.
+            b.spawn_side(self.face, &h, entry.cookie, move || unsafe {
+                self.rw_as(
+                    IoKind::Batch,
+                    entry.write,
+                    entry.fh,
+                    entry.base,
+                    entry.size,
+                    entry.file_offset,
+                    entry.buf_offset,
+                )
+            })?;
+            return Ok(None);
+        };
+        // The handle's storage batch (on the direct path, a queue pair) is made for the first
+        // entry that needs it, not for staged ones.
+        if !b.per_handle.contains_key(&e.fh) {
+            let sb = StorageBatch::new(&h.storage, b.capacity)?;
+            b.per_handle.insert(e.fh, (h.clone(), sb));
+        }
         b.next += 1;
         let id = b.next;
         b.cookies.insert(id, (e.cookie, e.write, Instant::now()));
-        if let Some((buf, off)) = reg {
-            return Ok(Some(IoRequest {
-                op: if e.write { Op::Write } else { Op::Read },
-                buf,
-                buf_offset: off + e.buf_offset as u64,
-                file_offset: e.file_offset as u64,
-                len: e.size as u64,
-                cookie: id,
-            }));
-        }
-        // Staged: the sync path on a worker, with cuFile's rules. Its event carries the
-        // caller's cookie directly.
-        b.cookies.remove(&id);
-        let entry = *e;
-        // SAFETY: the submit contract covers the entry's memory until its event is read.
-        b.spawn_side(self.face, &h, entry.cookie, move || unsafe {
-            self.rw_as(
-                IoKind::Batch,
-                entry.write,
-                entry.fh,
-                entry.base,
-                entry.size,
-                entry.file_offset,
-                entry.buf_offset,
-            )
-        })?;
-        Ok(None)
+        Ok(Some(IoRequest {
+            op: if e.write { Op::Write } else { Op::Read },
+            buf,
+            buf_offset: off + e.buf_offset as u64,
+            file_offset: e.file_offset as u64,
+            len: e.size as u64,
+            cookie: id,
+        }))
     }
 
     /// `BatchIOSubmitv` (uGDS): vectored entries, each run as one vectored I/O. A bad value in
