@@ -1,25 +1,28 @@
-//! Batches (cuFile's batch semantics): many I/Os submitted with one doorbell write on the
-//! batch's own queue pair, completions collected later with per-I/O events.
+//! A batch on a queue pair of its own (the direct path's native batch, under
+//! [`crate::StorageBatch`]): many commands submitted with one doorbell write, completions
+//! collected later as per-entry events; and the event types every batch reports.
 //!
-//! Rules: `submit` validates every entry first; an invalid entry becomes an `Invalid` event with
-//! its error, and the valid ones run. Entries are at most one command each (`len` up to the
-//! namespace's per-command limit). A batch's queue pair is its own, created at `Batch::new`, so
-//! a burst never sits in front of the device's synchronous queues. Dropping a batch waits for its
-//! commands (resetting the controller if they do not finish), so memory is never released while
-//! the SSD may still write it.
+//! Entries arrive checked by [`crate::Storage`] and each holds an I/O lease on its buffer until
+//! its command is over, so the buffer's memory stays registered and out of the CPU's reach while
+//! the SSD may use it. The queue pair is created at [`QueueBatch::new`], so a burst never sits
+//! in front of the device's synchronous queues. Dropping a batch waits for its commands
+//! (resetting the controller if they do not finish); when even the reset fails, their leases are
+//! kept for good.
 
-use crate::device::{create_queue_pair, Device, Inner, Namespace, Registration};
+use crate::buffer::{Buffer, Lease};
+use crate::device::{create_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
+use crate::mmio::Mapping;
+use crate::path::Path;
 use crate::queue::{Command, QueuePair};
-use crate::storage::Buffer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Whether this process has run [`Batch::warm_up`].
-static WARM: AtomicBool = AtomicBool::new(false);
 use ugds_uapi::ioctl::*;
 use ugds_uapi::Status;
+
+/// Whether this process has run [`QueueBatch::warm_up`].
+static WARM: AtomicBool = AtomicBool::new(false);
 
 /// Direction of one batch entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,25 +31,6 @@ pub enum Op {
     Read,
     /// Memory → SSD.
     Write,
-}
-
-/// One batch entry.
-#[derive(Debug, Clone, Copy)]
-pub struct IoParams<'a> {
-    /// Read or write.
-    pub op: Op,
-    /// The namespace.
-    pub ns: &'a Namespace,
-    /// The memory.
-    pub reg: &'a Registration,
-    /// Offset in the registration.
-    pub reg_offset: u64,
-    /// Device byte offset.
-    pub dev_offset: u64,
-    /// Bytes.
-    pub len: u64,
-    /// Returned with the event.
-    pub cookie: u64,
 }
 
 /// State of an entry (cuFile's `CUfileStatus_t` values).
@@ -79,77 +63,65 @@ pub struct IoEvent {
     pub error: Option<Error>,
 }
 
-/// The registration an entry names: borrowed (the Rust API), or shared with a [`Buffer`] (the
-/// portable layer and the C ABI, whose entries outlive any borrow; the slot keeps both alive
-/// until the command is over).
-#[derive(Debug, Clone)]
-enum RegRef<'a> {
-    Borrowed(&'a Registration),
-    Shared { reg: Arc<Registration>, _buf: Arc<Buffer> },
+/// One checked entry: direction, the lease on its buffer, buffer offset, device offset, bytes,
+/// cookie.
+pub(crate) struct Entry {
+    pub(crate) op: Op,
+    pub(crate) lease: Lease<Arc<Buffer>>,
+    pub(crate) buf_offset: u64,
+    pub(crate) dev_offset: u64,
+    pub(crate) len: u64,
+    pub(crate) cookie: u64,
 }
 
-impl RegRef<'_> {
-    fn get(&self) -> &Registration {
-        match self {
-            RegRef::Borrowed(r) => r,
-            RegRef::Shared { reg, .. } => reg,
+struct Slot {
+    cookie: u64,
+    len: u64,
+    path: Path,
+    write: bool,
+    slba: u64,
+    nlb: u32,
+    buf_offset: u64,
+    cid: u16,
+    status: Option<Status>,
+    /// Held until the command is over.
+    lease: Option<Lease<Arc<Buffer>>>,
+    reported: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // A slot dropped with its lease still held names a command that was submitted and
+        // never seen to finish (an error cut the batch short): the SSD may still use the
+        // memory, so the lease is never released.
+        if let Some(l) = self.lease.take() {
+            l.keep_forever();
         }
     }
 }
 
-/// One entry, however its registration is held.
-struct Entry<'a, 'n> {
-    op: Op,
-    ns: &'n Namespace,
-    reg: RegRef<'a>,
-    reg_offset: u64,
-    dev_offset: u64,
-    len: u64,
-    cookie: u64,
-}
-
-/// An entry of [`Batch::submit_shared`]: (op, registration, its buffer, reg offset, device
-/// offset, len, cookie).
-pub(crate) type SharedEntry = (Op, Arc<Registration>, Arc<Buffer>, u64, u64, u64, u64);
-
-#[derive(Debug)]
-struct Slot<'a> {
-    cookie: u64,
-    len: u64,
-    cid: u16,
-    status: Option<Status>,
-    reg: RegRef<'a>,
-    device_writes: bool,
-    reported: bool,
-}
-
-/// A reusable batch with its own queue pair.
-#[derive(Debug)]
-pub struct Batch<'a> {
+/// A reusable batch with its own queue pair, on one namespace.
+pub(crate) struct QueueBatch {
     dev: Arc<Inner>,
+    ns: Namespace,
     qp: QueuePair,
     capacity: usize,
-    pending: Vec<Slot<'a>>,
+    pending: Vec<Slot>,
     ready: Vec<IoEvent>,
     cids: Vec<u16>,
     done: Vec<Option<Status>>,
     timeout: Duration,
 }
 
-impl Slot<'_> {
-    /// The entry's command is over (completed, or the controller was reset): uncount it.
-    fn release(&self) {
-        self.reg.get().sub_inflight(1);
-        if self.device_writes {
-            self.reg.get().end_device_writes(1);
-        }
+impl std::fmt::Debug for QueueBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueueBatch(qid {}, {} pending)", self.qp.qid(), self.pending.len())
     }
 }
 
-impl<'a> Batch<'a> {
-    /// Creates a batch of up to `capacity` entries in flight, with its own queue pair (all
-    /// allocation happens here, so the first submit is as fast as later ones).
-    pub fn new(dev: &Device, capacity: usize) -> Result<Self> {
+impl QueueBatch {
+    /// Creates a batch of up to `capacity` entries in flight on `ns`, with its own queue pair.
+    pub(crate) fn new(dev: &Device, ns: &Namespace, capacity: usize) -> Result<Self> {
         let inner = dev.inner.clone();
         let depth = (capacity + 1).max(2) as u32;
         if depth > inner.info.max_queue_entries {
@@ -158,8 +130,9 @@ impl<'a> Batch<'a> {
         let (epoch, _) = crate::queue::read_status(&inner.status);
         let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch)?;
         let timeout = inner.timeout;
-        let b = Batch {
+        let b = QueueBatch {
             dev: inner,
+            ns: ns.clone(),
             qp,
             capacity,
             pending: Vec::with_capacity(capacity),
@@ -169,7 +142,7 @@ impl<'a> Batch<'a> {
             timeout,
         };
         if !WARM.load(Ordering::Acquire) {
-            Self::warm_up(dev)?;
+            Self::warm_up(dev, ns)?;
         }
         Ok(b)
     }
@@ -177,128 +150,97 @@ impl<'a> Batch<'a> {
     /// Once per process, runs a small batch through a throwaway batch of its own: the batch
     /// code paths are then resident (under an emulator: translated), so the first real batch
     /// costs what later ones do instead of several times more.
-    fn warm_up(dev: &Device) -> Result<()> {
+    fn warm_up(dev: &Device, ns: &Namespace) -> Result<()> {
         WARM.store(true, Ordering::Release);
-        let Some(ns) = dev.namespaces().into_iter().next() else { return Ok(()) };
-        let scratch = dev.alloc(8 * 4096)?;
+        let m = Mapping::anonymous(8 * 4096)?;
+        let ptr = m.addr() as *mut u8;
+        // SAFETY: the mapping is owned by the buffer built over it, which drops the
+        // registration before the mapping; nothing else references it.
+        let reg = unsafe { dev.register_host(ptr, m.len()) }?;
+        let mem = crate::buffer::Mem::Host { ptr, len: m.len(), own: Some(m) };
+        let scratch = Arc::new(Buffer::new(mem, Some(reg), None, Path::DirectHost, 0));
         let bs = ns.block_size().min(4096);
-        let mut w = Batch::new(dev, 8)?;
-        let ios: Vec<IoParams<'_>> = (0..8)
-            .map(|i| IoParams {
-                op: Op::Read,
-                ns: &ns,
-                reg: &scratch,
-                reg_offset: i * 4096,
-                dev_offset: 0,
-                len: bs,
-                cookie: i,
-            })
-            .collect();
-        w.submit(&ios)?;
+        let mut w = QueueBatch::new(dev, ns, 8)?;
+        let mut entries = Vec::with_capacity(8);
+        for i in 0..8 {
+            let lease = Lease::new(scratch.clone())?;
+            entries.push(Entry { op: Op::Read, lease, buf_offset: i * 4096, dev_offset: 0, len: bs, cookie: i });
+        }
+        w.submit(entries)?;
         let mut got = 0;
-        while got < ios.len() {
-            got += w.status(ios.len() - got, w.timeout)?.len();
+        while got < 8 {
+            got += w.status(8 - got, w.timeout)?.len();
         }
         Ok(())
     }
 
     /// Entries in flight.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.pending.iter().filter(|s| s.status.is_none()).count()
     }
 
-    /// Submits `ios` with one doorbell write (per namespace). Invalid entries become `Invalid`
-    /// events; the rest run. Fails as a whole only when the batch has no room or the device
-    /// refuses the submission.
-    pub fn submit(&mut self, ios: &[IoParams<'a>]) -> Result<()> {
-        let entries = ios
-            .iter()
-            .map(|io| Entry {
-                op: io.op,
-                ns: io.ns,
-                reg: RegRef::Borrowed(io.reg),
-                reg_offset: io.reg_offset,
-                dev_offset: io.dev_offset,
-                len: io.len,
-                cookie: io.cookie,
-            })
-            .collect();
-        self.submit_entries(entries)
-    }
-
-    /// [`Batch::submit`] for entries whose registrations are shared with buffers (the batch
-    /// keeps them alive until their commands are over).
-    pub(crate) fn submit_shared(&mut self, ns: &Namespace, ios: Vec<SharedEntry>) -> Result<()> {
-        let entries = ios
-            .into_iter()
-            .map(|(op, reg, buf, reg_offset, dev_offset, len, cookie)| Entry {
-                op,
-                ns,
-                reg: RegRef::Shared { reg, _buf: buf },
-                reg_offset,
-                dev_offset,
-                len,
-                cookie,
-            })
-            .collect();
-        self.submit_entries(entries)
-    }
-
-    fn submit_entries(&mut self, ios: Vec<Entry<'a, '_>>) -> Result<()> {
-        if self.in_flight() + ios.len() > self.capacity {
-            return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", ios.len())));
+    /// Submits checked entries with one doorbell write. An entry the queue cannot carry as one
+    /// command becomes an `Invalid` event; the rest run. Fails as a whole only when the batch
+    /// has no room or the device refuses the submission.
+    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+        if self.in_flight() + entries.len() > self.capacity {
+            return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", entries.len())));
         }
-        let mut cmds = Vec::with_capacity(ios.len());
-        let mut slots = Vec::with_capacity(ios.len());
-        let mut nsid = None;
-        for io in &ios {
-            let reg = io.reg.get();
-            let checked = io.ns.check_io(reg, io.reg_offset, io.dev_offset, io.len).and_then(|(slba, nlb)| {
-                if nsid.is_some_and(|n| n != io.ns.id()) {
-                    return Err(Error::invalid("ns", "one submit may name one namespace"));
-                }
-                if io.op == Op::Read {
-                    reg.begin_device_writes(1)?;
-                }
-                Ok((slba, nlb))
+        let first = self.pending.len();
+        for e in entries {
+            let cmd = self.ns.one_command(e.dev_offset, e.len).and_then(|c| match e.lease.buffer().registration() {
+                Some(_) => Ok(c),
+                None => Err(Error::invalid("buf", "not registered with the controller")),
             });
-            match checked {
-                Ok((slba, nlb)) => {
-                    nsid = Some(io.ns.id());
-                    reg.add_inflight(1);
-                    cmds.push(Command::Rw {
-                        write: io.op == Op::Write,
-                        slba,
-                        nlb,
-                        segs: reg.segments(),
-                        off: io.reg_offset,
-                        len: io.len,
-                    });
-                    slots.push(Slot {
-                        cookie: io.cookie,
-                        len: io.len,
-                        cid: 0,
-                        status: None,
-                        reg: io.reg.clone(),
-                        device_writes: io.op == Op::Read,
-                        reported: false,
-                    });
-                }
-                Err(e) => {
-                    self.ready.push(IoEvent { cookie: io.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) })
+            match cmd {
+                Ok((slba, nlb)) => self.pending.push(Slot {
+                    cookie: e.cookie,
+                    len: e.len,
+                    path: e.lease.buffer().path(),
+                    write: e.op == Op::Write,
+                    slba,
+                    nlb,
+                    buf_offset: e.buf_offset,
+                    cid: 0,
+                    status: None,
+                    lease: Some(e.lease),
+                    reported: false,
+                }),
+                Err(err) => {
+                    self.ready.push(IoEvent { cookie: e.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(err) })
                 }
             }
         }
-        let Some(nsid) = nsid else { return Ok(()) };
+        let new = &self.pending[first..];
+        if new.is_empty() {
+            return Ok(());
+        }
+        let cmds: Vec<Command<'_>> = new
+            .iter()
+            .filter_map(|s| {
+                let reg = s.lease.as_ref()?.buffer().registration()?;
+                Some(Command::Rw {
+                    write: s.write,
+                    slba: s.slba,
+                    nlb: s.nlb,
+                    segs: reg.segments(),
+                    off: s.buf_offset,
+                    len: s.len,
+                })
+            })
+            .collect();
         let mut cids = vec![0u16; cmds.len()];
-        if let Err(e) = self.qp.submit(nsid, &cmds, &self.dev.status, self.timeout, &mut cids) {
-            slots.iter().for_each(Slot::release);
+        if let Err(e) = self.qp.submit(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut cids) {
+            // Nothing was submitted: the leases go back.
+            for s in &mut self.pending[first..] {
+                s.lease = None;
+            }
+            self.pending.truncate(first);
             return Err(e);
         }
-        for (s, c) in slots.iter_mut().zip(cids) {
+        for (s, c) in self.pending[first..].iter_mut().zip(cids) {
             s.cid = c;
         }
-        self.pending.extend(slots);
         Ok(())
     }
 
@@ -314,21 +256,20 @@ impl<'a> Batch<'a> {
         }
         self.qp.collect(&self.cids, &self.dev.status, &mut self.done)?;
         let mut k = 0;
-        for i in 0..self.pending.len() {
-            if self.pending[i].status.is_none() {
-                if let Some(st) = self.done[k] {
-                    self.pending[i].status = Some(st);
-                    self.pending[i].release();
-                }
-                k += 1;
+        for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
+            if let Some(st) = self.done[k] {
+                s.status = Some(st);
+                // The command is over: the device no longer uses the memory.
+                s.lease = None;
             }
+            k += 1;
         }
         Ok(())
     }
 
     /// Waits until at least `min` events are available (or `timeout` passed) and returns all
-    /// available events. A completed entry is reported once.
-    pub fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<IoEvent>> {
+    /// available events, each with the path its data took. A completed entry is reported once.
+    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
         let start = Instant::now();
         loop {
             self.collect_once()?;
@@ -338,28 +279,30 @@ impl<'a> Batch<'a> {
             }
             self.qp.wait_a_little();
         }
-        let mut out = std::mem::take(&mut self.ready);
+        let mut out: Vec<(IoEvent, Path)> = self.ready.drain(..).map(|e| (e, Path::DirectHost)).collect();
         for s in self.pending.iter_mut().filter(|s| s.status.is_some() && !s.reported) {
             s.reported = true;
             let st = s.status.unwrap_or(Status::SUCCESS);
-            out.push(if st.is_success() {
+            let ev = if st.is_success() {
                 IoEvent { cookie: s.cookie, status: IoStatus::Complete, bytes: s.len, error: None }
             } else {
                 IoEvent {
                     cookie: s.cookie,
                     status: IoStatus::Failed,
                     bytes: 0,
-                    error: Some(Error::Nvme { op: "batch I/O", slba: 0, status: st }),
+                    error: Some(Error::Nvme { op: if s.write { "write" } else { "read" }, slba: s.slba, status: st }),
                 }
-            });
+            };
+            out.push((ev, s.path));
         }
         self.pending.retain(|s| !s.reported);
         Ok(out)
     }
 
     /// Waits for every entry in flight (up to the deadline; then resets the controller, after
-    /// which their memory is safe) and reports them as `Canceled` unless they completed.
-    pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
+    /// which their memory is safe) and reports them as `Canceled` unless they completed. When
+    /// the reset fails, the entries' leases are kept for good (their memory stays pinned).
+    pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
         let start = Instant::now();
         while self.in_flight() > 0 && start.elapsed() < self.timeout {
             self.collect_once()?;
@@ -368,19 +311,23 @@ impl<'a> Batch<'a> {
         if self.in_flight() > 0 {
             let mut none = 0u64;
             // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
-            unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) }?;
-            self.qp.resync(&self.dev.status);
-            for i in 0..self.pending.len() {
-                if self.pending[i].status.is_none() {
-                    self.pending[i].release();
+            let reset = unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) };
+            for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
+                match (&reset, s.lease.take()) {
+                    // The controller stopped: the memory is safe again.
+                    (Ok(_), l) => drop(l),
+                    (Err(_), Some(l)) => l.keep_forever(),
+                    (Err(_), None) => {}
                 }
             }
+            reset?;
+            self.qp.resync(&self.dev.status);
         }
         let mut out = self.status(0, Duration::ZERO)?;
         for s in self.pending.drain(..) {
-            out.push(IoEvent { cookie: s.cookie, status: IoStatus::Canceled, bytes: 0, error: None });
+            out.push((IoEvent { cookie: s.cookie, status: IoStatus::Canceled, bytes: 0, error: None }, s.path));
         }
-        for e in &mut out {
+        for (e, _) in &mut out {
             if e.status == IoStatus::Pending {
                 e.status = IoStatus::Canceled;
             }
@@ -389,7 +336,7 @@ impl<'a> Batch<'a> {
     }
 }
 
-impl Drop for Batch<'_> {
+impl Drop for QueueBatch {
     fn drop(&mut self) {
         if self.in_flight() > 0 {
             let _ = self.cancel();

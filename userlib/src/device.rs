@@ -1,5 +1,8 @@
-//! `Device`, `Namespace` and `Registration`: the public, safe API over one `/dev/ugds_drvN`;
-//! [`is_ugds_node`] tells such a node from anything else.
+//! The direct path's control plane over one `/dev/ugds_drvN`: [`Device`] (the open controller,
+//! its queue pairs and status page), [`Namespace`] (where commands go) and the crate-private
+//! `Registration` (memory the module pinned or attached for DMA); [`is_ugds_node`] tells such a
+//! node from anything else. Data moves through [`crate::Storage`] and [`crate::Buffer`], which
+//! own memory, leases and the request check; this layer only builds and runs commands.
 
 use crate::error::{Error, Result};
 use crate::mmio::Mapping;
@@ -7,7 +10,7 @@ use crate::queue::{self, Command, QueuePair, MAX_BURST};
 use crate::sys::{DeviceFd, EventFd};
 use std::cell::Cell;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use ugds_uapi::ioctl::*;
@@ -319,44 +322,32 @@ impl Device {
         }
     }
 
-    /// Allocates `len` bytes of page-aligned host memory (rounded up to 4 KiB) and registers it.
-    pub fn alloc(&self, len: usize) -> Result<Registration> {
-        if len == 0 {
-            return Err(Error::invalid("len", "must be non-zero"));
-        }
-        let mem = Mapping::anonymous(len.next_multiple_of(4096))?;
-        let mut a = RegisterHost { addr: mem.addr(), len: mem.len() as u64, handle: RegistrationHandle::default() };
-        // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
-        unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
-        self.finish_registration(a.handle, mem.len() as u64, Some(mem))
-    }
-
-    /// Registers caller-owned host memory `[addr, addr + len)` (page aligned, a multiple of
-    /// 4 KiB). The registration exposes no slice of it.
+    /// Registers host memory `[addr, addr + len)` (page aligned, a multiple of 4 KiB) with the
+    /// module, which pins it. The registration owns no memory and exposes none.
     ///
     /// # Safety
     ///
-    /// The memory must stay mapped for the registration's lifetime, and the caller must not hold
-    /// Rust references to any part of it while a read into it is running (the SSD writes it).
-    pub unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Registration> {
+    /// The memory must stay mapped for the registration's lifetime, and nothing may hold Rust
+    /// references to any part of it while a read into it is running (the SSD writes it).
+    pub(crate) unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Registration> {
         if !(addr as usize).is_multiple_of(4096) || len == 0 || !len.is_multiple_of(4096) {
             return Err(Error::invalid("addr", "address and length must be non-zero multiples of 4096"));
         }
         let mut a = RegisterHost { addr: addr as u64, len: len as u64, handle: RegistrationHandle::default() };
         // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
         unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
-        self.finish_registration(a.handle, len as u64, None)
+        self.finish_registration(a.handle)
     }
 
     /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
-    pub fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
+    pub(crate) fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
         // SAFETY: IOCTL_REGISTER_DMABUF takes a `RegisterDmabuf`; `a` is one.
         unsafe { self.inner.fd.ioctl("REGISTER_DMABUF", IOCTL_REGISTER_DMABUF, &mut a) }?;
-        self.finish_registration(a.handle, len, None)
+        self.finish_registration(a.handle)
     }
 
-    fn finish_registration(&self, h: RegistrationHandle, len: u64, mem: Option<Mapping>) -> Result<Registration> {
+    fn finish_registration(&self, h: RegistrationHandle) -> Result<Registration> {
         let mut segments = vec![Segment::default(); h.nsegs as usize];
         let mut g = GetSegments {
             id: h.id,
@@ -366,15 +357,7 @@ impl Device {
             segments: segments.as_mut_ptr() as u64,
         };
         // Built before GET_SEGMENTS so that a failure still deregisters (on drop).
-        let mut reg = Registration {
-            dev: self.inner.clone(),
-            handle: h,
-            segments: Vec::new(),
-            len,
-            mem,
-            inflight: AtomicU32::new(0),
-            views: AtomicU64::new(0),
-        };
+        let mut reg = Registration { dev: self.inner.clone(), handle: h, segments: Vec::new() };
         // SAFETY: IOCTL_GET_SEGMENTS takes a `GetSegments`; `g` is one.
         let n = unsafe { self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g) }?;
         segments.truncate(n as usize);
@@ -397,42 +380,15 @@ impl Namespace {
         Namespace { timeout, ..self.clone() }
     }
 
-    /// Checks a data request against the namespace and the registration; the error names the
-    /// argument.
-    fn check_request(&self, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
-        self.check_range(dev_offset, len)?;
-        if !Arc::ptr_eq(&reg.dev, &self.dev) {
-            return Err(Error::invalid("reg", "registered on another device"));
-        }
-        if reg_offset.checked_add(len).is_none_or(|e| e > reg.len) {
-            return Err(Error::invalid(
-                "reg_offset",
-                format!("[{reg_offset}, +{len}) runs past the {}-byte registration", reg.len),
-            ));
-        }
-        if !reg_offset.is_multiple_of(4) {
-            return Err(Error::invalid("reg_offset", "must be a multiple of 4 (PRP alignment)"));
-        }
-        Ok(())
-    }
-
-    /// Checks a single-command request (batches): [`Namespace::check_request`] plus the
-    /// per-command size limit. Returns the starting LBA and block count.
-    pub(crate) fn check_io(
-        &self,
-        reg: &Registration,
-        reg_offset: u64,
-        dev_offset: u64,
-        len: u64,
-    ) -> Result<(u64, u32)> {
-        self.check_request(reg, reg_offset, dev_offset, len)?;
-        let shift = self.info.lba_shift;
-        let blocks = len >> shift;
-        let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift);
+    /// The starting LBA and block count of a single-command request (batch entries), or why
+    /// it needs more than one command. The request was checked by [`crate::Storage`].
+    pub(crate) fn one_command(&self, dev_offset: u64, len: u64) -> Result<(u64, u32)> {
+        let per_cmd = self.max_command_bytes();
         if len > per_cmd {
             return Err(Error::invalid("len", format!("{len} bytes exceed one command's {per_cmd}")));
         }
-        Ok((dev_offset >> shift, blocks as u32))
+        let shift = self.info.lba_shift;
+        Ok((dev_offset >> shift, (len >> shift) as u32))
     }
 
     /// The largest transfer one command (and so one batch entry) may carry.
@@ -495,20 +451,24 @@ impl Namespace {
         &self.dev.queues[thread_index() % self.dev.queues.len()]
     }
 
-    /// Reads `len` bytes at `dev_offset` into `reg` at `reg_offset`.
-    pub fn read(&self, reg: &mut Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
-        self.rw(false, reg, reg_offset, dev_offset, len)
-    }
-
-    /// Writes `len` bytes from `reg` at `reg_offset` to `dev_offset`.
-    pub fn write(&self, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
-        self.rw(true, reg, reg_offset, dev_offset, len)
-    }
-
-    pub(crate) fn rw(&self, write: bool, reg: &Registration, reg_offset: u64, dev_offset: u64, len: u64) -> Result<()> {
-        self.check_request(reg, reg_offset, dev_offset, len)?;
+    /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset`, in
+    /// bursts of commands all in flight at once. The request was checked by [`crate::Storage`]
+    /// (the PRP builder still refuses a range outside the registration). On a timeout the
+    /// controller is reset; when that fails the failure says the commands may still run, and
+    /// the caller must then keep the memory pinned for good.
+    pub(crate) fn rw(
+        &self,
+        write: bool,
+        reg: &Registration,
+        reg_offset: u64,
+        dev_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), IoFailure> {
+        if !Arc::ptr_eq(&reg.dev, &self.dev) {
+            return Err(IoFailure::done(Error::invalid("buf", "registered on another device")));
+        }
         let shift = self.info.lba_shift;
-        let per_cmd = self.dev.max_cmd_bytes.min(65536 << shift) & !(self.block_size() - 1);
+        let per_cmd = self.max_command_bytes() & !(self.block_size() - 1);
         let mut done = 0u64;
         let burst_max = MAX_BURST.min(self.queue().depth() as usize - 1);
         while done < len {
@@ -527,27 +487,15 @@ impl Namespace {
                 n += 1;
                 done += chunk;
             }
-            self.submit(reg, &burst[..n])?;
+            match self.execute(&burst[..n]) {
+                Ok(()) => {}
+                // Commands that timed out may still run unless the reset confirms the
+                // controller stopped.
+                Err(e @ Error::Timeout { .. }) => return Err(IoFailure { stranded: !self.recover(), error: e }),
+                Err(e) => return Err(IoFailure::done(e)),
+            }
         }
         Ok(())
-    }
-
-    fn submit(&self, reg: &Registration, cmds: &[Command<'_>]) -> Result<()> {
-        reg.inflight.fetch_add(cmds.len() as u32, Ordering::AcqRel);
-        let r = self.execute(cmds);
-        // Commands that timed out may still run unless the reset below confirmed the
-        // controller stopped: until then they stay counted, so the registration refuses to be
-        // released and its memory stays pinned.
-        match &r {
-            Err(Error::Timeout { .. }) if self.recover() => {
-                reg.inflight.fetch_sub(cmds.len() as u32, Ordering::AcqRel);
-            }
-            Err(Error::Timeout { .. }) => {}
-            _ => {
-                reg.inflight.fetch_sub(cmds.len() as u32, Ordering::AcqRel);
-            }
-        }
-        r
     }
 
     fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {
@@ -619,150 +567,42 @@ impl Namespace {
     }
 }
 
-/// Memory the controller may DMA into or out of. Deregistered on drop.
-///
-/// Reads take `&mut Registration` and writes `&Registration`, so no Rust reference to the
-/// memory can exist while the SSD writes it. Each registration counts its commands in flight;
-/// a registration whose commands timed out is never released (its memory stays pinned and
-/// mapped) because the SSD may still write it.
+/// Why [`Namespace::rw`] failed, and whether its commands may still run (a timeout the
+/// controller reset could not confirm): then the memory they name must stay pinned for good.
 #[derive(Debug)]
-pub struct Registration {
+pub(crate) struct IoFailure {
+    /// The error.
+    pub(crate) error: Error,
+    /// The SSD may still access the memory.
+    pub(crate) stranded: bool,
+}
+
+impl IoFailure {
+    fn done(error: Error) -> IoFailure {
+        IoFailure { error, stranded: false }
+    }
+}
+
+/// Memory the module pinned (host pages) or attached (dma-buf) for this controller's DMA: its
+/// handle and DMA segments. Deregistered on drop. It owns no memory and counts nothing: the
+/// [`crate::Buffer`] that holds it owns the memory and the lease that says whether the SSD may
+/// be using it, and never drops a registration whose commands may still run.
+#[derive(Debug)]
+pub(crate) struct Registration {
     dev: Arc<Inner>,
     handle: RegistrationHandle,
     segments: Vec<Segment>,
-    len: u64,
-    mem: Option<Mapping>,
-    inflight: AtomicU32,
-    /// CPU views (`as_slice` guards) in the high 32 bits, device writes into the memory (reads
-    /// from the SSD) in flight in the low 32 bits: the two never overlap.
-    views: AtomicU64,
-}
-
-/// A read-only CPU view of a registration's host memory; while it lives, no batch may read
-/// from the SSD into the registration.
-#[derive(Debug)]
-pub struct HostView<'a> {
-    reg: &'a Registration,
-    bytes: &'a [u8],
-}
-
-impl std::ops::Deref for HostView<'_> {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.bytes
-    }
-}
-
-impl Drop for HostView<'_> {
-    fn drop(&mut self) {
-        self.reg.views.fetch_sub(1 << 32, Ordering::AcqRel);
-    }
 }
 
 impl Registration {
-    /// Marks `n` device writes (reads from the SSD into this memory) in flight; refused while a
-    /// CPU view exists.
-    pub(crate) fn begin_device_writes(&self, n: u32) -> Result<()> {
-        let mut cur = self.views.load(Ordering::Acquire);
-        loop {
-            if cur >> 32 != 0 {
-                return Err(Error::RegistrationBusy { id: self.handle.id, inflight: (cur >> 32) as u32 });
-            }
-            match self.views.compare_exchange_weak(cur, cur + n as u64, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(()),
-                Err(v) => cur = v,
-            }
-        }
-    }
-
-    /// Ends `n` device writes.
-    pub(crate) fn end_device_writes(&self, n: u32) {
-        self.views.fetch_sub(n as u64, Ordering::AcqRel);
-    }
-
-    /// Counts `n` commands in flight that name this registration.
-    pub(crate) fn add_inflight(&self, n: u32) {
-        self.inflight.fetch_add(n, Ordering::AcqRel);
-    }
-
-    /// Uncounts `n` commands.
-    pub(crate) fn sub_inflight(&self, n: u32) {
-        self.inflight.fetch_sub(n, Ordering::AcqRel);
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// True when empty (never, for a live registration).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The id and generation the module knows it by.
-    pub fn handle(&self) -> RegistrationHandle {
-        self.handle
-    }
-
     /// Its DMA segments.
-    pub fn segments(&self) -> &[Segment] {
+    pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments
-    }
-
-    /// Commands in flight that name it.
-    pub fn inflight(&self) -> u32 {
-        self.inflight.load(Ordering::Acquire)
-    }
-
-    /// A view of the host memory: `None` for a dma-buf or caller-owned registration, and
-    /// while a batch is reading from the SSD into it.
-    pub fn as_slice(&self) -> Option<HostView<'_>> {
-        let m = self.mem.as_ref()?;
-        let mut cur = self.views.load(Ordering::Acquire);
-        loop {
-            if cur & 0xFFFF_FFFF != 0 {
-                return None;
-            }
-            match self.views.compare_exchange_weak(cur, cur + (1 << 32), Ordering::AcqRel, Ordering::Acquire) {
-                // SAFETY: the view's lease is held: device writes are refused until it ends
-                // (`begin_device_writes`), so nothing writes the memory while the slice lives.
-                Ok(_) => return Some(HostView { reg: self, bytes: unsafe { m.bytes() } }),
-                Err(v) => cur = v,
-            }
-        }
-    }
-
-    /// The host memory, mutable (None for a dma-buf registration).
-    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
-        // SAFETY: `&mut self`: no I/O can name this registration while the borrow lives (I/O
-        // borrows it shared, batches through an `Arc` that makes `&mut` impossible).
-        self.mem.as_mut().map(|m| unsafe { m.bytes_mut() })
-    }
-
-    /// Deregisters now; when commands are in flight, refuses and hands the registration back
-    /// with [`Error::RegistrationBusy`].
-    #[allow(clippy::result_large_err)]
-    pub fn deregister(self) -> std::result::Result<(), Box<(Self, Error)>> {
-        let n = self.inflight();
-        if n > 0 {
-            let id = self.handle.id;
-            return Err(Box::new((self, Error::RegistrationBusy { id, inflight: n })));
-        }
-        drop(self);
-        Ok(())
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if self.inflight() > 0 {
-            // The SSD may still write this memory: keep it pinned and mapped for good.
-            if let Some(m) = self.mem.take() {
-                std::mem::forget(m);
-            }
-            return;
-        }
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
         // SAFETY: IOCTL_DEREGISTER takes a `Deregister`; `d` is one.
         let _ = unsafe { self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d) };

@@ -5,13 +5,18 @@
 //! Alignment rule (O_DIRECT's): file offsets and lengths are multiples of [`FileTarget::align`];
 //! memory that is not aligned is bounced through an aligned buffer.
 
+use crate::batch::QueueBatch;
+use crate::buffer::{Buffer, Lease, Mem};
 use crate::error::{Error, Result};
+use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
+use crate::path::{DataPath, Path, Registered};
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::sync::Arc;
 
 /// One command's size: large enough to stream, small enough that a request is split into many
 /// commands in flight at once.
@@ -150,21 +155,8 @@ impl FileTarget {
         f.write_all_at(data, off).map_err(|e| io_err(format!("write {} at {off}", self.path), e))
     }
 
-    /// Checks offset and length against the alignment rule.
-    pub fn check(&self, file_offset: u64, len: u64) -> Result<()> {
-        let a = self.align;
-        if len == 0 {
-            return Err(Error::invalid("len", "must be non-zero"));
-        }
-        if !len.is_multiple_of(a) {
-            return Err(Error::invalid("len", format!("{len} is not a multiple of {a} (O_DIRECT alignment)")));
-        }
-        if !file_offset.is_multiple_of(a) {
-            return Err(Error::invalid(
-                "file_offset",
-                format!("{file_offset} is not a multiple of {a} (O_DIRECT alignment)"),
-            ));
-        }
+    /// Checks that the range is one a file can have (alignment was checked by the storage).
+    fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
         if file_offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
             return Err(Error::invalid("file_offset", "offset + length overflows"));
         }
@@ -177,8 +169,7 @@ impl FileTarget {
     /// # Safety
     ///
     /// `ptr..ptr+len` must be writable memory that nothing else accesses during the call.
-    pub unsafe fn read_host(&self, ptr: *mut u8, len: usize, file_offset: u64) -> Result<usize> {
-        self.check(file_offset, len as u64)?;
+    pub(crate) unsafe fn read_host(&self, ptr: *mut u8, len: usize, file_offset: u64) -> Result<usize> {
         // SAFETY: forwarded from the caller.
         unsafe { self.transfer(false, ptr, len, file_offset) }
     }
@@ -188,8 +179,7 @@ impl FileTarget {
     /// # Safety
     ///
     /// `ptr..ptr+len` must be readable memory not written during the call.
-    pub unsafe fn write_host(&self, ptr: *const u8, len: usize, file_offset: u64) -> Result<usize> {
-        self.check(file_offset, len as u64)?;
+    pub(crate) unsafe fn write_host(&self, ptr: *const u8, len: usize, file_offset: u64) -> Result<usize> {
         // SAFETY: forwarded from the caller.
         unsafe { self.transfer(true, ptr as *mut u8, len, file_offset) }
     }
@@ -285,8 +275,7 @@ impl FileTarget {
     ///
     /// Up to [`READ_LANES`] chunks are read from disk at once; as each arrives, its copy to the
     /// device starts, and its staging chunk is read into again once that copy is done.
-    pub fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
-        self.check(file_offset, len as u64)?;
+    pub(crate) fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
         let nchunks = len.div_ceil(STAGING_CHUNK);
         let lanes = nchunks.clamp(1, READ_LANES);
         let stage = gpu.take_staging(lanes)?;
@@ -390,10 +379,10 @@ impl FileTarget {
     }
 
     /// Writes from GPU memory at `dev_ptr` through staging chunks; returns bytes written.
-    pub fn write_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
-        self.check(file_offset, len as u64)?;
+    pub(crate) fn write_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
         staged(gpu, true, dev_ptr, len, None, |p, n, at| {
-            // SAFETY: as above.
+            // SAFETY: `staged` hands us one of its staging chunks, `n` bytes long, which no copy
+            // uses until this write returns.
             unsafe { self.ring_io(true, p, n, file_offset + at) }
         })
     }
@@ -487,4 +476,91 @@ pub(crate) fn staged(
         std::mem::forget(pooled);
     }
     r
+}
+
+impl DataPath for FileTarget {
+    fn describe(&self) -> String {
+        format!(
+            "fallback path ({}): {}, {} bytes, {}-byte alignment",
+            if self.direct { "io_uring, O_DIRECT" } else { "io_uring through the page cache: no O_DIRECT here" },
+            self.path,
+            self.capacity().unwrap_or(0),
+            self.align
+        )
+    }
+
+    fn capacity(&self) -> Result<u64> {
+        FileTarget::capacity(self)
+    }
+
+    fn block_size(&self) -> u64 {
+        self.align
+    }
+
+    fn buffer_alignment(&self) -> u64 {
+        1
+    }
+
+    fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
+        FileTarget::check_extent(self, file_offset, len)
+    }
+
+    fn is_direct(&self) -> bool {
+        false
+    }
+
+    fn bypasses_page_cache(&self) -> bool {
+        self.direct
+    }
+
+    unsafe fn register_host(&self, _ptr: *mut u8, _len: usize) -> Result<Registered> {
+        Ok(Registered { reg: None, staging: None, path: Path::Fallback })
+    }
+
+    fn register_gpu(&self, _mem: &Arc<GpuMemory>, _allow_staging: bool) -> Result<Registered> {
+        Ok(Registered { reg: None, staging: None, path: Path::Fallback })
+    }
+
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+        let n = match lease.buffer().mem() {
+            Mem::Host { ptr, .. } => {
+                // SAFETY: the storage checked the range against the buffer, whose memory is
+                // valid while it lives; the lease keeps the CPU out of it during the call.
+                let p = unsafe { ptr.add(buf_offset as usize) };
+                // SAFETY: `p..p+len` lies in the leased buffer (see above).
+                unsafe {
+                    if write {
+                        self.write_host(p, len as usize, file_offset)
+                    } else {
+                        self.read_host(p, len as usize, file_offset)
+                    }
+                }
+            }
+            Mem::Gpu(g) => {
+                let dev_ptr = g.device_ptr() + buf_offset;
+                if write {
+                    self.write_gpu(g.gpu(), dev_ptr, len as usize, file_offset)
+                } else {
+                    self.read_gpu(g.gpu(), dev_ptr, len as usize, file_offset)
+                }
+            }
+        }?;
+        Ok(n as u64)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.sync()
+    }
+
+    fn write_bytes(&self, data: &[u8], off: u64) -> Option<Result<()>> {
+        Some(self.write_buffered(data, off))
+    }
+
+    fn max_command_bytes(&self) -> u64 {
+        u64::MAX
+    }
+
+    fn queue_batch(&self, _capacity: usize) -> Option<QueueBatch> {
+        None
+    }
 }

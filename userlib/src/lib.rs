@@ -3,18 +3,24 @@
 //! module mapped into this process, and the SSD moves the data by DMA into registered host or
 //! GPU (dma-buf) memory. No system call is made on the I/O path.
 //!
+//! One stack: a [`Storage`] (a ugds node: the direct path; a file or block device: the fallback
+//! path) and [`Buffer`]s registered for it; sync I/O, [`StorageBatch`] and stream-ordered
+//! [`StreamIo`] over them; the C, cuFile and Python faces over those.
+//!
 //! ```no_run
-//! let dev = ugds::Device::open("/dev/ugds_drv0")?;
-//! let ns = dev.namespace(1)?;
-//! let mut buf = dev.alloc(1 << 20)?;
-//! ns.read(&mut buf, 0, 0, 1 << 20)?;
+//! let st = ugds::Storage::open("/dev/ugds_drv0")?;
+//! let buf = st.alloc_host(1 << 20)?;
+//! st.read(&buf, 0, 0, 1 << 20)?;
+//! assert_eq!(buf.host_view()?.len(), 1 << 20);
 //! # Ok::<(), ugds::Error>(())
 //! ```
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod buffer;
 pub mod capi;
 pub mod device;
+mod direct;
 pub mod doctor;
 pub mod engine;
 pub mod error;
@@ -23,6 +29,7 @@ pub mod gpu;
 pub mod mmio;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
+pub mod path;
 pub mod pattern;
 pub mod prp;
 pub mod queue;
@@ -33,12 +40,14 @@ pub mod stream_io;
 pub mod sys;
 pub mod units;
 
-pub use batch::{Batch, IoEvent, IoParams, IoStatus, Op};
-pub use device::{Device, DeviceOptions, HostView, Namespace, Registration};
+pub use batch::{IoEvent, IoStatus, Op};
+pub use buffer::{Buffer, HostView};
+pub use device::{Device, DeviceOptions, Namespace};
 pub use error::{Error, Result};
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
-pub use storage::{Buffer, Path, PathCounts, Storage};
+pub use path::Path;
+pub use storage::{PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};
 pub use stream_io::{AsyncArgs, AsyncOp, AsyncParams, StreamIo};

@@ -118,26 +118,6 @@ impl Mapping {
             unsafe { std::ptr::write_volatile(self.ptr.add(off + 4 * i).cast::<u32>(), *w) }
         }
     }
-
-    /// The memory as bytes.
-    ///
-    /// # Safety
-    ///
-    /// Nothing (the device above all) may write the memory while the slice lives.
-    pub(crate) unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: live mapping of len bytes (invariant); no concurrent writer (caller).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    /// The memory as mutable bytes.
-    ///
-    /// # Safety
-    ///
-    /// Nothing else (the device above all) may read or write the memory while the slice lives.
-    pub(crate) unsafe fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: live mapping (invariant), exclusive borrow; no device access (caller).
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
 }
 
 impl Drop for Mapping {

@@ -1,15 +1,16 @@
-//! Batches over any [`Storage`] path (cuFile's batch API on the portable layer). On the direct
-//! path, entries of registered memory that fit one command go to a native [`Batch`] (its own
-//! queue pair, one doorbell per submit); the rest (the fallback path, staged GPU memory, larger
-//! entries) run concurrently on the storage's worker threads. Events are collected with `status`.
+//! Batches over any [`Storage`] path (cuFile's batch API). On the direct path, entries of
+//! registered memory that fit one command go to a queue batch (a queue pair of its own, one
+//! doorbell per submit); the rest (the fallback path, staged GPU memory, larger entries) run
+//! concurrently on the storage's worker threads. Events are collected with `status`.
 //!
-//! Rules as for [`crate::Batch`]: `submit` validates every entry; invalid entries become
-//! `Invalid` events and the rest run. Dropping the batch waits for its entries.
+//! Rules: `submit` checks every entry (the storage's one check); invalid entries become
+//! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping
+//! the batch waits for its entries.
 
-use crate::batch::{Batch, IoEvent, IoStatus, Op, SharedEntry};
+use crate::batch::{Entry, IoEvent, IoStatus, Op, QueueBatch};
+use crate::buffer::{Buffer, Lease};
 use crate::error::{Error, Result};
-use crate::storage::{Buffer, Path, Storage};
-use std::collections::HashMap;
+use crate::storage::Storage;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,21 +37,13 @@ struct State {
     events: Vec<IoEvent>,
 }
 
-/// The direct path's native batch and what its events need.
-#[derive(Debug)]
-struct Native {
-    batch: Batch<'static>,
-    /// Cookie → (path, bytes) for counting finished entries.
-    paths: HashMap<u64, (Path, u64)>,
-}
-
 /// A reusable batch of up to `capacity` entries in flight.
 #[derive(Debug)]
 pub struct StorageBatch {
     storage: Arc<Storage>,
     capacity: usize,
     state: Arc<(Mutex<State>, Condvar)>,
-    native: Option<Native>,
+    native: Option<QueueBatch>,
 }
 
 impl StorageBatch {
@@ -61,10 +54,7 @@ impl StorageBatch {
         }
         storage.engine()?;
         // A queue pair of its own on the direct path (when the controller grants one that deep).
-        let native = storage
-            .direct_parts()
-            .and_then(|(_, dev)| Batch::new(dev, capacity).ok())
-            .map(|batch| Native { batch, paths: HashMap::new() });
+        let native = storage.data_path().queue_batch(capacity);
         Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native })
     }
 
@@ -76,10 +66,10 @@ impl StorageBatch {
     /// Entries running.
     pub fn in_flight(&self) -> usize {
         let pool = self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running;
-        pool + self.native.as_ref().map_or(0, |n| n.batch.in_flight())
+        pool + self.native.as_ref().map_or(0, QueueBatch::in_flight)
     }
 
-    /// Whether the direct path's native batch (one doorbell per submit) is in use.
+    /// Whether a queue batch (a queue pair of its own, one doorbell per submit) is in use.
     pub fn is_native(&self) -> bool {
         self.native.is_some()
     }
@@ -99,30 +89,36 @@ impl StorageBatch {
                 ),
             ));
         }
-        // Entries of registered memory that fit one command take the native batch.
+        // Checked entries of registered memory that fit one command take the queue batch.
+        let max_cmd = self.storage.max_command_bytes();
         let mut native = Vec::new();
         let mut pooled = Vec::new();
         for r in reqs {
-            let fits = self.storage.direct_parts().is_some_and(|(ns, _)| r.len <= ns.max_command_bytes());
-            match (&self.native, r.buf.registration(), fits) {
-                (Some(_), Some(reg), true) => native.push((r, reg.clone())),
-                _ => pooled.push(r),
+            let registered = r.buf.registration().is_some();
+            if self.native.is_none() || !registered || r.len > max_cmd {
+                pooled.push(r);
+                continue;
+            }
+            let lease =
+                self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len).and_then(|()| Lease::new(r.buf.clone()));
+            match lease {
+                Ok(lease) => native.push(Entry {
+                    op: r.op,
+                    lease,
+                    buf_offset: r.buf_offset,
+                    dev_offset: r.file_offset,
+                    len: r.len,
+                    cookie: r.cookie,
+                }),
+                Err(e) => {
+                    let ev = IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) };
+                    self.state.0.lock().unwrap_or_else(|e| e.into_inner()).events.push(ev);
+                }
             }
         }
-        if let (Some(n), Some((ns, _))) = (self.native.as_mut(), self.storage.direct_parts()) {
+        if let Some(q) = self.native.as_mut() {
             if !native.is_empty() {
-                let mut entries: Vec<SharedEntry> = Vec::with_capacity(native.len());
-                for (r, reg) in native {
-                    if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
-                        let (m, _) = &*self.state;
-                        let ev = IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) };
-                        m.lock().unwrap_or_else(|e| e.into_inner()).events.push(ev);
-                        continue;
-                    }
-                    n.paths.insert(r.cookie, (r.buf.path(), r.len));
-                    entries.push((r.op, reg, r.buf.clone(), r.buf_offset, r.file_offset, r.len, r.cookie));
-                }
-                n.batch.submit_shared(ns, entries)?;
+                q.submit(native)?;
             }
         }
         let (m, cv) = &*self.state;
@@ -167,12 +163,10 @@ impl StorageBatch {
         let deadline = Instant::now() + timeout;
         let mut out = Vec::new();
         loop {
-            if let Some(n) = self.native.as_mut() {
-                for e in n.batch.status(0, Duration::ZERO)? {
-                    if let Some((path, bytes)) = n.paths.remove(&e.cookie) {
-                        if e.status == IoStatus::Complete {
-                            self.storage.count(path, bytes);
-                        }
+            if let Some(q) = self.native.as_mut() {
+                for (e, path) in q.status(0, Duration::ZERO)? {
+                    if e.status == IoStatus::Complete {
+                        self.storage.count(path, e.bytes);
                     }
                     out.push(e);
                 }
@@ -180,7 +174,7 @@ impl StorageBatch {
             let (m, cv) = &*self.state;
             let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
             out.append(&mut st.events);
-            let native_busy = self.native.as_ref().is_some_and(|n| n.batch.in_flight() > 0);
+            let native_busy = self.native.as_ref().is_some_and(|q| q.in_flight() > 0);
             let now = Instant::now();
             if out.len() >= min || (st.running == 0 && !native_busy) || now >= deadline {
                 return Ok(out);
@@ -199,10 +193,14 @@ impl StorageBatch {
     /// returns all events.
     pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
         let mut out = Vec::new();
-        if let Some(n) = self.native.as_mut() {
-            // The native batch waits up to its deadline, then resets the controller.
-            out.extend(n.batch.cancel()?);
-            n.paths.clear();
+        if let Some(q) = self.native.as_mut() {
+            // The queue batch waits up to its deadline, then resets the controller.
+            for (e, path) in q.cancel()? {
+                if e.status == IoStatus::Complete {
+                    self.storage.count(path, e.bytes);
+                }
+                out.push(e);
+            }
         }
         out.extend(self.status(usize::MAX, Duration::from_secs(3600))?);
         Ok(out)

@@ -12,9 +12,10 @@
 //! invalid argument found at execution time is reported there and later operations still run.
 
 use crate::batch::Op;
+use crate::buffer::Buffer;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::storage::{Buffer, Storage};
+use crate::storage::Storage;
 use crate::stream::{CompletionWord, Stream};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};

@@ -6,8 +6,9 @@
 use super::library::{gpu_of, BufEntry, CResult, Face, Fail, Handle, IoKind, Library, Memory, BOUNCE};
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
+use crate::buffer::Buffer;
 use crate::gpu::Gpu;
-use crate::storage::{Buffer, Storage};
+use crate::storage::Storage;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

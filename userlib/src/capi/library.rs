@@ -6,10 +6,11 @@
 use super::slots::Slots;
 use super::types::uGDSError;
 use super::types::uGDSOpError::{self, *};
+use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::fallback::FileTarget;
 use crate::gpu::{Gpu, GpuMemory};
-use crate::storage::{Buffer, Storage};
+use crate::storage::Storage;
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -1,0 +1,169 @@
+//! The direct path as a [`DataPath`]: a namespace of a controller bound to ugds. Host memory
+//! and dma-buf-exportable GPU memory are registered with the module and the SSD DMAs into them
+//! through the user-space queues; GPU memory that cannot be exported is staged through
+//! registered host chunks, still through the queues.
+
+use crate::batch::QueueBatch;
+use crate::buffer::{Buffer, Lease, Mem, Staging};
+use crate::device::{Device, Namespace};
+use crate::error::{Error, Result};
+use crate::fallback::staged;
+use crate::gpu::{GpuMemory, STAGING_CHUNK};
+use crate::mmio::Mapping;
+use crate::path::{DataPath, Path, Registered};
+use std::sync::Arc;
+
+/// A namespace of an open device.
+#[derive(Debug)]
+pub(crate) struct DirectPath {
+    pub(crate) ns: Namespace,
+    pub(crate) dev: Device,
+}
+
+impl DirectPath {
+    /// Stages GPU memory through the buffer's registered chunks: the copies and the SSD use
+    /// each chunk in turn (`staged` orders them), under the staging lock. The flag says whether
+    /// a timed-out command may still use the chunks.
+    fn rw_staged(
+        &self,
+        write: bool,
+        buf: &Buffer,
+        g: &GpuMemory,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> (Result<u64>, bool) {
+        let Some(stage) = buf.staging() else {
+            return (Err(Error::invalid("buf", "not registered for this path")), false);
+        };
+        let stage = stage.lock().unwrap_or_else(|e| e.into_inner());
+        let base = stage.mem.addr();
+        let chunks = [base as *mut u8, (base + STAGING_CHUNK as u64) as *mut u8];
+        let dev_ptr = g.device_ptr() + buf_offset;
+        let mut stranded = false;
+        let r = staged(g.gpu(), write, dev_ptr, len as usize, Some(chunks), |p, n, at| {
+            self.ns.rw(write, &stage.reg, p as u64 - base, file_offset + at, n as u64).map_err(|f| {
+                stranded |= f.stranded;
+                f.error
+            })?;
+            Ok(n)
+        });
+        (r.map(|n| n as u64), stranded)
+    }
+}
+
+impl DataPath for DirectPath {
+    fn describe(&self) -> String {
+        format!(
+            "direct path (user-space NVMe queues): namespace {} of {} (serial {}), {} bytes in {}-byte blocks",
+            self.ns.id(),
+            self.dev.model(),
+            self.dev.serial(),
+            self.ns.capacity(),
+            self.ns.block_size()
+        )
+    }
+
+    fn capacity(&self) -> Result<u64> {
+        Ok(self.ns.capacity())
+    }
+
+    fn block_size(&self) -> u64 {
+        self.ns.block_size()
+    }
+
+    fn buffer_alignment(&self) -> u64 {
+        4
+    }
+
+    fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
+        let cap = self.ns.capacity();
+        if file_offset.checked_add(len).is_none_or(|e| e > cap) {
+            return Err(Error::invalid(
+                "file_offset",
+                format!("[{file_offset}, +{len}) runs past the namespace's {cap} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn is_direct(&self) -> bool {
+        true
+    }
+
+    fn bypasses_page_cache(&self) -> bool {
+        true
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Registered> {
+        // The module pins whole pages.
+        // SAFETY: forwarded from the caller; the pages past `len` up to the page end belong to
+        // the same mapping (mappings are page-granular).
+        let reg = unsafe { self.dev.register_host(ptr, len.next_multiple_of(4096)) }?;
+        Ok(Registered { reg: Some(reg), staging: None, path: Path::DirectHost })
+    }
+
+    fn register_gpu(&self, mem: &Arc<GpuMemory>, allow_staging: bool) -> Result<Registered> {
+        let direct = mem.export_dmabuf().and_then(|fd| {
+            use std::os::fd::AsRawFd;
+            self.dev.register_dmabuf(fd.as_raw_fd(), 0, mem.len().next_multiple_of(4096) as u64)
+        });
+        match direct {
+            Ok(reg) => Ok(Registered { reg: Some(reg), staging: None, path: Path::DirectP2p }),
+            Err(e) if allow_staging => {
+                crate::storage::note_fallback(
+                    &format!("GPU memory on {}", mem.gpu().runtime().device_name()),
+                    "staged through registered host memory, still through the NVMe queues",
+                    &e.to_string(),
+                );
+                let chunks = Mapping::anonymous(2 * STAGING_CHUNK)?;
+                // SAFETY: `chunks` is owned by the `Staging` that owns the registration too and
+                // is dropped after it (field order); nothing references its bytes.
+                let reg = unsafe { self.dev.register_host(chunks.addr() as *mut u8, chunks.len()) }?;
+                Ok(Registered { reg: None, staging: Some(Staging { reg, mem: chunks }), path: Path::DirectStaged })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+        let buf = lease.buffer();
+        let r = match (buf.registration(), buf.mem()) {
+            (Some(reg), _) => match self.ns.rw(write, reg, buf_offset, file_offset, len) {
+                Ok(()) => Ok(len),
+                Err(f) if f.stranded => {
+                    lease.keep_forever();
+                    return Err(f.error);
+                }
+                Err(f) => Err(f.error),
+            },
+            (None, Mem::Gpu(g)) => match self.rw_staged(write, buf, g, buf_offset, file_offset, len) {
+                (Err(e), true) => {
+                    // The buffer owns the chunks: kept busy, it never frees or unpins them.
+                    lease.keep_forever();
+                    return Err(e);
+                }
+                (r, _) => r,
+            },
+            (None, Mem::Host { .. }) => Err(Error::invalid("buf", "not registered for this path")),
+        };
+        drop(lease);
+        r
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.ns.flush()
+    }
+
+    fn write_bytes(&self, _data: &[u8], _off: u64) -> Option<Result<()>> {
+        None
+    }
+
+    fn max_command_bytes(&self) -> u64 {
+        self.ns.max_command_bytes()
+    }
+
+    fn queue_batch(&self, capacity: usize) -> Option<QueueBatch> {
+        QueueBatch::new(&self.dev, &self.ns, capacity).ok()
+    }
+}

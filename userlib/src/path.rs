@@ -1,0 +1,94 @@
+//! The one seam between the storage API and where data goes: a [`DataPath`] is either the
+//! direct path (a namespace of a controller bound to ugds: user-space NVMe queues, see
+//! [`crate::direct`]) or the fallback path (a file or block device owned by the kernel, see
+//! [`crate::fallback`]). [`crate::Storage`] holds one and does everything the two share (the
+//! request check, leases, counting) once, above it.
+
+use crate::batch::QueueBatch;
+use crate::buffer::{Buffer, Lease, Staging};
+use crate::device::Registration;
+use crate::error::Result;
+use crate::gpu::GpuMemory;
+use std::sync::Arc;
+
+/// The way an I/O's data moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// SSD ↔ GPU memory by peer-to-peer DMA (dma-buf).
+    DirectP2p,
+    /// SSD ↔ registered host memory by DMA, no system call.
+    DirectHost,
+    /// GPU memory staged through registered host memory, which the SSD reads or writes by DMA
+    /// through the user-space queues (no system call; one extra copy).
+    DirectStaged,
+    /// Through the kernel (io_uring, O_DIRECT); GPU memory staged through host memory.
+    Fallback,
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Path::DirectP2p => "direct (peer-to-peer)",
+            Path::DirectHost => "direct (host memory)",
+            Path::DirectStaged => "direct (GPU memory staged through host memory)",
+            Path::Fallback => "fallback (io_uring + staging)",
+        })
+    }
+}
+
+/// What registering memory on a path produced.
+#[derive(Debug)]
+pub(crate) struct Registered {
+    /// The module's registration of the memory itself (direct path).
+    pub(crate) reg: Option<Registration>,
+    /// Registered host chunks GPU memory is staged through (direct path without dma-buf).
+    pub(crate) staging: Option<Staging>,
+    /// The path I/O on the memory takes.
+    pub(crate) path: Path,
+}
+
+/// A place data goes. Implementations trust that [`crate::Storage`] checked the request
+/// (buffer range, block alignment, capacity: one check, in one place) and hold a [`Lease`] on
+/// the buffer for as long as the device may use its memory.
+pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
+    /// Which path, on what, in words.
+    fn describe(&self) -> String;
+    /// Capacity in bytes.
+    fn capacity(&self) -> Result<u64>;
+    /// Offsets and lengths must be multiples of this.
+    fn block_size(&self) -> u64;
+    /// Alignment a buffer offset needs (PRP entries are dword aligned; 1 when any works).
+    fn buffer_alignment(&self) -> u64;
+    /// Checks `[file_offset, file_offset + len)` against what the target holds or can hold
+    /// (alignment to [`DataPath::block_size`] was checked by the storage).
+    fn check_extent(&self, file_offset: u64, len: u64) -> Result<()>;
+    /// True for the direct path.
+    fn is_direct(&self) -> bool;
+    /// False only for a file without O_DIRECT (its I/O goes through the page cache).
+    fn bypasses_page_cache(&self) -> bool;
+    /// Registers host memory `[ptr, ptr + len)` for I/O on this path.
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay mapped while what is returned lives, and nothing may hold Rust
+    /// references to it while I/O into it runs.
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Registered>;
+    /// Registers GPU memory for I/O on this path; `allow_staging`: when peer-to-peer DMA is
+    /// impossible, stage through host memory instead of failing.
+    fn register_gpu(&self, mem: &Arc<GpuMemory>, allow_staging: bool) -> Result<Registered>;
+    /// Moves `len` bytes between the leased buffer at `buf_offset` and `file_offset`; returns
+    /// the bytes moved (fewer only at the end of a file). Consumes the lease: a path whose
+    /// commands may outlive the call (a timeout the controller reset could not confirm) keeps
+    /// it for good, so the memory stays pinned.
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64>;
+    /// Flushes written data.
+    fn flush(&self) -> Result<()>;
+    /// Writes `data` at `off` exactly, any size and offset, where the path has byte-granular
+    /// writes (a file through the page cache); `None` elsewhere.
+    fn write_bytes(&self, data: &[u8], off: u64) -> Option<Result<()>>;
+    /// The largest entry a [`QueueBatch`] of this path carries.
+    fn max_command_bytes(&self) -> u64;
+    /// A batch with a queue pair of its own (one doorbell per submit), where the path has
+    /// queues of its own and the controller grants one `capacity` deep; `None` otherwise.
+    fn queue_batch(&self, capacity: usize) -> Option<QueueBatch>;
+}
