@@ -7,10 +7,10 @@ use crate::batch::QueueBatch;
 use crate::buffer::{Buffer, Lease, Mem, Staging};
 use crate::device::{Device, Namespace};
 use crate::error::{Error, Result};
-use crate::fallback::staged;
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::mmio::Mapping;
 use crate::path::{DataPath, Path, Registered};
+use crate::staging::staged;
 use std::sync::Arc;
 
 /// A namespace of an open device.

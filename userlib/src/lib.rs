@@ -18,12 +18,14 @@
 
 pub mod batch;
 pub mod buffer;
+#[cfg(feature = "fallback")]
 pub mod capi;
 pub mod device;
 mod direct;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "fallback")]
 pub mod fallback;
 pub mod gpu;
 pub mod mmio;
@@ -33,6 +35,7 @@ pub mod path;
 pub mod pattern;
 pub mod prp;
 pub mod queue;
+mod staging;
 pub mod storage;
 pub mod storage_batch;
 pub mod stream;
@@ -44,6 +47,7 @@ pub use batch::{IoEvent, IoStatus, Op};
 pub use buffer::{Buffer, HostView};
 pub use device::{Device, DeviceOptions, Namespace};
 pub use error::{Error, Result};
+#[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
 pub use path::Path;

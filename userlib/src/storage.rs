@@ -12,6 +12,7 @@ use crate::device::Device;
 use crate::direct::DirectPath;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+#[cfg(feature = "fallback")]
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
@@ -86,6 +87,23 @@ impl Storage {
                 source: std::io::Error::from_raw_os_error(libc::ENOENT),
             });
         }
+        Self::open_file(path)
+    }
+
+    #[cfg(not(feature = "fallback"))]
+    fn open_file(path: &str) -> Result<Arc<Storage>> {
+        Err(Error::Unsupported {
+            what: "files and block devices",
+            why: format!(
+                "{path} is {}, and this build of ugds has no fallback path",
+                crate::device::describe_path(path)
+            ),
+            fix: "give a ugds node (/dev/ugds_drvN), or build the ugds crate with its `fallback` feature",
+        })
+    }
+
+    #[cfg(feature = "fallback")]
+    fn open_file(path: &str) -> Result<Arc<Storage>> {
         FileTarget::open(path, true)
             .map_err(|e| match e {
                 Error::InvalidArgument { .. } => Error::NotUgdsNode {
@@ -111,6 +129,7 @@ impl Storage {
     }
 
     /// A file or block device (the fallback path).
+    #[cfg(feature = "fallback")]
     pub fn file(f: FileTarget) -> Result<Arc<Storage>> {
         if !f.direct() {
             note_fallback(
