@@ -9,11 +9,10 @@
 //! (resetting the controller if they do not finish); when even the reset fails, their leases are
 //! kept for good.
 
-use crate::buffer::{Buffer, Lease};
+use crate::buffer::{Buffer, Lease, Path};
 use crate::device::{create_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::mmio::Mapping;
-use crate::path::Path;
 use crate::queue::{Command, QueuePair};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

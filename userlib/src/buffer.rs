@@ -13,10 +13,34 @@ use crate::device::Registration;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
-use crate::path::Path;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The way an I/O's data moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// SSD ↔ GPU memory by peer-to-peer DMA (dma-buf).
+    DirectP2p,
+    /// SSD ↔ registered host memory by DMA, no system call.
+    DirectHost,
+    /// GPU memory staged through registered host memory, which the SSD reads or writes by DMA
+    /// through the user-space queues (no system call; one extra copy).
+    DirectStaged,
+    /// Through the kernel (io_uring, O_DIRECT); GPU memory staged through host memory.
+    Fallback,
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Path::DirectP2p => "direct (peer-to-peer)",
+            Path::DirectHost => "direct (host memory)",
+            Path::DirectStaged => "direct (GPU memory staged through host memory)",
+            Path::Fallback => "fallback (io_uring + staging)",
+        })
+    }
+}
 
 /// The memory behind a buffer.
 pub(crate) enum Mem {

@@ -4,12 +4,12 @@
 //! registered host chunks, still through the queues.
 
 use crate::batch::QueueBatch;
-use crate::buffer::{Buffer, Lease, Mem, Staging};
+use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
 use crate::device::{Device, Namespace};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::mmio::Mapping;
-use crate::path::{DataPath, Path, Registered};
+use crate::path::{DataPath, Registered};
 use crate::staging::staged;
 use std::sync::Arc;
 

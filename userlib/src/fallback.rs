@@ -6,11 +6,11 @@
 //! memory that is not aligned is bounced through an aligned buffer.
 
 use crate::batch::QueueBatch;
-use crate::buffer::{Buffer, Lease, Mem};
+use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
-use crate::path::{DataPath, Path, Registered};
+use crate::path::{DataPath, Registered};
 use crate::staging::staged;
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;

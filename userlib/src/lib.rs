@@ -44,13 +44,12 @@ pub mod sys;
 pub mod units;
 
 pub use batch::{IoEvent, IoStatus, Op};
-pub use buffer::{Buffer, HostView};
+pub use buffer::{Buffer, HostView, Path};
 pub use device::{Device, DeviceOptions, Namespace};
 pub use error::{Error, Result};
 #[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
-pub use path::Path;
 pub use storage::{PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};

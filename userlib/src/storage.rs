@@ -7,7 +7,7 @@
 //! Batches ([`crate::StorageBatch`]), stream-ordered I/O ([`crate::StreamIo`]) and the C,
 //! cuFile and Python faces are layers over this one.
 
-use crate::buffer::{Buffer, Lease, Mem};
+use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::device::Device;
 use crate::direct::DirectPath;
 use crate::engine::Engine;
@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
-use crate::path::{DataPath, Path, Registered};
+use crate::path::{DataPath, Registered};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
