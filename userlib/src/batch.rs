@@ -157,7 +157,7 @@ impl QueueBatch {
         // registration before the mapping; nothing else references it.
         let reg = unsafe { dev.register_host(ptr, m.len()) }?;
         let mem = crate::buffer::Mem::Host { ptr, len: m.len(), own: Some(m) };
-        let scratch = Arc::new(Buffer::new(mem, Some(reg), None, Path::DirectHost, 0));
+        let scratch = Arc::new(Buffer::new(mem, vec![reg], None, Path::DirectHost, 0));
         let bs = ns.block_size().min(4096);
         let mut w = QueueBatch::new(dev, ns, 8)?;
         let mut entries = Vec::with_capacity(8);

@@ -430,11 +430,11 @@ impl DataPath for FileTarget {
     }
 
     unsafe fn register_host(&self, _ptr: *mut u8, _len: usize) -> Result<Registered> {
-        Ok(Registered { reg: None, staging: None, path: Path::Fallback })
+        Ok(Registered { regs: Vec::new(), staging: None, path: Path::Fallback })
     }
 
     fn register_gpu(&self, _mem: &Arc<GpuMemory>, _allow_staging: bool) -> Result<Registered> {
-        Ok(Registered { reg: None, staging: None, path: Path::Fallback })
+        Ok(Registered { regs: Vec::new(), staging: None, path: Path::Fallback })
     }
 
     fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {

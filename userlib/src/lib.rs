@@ -42,6 +42,7 @@ pub mod stream;
 pub mod stream_io;
 pub mod sys;
 pub mod units;
+pub mod volume;
 
 pub use batch::{IoEvent, IoStatus, Op};
 pub use buffer::{Buffer, HostView, Path};
@@ -55,3 +56,4 @@ pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};
 pub use stream_io::{AsyncArgs, AsyncOp, AsyncParams, StreamIo};
 pub use ugds_uapi as uapi;
+pub use volume::VolumeSpec;

@@ -14,8 +14,9 @@ use std::sync::Arc;
 /// What registering memory on a path produced.
 #[derive(Debug)]
 pub(crate) struct Registered {
-    /// The module's registration of the memory itself (direct path).
-    pub(crate) reg: Option<Registration>,
+    /// The module's registrations of the memory itself (direct path: one per member
+    /// controller's namespace, in member order).
+    pub(crate) regs: Vec<Registration>,
     /// Registered host chunks GPU memory is staged through (direct path without dma-buf).
     pub(crate) staging: Option<Staging>,
     /// The path I/O on the memory takes.

@@ -8,7 +8,7 @@
 //! cuFile and Python faces are layers over this one.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
-use crate::device::Device;
+use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -17,6 +17,7 @@ use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
 use crate::path::{DataPath, Registered};
+use crate::volume::{VolumePath, VolumeSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -69,14 +70,19 @@ pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
 
 impl Storage {
     /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
-    /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a regular file or a
-    /// block device takes the fallback path.
+    /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a striped volume
+    /// (`stripe:[CHUNK:]NODE,NODE,...`, see [`VolumeSpec`]) the direct path on every member; a
+    /// regular file or a block device takes the fallback path.
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
     }
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
     pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+        if path.starts_with("stripe:") {
+            let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
+            return Self::volume(&spec, &DeviceOptions::default());
+        }
         if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;
             return Self::direct(&dev, nsid);
@@ -120,6 +126,11 @@ impl Storage {
     /// Which path I/O on this storage takes, and on what, in words.
     pub fn describe(&self) -> String {
         self.path.describe()
+    }
+
+    /// A striped volume over the members of `spec`, each opened with `opts`.
+    pub fn volume(spec: &VolumeSpec, opts: &DeviceOptions) -> Result<Arc<Storage>> {
+        Ok(Self::new(Box::new(VolumePath::open(spec, opts)?)))
     }
 
     /// Namespace `nsid` of an open device (the direct path).
@@ -221,7 +232,7 @@ impl Storage {
     }
 
     fn buffer(&self, mem: Mem, r: Registered) -> Buffer {
-        Buffer::new(mem, r.reg, r.staging, r.path, self.id)
+        Buffer::new(mem, r.regs, r.staging, r.path, self.id)
     }
 
     /// Allocates and registers `len` bytes of page-aligned host memory.
