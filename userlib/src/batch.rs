@@ -253,7 +253,23 @@ impl QueueBatch {
         if self.cids.is_empty() {
             return Ok(());
         }
-        self.qp.collect(&self.cids, &self.dev.status, &mut self.done)?;
+        match self.qp.collect(&self.cids, &self.dev.status, &mut self.done) {
+            Ok(_) => {}
+            Err(Error::EpochChanged { old, new }) => {
+                // The controller was reset: it stopped, and every command still pending here
+                // was lost. Fail them (their command ids will be reused) and release their
+                // memory.
+                for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
+                    s.lease = None;
+                    s.reported = true;
+                    let error = Some(Error::EpochChanged { old, new });
+                    self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
+                }
+                self.pending.retain(|s| !s.reported);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
         for (s, done) in self.pending.iter_mut().filter(|s| s.status.is_none()).zip(&self.done) {
             if let Some(st) = *done {
                 s.status = Some(st);

@@ -70,11 +70,13 @@ const CPU: u32 = 1 << 31;
 /// only under a lease: the CPU's (exclusive, `CPU` bit) or I/O leases (counted), never both. A
 /// buffer dropped while I/O leases are held (kept for good) leaks its memory and registration.
 pub struct Buffer {
-    mem: Mem,
+    // Declared before `mem`: fields drop in order, and the module must deregister the memory
+    // before it is unmapped or freed.
     /// The module's registrations of the memory: one for a namespace, one per member for a
     /// volume (in member order); none on the fallback path.
     regs: Vec<Registration>,
     staging: Option<Mutex<Staging>>,
+    mem: Mem,
     path: Path,
     storage: u64,
     lease: AtomicU32,
@@ -316,8 +318,10 @@ impl Drop for Buffer {
             // (registration) and mapped (memory) for the life of the process.
             std::mem::forget(std::mem::take(&mut self.regs));
             std::mem::forget(self.staging.take());
-            if let Mem::Host { own, .. } = &mut self.mem {
-                std::mem::forget(own.take());
+            match &mut self.mem {
+                Mem::Host { own, .. } => std::mem::forget(own.take()),
+                // An extra reference that is never dropped: the GPU memory is never freed.
+                Mem::Gpu(g) => std::mem::forget(g.clone()),
             }
         }
         // Otherwise the fields drop in order: the registration before the memory it names.

@@ -493,7 +493,11 @@ impl Namespace {
                 Ok(()) => {}
                 // Commands that timed out may still run unless the reset confirms the
                 // controller stopped.
-                Err(e @ Error::Timeout { .. }) => return Err(IoFailure { stranded: !self.recover(), error: e }),
+                // A controller that faulted, or a completion the queue could not believe, may
+                // leave commands running too: the same rule.
+                Err(e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_))) => {
+                    return Err(IoFailure { stranded: !self.recover(), error: e })
+                }
                 Err(e) => return Err(IoFailure::done(e)),
             }
         }

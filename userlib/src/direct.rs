@@ -3,7 +3,6 @@
 //! through the user-space queues; GPU memory that cannot be exported is staged through
 //! registered host chunks, still through the queues.
 
-use crate::batch::QueueBatch;
 use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
 use crate::device::{Device, Namespace};
 use crate::error::{Error, Result};
@@ -41,6 +40,7 @@ impl DirectPath {
         let chunks = [base as *mut u8, (base + STAGING_CHUNK as u64) as *mut u8];
         let dev_ptr = g.device_ptr() + buf_offset;
         let mut stranded = false;
+        crate::staging::take_left_running();
         let r = staged(g.gpu(), write, dev_ptr, len as usize, Some(chunks), |p, n, at| {
             self.ns.rw(write, &stage.reg, p as u64 - base, file_offset + at, n as u64).map_err(|f| {
                 stranded |= f.stranded;
@@ -48,7 +48,8 @@ impl DirectPath {
             })?;
             Ok(n)
         });
-        (r.map(|n| n as u64), stranded)
+        let copies_running = r.is_err() && crate::staging::take_left_running();
+        (r.map(|n| n as u64), stranded || copies_running)
     }
 }
 
@@ -111,7 +112,7 @@ impl DataPath for DirectPath {
         match direct {
             Ok(reg) => Ok(Registered { regs: vec![reg], staging: None, path: Path::DirectP2p }),
             Err(e) if allow_staging => {
-                crate::storage::note_fallback(
+                crate::path::note_fallback(
                     &format!("GPU memory on {}", mem.gpu().runtime().device_name()),
                     "staged through registered host memory, still through the NVMe queues",
                     &e.to_string(),
@@ -167,7 +168,7 @@ impl DataPath for DirectPath {
         self.ns.max_command_bytes()
     }
 
-    fn queue_batch(&self, capacity: usize) -> Option<QueueBatch> {
-        QueueBatch::new(&self.dev, &self.ns, capacity).ok()
+    fn as_direct(&self) -> Option<&DirectPath> {
+        Some(self)
     }
 }

@@ -5,7 +5,6 @@
 //! Alignment rule (O_DIRECT's): file offsets and lengths are multiples of [`FileTarget::align`];
 //! memory that is not aligned is bounced through an aligned buffer.
 
-use crate::batch::QueueBatch;
 use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
@@ -30,6 +29,28 @@ pub const READ_LANES: usize = 8;
 thread_local! {
     /// One ring per thread: rings are not shared, so there is no lock on the I/O path.
     static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+}
+
+/// Waits for `want` completions, retrying when a signal interrupts the wait.
+fn enter(ring: &mut IoUring, want: usize) -> std::io::Result<usize> {
+    loop {
+        match ring.submit_and_wait(want) {
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Gives up this thread's ring with requests still in it: the ring is leaked (its requests may
+/// still move data, and their completions must never reach a later call), and the caller is
+/// told to keep the memory leased for good. The next I/O of the thread sets up a new ring.
+fn abandon_ring() {
+    RING.with(|cell| {
+        if let Some(ring) = cell.borrow_mut().take() {
+            std::mem::forget(ring);
+        }
+    });
+    crate::staging::note_left_running();
 }
 
 /// Runs `f` with this thread's ring, setting it up on first use.
@@ -217,59 +238,90 @@ impl FileTarget {
 
     /// Splits the request into pieces, all in flight at once on this thread's ring.
     unsafe fn ring_io(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> Result<usize> {
-        with_ring(|ring| {
-            let fd = types::Fd(self.file.as_raw_fd());
-            let mut done = 0usize;
-            while done < len {
-                // One round: up to RING_ENTRIES pieces.
-                let mut lens = Vec::with_capacity(RING_ENTRIES as usize);
-                let mut pos = done;
-                while pos < len && lens.len() < RING_ENTRIES as usize {
-                    let n = PIECE.min(len - pos);
-                    // SAFETY: the caller guarantees ptr..ptr+len.
-                    let p = unsafe { ptr.add(pos) };
-                    let at = off + pos as u64;
-                    let e = if write {
-                        opcode::Write::new(fd, p, n as u32).offset(at).build()
-                    } else {
-                        opcode::Read::new(fd, p, n as u32).offset(at).build()
-                    }
-                    .user_data(lens.len() as u64);
-                    // SAFETY: the buffer outlives the wait below, which reaps every entry.
-                    unsafe { ring.submission().push(&e) }
-                        .map_err(|_| Error::invalid("ring", "submission queue full"))?;
-                    lens.push(n);
-                    pos += n;
+        // `Err((e, true))`: requests are still in the ring.
+        // SAFETY: forwarded from the caller.
+        let r = with_ring(|ring| Ok(unsafe { self.ring_rounds(ring, write, ptr, len, off) }))?;
+        r.map_err(|(e, in_flight)| {
+            if in_flight {
+                abandon_ring();
+            }
+            e
+        })
+    }
+
+    /// [`FileTarget::ring_io`]'s rounds on `ring`; the flag of an error says requests are still
+    /// in the ring.
+    ///
+    /// # Safety
+    ///
+    /// As for [`FileTarget::ring_io`]: `ptr..ptr+len` is valid for the transfer's direction and
+    /// nothing else accesses it during the call.
+    unsafe fn ring_rounds(
+        &self,
+        ring: &mut IoUring,
+        write: bool,
+        ptr: *mut u8,
+        len: usize,
+        off: u64,
+    ) -> std::result::Result<usize, (Error, bool)> {
+        let fd = types::Fd(self.file.as_raw_fd());
+        let mut done = 0usize;
+        while done < len {
+            // One round: up to RING_ENTRIES pieces.
+            let mut lens = Vec::with_capacity(RING_ENTRIES as usize);
+            let mut pos = done;
+            while pos < len && lens.len() < RING_ENTRIES as usize {
+                let n = PIECE.min(len - pos);
+                // SAFETY: the caller guarantees ptr..ptr+len.
+                let p = unsafe { ptr.add(pos) };
+                let at = off + pos as u64;
+                let e = if write {
+                    opcode::Write::new(fd, p, n as u32).offset(at).build()
+                } else {
+                    opcode::Read::new(fd, p, n as u32).offset(at).build()
                 }
-                ring.submit_and_wait(lens.len()).map_err(|e| io_err("io_uring_enter", e))?;
-                let mut got = vec![0i32; lens.len()];
-                let mut reaped = 0;
-                while reaped < lens.len() {
-                    for c in ring.completion() {
-                        got[c.user_data() as usize] = c.result();
-                        reaped += 1;
-                    }
-                    if reaped < lens.len() {
-                        ring.submit_and_wait(1).map_err(|e| io_err("io_uring_enter", e))?;
-                    }
+                .user_data(lens.len() as u64);
+                // SAFETY: the buffer outlives the wait below, which reaps every entry.
+                unsafe { ring.submission().push(&e) }
+                    .map_err(|_| (Error::invalid("ring", "submission queue full"), true))?;
+                lens.push(n);
+                pos += n;
+            }
+            if let Err(e) = enter(ring, lens.len()) {
+                return Err((io_err("io_uring_enter", e), true));
+            }
+            let mut got = vec![0i32; lens.len()];
+            let mut reaped = 0;
+            while reaped < lens.len() {
+                for c in ring.completion() {
+                    got[c.user_data() as usize] = c.result();
+                    reaped += 1;
                 }
-                for (i, r) in got.iter().enumerate() {
-                    if *r < 0 {
-                        let what = if write { "write" } else { "read" };
-                        return Err(io_err(
-                            format!("{what} {} at {}", self.path, off + done as u64),
-                            std::io::Error::from_raw_os_error(-r),
-                        ));
-                    }
-                    done += *r as usize;
-                    if (*r as usize) < lens[i] {
-                        // End of file: what follows the short piece is not data.
-                        return Ok(done);
+                if reaped < lens.len() {
+                    if let Err(e) = enter(ring, 1) {
+                        return Err((io_err("io_uring_enter", e), true));
                     }
                 }
             }
-            Ok(done)
-        })
+            for (i, r) in got.iter().enumerate() {
+                if *r < 0 {
+                    let what = if write { "write" } else { "read" };
+                    return Err((
+                        io_err(
+                            format!("{what} {} at {}", self.path, off + done as u64),
+                            std::io::Error::from_raw_os_error(-r),
+                        ),
+                        false,
+                    ));
+                }
+                done += *r as usize;
+                if (*r as usize) < lens[i] {
+                    // End of file: what follows the short piece is not data.
+                    return Ok(done);
+                }
+            }
+        }
+        Ok(done)
     }
 
     /// Reads into GPU memory at `dev_ptr` through staging chunks; returns bytes read.
@@ -317,9 +369,8 @@ impl FileTarget {
                 if inflight == 0 {
                     break;
                 }
-                match ring.submit_and_wait(1) {
+                match enter(ring, 1) {
                     Ok(_) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                     Err(e) => {
                         stranded = inflight;
                         return Err(io_err("io_uring_enter", e));
@@ -363,6 +414,12 @@ impl FileTarget {
             gpu.put_staging(stage);
         } else {
             std::mem::forget(stage);
+            if stranded > 0 {
+                // Their completions must never reach a later call.
+                abandon_ring();
+            }
+            // Copies into the GPU memory may still run: the caller keeps its lease.
+            crate::staging::note_left_running();
         }
         r?;
         if !waited {
@@ -438,7 +495,8 @@ impl DataPath for FileTarget {
     }
 
     fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
-        let n = match lease.buffer().mem() {
+        crate::staging::take_left_running();
+        let r = match lease.buffer().mem() {
             Mem::Host { ptr, .. } => {
                 // SAFETY: the storage checked the range against the buffer, whose memory is
                 // valid while it lives; the lease keeps the CPU out of it during the call.
@@ -460,8 +518,16 @@ impl DataPath for FileTarget {
                     self.read_gpu(g.gpu(), dev_ptr, len as usize, file_offset)
                 }
             }
-        }?;
-        Ok(n as u64)
+        };
+        match r {
+            Ok(n) => Ok(n as u64),
+            Err(e) if crate::staging::take_left_running() => {
+                // The kernel or a copy queue may still move data into or out of the memory.
+                lease.keep_forever();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn flush(&self) -> Result<()> {
@@ -474,9 +540,5 @@ impl DataPath for FileTarget {
 
     fn max_command_bytes(&self) -> u64 {
         u64::MAX
-    }
-
-    fn queue_batch(&self, _capacity: usize) -> Option<QueueBatch> {
-        None
     }
 }

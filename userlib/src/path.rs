@@ -4,12 +4,11 @@
 //! [`crate::fallback`]). [`crate::Storage`] holds one and does everything the two share (the
 //! request check, leases, counting) once, above it.
 
-use crate::batch::QueueBatch;
 use crate::buffer::{Buffer, Lease, Path, Staging};
 use crate::device::Registration;
 use crate::error::Result;
 use crate::gpu::GpuMemory;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// What registering memory on a path produced.
 #[derive(Debug)]
@@ -62,9 +61,22 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     /// Writes `data` at `off` exactly, any size and offset, where the path has byte-granular
     /// writes (a file through the page cache); `None` elsewhere.
     fn write_bytes(&self, data: &[u8], off: u64) -> Option<Result<()>>;
-    /// The largest entry a [`QueueBatch`] of this path carries.
+    /// The largest entry a queue batch of this path carries as one command.
     fn max_command_bytes(&self) -> u64;
-    /// A batch with a queue pair of its own (one doorbell per submit), where the path has
-    /// queues of its own and the controller grants one `capacity` deep; `None` otherwise.
-    fn queue_batch(&self, capacity: usize) -> Option<QueueBatch>;
+    /// The single namespace behind the path, when it is one (batches then get a queue pair of
+    /// their own on it).
+    fn as_direct(&self) -> Option<&crate::direct::DirectPath> {
+        None
+    }
+}
+
+/// Logs why a slower path was chosen: once per distinct reason per process.
+pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let line = format!("ugds: {what}: using {how}: {why}");
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen.contains(&line) {
+        eprintln!("{line}");
+        seen.push(line);
+    }
 }

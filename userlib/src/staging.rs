@@ -4,6 +4,24 @@
 
 use crate::error::Result;
 use crate::gpu::{Gpu, STAGING_CHUNK};
+use std::cell::Cell;
+
+thread_local! {
+    /// Set when an I/O of this thread failed while data movement it started may still run (a
+    /// copy queue that cannot say it is done, a kernel request never reaped): the memory it
+    /// names must then stay leased for good.
+    static LEFT_RUNNING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Records that the failing I/O of this thread left data movement running.
+pub(crate) fn note_left_running() {
+    LEFT_RUNNING.with(|c| c.set(true));
+}
+
+/// Whether the last failed I/O of this thread left data movement running (and clears it).
+pub(crate) fn take_left_running() -> bool {
+    LEFT_RUNNING.with(|c| c.replace(false))
+}
 
 /// The staging pipeline: two chunks, each with its own copy queue. For reads, the disk fills
 /// chunk k+1 while chunk k is copied to the device; for writes, the device copies chunk k+1 out
@@ -84,8 +102,10 @@ pub(crate) fn staged(
     } else if qs.iter_mut().all(|q| q.wait().is_ok()) {
         gpu.put_staging(pooled);
     } else {
-        // A copy may still be running into or out of these chunks: never free them.
+        // A copy may still be running into or out of these chunks (ours or the caller's) and
+        // the GPU memory: never free them, and tell the caller to keep its lease.
         std::mem::forget(pooled);
+        note_left_running();
     }
     r
 }

@@ -16,10 +16,10 @@ use crate::error::{Error, Result};
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
-use crate::path::{DataPath, Registered};
+use crate::path::{note_fallback, DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// I/Os and bytes per path since the storage was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,17 +56,6 @@ pub struct Storage {
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Logs why a slower path was chosen: once per distinct reason per process.
-pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
-    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let line = format!("ugds: {what}: using {how}: {why}");
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&line) {
-        eprintln!("{line}");
-        seen.push(line);
-    }
-}
 
 impl Storage {
     /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
@@ -252,7 +241,10 @@ impl Storage {
     /// # Safety
     ///
     /// The memory must stay mapped while the buffer lives, and must not be accessed through
-    /// Rust references while I/O into it runs.
+    /// Rust references while I/O into it runs. When an I/O fails in a way that may leave the
+    /// device using the memory (a timeout or fault the controller reset could not confirm), the
+    /// buffer keeps its lease for good (`inflight()` stays non-zero): the memory must then stay
+    /// mapped, and unused, for the life of the process.
     pub unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Buffer> {
         if ptr.is_null() || !(ptr as usize).is_multiple_of(4096) {
             return Err(Error::invalid("ptr", "host memory must start on a 4096-byte page boundary"));

@@ -54,7 +54,7 @@ impl StorageBatch {
         }
         storage.engine()?;
         // A queue pair of its own on the direct path (when the controller grants one that deep).
-        let native = storage.data_path().queue_batch(capacity);
+        let native = storage.data_path().as_direct().and_then(|d| QueueBatch::new(&d.dev, &d.ns, capacity).ok());
         Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native })
     }
 
@@ -193,16 +193,24 @@ impl StorageBatch {
     /// returns all events.
     pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
         let mut out = Vec::new();
-        if let Some(q) = self.native.as_mut() {
-            // The queue batch waits up to its deadline, then resets the controller.
-            for (e, path) in q.cancel()? {
-                if e.status == IoStatus::Complete {
-                    self.storage.count(path, e.bytes);
-                }
-                out.push(e);
+        // The queue batch waits up to its deadline, then resets the controller (or keeps its
+        // entries' leases for good). The worker threads' entries are waited for either way.
+        let native = self.native.as_mut().map(QueueBatch::cancel).transpose();
+        for (e, path) in native.as_ref().ok().into_iter().flatten().flatten() {
+            if e.status == IoStatus::Complete {
+                self.storage.count(*path, e.bytes);
             }
         }
-        out.extend(self.status(usize::MAX, Duration::from_secs(3600))?);
+        let pool = {
+            let (m, cv) = &*self.state;
+            let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+            while st.running > 0 {
+                st = cv.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            std::mem::take(&mut st.events)
+        };
+        out.extend(native?.into_iter().flatten().map(|(e, _)| e));
+        out.extend(pool);
         Ok(out)
     }
 }

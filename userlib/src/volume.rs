@@ -10,7 +10,6 @@
 //! member, so every member's controller can DMA into it. An error names the member and the
 //! offset on it.
 
-use crate::batch::QueueBatch;
 use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
@@ -306,10 +305,6 @@ impl DataPath for VolumePath {
 
     fn max_command_bytes(&self) -> u64 {
         self.chunk
-    }
-
-    fn queue_batch(&self, _capacity: usize) -> Option<QueueBatch> {
-        None
     }
 }
 

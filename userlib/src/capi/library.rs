@@ -558,6 +558,12 @@ impl Library {
 
     /// Returns a bounce buffer.
     pub(crate) fn put_bounce(&self, h: &Handle, b: Buffer) {
+        // A bounce buffer whose I/O failed with the SSD perhaps still using it keeps its lease
+        // for good: it is never reused (dropping it leaks its memory, as a busy buffer does),
+        // so the raw copies of staged I/O never touch memory the device may write.
+        if b.inflight() > 0 {
+            return;
+        }
         let mut pool = h.bounce.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < 8 {
             pool.push(b);
