@@ -406,14 +406,7 @@ class PackageTests(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(d, "py.typed")))
 
 
-def main() -> int:
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    r = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    failed = len(r.failures) + len(r.errors) + len(r.unexpectedSuccesses)
-    skipped = len(r.skipped)
-    print(f"UGDS-PY passed={r.testsRun - failed - skipped} failed={failed} skipped={skipped}")
-    return 0 if failed == 0 else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from ugds_test_runner import run
+
+    sys.exit(run(__name__))

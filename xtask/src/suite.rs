@@ -121,7 +121,10 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     });
     total.passed += p;
     total.failed += f;
-    eprintln!("phase Python package on files (fallback path): {p} passed, {f} failed in {:.0?}", t.elapsed());
+    eprintln!(
+        "phase Python package and KV store on files (fallback path): {p} passed, {f} failed in {:.0?}",
+        t.elapsed()
+    );
     if host_only {
         return Ok(total);
     }

@@ -109,28 +109,45 @@ pub fn parse_result(text: &str) -> Option<(u64, u64)> {
     Some((get("passed")?, get("failed")?))
 }
 
-/// The host phase of `cargo xtask test`: builds the wheel, installs it, runs
-/// tests/python/test_ugds_py.py against files (the fallback path); returns (passed, failed).
+/// The host phase of `cargo xtask test`: builds the wheel, installs it, runs every
+/// tests/python/test_ugds_*.py (the package on files: the fallback path; the KV store and the
+/// LMCache connector); returns (passed, failed) summed over the scripts.
 pub fn host_tests() -> Result<(u64, u64)> {
     let wheel = build()?;
     let py = python()?;
     install(&py, &wheel)?;
     let dir = root().join("target/py-test");
     std::fs::create_dir_all(&dir)?;
-    let out = Command::new(&py)
-        .arg(root().join("tests/python/test_ugds_py.py"))
-        .env("UGDS_TEST_DIR", &dir)
-        // The installed wheel, not the sources: run from a folder without a `ugds` package.
-        .current_dir(&dir)
-        .output()
-        .context("running tests/python/test_ugds_py.py")?;
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    print!("{text}");
-    match parse_result(&text) {
-        Some((p, f)) if out.status.success() || f > 0 => Ok((p, f)),
-        Some((p, _)) => Ok((p, 1)),
-        None => bail!("the Python suite did not finish ({})", out.status),
+    let mut scripts: Vec<PathBuf> = std::fs::read_dir(root().join("tests/python"))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_ugds_")))
+        .collect();
+    scripts.sort();
+    let (mut passed, mut failed) = (0, 0);
+    for script in scripts {
+        let out = Command::new(&py)
+            .arg(&script)
+            .env("UGDS_TEST_DIR", &dir)
+            // The installed wheel, not the sources: run from a folder without a `ugds` package.
+            .current_dir(&dir)
+            .output()
+            .with_context(|| format!("running {}", script.display()))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        print!("{text}");
+        match parse_result(&text) {
+            Some((p, f)) => {
+                passed += p;
+                // A crash after the summary line still fails the phase.
+                failed += if out.status.success() || f > 0 { f } else { 1 };
+            }
+            None => {
+                eprintln!("{} did not finish ({})", script.display(), out.status);
+                failed += 1;
+            }
+        }
     }
+    Ok((passed, failed))
 }
 
 /// `cargo xtask wheel`.

@@ -13,6 +13,9 @@ through pinned host memory). The same calls work on both::
 
 Every I/O and every wait releases the GIL. Errors are the classes of :mod:`ugds.errors`, with
 the library's named fields (``InvalidArgument.arg``, ``NvmeError.status``, ...).
+
+:mod:`ugds.kv` is a persistent key-value object store on the same targets, and
+:mod:`ugds.lmcache` an LMCache L2 connector over it.
 """
 
 from __future__ import annotations

@@ -121,6 +121,15 @@ class Unsupported(Error):
     fix: str
 
 
+class StoreFull(Error, OSError):
+    """``ugds.kv``: the store's ``what`` ("data region", "journal", "index") has no room for
+    ``need`` bytes (``free`` left) and eviction is off (or cannot help)."""
+
+    what: str
+    need: int
+    free: int
+
+
 class IoError(Error, OSError):
     """A system call of the fallback path (or a stream-ordered operation) failed: ``op``."""
 
@@ -144,4 +153,5 @@ __all__ = [
     "GpuError",
     "Unsupported",
     "IoError",
+    "StoreFull",
 ]
