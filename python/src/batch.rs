@@ -1,10 +1,11 @@
 //! `ugds.Batch`: the library's `StorageBatch` (one doorbell per submit on the direct path),
-//! each entry a `concurrent.futures.Future`. A completion thread per batch collects the
-//! library's events without the GIL and completes the futures with it; `asyncio` awaits them
-//! through `asyncio.wrap_future`.
+//! each entry a `concurrent.futures.Future`, or, with `run`, a slot of a result list that the
+//! caller waits for without the GIL. A completion thread per batch collects the library's
+//! events without the GIL, fills `run` slots at once and completes futures with the GIL;
+//! `asyncio` awaits the futures through `asyncio.wrap_future`.
 
-use crate::errors::to_py;
-use crate::storage::{nonneg, operation, PyBuffer, PyStorage};
+use crate::errors::{invalid, to_py};
+use crate::storage::{nonneg, operation, Op1, PyBuffer, PyStorage};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use std::collections::HashMap;
@@ -13,9 +14,46 @@ use std::time::Duration;
 use ugds::batch::{IoEvent, IoStatus, Op};
 use ugds::{IoRequest, StorageBatch};
 
-/// An entry's future and the buffer it uses (held until the entry is over, so its memory lives).
+/// Who learns an entry's result.
+enum Waiter {
+    /// A `concurrent.futures.Future` (completed with the GIL).
+    Future(Py<PyAny>),
+    /// Slot `i` of a `run` call's results (filled without the GIL).
+    Run(Arc<RunWait>, usize),
+}
+
+/// The results of one `run` call and how many are still missing.
+struct RunWait {
+    slots: Mutex<(Vec<Option<ugds::Result<u64>>>, usize)>,
+    done: Condvar,
+}
+
+impl RunWait {
+    fn new(n: usize) -> Self {
+        RunWait { slots: Mutex::new(((0..n).map(|_| None).collect(), n)), done: Condvar::new() }
+    }
+
+    fn set(&self, i: usize, r: ugds::Result<u64>) {
+        let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if s.0[i].is_none() {
+            s.0[i] = Some(r);
+            s.1 -= 1;
+        }
+        self.done.notify_all();
+    }
+
+    fn wait(&self) -> Vec<Option<ugds::Result<u64>>> {
+        let mut s = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        while s.1 > 0 {
+            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        std::mem::take(&mut s.0)
+    }
+}
+
+/// An entry's waiter and the buffer it uses (held until the entry is over, so its memory lives).
 struct Pending {
-    fut: Py<PyAny>,
+    waiter: Waiter,
     _buf: Py<PyBuffer>,
 }
 
@@ -68,43 +106,58 @@ impl PyBatch {
         let fut = py.import("concurrent.futures")?.getattr("Future")?.call0()?;
         // Running from now: an entry handed to the SSD cannot be recalled, so cancel() says no.
         fut.call_method0("set_running_or_notify_cancel")?;
-        let cookie = {
-            let mut c = self.next_cookie.lock().unwrap_or_else(|e| e.into_inner());
-            *c += 1;
-            *c
-        };
+        let q = self.entry(op, o, Waiter::Future(fut.clone().unbind()));
+        self.queued.lock().unwrap_or_else(|e| e.into_inner()).push(q);
+        Ok(fut.unbind())
+    }
+
+    /// A checked operation as a library request with a fresh cookie, and its waiter.
+    fn entry(&self, op: Op, o: Op1, waiter: Waiter) -> Queued {
         let req = IoRequest {
             op,
             buf: o.target.buf,
             buf_offset: o.target.offset,
             file_offset: o.file_offset,
             len: o.nbytes,
-            cookie,
+            cookie: self.cookie(),
         };
-        let fut_ref = fut.clone().unbind();
-        self.queued
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Queued { req, pending: Pending { fut: fut_ref, _buf: o.buf } });
-        Ok(fut.unbind())
+        Queued { req, pending: Pending { waiter, _buf: o.buf } }
+    }
+
+    fn cookie(&self) -> u64 {
+        let mut c = self.next_cookie.lock().unwrap_or_else(|e| e.into_inner());
+        *c += 1;
+        *c
     }
 
     /// Submits everything queued; returns the futures in queue order.
     fn submit_queued<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let queued = std::mem::take(&mut *self.queued.lock().unwrap_or_else(|e| e.into_inner()));
-        let futs: Vec<Py<PyAny>> = queued.iter().map(|q| q.pending.fut.clone_ref(py)).collect();
-        if queued.is_empty() {
-            return PyList::new(py, futs);
+        let futs: Vec<Py<PyAny>> = queued
+            .iter()
+            .filter_map(|q| match &q.pending.waiter {
+                Waiter::Future(f) => Some(f.clone_ref(py)),
+                Waiter::Run(..) => None,
+            })
+            .collect();
+        self.submit_entries(py, queued)?;
+        PyList::new(py, futs)
+    }
+
+    /// Hands `entries` to the library in one submit; on failure nothing was submitted.
+    fn submit_entries(&self, py: Python<'_>, entries: Vec<Queued>) -> PyResult<()> {
+        if entries.is_empty() {
+            return Ok(());
         }
         let shared = self.shared.clone();
         let r = py.detach(move || {
-            let mut reqs = Vec::with_capacity(queued.len());
+            let mut reqs = Vec::with_capacity(entries.len());
             {
                 let mut t = shared.table.lock().unwrap_or_else(|e| e.into_inner());
-                for q in queued {
+                for q in entries {
                     let cookie = q.req.cookie;
                     reqs.push(q.req);
-                    // Entered before the submit, so a fast completion finds its future.
+                    // Entered before the submit, so a fast completion finds its waiter.
                     t.pending.insert(cookie, q.pending);
                 }
             }
@@ -115,21 +168,54 @@ impl PyBatch {
                     shared.wake.notify_all();
                     Ok(())
                 }
-                // Nothing was submitted: take the entries back (their futures are dropped).
+                // Nothing was submitted: take the entries back (their waiters are dropped).
                 Err(e) => {
                     let back: Vec<Pending> = reqs.iter().filter_map(|r| t.pending.remove(&r.cookie)).collect();
                     Err((e, back))
                 }
             }
         });
-        match r {
-            Ok(()) => PyList::new(py, futs),
-            Err((e, back)) => {
-                drop(back);
-                Err(to_py(py, e))
-            }
+        r.map_err(|(e, back)| {
+            drop(back);
+            to_py(py, e)
+        })
+    }
+}
+
+/// An event's result: the bytes moved, or why the entry failed.
+fn result_of(ev: IoEvent) -> ugds::Result<u64> {
+    match ev.status {
+        IoStatus::Complete => Ok(ev.bytes),
+        status => Err(ev.error.unwrap_or_else(|| ugds::Error::Io {
+            op: format!("batch entry ({status:?})"),
+            source: std::io::Error::from_raw_os_error(libc::ECANCELED),
+        })),
+    }
+}
+
+/// Delivers results: `run` slots at once, futures with the GIL (taken only when there are some).
+fn deliver(done: Vec<(Pending, ugds::Result<u64>)>) {
+    let mut futs = Vec::new();
+    for (p, r) in done {
+        match p.waiter {
+            Waiter::Run(w, i) => w.set(i, r),
+            Waiter::Future(f) => futs.push((f, r, p._buf)),
         }
     }
+    if futs.is_empty() {
+        return;
+    }
+    Python::attach(|py| {
+        for (f, r, _buf) in futs {
+            let r = match r {
+                Ok(n) => f.call_method1(py, "set_result", (n,)),
+                Err(e) => f.call_method1(py, "set_exception", (to_py(py, e).into_value(py),)),
+            };
+            // A future's callbacks raising is the caller's business (concurrent.futures logs
+            // it); nothing else can fail here.
+            drop(r);
+        }
+    });
 }
 
 /// How long one poll of the library's events holds the batch (a submit waits at most this).
@@ -161,15 +247,11 @@ fn complete_loop(shared: Arc<Shared>) {
                 };
                 let n = all.len();
                 let msg = e.to_string();
-                Python::attach(|py| {
-                    for p in all {
-                        let err = ugds::Error::Io {
-                            op: format!("collecting the batch's events: {msg}"),
-                            source: std::io::Error::from_raw_os_error(libc::EIO),
-                        };
-                        let _ = p.fut.call_method1(py, "set_exception", (to_py(py, err).into_value(py),));
-                    }
-                });
+                let err = || ugds::Error::Io {
+                    op: format!("collecting the batch's events: {msg}"),
+                    source: std::io::Error::from_raw_os_error(libc::EIO),
+                };
+                deliver(all.into_iter().map(|p| (p, Err(err()))).collect());
                 finished(&shared, n);
                 continue;
             }
@@ -178,37 +260,20 @@ fn complete_loop(shared: Arc<Shared>) {
             std::thread::yield_now();
             continue;
         }
-        let done: Vec<(IoEvent, Option<Pending>)> = {
+        let done: Vec<(Pending, ugds::Result<u64>)> = {
             let mut t = shared.table.lock().unwrap_or_else(|e| e.into_inner());
             let done: Vec<_> = events
                 .into_iter()
-                .map(|e| {
-                    let p = t.pending.remove(&e.cookie);
-                    (e, p)
+                .filter_map(|e| {
+                    let p = t.pending.remove(&e.cookie)?;
+                    Some((p, result_of(e)))
                 })
                 .collect();
             t.completing += done.len();
             done
         };
         let n = done.len();
-        Python::attach(|py| {
-            for (ev, p) in done {
-                let Some(p) = p else { continue };
-                let r = match ev.status {
-                    IoStatus::Complete => p.fut.call_method1(py, "set_result", (ev.bytes,)),
-                    _ => {
-                        let e = ev.error.unwrap_or_else(|| ugds::Error::Io {
-                            op: format!("batch entry ({:?})", ev.status),
-                            source: std::io::Error::from_raw_os_error(libc::ECANCELED),
-                        });
-                        p.fut.call_method1(py, "set_exception", (to_py(py, e).into_value(py),))
-                    }
-                };
-                // A future's callbacks raising is the caller's business (concurrent.futures
-                // logs it); nothing else can fail here.
-                drop(r);
-            }
-        });
+        deliver(done);
         finished(&shared, n);
     }
 }
@@ -267,6 +332,56 @@ impl PyBatch {
     /// submits nothing, when they exceed the batch's free capacity.
     fn submit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         self.submit_queued(py)
+    }
+
+    /// Submits `entries` at once and waits (without the GIL) until all are over: each entry is
+    /// `(op, buf, file_offset, nbytes)` or `(op, buf, file_offset, nbytes, buf_offset)`, `op`
+    /// `"read"` or `"write"`. Returns the bytes moved per entry; when entries failed, raises the
+    /// first one's error once all are over. No future per entry: the least Python per batch.
+    fn run(&self, py: Python<'_>, entries: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        let items: Vec<Bound<'_, PyAny>> = entries.try_iter()?.collect::<PyResult<_>>()?;
+        let shape = "each entry is (op, buf, file_offset, nbytes[, buf_offset]) with op \"read\" or \"write\"";
+        let w = Arc::new(RunWait::new(items.len()));
+        let mut queued = Vec::with_capacity(items.len());
+        for (i, it) in items.iter().enumerate() {
+            let t = it.cast::<PyTuple>().map_err(|_| invalid(py, "entries", shape))?;
+            if !(4..=5).contains(&t.len()) {
+                return Err(invalid(py, "entries", shape));
+            }
+            let op = match t.get_item(0)?.extract::<String>().as_deref() {
+                Ok("read") => Op::Read,
+                Ok("write") => Op::Write,
+                _ => return Err(invalid(py, "entries", shape)),
+            };
+            let boff: i64 = if t.len() == 5 { t.get_item(4)?.extract()? } else { 0 };
+            let o = operation(
+                self.storage.bind(py),
+                op,
+                &t.get_item(1)?,
+                t.get_item(2)?.extract()?,
+                t.get_item(3)?.extract()?,
+                boff,
+            )?;
+            queued.push(self.entry(op, o, Waiter::Run(w.clone(), i)));
+        }
+        self.submit_entries(py, queued)?;
+        let results = py.detach(move || w.wait());
+        let mut out = Vec::with_capacity(results.len());
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Some(Ok(n)) => out.push(n),
+                Some(Err(e)) => {
+                    first_err.get_or_insert(e);
+                    out.push(0);
+                }
+                None => out.push(0),
+            }
+        }
+        match first_err {
+            Some(e) => Err(to_py(py, e)),
+            None => Ok(out),
+        }
     }
 
     /// The asyncio form of `submit`: `await batch.submit_async()` gives the list of results

@@ -310,6 +310,24 @@ class BatchTests(Base):
         self.assertEqual(asyncio.run(main()), [self.bs, self.bs])
         self.assertEqual(bytes(out), data)
 
+    def test_run_waits_for_every_entry_without_futures(self) -> None:
+        data = bytearray(pattern(3 * self.bs, 11))
+        b = self.st.batch(4)
+        self.assertEqual(b.run([("write", data, k * self.bs, self.bs, k * self.bs) for k in range(3)]), [self.bs] * 3)
+        out = bytearray(3 * self.bs)
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            b.run([("read", out, 0, self.bs), ("read", out, 1, self.bs, self.bs), ("read", out, 2 * self.bs, self.bs, 2 * self.bs)])
+        self.assertEqual(c.exception.arg, "file_offset")
+        # The valid entries ran (the invalid one failed alone) before run() raised.
+        self.assertEqual(bytes(out[: self.bs]), bytes(data[: self.bs]))
+        self.assertEqual(bytes(out[2 * self.bs :]), bytes(data[2 * self.bs :]))
+        self.assertEqual(b.in_flight, 0)
+        for bad in ([("copy", out, 0, self.bs)], [("read", out)], [42]):
+            with self.assertRaises(ugds.InvalidArgument) as c:
+                b.run(bad)
+            self.assertEqual(c.exception.arg, "entries")
+        self.assertEqual(b.run([]), [])
+
     def test_more_entries_than_capacity_submit_nothing(self) -> None:
         b = ugds.Batch(self.st, 2)
         buf = self.st.register(bytearray(3 * self.bs))

@@ -89,12 +89,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
                     write = a.rw == "write" or (a.rw == "mix" and rng.random() < 0.5)
                     (st.write if write else st.read)(buf, off, a.size)
                 else:
+                    entries = []
                     for k in range(a.depth):
                         off = rng.randrange(slots) * a.size
                         write = a.rw == "write" or (a.rw == "mix" and rng.random() < 0.5)
-                        (batch.write if write else batch.read)(buf, off, a.size, k * a.size)
-                    for f in batch.submit():
-                        f.result()
+                        entries.append(("write" if write else "read", buf, off, a.size, k * a.size))
+                    batch.run(entries)
                 lat[i].append(time.perf_counter() - t0)
                 counts[i] += a.depth
         except BaseException as e:  # reported below, after the other threads stop
@@ -157,7 +157,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rw", choices=["read", "write", "mix"], default="read")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--span", type=size, default=1 << 30, help="working set (random offsets within it)")
-    p.add_argument("--depth", type=int, default=1, help="1: synchronous calls; N: batches of N entries")
+    p.add_argument("--depth", type=int, default=1, help="1: synchronous calls; N: batches of N entries (Batch.run)")
     a = ap.parse_args(argv)
     try:
         return {"doctor": cmd_doctor, "info": cmd_info, "bench": cmd_bench}[a.cmd](a)

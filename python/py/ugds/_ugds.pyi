@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Awaitable, Dict, List, Optional, Union
+from typing import Any, Awaitable, Dict, Iterable, List, Optional, Tuple, Union
 
 __version__: str
 
@@ -118,6 +118,10 @@ class Batch:
         self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0
     ) -> concurrent.futures.Future[int]: ...
     def submit(self) -> List[concurrent.futures.Future[int]]: ...
+    def run(self, entries: Iterable[Tuple[Any, ...]]) -> List[int]:
+        """Submits ``(op, buf, file_offset, nbytes[, buf_offset])`` entries (op ``"read"`` or
+        ``"write"``) at once and waits for all; returns the bytes per entry or raises the first
+        failed entry's error once all are over. No future per entry."""
     def submit_async(self) -> Awaitable[List[int]]: ...
     @property
     def in_flight(self) -> int: ...
