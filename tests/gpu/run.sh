@@ -4,12 +4,13 @@
 # when $OUT is set, to $OUT/gpu-run.txt.
 #
 # STEPS selects what runs (comma-separated; default "all"):
-#   new = func,stream,overhead,python      old = base,cuda,examples,cufile,bench
+#   new = func,stream,overhead,python,pyugds      old = base,cuda,examples,cufile,bench
 #   func      uGDS's own functional tests (target/gpu/ugds-functional, fetched from
 #             ScaleX-IO/uGDS, never committed), compiled unchanged against our header and -lugds
 #   stream    tests/gpu/stream_lifetime.cu
 #   overhead  tests/gpu/cufile_overhead.cu through the drop-in, and through NVIDIA's libcufile
 #   python    kvikio and cufile-python (wheels in target/gpu/wheels) through the drop-in
+#   pyugds    the ugds Python package (target/gpu/ugds-wheel) with torch/CuPy CUDA memory
 #   base      machine facts and `ugds doctor`; cuda: the Rust CUDA tests; examples: the C
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
 # Every step has a time limit and reports its exit status; a failing step never stops the rest.
@@ -24,7 +25,7 @@ STEPS=${STEPS:-all}
 want() {
   case ",$STEPS," in
     *",all,"* | *",$1,"*) return 0 ;;
-    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python)$ ]] ;;
+    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python|pyugds)$ ]] ;;
     *",old,"*) [[ $1 =~ ^(base|cuda|examples|cufile|bench)$ ]] ;;
     *) return 1 ;;
   esac
@@ -168,6 +169,28 @@ overhead() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# The ugds Python package: pip install of the wheel (nothing else), then CUDA memory through it.
+pyugds() {
+  section "the ugds Python package with CUDA memory"
+  local X=$DIR/pyugds
+  if ! ls "$B"/ugds-wheel/ugds-*.whl >/dev/null 2>&1; then
+    echo "SKIP: no wheel in $B/ugds-wheel (cargo xtask gpu-bundle builds it)"
+    return
+  fi
+  rm -rf "$X"
+  run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$X" "$B"/ugds-wheel/ugds-*.whl || return
+  T=300 run env PYTHONPATH="$X" PYTHONUNBUFFERED=1 python3 tests/gpu/ugds_py_cuda.py "$DIR"
+  T=60 run env PYTHONPATH="$X" python3 -m ugds doctor
+  # 4 KiB reads through the package, one call and batches of 128 (the CLI's bench takes ugds
+  # nodes only, so the Rust side of the comparison runs in the VM: docs/python.md).
+  truncate -s 1G "$DIR/pyugds-bench.dat"
+  T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --size 4K --seconds 3 --span 1G
+  T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --size 4K --seconds 3 --span 1G --depth 128
+  rm -f "$DIR/pyugds-bench.dat"
+  T=400 run env PYTHONPATH="$X" PYTHONUNBUFFERED=1 python3 tests/gpu/ugds_kv_bench.py "$DIR"
+}
+
+# ---------------------------------------------------------------------------------------------
 python_clients() {
   section "real clients: kvikio and cufile-python through the drop-in"
   local X=$DIR/pyext D=$P/lib/ugds-cufile
@@ -224,6 +247,7 @@ python_clients() {
   want stream && stream_lifetime
   want overhead && overhead
   want python && python_clients
+  want pyugds && pyugds
 
   if want cuda; then
     section "Rust CUDA tests"

@@ -447,7 +447,7 @@ pub fn run_c_suite_on_file(dir: &Path) -> Result<CResults> {
 }
 
 /// `cargo xtask gpu-bundle`: what the GPU machine runs (it has no registry access): the CLI,
-/// the CUDA test binary and an installed library prefix, under target/gpu. Then
+/// the CUDA test binary, an installed library prefix and the Python wheel, under target/gpu. Then
 /// `bash tests/gpu/run.sh` there (the device tool carries target/gpu).
 pub fn gpu_bundle() -> Result<()> {
     let out = root().join("target/gpu");
@@ -480,7 +480,13 @@ pub fn gpu_bundle() -> Result<()> {
         .find_map(|l| l.split("\"executable\":\"").nth(1).and_then(|r| r.split('"').next()))
         .context("no cuda test executable in cargo's output")?;
     std::fs::copy(exe, out.join("cuda-tests"))?;
-    println!("{}: ugds, cuda-tests, prefix/", out.display());
+    // The Python package, installed there with pip by tests/gpu/run.sh's `pyugds` step.
+    let wheel = crate::wheel::build()?;
+    let wdir = out.join("ugds-wheel");
+    let _ = std::fs::remove_dir_all(&wdir);
+    std::fs::create_dir_all(&wdir)?;
+    std::fs::copy(&wheel, wdir.join(wheel.file_name().context("wheel name")?))?;
+    println!("{}: ugds, cuda-tests, prefix/, ugds-wheel/", out.display());
     Ok(())
 }
 

@@ -17,6 +17,7 @@ mod soname;
 mod suite;
 mod toolchain;
 mod vm;
+mod wheel;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "ugds build, VM and test automation")]
@@ -126,6 +127,9 @@ enum Cmd {
     },
     /// Builds what the GPU machine runs into target/gpu (see tests/gpu/run.sh).
     GpuBundle,
+    /// Builds the Python package (python/) into target/wheels/ugds-*.whl with maturin (from PyPI,
+    /// into target/pyenv): one abi3 wheel for CPython >= 3.9, no CUDA dependency.
+    Wheel,
     /// Host tests, then the VM suite; prints `N passed, M failed`.
     Test {
         /// Only host tests.
@@ -195,6 +199,7 @@ fn real_main() -> Result<()> {
         Cmd::Header { check } => clib::header(check)?,
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
+        Cmd::Wheel => wheel::run()?,
         Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,

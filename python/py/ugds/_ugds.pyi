@@ -1,0 +1,150 @@
+"""Type stubs of the Rust extension ``ugds._ugds`` (re-exported by ``ugds``)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Awaitable, Dict, Iterable, List, Optional, Tuple, Union
+
+__version__: str
+
+# What ``register`` (and every ``buf`` argument) takes: a torch tensor (CPU or CUDA, contiguous),
+# a numpy / cupy array, an object with ``__dlpack__``, ``__cuda_array_interface__`` or the buffer
+# protocol, or raw ``(ptr, nbytes)`` integers (CUDA device 0 memory when CUDA says so, else host).
+Registrable = Any
+# A CUDA stream handle (``torch.cuda.current_stream().cuda_stream``), a torch or cupy stream
+# object, or a ``CpuStream``.
+StreamLike = Union[int, "CpuStream", Any]
+
+def open(path: str, ns: int = 1) -> Storage:
+    """A ugds node (``/dev/ugds_drvN``, namespace ``ns``) takes the direct path; a regular file or
+    block device the fallback path. Raises ``NotUgdsNode`` (naming what the path is) for anything
+    else, ``OpenError`` (naming the path) when it cannot be opened."""
+
+def doctor() -> List[Dict[str, str]]:
+    """The findings (``topic``, ``verdict``, ``detail``, ``fix``) as dicts; ``ugds.doctor()``
+    wraps them into ``Finding`` tuples."""
+
+def cuda_available() -> bool:
+    """Whether the CUDA driver library can be loaded here."""
+
+class Storage:
+    """Where I/O goes (cuFile's file handle). Offsets and sizes must be multiples of
+    ``block_size``."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def is_direct(self) -> bool: ...
+    @property
+    def bypasses_page_cache(self) -> bool: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    def describe(self) -> str:
+        """Which path I/O takes, and on what, in words."""
+    def register(self, obj: Registrable, allow_fallback: bool = True) -> Buffer:
+        """Registers memory for I/O on this storage (see ``Registrable``). The Buffer holds the
+        object (or its buffer export) while registered."""
+    def alloc(self, nbytes: int) -> Buffer:
+        """Allocates and registers page-aligned host memory."""
+    def read(self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0) -> int:
+        """Reads into ``buf``; returns the bytes read (fewer only at the end of a file)."""
+    def write(self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0) -> int:
+        """Writes from ``buf``; returns the bytes written."""
+    def read_bytes(self, file_offset: int, nbytes: int) -> bytes:
+        """Reads into a host buffer of its own and returns the bytes."""
+    def write_bytes(self, data: Any, file_offset: int) -> int:
+        """Writes a bytes-like object (its length a multiple of ``block_size``)."""
+    def read_async(
+        self,
+        buf: Union[Buffer, Registrable],
+        file_offset: int,
+        nbytes: int,
+        buf_offset: int = 0,
+        *,
+        stream: StreamLike,
+    ) -> AsyncIo:
+        """Queues a read in ``stream``'s order; returns at once."""
+    def write_async(
+        self,
+        buf: Union[Buffer, Registrable],
+        file_offset: int,
+        nbytes: int,
+        buf_offset: int = 0,
+        *,
+        stream: StreamLike,
+    ) -> AsyncIo:
+        """Queues a write in ``stream``'s order; returns at once."""
+    def batch(self, capacity: int = 64) -> Batch: ...
+    def flush(self) -> None: ...
+    def path_counts(self) -> Dict[str, int]:
+        """``{'direct_p2p': n, 'direct_host': n, 'fallback': n, 'bytes': n}`` since opening."""
+    def __enter__(self) -> Storage: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class Buffer:
+    """Memory registered for one Storage."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``."""
+    @property
+    def readonly(self) -> bool: ...
+    @property
+    def path(self) -> str:
+        """The path I/O on it takes, in words."""
+    def copy_in(self, data: Any, offset: int = 0) -> None: ...
+    def copy_out(self, nbytes: Optional[int] = None, offset: int = 0) -> bytes: ...
+    def deregister(self) -> None:
+        """Refused (RegistrationBusy) while I/O on it runs."""
+    def __len__(self) -> int: ...
+    def __enter__(self) -> Buffer: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class Batch:
+    """Up to ``capacity`` entries in flight; ``submit()`` hands every queued entry over at once
+    (one doorbell on the direct path)."""
+
+    def __init__(self, storage: Storage, capacity: int = 64) -> None: ...
+    def read(
+        self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0
+    ) -> concurrent.futures.Future[int]: ...
+    def write(
+        self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0
+    ) -> concurrent.futures.Future[int]: ...
+    def submit(self) -> List[concurrent.futures.Future[int]]: ...
+    def run(self, entries: Iterable[Tuple[Any, ...]]) -> List[int]:
+        """Submits ``(op, buf, file_offset, nbytes[, buf_offset])`` entries (op ``"read"`` or
+        ``"write"``) at once and waits for all; returns the bytes per entry or raises the first
+        failed entry's error once all are over. No future per entry."""
+    def submit_async(self) -> Awaitable[List[int]]: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def is_native(self) -> bool: ...
+    def close(self) -> None:
+        """Waits until every submitted entry's future is done."""
+    def __enter__(self) -> Batch: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class CpuStream:
+    """A stream run by a thread of this process (stream-ordered I/O without a GPU)."""
+
+    def __init__(self) -> None: ...
+    def launch(self, fn: Any) -> None:
+        """Queues ``fn()`` in stream order."""
+    def synchronize(self) -> None: ...
+
+class AsyncIo:
+    """A queued stream-ordered operation."""
+
+    def done(self) -> bool: ...
+    def result(self, timeout: Optional[float] = None) -> int:
+        """Waits for the bytes moved, or raises the operation's error (TimeoutError when
+        ``timeout`` seconds pass first)."""
+

@@ -1,0 +1,304 @@
+//! What `register(obj)` accepts, as one address range: torch tensors, objects with
+//! `__cuda_array_interface__` (CuPy, Numba), the buffer protocol (bytearray, numpy, mmap,
+//! memoryview), `__dlpack__`, and raw `(ptr, nbytes)` integers. Each result keeps what holds the
+//! memory alive (the object, its buffer export, or its DLPack capsule) for as long as it lives.
+
+use crate::errors::invalid;
+use crate::pybuf::Export;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict, PyTuple};
+use std::sync::{Arc, Mutex};
+use ugds::Gpu;
+
+/// Where the memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Host memory (pageable or pinned).
+    Host,
+    /// Device memory of CUDA device `ordinal`.
+    Cuda(i32),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Place::Host => f.write_str("cpu"),
+            Place::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// What keeps the memory valid (held, never read).
+#[allow(dead_code)]
+pub enum Keep {
+    /// Nothing: raw integers, the caller's promise.
+    Nothing,
+    /// A reference to the object (torch tensors, `__cuda_array_interface__`, the DLPack capsule).
+    Object(Py<PyAny>),
+    /// A buffer export: also stops a bytearray from being resized while registered.
+    Export(Export),
+}
+
+/// One address range and what it is.
+pub struct Memory {
+    /// Start address (host or device).
+    pub ptr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The exporter said it is read-only (reads into it are refused).
+    pub readonly: bool,
+    /// Host or which GPU.
+    pub place: Place,
+    /// What it came from, for messages and `repr`.
+    pub what: String,
+    /// Holds the memory (never read: held for as long as the registration lives).
+    #[allow(dead_code)]
+    pub keep: Keep,
+}
+
+/// The CUDA device `ordinal` as a [`Gpu`] (its primary context, as PyTorch and CuPy use), made
+/// once per process.
+pub fn cuda(py: Python<'_>, ordinal: i32) -> PyResult<Arc<Gpu>> {
+    static GPUS: Mutex<Vec<(i32, Arc<Gpu>)>> = Mutex::new(Vec::new());
+    let mut g = GPUS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, gpu)) = g.iter().find(|(o, _)| *o == ordinal) {
+        return Ok(gpu.clone());
+    }
+    let gpu = make_cuda(ordinal).map_err(|e| crate::errors::to_py(py, e))?;
+    g.push((ordinal, gpu.clone()));
+    Ok(gpu)
+}
+
+fn make_cuda(ordinal: i32) -> ugds::Result<Arc<Gpu>> {
+    // Our context binding must not change the caller's (PyTorch keeps its own current).
+    let _caller = ugds::gpu::cuda::CallerContext::keep();
+    Ok(Gpu::with_runtime(Arc::new(ugds::gpu::cuda::Cuda::new(ordinal)?)))
+}
+
+/// Classifies `obj` (see the module comment).
+pub fn classify(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
+    let py = obj.py();
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return raw(t);
+    }
+    let module: String = obj.get_type().getattr("__module__").and_then(|m| m.extract()).unwrap_or_default();
+    if module.starts_with("torch") && obj.hasattr("data_ptr")? {
+        return torch(obj);
+    }
+    if let Ok(cai) = obj.getattr("__cuda_array_interface__") {
+        return cuda_array(obj, &cai);
+    }
+    if let Some(b) = Export::get(obj) {
+        return buffer(obj, b);
+    }
+    if obj.hasattr("__dlpack__")? {
+        return dlpack(obj);
+    }
+    let name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_default();
+    Err(invalid(
+        py,
+        "buf",
+        format!(
+            "a {name} is not memory ugds can register: give a torch tensor, a numpy or cupy array, an object with \
+             __dlpack__, __cuda_array_interface__ or the buffer protocol, or a (ptr, nbytes) tuple"
+        ),
+    ))
+}
+
+fn typename(obj: &Bound<'_, PyAny>) -> String {
+    let t = obj.get_type();
+    let m: String = t.getattr("__module__").and_then(|m| m.extract()).unwrap_or_default();
+    let n = t.name().map(|n| n.to_string()).unwrap_or_default();
+    if m.is_empty() || m == "builtins" {
+        n
+    } else {
+        format!("{m}.{n}")
+    }
+}
+
+/// `(ptr, nbytes)`: device memory of CUDA device 0 when CUDA says so, else host memory.
+fn raw(t: &Bound<'_, PyTuple>) -> PyResult<Memory> {
+    let py = t.py();
+    let (ptr, len): (u64, u64) =
+        t.extract().map_err(|_| invalid(py, "buf", "a tuple must be (ptr, nbytes): two non-negative integers"))?;
+    if ptr == 0 || len == 0 {
+        return Err(invalid(py, "buf", "(ptr, nbytes) with a null pointer or no bytes"));
+    }
+    let place = if ugds::gpu::cuda::driver_present() && cuda(py, 0).is_ok_and(|g| g.runtime().is_device_memory(ptr)) {
+        Place::Cuda(0)
+    } else {
+        Place::Host
+    };
+    Ok(Memory { ptr, len, readonly: false, place, what: format!("raw memory at {ptr:#x}"), keep: Keep::Nothing })
+}
+
+fn torch(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
+    let py = obj.py();
+    let dev = obj.getattr("device")?;
+    let dtype: String = dev.getattr("type")?.extract()?;
+    let place = match dtype.as_str() {
+        "cpu" => Place::Host,
+        "cuda" => Place::Cuda(dev.getattr("index")?.extract::<Option<i32>>()?.unwrap_or(0)),
+        other => {
+            return Err(invalid(
+                py,
+                "buf",
+                format!("a torch tensor on device {other:?}: ugds takes cpu and cuda tensors"),
+            ))
+        }
+    };
+    if !obj.call_method0("is_contiguous")?.extract::<bool>()? {
+        let shape = obj.getattr("shape")?.str()?.to_string();
+        let stride = obj.call_method0("stride")?.str()?.to_string();
+        return Err(invalid(
+            py,
+            "buf",
+            format!("a non-contiguous torch tensor ({shape}, stride {stride}): call .contiguous() first"),
+        ));
+    }
+    let numel: u64 = obj.call_method0("numel")?.extract()?;
+    let esize: u64 = obj.call_method0("element_size")?.extract()?;
+    let ptr: u64 = obj.call_method0("data_ptr")?.extract()?;
+    Ok(Memory {
+        ptr,
+        len: numel * esize,
+        readonly: false,
+        place,
+        what: format!("torch tensor on {place}"),
+        keep: Keep::Object(obj.clone().unbind()),
+    })
+}
+
+/// Bytes per item of a numpy-style type string (`<f4`, `|u1`).
+fn itemsize(typestr: &str) -> Option<u64> {
+    typestr.get(2..)?.parse().ok()
+}
+
+/// Whether `strides` (bytes) describe a C-contiguous layout of `shape`.
+fn c_contiguous(shape: &[u64], strides: &[i64], item: u64) -> bool {
+    let mut expect = item as i64;
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n > 1 && s != expect {
+            return false;
+        }
+        expect *= n as i64;
+    }
+    true
+}
+
+fn cuda_array(obj: &Bound<'_, PyAny>, cai: &Bound<'_, PyAny>) -> PyResult<Memory> {
+    let py = obj.py();
+    let d = cai.cast::<PyDict>().map_err(|_| invalid(py, "buf", "__cuda_array_interface__ is not a dict"))?;
+    let get = |k: &str| d.get_item(k).ok().flatten();
+    let (ptr, readonly): (u64, bool) = get("data").map(|v| v.extract()).transpose()?.unwrap_or((0, false));
+    let shape: Vec<u64> = get("shape").map(|v| v.extract()).transpose()?.unwrap_or_default();
+    let typestr: String = get("typestr").map(|v| v.extract()).transpose()?.unwrap_or_default();
+    let item = itemsize(&typestr).ok_or_else(|| invalid(py, "buf", format!("unknown typestr {typestr:?}")))?;
+    if let Some(s) = get("strides").filter(|s| !s.is_none()) {
+        let strides: Vec<i64> = s.extract()?;
+        if !c_contiguous(&shape, &strides, item) {
+            return Err(invalid(
+                py,
+                "buf",
+                format!("a non-contiguous {} (strides {strides:?}): make it contiguous first", typename(obj)),
+            ));
+        }
+    }
+    // CuPy and Numba arrays say their device; the interface itself does not.
+    let ordinal = obj.getattr("device").and_then(|d| d.getattr("id")).and_then(|i| i.extract()).unwrap_or(0);
+    let place = Place::Cuda(ordinal);
+    Ok(Memory {
+        ptr,
+        len: shape.iter().product::<u64>() * item,
+        readonly,
+        place,
+        what: format!("{} on {place}", typename(obj)),
+        keep: Keep::Object(obj.clone().unbind()),
+    })
+}
+
+fn buffer(obj: &Bound<'_, PyAny>, b: Export) -> PyResult<Memory> {
+    let py = obj.py();
+    if !b.c_contiguous() {
+        return Err(invalid(py, "buf", format!("a non-contiguous {} buffer: make it contiguous first", typename(obj))));
+    }
+    Ok(Memory {
+        ptr: b.ptr(),
+        len: b.len(),
+        readonly: b.readonly(),
+        place: Place::Host,
+        what: typename(obj),
+        keep: Keep::Export(b),
+    })
+}
+
+/// DLPack's C layout (dlpack.h, ABI-stable since v0.6).
+#[repr(C)]
+struct DlTensor {
+    data: *mut u8,
+    device_type: i32,
+    device_id: i32,
+    ndim: i32,
+    dtype_code: u8,
+    dtype_bits: u8,
+    dtype_lanes: u16,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+const DL_CPU: i32 = 1;
+const DL_CUDA: i32 = 2;
+const DL_CUDA_HOST: i32 = 3;
+
+fn dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
+    let py = obj.py();
+    let cap = obj.call_method0("__dlpack__")?;
+    let capsule = cap.cast::<PyCapsule>().map_err(|_| invalid(py, "buf", "__dlpack__ did not return a capsule"))?;
+    // The capsule owns the tensor until it is consumed; we never consume it, so holding the
+    // capsule keeps the memory (its destructor calls the producer's deleter).
+    let p = capsule.pointer_checked(Some(c"dltensor"))?.cast::<DlTensor>();
+    // SAFETY: a "dltensor" capsule points at a DLManagedTensor, whose first member is the
+    // DLTensor laid out as `DlTensor`; it stays valid while the unconsumed capsule lives (held
+    // here), and no Python code runs while these fields are read.
+    let t = unsafe { p.as_ref() };
+    let ndim = usize::try_from(t.ndim).unwrap_or(0);
+    let shape: Vec<u64> = if ndim == 0 || t.shape.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: DLPack guarantees `shape` has `ndim` entries.
+        unsafe { std::slice::from_raw_parts(t.shape, ndim) }.iter().map(|&n| n.max(0) as u64).collect()
+    };
+    let item = (u64::from(t.dtype_bits) * u64::from(t.dtype_lanes)).div_ceil(8);
+    if !t.strides.is_null() && ndim > 0 {
+        // SAFETY: when present, `strides` has `ndim` entries (in elements).
+        let el: Vec<i64> = unsafe { std::slice::from_raw_parts(t.strides, ndim) }.to_vec();
+        let bytes: Vec<i64> = el.iter().map(|s| s * item as i64).collect();
+        if !c_contiguous(&shape, &bytes, item) {
+            return Err(invalid(
+                py,
+                "buf",
+                format!("a non-contiguous {} (DLPack strides {el:?}): make it contiguous first", typename(obj)),
+            ));
+        }
+    }
+    let place = match t.device_type {
+        DL_CPU | DL_CUDA_HOST => Place::Host,
+        DL_CUDA => Place::Cuda(t.device_id),
+        other => {
+            return Err(invalid(
+                py,
+                "buf",
+                format!("DLPack device type {other} (ugds takes CPU, CUDA and CUDA host memory)"),
+            ))
+        }
+    };
+    Ok(Memory {
+        ptr: t.data as u64 + t.byte_offset,
+        len: shape.iter().product::<u64>() * item,
+        readonly: false,
+        place,
+        what: format!("{} on {place} (DLPack)", typename(obj)),
+        keep: Keep::Object(capsule.clone().into_any().unbind()),
+    })
+}

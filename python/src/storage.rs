@@ -1,0 +1,494 @@
+//! `ugds.Storage` and `ugds.Buffer`: the Rust `Storage` / `Buffer` with the GIL released during
+//! every I/O. Each library call is made in one place here, so a change of the library's API
+//! touches one function.
+
+use crate::batch::PyBatch;
+use crate::errors::{invalid, to_py};
+use crate::memory::{classify, cuda, Memory, Place};
+use crate::stream::PyAsyncIo;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::sync::{Arc, Mutex};
+use ugds::batch::Op;
+use ugds::gpu::cuda::CallerContext;
+use ugds::{Buffer, Storage};
+
+/// Where I/O goes: a namespace of a controller bound to ugds (the direct path), or a file or
+/// block device (the fallback path). Opened with `ugds.open(path)`.
+#[pyclass(module = "ugds._ugds", name = "Storage", frozen)]
+pub struct PyStorage {
+    /// The library's storage.
+    pub st: Arc<Storage>,
+    path: String,
+}
+
+/// Memory registered for one storage: host memory, or GPU memory (peer-to-peer on the direct
+/// path when possible, else staged). Holds the object it came from (or its buffer export), so
+/// the memory stays valid while registered. Made by `Storage.register` or `Storage.alloc`.
+#[pyclass(module = "ugds._ugds", name = "Buffer", frozen)]
+pub struct PyBuffer {
+    /// The registration; `None` once deregistered.
+    buf: Mutex<Option<Arc<Buffer>>>,
+    /// Where the object's first byte is within the registration (host memory is registered
+    /// from the start of its first page).
+    base: u64,
+    mem: Memory,
+}
+
+/// One registered range for one operation: the library buffer and the byte offset in it.
+pub struct Target {
+    /// The registration.
+    pub buf: Arc<Buffer>,
+    /// Offset of the operation's first byte in it.
+    pub offset: u64,
+}
+
+/// One operation's arguments, checked: the buffer (held for the operation), its registration
+/// and the offset in it, the file offset and the length.
+pub struct Op1 {
+    /// The buffer (a registration made for this operation when `buf` was not a Buffer).
+    pub buf: Py<PyBuffer>,
+    /// Where the bytes are.
+    pub target: Target,
+    /// Offset in the file or namespace.
+    pub file_offset: u64,
+    /// Bytes.
+    pub nbytes: u64,
+}
+
+/// Checks one operation's arguments (negative numbers, the range in the buffer, a read into
+/// read-only memory) and registers `buf` when it is not a Buffer yet.
+pub fn operation(
+    st: &Bound<'_, PyStorage>,
+    op: Op,
+    buf: &Bound<'_, PyAny>,
+    file_offset: i64,
+    nbytes: i64,
+    buf_offset: i64,
+) -> PyResult<Op1> {
+    let py = st.py();
+    let (file_offset, nbytes, boff) =
+        (nonneg(py, "file_offset", file_offset)?, nonneg(py, "nbytes", nbytes)?, nonneg(py, "buf_offset", buf_offset)?);
+    let buf = as_buffer(st, buf)?;
+    let target = buf.get().target(py, boff, nbytes, op == Op::Read)?;
+    Ok(Op1 { buf, target, file_offset, nbytes })
+}
+
+/// A non-negative integer argument.
+pub fn nonneg(py: Python<'_>, arg: &'static str, v: i64) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| invalid(py, arg, format!("{v} is negative")))
+}
+
+impl PyBuffer {
+    /// The registration and the offset of `[buf_offset, +nbytes)` in it, after checking the
+    /// range against the object's own length (the registration may be larger: whole pages).
+    pub fn target(&self, py: Python<'_>, buf_offset: u64, nbytes: u64, write_into: bool) -> PyResult<Target> {
+        if write_into && self.mem.readonly {
+            return Err(invalid(py, "buf", format!("{} is read-only: it cannot receive a read", self.mem.what)));
+        }
+        if buf_offset.checked_add(nbytes).is_none_or(|e| e > self.mem.len) {
+            return Err(invalid(
+                py,
+                "buf_offset",
+                format!("[{buf_offset}, +{nbytes}) runs past the {}-byte buffer", self.mem.len),
+            ));
+        }
+        let buf = self.buf.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let buf = buf.ok_or_else(|| invalid(py, "buf", "deregistered"))?;
+        Ok(Target { buf, offset: self.base + buf_offset })
+    }
+
+    /// Host memory or which GPU.
+    pub fn place_of(&self) -> Place {
+        self.mem.place
+    }
+}
+
+/// `buf` as a registered buffer: a `Buffer` as it is, anything else registered now (for the
+/// duration of the caller's operation: the returned object holds it).
+pub fn as_buffer(st: &Bound<'_, PyStorage>, buf: &Bound<'_, PyAny>) -> PyResult<Py<PyBuffer>> {
+    if let Ok(b) = buf.cast::<PyBuffer>() {
+        return Ok(b.clone().unbind());
+    }
+    let b = st.get().register_obj(buf, true)?;
+    Py::new(buf.py(), b)
+}
+
+impl PyStorage {
+    fn register_obj(&self, obj: &Bound<'_, PyAny>, allow_fallback: bool) -> PyResult<PyBuffer> {
+        let py = obj.py();
+        let mem = classify(obj)?;
+        if mem.len == 0 {
+            return Err(invalid(py, "buf", format!("{} has no bytes", mem.what)));
+        }
+        let (buf, base) = match mem.place {
+            Place::Host => {
+                // Registered from the start of its first page to the end of its last (the
+                // library registers whole pages); I/O stays within the object (`target`).
+                let start = mem.ptr & !4095;
+                let end = (mem.ptr + mem.len).next_multiple_of(4096);
+                let (st, len) = (self.st.clone(), (end - start) as usize);
+                // SAFETY: `mem.keep` (held by the PyBuffer with the registration) keeps
+                // [ptr, ptr+len) allocated, or the caller promised it for raw integers; the
+                // rest of its pages are mapped (mappings are page-granular) and never
+                // transferred: every I/O is checked against the object's range first.
+                let r = py.detach(move || unsafe { st.register_host(start as *mut u8, len) });
+                (r.map_err(|e| to_py(py, e))?, mem.ptr - start)
+            }
+            Place::Cuda(ordinal) => {
+                let gpu = cuda(py, ordinal)?;
+                let (st, ptr, len) = (self.st.clone(), mem.ptr, mem.len as usize);
+                let r = py.detach(move || {
+                    let _caller = CallerContext::keep();
+                    // SAFETY: the object (held with the registration) keeps the device memory
+                    // allocated, or the caller promised it for raw integers.
+                    let m = unsafe { gpu.borrow(ptr, len) }?;
+                    st.register_gpu(Arc::new(m), allow_fallback)
+                });
+                (r.map_err(|e| to_py(py, e))?, 0)
+            }
+        };
+        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(buf))), base, mem })
+    }
+
+    /// Reads or writes through `buf` (a Buffer or an object registered for the call).
+    fn rw(
+        slf: &Bound<'_, Self>,
+        write: bool,
+        buf: &Bound<'_, PyAny>,
+        file_offset: i64,
+        nbytes: i64,
+        buf_offset: i64,
+    ) -> PyResult<u64> {
+        let py = slf.py();
+        let o = operation(slf, if write { Op::Write } else { Op::Read }, buf, file_offset, nbytes, buf_offset)?;
+        let (t, foff, n) = (o.target, o.file_offset, o.nbytes);
+        let st = slf.get().st.clone();
+        let gpu = o.buf.get().place_of() != Place::Host;
+        let r = py.detach(move || {
+            let _caller = gpu.then(CallerContext::keep);
+            if write {
+                st.write(&t.buf, t.offset, foff, n)
+            } else {
+                st.read(&t.buf, t.offset, foff, n)
+            }
+        });
+        r.map_err(|e| to_py(py, e))
+    }
+}
+
+#[pymethods]
+impl PyStorage {
+    /// The path it was opened with.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Which path I/O takes, and on what, in words.
+    fn describe(&self) -> String {
+        self.st.describe()
+    }
+
+    /// True on the direct path (a ugds node), false on the fallback path.
+    #[getter]
+    fn is_direct(&self) -> bool {
+        self.st.is_direct()
+    }
+
+    /// False only for a file whose file system has no O_DIRECT (I/O then uses the page cache).
+    #[getter]
+    fn bypasses_page_cache(&self) -> bool {
+        self.st.bypasses_page_cache()
+    }
+
+    /// Capacity in bytes.
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> PyResult<u64> {
+        self.st.capacity().map_err(|e| to_py(py, e))
+    }
+
+    /// File offsets and sizes must be multiples of this.
+    #[getter]
+    fn block_size(&self) -> u64 {
+        self.st.block_size()
+    }
+
+    /// Registers `obj` for I/O: a torch tensor (CPU or CUDA, contiguous), a numpy or cupy
+    /// array, an object with `__dlpack__`, `__cuda_array_interface__` or the buffer protocol,
+    /// or a `(ptr, nbytes)` tuple. GPU memory takes the peer-to-peer path when it can; else,
+    /// with `allow_fallback`, I/O is staged through host memory (said once on stderr).
+    #[pyo3(signature = (obj, allow_fallback = true))]
+    fn register(&self, obj: &Bound<'_, PyAny>, allow_fallback: bool) -> PyResult<PyBuffer> {
+        self.register_obj(obj, allow_fallback)
+    }
+
+    /// Allocates and registers `nbytes` of page-aligned host memory (a Buffer that supports
+    /// `bytes(buf)`-style copies with `copy_in` / `copy_out`).
+    fn alloc(&self, py: Python<'_>, nbytes: i64) -> PyResult<PyBuffer> {
+        let n = nonneg(py, "nbytes", nbytes)?;
+        let st = self.st.clone();
+        let b = py.detach(move || st.alloc_host(n as usize)).map_err(|e| to_py(py, e))?;
+        let ptr = b.host_ptr().map_or(0, |p| p as u64);
+        let mem = Memory {
+            ptr,
+            len: n,
+            readonly: false,
+            place: Place::Host,
+            what: "ugds host buffer".into(),
+            keep: crate::memory::Keep::Nothing,
+        };
+        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
+    }
+
+    /// Reads `nbytes` at `file_offset` into `buf` at `buf_offset`; returns the bytes read
+    /// (fewer only at the end of a file). `buf`: a Buffer, or anything `register` takes
+    /// (registered for this call).
+    #[pyo3(signature = (buf, file_offset, nbytes, buf_offset = 0))]
+    fn read(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        file_offset: i64,
+        nbytes: i64,
+        buf_offset: i64,
+    ) -> PyResult<u64> {
+        Self::rw(slf, false, buf, file_offset, nbytes, buf_offset)
+    }
+
+    /// Writes `nbytes` from `buf` at `buf_offset` to `file_offset`; returns the bytes written.
+    #[pyo3(signature = (buf, file_offset, nbytes, buf_offset = 0))]
+    fn write(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        file_offset: i64,
+        nbytes: i64,
+        buf_offset: i64,
+    ) -> PyResult<u64> {
+        Self::rw(slf, true, buf, file_offset, nbytes, buf_offset)
+    }
+
+    /// Reads `nbytes` at `file_offset` and returns them as `bytes` (through a host buffer the
+    /// call allocates; shorter only at the end of a file).
+    fn read_bytes<'py>(&self, py: Python<'py>, file_offset: i64, nbytes: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let (foff, n) = (nonneg(py, "file_offset", file_offset)?, nonneg(py, "nbytes", nbytes)?);
+        let st = self.st.clone();
+        let data = py
+            .detach(move || -> ugds::Result<Vec<u8>> {
+                let b = st.alloc_host(n.max(1) as usize)?;
+                let got = st.read(&b, 0, foff, n)?;
+                let mut out = vec![0u8; got as usize];
+                b.copy_out(0, &mut out)?;
+                Ok(out)
+            })
+            .map_err(|e| to_py(py, e))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Writes the bytes of `data` (any bytes-like object) at `file_offset` through a host
+    /// buffer the call allocates; returns the bytes written.
+    fn write_bytes(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<u64> {
+        let foff = nonneg(py, "file_offset", file_offset)?;
+        let src = crate::pybuf::bytes_of(data, "data")?;
+        let st = self.st.clone();
+        py.detach(move || -> ugds::Result<u64> {
+            let b = st.alloc_host(src.len().max(1))?;
+            b.copy_in(0, &src)?;
+            st.write(&b, 0, foff, src.len() as u64)
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    /// Flushes written data (NVMe Flush, or fdatasync).
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let st = self.st.clone();
+        py.detach(move || st.flush()).map_err(|e| to_py(py, e))
+    }
+
+    /// I/Os per path since the storage was opened, and bytes moved: a dict with the keys
+    /// `direct_p2p`, `direct_host`, `fallback`, `bytes`.
+    fn path_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.st.path_counts();
+        let d = PyDict::new(py);
+        d.set_item("direct_p2p", c.direct_p2p)?;
+        d.set_item("direct_host", c.direct_host)?;
+        d.set_item("fallback", c.fallback)?;
+        d.set_item("bytes", c.bytes)?;
+        Ok(d)
+    }
+
+    /// Queues a read on `stream` (an integer CUDA stream handle such as
+    /// `torch.cuda.current_stream().cuda_stream`, a torch or cupy stream object, or a
+    /// `ugds.CpuStream`): it runs when the stream gets there, and later work on the stream waits
+    /// for it. Returns an AsyncIo; the call itself does not wait.
+    #[pyo3(signature = (buf, file_offset, nbytes, buf_offset = 0, *, stream))]
+    fn read_async(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        file_offset: i64,
+        nbytes: i64,
+        buf_offset: i64,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<PyAsyncIo> {
+        crate::stream::queue(slf, Op::Read, buf, file_offset, nbytes, buf_offset, stream)
+    }
+
+    /// Queues a write on `stream` (see `read_async`).
+    #[pyo3(signature = (buf, file_offset, nbytes, buf_offset = 0, *, stream))]
+    fn write_async(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        file_offset: i64,
+        nbytes: i64,
+        buf_offset: i64,
+        stream: &Bound<'_, PyAny>,
+    ) -> PyResult<PyAsyncIo> {
+        crate::stream::queue(slf, Op::Write, buf, file_offset, nbytes, buf_offset, stream)
+    }
+
+    /// A batch of up to `capacity` entries in flight (see `Batch`).
+    #[pyo3(signature = (capacity = 64))]
+    fn batch(slf: Py<Self>, py: Python<'_>, capacity: i64) -> PyResult<PyBatch> {
+        PyBatch::new(py, slf, capacity)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ugds.Storage({:?}: {})", self.path, self.st.describe())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) {}
+}
+
+#[pymethods]
+impl PyBuffer {
+    /// Length in bytes (of the object; the registration covers whole pages around it).
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.mem.len
+    }
+
+    /// Its address (host or device).
+    #[getter]
+    fn ptr(&self) -> u64 {
+        self.mem.ptr
+    }
+
+    /// `"cpu"` or `"cuda:N"`.
+    #[getter]
+    fn device(&self) -> String {
+        self.mem.place.to_string()
+    }
+
+    /// Whether reads into it are refused (a read-only export such as `bytes`).
+    #[getter]
+    fn readonly(&self) -> bool {
+        self.mem.readonly
+    }
+
+    /// The path I/O on it takes, in words ("fallback (io_uring + staging)", "direct
+    /// (peer-to-peer)", ...).
+    #[getter]
+    fn path(&self, py: Python<'_>) -> PyResult<String> {
+        let b = self.buf.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        b.map(|b| b.path().to_string()).ok_or_else(|| invalid(py, "buf", "deregistered"))
+    }
+
+    /// Copies `data` (bytes-like) into the buffer at `offset` (refused while I/O on it runs).
+    #[pyo3(signature = (data, offset = 0))]
+    fn copy_in(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
+        let off = nonneg(py, "offset", offset)?;
+        let src = crate::pybuf::bytes_of(data, "data")?;
+        let t = self.target(py, off, src.len() as u64, true)?;
+        let gpu = self.place_of() != Place::Host;
+        py.detach(move || {
+            let _caller = gpu.then(CallerContext::keep);
+            t.buf.copy_in(t.offset as usize, &src)
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    /// Returns `nbytes` of the buffer at `offset` as bytes (refused while I/O on it runs).
+    #[pyo3(signature = (nbytes = None, offset = 0))]
+    fn copy_out<'py>(&self, py: Python<'py>, nbytes: Option<i64>, offset: i64) -> PyResult<Bound<'py, PyBytes>> {
+        let off = nonneg(py, "offset", offset)?;
+        let n = match nbytes {
+            Some(n) => nonneg(py, "nbytes", n)?,
+            None => self.mem.len.saturating_sub(off),
+        };
+        let t = self.target(py, off, n, false)?;
+        let gpu = self.place_of() != Place::Host;
+        let data = py
+            .detach(move || {
+                let _caller = gpu.then(CallerContext::keep);
+                let mut v = vec![0u8; n as usize];
+                t.buf.copy_out(t.offset as usize, &mut v).map(|_| v)
+            })
+            .map_err(|e| to_py(py, e))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Deregisters now (refused with RegistrationBusy while I/O on it runs); later use raises
+    /// InvalidArgument. Dropping the Buffer deregisters too.
+    fn deregister(&self, py: Python<'_>) -> PyResult<()> {
+        let mut g = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(b) = g.take() else { return Ok(()) };
+        match Arc::try_unwrap(b) {
+            Ok(b) => match b.deregister() {
+                Ok(()) => Ok(()),
+                Err(boxed) => {
+                    let (b, e) = *boxed;
+                    *g = Some(Arc::new(b));
+                    Err(to_py(py, e))
+                }
+            },
+            Err(shared) => {
+                let n = shared.inflight();
+                *g = Some(shared);
+                Err(to_py(py, ugds::Error::RegistrationBusy { id: 0, inflight: n.max(1) }))
+            }
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.mem.len as usize
+    }
+
+    fn __repr__(&self) -> String {
+        let path = self.buf.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|b| b.path().to_string());
+        format!(
+            "ugds.Buffer({}, {} bytes at {:#x}, {})",
+            self.mem.what,
+            self.mem.len,
+            self.mem.ptr,
+            path.as_deref().unwrap_or("deregistered")
+        )
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: &Bound<'_, PyAny>,
+        _v: &Bound<'_, PyAny>,
+        _tb: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        self.deregister(py)
+    }
+}
+
+/// `ugds.open(path, ns=1)`: a ugds node (`/dev/ugds_drvN`, namespace `ns`) takes the direct
+/// path; a regular file or block device the fallback path; anything else raises NotUgdsNode
+/// naming what it is, and a missing path OpenError naming the path.
+#[pyfunction]
+#[pyo3(signature = (path, ns = 1))]
+pub fn open(py: Python<'_>, path: String, ns: u32) -> PyResult<PyStorage> {
+    let p = path.clone();
+    let st = py.detach(move || Storage::open_ns(&p, ns)).map_err(|e| to_py(py, e))?;
+    Ok(PyStorage { st, path })
+}

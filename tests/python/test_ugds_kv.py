@@ -1,0 +1,253 @@
+"""Tests of ``ugds.kv`` (the persistent object store) and ``ugds.lmcache.UgdsConnector`` (driven
+the way LMCache's NativeConnectorL2Adapter drives a native connector), on the installed wheel,
+against files. Run by `cargo xtask test` beside test_ugds_py.py; prints
+`UGDS-PY passed=N failed=M skipped=K` last. Nothing here depends on timing: the crash test kills
+the writer after a number of acknowledgements, whenever they come.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import ugds
+import ugds.kv as kv
+from ugds.lmcache import UgdsConnector
+
+DIR = os.environ.get("UGDS_TEST_DIR") or tempfile.gettempdir()
+MiB = 1 << 20
+
+
+def value(key: bytes, n: int) -> bytes:
+    """The content every test (and the crash writer) stores under `key`: checkable from the key."""
+    seed = hashlib.sha256(key).digest()
+    return (seed * (n // len(seed) + 1))[:n]
+
+
+class Base(unittest.TestCase):
+    size = 64 * MiB
+
+    def setUp(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="ugds-kv-", suffix=".dat", dir=DIR)
+        os.ftruncate(fd, self.size)
+        os.close(fd)
+
+    def tearDown(self) -> None:
+        os.unlink(self.path)
+
+    def store(self, **kw) -> kv.Store:
+        return kv.open(self.path, **kw)
+
+
+class StoreTests(Base):
+    def test_set_get_exists_delete(self) -> None:
+        s = self.store()
+        items = [(b"k%d" % i, value(b"k%d" % i, n)) for i, n in enumerate([0, 1, 4095, 4096, 4097, 300 * 1024])]
+        s.set_many(items)
+        s.set("text-key", b"str keys are utf-8")
+        self.assertEqual(s.get_many([k for k, _ in items]), [v for _, v in items])
+        self.assertEqual(s.get(b"text-key"), b"str keys are utf-8")
+        self.assertEqual(s.exists_many([b"k1", b"nope"]), [True, False])
+        self.assertEqual(s.delete_many([b"k1", b"nope", b"k1"]), [True, False, True])
+        self.assertIsNone(s.get(b"k1"))
+        self.assertEqual(len(s), len(items))
+
+    def test_objects_survive_reopening_with_and_without_close(self) -> None:
+        s = self.store()
+        s.set_many([(b"a%d" % i, value(b"a%d" % i, 10000 + i)) for i in range(50)])
+        s.delete(b"a7")
+        del s  # no close: the journal is replayed
+        s = self.store()
+        self.assertGreater(s.stats().replayed, 0)
+        self.assertIsNone(s.get(b"a7"))
+        for i in (0, 8, 49):
+            self.assertEqual(s.get(b"a%d" % i), value(b"a%d" % i, 10000 + i))
+        s.close()  # a checkpoint: nothing to replay next time
+        s = self.store()
+        self.assertEqual((s.stats().replayed, len(s)), (0, 49))
+
+    def test_an_overwrite_replaces_and_frees_the_old_extent(self) -> None:
+        s = self.store()
+        s.set(b"x", value(b"x", MiB))
+        free = s.stats().free_bytes
+        s.set(b"x", b"short")
+        self.assertEqual(s.get(b"x"), b"short")
+        self.assertEqual(s.stats().free_bytes, free + MiB - 4096)
+
+    def test_lru_eviction_keeps_recently_used_objects(self) -> None:
+        s = self.store()
+        data_bytes = s.stats().free_bytes
+        n = data_bytes // (4 * MiB)
+        keys = [b"e%d" % i for i in range(n)]
+        for k in keys:
+            s.set(k, value(k, 4 * MiB))
+        s.get(keys[0])  # now the most recently used
+        s.set(b"new", value(b"new", 4 * MiB))
+        self.assertTrue(s.exists(keys[0]))
+        self.assertFalse(s.exists(keys[1]), "the least recently used object goes first")
+        self.assertEqual(s.stats().evictions, 1)
+        self.assertEqual(s.get(b"new"), value(b"new", 4 * MiB))
+        del s
+        s = self.store()
+        self.assertFalse(s.exists(keys[1]), "the eviction was journaled")
+
+    def test_a_full_store_without_eviction_raises_and_writes_nothing(self) -> None:
+        s = self.store(eviction="error")
+        free = s.stats().free_bytes
+        s.set(b"a", value(b"a", free - 8 * MiB))
+        before = s.stats()
+        with self.assertRaises(ugds.StoreFull) as c:
+            s.set_many([(b"b", b"1" * MiB), (b"c", b"2" * (16 * MiB))])
+        self.assertEqual(c.exception.what, "data region")
+        self.assertEqual(c.exception.need, 16 * MiB)
+        self.assertEqual(s.stats(), before)
+        self.assertFalse(s.exists(b"b"))
+
+    def test_bad_keys_and_values_are_refused_by_name(self) -> None:
+        s = self.store()
+        for bad in (b"", b"k" * (kv.MAX_KEY + 1)):
+            with self.assertRaises(ugds.InvalidArgument) as c:
+                s.set(bad, b"v")
+            self.assertEqual(c.exception.arg, "key")
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            s.set(b"huge", b"\0" * self.size)
+        self.assertEqual(c.exception.arg, "value")
+        self.assertEqual(len(s), 0)
+
+    def test_a_torn_value_reads_as_missing(self) -> None:
+        s = self.store()
+        s.set_many([(b"ok", value(b"ok", 8192)), (b"torn", value(b"torn", 8192))])
+        e = s.index[b"torn"]
+        with open(self.path, "r+b") as f:  # a write that did not finish: half old, half garbage
+            f.seek(e.offset + 4096)
+            f.write(b"\xff" * 4096)
+        self.assertIsNone(s.get(b"torn"))
+        self.assertEqual(s.stats().torn, 1)
+        self.assertEqual(s.get(b"ok"), value(b"ok", 8192))
+        del s
+        self.assertFalse(self.store().exists(b"torn"))
+
+    def test_a_torn_journal_record_loses_only_its_batch(self) -> None:
+        s = self.store()
+        s.set(b"first", b"1" * 100)
+        jpos = s.jpos
+        s.set_many([(b"second", b"2" * 100), (b"third", b"3" * 100)])
+        with open(self.path, "r+b") as f:  # the record's payload half-written
+            f.seek(s.layout["journal_off"] + jpos + 40)
+            f.write(b"\0" * 16)
+        del s
+        s = self.store()
+        self.assertEqual(s.get(b"first"), b"1" * 100)
+        self.assertEqual(s.exists_many([b"second", b"third"]), [False, False])
+
+    def test_reformatting_forgets_the_old_store(self) -> None:
+        s = self.store()
+        s.set(b"old", b"o" * 10)
+        del s
+        s = self.store(create=True)
+        self.assertEqual(len(s), 0)
+        del s
+        self.assertEqual(len(self.store()), 0, "the old journal is not replayed into the new store")
+
+    def test_kill_9_keeps_every_acknowledged_object(self) -> None:
+        writer = textwrap.dedent(
+            f"""
+            import hashlib, sys, ugds.kv as kv
+            def value(key, n):
+                seed = hashlib.sha256(key).digest()
+                return (seed * (n // len(seed) + 1))[:n]
+            s = kv.open({self.path!r}, durable=False)
+            i = 0
+            while True:
+                batch = [(b"c%d" % (i + j), value(b"c%d" % (i + j), 20000 + 997 * ((i + j) % 50))) for j in range(4)]
+                s.set_many(batch)
+                print("ACK", i + 3, flush=True)
+                i += 4
+            """
+        )
+        p = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+        acked = -1
+        assert p.stdout is not None
+        for line in p.stdout:
+            acked = int(line.split()[1])
+            if acked >= 400:
+                break
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        self.assertGreaterEqual(acked, 400)
+        s = self.store()
+        keys = [b"c%d" % i for i in range(acked + 1)]
+        got = s.get_many(keys)
+        missing = [k for k, v in zip(keys, got) if v is None]
+        self.assertEqual(missing, [], "acknowledged objects lost")
+        for k, v in zip(keys, got):
+            self.assertEqual(v, value(k, 20000 + 997 * (int(k[1:]) % 50)), k)
+        # Objects past the last acknowledgement are complete or absent, never torn.
+        extra = [k for k in s.keys() if int(k[1:]) > acked]
+        for k, v in zip(extra, s.get_many(extra)):
+            self.assertIn(v, (None, value(k, 20000 + 997 * (int(k[1:]) % 50))))
+
+
+class ConnectorTests(Base):
+    size = 32 * MiB
+
+    def drain(self, c: UgdsConnector, n: int):
+        """Waits on the eventfd (as the adapter's demux thread does) until n batches are done."""
+        done = []
+        while len(done) < n:
+            r, _, _ = select.select([c.event_fd()], [], [], 60)
+            self.assertTrue(r, "the eventfd never became readable")
+            done += c.drain_completions()
+        return {fid: (ok, err, res) for fid, ok, err, res in done}
+
+    def test_the_protocol_as_lmcache_drives_it(self) -> None:
+        c = UgdsConnector(path=self.path, num_workers=2)
+        chunk = 256 * 1024
+        keys = ["chunk-%d" % i for i in range(6)]
+        vals = [bytearray(value(k.encode(), chunk)) for k in keys]
+        fs = c.submit_batch_set(keys, [memoryview(v) for v in vals])
+        self.assertEqual(self.drain(c, 1)[fs], (True, "", [True] * 6))
+        self.assertEqual(c.drain_completions(), [], "one completion per batch")
+        outs = [bytearray(chunk) for _ in range(6)] + [bytearray(chunk), bytearray(100)]
+        fg = c.submit_batch_get(keys + ["absent", "chunk-0"], [memoryview(o) for o in outs])
+        fe = c.submit_batch_exists(["chunk-1", "absent"])
+        fd = c.submit_batch_delete(["chunk-2", "absent"])
+        done = self.drain(c, 3)
+        self.assertEqual(done[fg], (True, "", [True] * 6 + [False, False]))  # absent; wrong size
+        self.assertEqual(outs[:6], vals)
+        self.assertEqual(done[fe], (True, "", [True, False]))
+        self.assertEqual(done[fd], (True, "", [True, False]))
+        c.close()
+        c.close()
+        with self.assertRaises(RuntimeError):
+            c.submit_batch_exists(["x"])
+        c2 = UgdsConnector(path=self.path)
+        fe = c2.submit_batch_exists(keys)
+        self.assertEqual(self.drain(c2, 1)[fe][2], [True, True, False, True, True, True])
+        c2.close()
+
+    def test_a_failed_set_is_reported_in_its_completion(self) -> None:
+        c = UgdsConnector(path=self.path, eviction="error")
+        big = bytearray(64 * MiB)
+        fs = c.submit_batch_set(["too-big"], [memoryview(big)])
+        ok, err, _ = self.drain(c, 1)[fs]
+        self.assertFalse(ok)
+        self.assertIn("InvalidArgument", err)
+        c.close()
+
+    def test_unknown_parameters_are_refused(self) -> None:
+        with self.assertRaises(TypeError):
+            UgdsConnector(path=self.path, bogus=1)
+
+
+if __name__ == "__main__":
+    from ugds_test_runner import run
+
+    sys.exit(run(__name__))

@@ -1,0 +1,430 @@
+"""Tests of the installed `ugds` Python package (the wheel `cargo xtask wheel` builds).
+
+Run by `cargo xtask test` (host phase) against a file, the fallback path. With UGDS_PY_TARGET
+set to a ugds node (/dev/ugds_drvN) the same tests run on the direct path (its data is
+overwritten). Prints `UGDS-PY passed=N failed=M skipped=K` last; skipped tests (numpy missing,
+readelf missing) are not counted as passed. Nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import ctypes
+import errno
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import ugds
+
+try:
+    import numpy as np
+except ImportError:  # the tests that need it are skipped
+    np = None
+
+DIR = os.environ.get("UGDS_TEST_DIR") or tempfile.gettempdir()
+TARGET = os.environ.get("UGDS_PY_TARGET")
+FILE_SIZE = 16 << 20
+
+
+def pattern(n: int, seed: int) -> bytes:
+    """Bytes that differ per offset and per seed (so a misplaced block is caught)."""
+    return bytes((i * 7 + seed * 13 + (i >> 9)) & 0xFF for i in range(n))
+
+
+class Base(unittest.TestCase):
+    def setUp(self) -> None:
+        if TARGET:
+            self.path = TARGET
+        else:
+            fd, self.path = tempfile.mkstemp(prefix="ugds-py-", suffix=".dat", dir=DIR)
+            os.ftruncate(fd, FILE_SIZE)
+            os.close(fd)
+        self.st = ugds.open(self.path)
+        self.bs = self.st.block_size
+        self.path_key = "direct_host" if self.st.is_direct else "fallback"
+
+    def tearDown(self) -> None:
+        del self.st
+        gc.collect()
+        if not TARGET:
+            os.unlink(self.path)
+
+
+class OpenTests(Base):
+    def test_open_describes_the_path(self) -> None:
+        self.assertEqual(self.st.path, self.path)
+        if not TARGET:
+            self.assertFalse(self.st.is_direct)
+            self.assertIn("fallback path", self.st.describe())
+            self.assertEqual(self.st.capacity, FILE_SIZE)
+        self.assertGreater(self.st.block_size, 0)
+        self.assertIn(self.path, repr(self.st))
+
+    def test_a_character_device_is_refused_naming_the_target(self) -> None:
+        with self.assertRaises(ugds.NotUgdsNode) as c:
+            ugds.open("/dev/null")
+        e = c.exception
+        self.assertEqual(e.path, "/dev/null")
+        self.assertIn("character device", e.what)
+        self.assertIn("ugds node", e.fix)
+        self.assertEqual(e.errno, errno.ENODEV)
+        self.assertIsInstance(e, ValueError)
+        self.assertEqual(e.kind, "NotUgdsNode")
+
+    def test_a_missing_path_is_an_open_error_naming_it(self) -> None:
+        missing = os.path.join(DIR, "ugds-py-no-such-file")
+        with self.assertRaises(ugds.OpenError) as c:
+            ugds.open(missing)
+        self.assertEqual(c.exception.path, missing)
+        self.assertEqual(c.exception.errno, errno.ENOENT)
+        self.assertIsInstance(c.exception, OSError)
+        self.assertIn(missing, str(c.exception))
+
+
+class IoTests(Base):
+    def test_bytearray_round_trip(self) -> None:
+        data = bytearray(pattern(3 * self.bs, 1))
+        src = self.st.register(data)
+        self.assertEqual(src.device, "cpu")
+        self.assertEqual(len(src), len(data))
+        self.assertEqual(self.st.write(src, 2 * self.bs, len(data)), len(data))
+        out = bytearray(len(data))
+        self.assertEqual(self.st.read(self.st.register(out), 2 * self.bs, len(data)), len(data))
+        self.assertEqual(out, data)
+
+    def test_buf_offset_moves_within_the_buffer(self) -> None:
+        data = bytearray(pattern(4 * self.bs, 2))
+        self.st.write(data, 0, self.bs, buf_offset=3 * self.bs)
+        out = bytearray(2 * self.bs)
+        self.st.read(out, 0, self.bs, buf_offset=self.bs)
+        self.assertEqual(bytes(out[self.bs :]), bytes(data[3 * self.bs :]))
+        self.assertEqual(bytes(out[: self.bs]), bytes(self.bs))
+
+    def test_unregistered_objects_are_registered_for_the_call(self) -> None:
+        data = bytearray(pattern(self.bs, 3))
+        self.assertEqual(self.st.write(data, self.bs, self.bs), self.bs)
+        out = bytearray(self.bs)
+        self.assertEqual(self.st.read(out, self.bs, self.bs), self.bs)
+        self.assertEqual(out, data)
+
+    def test_raw_pointer_and_length(self) -> None:
+        n = 2 * self.bs
+        src = ctypes.create_string_buffer(pattern(n, 4), n)
+        dst = ctypes.create_string_buffer(n)
+        self.st.write(self.st.register((ctypes.addressof(src), n)), 0, n)
+        self.st.read((ctypes.addressof(dst), n), 0, n)
+        self.assertEqual(dst.raw, src.raw)
+
+    def test_read_bytes_and_write_bytes(self) -> None:
+        data = pattern(2 * self.bs, 5)
+        self.assertEqual(self.st.write_bytes(data, 4 * self.bs), len(data))
+        self.assertEqual(self.st.read_bytes(4 * self.bs, len(data)), data)
+        if not TARGET:
+            # At the end of a file a read is short, and so is the returned bytes object.
+            self.assertEqual(len(self.st.read_bytes(FILE_SIZE - self.bs, 2 * self.bs)), self.bs)
+
+    def test_alloc_copy_in_copy_out(self) -> None:
+        buf = self.st.alloc(self.bs)
+        data = pattern(self.bs, 6)
+        buf.copy_in(data)
+        self.st.write(buf, 0, self.bs)
+        buf.copy_in(bytes(self.bs))
+        self.st.read(buf, 0, self.bs)
+        self.assertEqual(buf.copy_out(), data)
+        self.assertEqual(buf.copy_out(16, offset=8), data[8:24])
+
+    def test_a_read_into_read_only_memory_is_refused(self) -> None:
+        ro = bytes(pattern(self.bs, 7))
+        self.assertEqual(self.st.write(ro, 0, self.bs), self.bs)
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read(ro, 0, self.bs)
+        self.assertEqual(c.exception.arg, "buf")
+        self.assertIn("read-only", c.exception.reason)
+
+    def test_a_registered_bytearray_cannot_be_resized(self) -> None:
+        data = bytearray(self.bs)
+        buf = self.st.register(data)
+        with self.assertRaises(BufferError):
+            data.extend(b"x")
+        del buf
+        gc.collect()
+        data.extend(b"x")
+        self.assertEqual(len(data), self.bs + 1)
+
+    def test_a_deregistered_buffer_is_refused(self) -> None:
+        buf = self.st.register(bytearray(self.bs))
+        buf.deregister()
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read(buf, 0, self.bs)
+        self.assertEqual(c.exception.arg, "buf")
+        self.assertIn("deregistered", c.exception.reason)
+
+    def test_path_counts_count_each_io(self) -> None:
+        before = self.st.path_counts()
+        self.assertEqual(set(before), {"direct_p2p", "direct_host", "fallback", "bytes"})
+        buf = self.st.register(bytearray(2 * self.bs))
+        self.st.write(buf, 0, 2 * self.bs)
+        self.st.read(buf, 0, self.bs)
+        after = self.st.path_counts()
+        self.assertEqual(after[self.path_key] - before[self.path_key], 2)
+        self.assertEqual(after["bytes"] - before["bytes"], 3 * self.bs)
+        self.assertEqual(after["direct_p2p"], before["direct_p2p"])
+
+
+class ErrorTests(Base):
+    def test_an_unaligned_file_offset_names_file_offset(self) -> None:
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read(bytearray(self.bs), 1, self.bs)
+        e = c.exception
+        self.assertEqual(e.arg, "file_offset")
+        self.assertIn(str(self.bs), e.reason)
+        self.assertEqual(e.errno, errno.EINVAL)
+        self.assertEqual(e.kind, "InvalidArgument")
+        self.assertIsInstance(e, ValueError)
+        self.assertIsInstance(e, ugds.Error)
+
+    def test_an_unaligned_length_names_the_library_argument(self) -> None:
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read(bytearray(self.bs), 0, 100)
+        self.assertEqual(c.exception.arg, "len")
+
+    def test_a_range_past_the_buffer_names_buf_offset(self) -> None:
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read(bytearray(self.bs), 0, self.bs, buf_offset=self.bs)
+        self.assertEqual(c.exception.arg, "buf_offset")
+        self.assertIn("runs past", c.exception.reason)
+
+    def test_negative_numbers_name_their_argument(self) -> None:
+        for kw, arg in (({"file_offset": -self.bs}, "file_offset"), ({"buf_offset": -1}, "buf_offset")):
+            args = {"file_offset": 0, "nbytes": self.bs, "buf_offset": 0, **kw}
+            with self.assertRaises(ugds.InvalidArgument) as c:
+                self.st.read(bytearray(self.bs), **args)
+            self.assertEqual(c.exception.arg, arg)
+
+    def test_an_object_without_memory_is_refused_by_type(self) -> None:
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.register(12345)
+        self.assertEqual(c.exception.arg, "buf")
+        self.assertIn("int", c.exception.reason)
+
+    def test_gpu_memory_without_cuda_says_what_to_do(self) -> None:
+        if ugds.cuda_available():
+            self.skipTest("CUDA is present here")
+
+        class Fake:
+            __cuda_array_interface__ = {"data": (0x10000, False), "shape": (1024,), "typestr": "|u1", "version": 3}
+
+        with self.assertRaises(ugds.Unsupported) as c:
+            self.st.register(Fake())
+        self.assertEqual(c.exception.what, "CUDA")
+        self.assertTrue(c.exception.fix)
+
+
+@unittest.skipIf(np is None, "numpy is not installed")
+class NumpyTests(Base):
+    def test_numpy_round_trip(self) -> None:
+        a = np.arange(self.bs // 2, dtype=np.float32)
+        self.st.write(a, 0, a.nbytes)
+        b = np.zeros_like(a)
+        buf = self.st.register(b)
+        self.assertEqual(buf.nbytes, a.nbytes)
+        self.st.read(buf, 0, a.nbytes)
+        self.assertTrue((a == b).all())
+
+    def test_a_non_contiguous_array_is_refused(self) -> None:
+        a = np.zeros(4 * self.bs, dtype=np.uint8)[::2]
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.register(a)
+        self.assertEqual(c.exception.arg, "buf")
+        self.assertIn("non-contiguous", c.exception.reason)
+
+    def test_dlpack_only_objects(self) -> None:
+        a = np.arange(self.bs, dtype=np.uint8)
+
+        class OnlyDlpack:
+            def __init__(self, arr):
+                self.arr = arr
+
+            def __dlpack__(self, stream=None):
+                return self.arr.__dlpack__()
+
+            def __dlpack_device__(self):
+                return self.arr.__dlpack_device__()
+
+        self.st.write(OnlyDlpack(a), 0, self.bs)
+        b = np.zeros_like(a)
+        buf = self.st.register(OnlyDlpack(b))
+        self.assertIn("DLPack", repr(buf))
+        self.st.read(buf, 0, self.bs)
+        self.assertTrue((a == b).all())
+
+
+class BatchTests(Base):
+    def test_futures_complete_and_an_invalid_entry_fails_alone(self) -> None:
+        data = bytearray(pattern(4 * self.bs, 8))
+        src = self.st.register(data)
+        b = self.st.batch(8)
+        for k in range(4):
+            b.write(src, k * self.bs, self.bs, k * self.bs)
+        futs = b.submit()
+        self.assertEqual(len(futs), 4)
+        done, not_done = cf.wait(futs, timeout=60)
+        self.assertEqual((len(done), len(not_done)), (4, 0))
+        self.assertEqual([f.result() for f in futs], [self.bs] * 4)
+        out = bytearray(4 * self.bs)
+        dst = self.st.register(out)
+        good = [b.read(dst, k * self.bs, self.bs, k * self.bs) for k in range(4)]
+        bad = b.read(dst, 1, self.bs)
+        self.assertFalse(bad.cancel(), "an entry handed to the SSD cannot be cancelled")
+        b.submit()
+        self.assertEqual([f.result(timeout=60) for f in good], [self.bs] * 4)
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            bad.result(timeout=60)
+        self.assertEqual(c.exception.arg, "file_offset")
+        self.assertEqual(out, data)
+        b.close()
+        self.assertEqual(b.in_flight, 0)
+
+    def test_asyncio_form(self) -> None:
+        data = pattern(2 * self.bs, 9)
+        self.st.write_bytes(data, 0)
+        out = bytearray(2 * self.bs)
+
+        async def main():
+            b = self.st.batch(4)
+            b.read(out, 0, self.bs)
+            b.read(out, self.bs, self.bs, self.bs)
+            first = await b.submit_async()
+            b.read(out, 0, 100)
+            with self.assertRaises(ugds.InvalidArgument):
+                await b.submit_async()
+            return first
+
+        self.assertEqual(asyncio.run(main()), [self.bs, self.bs])
+        self.assertEqual(bytes(out), data)
+
+    def test_run_waits_for_every_entry_without_futures(self) -> None:
+        data = bytearray(pattern(3 * self.bs, 11))
+        b = self.st.batch(4)
+        self.assertEqual(b.run([("write", data, k * self.bs, self.bs, k * self.bs) for k in range(3)]), [self.bs] * 3)
+        out = bytearray(3 * self.bs)
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            b.run([("read", out, 0, self.bs), ("read", out, 1, self.bs, self.bs), ("read", out, 2 * self.bs, self.bs, 2 * self.bs)])
+        self.assertEqual(c.exception.arg, "file_offset")
+        # The valid entries ran (the invalid one failed alone) before run() raised.
+        self.assertEqual(bytes(out[: self.bs]), bytes(data[: self.bs]))
+        self.assertEqual(bytes(out[2 * self.bs :]), bytes(data[2 * self.bs :]))
+        self.assertEqual(b.in_flight, 0)
+        for bad in ([("copy", out, 0, self.bs)], [("read", out)], [42]):
+            with self.assertRaises(ugds.InvalidArgument) as c:
+                b.run(bad)
+            self.assertEqual(c.exception.arg, "entries")
+        self.assertEqual(b.run([]), [])
+
+    def test_more_entries_than_capacity_submit_nothing(self) -> None:
+        b = ugds.Batch(self.st, 2)
+        buf = self.st.register(bytearray(3 * self.bs))
+        for k in range(3):
+            b.read(buf, 0, self.bs, k * self.bs)
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            b.submit()
+        self.assertEqual(c.exception.arg, "reqs")
+        self.assertEqual(b.in_flight, 0)
+
+
+class StreamTests(Base):
+    def test_cpu_stream_orders_io_after_earlier_work(self) -> None:
+        s = ugds.CpuStream()
+        buf = self.st.alloc(self.bs)
+        data = pattern(self.bs, 10)
+        # Stream order: the fill runs first, then the write, then the read back.
+        s.launch(lambda: buf.copy_in(data))
+        w = self.st.write_async(buf, 0, self.bs, stream=s)
+        s.launch(lambda: buf.copy_in(bytes(self.bs)))
+        r = self.st.read_async(buf, 0, self.bs, stream=s)
+        self.assertEqual(w.result(timeout=60), self.bs)
+        self.assertEqual(r.result(timeout=60), self.bs)
+        s.synchronize()
+        self.assertTrue(r.done())
+        self.assertEqual(buf.copy_out(), data)
+
+    def test_waiting_releases_the_gil(self) -> None:
+        # The stream's first job needs the GIL; result() can only see the read finish if it
+        # released the GIL while waiting. (A wait holding the GIL would time out.)
+        s = ugds.CpuStream()
+        gate = threading.Event()
+        s.launch(lambda: gate.set())
+        r = self.st.read_async(bytearray(self.bs), 0, self.bs, stream=s)
+        self.assertEqual(r.result(timeout=60), self.bs)
+        self.assertTrue(gate.is_set())
+
+    def test_invalid_stream_io_is_refused_at_the_call(self) -> None:
+        s = ugds.CpuStream()
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read_async(bytearray(self.bs), 0, 100, stream=s)
+        self.assertEqual(c.exception.arg, "nbytes")
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.read_async(bytearray(self.bs), 0, self.bs, stream="not a stream")
+        self.assertEqual(c.exception.arg, "stream")
+
+
+class PackageTests(unittest.TestCase):
+    def test_doctor_returns_findings_as_data(self) -> None:
+        f = ugds.doctor()
+        self.assertTrue(f)
+        self.assertTrue(all(isinstance(x, ugds.Finding) for x in f))
+        self.assertTrue({x.verdict for x in f} <= {"ok", "warn", "no", "info"})
+        self.assertIn("kernel", [x.topic for x in f])
+
+    def test_python_m_ugds_mirrors_the_cli(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="ugds-py-cli-", dir=DIR)
+        os.ftruncate(fd, 1 << 20)
+        os.close(fd)
+        try:
+            run = lambda *a: subprocess.run(  # noqa: E731
+                [sys.executable, "-m", "ugds", *a], capture_output=True, text=True, timeout=120
+            )
+            info = run("info", path, "--json")
+            self.assertEqual(info.returncode, 0, info.stderr)
+            j = json.loads(info.stdout)
+            self.assertEqual((j["path"], j["capacity"]), ("fallback", 1 << 20))
+            doc = run("doctor", "--json")
+            self.assertEqual(doc.returncode, 0, doc.stderr)
+            self.assertTrue(all("verdict" in json.loads(line) for line in doc.stdout.splitlines()))
+            bench = run("bench", path, "--seconds", "0.2", "--size", "4K", "--json")
+            self.assertEqual(bench.returncode, 0, bench.stderr)
+            self.assertGreater(json.loads(bench.stdout)["ios"], 0)
+            bad = run("info", "/dev/null")
+            self.assertEqual(bad.returncode, 1)
+            self.assertIn("/dev/null", bad.stderr)
+        finally:
+            os.unlink(path)
+
+    def test_the_wheel_links_neither_cuda_nor_libpython(self) -> None:
+        so = ugds._ugds.__file__
+        self.assertTrue(so.endswith(".abi3.so"), so)
+        try:
+            out = subprocess.run(["readelf", "-d", so], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            self.skipTest("readelf is not installed")
+        needed = [line for line in out.splitlines() if "NEEDED" in line]
+        self.assertTrue(needed)
+        self.assertFalse([n for n in needed if "cuda" in n or "python" in n], needed)
+
+    def test_the_package_ships_type_stubs(self) -> None:
+        d = os.path.dirname(ugds.__file__)
+        self.assertTrue(os.path.exists(os.path.join(d, "_ugds.pyi")))
+        self.assertTrue(os.path.exists(os.path.join(d, "py.typed")))
+
+
+if __name__ == "__main__":
+    from ugds_test_runner import run
+
+    sys.exit(run(__name__))
