@@ -3,8 +3,9 @@
 
 use clap::{Args, Parser, Subcommand};
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Device, DeviceOptions, Storage};
+use ugds::{pattern, Device, DeviceOptions, IoRequest, Storage, StorageBatch};
 
 #[derive(Parser)]
 #[command(name = "ugds", about = "User-space GPU Direct Storage: NVMe from user space")]
@@ -212,7 +213,7 @@ fn run(cli: Cli) -> Res<()> {
                 }
             }
         }
-        Cmd::Write { t, offset, len, pattern: seed, from } if !ugds::device::is_ugds_node(&t.dev) => {
+        Cmd::Write { t, offset, len, pattern: seed, from } => {
             let file = match (&from, seed) {
                 (Some(f), _) => Some(std::fs::read(f)?),
                 (None, Some(_)) => None,
@@ -221,7 +222,7 @@ fn run(cli: Cli) -> Res<()> {
             if file.as_ref().is_some_and(|f| (f.len() as u64) < len) {
                 return Err(format!("{} holds fewer than --len {len} bytes", from.unwrap_or_default()).into());
             }
-            let s = Storage::open(&t.dev)?;
+            let s = open_target(&t, DeviceOptions { queues: 1, ..Default::default() })?;
             let buf = s.alloc_host(CHUNK.min(len).max(1) as usize)?;
             let start = Instant::now();
             let mut done = 0;
@@ -240,42 +241,8 @@ fn run(cli: Cli) -> Res<()> {
             eprintln!("{}: {}", t.dev, s.describe());
             report(cli.json, "write", len, start.elapsed());
         }
-        Cmd::Write { t, offset, len, pattern: seed, from } => {
-            let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;
-            let ns = d.namespace(t.ns)?;
-            let file = match (&from, seed) {
-                (Some(f), _) => Some(std::fs::read(f)?),
-                (None, Some(_)) => None,
-                (None, None) => return Err("give --pattern SEED or --from FILE".into()),
-            };
-            if let Some(f) = &file {
-                if (f.len() as u64) < len {
-                    return Err(format!(
-                        "{} holds {} bytes, fewer than --len {len}",
-                        from.unwrap_or_default(),
-                        f.len()
-                    )
-                    .into());
-                }
-            }
-            let mut reg = d.alloc(CHUNK.min(len) as usize)?;
-            let start = Instant::now();
-            let mut done = 0;
-            while done < len {
-                let n = CHUNK.min(len - done);
-                let buf = reg.as_mut_slice().ok_or("host registration has no memory")?;
-                match (&file, seed) {
-                    (Some(f), _) => buf[..n as usize].copy_from_slice(&f[done as usize..(done + n) as usize]),
-                    (None, Some(s)) => pattern::fill(s, offset + done, &mut buf[..n as usize]),
-                    (None, None) => unreachable!(),
-                }
-                ns.write(&reg, 0, offset + done, n)?;
-                done += n;
-            }
-            report(cli.json, "write", len, start.elapsed());
-        }
-        Cmd::Read { t, offset, len, to, check_pattern } if !ugds::device::is_ugds_node(&t.dev) => {
-            let s = Storage::open(&t.dev)?;
+        Cmd::Read { t, offset, len, to, check_pattern } => {
+            let s = open_target(&t, DeviceOptions { queues: 1, ..Default::default() })?;
             // A bad range is refused before the output file is created or truncated.
             let cap = s.capacity()?;
             if offset.checked_add(len).is_none_or(|e| e > cap) {
@@ -306,34 +273,6 @@ fn run(cli: Cli) -> Res<()> {
             eprintln!("{}: {}", t.dev, s.describe());
             report(cli.json, "read", len, start.elapsed());
         }
-        Cmd::Read { t, offset, len, to, check_pattern } => {
-            let d = Device::open_with(&t.dev, DeviceOptions { queues: 1, ..Default::default() })?;
-            let ns = d.namespace(t.ns)?;
-            // A bad range is refused before the output file is created or truncated.
-            ns.check_range(offset, len)?;
-            let mut out = match &to {
-                Some(p) => Some(std::fs::File::create(p)?),
-                None => None,
-            };
-            let mut reg = d.alloc(CHUNK.min(len) as usize)?;
-            let start = Instant::now();
-            let mut done = 0;
-            while done < len {
-                let n = CHUNK.min(len - done);
-                ns.read(&mut reg, 0, offset + done, n)?;
-                let buf = &reg.as_slice().ok_or("host registration has no memory")?[..n as usize];
-                if let Some(f) = out.as_mut() {
-                    f.write_all(buf)?;
-                }
-                if let Some(s) = check_pattern {
-                    if let Some(bad) = pattern::first_mismatch(s, offset + done, buf) {
-                        return Err(format!("pattern mismatch at byte offset {bad}").into());
-                    }
-                }
-                done += n;
-            }
-            report(cli.json, "read", len, start.elapsed());
-        }
         Cmd::Bench { t, size, threads, rw, seconds, span, interrupts, depth } => {
             bench(cli.json, &t, BenchArgs { depth, size, threads, rw, seconds, span, interrupts })?
         }
@@ -350,11 +289,21 @@ fn report(json: bool, op: &str, len: u64, t: Duration) {
     }
 }
 
-/// Keeps `depth` I/Os in flight through a [`ugds::Batch`], resubmitting as they complete.
+/// Opens the target: a ugds node with `opts` (the direct path), anything else as
+/// [`Storage::open`] does (the fallback path).
+fn open_target(t: &Target, opts: DeviceOptions) -> Res<Arc<Storage>> {
+    if ugds::device::is_ugds_node(&t.dev) {
+        Ok(Storage::direct(&Device::open_with(&t.dev, opts)?, t.ns)?)
+    } else {
+        Ok(Storage::open(&t.dev)?)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
+/// Keeps `depth` I/Os in flight through a [`ugds::StorageBatch`], resubmitting as they
+/// complete.
 fn batch_loop(
-    d: &Device,
-    ns: &ugds::Namespace,
+    st: &Arc<Storage>,
     size: u64,
     span: u64,
     depth: usize,
@@ -363,17 +312,16 @@ fn batch_loop(
     is_write: &dyn Fn(u64) -> bool,
     lat: &mut Vec<u32>,
 ) -> Res<()> {
-    let reg = d.alloc(size as usize * depth).map_err(|e| e.to_string())?;
-    let mut b = ugds::Batch::new(d, depth).map_err(|e| e.to_string())?;
+    let buf = Arc::new(st.alloc_host(size as usize * depth)?);
+    let mut b = StorageBatch::new(st, depth)?;
     let mut sent = vec![Instant::now(); depth];
     let make = |slot: usize, next: &mut dyn FnMut() -> u64| {
         let r = next();
-        ugds::IoParams {
+        IoRequest {
             op: if is_write(r) { ugds::Op::Write } else { ugds::Op::Read },
-            ns,
-            reg: &reg,
-            reg_offset: slot as u64 * size,
-            dev_offset: (r % (span / size)) * size,
+            buf: buf.clone(),
+            buf_offset: slot as u64 * size,
+            file_offset: (r % (span / size)) * size,
             len: size,
             cookie: slot as u64,
         }
@@ -383,8 +331,8 @@ fn batch_loop(
     for _ in 0..11 {
         let ios: Vec<_> = (0..depth).map(|i| make(i, next)).collect();
         let t = Instant::now();
-        b.submit(&ios).map_err(|e| e.to_string())?;
-        let ev = b.status(depth, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        b.submit(&ios)?;
+        let ev = b.status(depth, Duration::from_secs(30))?;
         times.push(t.elapsed());
         if ev.iter().any(|e| e.status != ugds::IoStatus::Complete) {
             return Err("warm-up batch failed".into());
@@ -400,9 +348,9 @@ fn batch_loop(
     let first: Vec<_> = (0..depth).map(|i| make(i, next)).collect();
     let start = Instant::now();
     sent.iter_mut().for_each(|t| *t = Instant::now());
-    b.submit(&first).map_err(|e| e.to_string())?;
+    b.submit(&first)?;
     while start.elapsed() < deadline {
-        let ev = b.status(1, Duration::from_secs(30)).map_err(|e| e.to_string())?;
+        let ev = b.status(1, Duration::from_secs(30))?;
         let mut again = Vec::with_capacity(ev.len());
         for e in ev {
             if e.status != ugds::IoStatus::Complete {
@@ -413,9 +361,9 @@ fn batch_loop(
             sent[slot] = Instant::now();
             again.push(make(slot, next));
         }
-        b.submit(&again).map_err(|e| e.to_string())?;
+        b.submit(&again)?;
     }
-    b.cancel().map_err(|e| e.to_string())?;
+    b.cancel()?;
     Ok(())
 }
 
@@ -449,10 +397,9 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
         return Err(format!("--rw must be read, write or mix, not {rw:?}").into());
     }
     let open_start = Instant::now();
-    let d = Device::open_with(&t.dev, DeviceOptions { queues: threads.max(1), interrupts, ..Default::default() })?;
+    let st = open_target(t, DeviceOptions { queues: threads.max(1), interrupts, ..Default::default() })?;
     let open_time = open_start.elapsed();
-    let ns = d.namespace(t.ns)?;
-    let span = span.min(ns.capacity()) / size * size;
+    let span = span.min(st.capacity()?) / size * size;
     if span == 0 {
         return Err("--span is smaller than --size".into());
     }
@@ -461,7 +408,7 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     let results: Vec<Res<Vec<u32>>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|ti| {
-                let (d, ns) = (&d, &ns);
+                let st = &st;
                 s.spawn(move || -> Res<Vec<u32>> {
                     let mut x = 0x9E37_79B9u64 ^ ((ti as u64 + 1) * 0x1234_5678_9ABC);
                     let mut next = move || {
@@ -477,19 +424,19 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
                     };
                     let mut lat = Vec::with_capacity(1 << 20);
                     if depth > 1 {
-                        return batch_loop(d, ns, size, span, depth, deadline, &mut next, &is_write, &mut lat)
+                        return batch_loop(st, size, span, depth, deadline, &mut next, &is_write, &mut lat)
                             .map(|_| lat);
                     }
-                    let mut reg = d.alloc(size as usize).map_err(|e| e.to_string())?;
+                    let buf = st.alloc_host(size as usize).map_err(|e| e.to_string())?;
                     let start = Instant::now();
                     while start.elapsed() < deadline {
                         let r = next();
                         let off = (r % (span / size)) * size;
                         let t0 = Instant::now();
                         if is_write(r) {
-                            ns.write(&reg, 0, off, size).map_err(|e| e.to_string())?;
+                            st.write(&buf, 0, off, size).map_err(|e| e.to_string())?;
                         } else {
-                            ns.read(&mut reg, 0, off, size).map_err(|e| e.to_string())?;
+                            st.read(&buf, 0, off, size).map_err(|e| e.to_string())?;
                         }
                         lat.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
                     }
@@ -512,21 +459,22 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     let gibs = iops * size as f64 / (1u64 << 30) as f64;
     let cpu_us = cpu.as_secs_f64() * 1e6 / n.max(1.0);
     let mode = if interrupts { "interrupts" } else { "polling" };
-    // Every I/O counted above went through `Namespace::read`/`write` on a host registration of
-    // a ugds node (bench refuses anything else): the direct path into host memory.
-    let direct_host = all.len();
+    // The paths the I/Os took, as the storage counted them.
+    let c = st.path_counts();
     if json {
         let v = serde_json::json!({
-            "engine": "ugds", "rw": rw, "size": size, "threads": threads, "depth": depth,
+            "engine": "ugds", "target": t.dev, "path": if st.is_direct() { "direct" } else { "fallback" },
+            "rw": rw, "size": size, "threads": threads, "depth": depth,
             "ios": all.len(), "iops": iops, "gib_per_s": gibs, "p50_us": pct(0.5), "p99_us": pct(0.99),
             "open_ms": open_time.as_secs_f64() * 1e3, "mode": mode, "cpu_us_per_io": cpu_us,
-            "path_ios": {"direct_host": direct_host, "direct_p2p": 0, "fallback": 0},
+            "path_ios": {"direct_host": c.direct_host, "direct_p2p": c.direct_p2p,
+                "direct_staged": c.direct_staged, "fallback": c.fallback},
         });
         println!("{v}");
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); path: {direct_host} I/Os direct into host memory",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3
+            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback ({})",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, st.describe()
         );
     }
     Ok(())

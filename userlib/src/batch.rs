@@ -255,14 +255,12 @@ impl QueueBatch {
             return Ok(());
         }
         self.qp.collect(&self.cids, &self.dev.status, &mut self.done)?;
-        let mut k = 0;
-        for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
-            if let Some(st) = self.done[k] {
+        for (s, done) in self.pending.iter_mut().filter(|s| s.status.is_none()).zip(&self.done) {
+            if let Some(st) = *done {
                 s.status = Some(st);
                 // The command is over: the device no longer uses the memory.
                 s.lease = None;
             }
-            k += 1;
         }
         Ok(())
     }
