@@ -13,6 +13,7 @@ pub mod portable;
 pub mod raw;
 pub mod reliability;
 pub mod userlib;
+pub mod volume;
 
 use anyhow::{bail, Context, Result};
 use std::fs;
@@ -39,6 +40,7 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "batch", nvme: batch::NVME, iommu: false },
     Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
     Variant { name: "portable", nvme: portable::NVME, iommu: false },
+    Variant { name: "volume", nvme: volume::NVME, iommu: false },
     // Namespace 2 is formatted with 8 bytes of metadata per block (QEMU's `ms=8`).
     Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
     Variant {
@@ -66,6 +68,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(reliability::tests());
     v.extend(batch::tests());
     v.extend(portable::tests());
+    v.extend(volume::tests());
     v
 }
 

@@ -21,7 +21,8 @@ pub struct DeviceOptions {
     /// I/O queue pairs for synchronous I/O (threads are spread over them); 0 picks
     /// `min(4, what the controller grants)`.
     pub queues: usize,
-    /// Entries per queue.
+    /// Entries per queue; 0 picks `min(256, what the controller allows)` (CAP.MQES, which
+    /// some controllers set as low as 127, i.e. 128 entries).
     pub depth: u32,
     /// Per-command deadline.
     pub timeout: Duration,
@@ -32,7 +33,7 @@ pub struct DeviceOptions {
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { queues: 0, depth: 256, timeout: Duration::from_secs(30), interrupts: false }
+        DeviceOptions { queues: 0, depth: 0, timeout: Duration::from_secs(30), interrupts: false }
     }
 }
 
@@ -231,7 +232,8 @@ impl Device {
         if nqueues == 0 || nqueues > info.max_qpairs as usize {
             return Err(Error::invalid("queues", format!("must be 1..={} on this controller", info.max_qpairs)));
         }
-        if opts.depth < 2 || opts.depth > info.max_queue_entries {
+        let depth = if opts.depth == 0 { 256.min(info.max_queue_entries) } else { opts.depth };
+        if depth < 2 || depth > info.max_queue_entries {
             return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
         }
         let status = Mapping::map(fd.raw(), MMAP_STATUS, 4096, false, "mmap status page")?;
@@ -241,7 +243,7 @@ impl Device {
         let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {
-            queues.push(create_queue_pair(&fd, opts.depth, opts.interrupts, &doorbells, epoch)?);
+            queues.push(create_queue_pair(&fd, depth, opts.interrupts, &doorbells, epoch)?);
         }
         let mdts = if info.mdts_bytes == 0 { u64::MAX } else { info.mdts_bytes as u64 };
         Ok(Device {
