@@ -121,7 +121,7 @@ fn md_build(members: &[String]) -> Result<()> {
 fn md_cross_check() -> Result<()> {
     // ugds writes, md reads.
     let ranges = ranges();
-    write_and_verify(&Storage::open(&spec()?)?, &ranges)?;
+    write_and_verify(&*Storage::open(&spec()?)?, &ranges)?;
     let members = kernel_members()?;
     md_build(&members)?;
     let r = (|| -> Result<()> {
