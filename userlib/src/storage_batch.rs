@@ -179,8 +179,21 @@ impl StorageBatch {
             if out.len() >= min || (st.running == 0 && !native_busy) || now >= deadline {
                 return Ok(out);
             }
-            if native_busy {
-                // The native batch completes by polling: spin, but let the workers run.
+            if native_busy && st.running == 0 {
+                // Only the queue batch runs: let it poll for what is missing (no system call).
+                drop(st);
+                let want = min.saturating_sub(out.len());
+                if let Some(q) = self.native.as_mut() {
+                    for (e, path) in q.status(want, deadline - now)? {
+                        if e.status == IoStatus::Complete {
+                            self.storage.count(path, e.bytes);
+                        }
+                        out.push(e);
+                    }
+                }
+                return Ok(out);
+            } else if native_busy {
+                // Both run: poll the queue, and let the workers run.
                 drop(st);
                 std::thread::yield_now();
             } else {
