@@ -8,10 +8,12 @@
 //! commands (resetting the controller if they do not finish), so memory is never released while
 //! the SSD may still write it.
 
+use crate::cmd::{self, DmaRange};
 use crate::device::{create_queue_pair, Device, Inner, Namespace, Registration};
 use crate::error::{Error, Result};
-use crate::queue::{Command, QueuePair};
+use crate::queue::QueuePair;
 use crate::storage::Buffer;
+use crate::sys::req;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -266,13 +268,16 @@ impl<'a> Batch<'a> {
                 Ok((slba, nlb)) => {
                     nsid = Some(io.ns.id());
                     reg.add_inflight(1);
-                    cmds.push(Command::Rw {
-                        write: io.op == Op::Write,
-                        slba,
-                        nlb,
-                        segs: reg.segments(),
-                        off: io.reg_offset,
-                        len: io.len,
+                    // SAFETY: the slot keeps the registration alive (borrowed, or shared with its
+                    // buffer) and counted in flight until the command is over (a reset confirms
+                    // it for commands that never complete); a read holds the registration's
+                    // device-write lease, so no CPU view exists meanwhile; `check_io` made
+                    // `len` exactly `nlb` blocks.
+                    let data = unsafe { DmaRange::new(reg.segments(), io.reg_offset, io.len) };
+                    cmds.push(if io.op == Op::Write {
+                        cmd::Write::new(slba, nlb, data).build()
+                    } else {
+                        cmd::Read::new(slba, nlb, data).build()
                     });
                     slots.push(Slot {
                         cookie: io.cookie,
@@ -366,9 +371,7 @@ impl<'a> Batch<'a> {
             self.qp.wait_a_little();
         }
         if self.in_flight() > 0 {
-            let mut none = 0u64;
-            // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
-            unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) }?;
+            self.dev.fd.ioctl(req::Reset, &mut ())?;
             self.qp.resync(&self.dev.status);
             for i in 0..self.pending.len() {
                 if self.pending[i].status.is_none() {
@@ -397,7 +400,6 @@ impl Drop for Batch<'_> {
         // Nothing is in flight (or the controller was reset): give the queue pair back. The
         // module revokes our mappings of it; `qp` unmaps them after this.
         let mut d = DeleteQpair { qid: self.qp.qid() as u32, reserved: 0 };
-        // SAFETY: IOCTL_DELETE_QPAIR takes a `DeleteQpair`; `d` is one.
-        let _ = unsafe { self.dev.fd.ioctl("DELETE_QPAIR", IOCTL_DELETE_QPAIR, &mut d) };
+        let _ = self.dev.fd.ioctl(req::DeleteQpair, &mut d);
     }
 }

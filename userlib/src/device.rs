@@ -1,10 +1,12 @@
 //! `Device`, `Namespace` and `Registration`: the public, safe API over one `/dev/ugds_drvN`;
 //! [`is_ugds_node`] tells such a node from anything else.
 
+use crate::cmd::{self, Command, DmaRange, DsmRange};
 use crate::error::{Error, Result};
-use crate::mmio::Mapping;
-use crate::queue::{self, Command, QueuePair, MAX_BURST};
-use crate::sys::{DeviceFd, EventFd};
+use crate::mem::HostMemory;
+use crate::mmio::{Doorbells, StatusView};
+use crate::queue::{self, QueuePair, MAX_BURST};
+use crate::sys::{req, DeviceFd, EventFd};
 use std::cell::Cell;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -37,9 +39,9 @@ impl Default for DeviceOptions {
 pub(crate) struct Inner {
     pub(crate) fd: DeviceFd,
     pub(crate) info: DeviceInfo,
-    pub(crate) status: Mapping,
+    pub(crate) status: StatusView,
     /// The doorbell page(s), shared by every queue pair of this open file.
-    pub(crate) doorbells: Arc<Mapping>,
+    pub(crate) doorbells: Arc<Doorbells>,
     queues: Vec<QueuePair>,
     pub(crate) timeout: Duration,
     /// Largest transfer of one command.
@@ -58,26 +60,21 @@ pub(crate) fn create_queue_pair(
     fd: &DeviceFd,
     depth: u32,
     interrupts: bool,
-    doorbells: &Arc<Mapping>,
+    doorbells: &Arc<Doorbells>,
     epoch: u64,
 ) -> Result<QueuePair> {
     let flags = if interrupts { QPAIR_FLAG_IRQ } else { 0 };
     let mut a = CreateQpair { depth, flags, ..Default::default() };
-    // SAFETY: IOCTL_CREATE_QPAIR takes a `CreateQpair`; `a` is one.
-    unsafe { fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a) }?;
+    fd.ioctl(req::CreateQpair, &mut a)?;
     let irq = if interrupts {
         let ev = EventFd::new()?;
         let mut s = SetEventfd { qid: a.qid, fd: ev.raw() };
-        // SAFETY: IOCTL_SET_EVENTFD takes a `SetEventfd`; `s` is one.
-        unsafe { fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s) }?;
+        fd.ioctl(req::SetEventfd, &mut s)?;
         Some(ev)
     } else {
         None
     };
-    let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
-    let cq = Mapping::map(fd.raw(), a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
-    let prp = Mapping::map(fd.raw(), a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
-    Ok(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch, irq))
+    QueuePair::map(fd, &a, doorbells, epoch, irq)
 }
 
 /// Largest transfer per command the library builds (one PRP-list page with an unaligned start
@@ -216,8 +213,7 @@ impl Device {
             page_size: 0,
             namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
         };
-        // SAFETY: IOCTL_GET_INFO takes a `DeviceInfo`; `info` is one.
-        unsafe { fd.ioctl("GET_INFO", IOCTL_GET_INFO, &mut info) }?;
+        fd.ioctl(req::GetInfo, &mut info)?;
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
@@ -231,11 +227,11 @@ impl Device {
         if opts.depth < 2 || opts.depth > info.max_queue_entries {
             return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
         }
-        let status = Mapping::map(fd.raw(), MMAP_STATUS, 4096, false, "mmap status page")?;
+        let status = StatusView::map(fd.raw())?;
         let (epoch, _) = queue::read_status(&status);
         let db_len = (4096usize)
             .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
-        let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
+        let doorbells = Arc::new(Doorbells::map(fd.raw(), db_len)?);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {
             queues.push(create_queue_pair(&fd, opts.depth, opts.interrupts, &doorbells, epoch)?);
@@ -305,18 +301,7 @@ impl Device {
 
     /// Counters from the status page.
     pub fn counters(&self) -> StatusPage {
-        let s = &self.inner.status;
-        StatusPage {
-            magic: s.load32(0),
-            abi_version: s.load32(4),
-            epoch: s.load64(8),
-            faulted: s.load32(16),
-            reserved: 0,
-            pinned_pages: s.load64(24),
-            registrations: s.load64(32),
-            qpairs: s.load64(40),
-            resets: s.load64(48),
-        }
+        self.inner.status.snapshot()
     }
 
     /// Allocates `len` bytes of page-aligned host memory (rounded up to 4 KiB) and registers it.
@@ -324,10 +309,10 @@ impl Device {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
-        let mem = Mapping::anonymous(len.next_multiple_of(4096))?;
-        let mut a = RegisterHost { addr: mem.addr(), len: mem.len() as u64, handle: RegistrationHandle::default() };
-        // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
-        unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
+        let mem = HostMemory::new(len.next_multiple_of(4096))?;
+        let mut a =
+            RegisterHost { addr: mem.as_ptr() as u64, len: mem.len() as u64, handle: RegistrationHandle::default() };
+        self.inner.fd.ioctl(req::RegisterHost, &mut a)?;
         self.finish_registration(a.handle, mem.len() as u64, Some(mem))
     }
 
@@ -343,20 +328,18 @@ impl Device {
             return Err(Error::invalid("addr", "address and length must be non-zero multiples of 4096"));
         }
         let mut a = RegisterHost { addr: addr as u64, len: len as u64, handle: RegistrationHandle::default() };
-        // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
-        unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
+        self.inner.fd.ioctl(req::RegisterHost, &mut a)?;
         self.finish_registration(a.handle, len as u64, None)
     }
 
     /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
     pub fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
-        // SAFETY: IOCTL_REGISTER_DMABUF takes a `RegisterDmabuf`; `a` is one.
-        unsafe { self.inner.fd.ioctl("REGISTER_DMABUF", IOCTL_REGISTER_DMABUF, &mut a) }?;
+        self.inner.fd.ioctl(req::RegisterDmabuf, &mut a)?;
         self.finish_registration(a.handle, len, None)
     }
 
-    fn finish_registration(&self, h: RegistrationHandle, len: u64, mem: Option<Mapping>) -> Result<Registration> {
+    fn finish_registration(&self, h: RegistrationHandle, len: u64, mem: Option<HostMemory>) -> Result<Registration> {
         let mut segments = vec![Segment::default(); h.nsegs as usize];
         let mut g = GetSegments {
             id: h.id,
@@ -375,8 +358,9 @@ impl Device {
             inflight: AtomicU32::new(0),
             views: AtomicU64::new(0),
         };
-        // SAFETY: IOCTL_GET_SEGMENTS takes a `GetSegments`; `g` is one.
-        let n = unsafe { self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g) }?;
+        // SAFETY: `g.segments` points to `segments`, a live vector of `g.count` segments that
+        // nothing else references during the call.
+        let n = unsafe { self.inner.fd.ioctl_unchecked(req::GetSegments, &mut g) }?;
         segments.truncate(n as usize);
         reg.segments = segments;
         Ok(reg)
@@ -512,17 +496,20 @@ impl Namespace {
         let mut done = 0u64;
         let burst_max = MAX_BURST.min(self.queue().depth() as usize - 1);
         while done < len {
-            let mut burst = [Command::Flush; MAX_BURST];
+            let mut burst = [cmd::Flush::new().build(); MAX_BURST];
             let mut n = 0;
             while n < burst_max && done < len {
                 let chunk = per_cmd.min(len - done);
-                burst[n] = Command::Rw {
-                    write,
-                    slba: (dev_offset + done) >> shift,
-                    nlb: (chunk >> shift) as u32,
-                    segs: &reg.segments,
-                    off: reg_offset + done,
-                    len: chunk,
+                let (slba, nlb) = ((dev_offset + done) >> shift, (chunk >> shift) as u32);
+                // SAFETY: `reg` is registered and borrowed for the whole call, and `submit`
+                // counts the commands in flight on it (a timed-out one stays counted, so the
+                // registration is not released); reads borrow it exclusively (`read` takes
+                // `&mut Registration`); `chunk` is exactly `nlb` blocks.
+                let data = unsafe { DmaRange::new(&reg.segments, reg_offset + done, chunk) };
+                burst[n] = if write {
+                    cmd::Write::new(slba, nlb, data).build()
+                } else {
+                    cmd::Read::new(slba, nlb, data).build()
                 };
                 n += 1;
                 done += chunk;
@@ -558,9 +545,7 @@ impl Namespace {
     /// re-enables it and re-creates every live queue). True when the controller is known to
     /// have stopped, so memory of the timed-out commands is safe again.
     fn recover(&self) -> bool {
-        let mut none = 0u64;
-        // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
-        let ok = unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) }.is_ok();
+        let ok = self.dev.fd.ioctl(req::Reset, &mut ()).is_ok();
         if ok {
             self.queue().resync(&self.dev.status);
         }
@@ -581,7 +566,7 @@ impl Namespace {
         if self.dev.info.vwc & 1 == 0 {
             return Ok(());
         }
-        self.no_data(Command::Flush)
+        self.no_data(cmd::Flush::new().build())
     }
 
     fn blocks(&self, dev_offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
@@ -603,7 +588,7 @@ impl Namespace {
     pub fn write_zeroes(&self, dev_offset: u64, len: u64) -> Result<()> {
         optional_command(self.dev.info.oncs, ONCS_WRITE_ZEROES, "Write Zeroes")?;
         for (slba, nlb) in self.blocks(dev_offset, len)? {
-            self.no_data(Command::WriteZeroes { slba, nlb })?;
+            self.no_data(cmd::WriteZeroes::new(slba, nlb).build())?;
         }
         Ok(())
     }
@@ -613,7 +598,8 @@ impl Namespace {
     pub fn deallocate(&self, dev_offset: u64, len: u64) -> Result<()> {
         optional_command(self.dev.info.oncs, ONCS_DATASET_MANAGEMENT, "Dataset Management (deallocate)")?;
         for (slba, nlb) in self.blocks(dev_offset, len)? {
-            self.no_data(Command::Deallocate { slba, nlb })?;
+            let range = [DsmRange::new(slba, nlb)];
+            self.no_data(cmd::DatasetManagement::new(&range).deallocate(true).build())?;
         }
         Ok(())
     }
@@ -631,7 +617,7 @@ pub struct Registration {
     handle: RegistrationHandle,
     segments: Vec<Segment>,
     len: u64,
-    mem: Option<Mapping>,
+    mem: Option<HostMemory>,
     inflight: AtomicU32,
     /// CPU views (`as_slice` guards) in the high 32 bits, device writes into the memory (reads
     /// from the SSD) in flight in the low 32 bits: the two never overlap.
@@ -727,7 +713,7 @@ impl Registration {
             match self.views.compare_exchange_weak(cur, cur + (1 << 32), Ordering::AcqRel, Ordering::Acquire) {
                 // SAFETY: the view's lease is held: device writes are refused until it ends
                 // (`begin_device_writes`), so nothing writes the memory while the slice lives.
-                Ok(_) => return Some(HostView { reg: self, bytes: unsafe { m.bytes() } }),
+                Ok(_) => return Some(HostView { reg: self, bytes: unsafe { m.as_slice() } }),
                 Err(v) => cur = v,
             }
         }
@@ -737,7 +723,7 @@ impl Registration {
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
         // SAFETY: `&mut self`: no I/O can name this registration while the borrow lives (I/O
         // borrows it shared, batches through an `Arc` that makes `&mut` impossible).
-        self.mem.as_mut().map(|m| unsafe { m.bytes_mut() })
+        self.mem.as_mut().map(|m| unsafe { m.as_mut_slice() })
     }
 
     /// Deregisters now; when commands are in flight, refuses and hands the registration back
@@ -764,8 +750,10 @@ impl Drop for Registration {
             return;
         }
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
-        // SAFETY: IOCTL_DEREGISTER takes a `Deregister`; `d` is one.
-        let _ = unsafe { self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d) };
+        // SAFETY: no command names the registration any more: none is in flight (checked
+        // above), and a timed-out one keeps `inflight` raised until a reset confirmed the
+        // controller stopped.
+        let _ = unsafe { self.dev.fd.ioctl_unchecked(req::Deregister, &mut d) };
     }
 }
 

@@ -12,7 +12,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::fallback::{staged, FileTarget};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
-use crate::mmio::Mapping;
+use crate::mem::HostMemory;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -88,7 +88,7 @@ fn note_fallback(what: &str, how: &str, why: &str) {
 }
 
 enum Mem {
-    Host { ptr: *mut u8, len: usize, _own: Option<Mapping> },
+    Host { ptr: *mut u8, len: usize, _own: Option<HostMemory> },
     Gpu(Arc<GpuMemory>),
 }
 
@@ -437,8 +437,8 @@ impl Storage {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
-        let m = Mapping::anonymous(len.next_multiple_of(4096))?;
-        let ptr = m.addr() as *mut u8;
+        let m = HostMemory::new(len.next_multiple_of(4096))?;
+        let ptr = m.as_ptr();
         // SAFETY: the mapping is owned by the buffer, which outlives its registration.
         unsafe { self.register_host_owned(ptr, len, Some(m)) }
     }
@@ -454,7 +454,7 @@ impl Storage {
         unsafe { self.register_host_owned(ptr, len, None) }
     }
 
-    unsafe fn register_host_owned(&self, ptr: *mut u8, len: usize, own: Option<Mapping>) -> Result<Buffer> {
+    unsafe fn register_host_owned(&self, ptr: *mut u8, len: usize, own: Option<HostMemory>) -> Result<Buffer> {
         if ptr.is_null() || !(ptr as usize).is_multiple_of(4096) {
             return Err(Error::invalid("ptr", "host memory must start on a 4096-byte page boundary"));
         }
