@@ -224,7 +224,7 @@ impl<'a, const OP: u8> Transfer<'a, OP> {
 
     /// The command.
     pub fn build(self) -> Command<'a> {
-        let mut c = Command::zeroed(OP);
+        let mut c = Command::zeroed(Self::OPCODE);
         c.set_slba_nlb(self.slba, self.nlb);
         if self.fua {
             c.cdw[2] |= FUA;

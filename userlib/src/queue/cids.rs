@@ -13,11 +13,17 @@ const DONE: u32 = 2;
 ///
 /// `free[..nfree]` are exactly the ids whose state is `FREE`, each once; `state.len() ==
 /// free.len() <= 65536`.
-#[derive(Debug)]
 pub(crate) struct Cids {
     free: Box<[u16]>,
     nfree: usize,
     state: Box<[u32]>,
+}
+
+impl std::fmt::Debug for Cids {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the tables: a queue may have 65536 ids.
+        write!(f, "Cids({} of {} free)", self.nfree, self.state.len())
+    }
 }
 
 impl Cids {
