@@ -243,7 +243,20 @@ fn reuse_1000() -> Result<()> {
             if round == 101 {
                 // Control: a mapping made and removed (nothing to do with the batch) just
                 // before a steady-state batch, as StorageBatch::new's mmaps are before the first.
-                drop(ugds::mmio::Mapping::anonymous(4096)?);
+                // SAFETY: a new private anonymous mapping, unmapped at once; no memory of ours
+                // is affected.
+                unsafe {
+                    let p = libc::mmap(
+                        std::ptr::null_mut(),
+                        4096,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    );
+                    anyhow::ensure!(p != libc::MAP_FAILED, "mmap failed");
+                    libc::munmap(p, 4096);
+                }
             }
             let ios = reads_4k(&buf, &random_offsets(k * 1000 + round, 8));
             let t = Instant::now();

@@ -10,10 +10,12 @@
 //! kept for good.
 
 use crate::buffer::{Buffer, Lease, Path};
+use crate::cmd::{self, Command, DmaRange};
 use crate::device::{create_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
-use crate::mmio::Mapping;
-use crate::queue::{Command, QueuePair};
+use crate::mem::HostMemory;
+use crate::queue::QueuePair;
+use crate::sys::req;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -151,8 +153,8 @@ impl QueueBatch {
     /// costs what later ones do instead of several times more.
     fn warm_up(dev: &Device, ns: &Namespace) -> Result<()> {
         WARM.store(true, Ordering::Release);
-        let m = Mapping::anonymous(8 * 4096)?;
-        let ptr = m.addr() as *mut u8;
+        let m = HostMemory::new(8 * 4096)?;
+        let ptr = m.as_ptr();
         // SAFETY: the mapping is owned by the buffer built over it, which drops the
         // registration before the mapping; nothing else references it.
         let reg = unsafe { dev.register_host(ptr, m.len()) }?;
@@ -218,13 +220,15 @@ impl QueueBatch {
             .iter()
             .filter_map(|s| {
                 let reg = s.lease.as_ref()?.buffer().registration()?;
-                Some(Command::Rw {
-                    write: s.write,
-                    slba: s.slba,
-                    nlb: s.nlb,
-                    segs: reg.segments(),
-                    off: s.buf_offset,
-                    len: s.len,
+                // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the
+                // command is over (kept for good when that cannot be confirmed), so the
+                // registration stays and the CPU keeps out; `one_command` made `len` exactly
+                // `nlb` blocks.
+                let data = unsafe { DmaRange::new(reg.segments(), s.buf_offset, s.len) };
+                Some(if s.write {
+                    cmd::Write::new(s.slba, s.nlb, data).build()
+                } else {
+                    cmd::Read::new(s.slba, s.nlb, data).build()
                 })
             })
             .collect();
@@ -322,9 +326,7 @@ impl QueueBatch {
             self.qp.wait_a_little();
         }
         if self.in_flight() > 0 {
-            let mut none = 0u64;
-            // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
-            let reset = unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) };
+            let reset = self.dev.fd.ioctl(req::Reset, &mut ());
             for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
                 match (&reset, s.lease.take()) {
                     // The controller stopped: the memory is safe again.
@@ -357,7 +359,6 @@ impl Drop for QueueBatch {
         // Nothing is in flight (or the controller was reset): give the queue pair back. The
         // module revokes our mappings of it; `qp` unmaps them after this.
         let mut d = DeleteQpair { qid: self.qp.qid() as u32, reserved: 0 };
-        // SAFETY: IOCTL_DELETE_QPAIR takes a `DeleteQpair`; `d` is one.
-        let _ = unsafe { self.dev.fd.ioctl("DELETE_QPAIR", IOCTL_DELETE_QPAIR, &mut d) };
+        let _ = self.dev.fd.ioctl(req::DeleteQpair, &mut d);
     }
 }

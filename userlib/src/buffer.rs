@@ -12,7 +12,7 @@
 use crate::device::Registration;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
-use crate::mmio::Mapping;
+use crate::mem::HostMemory;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,7 +45,7 @@ impl std::fmt::Display for Path {
 /// The memory behind a buffer.
 pub(crate) enum Mem {
     /// Host memory: owned (`own`) or the caller's (promised valid by `register_host`'s contract).
-    Host { ptr: *mut u8, len: usize, own: Option<Mapping> },
+    Host { ptr: *mut u8, len: usize, own: Option<HostMemory> },
     /// GPU memory.
     Gpu(Arc<GpuMemory>),
 }
@@ -56,7 +56,7 @@ pub(crate) struct Staging {
     /// The module's registration of `mem`; declared first so it is deregistered before unmapping.
     pub(crate) reg: Registration,
     /// The chunks' memory.
-    pub(crate) mem: Mapping,
+    pub(crate) mem: HostMemory,
 }
 
 /// The bit of the lease word held by the CPU (the rest counts I/O leases).
@@ -333,8 +333,8 @@ mod tests {
     use super::*;
 
     fn host(len: usize) -> Buffer {
-        let m = Mapping::anonymous(len).unwrap();
-        let ptr = m.addr() as *mut u8;
+        let m = HostMemory::new(len).unwrap();
+        let ptr = m.as_ptr();
         Buffer::new(Mem::Host { ptr, len, own: Some(m) }, Vec::new(), None, Path::Fallback, 0)
     }
 

@@ -4,10 +4,11 @@
 //! node from anything else. Data moves through [`crate::Storage`] and [`crate::Buffer`], which
 //! own memory, leases and the request check; this layer only builds and runs commands.
 
+use crate::cmd::{self, Command, DmaRange, DsmRange};
 use crate::error::{Error, Result};
-use crate::mmio::Mapping;
-use crate::queue::{self, Command, QueuePair, MAX_BURST};
-use crate::sys::{DeviceFd, EventFd};
+use crate::mmio::{Doorbells, StatusView};
+use crate::queue::{self, QueuePair, MAX_BURST};
+use crate::sys::{req, DeviceFd, EventFd};
 use std::cell::Cell;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,9 +42,9 @@ impl Default for DeviceOptions {
 pub(crate) struct Inner {
     pub(crate) fd: DeviceFd,
     pub(crate) info: DeviceInfo,
-    pub(crate) status: Mapping,
+    pub(crate) status: StatusView,
     /// The doorbell page(s), shared by every queue pair of this open file.
-    pub(crate) doorbells: Arc<Mapping>,
+    pub(crate) doorbells: Arc<Doorbells>,
     queues: Vec<QueuePair>,
     pub(crate) timeout: Duration,
     /// Largest transfer of one command.
@@ -62,26 +63,21 @@ pub(crate) fn create_queue_pair(
     fd: &DeviceFd,
     depth: u32,
     interrupts: bool,
-    doorbells: &Arc<Mapping>,
+    doorbells: &Arc<Doorbells>,
     epoch: u64,
 ) -> Result<QueuePair> {
     let flags = if interrupts { QPAIR_FLAG_IRQ } else { 0 };
     let mut a = CreateQpair { depth, flags, ..Default::default() };
-    // SAFETY: IOCTL_CREATE_QPAIR takes a `CreateQpair`; `a` is one.
-    unsafe { fd.ioctl("CREATE_QPAIR", IOCTL_CREATE_QPAIR, &mut a) }?;
+    fd.ioctl(req::CreateQpair, &mut a)?;
     let irq = if interrupts {
         let ev = EventFd::new()?;
         let mut s = SetEventfd { qid: a.qid, fd: ev.raw() };
-        // SAFETY: IOCTL_SET_EVENTFD takes a `SetEventfd`; `s` is one.
-        unsafe { fd.ioctl("SET_EVENTFD", IOCTL_SET_EVENTFD, &mut s) }?;
+        fd.ioctl(req::SetEventfd, &mut s)?;
         Some(ev)
     } else {
         None
     };
-    let sq = Mapping::map(fd.raw(), a.sq_offset, a.sq_size as usize, true, "mmap SQ")?;
-    let cq = Mapping::map(fd.raw(), a.cq_offset, a.cq_size as usize, true, "mmap CQ")?;
-    let prp = Mapping::map(fd.raw(), a.prp_offset, a.prp_size as usize, true, "mmap PRP pool")?;
-    Ok(QueuePair::new(&a, sq, cq, prp, doorbells.clone(), epoch, irq))
+    QueuePair::map(fd, &a, doorbells, epoch, irq)
 }
 
 /// Largest transfer per command the library builds (one PRP-list page with an unaligned start
@@ -220,8 +216,7 @@ impl Device {
             page_size: 0,
             namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
         };
-        // SAFETY: IOCTL_GET_INFO takes a `DeviceInfo`; `info` is one.
-        unsafe { fd.ioctl("GET_INFO", IOCTL_GET_INFO, &mut info) }?;
+        fd.ioctl(req::GetInfo, &mut info)?;
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
@@ -236,11 +231,11 @@ impl Device {
         if depth < 2 || depth > info.max_queue_entries {
             return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
         }
-        let status = Mapping::map(fd.raw(), MMAP_STATUS, 4096, false, "mmap status page")?;
+        let status = StatusView::map(fd.raw())?;
         let (epoch, _) = queue::read_status(&status);
         let db_len = (4096usize)
             .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
-        let doorbells = Arc::new(Mapping::map(fd.raw(), MMAP_DOORBELLS, db_len, true, "mmap doorbells")?);
+        let doorbells = Arc::new(Doorbells::map(fd.raw(), db_len)?);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {
             queues.push(create_queue_pair(&fd, depth, opts.interrupts, &doorbells, epoch)?);
@@ -310,18 +305,7 @@ impl Device {
 
     /// Counters from the status page.
     pub fn counters(&self) -> StatusPage {
-        let s = &self.inner.status;
-        StatusPage {
-            magic: s.load32(0),
-            abi_version: s.load32(4),
-            epoch: s.load64(8),
-            faulted: s.load32(16),
-            reserved: 0,
-            pinned_pages: s.load64(24),
-            registrations: s.load64(32),
-            qpairs: s.load64(40),
-            resets: s.load64(48),
-        }
+        self.inner.status.snapshot()
     }
 
     /// Registers host memory `[addr, addr + len)` (page aligned, a multiple of 4 KiB) with the
@@ -336,16 +320,14 @@ impl Device {
             return Err(Error::invalid("addr", "address and length must be non-zero multiples of 4096"));
         }
         let mut a = RegisterHost { addr: addr as u64, len: len as u64, handle: RegistrationHandle::default() };
-        // SAFETY: IOCTL_REGISTER_HOST takes a `RegisterHost`; `a` is one.
-        unsafe { self.inner.fd.ioctl("REGISTER_HOST", IOCTL_REGISTER_HOST, &mut a) }?;
+        self.inner.fd.ioctl(req::RegisterHost, &mut a)?;
         self.finish_registration(a.handle)
     }
 
     /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
     pub(crate) fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
-        // SAFETY: IOCTL_REGISTER_DMABUF takes a `RegisterDmabuf`; `a` is one.
-        unsafe { self.inner.fd.ioctl("REGISTER_DMABUF", IOCTL_REGISTER_DMABUF, &mut a) }?;
+        self.inner.fd.ioctl(req::RegisterDmabuf, &mut a)?;
         self.finish_registration(a.handle)
     }
 
@@ -360,8 +342,9 @@ impl Device {
         };
         // Built before GET_SEGMENTS so that a failure still deregisters (on drop).
         let mut reg = Registration { dev: self.inner.clone(), handle: h, segments: Vec::new() };
-        // SAFETY: IOCTL_GET_SEGMENTS takes a `GetSegments`; `g` is one.
-        let n = unsafe { self.inner.fd.ioctl("GET_SEGMENTS", IOCTL_GET_SEGMENTS, &mut g) }?;
+        // SAFETY: `g.segments` points to `segments`, a live vector of `g.count` segments that
+        // nothing else references during the call.
+        let n = unsafe { self.inner.fd.ioctl_unchecked(req::GetSegments, &mut g) }?;
         segments.truncate(n as usize);
         reg.segments = segments;
         Ok(reg)
@@ -474,17 +457,20 @@ impl Namespace {
         let mut done = 0u64;
         let burst_max = MAX_BURST.min(self.queue().depth() as usize - 1);
         while done < len {
-            let mut burst = [Command::Flush; MAX_BURST];
+            let mut burst = [cmd::Flush::new().build(); MAX_BURST];
             let mut n = 0;
             while n < burst_max && done < len {
                 let chunk = per_cmd.min(len - done);
-                burst[n] = Command::Rw {
-                    write,
-                    slba: (dev_offset + done) >> shift,
-                    nlb: (chunk >> shift) as u32,
-                    segs: &reg.segments,
-                    off: reg_offset + done,
-                    len: chunk,
+                let (slba, nlb) = ((dev_offset + done) >> shift, (chunk >> shift) as u32);
+                // SAFETY: `reg` is held by a buffer whose I/O lease the caller holds for the
+                // call (the CPU cannot touch the memory) and keeps for good when the commands
+                // may outlive it (`IoFailure::stranded`), so the registration stays while the
+                // SSD may use it; `chunk` is exactly `nlb` blocks.
+                let data = unsafe { DmaRange::new(&reg.segments, reg_offset + done, chunk) };
+                burst[n] = if write {
+                    cmd::Write::new(slba, nlb, data).build()
+                } else {
+                    cmd::Read::new(slba, nlb, data).build()
                 };
                 n += 1;
                 done += chunk;
@@ -512,9 +498,7 @@ impl Namespace {
     /// re-enables it and re-creates every live queue). True when the controller is known to
     /// have stopped, so memory of the timed-out commands is safe again.
     fn recover(&self) -> bool {
-        let mut none = 0u64;
-        // SAFETY: IOCTL_RESET takes a `u64 (no argument)`; `none` is one.
-        let ok = unsafe { self.dev.fd.ioctl("RESET", IOCTL_RESET, &mut none) }.is_ok();
+        let ok = self.dev.fd.ioctl(req::Reset, &mut ()).is_ok();
         if ok {
             self.queue().resync(&self.dev.status);
         }
@@ -535,7 +519,7 @@ impl Namespace {
         if self.dev.info.vwc & 1 == 0 {
             return Ok(());
         }
-        self.no_data(Command::Flush)
+        self.no_data(cmd::Flush::new().build())
     }
 
     fn blocks(&self, dev_offset: u64, len: u64) -> Result<Vec<(u64, u32)>> {
@@ -557,7 +541,7 @@ impl Namespace {
     pub fn write_zeroes(&self, dev_offset: u64, len: u64) -> Result<()> {
         optional_command(self.dev.info.oncs, ONCS_WRITE_ZEROES, "Write Zeroes")?;
         for (slba, nlb) in self.blocks(dev_offset, len)? {
-            self.no_data(Command::WriteZeroes { slba, nlb })?;
+            self.no_data(cmd::WriteZeroes::new(slba, nlb).build())?;
         }
         Ok(())
     }
@@ -567,7 +551,8 @@ impl Namespace {
     pub fn deallocate(&self, dev_offset: u64, len: u64) -> Result<()> {
         optional_command(self.dev.info.oncs, ONCS_DATASET_MANAGEMENT, "Dataset Management (deallocate)")?;
         for (slba, nlb) in self.blocks(dev_offset, len)? {
-            self.no_data(Command::Deallocate { slba, nlb })?;
+            let range = [DsmRange::new(slba, nlb)];
+            self.no_data(cmd::DatasetManagement::new(&range).deallocate(true).build())?;
         }
         Ok(())
     }
@@ -610,8 +595,10 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
-        // SAFETY: IOCTL_DEREGISTER takes a `Deregister`; `d` is one.
-        let _ = unsafe { self.dev.fd.ioctl("DEREGISTER", IOCTL_DEREGISTER, &mut d) };
+        // SAFETY: no command names the registration any more: none is in flight (checked
+        // above), and a timed-out one keeps `inflight` raised until a reset confirmed the
+        // controller stopped.
+        let _ = unsafe { self.dev.fd.ioctl_unchecked(req::Deregister, &mut d) };
     }
 }
 

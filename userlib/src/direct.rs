@@ -7,7 +7,7 @@ use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
 use crate::device::{Device, Namespace};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
-use crate::mmio::Mapping;
+use crate::mem::HostMemory;
 use crate::path::{DataPath, Registered};
 use crate::staging::staged;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ impl DirectPath {
             return (Err(Error::invalid("buf", "not registered for this path")), false);
         };
         let stage = stage.lock().unwrap_or_else(|e| e.into_inner());
-        let base = stage.mem.addr();
+        let base = stage.mem.as_ptr() as u64;
         let chunks = [base as *mut u8, (base + STAGING_CHUNK as u64) as *mut u8];
         let dev_ptr = g.device_ptr() + buf_offset;
         let mut stranded = false;
@@ -117,10 +117,10 @@ impl DataPath for DirectPath {
                     "staged through registered host memory, still through the NVMe queues",
                     &e.to_string(),
                 );
-                let chunks = Mapping::anonymous(2 * STAGING_CHUNK)?;
+                let chunks = HostMemory::new(2 * STAGING_CHUNK)?;
                 // SAFETY: `chunks` is owned by the `Staging` that owns the registration too and
                 // is dropped after it (field order); nothing references its bytes.
-                let reg = unsafe { self.dev.register_host(chunks.addr() as *mut u8, chunks.len()) }?;
+                let reg = unsafe { self.dev.register_host(chunks.as_ptr(), chunks.len()) }?;
                 Ok(Registered {
                     regs: Vec::new(),
                     staging: Some(Staging { reg, mem: chunks }),

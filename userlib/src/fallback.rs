@@ -212,8 +212,8 @@ impl FileTarget {
             // SAFETY: forwarded from the caller.
             return unsafe { self.ring_io(write, ptr, len, off) };
         }
-        let bounce = crate::mmio::Mapping::anonymous(PIECE)?;
-        let b = bounce.addr() as *mut u8;
+        let bounce = crate::mem::HostMemory::new(PIECE)?;
+        let b = bounce.as_ptr();
         let mut done = 0;
         while done < len {
             let n = PIECE.min(len - done);

@@ -20,6 +20,7 @@ pub mod batch;
 pub mod buffer;
 #[cfg(feature = "fallback")]
 pub mod capi;
+pub(crate) mod cmd;
 pub mod device;
 mod direct;
 pub mod doctor;
@@ -28,21 +29,40 @@ pub mod error;
 #[cfg(feature = "fallback")]
 pub mod fallback;
 pub mod gpu;
-pub mod mmio;
+pub(crate) mod mem;
+pub(crate) mod mmio;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
 pub mod path;
 pub mod pattern;
-pub mod prp;
-pub mod queue;
+pub(crate) mod prp;
+pub(crate) mod queue;
+pub(crate) mod ring;
 mod staging;
 pub mod storage;
 pub mod storage_batch;
 pub mod stream;
 pub mod stream_io;
-pub mod sys;
+pub(crate) mod sys;
 pub mod units;
 pub mod volume;
+
+/// The queue engine's pieces for the fuzz targets and the data-path cost benchmark (feature
+/// `test-utils`; not a stable API). The engine modules are crate-private: this is their only
+/// way out, together with [`mock`].
+#[cfg(feature = "test-utils")]
+#[doc(hidden)]
+pub mod test_utils {
+    pub use crate::cmd::{
+        Command, DatasetManagement, DmaRange, DsmRange, Flush, Read, Transfer, Write, WriteZeroes, DSM_MAX_RANGES,
+    };
+    pub use crate::mem::{QueueMemory, TestMemory};
+    pub use crate::mmio::StatusView;
+    pub use crate::mock::{Behaviour, Fault, HostileCqe, MockConfig, MockQueue, MockStats};
+    pub use crate::queue::{Completion, Completions, QueuePair, Submission, MAX_BURST};
+    pub use crate::ring::cq::Cq;
+    pub use crate::ring::sq::{Sq, SqSlot};
+}
 
 pub use batch::{IoEvent, IoStatus, Op};
 pub use buffer::{Buffer, HostView, Path};

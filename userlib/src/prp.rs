@@ -62,6 +62,7 @@ fn locate(segs: &[Segment], off: u64, cursor: &mut (usize, u64)) -> Option<(u64,
 
 /// Builds PRPs for `[off, off + len)` of a registration made of `segs`. `list` receives the
 /// list entries (it must hold [`LIST_ENTRIES`]); `list_bus` is the list page's bus address.
+#[cfg(test)]
 pub fn build(segs: &[Segment], off: u64, len: u64, list: &mut [u64], list_bus: u64) -> Result<Prps, PrpError> {
     let cap = list.len().min(LIST_ENTRIES);
     build_with(segs, off, len, list_bus, cap, |i, a| list[i] = a)
@@ -95,6 +96,12 @@ pub fn build_with(
     let head = (PAGE - (first % PAGE)).min(len);
     if contig < head {
         return Err(PrpError::Discontiguous);
+    }
+    // One or two pages inside one segment (the common small transfer): PRP1 and PRP2 directly,
+    // no list. The second page starts right after PRP1's page, in bus memory too.
+    if len - head <= PAGE && contig >= len {
+        let prp2 = if len == head { 0 } else { first + head };
+        return Ok(Prps { prp1: first, prp2, list_len: 0 });
     }
     let mut pos = off + head;
     let mut pages = 0usize;
@@ -162,6 +169,19 @@ mod tests {
         let bad = [seg(0x5000, 2048), seg(0x9000, 4096)];
         assert_eq!(build(&bad, 0, 4096, &mut list, 0), Err(PrpError::Discontiguous));
         assert_eq!(build(&[seg(0, 4 << 20)], 0, 4 << 20, &mut list, 0), Err(PrpError::TooLarge));
+    }
+
+    #[test]
+    fn two_pages_straddling_a_segment_boundary_take_the_general_path() {
+        // PRP1's page ends the first segment; the second page is elsewhere in bus memory.
+        let segs = [seg(0x5000, 4096), seg(0x9000, 4096)];
+        let mut list = [0u64; LIST_ENTRIES];
+        assert_eq!(build(&segs, 1024, 4096, &mut list, 0).unwrap(), Prps { prp1: 0x5400, prp2: 0x9000, list_len: 0 });
+        assert_eq!(build(&segs, 0, 8192, &mut list, 0).unwrap(), Prps { prp1: 0x5000, prp2: 0x9000, list_len: 0 });
+        // Inside one segment: PRP2 is the next page of the same segment.
+        let one = [seg(0x7000, 3 * 4096)];
+        assert_eq!(build(&one, 4092, 8, &mut list, 0).unwrap(), Prps { prp1: 0x7FFC, prp2: 0x8000, list_len: 0 });
+        assert_eq!(build(&one, 4096, 4096, &mut list, 0).unwrap(), Prps { prp1: 0x8000, prp2: 0, list_len: 0 });
     }
 
     proptest! {

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
-use crate::mmio::Mapping;
+use crate::mem::HostMemory;
 use crate::path::{note_fallback, DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -230,8 +230,8 @@ impl Storage {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
-        let m = Mapping::anonymous(len.next_multiple_of(4096))?;
-        let ptr = m.addr() as *mut u8;
+        let m = HostMemory::new(len.next_multiple_of(4096))?;
+        let ptr = m.as_ptr();
         // SAFETY: the mapping is owned by the buffer, which drops the registration first.
         let r = unsafe { self.path.register_host(ptr, len) }?;
         Ok(self.buffer(Mem::Host { ptr, len, own: Some(m) }, r))

@@ -1,5 +1,6 @@
-//! The system-call layer (control plane only): ioctls on `/dev/ugds_drvN` and shared mappings.
-//! All of the crate's `unsafe` FFI lives here and in [`crate::mmio`].
+//! The system-call layer (control plane only): typed ioctls on `/dev/ugds_drvN` and eventfds.
+//! Its `unsafe` FFI, with [`crate::mmio`]'s and [`crate::mem`]'s, is all the crate's system-call
+//! and mapping code.
 
 use crate::error::{Error, Result};
 use std::io;
@@ -9,11 +10,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 ///
 /// # Safety
 ///
-/// Implementors are `#[repr(C)]` uapi structs without padding whose every bit pattern is valid.
+/// Implementors are `#[repr(C)]` uapi structs without padding whose every bit pattern is valid
+/// (or `()`, for requests without argument).
 pub unsafe trait IoctlArg {}
 
-// SAFETY (all): uapi structs, layout pinned by the uapi crate's assertions, no padding, all
-// bit patterns valid.
+// SAFETY (for each impl below): a uapi struct whose layout the uapi crate's assertions pin, with
+// no padding and only integer fields, so every bit pattern is valid.
 // SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::DeviceInfo {}
 // SAFETY: see above.
@@ -30,8 +32,110 @@ unsafe impl IoctlArg for ugds_uapi::ioctl::GetSegments {}
 unsafe impl IoctlArg for ugds_uapi::ioctl::Deregister {}
 // SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::SetEventfd {}
-// SAFETY: a plain integer (for requests without argument).
-unsafe impl IoctlArg for u64 {}
+// SAFETY: zero-sized: the kernel reads nothing through the pointer (the request's size is 0).
+unsafe impl IoctlArg for () {}
+
+/// An ioctl request of the module's ABI, tied to its argument type: `fd.ioctl(req, &mut arg)`
+/// with a mismatched pair does not compile.
+///
+/// # Safety
+///
+/// The kernel must read and write at most `size_of::<Arg>()` bytes through the argument
+/// pointer for request number `REQ`.
+pub unsafe trait Request: Copy {
+    /// The request number.
+    const REQ: u32;
+    /// Its name, for errors.
+    const NAME: &'static str;
+    /// Its argument.
+    type Arg: IoctlArg;
+}
+
+/// A request that is memory-safe for every argument value: the kernel validates the contents,
+/// and its effect reaches no memory of this process beyond the argument itself.
+///
+/// # Safety
+///
+/// Implement only for such requests. The others ([`req::GetSegments`], [`req::Deregister`])
+/// carry a contract in their `# Safety` section and go through [`DeviceFd::ioctl_unchecked`].
+pub unsafe trait SafeRequest: Request {}
+
+/// The module's requests, one type each.
+pub mod req {
+    use super::{Request, SafeRequest};
+    use ugds_uapi::ioctl as abi;
+
+    macro_rules! request {
+        ($(#[$doc:meta])* $name:ident, $req:expr, $arg:ty, $safe:ident) => {
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy)]
+            pub struct $name;
+            // SAFETY: the uapi request number is built from `size_of` of this argument type
+            // (uapi's `ioc`), and the module copies exactly that many bytes.
+            unsafe impl Request for $name {
+                const REQ: u32 = $req;
+                const NAME: &'static str = stringify!($name);
+                type Arg = $arg;
+            }
+            request!(@safe $name, $safe);
+        };
+        (@safe $name:ident, safe) => {
+            // SAFETY: the module validates every field of the argument; the request touches no
+            // memory of this process but the argument (see the request's doc).
+            unsafe impl SafeRequest for $name {}
+        };
+        (@safe $name:ident, unsafe) => {};
+    }
+
+    request!(
+        /// Fill a `DeviceInfo`.
+        GetInfo, abi::IOCTL_GET_INFO, abi::DeviceInfo, safe
+    );
+    request!(
+        /// Create an I/O queue pair (the module allocates and owns its memory).
+        CreateQpair, abi::IOCTL_CREATE_QPAIR, abi::CreateQpair, safe
+    );
+    request!(
+        /// Delete a queue pair: the controller completes or aborts its commands first, and the
+        /// module revokes this process's mappings of it.
+        DeleteQpair, abi::IOCTL_DELETE_QPAIR, abi::DeleteQpair, safe
+    );
+    request!(
+        /// Pin and DMA-map host memory of this process. The device touches it only when a
+        /// command names its segments, which takes an `unsafe` [`crate::cmd::DmaRange`].
+        RegisterHost, abi::IOCTL_REGISTER_HOST, abi::RegisterHost, safe
+    );
+    request!(
+        /// Attach and map a dma-buf (same rule as `RegisterHost` for commands).
+        RegisterDmabuf, abi::IOCTL_REGISTER_DMABUF, abi::RegisterDmabuf, safe
+    );
+    request!(
+        /// Copy a registration's segments to the argument's `segments` pointer.
+        ///
+        /// # Safety
+        ///
+        /// `segments` must point to `count` writable [`abi::Segment`]s that nothing else
+        /// references during the call.
+        GetSegments, abi::IOCTL_GET_SEGMENTS, abi::GetSegments, unsafe
+    );
+    request!(
+        /// Unpin and unmap a registration.
+        ///
+        /// # Safety
+        ///
+        /// No command naming the registration may still run (none in flight, or the controller
+        /// was reset after the last one): the device would write memory that is no longer ours.
+        Deregister, abi::IOCTL_DEREGISTER, abi::Deregister, unsafe
+    );
+    request!(
+        /// Attach an eventfd to a queue's MSI-X vector.
+        SetEventfd, abi::IOCTL_SET_EVENTFD, abi::SetEventfd, safe
+    );
+    request!(
+        /// Reset the controller (disable, wait for CSTS.RDY=0, re-enable, re-create the queues).
+        Reset, abi::IOCTL_RESET, (), safe
+    );
+}
 
 /// An open `/dev/ugds_drvN`.
 #[derive(Debug)]
@@ -53,31 +157,35 @@ impl DeviceFd {
         self.0.as_raw_fd()
     }
 
-    /// Issues `req` with `arg`.
+    /// Issues a request that is safe for any argument.
+    pub(crate) fn ioctl<R: SafeRequest>(&self, _req: R, arg: &mut R::Arg) -> Result<i32> {
+        // SAFETY: `arg` is a live, exclusive `R::Arg`, the argument type of `R::REQ` (`Request`'s
+        // contract); the request has no other effect on our memory (`SafeRequest`'s).
+        unsafe { self.raw_ioctl(R::NAME, R::REQ, arg) }
+    }
+
+    /// Issues a request whose safety depends on the argument's meaning.
     ///
     /// # Safety
     ///
-    /// `req` must be a request whose argument is a `T` (the kernel reads and writes as many
-    /// bytes as the request says).
-    pub(crate) unsafe fn ioctl<T: IoctlArg>(&self, op: &'static str, req: u32, arg: &mut T) -> Result<i32> {
-        // SAFETY: `arg` is a live, exclusive `T`, the argument type of `req` (caller); the kernel
-        // validates the content.
+    /// The contract in `R`'s `# Safety` section holds for `arg`.
+    pub(crate) unsafe fn ioctl_unchecked<R: Request>(&self, _req: R, arg: &mut R::Arg) -> Result<i32> {
+        // SAFETY: `arg` is `R`'s argument type (`Request`'s contract); the request's own contract
+        // is the caller's.
+        unsafe { self.raw_ioctl(R::NAME, R::REQ, arg) }
+    }
+
+    /// # Safety
+    ///
+    /// `req` must be a request whose argument is a `T`, and its effects must be sound.
+    unsafe fn raw_ioctl<T: IoctlArg>(&self, op: &'static str, req: u32, arg: &mut T) -> Result<i32> {
+        // SAFETY: `arg` is a live, exclusive `T`, the argument type of `req`, whose effects are
+        // sound (caller); the kernel validates the content.
         let r = unsafe { libc::ioctl(self.raw(), req as _, arg as *mut T) };
         if r < 0 {
             return Err(Error::Control { op, source: io::Error::last_os_error() });
         }
         Ok(r)
-    }
-
-    /// Duplicates the fd (for a second independent open, use [`DeviceFd::open`]).
-    pub fn try_clone(&self) -> Result<Self> {
-        // SAFETY: dup of our own fd; the new fd is owned below.
-        let fd = unsafe { libc::fcntl(self.raw(), libc::F_DUPFD_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(Error::Control { op: "dup", source: io::Error::last_os_error() });
-        }
-        // SAFETY: a fresh fd.
-        Ok(DeviceFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 }
 

@@ -1,0 +1,420 @@
+//! NVM command builders (NVM command set spec 1.0, section 3): required fields in `new`,
+//! optional ones as chainable setters, `build()` starting from a zeroed entry. Building is safe;
+//! what lets the device touch memory is a [`DmaRange`], which only `unsafe` code can make.
+//!
+//! A built [`Command`] is written straight into its SQ slot by [`Command::write`], which also
+//! fills the command's own list page: the PRP list of a transfer over more than two pages, or
+//! the range list of a Dataset Management command.
+//!
+//! Optional setters the library does not use yet are kept for tests and fuzzing
+//! (`allow(dead_code)` outside those builds), as is the rest of the engine's test surface.
+
+use crate::mem::QueueMemory;
+use crate::prp::{self, PrpError, LIST_ENTRIES};
+use crate::ring::sq::SqSlot;
+use ugds_uapi::ioctl::Segment;
+use ugds_uapi::queue::nvm;
+
+/// A byte range of a registration, described by the registration's DMA segments: what a read
+/// or write command transfers.
+#[derive(Debug, Clone, Copy)]
+pub struct DmaRange<'a> {
+    segs: &'a [Segment],
+    off: u64,
+    len: u64,
+}
+
+impl<'a> DmaRange<'a> {
+    /// Bytes `[off, off + len)` of the memory that `segs` map.
+    ///
+    /// # Safety
+    ///
+    /// A command built with this range lets the device read or write that memory, so until every
+    /// such command has completed (or the controller was reset after it):
+    /// - `segs` are the DMA segments of a registration that stays registered (pinned and
+    ///   mapped for this controller);
+    /// - for a read, nothing else reads or writes the range, and no Rust reference to it exists;
+    /// - `len` is exactly the command's transfer length (its blocks times the block size), so
+    ///   the device moves no byte outside the range.
+    pub unsafe fn new(segs: &'a [Segment], off: u64, len: u64) -> Self {
+        DmaRange { segs, off, len }
+    }
+}
+
+/// One Dataset Management range (16 bytes on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DsmRange {
+    /// Context attributes (access hints); 0 for none.
+    pub attributes: u32,
+    /// Starting LBA.
+    pub slba: u64,
+    /// Length in blocks (a count, not zero-based).
+    pub nlb: u32,
+}
+
+impl DsmRange {
+    /// `nlb` blocks at `slba`, without context attributes.
+    pub const fn new(slba: u64, nlb: u32) -> Self {
+        DsmRange { attributes: 0, slba, nlb }
+    }
+}
+
+/// Most ranges one Dataset Management command carries (one 4 KiB page of 16-byte ranges).
+pub const DSM_MAX_RANGES: usize = 256;
+
+/// What a command points at besides its dwords.
+#[derive(Debug, Clone, Copy)]
+enum Data<'a> {
+    None,
+    Prp(DmaRange<'a>),
+    Ranges(&'a [DsmRange]),
+}
+
+/// A built NVM I/O command: opcode, command dwords 10..=15 and what it points at. The command
+/// id, namespace and data pointers are filled in when it is written into a slot.
+#[derive(Debug, Clone, Copy)]
+pub struct Command<'a> {
+    opcode: u8,
+    cdw: [u32; 6],
+    data: Data<'a>,
+}
+
+/// The page of the queue's PRP-list pool that belongs to a command id: it holds the command's
+/// PRP list or DSM range list.
+#[derive(Debug)]
+pub struct ListPage<'m, M: ?Sized> {
+    /// The pool.
+    pub mem: &'m M,
+    /// The page's byte offset in the pool.
+    pub off: usize,
+    /// The page's bus address.
+    pub bus: u64,
+}
+
+impl<'a> Command<'a> {
+    /// A zeroed command with `opcode`.
+    const fn zeroed(opcode: u8) -> Self {
+        Command { opcode, cdw: [0; 6], data: Data::None }
+    }
+
+    fn set_cdw(&mut self, n: usize, v: u32) {
+        self.cdw[n - 10] = v;
+    }
+
+    fn set_slba_nlb(&mut self, slba: u64, nlb: u32) {
+        // CAST: the low and high dwords of the LBA; the zero-based 16-bit block count.
+        self.set_cdw(10, slba as u32);
+        self.set_cdw(11, (slba >> 32) as u32);
+        self.cdw[2] = (self.cdw[2] & 0xFFFF_0000) | (nlb.wrapping_sub(1) & 0xFFFF);
+    }
+
+    /// Command dword `n` (10..=15).
+    pub fn cdw(&self, n: usize) -> u32 {
+        self.cdw.get(n.wrapping_sub(10)).copied().unwrap_or(0)
+    }
+
+    /// The command's name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self.opcode {
+            nvm::READ => "read",
+            nvm::WRITE => "write",
+            nvm::FLUSH => "flush",
+            nvm::WRITE_ZEROES => "write zeroes",
+            nvm::DATASET_MANAGEMENT if self.cdw(11) & DSM_DEALLOCATE != 0 => "deallocate",
+            nvm::DATASET_MANAGEMENT => "dataset management",
+            _ => "command",
+        }
+    }
+
+    /// The first LBA the command names (0 when it names none), for errors.
+    pub fn slba(&self) -> u64 {
+        match self.data {
+            Data::Ranges(r) => r.first().map_or(0, |r| r.slba),
+            _ if self.opcode == nvm::FLUSH => 0,
+            _ => self.cdw(10) as u64 | (self.cdw(11) as u64) << 32,
+        }
+    }
+
+    /// Writes the command into `slot` with command id `cid` and namespace `nsid`: first its
+    /// list page (a PRP list, or DSM ranges), then each of the slot's eight quadwords once.
+    /// On error the slot is untouched (the list page may hold garbage, which nothing names).
+    #[inline]
+    pub fn write<M, P>(&self, slot: &SqSlot<'_, M>, cid: u16, nsid: u32, page: &ListPage<'_, P>) -> Result<(), PrpError>
+    where
+        M: QueueMemory + ?Sized,
+        P: QueueMemory + ?Sized,
+    {
+        let (prp1, prp2) = self.data_pointers(page)?;
+        slot.store(0, (self.opcode as u64 | (cid as u64) << 16) | (nsid as u64) << 32);
+        slot.store(1, 0);
+        slot.store(2, 0);
+        slot.store(3, prp1);
+        slot.store(4, prp2);
+        slot.store(5, self.cdw[0] as u64 | (self.cdw[1] as u64) << 32);
+        slot.store(6, self.cdw[2] as u64 | (self.cdw[3] as u64) << 32);
+        slot.store(7, self.cdw[4] as u64 | (self.cdw[5] as u64) << 32);
+        Ok(())
+    }
+
+    /// PRP1 and PRP2, writing the list page where one is needed.
+    #[inline]
+    fn data_pointers<P: QueueMemory + ?Sized>(&self, page: &ListPage<'_, P>) -> Result<(u64, u64), PrpError> {
+        match self.data {
+            Data::None => Ok((0, 0)),
+            Data::Prp(r) => {
+                let p = prp::build_with(r.segs, r.off, r.len, page.bus, LIST_ENTRIES, |i, a| {
+                    page.mem.store64(page.off + 8 * i, a)
+                })?;
+                Ok((p.prp1, p.prp2))
+            }
+            Data::Ranges(ranges) => {
+                if ranges.is_empty() || ranges.len() > DSM_MAX_RANGES {
+                    return Err(PrpError::TooLarge);
+                }
+                for (i, r) in ranges.iter().enumerate() {
+                    let off = page.off + 16 * i;
+                    page.mem.store32(off, r.attributes);
+                    page.mem.store32(off + 4, r.nlb);
+                    page.mem.store64(off + 8, r.slba);
+                }
+                // The range list fills at most the page, so PRP1 alone describes it.
+                Ok((page.bus, 0))
+            }
+        }
+    }
+}
+
+/// CDW12 bit 30: Force Unit Access.
+const FUA: u32 = 1 << 30;
+/// Write Zeroes CDW12 bit 25: deallocate the blocks.
+const DEAC: u32 = 1 << 25;
+/// Dataset Management CDW11 bit 2: Attribute – Deallocate.
+const DSM_DEALLOCATE: u32 = 1 << 2;
+
+/// Read or write `nlb` blocks at `slba` into or from a [`DmaRange`]; `OPCODE` says which
+/// ([`Read`] and [`Write`] name the two).
+#[derive(Debug, Clone, Copy)]
+pub struct Transfer<'a, const OPCODE: u8> {
+    slba: u64,
+    nlb: u32,
+    data: DmaRange<'a>,
+    fua: bool,
+}
+
+/// Read `nlb` blocks at `slba` into a [`DmaRange`].
+pub type Read<'a> = Transfer<'a, { nvm::READ }>;
+/// Write `nlb` blocks at `slba` from a [`DmaRange`].
+pub type Write<'a> = Transfer<'a, { nvm::WRITE }>;
+
+impl<'a, const OP: u8> Transfer<'a, OP> {
+    /// The opcode.
+    pub const OPCODE: u8 = OP;
+
+    /// `nlb` (1..=65536) blocks at `slba`, into or from `data`.
+    pub fn new(slba: u64, nlb: u32, data: DmaRange<'a>) -> Self {
+        Transfer { slba, nlb, data, fua: false }
+    }
+
+    /// Force Unit Access: read from, or complete only once written to, non-volatile media.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn fua(mut self, on: bool) -> Self {
+        self.fua = on;
+        self
+    }
+
+    /// The command.
+    pub fn build(self) -> Command<'a> {
+        let mut c = Command::zeroed(Self::OPCODE);
+        c.set_slba_nlb(self.slba, self.nlb);
+        if self.fua {
+            c.cdw[2] |= FUA;
+        }
+        c.data = Data::Prp(self.data);
+        c
+    }
+}
+
+/// Flush the volatile write cache.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flush;
+
+impl Flush {
+    /// The opcode.
+    pub const OPCODE: u8 = nvm::FLUSH;
+
+    /// A flush.
+    pub const fn new() -> Self {
+        Flush
+    }
+
+    /// The command.
+    pub const fn build(self) -> Command<'static> {
+        Command::zeroed(Self::OPCODE)
+    }
+}
+
+/// Write zeroes to `nlb` blocks at `slba` (no data transfer).
+#[derive(Debug, Clone, Copy)]
+pub struct WriteZeroes {
+    slba: u64,
+    nlb: u32,
+    deallocate: bool,
+    fua: bool,
+}
+
+impl WriteZeroes {
+    /// The opcode.
+    pub const OPCODE: u8 = nvm::WRITE_ZEROES;
+
+    /// `nlb` (1..=65536) blocks at `slba`.
+    pub fn new(slba: u64, nlb: u32) -> Self {
+        WriteZeroes { slba, nlb, deallocate: false, fua: false }
+    }
+
+    /// Let the controller deallocate the blocks (they still read as zeroes).
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn deallocate(mut self, on: bool) -> Self {
+        self.deallocate = on;
+        self
+    }
+
+    /// Force Unit Access.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn fua(mut self, on: bool) -> Self {
+        self.fua = on;
+        self
+    }
+
+    /// The command.
+    pub fn build(self) -> Command<'static> {
+        let mut c = Command::zeroed(Self::OPCODE);
+        c.set_slba_nlb(self.slba, self.nlb);
+        if self.deallocate {
+            c.cdw[2] |= DEAC;
+        }
+        if self.fua {
+            c.cdw[2] |= FUA;
+        }
+        c
+    }
+}
+
+/// Dataset Management over up to [`DSM_MAX_RANGES`] ranges (written into the command's list
+/// page); with [`DatasetManagement::deallocate`], a trim.
+#[derive(Debug, Clone, Copy)]
+pub struct DatasetManagement<'a> {
+    ranges: &'a [DsmRange],
+    deallocate: bool,
+}
+
+impl<'a> DatasetManagement<'a> {
+    /// The opcode.
+    pub const OPCODE: u8 = nvm::DATASET_MANAGEMENT;
+
+    /// A command over `ranges` (1..=256 of them; others fail when the command is written).
+    pub fn new(ranges: &'a [DsmRange]) -> Self {
+        DatasetManagement { ranges, deallocate: false }
+    }
+
+    /// Deallocate (trim) the ranges.
+    pub fn deallocate(mut self, on: bool) -> Self {
+        self.deallocate = on;
+        self
+    }
+
+    /// The command.
+    pub fn build(self) -> Command<'a> {
+        let mut c = Command::zeroed(Self::OPCODE);
+        // CAST: NR is the zero-based range count in CDW10 bits 7:0 (at most 255 when valid).
+        c.set_cdw(10, (self.ranges.len().wrapping_sub(1) & 0xFF) as u32);
+        if self.deallocate {
+            c.set_cdw(11, DSM_DEALLOCATE);
+        }
+        c.data = Data::Ranges(self.ranges);
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::TestMemory;
+    use crate::ring::sq::{Sq, SQE_BYTES};
+    use ugds_uapi::Sqe;
+
+    const SEGS: [Segment; 1] = [Segment { dma_addr: 0x10_0000, len: 1 << 20 }];
+
+    fn range(off: u64, len: u64) -> DmaRange<'static> {
+        // SAFETY: never handed to a device: the commands are only encoded into test memory.
+        unsafe { DmaRange::new(&SEGS, off, len) }
+    }
+
+    /// Writes `c` into slot 0 of a fresh ring; returns the entry as dwords and the list page.
+    fn encode(c: &Command<'_>, cid: u16, nsid: u32) -> Result<([u32; 16], TestMemory), PrpError> {
+        let sqm = TestMemory::new(2 * SQE_BYTES);
+        let pool = TestMemory::new(4096);
+        let mut sq = Sq::new(2).unwrap();
+        let slot = sq.push(&sqm).unwrap();
+        c.write(&slot, cid, nsid, &ListPage { mem: &pool, off: 0, bus: 0xAB000 })?;
+        Ok((std::array::from_fn(|i| sqm.load32(4 * i).to_le()), pool))
+    }
+
+    /// The same command through uapi's `Sqe` setters: an independent encoding.
+    fn reference(opcode: u8, cid: u16, nsid: u32, prps: (u64, u64), cdw: [(usize, u32); 3]) -> [u32; 16] {
+        let mut s = Sqe::new(opcode, cid);
+        s.set_nsid(nsid);
+        s.set_prps(prps.0, prps.1);
+        for (n, v) in cdw {
+            s.set_cdw(n, v);
+        }
+        s.to_dwords()
+    }
+
+    #[test]
+    fn read_write_encode_as_the_spec_says() {
+        let (got, _) = encode(&Read::new(0x1_2345_6789, 8, range(512, 4096)).build(), 7, 1).unwrap();
+        let want = reference(nvm::READ, 7, 1, (0x10_0200, 0x10_1000), [(10, 0x2345_6789), (11, 1), (12, 7)]);
+        assert_eq!(got, want);
+        let c = Write::new(5, 65536, range(0, 4096)).fua(true).build();
+        assert_eq!((c.name(), c.slba(), c.cdw(12)), ("write", 5, FUA | 0xFFFF));
+        let (got, _) = encode(&c, 3, 2).unwrap();
+        assert_eq!(got, reference(nvm::WRITE, 3, 2, (0x10_0000, 0), [(10, 5), (11, 0), (12, FUA | 0xFFFF)]));
+    }
+
+    #[test]
+    fn long_transfers_write_their_list_page() {
+        let (got, pool) = encode(&Read::new(0, 4, range(0, 16384)).build(), 1, 1).unwrap();
+        assert_eq!((got[6], got[8]), (0x10_0000, 0xAB000), "PRP1 the first page, PRP2 the list");
+        assert_eq!([pool.load64(0), pool.load64(8), pool.load64(16)], [0x10_1000, 0x10_2000, 0x10_3000]);
+        // Not describable: the slot stays untouched.
+        assert_eq!(encode(&Read::new(0, 1, range(2, 512)).build(), 1, 1).unwrap_err(), PrpError::Unaligned);
+    }
+
+    #[test]
+    fn no_data_commands() {
+        let (got, _) = encode(&Flush::new().build(), 9, 1).unwrap();
+        assert_eq!(got, reference(nvm::FLUSH, 9, 1, (0, 0), [(10, 0), (11, 0), (12, 0)]));
+        assert_eq!(Read::new(0, 1, range(0, 4096)).fua(true).build().cdw(12), FUA);
+        assert_eq!(WriteZeroes::new(0, 1).fua(true).build().cdw(12), FUA);
+        let c = WriteZeroes::new(100, 16).deallocate(true).build();
+        assert_eq!((c.name(), c.slba()), ("write zeroes", 100));
+        let (got, _) = encode(&c, 2, 1).unwrap();
+        assert_eq!(got, reference(nvm::WRITE_ZEROES, 2, 1, (0, 0), [(10, 100), (11, 0), (12, DEAC | 15)]));
+    }
+
+    #[test]
+    fn dataset_management_writes_its_ranges() {
+        let ranges = [DsmRange::new(10, 8), DsmRange { attributes: 0x5, slba: 1 << 33, nlb: 1 }];
+        let c = DatasetManagement::new(&ranges).deallocate(true).build();
+        assert_eq!((c.name(), c.slba()), ("deallocate", 10));
+        let (got, pool) = encode(&c, 4, 1).unwrap();
+        assert_eq!(got, reference(nvm::DATASET_MANAGEMENT, 4, 1, (0xAB000, 0), [(10, 1), (11, 4), (12, 0)]));
+        assert_eq!([pool.load32(0), pool.load32(4), pool.load32(16), pool.load32(20)], [0, 8, 5, 1]);
+        assert_eq!([pool.load64(8), pool.load64(24)], [10, 1 << 33]);
+        assert_eq!(DatasetManagement::new(&ranges).build().name(), "dataset management");
+        assert_eq!(encode(&DatasetManagement::new(&[]).build(), 1, 1).unwrap_err(), PrpError::TooLarge);
+        let many = [DsmRange::new(0, 1); DSM_MAX_RANGES + 1];
+        assert_eq!(encode(&DatasetManagement::new(&many).build(), 1, 1).unwrap_err(), PrpError::TooLarge);
+        assert!(encode(&DatasetManagement::new(&many[..DSM_MAX_RANGES]).build(), 1, 1).is_ok());
+    }
+}

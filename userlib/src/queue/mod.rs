@@ -1,0 +1,403 @@
+//! The queue pair engine: the SQ and CQ rings ([`crate::ring`]) over the module's DMA memory, a
+//! [`Submission`] guard that writes commands ([`crate::cmd`]) straight into SQ slots and
+//! publishes the tail with one doorbell write when dropped, and [`Completions`], an iterator
+//! over posted completion entries that writes the CQ head doorbell once when dropped.
+//!
+//! Locking: one mutex per queue pair, held only to write entries or reap completions, never
+//! while waiting; whoever polls reaps every completion of the queue and records it for its
+//! owner (the command id stays reserved until [`QueuePair::collect`] hands its status over).
+//! The hot path allocates nothing and makes no system call; the clock is read only once a wait
+//! has spun a while, and the controller's epoch once per submission and per reap that finds
+//! completions.
+
+mod cids;
+mod reap;
+
+#[cfg(any(test, feature = "test-utils"))]
+pub use reap::Completion;
+#[cfg(feature = "test-utils")]
+pub use reap::Completions;
+
+use crate::cmd::{Command, ListPage};
+use crate::error::{Error, Result};
+use crate::mem::{DeviceShared, QueueMemory};
+use crate::mmio::{Doorbell, Doorbells, StatusView};
+use crate::prp::PAGE;
+use crate::ring::cq::{Cq, CQE_BYTES};
+use crate::ring::sq::{Sq, SQE_BYTES};
+use crate::sys::{DeviceFd, EventFd};
+use cids::Cids;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use ugds_uapi::ioctl::CreateQpair;
+use ugds_uapi::Status;
+
+/// Most commands one call keeps in flight at once (larger requests go in rounds).
+pub const MAX_BURST: usize = 64;
+
+/// Polls between clock reads while waiting.
+const SPINS_PER_CHECK: u32 = 4096;
+
+/// Ring state; plain data, guarded by the queue pair's mutex.
+#[derive(Debug)]
+struct Rings {
+    sq: Sq,
+    cq: Cq,
+    cids: Cids,
+    /// The controller epoch these rings belong to.
+    epoch: u64,
+    /// A protocol violation was seen: the queue is unusable until the controller is reset.
+    broken: bool,
+    /// Polls that found nothing since the epoch was last read.
+    idle: u32,
+}
+
+/// An I/O queue pair mapped into this process.
+///
+/// # Invariants
+///
+/// `sq_mem` holds `depth` entries, `cq_mem` `depth` entries and `prp` `depth` pages (one per
+/// command id); `depth` is the depth of both rings.
+#[derive(Debug)]
+pub struct QueuePair {
+    qid: u16,
+    depth: u32,
+    sq_mem: DeviceShared,
+    cq_mem: DeviceShared,
+    prp: DeviceShared,
+    sq_db: Doorbell,
+    cq_db: Doorbell,
+    rings: Mutex<Rings>,
+    /// Interrupt mode: the eventfd the queue's MSI-X vector signals; waiters poll once, then
+    /// sleep on it.
+    irq: Option<EventFd>,
+}
+
+/// Reads the status page's epoch and faulted flag.
+pub fn read_status(status: &StatusView) -> (u64, bool) {
+    (status.epoch(), status.faulted())
+}
+
+impl QueuePair {
+    /// Maps the SQ, CQ and PRP pool of a queue pair that `CREATE_QPAIR` returned in `args`.
+    pub(crate) fn map(
+        fd: &DeviceFd,
+        args: &CreateQpair,
+        doorbells: &Arc<Doorbells>,
+        epoch: u64,
+        irq: Option<EventFd>,
+    ) -> Result<Self> {
+        // CAST: the module reports region sizes of a few MiB at most.
+        let sq = DeviceShared::map(fd.raw(), args.sq_offset, args.sq_size as usize, 0, "mmap SQ")?;
+        let cq = DeviceShared::map(fd.raw(), args.cq_offset, args.cq_size as usize, 0, "mmap CQ")?;
+        let prp = DeviceShared::map(fd.raw(), args.prp_offset, args.prp_size as usize, args.prp_dma, "mmap PRP pool")?;
+        Self::new(args, sq, cq, prp, doorbells, epoch, irq)
+    }
+
+    /// Wraps a queue pair's mapped regions; checks that they hold `args.depth` entries (and
+    /// PRP pages) and that its doorbells lie in the doorbell mapping.
+    pub(crate) fn new(
+        args: &CreateQpair,
+        sq_mem: DeviceShared,
+        cq_mem: DeviceShared,
+        prp: DeviceShared,
+        doorbells: &Arc<Doorbells>,
+        epoch: u64,
+        irq: Option<EventFd>,
+    ) -> Result<Self> {
+        let depth = args.depth;
+        let bad = |what: &str| Error::DeviceProtocol(format!("queue {}: {what} for depth {depth}", args.qid));
+        let (Some(sq), Some(cq)) = (Sq::new(depth), Cq::new(depth)) else { return Err(bad("invalid depth")) };
+        let d = depth as usize;
+        if sq_mem.len() < d * SQE_BYTES || cq_mem.len() < d * CQE_BYTES || prp.len() < d * PAGE as usize {
+            return Err(bad("queue memory too small"));
+        }
+        // CAST: queue ids are 16-bit in NVMe.
+        let qid = u16::try_from(args.qid).map_err(|_| bad("queue id out of range"))?;
+        // INVARIANT: memory sizes checked above; both rings have `depth` slots.
+        Ok(QueuePair {
+            qid,
+            depth,
+            sq_mem,
+            cq_mem,
+            prp,
+            sq_db: doorbells.doorbell(args.sq_doorbell)?,
+            cq_db: doorbells.doorbell(args.cq_doorbell)?,
+            rings: Mutex::new(Rings { sq, cq, cids: Cids::new(depth), epoch, broken: false, idle: 0 }),
+            irq,
+        })
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// Queue depth in entries (at most depth - 1 commands wait in the SQ at once).
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Rings> {
+        // A panic while holding the lock cannot leave the rings half-written in a way that
+        // matters more than the panic itself; keep going with the state as is.
+        self.rings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks the controller's epoch and fault flag against the rings'. On a new epoch the
+    /// controller re-created this queue empty: the rings start over and the caller learns that
+    /// its commands were lost.
+    #[inline]
+    fn check_epoch(&self, r: &mut Rings, status: &StatusView) -> Result<()> {
+        if status.faulted() {
+            return Err(Error::DeviceFaulted);
+        }
+        let epoch = status.epoch();
+        if epoch != r.epoch {
+            let old = r.epoch;
+            r.sq.reset();
+            r.cq.reset();
+            r.cids.reset();
+            r.epoch = epoch;
+            r.broken = false;
+            return Err(Error::EpochChanged { old, new: epoch });
+        }
+        if r.broken {
+            return Err(Error::DeviceFaulted);
+        }
+        Ok(())
+    }
+
+    /// After this process reset the controller itself: adopt the new epoch silently (the
+    /// module re-created the queue empty; our timed-out commands are gone).
+    pub fn resync(&self, status: &StatusView) {
+        let mut r = self.lock();
+        let _ = self.check_epoch(&mut r, status);
+    }
+
+    /// Opens a submission for namespace `nsid`: checks the epoch (once for the whole burst)
+    /// and holds the queue until dropped, which publishes what was pushed with one doorbell
+    /// write.
+    #[inline]
+    pub fn submission(&self, nsid: u32, status: &StatusView) -> Result<Submission<'_>> {
+        let mut rings = self.lock();
+        self.check_epoch(&mut rings, status)?;
+        Ok(Submission { qp: self, rings, nsid, pushed: 0 })
+    }
+
+    /// Reaps posted completions and hands each to the caller: its command id is free again
+    /// once it is yielded. For a caller that owns every command of the queue (single-owner
+    /// use); completions already recorded by [`QueuePair::collect`]'s reaping stay there.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn completions(&self, status: &StatusView) -> Result<reap::Completions<'_>> {
+        let mut rings = self.lock();
+        self.check_epoch(&mut rings, status)?;
+        Ok(reap::Completions::new(self, rings))
+    }
+
+    /// Writes `cmds` into free slots (waiting for room up to `timeout`) and rings the doorbell
+    /// once; their command ids go to `cids[..cmds.len()]`. Nothing is published on error.
+    pub fn submit(
+        &self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<()> {
+        let n = cmds.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if n >= self.depth as usize || cids.len() < n {
+            return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.depth)));
+        }
+        let mut sub = self.submission(nsid, status)?;
+        let mut start: Option<Instant> = None;
+        let mut spins = 0u32;
+        while sub.space() < n {
+            // Make room: reap (recording completions for their owners), then let others in.
+            reap::record_all(self, &mut sub.rings, status)?;
+            if sub.space() >= n {
+                break;
+            }
+            drop(sub);
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(SPINS_PER_CHECK) {
+                let since = *start.get_or_insert_with(Instant::now);
+                if since.elapsed() > timeout {
+                    return Err(timeout_error(&cmds[0], timeout));
+                }
+            }
+            sub = self.submission(nsid, status)?;
+        }
+        for (i, cmd) in cmds.iter().enumerate() {
+            match sub.push(cmd) {
+                Ok(cid) => cids[i] = cid,
+                Err(e) => {
+                    sub.cancel();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reaps the queue and collects the completions of `cids` that arrived: for each `i` with
+    /// `out[i]` still `None` whose command completed, stores its status in `out[i]` and frees its
+    /// id. Returns how many were collected by this call.
+    pub fn collect(&self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
+        let mut r = self.lock();
+        reap::record_all(self, &mut r, status)?;
+        let mut n = 0;
+        for (c, o) in cids.iter().zip(out.iter_mut()) {
+            if o.is_none() {
+                if let Some(raw) = r.cids.take(*c) {
+                    *o = Some(reap::decode(raw));
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sleeps on the interrupt (interrupt mode) or spins once (polling).
+    pub fn wait_a_little(&self) {
+        match &self.irq {
+            Some(ev) => ev.wait(10),
+            None => std::hint::spin_loop(),
+        }
+    }
+
+    /// Submits `cmds` (at most [`MAX_BURST`]) with one doorbell write and waits for all of them.
+    /// Returns the first failure (all commands have completed or been abandoned by then).
+    pub fn execute(&self, nsid: u32, cmds: &[Command<'_>], status: &StatusView, timeout: Duration) -> Result<()> {
+        let n = cmds.len().min(MAX_BURST);
+        let cmds = &cmds[..n];
+        let mut cids = [0u16; MAX_BURST];
+        self.submit(nsid, cmds, status, timeout, &mut cids)?;
+        let mut out = [None; MAX_BURST];
+        let mut got = 0;
+        let mut spins = 0u32;
+        let mut start: Option<Instant> = None;
+        loop {
+            got += self.collect(&cids[..n], status, &mut out[..n])?;
+            if got == n {
+                for (i, st) in out[..n].iter().enumerate() {
+                    if let Some(st) = st.filter(|s| !s.is_success()) {
+                        return Err(Error::Nvme { op: cmds[i].name(), slba: cmds[i].slba(), status: st });
+                    }
+                }
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            // Polling reads the clock only every few thousand polls (the deadline counts from
+            // the first read); interrupt mode before its first sleep and after each.
+            if self.irq.is_some() || spins.is_multiple_of(SPINS_PER_CHECK) {
+                let since = *start.get_or_insert_with(Instant::now);
+                if since.elapsed() > timeout {
+                    // The uncollected commands stay in flight: their ids and PRP pages are not
+                    // reused, and the registration keeps counting them. A reset clears them.
+                    return Err(timeout_error(&cmds[0], timeout));
+                }
+            }
+            self.wait_a_little();
+        }
+    }
+}
+
+fn timeout_error(cmd: &Command<'_>, timeout: Duration) -> Error {
+    // CAST: a deadline of more than 2^64 ms is not a deadline.
+    Error::Timeout { op: cmd.name(), slba: cmd.slba(), timeout_ms: timeout.as_millis() as u64 }
+}
+
+/// Commands being written into a queue pair. While it lives the queue is locked; dropping it
+/// publishes every pushed entry with one tail doorbell write ([`Submission::cancel`] withdraws
+/// them instead).
+#[derive(Debug)]
+pub struct Submission<'q> {
+    qp: &'q QueuePair,
+    rings: MutexGuard<'q, Rings>,
+    nsid: u32,
+    pushed: u32,
+}
+
+impl Submission<'_> {
+    /// Commands that can still be pushed (free SQ slots and free command ids).
+    #[inline]
+    pub fn space(&self) -> usize {
+        (self.rings.sq.space() as usize).min(self.rings.cids.available())
+    }
+
+    /// Entries pushed so far.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn len(&self) -> usize {
+        self.pushed as usize
+    }
+
+    /// True when nothing was pushed.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn is_empty(&self) -> bool {
+        self.pushed == 0
+    }
+
+    /// Writes `cmd` into the next SQ slot (and its list page); returns its command id. The
+    /// device sees it once the submission is dropped. Fails, writing nothing, when the queue
+    /// is full or PRPs cannot describe the command's memory.
+    #[inline]
+    pub fn push(&mut self, cmd: &Command<'_>) -> Result<u16> {
+        let r = &mut *self.rings;
+        if r.cids.available() == 0 {
+            return Err(Error::invalid("cmds", "the queue is full"));
+        }
+        let Some(slot) = r.sq.push(&self.qp.sq_mem) else {
+            return Err(Error::invalid("cmds", "the queue is full"));
+        };
+        let Some(cid) = r.cids.alloc() else {
+            r.sq.unpush(1);
+            return Err(Error::invalid("cmds", "the queue is full"));
+        };
+        let page = ListPage {
+            mem: &self.qp.prp,
+            off: cid as usize * PAGE as usize,
+            bus: self.qp.prp.bus(cid as usize * PAGE as usize),
+        };
+        if let Err(e) = cmd.write(&slot, cid, self.nsid, &page) {
+            r.cids.release(cid);
+            r.sq.unpush(1);
+            return Err(Error::invalid("reg_offset", format!("cannot describe the buffer with PRPs: {e:?}")));
+        }
+        self.pushed += 1;
+        Ok(cid)
+    }
+
+    /// Withdraws every entry pushed through this submission (never published): the tail goes
+    /// back and their command ids are free again.
+    pub fn cancel(mut self) {
+        let r = &mut *self.rings;
+        for _ in 0..self.pushed {
+            r.sq.unpush(1);
+            // The id is read back from the slot we wrote (the device never reads an
+            // unpublished slot).
+            // CAST: CDW0 bits 31:16.
+            let cid = (self.qp.sq_mem.load32(r.sq.tail() as usize * SQE_BYTES) >> 16) as u16;
+            r.cids.release(cid);
+        }
+        self.pushed = 0;
+    }
+}
+
+impl Drop for Submission<'_> {
+    fn drop(&mut self) {
+        if self.pushed > 0 {
+            // Orders the slot and list-page stores before the doorbell store, so the device
+            // never fetches a half-written entry. ugds runs on x86-64, where stores are not
+            // reordered with older stores (uncached MMIO included): this keeps the compiler
+            // from reordering; a weakly ordered CPU would need a device-scope barrier here.
+            fence(Ordering::Release);
+            self.qp.sq_db.ring(self.rings.sq.tail() as u32);
+        }
+    }
+}

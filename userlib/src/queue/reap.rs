@@ -1,0 +1,156 @@
+//! Reaping: completion entries taken off the CQ by phase tag, checked against the commands in
+//! flight, and either recorded for their owners or handed to the caller; the CQ head doorbell
+//! is written once per reap.
+
+use super::{QueuePair, Rings};
+use crate::error::{Error, Result};
+use crate::mmio::StatusView;
+use std::sync::MutexGuard;
+use ugds_uapi::Status;
+
+/// Empty polls between epoch reads: a reset re-creates the queue empty, so the completions a
+/// waiter expects never come and it must notice the new epoch.
+const IDLE_POLLS_PER_EPOCH_CHECK: u32 = 64;
+
+/// One completed command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Its command id.
+    pub cid: u16,
+    /// Its status.
+    pub status: Status,
+}
+
+/// What was wrong with a completion entry (kept small: it is returned per entry).
+#[derive(Debug, Clone, Copy)]
+enum Violation {
+    /// Its command id is not in flight (unknown, or completed already).
+    Cid(u16),
+    /// Its SQ head lies outside what was submitted.
+    SqHead(u16),
+}
+
+impl Violation {
+    fn error(self, qp: &QueuePair, r: &Rings) -> Error {
+        Error::DeviceProtocol(match self {
+            Violation::Cid(cid) => format!("queue {}: completion for command id {cid} that is not in flight", qp.qid),
+            Violation::SqHead(h) => format!(
+                "queue {}: SQ head {h} outside the submitted entries (head {}, tail {})",
+                qp.qid,
+                r.sq.head(),
+                r.sq.tail()
+            ),
+        })
+    }
+}
+
+/// Takes the next posted entry off the CQ, if any, and checks it: its command id must be in
+/// flight and its SQ head inside what was submitted. A good completion is recorded for its
+/// owner (`hand_out: false`) or its id freed for the caller (`hand_out: true`); a bad one
+/// marks the queue broken. Each `Some` means one entry was consumed. Returns the command id
+/// and the raw status field.
+#[inline(always)]
+fn reap_one(qp: &QueuePair, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<(u16, u16), Violation>> {
+    let e = r.cq.pop(&qp.cq_mem)?;
+    let cid = e.cid;
+    let ok = if hand_out { r.cids.in_flight(cid) && r.cids.release(cid) } else { r.cids.complete(cid, e.status) };
+    if !ok {
+        r.broken = true;
+        return Some(Err(Violation::Cid(cid)));
+    }
+    if !r.sq.set_head(e.sq_head) {
+        r.broken = true;
+        return Some(Err(Violation::SqHead(e.sq_head)));
+    }
+    Some(Ok((cid, e.status)))
+}
+
+/// Releases `n` consumed CQ slots to the device with one head doorbell write.
+#[inline]
+fn release_slots(qp: &QueuePair, r: &Rings, n: u32) {
+    if n > 0 {
+        qp.cq_db.ring(r.cq.head() as u32);
+    }
+}
+
+/// Reaps every posted completion, recording each for its owner. Returns how many. The epoch is
+/// checked before anything is consumed (a reset leaves a zeroed CQ that must not be read as
+/// completions), and on every 64th poll that finds nothing.
+#[inline]
+pub(super) fn record_all(qp: &QueuePair, r: &mut Rings, status: &StatusView) -> Result<usize> {
+    if r.broken || !r.cq.ready(&qp.cq_mem) {
+        r.idle = r.idle.wrapping_add(1);
+        if r.broken || r.idle.is_multiple_of(IDLE_POLLS_PER_EPOCH_CHECK) {
+            qp.check_epoch(r, status)?;
+        }
+        return Ok(0);
+    }
+    qp.check_epoch(r, status)?;
+    let (mut consumed, mut bad) = (0u32, None);
+    while let Some(c) = reap_one(qp, r, false) {
+        consumed += 1;
+        if let Err(v) = c {
+            bad = Some(v);
+            break;
+        }
+    }
+    release_slots(qp, r, consumed);
+    match bad {
+        Some(v) => Err(v.error(qp, r)),
+        // CAST: at most depth entries.
+        None => Ok(consumed as usize),
+    }
+}
+
+/// A status field decoded, with success (the common case) decoded for free.
+#[inline]
+pub(super) fn decode(raw: u16) -> Status {
+    if raw == 0 {
+        Status::SUCCESS
+    } else {
+        Status::from_field(raw)
+    }
+}
+
+/// Posted completions as an iterator (from [`QueuePair::completions`]): each yielded command
+/// id is free again. A protocol violation is yielded as an error, after which the iterator
+/// ends and the queue is broken until a reset. Dropping it releases the consumed CQ slots with
+/// one head doorbell write.
+#[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+#[derive(Debug)]
+pub struct Completions<'q> {
+    qp: &'q QueuePair,
+    rings: MutexGuard<'q, Rings>,
+    consumed: u32,
+    done: bool,
+}
+
+#[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+impl<'q> Completions<'q> {
+    pub(super) fn new(qp: &'q QueuePair, rings: MutexGuard<'q, Rings>) -> Self {
+        Completions { qp, rings, consumed: 0, done: false }
+    }
+}
+
+impl Iterator for Completions<'_> {
+    type Item = Result<Completion>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let c = reap_one(self.qp, &mut self.rings, true)?;
+        self.consumed += 1;
+        self.done = c.is_err();
+        Some(match c {
+            Ok((cid, raw)) => Ok(Completion { cid, status: decode(raw) }),
+            Err(v) => Err(v.error(self.qp, &self.rings)),
+        })
+    }
+}
+
+impl Drop for Completions<'_> {
+    fn drop(&mut self) {
+        release_slots(self.qp, &self.rings, self.consumed);
+    }
+}
