@@ -1,10 +1,12 @@
-//! Batch API tests (issue 8, batch part).
+//! Batch API tests (issue 8, batch part): [`StorageBatch`] on the direct path, where a batch
+//! runs on a queue pair of its own (`is_native`).
 
 use crate::kmod::bound_node;
 use crate::{ensure_that, nvme_controllers, xtask, Test};
-use anyhow::{Context, Result};
+use anyhow::Result;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Batch, Device, Error, IoParams, IoStatus, Namespace, Op, Registration};
+use ugds::{pattern, Buffer, Device, Error, IoRequest, IoStatus, Op, Storage, StorageBatch};
 
 const V: &str = "batch";
 
@@ -26,19 +28,27 @@ pub const NVME: &[&str] = &["size=256M,lbs=4096"];
 const SEED: u64 = 0xBA7C;
 const AREA: u64 = 64 << 20;
 
-fn setup() -> Result<Device> {
+/// The bound controller, its namespace 1 as a storage (the direct path), and the pattern over
+/// the first 64 MiB, so any read can be checked by its offset.
+fn setup() -> Result<(Device, Arc<Storage>)> {
     let node = bound_node(0)?;
     let dev = Device::open(&node)?;
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(8 << 20)?;
-    // The pattern over the first 64 MiB, so any read can be checked by its offset.
+    let st = Storage::direct(&dev, 1)?;
+    let buf = st.alloc_host(8 << 20)?;
     let mut off = 0;
     while off < AREA {
-        pattern::fill(SEED, off, reg.as_mut_slice().context("mem")?);
-        ns.write(&reg, 0, off, 8 << 20)?;
+        pattern::fill(SEED, off, &mut buf.host_view()?);
+        st.write(&buf, 0, off, 8 << 20)?;
         off += 8 << 20;
     }
-    Ok(dev)
+    Ok((dev, st))
+}
+
+/// A batch of `capacity` on `st` that runs on a queue pair of its own (one doorbell per submit).
+fn native_batch(st: &Arc<Storage>, capacity: usize) -> Result<StorageBatch> {
+    let b = StorageBatch::new(st, capacity)?;
+    ensure_that!(b.is_native(), "a direct-path batch of {capacity} does not have a queue pair of its own");
+    Ok(b)
 }
 
 fn unbind() -> Result<()> {
@@ -61,78 +71,55 @@ fn random_offsets(seed: u64, n: usize) -> Vec<u64> {
 }
 
 fn random_reads_128() -> Result<()> {
-    let dev = setup()?;
-    let ns = dev.namespace(1)?;
-    let reg = dev.alloc(128 * 4096)?;
+    let (dev, st) = setup()?;
+    let buf = Arc::new(st.alloc_host(128 * 4096)?);
     let offs = random_offsets(1, 128);
-    let mut b = Batch::new(&dev, 128)?;
-    let ios = reads_4k(&ns, &reg, &offs);
-    b.submit(&ios)?;
-    ensure_that!(reg.as_slice().is_none(), "a CPU view was granted while the SSD writes the registration");
+    let mut b = native_batch(&st, 128)?;
+    b.submit(&reads_4k(&buf, &offs))?;
+    ensure_that!(buf.host_view().is_err(), "a CPU view was granted while the SSD writes the buffer");
     let ev = b.status(128, Duration::from_secs(30))?;
     ensure_that!(ev.len() == 128, "{} events", ev.len());
     for e in &ev {
         ensure_that!(e.status == IoStatus::Complete && e.bytes == 4096, "cookie {}: {:?}", e.cookie, e);
     }
-    let view = reg.as_slice().context("view after completion")?;
+    let view = buf.host_view()?;
     for (i, &o) in offs.iter().enumerate() {
         let got = &view[i * 4096..(i + 1) * 4096];
         ensure_that!(pattern::first_mismatch(SEED, o, got).is_none(), "entry {i} (device offset {o}) has wrong data");
     }
     drop(view);
+    // Setup wrote 8 times; each batch entry is counted once, on the path it took.
+    let c = st.path_counts();
+    ensure_that!(c.direct_host == 8 + 128 && c.fallback == 0 && c.direct_staged == 0, "path counts: {c:?}");
     drop(b);
-    drop((reg, dev));
+    drop((buf, st, dev));
     unbind()
 }
 
 fn mixed_with_invalid() -> Result<()> {
-    let dev = setup()?;
-    let ns = dev.namespace(1)?;
-    let mut src = dev.alloc(16 * 4096)?;
-    pattern::fill(99, 0, src.as_mut_slice().context("mem")?);
-    let dst = dev.alloc(16 * 4096)?;
-    let mut b = Batch::new(&dev, 64)?;
+    let (dev, st) = setup()?;
+    let src = Arc::new(st.alloc_host(16 * 4096)?);
+    pattern::fill(99, 0, &mut src.host_view()?);
+    let dst = Arc::new(st.alloc_host(16 * 4096)?);
+    let mut b = native_batch(&st, 64)?;
+    let req = |op, buf: &Arc<Buffer>, buf_offset, file_offset, cookie| IoRequest {
+        op,
+        buf: buf.clone(),
+        buf_offset,
+        file_offset,
+        len: 4096,
+        cookie,
+    };
     let mut ios = Vec::new();
     for i in 0..16u64 {
         // Writes of the 99-pattern to [80M, +64K), reads of the SEED area.
-        ios.push(IoParams {
-            op: Op::Write,
-            ns: &ns,
-            reg: &src,
-            reg_offset: i * 4096,
-            dev_offset: (80 << 20) + i * 4096,
-            len: 4096,
-            cookie: 100 + i,
-        });
-        ios.push(IoParams {
-            op: Op::Read,
-            ns: &ns,
-            reg: &dst,
-            reg_offset: i * 4096,
-            dev_offset: i * 8192,
-            len: 4096,
-            cookie: 200 + i,
-        });
+        ios.push(req(Op::Write, &src, i * 4096, (80 << 20) + i * 4096, 100 + i));
+        ios.push(req(Op::Read, &dst, i * 4096, i * 8192, 200 + i));
     }
-    ios.push(IoParams {
-        op: Op::Read,
-        ns: &ns,
-        reg: &dst,
-        reg_offset: 0,
-        dev_offset: ns.capacity(),
-        len: 4096,
-        cookie: 900,
-    });
-    ios.push(IoParams { op: Op::Read, ns: &ns, reg: &dst, reg_offset: 0, dev_offset: 1, len: 4096, cookie: 901 });
-    ios.push(IoParams {
-        op: Op::Write,
-        ns: &ns,
-        reg: &src,
-        reg_offset: 16 * 4096,
-        dev_offset: 0,
-        len: 4096,
-        cookie: 902,
-    });
+    // Past the namespace, an unaligned device offset, past the buffer.
+    ios.push(req(Op::Read, &dst, 0, st.capacity()?, 900));
+    ios.push(req(Op::Read, &dst, 0, 1, 901));
+    ios.push(req(Op::Write, &src, 16 * 4096, 0, 902));
     b.submit(&ios)?;
     let ev = b.status(ios.len(), Duration::from_secs(30))?;
     ensure_that!(ev.len() == ios.len(), "{} events for {} entries", ev.len(), ios.len());
@@ -147,40 +134,38 @@ fn mixed_with_invalid() -> Result<()> {
             _ => ensure_that!(e.status == IoStatus::Complete, "entry {}: {:?}", e.cookie, e),
         }
     }
-    let view = dst.as_slice().context("view")?;
+    let view = dst.host_view()?;
     for i in 0..16u64 {
         let got = &view[(i * 4096) as usize..((i + 1) * 4096) as usize];
         ensure_that!(pattern::first_mismatch(SEED, i * 8192, got).is_none(), "read entry {i} wrong");
     }
     drop(view);
-    let mut check = dev.alloc(16 * 4096)?;
-    ns.read(&mut check, 0, 80 << 20, 16 * 4096)?;
-    ensure_that!(pattern::first_mismatch(99, 0, &check.as_slice().context("mem")?).is_none(), "batch writes wrong");
+    let check = st.alloc_host(16 * 4096)?;
+    st.read(&check, 0, 80 << 20, 16 * 4096)?;
+    ensure_that!(pattern::first_mismatch(99, 0, &check.host_view()?).is_none(), "batch writes wrong");
     drop(b);
-    drop((src, dst, check, dev));
+    drop((ios, src, dst, check, st, dev));
     unbind()
 }
 
 fn four_threads() -> Result<()> {
-    let dev = setup()?;
-    let ns = dev.namespace(1)?;
+    let (dev, st) = setup()?;
     std::thread::scope(|s| -> Result<()> {
         let hs: Vec<_> = (0..4u64)
             .map(|t| {
-                let (dev, ns) = (&dev, &ns);
+                let st = &st;
                 s.spawn(move || -> Result<()> {
-                    let reg = dev.alloc(64 * 4096)?;
+                    let buf = Arc::new(st.alloc_host(64 * 4096)?);
                     let offs = random_offsets(10 + t, 64);
-                    let mut b = Batch::new(dev, 64)?;
+                    let mut b = native_batch(st, 64)?;
                     for round in 0..5 {
-                        let ios = reads_4k(ns, &reg, &offs);
-                        b.submit(&ios)?;
+                        b.submit(&reads_4k(&buf, &offs))?;
                         let ev = b.status(64, Duration::from_secs(30))?;
                         ensure_that!(
                             ev.iter().all(|e| e.status == IoStatus::Complete) && ev.len() == 64,
                             "thread {t} round {round}"
                         );
-                        let view = reg.as_slice().context("view")?;
+                        let view = buf.host_view()?;
                         for (i, &o) in offs.iter().enumerate() {
                             ensure_that!(
                                 pattern::first_mismatch(SEED, o, &view[i * 4096..(i + 1) * 4096]).is_none(),
@@ -197,20 +182,19 @@ fn four_threads() -> Result<()> {
         }
         Ok(())
     })?;
-    drop(dev);
+    drop((st, dev));
     unbind()
 }
 
-/// One 4 KiB read per offset, into consecutive 4 KiB slots of `reg`.
-fn reads_4k<'a>(ns: &'a Namespace, reg: &'a Registration, offs: &[u64]) -> Vec<IoParams<'a>> {
+/// One 4 KiB read per offset, into consecutive 4 KiB slots of `buf`.
+fn reads_4k(buf: &Arc<Buffer>, offs: &[u64]) -> Vec<IoRequest> {
     offs.iter()
         .enumerate()
-        .map(|(i, &o)| IoParams {
+        .map(|(i, &o)| IoRequest {
             op: Op::Read,
-            ns,
-            reg,
-            reg_offset: i as u64 * 4096,
-            dev_offset: o,
+            buf: buf.clone(),
+            buf_offset: i as u64 * 4096,
+            file_offset: o,
             len: 4096,
             cookie: i as u64,
         })
@@ -218,21 +202,20 @@ fn reads_4k<'a>(ns: &'a Namespace, reg: &'a Registration, offs: &[u64]) -> Vec<I
 }
 
 fn reuse_1000() -> Result<()> {
-    let dev = setup()?;
-    let ns = dev.namespace(1)?;
-    let reg = dev.alloc(8 * 4096)?;
-    let mut b = Batch::new(&dev, 8)?;
+    let (dev, st) = setup()?;
+    let buf = Arc::new(st.alloc_host(8 * 4096)?);
+    let mut b = native_batch(&st, 8)?;
     let mut times = Vec::with_capacity(1000);
     for round in 0..1000u64 {
         let offs = random_offsets(round + 7, 8);
-        let ios = reads_4k(&ns, &reg, &offs);
+        let ios = reads_4k(&buf, &offs);
         let t = Instant::now();
         b.submit(&ios)?;
         let ev = b.status(8, Duration::from_secs(30))?;
         times.push(t.elapsed());
         ensure_that!(ev.len() == 8 && ev.iter().all(|e| e.status == IoStatus::Complete), "round {round}: {ev:?}");
         if round % 100 == 0 {
-            let view = reg.as_slice().context("view")?;
+            let view = buf.host_view()?;
             for (i, &o) in offs.iter().enumerate() {
                 ensure_that!(
                     pattern::first_mismatch(SEED, o, &view[i * 4096..(i + 1) * 4096]).is_none(),
@@ -241,6 +224,7 @@ fn reuse_1000() -> Result<()> {
             }
         }
     }
+    ensure_that!(buf.inflight() == 0, "{} leases still held after 1000 completed batches", buf.inflight());
     let mut next: Vec<_> = times[1..101].to_vec();
     next.sort();
     let median = next[50];
@@ -254,14 +238,14 @@ fn reuse_1000() -> Result<()> {
     // batches and compare the median first batch with the median of their next 100.
     let (mut firsts, mut laters, mut after_mmap): (Vec<Duration>, Vec<Duration>, Vec<Duration>) = Default::default();
     for k in 0..20u64 {
-        let mut fresh = Batch::new(&dev, 8)?;
+        let mut fresh = native_batch(&st, 8)?;
         for round in 0..102u64 {
             if round == 101 {
                 // Control: a mapping made and removed (nothing to do with the batch) just
-                // before a steady-state batch, as Batch::new's mmaps are before the first.
+                // before a steady-state batch, as StorageBatch::new's mmaps are before the first.
                 drop(ugds::mmio::Mapping::anonymous(4096)?);
             }
-            let ios = reads_4k(&ns, &reg, &random_offsets(k * 1000 + round, 8));
+            let ios = reads_4k(&buf, &random_offsets(k * 1000 + round, 8));
             let t = Instant::now();
             fresh.submit(&ios)?;
             let ev = fresh.status(8, Duration::from_secs(30))?;
@@ -288,33 +272,32 @@ fn reuse_1000() -> Result<()> {
         m.as_secs_f64() / l.as_secs_f64()
     );
     drop(b);
-    drop((reg, dev));
+    drop((buf, st, dev));
     unbind()
 }
 
 fn sync_during_burst() -> Result<()> {
-    let dev = setup()?;
-    let ns = dev.namespace(1)?;
-    let mut one = dev.alloc(4096)?;
+    let (dev, st) = setup()?;
+    let one = st.alloc_host(4096)?;
     let mut quiet = Vec::new();
     for i in 0..50u64 {
         let t = Instant::now();
-        ns.read(&mut one, 0, i * 4096, 4096)?;
+        st.read(&one, 0, i * 4096, 4096)?;
         quiet.push(t.elapsed());
     }
     quiet.sort();
-    let reg = dev.alloc(128 * 65536)?;
-    let mut b = Batch::new(&dev, 128)?;
+    let buf = Arc::new(st.alloc_host(128 * 65536)?);
+    let mut b = native_batch(&st, 128)?;
+    ensure_that!(st.max_command_bytes() >= 65536, "64 KiB entries need more than one command each");
     let offs = random_offsets(3, 128);
     let ios: Vec<_> = offs
         .iter()
         .enumerate()
-        .map(|(i, &o)| IoParams {
+        .map(|(i, &o)| IoRequest {
             op: Op::Read,
-            ns: &ns,
-            reg: &reg,
-            reg_offset: i as u64 * 65536,
-            dev_offset: o.min(AREA - 65536) & !65535,
+            buf: buf.clone(),
+            buf_offset: i as u64 * 65536,
+            file_offset: o.min(AREA - 65536) & !65535,
             len: 65536,
             cookie: i as u64,
         })
@@ -322,12 +305,12 @@ fn sync_during_burst() -> Result<()> {
     let burst_start = Instant::now();
     b.submit(&ios)?;
     let t = Instant::now();
-    ns.read(&mut one, 0, 12 << 20, 4096)?;
+    st.read(&one, 0, 12 << 20, 4096)?;
     let during = t.elapsed();
     let ev = b.status(128, Duration::from_secs(60))?;
     let burst = burst_start.elapsed();
     ensure_that!(ev.len() == 128 && ev.iter().all(|e| e.status == IoStatus::Complete), "burst: {} events", ev.len());
-    ensure_that!(pattern::first_mismatch(SEED, 12 << 20, &one.as_slice().context("mem")?).is_none(), "sync read data");
+    ensure_that!(pattern::first_mismatch(SEED, 12 << 20, &one.host_view()?).is_none(), "sync read data");
     println!(
         "    sync 4 KiB read: {:.0} us alone (median of 50), {:.0} us during a 128 x 64 KiB batch burst that took {:.0} us",
         quiet[25].as_secs_f64() * 1e6,
@@ -336,35 +319,26 @@ fn sync_during_burst() -> Result<()> {
     );
     ensure_that!(during < burst, "the sync read waited behind the whole burst");
     drop(b);
-    drop((one, reg, dev));
+    drop((ios, one, buf, st, dev));
     unbind()
 }
 
 fn drop_in_flight() -> Result<()> {
-    let dev = setup()?;
-    let ns = dev.namespace(1)?;
-    let reg = dev.alloc(64 * 4096)?;
+    let (dev, st) = setup()?;
+    let buf = Arc::new(st.alloc_host(64 * 4096)?);
     let qpairs0 = dev.counters().qpairs;
     {
-        let mut b = Batch::new(&dev, 64)?;
+        let mut b = native_batch(&st, 64)?;
         ensure_that!(dev.counters().qpairs == qpairs0 + 1, "the batch has its own queue pair");
-        let ios: Vec<_> = (0..64u64)
-            .map(|i| IoParams {
-                op: Op::Read,
-                ns: &ns,
-                reg: &reg,
-                reg_offset: i * 4096,
-                dev_offset: i * 4096,
-                len: 4096,
-                cookie: i,
-            })
-            .collect();
-        b.submit(&ios)?;
+        let offs: Vec<u64> = (0..64u64).map(|i| i * 4096).collect();
+        b.submit(&reads_4k(&buf, &offs))?;
+        ensure_that!(buf.inflight() > 0, "nothing in flight right after submit");
         // Dropped with everything in flight: waits for the commands.
     }
-    ensure_that!(reg.inflight() == 0, "commands still counted after the batch was dropped");
+    ensure_that!(buf.inflight() == 0, "commands still counted after the batch was dropped");
     ensure_that!(dev.counters().qpairs == qpairs0, "a dropped batch's queue pair was not given back");
-    reg.deregister().map_err(|e| anyhow::anyhow!("deregister: {}", e.1))?;
-    drop(dev);
+    let buf = Arc::try_unwrap(buf).map_err(|_| anyhow::anyhow!("the dropped batch still holds the buffer"))?;
+    buf.deregister().map_err(|e| anyhow::anyhow!("deregister: {}", e.1))?;
+    drop((st, dev));
     unbind()
 }

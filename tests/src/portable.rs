@@ -1,12 +1,14 @@
 //! The portable layer in the VM: [`ugds::Storage`] on the direct path (host memory, and "GPU"
 //! memory of the CPU runtime exported as a real dma-buf and registered peer-to-peer), the
 //! staged fallback when export is impossible, the fallback path on the kernel's block device,
-//! dma-heap buffers, portable batches and stream-ordered I/O on a CPU stream. Data is checked
+//! dma-heap buffers (a test runtime whose memory is the system heap's), portable batches and stream-ordered I/O on a CPU stream. Data is checked
 //! through the kernel nvme driver.
 
 use crate::kmod::bound_node;
+use crate::raw::Mapping;
 use crate::{direct_read, direct_write, driver_of, ensure_that, nvme_controllers, nvme_name, xtask, Test};
 use anyhow::{Context, Result};
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,7 +81,7 @@ fn direct_paths() -> Result<()> {
     gbuf.copy_in(0, &pat(3, 24 << 20, 4 << 20))?;
     st.write(&gbuf, 0, 24 << 20, 4 << 20)?;
     let c = st.path_counts();
-    ensure_that!(c.direct_p2p == 2 && c.direct_host == 1 && c.fallback == 0, "{c:?}");
+    ensure_that!(c.direct_p2p == 2 && c.direct_host == 1 && c.direct_staged == 0 && c.fallback == 0, "{c:?}");
     println!("    paths: {c:?}");
     drop((gbuf, host, st, dev));
     let blk = unbind(0)?;
@@ -146,7 +148,7 @@ fn export_refused() -> Result<()> {
         other => anyhow::bail!("expected Unsupported, got {other:?}"),
     }
     let buf = st.register_gpu(mem, true)?;
-    ensure_that!(buf.path() == Path::Fallback, "took {}", buf.path());
+    ensure_that!(buf.path() == Path::DirectStaged, "took {}", buf.path());
     // 6 MiB: three staging chunks each way.
     buf.copy_in(0, &pat(4, 40 << 20, 6 << 20))?;
     st.write(&buf, 0, 40 << 20, 6 << 20)?;
@@ -156,7 +158,7 @@ fn export_refused() -> Result<()> {
     buf.copy_out(0, &mut zero)?;
     ensure_that!(pattern::first_mismatch(4, 40 << 20, &zero).is_none(), "staged round trip differs");
     let c = st.path_counts();
-    ensure_that!(c.fallback == 2 && c.direct_p2p == 0, "{c:?}");
+    ensure_that!(c.direct_staged == 2 && c.direct_p2p == 0 && c.direct_host == 0 && c.fallback == 0, "{c:?}");
     drop((buf, st, dev));
     let blk = unbind(0)?;
     ensure_that!(direct_read(&blk, 40 << 20, 6 << 20)? == pat(4, 40 << 20, 6 << 20), "staged write differs on disk");
@@ -208,43 +210,152 @@ const DMA_HEAP_IOCTL_ALLOC: libc::c_ulong = 0xC018_4800;
 const DMA_BUF_IOCTL_SYNC: libc::c_ulong = 0x4008_6200;
 const SYNC_RW_START: u64 = 3;
 const SYNC_RW_END: u64 = 3 | 4;
+const DMA_HEAP: &str = "/dev/dma_heap/system";
 
+/// Live allocations of [`DmaHeap`]: address → (the heap's dma-buf, its CPU mapping, length).
+type HeapAllocs = Arc<Mutex<BTreeMap<u64, (OwnedFd, Mapping, usize)>>>;
+
+/// The allocation holding `[ptr, ptr + len)`: its base address and dma-buf fd.
+fn heap_alloc_of(allocs: &HeapAllocs, ptr: u64, len: usize) -> ugds::Result<(u64, i32)> {
+    let a = allocs.lock().unwrap_or_else(|e| e.into_inner());
+    match a.range(..=ptr).next_back() {
+        Some((&base, (fd, _, alen))) if ptr + len as u64 <= base + *alen as u64 => Ok((base, fd.as_raw_fd())),
+        _ => Err(Error::invalid("ptr", "not dma-heap memory of this runtime")),
+    }
+}
+
+/// A runtime whose "device memory" is system dma-heap buffers mapped for the CPU: registering
+/// it exports the heap's own dma-buf, so the module attaches a dma-heap buffer through the
+/// library's public API. CPU copies are bracketed by `DMA_BUF_IOCTL_SYNC`.
+#[derive(Debug, Default)]
+struct DmaHeap {
+    allocs: HeapAllocs,
+    /// Pinned memory and streams.
+    cpu: ugds::gpu::cpu::Cpu,
+}
+
+fn os_error(op: &str) -> Error {
+    Error::Io { op: op.to_string(), source: std::io::Error::last_os_error() }
+}
+
+impl Runtime for DmaHeap {
+    fn vendor(&self) -> Vendor {
+        Vendor::Cpu
+    }
+    fn device_name(&self) -> String {
+        "system dma-heap".into()
+    }
+    fn alloc(&self, len: usize) -> ugds::Result<u64> {
+        let len = len.next_multiple_of(4096);
+        let heap = std::fs::File::open(DMA_HEAP).map_err(|e| Error::Io { op: DMA_HEAP.into(), source: e })?;
+        let mut a =
+            HeapAlloc { len: len as u64, fd: 0, fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32, heap_flags: 0 };
+        // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a `dma_heap_allocation_data`, which `a` is.
+        if unsafe { libc::ioctl(heap.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut a) } != 0 {
+            return Err(os_error("DMA_HEAP_IOCTL_ALLOC"));
+        }
+        // SAFETY: the ioctl returned a new fd that we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(a.fd as i32) };
+        let map = Mapping::new(fd.as_raw_fd(), 0, len, libc::PROT_READ | libc::PROT_WRITE)
+            .map_err(|e| Error::Io { op: "mmap of a dma-heap buffer".into(), source: e })?;
+        let addr = map.addr();
+        self.allocs.lock().unwrap_or_else(|e| e.into_inner()).insert(addr, (fd, map, len));
+        Ok(addr)
+    }
+    fn free(&self, ptr: u64, _len: usize) {
+        // Unmaps it (the buffer registered from it was dropped first) and closes the dma-buf.
+        self.allocs.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr);
+    }
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        heap_alloc_of(&self.allocs, ptr, 0).is_ok()
+    }
+    fn alloc_pinned(&self, len: usize) -> ugds::Result<*mut u8> {
+        self.cpu.alloc_pinned(len)
+    }
+    fn free_pinned(&self, ptr: *mut u8, len: usize) {
+        self.cpu.free_pinned(ptr, len)
+    }
+    fn copy_queue(&self) -> ugds::Result<Box<dyn CopyQueue>> {
+        Ok(Box::new(SyncedCopies(self.allocs.clone())))
+    }
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> ugds::Result<OwnedFd> {
+        match self.allocs.lock().unwrap_or_else(|e| e.into_inner()).get(&ptr) {
+            Some((fd, _, alen)) if len <= *alen => {
+                fd.try_clone().map_err(|e| Error::Io { op: "dup of a dma-heap buffer".into(), source: e })
+            }
+            _ => Err(Error::invalid("ptr", "only whole dma-heap buffers are exported")),
+        }
+    }
+    fn dmabuf_support(&self) -> std::result::Result<(), String> {
+        match std::path::Path::new(DMA_HEAP).exists() {
+            true => Ok(()),
+            false => Err(format!("{DMA_HEAP} is missing")),
+        }
+    }
+    fn new_stream(&self) -> ugds::Result<Arc<dyn Stream>> {
+        self.cpu.new_stream()
+    }
+}
+
+/// Copies between host memory and dma-heap buffers: memcpy between the two CPU syncs that
+/// bracket CPU access to a dma-buf.
+#[derive(Debug)]
+struct SyncedCopies(HeapAllocs);
+
+impl SyncedCopies {
+    fn synced(&self, dev: u64, len: usize, copy: impl FnOnce()) -> ugds::Result<()> {
+        let (_, fd) = heap_alloc_of(&self.0, dev, len)?;
+        let (mut start, mut end) = (SYNC_RW_START, SYNC_RW_END);
+        // SAFETY: DMA_BUF_IOCTL_SYNC reads a u64, which `start` is.
+        if unsafe { libc::ioctl(fd, DMA_BUF_IOCTL_SYNC, &mut start) } != 0 {
+            return Err(os_error("DMA_BUF_IOCTL_SYNC start"));
+        }
+        copy();
+        // SAFETY: as above, `end` is a u64.
+        if unsafe { libc::ioctl(fd, DMA_BUF_IOCTL_SYNC, &mut end) } != 0 {
+            return Err(os_error("DMA_BUF_IOCTL_SYNC end"));
+        }
+        Ok(())
+    }
+}
+
+impl CopyQueue for SyncedCopies {
+    unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> ugds::Result<()> {
+        // SAFETY: the caller guarantees `src` for `len` bytes and that `dst` is device memory of
+        // this runtime, which is mapped host memory (checked against the allocations first).
+        self.synced(dst, len, || unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) })
+    }
+    unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> ugds::Result<()> {
+        // SAFETY: as in `to_device`, the other way round.
+        self.synced(src, len, || unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) })
+    }
+    fn wait(&mut self) -> ugds::Result<()> {
+        Ok(())
+    }
+}
+
+/// A system dma-heap buffer (not a udmabuf: another exporter) registered peer-to-peer through
+/// `Storage::register_gpu`; the SSD writes it and reads it by DMA, and the CPU sees the data
+/// through the heap's own mapping (bracketed by dma-buf syncs). Checked through the kernel.
 fn dma_heap() -> Result<()> {
     let len = 1usize << 20;
-    let heap = std::fs::File::open("/dev/dma_heap/system").context("/dev/dma_heap/system")?;
-    let mut a = HeapAlloc { len: len as u64, fd: 0, fd_flags: (libc::O_RDWR | libc::O_CLOEXEC) as u32, heap_flags: 0 };
-    // SAFETY: DMA_HEAP_IOCTL_ALLOC reads and writes a `dma_heap_allocation_data`.
-    ensure_that!(unsafe { libc::ioctl(heap.as_raw_fd(), DMA_HEAP_IOCTL_ALLOC, &mut a) } == 0, "dma-heap alloc failed");
-    // SAFETY: the ioctl returned a new fd that we own.
-    let buf = unsafe { OwnedFd::from_raw_fd(a.fd as i32) };
-    // SAFETY: mapping the dma-buf we own, shared, for CPU access.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, buf.as_raw_fd(), 0)
-    };
-    ensure_that!(p != libc::MAP_FAILED, "mmap of the dma-heap buffer failed");
-    let cpu = |f: &mut dyn FnMut(&mut [u8])| {
-        let (mut s, mut e) = (SYNC_RW_START, SYNC_RW_END);
-        // SAFETY: DMA_BUF_IOCTL_SYNC reads a u64; the mapping is `len` bytes and no DMA into it
-        // runs while the CPU holds it (between the two syncs).
-        unsafe {
-            libc::ioctl(buf.as_raw_fd(), DMA_BUF_IOCTL_SYNC, &mut s);
-            f(std::slice::from_raw_parts_mut(p as *mut u8, len));
-            libc::ioctl(buf.as_raw_fd(), DMA_BUF_IOCTL_SYNC, &mut e);
-        }
-    };
+    ensure_that!(std::path::Path::new(DMA_HEAP).exists(), "{DMA_HEAP} is missing");
     let blk = unbind(0)?;
     direct_write(&blk, 60 << 20, &pat(8, 60 << 20, len))?;
     let dev = Device::open(&bound_node(0)?)?;
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.register_dmabuf(buf.as_raw_fd(), 0, len as u64)?;
-    cpu(&mut |m| pattern::fill(7, 50 << 20, m));
-    ns.write(&reg, 0, 50 << 20, len as u64)?;
-    ns.read(&mut reg, 0, 60 << 20, len as u64)?;
-    let mut ok = false;
-    cpu(&mut |m| ok = pattern::first_mismatch(8, 60 << 20, m).is_none());
-    drop((reg, ns, dev));
-    // SAFETY: unmapping our own mapping; nothing refers to it any more.
-    unsafe { libc::munmap(p, len) };
+    let st = Storage::direct(&dev, 1)?;
+    let gpu = Gpu::with_runtime(Arc::new(DmaHeap::default()));
+    let buf = st.register_gpu(Arc::new(gpu.alloc(len)?), false)?;
+    ensure_that!(buf.path() == Path::DirectP2p, "the dma-heap buffer took {}", buf.path());
+    buf.copy_in(0, &pat(7, 50 << 20, len))?;
+    st.write(&buf, 0, 50 << 20, len as u64)?;
+    st.read(&buf, 0, 60 << 20, len as u64)?;
+    let mut back = vec![0u8; len];
+    buf.copy_out(0, &mut back)?;
+    let ok = pattern::first_mismatch(8, 60 << 20, &back).is_none();
+    let c = st.path_counts();
+    ensure_that!(c.direct_p2p == 2 && c.direct_staged == 0 && c.fallback == 0, "{c:?}");
+    drop((buf, st, dev, gpu));
     let blk = unbind(0)?;
     ensure_that!(direct_read(&blk, 50 << 20, len)? == pat(7, 50 << 20, len), "dma-heap -> disk differs");
     ensure_that!(ok, "disk -> dma-heap differs (seen from the CPU mapping)");

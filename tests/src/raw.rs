@@ -32,6 +32,7 @@ pub fn ioctl_raw<T>(fd: i32, req: u32, arg: &mut T) -> io::Result<i32> {
 }
 
 /// A shared memory mapping, unmapped on drop.
+#[derive(Debug)]
 pub struct Mapping {
     ptr: *mut u8,
     len: usize,
@@ -49,6 +50,10 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         Ok(Mapping { ptr: p.cast(), len })
+    }
+    /// The mapping's address.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
     }
     /// Volatile 32-bit read.
     pub fn read32(&self, off: usize) -> u32 {

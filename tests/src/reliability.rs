@@ -7,7 +7,7 @@ use crate::{ensure_that, kmsg, nvme_controllers, xtask, Test};
 use anyhow::{Context, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
-use ugds::{pattern, Device, DeviceOptions, Error};
+use ugds::{pattern, Device, DeviceOptions, Error, Storage};
 use ugds_uapi::ioctl::*;
 use ugds_uapi::queue::nvm;
 use ugds_uapi::Sqe;
@@ -37,60 +37,73 @@ fn unbind_all() -> Result<()> {
     Ok(())
 }
 
+/// Forced timeouts on a throttled drive, each recovered by a controller reset. A storage's
+/// per-command deadline is its device's (`DeviceOptions::timeout`), so the hasty reads use a
+/// device opened with a 5 ms deadline and the patient ones another open file of this process
+/// with 10 s; the other user is a third open file, as another process would be.
 fn forced_timeouts() -> Result<()> {
     let node = bound_node(0)?;
-    let dev = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
-    // Another user of the controller (another open file, as another process would be).
-    let other = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
-    let ns = dev.namespace(1)?;
-    let patient = ns.with_timeout(Duration::from_secs(10));
-    let hasty = ns.with_timeout(Duration::from_millis(5));
+    let opts = |timeout| DeviceOptions { queues: 1, timeout, ..Default::default() };
+    let hasty_dev = Device::open_with(&node, opts(Duration::from_millis(5)))?;
+    let dev = Device::open_with(&node, opts(Duration::from_secs(10)))?;
+    let other = Device::open_with(&node, opts(Duration::from_secs(10)))?;
+    let hasty = Storage::direct(&hasty_dev, 1)?;
+    let patient = Storage::direct(&dev, 1)?;
+    let ost = Storage::direct(&other, 1)?;
     // 64 KiB at MDTS 8 KiB is 8 commands: on a drive doing 20 I/O per second the burst cannot
     // finish within the 5 ms deadline, however full the throttle's bucket is.
-    let mut big = dev.alloc(65536)?;
-    let mut reg = dev.alloc(4096)?;
-    pattern::fill(44, 8192, reg.as_mut_slice().context("mem")?);
-    patient.write(&reg, 0, 8192, 4096)?;
+    let big = hasty.alloc_host(65536)?;
+    let buf = patient.alloc_host(4096)?;
+    pattern::fill(44, 8192, &mut buf.host_view()?);
+    patient.write(&buf, 0, 8192, 4096)?;
+    let obuf = ost.alloc_host(4096)?;
     let resets0 = dev.counters().resets;
-    let (mut timeouts, mut recoveries, mut epoch_errors) = (0, 0, 0);
+    let (mut timeouts, mut recoveries, mut epoch_errors, mut own_epoch_errors) = (0, 0, 0, 0);
     let start = Instant::now();
     for i in 0..100 {
-        match hasty.read(&mut big, 0, 0, 65536) {
+        // Its own reset resynchronises the hasty storage's queue: every read after the first
+        // times out again instead of reporting the epoch change it caused.
+        match hasty.read(&big, 0, 0, 65536) {
             Err(Error::Timeout { .. }) => timeouts += 1,
             other => anyhow::bail!("iteration {i}: expected a timeout on the throttled drive, got {other:?}"),
         }
         ensure_that!(big.inflight() == 0, "iteration {i}: timed-out commands still counted after the reset");
-        reg.as_mut_slice().context("mem")?.fill(0);
-        patient.read(&mut reg, 0, 8192, 4096).with_context(|| format!("iteration {i}: after recovery"))?;
+        ensure_that!(big.host_view().is_ok(), "iteration {i}: the timed-out buffer is still leased after the reset");
+        // This process's other open file sees the epoch change once, then reads correct data.
+        buf.host_view()?.fill(0);
+        match patient.read(&buf, 0, 8192, 4096) {
+            Err(Error::EpochChanged { .. }) => {
+                own_epoch_errors += 1;
+                patient.read(&buf, 0, 8192, 4096).with_context(|| format!("iteration {i}: after recovery"))?;
+            }
+            Ok(_) => {}
+            Err(e) => anyhow::bail!("iteration {i}: after recovery: {e}"),
+        }
         ensure_that!(
-            pattern::first_mismatch(44, 8192, &reg.as_slice().context("mem")?).is_none(),
+            pattern::first_mismatch(44, 8192, &buf.host_view()?).is_none(),
             "iteration {i}: data differs after recovery"
         );
         recoveries += 1;
         // The other user sees the epoch change once, then carries on.
-        let ons = other.namespace(1)?.with_timeout(Duration::from_secs(10));
-        let mut oreg = other.alloc(4096)?;
-        match ons.read(&mut oreg, 0, 8192, 4096) {
+        match ost.read(&obuf, 0, 8192, 4096) {
             Err(Error::EpochChanged { .. }) => {
                 epoch_errors += 1;
-                ons.read(&mut oreg, 0, 8192, 4096)?;
+                ost.read(&obuf, 0, 8192, 4096)?;
             }
-            Ok(()) => {}
+            Ok(_) => {}
             Err(e) => anyhow::bail!("iteration {i}: other user: {e}"),
         }
-        ensure_that!(
-            oreg.as_slice().as_deref() == reg.as_slice().as_deref(),
-            "iteration {i}: other user reads different data"
-        );
+        ensure_that!(*obuf.host_view()? == *buf.host_view()?, "iteration {i}: other user reads different data");
     }
     let resets = dev.counters().resets - resets0;
     println!(
-        "    {timeouts} forced timeouts, {recoveries} recoveries, {resets} controller resets, {epoch_errors} epoch-changed errors seen by the other user, {:.1} s",
+        "    {timeouts} forced timeouts, {recoveries} recoveries, {resets} controller resets, {epoch_errors} epoch-changed errors seen by the other user ({own_epoch_errors} by this process's patient open file), {:.1} s",
         start.elapsed().as_secs_f64()
     );
     ensure_that!(timeouts == 100 && recoveries == 100 && resets >= 100, "counts");
     ensure_that!(epoch_errors == 100, "the other user did not see every epoch change");
-    drop((reg, big, dev, other));
+    ensure_that!(own_epoch_errors == 100, "this process's other open file did not see every epoch change");
+    drop((big, buf, obuf, hasty, patient, ost, hasty_dev, dev, other));
     unbind_all()
 }
 
@@ -103,16 +116,16 @@ pub fn crash_child(node: &str, memfd: i32, len: usize) -> Result<()> {
     };
     ensure_that!(p != libc::MAP_FAILED, "mmap memfd");
     let dev = Device::open_with(node, DeviceOptions { queues: 2, ..Default::default() })?;
+    let st = Storage::direct(&dev, 1)?;
     let half = len / 2;
-    // SAFETY: the mapping lives until the process dies; no Rust references to it exist.
-    let regs = unsafe { [dev.register_host(p.cast(), half)?, dev.register_host((p as *mut u8).add(half), half)?] };
+    // SAFETY: the mapping lives until the process dies; no Rust references to it exist (both
+    // halves start on a page boundary: `half` is a multiple of 4096).
+    let bufs = unsafe { [st.register_host(p.cast(), half)?, st.register_host((p as *mut u8).add(half), half)?] };
     println!("READY");
     std::thread::scope(|s| {
-        for (t, reg) in regs.into_iter().enumerate() {
-            let dev = &dev;
+        for (t, buf) in bufs.into_iter().enumerate() {
+            let st = &st;
             s.spawn(move || {
-                let ns = dev.namespace(1).expect("namespace");
-                let mut reg = reg;
                 let mut x = 0x1234_5678u64 + t as u64;
                 loop {
                     x ^= x << 13;
@@ -120,9 +133,9 @@ pub fn crash_child(node: &str, memfd: i32, len: usize) -> Result<()> {
                     x ^= x << 17;
                     let off = (x % 256) * 65536;
                     let _ = if x & 1 == 0 {
-                        ns.read(&mut reg, 0, off, half as u64)
+                        st.read(&buf, 0, off, half as u64)
                     } else {
-                        ns.write(&reg, 0, off, half as u64)
+                        st.write(&buf, 0, off, half as u64)
                     };
                 }
             });
@@ -189,17 +202,13 @@ fn kill9_poison() -> Result<()> {
         );
         if i % 20 == 19 {
             // The next process works and reads correct data.
-            let dev = Device::open(&node)?;
-            let ns = dev.namespace(1)?;
-            let mut reg = dev.alloc(65536)?;
-            pattern::fill(i, 32 << 20, reg.as_mut_slice().context("mem")?);
-            ns.write(&reg, 0, 32 << 20, 65536)?;
-            reg.as_mut_slice().context("mem")?.fill(0);
-            ns.read(&mut reg, 0, 32 << 20, 65536)?;
-            ensure_that!(
-                pattern::first_mismatch(i, 32 << 20, &reg.as_slice().context("mem")?).is_none(),
-                "next process data"
-            );
+            let st = Storage::open(&node)?;
+            let buf = st.alloc_host(65536)?;
+            pattern::fill(i, 32 << 20, &mut buf.host_view()?);
+            st.write(&buf, 0, 32 << 20, 65536)?;
+            buf.host_view()?.fill(0);
+            st.read(&buf, 0, 32 << 20, 65536)?;
+            ensure_that!(pattern::first_mismatch(i, 32 << 20, &buf.host_view()?).is_none(), "next process data");
         }
     }
     println!("    100 kill -9 during mixed I/O: no late DMA into released memory, pinned pages back to {} each time, {:.1} s", baseline.pinned_pages, start.elapsed().as_secs_f64());

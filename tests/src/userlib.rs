@@ -7,7 +7,8 @@ use crate::{driver_of, ensure_that, nvme_controllers, nvme_name, sh, xtask, Alig
 use anyhow::{Context, Result};
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
-use ugds::{pattern, Device, DeviceOptions, Error};
+use std::sync::Arc;
+use ugds::{pattern, Device, DeviceOptions, Error, Gpu, Path, Storage};
 
 const V: &str = "userlib";
 
@@ -112,11 +113,14 @@ fn ugds_writes_kernel_reads() -> Result<()> {
         let mut plan = Vec::new();
         for ns in dev.namespaces() {
             let seed = 1000 + idx as u64 * 10 + ns.id() as u64;
-            let mut reg = dev.alloc(8 << 20)?;
+            let st = Storage::direct(&dev, ns.id())?;
+            let buf = st.alloc_host(8 << 20)?;
             for (off, len) in ranges(seed, ns.block_size(), ns.capacity(), 6) {
-                let buf = reg.as_mut_slice().context("host memory")?;
-                pattern::fill(seed, off, &mut buf[..len as usize]);
-                ns.write(&reg, 0, off, len).with_context(|| format!("ctrl {idx} ns {} write {off}+{len}", ns.id()))?;
+                pattern::fill(seed, off, &mut buf.host_view()?[..len as usize]);
+                let n = st
+                    .write(&buf, 0, off, len)
+                    .with_context(|| format!("ctrl {idx} ns {} write {off}+{len}", ns.id()))?;
+                ensure_that!(n == len, "ctrl {idx} ns {}: wrote {n} of {len} bytes", ns.id());
                 plan.push((ns.id(), seed, off, len));
             }
         }
@@ -150,16 +154,26 @@ fn kernel_writes_ugds_reads() -> Result<()> {
         }
         let node = bound_node(idx)?;
         let dev = Device::open(&node)?;
-        let mut reg = dev.alloc(8 << 20)?;
-        for (nsid, seed, off, len) in plan {
-            let ns = dev.namespace(nsid)?;
-            ns.read(&mut reg, 0, off, len)?;
-            let buf = &reg.as_slice().context("host memory")?[..len as usize];
-            if let Some(bad) = pattern::first_mismatch(seed, off, buf) {
-                anyhow::bail!("controller {idx} ns {nsid}: ugds read byte {bad} differs (range {off}+{len})");
+        let mut checked = 0;
+        for ns in dev.namespaces() {
+            let nsid = ns.id();
+            let st = Storage::direct(&dev, nsid)?;
+            let buf = st.alloc_host(8 << 20)?;
+            for &(_, seed, off, len) in plan.iter().filter(|p| p.0 == nsid) {
+                let n = st.read(&buf, 0, off, len)?;
+                ensure_that!(n == len, "controller {idx} ns {nsid}: read {n} of {len} bytes");
+                let view = buf.host_view()?;
+                if let Some(bad) = pattern::first_mismatch(seed, off, &view[..len as usize]) {
+                    anyhow::bail!("controller {idx} ns {nsid}: ugds read byte {bad} differs (range {off}+{len})");
+                }
+                checked += 1;
             }
         }
-        drop(reg);
+        ensure_that!(
+            checked == plan.len(),
+            "controller {idx}: ugds has {checked} of the kernel's {} ranges",
+            plan.len()
+        );
         drop(dev);
         unbind(&addr)?;
     }
@@ -169,21 +183,21 @@ fn kernel_writes_ugds_reads() -> Result<()> {
 fn eight_threads_one_queue() -> Result<()> {
     let node = bound_node(3)?;
     let dev = Device::open_with(&node, DeviceOptions { queues: 1, depth: 64, ..Default::default() })?;
-    let ns = dev.namespace(1)?;
+    let st = Storage::direct(&dev, 1)?;
     std::thread::scope(|s| -> Result<()> {
         let hs: Vec<_> = (0..8u64)
             .map(|t| {
-                let (dev, ns) = (&dev, &ns);
+                let st = &st;
                 s.spawn(move || -> Result<()> {
-                    let mut reg = dev.alloc(256 * 1024)?;
+                    let buf = st.alloc_host(256 * 1024)?;
                     for i in 0..10u64 {
                         let off = (t * 10 + i) * 256 * 1024;
                         let seed = 77 + t;
-                        pattern::fill(seed, off, reg.as_mut_slice().context("mem")?);
-                        ns.write(&reg, 0, off, 256 * 1024)?;
-                        reg.as_mut_slice().context("mem")?.fill(0);
-                        ns.read(&mut reg, 0, off, 256 * 1024)?;
-                        if let Some(b) = pattern::first_mismatch(seed, off, &reg.as_slice().context("mem")?) {
+                        pattern::fill(seed, off, &mut buf.host_view()?);
+                        st.write(&buf, 0, off, 256 * 1024)?;
+                        buf.host_view()?.fill(0);
+                        st.read(&buf, 0, off, 256 * 1024)?;
+                        if let Some(b) = pattern::first_mismatch(seed, off, &buf.host_view()?) {
                             anyhow::bail!("thread {t}: byte {b} wrong");
                         }
                     }
@@ -196,48 +210,50 @@ fn eight_threads_one_queue() -> Result<()> {
         }
         Ok(())
     })?;
-    drop(dev);
+    drop((st, dev));
     unbind(&nvme_controllers()?[3])
 }
 
 fn scattered_registration() -> Result<()> {
     let node = bound_node(1)?;
     let dev = Device::open(&node)?;
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(4 << 20)?;
+    let st = Storage::direct(&dev, 1)?;
+    let buf = st.alloc_host(4 << 20)?;
     // Without an IOMMU, anonymous memory maps to scattered bus addresses; with one, the DMA API
-    // may merge it into one IOVA range.
+    // may merge it into one IOVA range. The library's segment list is private: the same pinned
+    // pages, registered once more through the module's ioctls on another open file, show it.
     let iommu = std::fs::read_dir("/sys/kernel/iommu_groups").map(|d| d.count() > 0).unwrap_or(false);
-    ensure_that!(
-        iommu || reg.segments().len() > 1,
-        "expected a scattered registration, got {} segment(s)",
-        reg.segments().len()
-    );
-    // Offsets inside the registration that are not page aligned (PRP1 with an offset), and
-    // transfers larger than MDTS (8 KiB here) that split into many commands.
-    for (roff, len) in [(512u64, 512u64), (1028, 4096), (4096 + 2052, 65536), (12, 1 << 20)] {
+    let raw = crate::raw::RawDev::open(&node)?;
+    let addr = buf.host_ptr().context("host memory has an address")? as u64;
+    let h = raw.register(addr, buf.len() as u64)?;
+    let nsegs = raw.segments(h)?.len();
+    raw.deregister(h.id, h.generation)?;
+    drop(raw);
+    ensure_that!(iommu || nsegs > 1, "expected a scattered registration, got {nsegs} segment(s)");
+    // Offsets inside the buffer that are not page aligned (PRP1 with an offset), and transfers
+    // larger than MDTS (8 KiB here) that split into many commands.
+    for (boff, len) in [(512u64, 512u64), (1028, 4096), (4096 + 2052, 65536), (12, 1 << 20)] {
         let doff = 4096 * 7;
-        pattern::fill(9, doff, &mut reg.as_mut_slice().context("mem")?[roff as usize..(roff + len) as usize]);
-        ns.write(&reg, roff, doff, len)?;
-        reg.as_mut_slice().context("mem")?.fill(0);
-        ns.read(&mut reg, roff, doff, len)?;
-        let got = &reg.as_slice().context("mem")?[roff as usize..(roff + len) as usize];
-        ensure_that!(pattern::first_mismatch(9, doff, got).is_none(), "reg offset {roff} len {len}: data differs");
+        pattern::fill(9, doff, &mut buf.host_view()?[boff as usize..(boff + len) as usize]);
+        st.write(&buf, boff, doff, len)?;
+        buf.host_view()?.fill(0);
+        st.read(&buf, boff, doff, len)?;
+        let got = &buf.host_view()?[boff as usize..(boff + len) as usize];
+        ensure_that!(pattern::first_mismatch(9, doff, got).is_none(), "buffer offset {boff} len {len}: data differs");
     }
-    drop(reg);
-    drop(dev);
+    drop((buf, st, dev));
     unbind(&nvme_controllers()?[1])
 }
 
-fn checksum(dev: &Device) -> Result<u64> {
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(8 << 20)?;
+fn checksum(st: &Storage) -> Result<u64> {
+    let buf = st.alloc_host(8 << 20)?;
+    let cap = st.capacity()?;
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     let mut off = 0;
-    while off < ns.capacity() {
-        let n = (8 << 20).min(ns.capacity() - off);
-        ns.read(&mut reg, 0, off, n)?;
-        for w in reg.as_slice().context("mem")?[..n as usize].chunks(8) {
+    while off < cap {
+        let n = (8 << 20).min(cap - off);
+        st.read(&buf, 0, off, n)?;
+        for w in buf.host_view()?[..n as usize].chunks(8) {
             h = (h ^ u64::from_le_bytes(w.try_into()?)).wrapping_mul(0x100_0000_01b3);
         }
         off += n;
@@ -245,7 +261,7 @@ fn checksum(dev: &Device) -> Result<u64> {
     Ok(h)
 }
 
-fn expect_invalid(what: &str, r: ugds::Result<()>, arg: &str) -> Result<()> {
+fn expect_invalid<T: std::fmt::Debug>(what: &str, r: ugds::Result<T>, arg: &str) -> Result<()> {
     match r {
         Err(Error::InvalidArgument { arg: a, reason }) if a == arg => {
             ensure_that!(!reason.is_empty(), "{what}: empty reason");
@@ -260,29 +276,39 @@ fn bad_requests() -> Result<()> {
     let other_node = bound_node(3)?;
     let dev = Device::open(&node)?;
     let other = Device::open_with(&other_node, DeviceOptions { queues: 1, ..Default::default() })?;
-    let before = checksum(&dev)?;
-    let ns = dev.namespace(1)?;
-    let bs = ns.block_size();
-    let mut reg = dev.alloc(64 * 1024)?;
-    reg.as_mut_slice().context("mem")?.fill(0xAB);
-    let foreign = other.alloc(4096)?;
-    expect_invalid("past the end", ns.write(&reg, 0, ns.capacity(), bs), "dev_offset")?;
-    expect_invalid("straddling the end", ns.write(&reg, 0, ns.capacity() - bs, 2 * bs), "dev_offset")?;
-    expect_invalid("unaligned device offset", ns.write(&reg, 0, 1, bs), "dev_offset")?;
-    expect_invalid("length not a block multiple", ns.write(&reg, 0, 0, bs + 1), "len")?;
-    expect_invalid("zero length", ns.write(&reg, 0, 0, 0), "len")?;
-    expect_invalid("past the registration", ns.write(&reg, 60 * 1024, 0, 8192), "reg_offset")?;
-    expect_invalid("unaligned registration offset", ns.write(&reg, 2, 0, bs), "reg_offset")?;
-    expect_invalid("registration of another device", ns.write(&foreign, 0, 0, bs), "reg")?;
-    expect_invalid("read past the end", ns.read(&mut reg, 0, u64::MAX - bs + 1, bs), "dev_offset")?;
+    let st = Storage::direct(&dev, 1)?;
+    let before = checksum(&st)?;
+    let (bs, cap) = (st.block_size(), st.capacity()?);
+    let buf = st.alloc_host(64 * 1024)?;
+    buf.host_view()?.fill(0xAB);
+    let other_st = Storage::direct(&other, 1)?;
+    let foreign = other_st.alloc_host(4096)?;
+    // Another storage of the same device: a buffer belongs to the storage it was registered for.
+    let sibling = Storage::direct(&dev, 1)?.alloc_host(4096)?;
+    let counts = st.path_counts();
+    expect_invalid("past the end", st.write(&buf, 0, cap, bs), "file_offset")?;
+    expect_invalid("straddling the end", st.write(&buf, 0, cap - bs, 2 * bs), "file_offset")?;
+    expect_invalid("unaligned device offset", st.write(&buf, 0, 1, bs), "file_offset")?;
+    expect_invalid("length not a block multiple", st.write(&buf, 0, 0, bs + 1), "len")?;
+    expect_invalid("zero length", st.write(&buf, 0, 0, 0), "len")?;
+    expect_invalid("past the buffer", st.write(&buf, 60 * 1024, 0, 8192), "buf_offset")?;
+    expect_invalid("unaligned buffer offset", st.write(&buf, 2, 0, bs), "buf_offset")?;
+    expect_invalid("buffer of another device", st.write(&foreign, 0, 0, bs), "buf")?;
+    expect_invalid("buffer of another storage", st.write(&sibling, 0, 0, bs), "buf")?;
+    expect_invalid("read past the end", st.read(&buf, 0, u64::MAX - bs + 1, bs), "file_offset")?;
     match dev.namespace(9) {
         Err(Error::NoNamespace(9)) => {}
         other => anyhow::bail!("namespace 9: {other:?}"),
     }
-    let msg = ns.write(&reg, 0, ns.capacity(), bs).unwrap_err().to_string();
-    ensure_that!(msg.contains("dev_offset") && msg.contains("runs past"), "message does not say what and why: {msg}");
-    ensure_that!(checksum(&dev)? == before, "a rejected request changed the disk");
-    drop((reg, foreign, dev, other));
+    match Storage::direct(&dev, 9) {
+        Err(Error::NoNamespace(9)) => {}
+        other => anyhow::bail!("storage on namespace 9: {other:?}"),
+    }
+    let msg = st.write(&buf, 0, cap, bs).unwrap_err().to_string();
+    ensure_that!(msg.contains("file_offset") && msg.contains("runs past"), "message does not say what and why: {msg}");
+    ensure_that!(st.path_counts() == counts, "rejected requests were counted: {:?}", st.path_counts());
+    ensure_that!(checksum(&st)? == before, "a rejected request changed the disk");
+    drop((buf, foreign, sibling, st, other_st, dev, other));
     unbind(&nvme_controllers()?[2])?;
     unbind(&nvme_controllers()?[3])
 }
@@ -291,32 +317,33 @@ fn flush_zeroes_trim() -> Result<()> {
     let node = bound_node(0)?;
     let dev = Device::open(&node)?;
     let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(65536)?;
-    pattern::fill(3, 1 << 20, reg.as_mut_slice().context("mem")?);
-    ns.write(&reg, 0, 1 << 20, 65536)?;
+    let st = Storage::direct(&dev, 1)?;
+    let buf = st.alloc_host(65536)?;
+    pattern::fill(3, 1 << 20, &mut buf.host_view()?);
+    st.write(&buf, 0, 1 << 20, 65536)?;
+    st.flush()?;
     ns.flush()?;
     ns.write_zeroes(1 << 20, 16384)?;
-    ns.read(&mut reg, 0, 1 << 20, 65536)?;
-    let b = reg.as_slice().context("mem")?;
+    st.read(&buf, 0, 1 << 20, 65536)?;
+    let b = buf.host_view()?;
     ensure_that!(b[..16384].iter().all(|x| *x == 0), "write zeroes left data");
     ensure_that!(pattern::first_mismatch(3, (1 << 20) + 16384, &b[16384..]).is_none(), "write zeroes touched too much");
     drop(b);
     ns.deallocate(1 << 20, 65536)?;
-    ns.read(&mut reg, 0, 1 << 20, 65536)?;
-    drop(reg);
-    drop(dev);
+    st.read(&buf, 0, 1 << 20, 65536)?;
+    drop((buf, st, dev));
     unbind(&nvme_controllers()?[0])
 }
 
 /// Child: after setup, forbid every system call but exit, then run 10 000 I/Os.
 pub fn syscall_free_child(node: &str) -> Result<()> {
     let dev = Device::open_with(node, DeviceOptions { queues: 1, ..Default::default() })?;
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(4096)?;
+    let st = Storage::direct(&dev, 1)?;
+    let buf = st.alloc_host(4096)?;
     // Warm up (first touches, lazy thread-locals).
     for i in 0..10 {
-        ns.write(&reg, 0, i * 4096, 4096)?;
-        ns.read(&mut reg, 0, i * 4096, 4096)?;
+        st.write(&buf, 0, i * 4096, 4096)?;
+        st.read(&buf, 0, i * 4096, 4096)?;
     }
     #[repr(C)]
     struct SockFilter {
@@ -345,8 +372,8 @@ pub fn syscall_free_child(node: &str) -> Result<()> {
     }
     let mut ok = true;
     for i in 0..5000u64 {
-        ok &= ns.write(&reg, 0, (i % 1000) * 4096, 4096).is_ok();
-        ok &= ns.read(&mut reg, 0, (i % 1000) * 4096, 4096).is_ok();
+        ok &= st.write(&buf, 0, (i % 1000) * 4096, 4096).is_ok_and(|n| n == 4096);
+        ok &= st.read(&buf, 0, (i % 1000) * 4096, 4096).is_ok_and(|n| n == 4096);
     }
     // SAFETY: exit_group is allowed; no destructors need to run.
     unsafe { libc::_exit(if ok { 0 } else { 3 }) }
@@ -399,30 +426,32 @@ fn cli() -> Result<()> {
     unbind(&nvme_controllers()?[0])
 }
 
+/// GPU memory of the CPU stand-in (a memfd, exported as a real dma-buf by udmabuf) registered
+/// peer-to-peer: the SSD reads and writes it by DMA, and the data matches host-memory I/O.
 fn dmabuf_io() -> Result<()> {
-    use std::os::fd::AsRawFd;
     let node = bound_node(0)?;
     let dev = Device::open(&node)?;
-    let ns = dev.namespace(1)?;
+    let st = Storage::direct(&dev, 1)?;
     let len = 256 * 1024usize;
-    let ub = crate::kmod::udmabuf(len)?;
     let mut data = vec![0u8; len];
     pattern::fill(21, 8 << 20, &mut data);
-    for (i, c) in data.chunks(8).enumerate() {
-        ub.map.write64(i * 8, u64::from_le_bytes(c.try_into()?));
-    }
-    let mut dreg = dev.register_dmabuf(ub.fd.as_raw_fd(), 0, len as u64)?;
-    ensure_that!(dreg.as_slice().is_none(), "a dma-buf registration exposes no host slice");
-    ns.write(&dreg, 0, 8 << 20, len as u64)?;
-    let mut hreg = dev.alloc(len)?;
-    ns.read(&mut hreg, 0, 8 << 20, len as u64)?;
-    ensure_that!(*hreg.as_slice().context("mem")? == data[..], "dma-buf -> disk -> host differs");
-    ns.read(&mut dreg, 0, 0, len as u64)?;
+    let gpu = Gpu::cpu();
+    let dbuf = st.register_gpu(Arc::new(gpu.alloc(len)?), false)?;
+    ensure_that!(dbuf.path() == Path::DirectP2p, "the dma-buf took {}", dbuf.path());
+    ensure_that!(dbuf.host_view().is_err(), "a dma-buf registration exposes no host slice");
+    dbuf.copy_in(0, &data)?;
+    st.write(&dbuf, 0, 8 << 20, len as u64)?;
+    let hbuf = st.alloc_host(len)?;
+    st.read(&hbuf, 0, 8 << 20, len as u64)?;
+    ensure_that!(*hbuf.host_view()? == data[..], "dma-buf -> disk -> host differs");
+    st.read(&dbuf, 0, 0, len as u64)?;
     let mut back = vec![0u8; len];
-    ub.map.read_bytes(0, &mut back);
-    ns.read(&mut hreg, 0, 0, len as u64)?;
-    ensure_that!(*hreg.as_slice().context("mem")? == back[..], "disk -> dma-buf differs from disk -> host");
-    drop((dreg, hreg, dev));
+    dbuf.copy_out(0, &mut back)?;
+    st.read(&hbuf, 0, 0, len as u64)?;
+    ensure_that!(*hbuf.host_view()? == back[..], "disk -> dma-buf differs from disk -> host");
+    let c = st.path_counts();
+    ensure_that!(c.direct_p2p == 2 && c.direct_host == 2 && c.direct_staged == 0, "path counts: {c:?}");
+    drop((dbuf, hbuf, st, dev));
     unbind(&nvme_controllers()?[0])
 }
 
@@ -434,18 +463,15 @@ fn iommu_io() -> Result<()> {
     let ty = std::fs::read_to_string(format!("/sys/bus/pci/devices/{addr}/iommu_group/type"))?;
     ensure_that!(ty.trim().starts_with("DMA"), "the NVMe function is not translated: {ty}");
     let node = bound_node(0)?;
-    let dev = Device::open(&node)?;
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(1 << 20)?;
-    pattern::fill(8, 0, reg.as_mut_slice().context("mem")?);
-    ns.write(&reg, 0, 0, 1 << 20)?;
-    reg.as_mut_slice().context("mem")?.fill(0);
-    ns.read(&mut reg, 0, 0, 1 << 20)?;
-    ensure_that!(
-        pattern::first_mismatch(8, 0, &reg.as_slice().context("mem")?).is_none(),
-        "data differs under the IOMMU"
-    );
-    drop((reg, dev));
+    let st = Storage::open(&node)?;
+    ensure_that!(st.is_direct(), "{node} did not take the direct path: {}", st.describe());
+    let buf = st.alloc_host(1 << 20)?;
+    pattern::fill(8, 0, &mut buf.host_view()?);
+    st.write(&buf, 0, 0, 1 << 20)?;
+    buf.host_view()?.fill(0);
+    st.read(&buf, 0, 0, 1 << 20)?;
+    ensure_that!(pattern::first_mismatch(8, 0, &buf.host_view()?).is_none(), "data differs under the IOMMU");
+    drop((buf, st));
     unbind(&addr)?;
     kernel_check(&format!("/dev/{}n1", nvme_name(&addr)?), 8, 0, 1 << 20)
 }
@@ -468,37 +494,32 @@ fn interrupt_mode() -> Result<()> {
     let poll = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
     let irq = Device::open_with(&node, DeviceOptions { queues: 1, interrupts: true, ..Default::default() })?;
     let off = 16u64 << 20;
-    let mut reg = poll.alloc(1 << 20)?;
-    pattern::fill(12, off, reg.as_mut_slice().context("mem")?);
-    poll.namespace(1)?.write(&reg, 0, off, 1 << 20)?;
+    let poll_st = Storage::direct(&poll, 1)?;
+    let irq_st = Storage::direct(&irq, 1)?;
+    let src = poll_st.alloc_host(1 << 20)?;
+    pattern::fill(12, off, &mut src.host_view()?);
+    poll_st.write(&src, 0, off, 1 << 20)?;
     let mut figures = Vec::new();
-    for (mode, dev) in [("polling", &poll), ("interrupts", &irq)] {
-        let ns = dev.namespace(1)?;
-        let mut buf = dev.alloc(1 << 20)?;
+    for (mode, st) in [("polling", &poll_st), ("interrupts", &irq_st)] {
+        let buf = st.alloc_host(1 << 20)?;
         // CPU time is sampled at the scheduler tick here: measure one long loop, not sums of
         // per-read deltas, and verify outside it.
-        ns.read(&mut buf, 0, off, 1 << 20)?;
-        ensure_that!(
-            pattern::first_mismatch(12, off, &buf.as_slice().context("mem")?).is_none(),
-            "{mode}: data differs"
-        );
+        st.read(&buf, 0, off, 1 << 20)?;
+        ensure_that!(pattern::first_mismatch(12, off, &buf.host_view()?).is_none(), "{mode}: data differs");
         let n = 10;
         let (c0, t0) = (thread_cpu(), std::time::Instant::now());
         for _ in 0..n {
-            ns.read(&mut buf, 0, off, 1 << 20)?;
+            st.read(&buf, 0, off, 1 << 20)?;
         }
         let cpu = (thread_cpu() - c0).as_secs_f64() * 1e6 / n as f64;
         let wall = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
-        ensure_that!(
-            pattern::first_mismatch(12, off, &buf.as_slice().context("mem")?).is_none(),
-            "{mode}: data differs"
-        );
+        ensure_that!(pattern::first_mismatch(12, off, &buf.host_view()?).is_none(), "{mode}: data differs");
         println!("    {mode}: {cpu:.0} us CPU and {wall:.0} us wall per 1 MiB read");
         figures.push(cpu);
     }
     let below = figures[1] < 0.2 * figures[0];
     ensure_that!(below, "interrupt mode used {:.0} us CPU vs polling {:.0} us", figures[1], figures[0]);
-    drop((reg, poll, irq));
+    drop((src, poll_st, irq_st, poll, irq));
     unbind(&nvme_controllers()?[4])
 }
 
@@ -514,15 +535,19 @@ fn metadata_namespace() -> Result<()> {
         }
         other => anyhow::bail!("namespace 2 (ms=8): expected Unsupported, got {:?}", other.map(|_| ())),
     }
-    let ns = dev.namespace(1)?;
-    let mut reg = dev.alloc(8192)?;
+    match Storage::direct(&dev, 2) {
+        Err(Error::Unsupported { .. }) => {}
+        other => anyhow::bail!("a storage on namespace 2 (ms=8): expected Unsupported, got {other:?}"),
+    }
+    let st = Storage::direct(&dev, 1)?;
+    let buf = st.alloc_host(8192)?;
     let mut data = vec![0u8; 8192];
     pattern::fill(77, 4096, &mut data);
-    reg.as_mut_slice().context("host memory")?.copy_from_slice(&data);
-    ns.write(&reg, 0, 4096, 8192)?;
-    reg.as_mut_slice().context("host memory")?.fill(0);
-    ns.read(&mut reg, 0, 4096, 8192)?;
-    ensure_that!(reg.as_slice().context("view")?[..] == data[..], "namespace 1 round trip differs");
+    buf.copy_in(0, &data)?;
+    st.write(&buf, 0, 4096, 8192)?;
+    buf.host_view()?.fill(0);
+    st.read(&buf, 0, 4096, 8192)?;
+    ensure_that!(buf.host_view()?[..] == data[..], "namespace 1 round trip differs");
     let out = sh(&format!("{} info {node}", std::env::var("UGDS_CLI").unwrap_or_else(|_| "ugds".into())))?;
     ensure_that!(out.contains("namespace 1") && out.contains("namespace 2"), "ugds info: {out}");
     Ok(())
