@@ -14,3 +14,9 @@
 #include <linux/dma-resv.h>
 #include <linux/interrupt.h>
 #include <linux/eventfd.h>
+
+/* What the module needs from the kernel's configuration (its version is checked in Kbuild). */
+#if !defined(CONFIG_X86_64) || !IS_ENABLED(CONFIG_PCI_MSI) || !IS_ENABLED(CONFIG_DMA_SHARED_BUFFER) || \
+	!IS_ENABLED(CONFIG_EVENTFD) || !defined(CONFIG_NEED_SG_DMA_LENGTH)
+#error "ugds needs an x86-64 kernel with CONFIG_PCI_MSI, CONFIG_DMA_SHARED_BUFFER, CONFIG_EVENTFD and CONFIG_NEED_SG_DMA_LENGTH"
+#endif

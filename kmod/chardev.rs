@@ -4,36 +4,16 @@
 use crate::device::Controller;
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
-use crate::shim::chrdev::{FileHandle, FileOps, FopsTable, Vma};
+use crate::shim::chrdev::{FileHandle, FileOps, FopsTable};
 use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::irq::EventfdIrq;
+use crate::shim::mm::Vma;
 use crate::shim::pin::PinnedUserMemory;
-use crate::shim::uaccess::{read_arg, write_arg, write_slice, Plain};
+use crate::shim::uaccess::{read_arg, write_arg, write_slice};
 use crate::uapi::ioctl::*;
 use crate::uapi::regs::{cq_head_doorbell, sq_tail_doorbell, REG_DOORBELL_BASE};
 use kernel::prelude::*;
 use kernel::sync::Arc;
-
-// SAFETY (all below): `#[repr(C)]` structs of integers and integer arrays whose sizes and
-// offsets the uapi const assertions pin down with explicit padding fields; any bits are valid.
-// SAFETY: see above.
-unsafe impl Plain for DeviceInfo {}
-// SAFETY: see above.
-unsafe impl Plain for CreateQpair {}
-// SAFETY: see above.
-unsafe impl Plain for DeleteQpair {}
-// SAFETY: see above.
-unsafe impl Plain for RegisterHost {}
-// SAFETY: see above.
-unsafe impl Plain for RegisterDmabuf {}
-// SAFETY: see above.
-unsafe impl Plain for GetSegments {}
-// SAFETY: see above.
-unsafe impl Plain for Deregister {}
-// SAFETY: see above.
-unsafe impl Plain for Segment {}
-// SAFETY: see above.
-unsafe impl Plain for SetEventfd {}
 
 /// Largest host registration: 16 GiB.
 const MAX_REGISTRATION: u64 = 16 << 30;
@@ -44,8 +24,8 @@ const USER_END: u64 = 0x7FFF_FFFF_F000;
 pub(crate) struct Chardev;
 
 /// The (static, see `FopsTable`) table `chrdev_open` installs on every open file.
-/// Its owner is this module's `__this_module`, so open files keep the module loaded.
-pub(crate) static FOPS: FopsTable = FopsTable::new::<Chardev>((&raw mut kernel::bindings::__this_module).cast());
+/// Its owner is this module, so open files keep the module loaded.
+pub(crate) static FOPS: FopsTable = FopsTable::new::<Chardev>(&crate::THIS_MODULE);
 
 /// Per-open-file state: just the controller; what the file owns lives in the controller's
 /// tables, tagged with the file's handle.
@@ -142,19 +122,17 @@ impl FileOps for Chardev {
             return Err(EINVAL);
         }
         let inner = c.inner.lock();
-        if inner.hw.is_none() {
-            return Err(ENODEV);
-        }
+        let Some(hw) = inner.hw.as_ref() else { return Err(ENODEV) };
         match kind {
             MmapKind::Doorbells => {
                 let avail = c.bar_len.saturating_sub(REG_DOORBELL_BASE as u64);
                 if qid != 0 || vma.len() == 0 || vma.len() as u64 > avail {
                     return Err(EINVAL);
                 }
-                // SAFETY: the doorbell range lies inside BAR0, which this driver owns while
-                // `hw` is Some (checked under the lock); shutdown zaps every file's mappings
-                // before giving BAR0 up.
-                unsafe { vma.map_io_uncached(c.bar_phys + REG_DOORBELL_BASE as u64, vma.len()) }
+                let len = vma.len();
+                // SAFETY: shutdown zaps every file's mappings before it drops `hw` and so gives
+                // BAR0 up.
+                unsafe { hw.bar.mmap_uncached(vma, REG_DOORBELL_BASE, len) }
             }
             MmapKind::Status => {
                 if qid != 0 {
@@ -170,10 +148,9 @@ impl FileOps for Chardev {
             }
             MmapKind::Sq | MmapKind::Cq | MmapKind::PrpPool => {
                 let qp = inner.qpairs.iter().find(|q| q.qid == qid && q.owner == handle).ok_or(ENOENT)?;
-                let region = qp.region(kind).ok_or(EINVAL)?;
                 // SAFETY: delete_qpair, release and shutdown zap these mappings before the
                 // memory is freed.
-                unsafe { region.mmap(vma) }
+                unsafe { qp.mmap_region(kind, vma) }
             }
         }
     }

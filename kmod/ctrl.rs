@@ -1,15 +1,15 @@
 //! Controller bring-up and shutdown: disable, admin queue, enable, identify, number of queues.
 
 use crate::admin::{AdminQueue, ADMIN_DEPTH};
-use crate::bindings;
-use crate::shim::dma::CoherentAllocation;
+use crate::shim::delay::read_poll_timeout;
+use crate::shim::dma::{dma_read, CoherentAllocation};
 use crate::shim::pci::Device;
+use crate::shim::Plain;
 use crate::uapi::identify::{IdentifyController, IdentifyNamespace};
 use crate::uapi::ioctl::{DeviceInfo, NamespaceInfo, ABI_VERSION, MAX_NAMESPACES};
 use crate::uapi::queue::{admin, cns, feature, Sqe};
 use crate::uapi::regs::{Aqa, Cap, Cc, Csts, REG_ACQ, REG_AQA, REG_ASQ, REG_CC, REG_CSTS, REG_INTMS};
 use crate::Bar0;
-use core::mem::offset_of;
 use kernel::prelude::*;
 
 /// Timeout of one admin command.
@@ -22,28 +22,20 @@ pub(crate) const MAX_IO_DEPTH: u32 = 1024;
 /// I/O queue pairs asked for in Set Features (Number of Queues).
 const WANT_QPAIRS: u32 = 64;
 
-/// Waits (bounded by CAP.TO) for CSTS.RDY to equal `want`.
+/// Waits (bounded by CAP.TO, at least 500 ms) for CSTS.RDY to equal `want`.
 pub(crate) fn wait_ready(bar: &Bar0, cap: Cap, want: bool) -> Result {
     let limit_ms = cap.timeout_ms().max(500);
-    let mut waited = 0;
-    loop {
+    let read_csts = || {
         let csts = Csts(bar.read32::<REG_CSTS>());
         if csts.is_gone() {
             return Err(ENODEV);
         }
-        if csts.rdy() == want {
-            return Ok(());
-        }
-        if want && csts.cfs() {
+        if want && csts.cfs() && !csts.rdy() {
             return Err(EIO);
         }
-        if waited >= limit_ms {
-            return Err(crate::errno::etimedout());
-        }
-        // SAFETY: process context, no spinlock held.
-        unsafe { bindings::msleep(1) };
-        waited += 1;
-    }
+        Ok(csts)
+    };
+    read_poll_timeout(read_csts, |csts| csts.rdy() == want, 1000, limit_ms as u64 * 1000).map(|_| ())
 }
 
 /// Clears CC.EN and waits for CSTS.RDY=0: after this the controller does no more DMA.
@@ -72,7 +64,15 @@ pub(crate) fn enable(bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result {
     wait_ready(bar, cap, true)
 }
 
-fn identify(bar: &Bar0, adminq: &mut AdminQueue, buf: &CoherentAllocation, cns_value: u32, nsid: u32) -> Result {
+/// Runs Identify with `cns_value` into `buf` (every allocation is at least the page the data
+/// fills).
+fn identify<T: Plain>(
+    bar: &Bar0,
+    adminq: &mut AdminQueue,
+    buf: &CoherentAllocation<T>,
+    cns_value: u32,
+    nsid: u32,
+) -> Result {
     let mut sqe = Sqe::new(admin::IDENTIFY, 0);
     sqe.set_nsid(nsid);
     sqe.set_prps(buf.dma_handle(), 0);
@@ -80,91 +80,85 @@ fn identify(bar: &Bar0, adminq: &mut AdminQueue, buf: &CoherentAllocation, cns_v
     adminq.submit(bar, sqe, ADMIN_TIMEOUT_MS).map(|_| ())
 }
 
-fn read_u16(buf: &CoherentAllocation, off: usize) -> Result<u16> {
-    let mut b = [0u8; 2];
-    buf.read_bytes(off, &mut b)?;
-    Ok(u16::from_le_bytes(b))
-}
-
-fn read_u32(buf: &CoherentAllocation, off: usize) -> Result<u32> {
-    let mut b = [0u8; 4];
-    buf.read_bytes(off, &mut b)?;
-    Ok(u32::from_le_bytes(b))
-}
-
-fn read_u64(buf: &CoherentAllocation, off: usize) -> Result<u64> {
-    let mut b = [0u8; 8];
-    buf.read_bytes(off, &mut b)?;
-    Ok(u64::from_le_bytes(b))
+/// The data buffers of the Identify commands (one page each).
+struct IdentifyBuffers {
+    controller: CoherentAllocation<IdentifyController>,
+    /// Active namespace list: up to 1024 NSIDs.
+    nsids: CoherentAllocation<u32>,
+    namespace: CoherentAllocation<IdentifyNamespace>,
 }
 
 /// Identifies the controller and its active namespaces and negotiates the number of queues.
 pub(crate) fn identify_all(dev: &Device, bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result<DeviceInfo> {
-    let buf = CoherentAllocation::alloc(dev, 4096)?;
-    identify(bar, adminq, &buf, cns::CONTROLLER, 0)?;
+    let bufs = IdentifyBuffers {
+        controller: CoherentAllocation::alloc_coherent(dev, 1)?,
+        nsids: CoherentAllocation::alloc_coherent(dev, 1024)?,
+        namespace: CoherentAllocation::alloc_coherent(dev, 1)?,
+    };
+    let r = identify_with(&bufs, bar, cap, adminq);
+    // A command that failed may still be running and write its buffer later: the controller
+    // must stop before the buffers are freed, or they stay allocated.
+    if r.is_err() && disable(bar, cap).is_err() {
+        pr_err!("controller did not stop after a failed identify: leaking its buffers\n");
+        core::mem::forget(bufs);
+    }
+    r
+}
+
+fn identify_with(bufs: &IdentifyBuffers, bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result<DeviceInfo> {
+    let id = &bufs.controller;
+    identify(bar, adminq, id, cns::CONTROLLER, 0)?;
+    let mdts = dma_read!(id[0].mdts)?;
     let mut info = DeviceInfo {
         abi_version: ABI_VERSION,
         instance: 0,
-        serial: [0; 20],
-        model: [0; 40],
-        firmware: [0; 8],
-        vid: read_u16(&buf, offset_of!(IdentifyController, vid))?,
-        ssvid: read_u16(&buf, offset_of!(IdentifyController, ssvid))?,
+        serial: dma_read!(id[0].sn)?,
+        model: dma_read!(id[0].mn)?,
+        firmware: dma_read!(id[0].fr)?,
+        vid: u16::from_le(dma_read!(id[0].vid)?),
+        ssvid: u16::from_le(dma_read!(id[0].ssvid)?),
         cap: cap.0,
         vs: 0,
-        mdts_bytes: 0,
+        // MDTS is in units of the minimum page size; 0 means no limit. Cap what we report at 4 GiB.
+        mdts_bytes: if mdts == 0 { 0 } else { (cap.min_page_size() << mdts.min(20)).min(u32::MAX as u64) as u32 },
         doorbell_stride: 4 << cap.dstrd(),
         max_qpairs: 0,
         max_queue_entries: cap.max_queue_entries().min(MAX_IO_DEPTH),
         irq_vectors: 0,
         num_namespaces: 0,
-        vwc: 0,
-        oncs: read_u16(&buf, offset_of!(IdentifyController, oncs))? as u32,
+        vwc: (dma_read!(id[0].vwc)? & 1) as u32,
+        oncs: u16::from_le(dma_read!(id[0].oncs)?) as u32,
         page_size: 4096,
         namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
     };
-    buf.read_bytes(offset_of!(IdentifyController, sn), &mut info.serial)?;
-    buf.read_bytes(offset_of!(IdentifyController, mn), &mut info.model)?;
-    buf.read_bytes(offset_of!(IdentifyController, fr), &mut info.firmware)?;
-    let mut b = [0u8; 1];
-    buf.read_bytes(offset_of!(IdentifyController, mdts), &mut b)?;
-    // MDTS is in units of the minimum page size; 0 means no limit. Cap what we report at 4 GiB.
-    info.mdts_bytes = if b[0] == 0 { 0 } else { (cap.min_page_size() << b[0].min(20)).min(u32::MAX as u64) as u32 };
-    buf.read_bytes(offset_of!(IdentifyController, vwc), &mut b)?;
-    info.vwc = (b[0] & 1) as u32;
 
     // Active namespace list (CNS 02h): NSIDs in increasing order, zero-terminated.
-    identify(bar, adminq, &buf, cns::ACTIVE_NSID_LIST, 0)?;
-    let mut nsids = [0u32; MAX_NAMESPACES];
-    let mut n = 0;
+    identify(bar, adminq, &bufs.nsids, cns::ACTIVE_NSID_LIST, 0)?;
+    let ns = &bufs.namespace;
     for i in 0..MAX_NAMESPACES {
-        let id = read_u32(&buf, i * 4)?;
-        if id == 0 {
+        let nsid = u32::from_le(bufs.nsids.read(i)?);
+        if nsid == 0 {
             break;
         }
-        nsids[i] = id;
-        n += 1;
-    }
-    for (i, &nsid) in nsids[..n].iter().enumerate() {
-        identify(bar, adminq, &buf, cns::NAMESPACE, nsid)?;
-        let nsze = read_u64(&buf, offset_of!(IdentifyNamespace, nsze))?;
-        buf.read_bytes(offset_of!(IdentifyNamespace, flbas), &mut b)?;
-        let idx = (b[0] & 0xF) as usize | (((b[0] >> 5) & 0x3) as usize) << 4;
-        let lbaf = read_u32(&buf, offset_of!(IdentifyNamespace, lbaf) + 4 * idx)?;
-        let lba_shift = (lbaf >> 16) & 0xFF;
+        identify(bar, adminq, ns, cns::NAMESPACE, nsid)?;
+        let flbas = dma_read!(ns[0].flbas)?;
+        // FLBAS bits 3:0 are the format index's low bits, bits 6:5 its high bits.
+        let lbaf = dma_read!(ns[0].lbaf)?[(flbas & 0xF) as usize | (((flbas >> 5) & 0x3) as usize) << 4];
+        let lba_shift = lbaf.lbads();
         if !(9..=16).contains(&lba_shift) {
             pr_warn!("namespace {} has unsupported LBA size 2^{}; skipped\n", nsid, lba_shift);
             continue;
         }
         // Metadata and protection information are reported, not handled: user space refuses
         // such a namespace by name.
-        let metadata_bytes = (lbaf & 0xFFFF) as u16;
-        buf.read_bytes(offset_of!(IdentifyNamespace, dps), &mut b)?;
-        let pi_type = b[0] & 0x7;
-        info.namespaces[info.num_namespaces as usize] =
-            NamespaceInfo { nsid, lba_shift: lba_shift as u8, pi_type, metadata_bytes, size_lbas: nsze };
+        info.namespaces[info.num_namespaces as usize] = NamespaceInfo {
+            nsid,
+            lba_shift,
+            pi_type: dma_read!(ns[0].dps)? & 0x7,
+            metadata_bytes: lbaf.ms(),
+            size_lbas: u64::from_le(dma_read!(ns[0].nsze)?),
+        };
         info.num_namespaces += 1;
-        let _ = i;
     }
 
     let mut sqe = Sqe::new(admin::SET_FEATURES, 0);

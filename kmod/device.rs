@@ -11,7 +11,7 @@ use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
 use crate::qpair::Qpair;
 use crate::registry::Registration;
 use crate::shim::chrdev::FileHandle;
-use crate::shim::dma::CoherentAllocation;
+use crate::shim::dma::{dma_write, CoherentAllocation};
 use crate::shim::irq::IrqVectors;
 use crate::shim::pci;
 use crate::table::Table;
@@ -19,7 +19,7 @@ use crate::uapi::ioctl::{DeviceInfo, StatusPage, ABI_VERSION, STATUS_MAGIC};
 use crate::uapi::queue::{feature, Sqe};
 use crate::uapi::regs::Cap;
 use crate::Bar0;
-use core::mem::{offset_of, ManuallyDrop};
+use core::mem::ManuallyDrop;
 use kernel::prelude::*;
 use kernel::sync::{Arc, Mutex};
 
@@ -79,12 +79,10 @@ pub(crate) struct Controller {
     pub(crate) info: DeviceInfo,
     /// CAP.
     pub(crate) cap: Cap,
-    /// Physical address and length of BAR0 (for mapping the doorbells).
-    pub(crate) bar_phys: u64,
-    /// Length of BAR0.
+    /// Length of BAR0 (for checking doorbell mappings).
     pub(crate) bar_len: u64,
     /// The read-only status page (epoch, faulted, counters).
-    pub(crate) status: CoherentAllocation,
+    pub(crate) status: CoherentAllocation<StatusPage>,
     /// Everything that changes.
     #[pin]
     pub(crate) inner: Mutex<Inner>,
@@ -93,8 +91,8 @@ pub(crate) struct Controller {
 impl Controller {
     /// Builds the shared state around a brought-up controller.
     pub(crate) fn new(pdev: &pci::Device, info: DeviceInfo, cap: Cap, hw: Hw) -> Result<Arc<Self>> {
-        let (bar_phys, bar_len) = pdev.resource(0)?;
-        let status = CoherentAllocation::alloc(pdev, 4096)?;
+        let bar_len = hw.bar.len() as u64;
+        let status = CoherentAllocation::alloc_coherent(pdev, 1)?;
         let inner = Inner {
             hw: Some(hw),
             faulted: false,
@@ -110,7 +108,6 @@ impl Controller {
                 pdev: pdev.clone(),
                 info,
                 cap,
-                bar_phys,
                 bar_len,
                 status,
                 inner <- kernel::new_mutex!(inner, "ugds::Controller::inner"),
@@ -125,14 +122,16 @@ impl Controller {
     pub(crate) fn publish(&self, inner: &Inner) {
         let pinned: u64 = inner.regs.iter().map(|r| r.npages() as u64).sum();
         let s = &self.status;
-        let _ = s.write32(offset_of!(StatusPage, magic), STATUS_MAGIC);
-        let _ = s.write32(offset_of!(StatusPage, abi_version), ABI_VERSION);
-        let _ = s.write64(offset_of!(StatusPage, epoch), inner.epoch);
-        let _ = s.write32(offset_of!(StatusPage, faulted), (inner.faulted || inner.hw.is_none()) as u32);
-        let _ = s.write64(offset_of!(StatusPage, pinned_pages), pinned);
-        let _ = s.write64(offset_of!(StatusPage, registrations), inner.regs.len() as u64);
-        let _ = s.write64(offset_of!(StatusPage, qpairs), inner.qpairs.len() as u64);
-        let _ = s.write64(offset_of!(StatusPage, resets), inner.resets);
+        // Field by field: user space may read the page at any time, and each aligned field is
+        // then seen whole. Index 0 always exists, so none of these fails.
+        let _ = dma_write!(s[0].magic = STATUS_MAGIC);
+        let _ = dma_write!(s[0].abi_version = ABI_VERSION);
+        let _ = dma_write!(s[0].epoch = inner.epoch);
+        let _ = dma_write!(s[0].faulted = (inner.faulted || inner.hw.is_none()) as u32);
+        let _ = dma_write!(s[0].pinned_pages = pinned);
+        let _ = dma_write!(s[0].registrations = inner.regs.len() as u64);
+        let _ = dma_write!(s[0].qpairs = inner.qpairs.len() as u64);
+        let _ = dma_write!(s[0].resets = inner.resets);
     }
 
     /// Resets the controller: disable and wait for RDY=0 (after which it does no DMA), enable,
@@ -179,7 +178,8 @@ impl Controller {
             }
         }
         if need_reset {
-            return self.reset_locked(inner).is_ok() || inner.hw.as_ref().is_some_and(|hw| ctrl::disable(&hw.bar, self.cap).is_ok());
+            return self.reset_locked(inner).is_ok()
+                || inner.hw.as_ref().is_some_and(|hw| ctrl::disable(&hw.bar, self.cap).is_ok());
         }
         true
     }
@@ -188,10 +188,9 @@ impl Controller {
     /// then its registrations.
     pub(crate) fn release_file(&self, handle: FileHandle) {
         let mut inner = self.inner.lock();
-        let (Ok(doomed), Ok(regs)) = (
-            inner.qpairs.remove_all(|q| q.owner == handle),
-            inner.regs.remove_all(|r| r.owner == handle),
-        ) else {
+        let (Ok(doomed), Ok(regs)) =
+            (inner.qpairs.remove_all(|q| q.owner == handle), inner.regs.remove_all(|r| r.owner == handle))
+        else {
             // Out of memory for the bookkeeping: the entries stay (and stay pinned) until unbind.
             pr_err!("{}: out of memory releasing a file; its resources are freed at unbind\n", self.pdev.name());
             return;

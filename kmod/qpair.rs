@@ -6,9 +6,10 @@ use crate::ctrl::ADMIN_TIMEOUT_MS;
 use crate::shim::chrdev::FileHandle;
 use crate::shim::dma::CoherentAllocation;
 use crate::shim::irq::EventfdIrq;
+use crate::shim::mm::Vma;
 use crate::shim::pci::Device;
 use crate::uapi::ioctl::{mmap_offset, MmapKind, QPAIR_FLAG_IRQ};
-use crate::uapi::queue::{admin, Sqe};
+use crate::uapi::queue::{admin, Cqe, Sqe};
 use crate::Bar0;
 use kernel::prelude::*;
 
@@ -24,13 +25,16 @@ pub(crate) struct Qpair {
     pub(crate) qid: u16,
     /// Entries per queue.
     pub(crate) depth: u32,
-    /// Submission queue: `depth` × 64 bytes (page rounded).
-    pub(crate) sq: CoherentAllocation,
-    /// Completion queue: `depth` × 16 bytes (page rounded).
-    pub(crate) cq: CoherentAllocation,
-    /// PRP-list pool: one 4 KiB page per SQ slot.
-    pub(crate) prp: CoherentAllocation,
+    /// Submission queue: `depth` entries (page rounded). User space writes it.
+    pub(crate) sq: CoherentAllocation<Sqe>,
+    /// Completion queue: `depth` entries (page rounded). The controller writes it.
+    pub(crate) cq: CoherentAllocation<Cqe>,
+    /// PRP-list pool: one list page per SQ slot. User space writes it.
+    pub(crate) prp: CoherentAllocation<PrpList>,
 }
+
+/// One PRP list: a page of 512 PRP entries.
+pub(crate) type PrpList = [u64; 512];
 
 impl Qpair {
     /// Allocates the memory (zeroed) for a queue pair.
@@ -42,9 +46,9 @@ impl Qpair {
             owner,
             qid,
             depth,
-            sq: CoherentAllocation::alloc(dev, d * 64)?,
-            cq: CoherentAllocation::alloc(dev, d * 16)?,
-            prp: CoherentAllocation::alloc(dev, d * 4096)?,
+            sq: CoherentAllocation::alloc_coherent(dev, d)?,
+            cq: CoherentAllocation::alloc_coherent(dev, d)?,
+            prp: CoherentAllocation::alloc_coherent(dev, d)?,
         })
     }
 
@@ -84,27 +88,45 @@ impl Qpair {
 
     /// Forgets completions (after a controller reset, before re-creating it).
     pub(crate) fn clear_cq(&self) -> Result {
-        for i in 0..self.cq.size() / 4 {
-            self.cq.write32(i * 4, 0)?;
+        for i in 0..self.cq.len() {
+            self.cq.write(i, &Cqe::default())?;
         }
         Ok(())
     }
 
-    /// The region of `kind` (SQ, CQ or PRP pool).
-    pub(crate) fn region(&self, kind: MmapKind) -> Option<&CoherentAllocation> {
+    /// Size in bytes of the region of `kind` (SQ, CQ or PRP pool), as mapped.
+    pub(crate) fn region_size(&self, kind: MmapKind) -> Option<usize> {
         match kind {
-            MmapKind::Sq => Some(&self.sq),
-            MmapKind::Cq => Some(&self.cq),
-            MmapKind::PrpPool => Some(&self.prp),
+            MmapKind::Sq => Some(self.sq.size()),
+            MmapKind::Cq => Some(self.cq.size()),
+            MmapKind::PrpPool => Some(self.prp.size()),
             MmapKind::Doorbells | MmapKind::Status => None,
+        }
+    }
+
+    /// Maps the region of `kind` (SQ, CQ or PRP pool) into `vma`.
+    ///
+    /// # Safety
+    ///
+    /// The caller must remove the mapping (see [`Qpair::zap_user_mappings`]) before this queue
+    /// pair is dropped.
+    pub(crate) unsafe fn mmap_region(&self, kind: MmapKind, vma: &mut Vma) -> Result {
+        match kind {
+            // SAFETY: the caller zaps the mapping before `self`, and so the SQ, is dropped.
+            MmapKind::Sq => unsafe { self.sq.mmap(vma) },
+            // SAFETY: the caller zaps the mapping before `self`, and so the CQ, is dropped.
+            MmapKind::Cq => unsafe { self.cq.mmap(vma) },
+            // SAFETY: the caller zaps the mapping before `self`, and so the pool, is dropped.
+            MmapKind::PrpPool => unsafe { self.prp.mmap(vma) },
+            MmapKind::Doorbells | MmapKind::Status => Err(EINVAL),
         }
     }
 
     /// Removes the owner's user mappings of this queue pair's memory.
     pub(crate) fn zap_user_mappings(&self) {
         for kind in [MmapKind::Sq, MmapKind::Cq, MmapKind::PrpPool] {
-            if let Some(r) = self.region(kind) {
-                self.owner.zap(mmap_offset(kind, self.qid), r.size() as u64);
+            if let Some(size) = self.region_size(kind) {
+                self.owner.zap(mmap_offset(kind, self.qid), size as u64);
             }
         }
     }

@@ -12,3 +12,40 @@ pub(crate) mod queue;
 pub(crate) mod regs;
 #[path = "../uapi/src/status.rs"]
 pub(crate) mod status;
+
+use crate::shim::Plain;
+use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
+use ioctl::{
+    CreateQpair, DeleteQpair, Deregister, DeviceInfo, GetSegments, RegisterDmabuf, RegisterHost, Segment, SetEventfd,
+    StatusPage,
+};
+use queue::{Cqe, Sqe};
+
+/// Marks spec and ABI layouts as [`Plain`]: copied from and to user space (ioctl arguments) or
+/// living in DMA memory (queue entries, Identify data, the status page).
+macro_rules! plain {
+    ($($t:ty),* $(,)?) => {
+        // SAFETY: `#[repr(C)]` structs of integers, integer arrays and such structs, whose sizes
+        // and offsets the uapi const assertions pin down, with explicit reserved or padding
+        // fields (so no implicit padding); any bits are a valid value.
+        $(unsafe impl Plain for $t {})*
+    };
+}
+
+plain!(
+    DeviceInfo,
+    CreateQpair,
+    DeleteQpair,
+    RegisterHost,
+    RegisterDmabuf,
+    GetSegments,
+    Deregister,
+    Segment,
+    SetEventfd,
+    StatusPage,
+    Sqe,
+    Cqe,
+    IdentifyController,
+    IdentifyNamespace,
+    LbaFormat,
+);

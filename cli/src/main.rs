@@ -24,7 +24,8 @@ fn size(s: &str) -> Result<u64, String> {
 
 #[derive(Args)]
 struct Target {
-    /// The device node (/dev/ugds_drvN).
+    /// The target: a ugds node (/dev/ugds_drvN), a striped volume
+    /// (stripe:[CHUNK:]/dev/ugds_drv0,/dev/ugds_drv1,...), a file or a block device.
     dev: String,
     /// Namespace id.
     #[arg(long, default_value_t = 1)]
@@ -166,12 +167,13 @@ fn run(cli: Cli) -> Res<()> {
             gpu_bench::run(gpu_bench::Params { file, file_size, sizes, threads, seconds, cpu, json: cli.json })?
         }
         Cmd::Info { dev } if !ugds::device::is_ugds_node(&dev) => {
-            // A file or block device: the fallback path.
+            // A striped volume (direct path), a file or block device (fallback path).
             let s = Storage::open(&dev)?;
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::json!({"target": dev, "path": "fallback", "direct_io": s.bypasses_page_cache(),
+                    serde_json::json!({"target": dev, "path": if s.is_direct() { "direct" } else { "fallback" },
+                        "describe": s.describe(), "direct_io": s.bypasses_page_cache(),
                         "capacity": s.capacity()?, "block_size": s.block_size()})
                 );
             } else {
@@ -289,10 +291,13 @@ fn report(json: bool, op: &str, len: u64, t: Duration) {
     }
 }
 
-/// Opens the target: a ugds node with `opts` (the direct path), anything else as
-/// [`Storage::open`] does (the fallback path).
+/// Opens the target: a ugds node or a striped volume (`stripe:[CHUNK:]NODE,...`) with `opts`
+/// (the direct path), anything else as [`Storage::open`] does (the fallback path).
 fn open_target(t: &Target, opts: DeviceOptions) -> Res<Arc<Storage>> {
-    if ugds::device::is_ugds_node(&t.dev) {
+    if t.dev.starts_with("stripe:") {
+        let spec = ugds::VolumeSpec { nsid: t.ns, ..ugds::VolumeSpec::parse(&t.dev)? };
+        Ok(Storage::volume(&spec, &opts)?)
+    } else if ugds::device::is_ugds_node(&t.dev) {
         Ok(Storage::direct(&Device::open_with(&t.dev, opts)?, t.ns)?)
     } else {
         Ok(Storage::open(&t.dev)?)

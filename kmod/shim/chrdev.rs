@@ -2,24 +2,20 @@
 //! class and the device-number region that the misc core hides made explicit): a [`Class`]
 //! (`/sys/class/<name>`, node mode set by its `devnode` callback), a [`Region`] of device numbers
 //! registered together with it, one [`Registration`] per node (`cdev` + `struct device`, so
-//! devtmpfs creates `/dev/<name>`), file operations dispatched to a trait, and the VMA and
-//! file-mapping handles `mmap` needs.
+//! devtmpfs creates `/dev/<name>`), file operations dispatched to a trait, and the handle of an
+//! open file's mapping (for revoking user mappings).
 //!
 //! Lifetimes follow the C pattern of `cdev_device_add`: the `cdev` and the `struct device` live
 //! in one allocation whose release is the device's `release` callback, and the cdev's kobject
 //! holds a reference on the device. An open file holds the cdev, so the allocation (and the
 //! device state in it) outlives [`Registration`] until the last such file is closed.
 
+use super::mm::Vma;
+use super::pci;
 use crate::bindings;
-use crate::shim::pci;
 use core::ptr::NonNull;
 use kernel::prelude::*;
 use kernel::sync::Arc;
-
-/// VMA flag bits, from the target kernel's include/linux/mm.h (bindgen).
-const VM_WRITE: u64 = bindings::VM_WRITE as u64;
-const VM_SHARED: u64 = bindings::VM_SHARED as u64;
-const VM_MAYWRITE: u64 = bindings::VM_MAYWRITE as u64;
 
 /// The identity of an open file and its page-cache mapping (for revoking user mappings).
 ///
@@ -36,7 +32,8 @@ pub(crate) struct FileHandle {
 // SAFETY: the handle is an identity plus a pointer used only with `unmap_mapping_range`, which
 // may be called from any thread.
 unsafe impl Send for FileHandle {}
-// SAFETY: as above.
+// SAFETY: `&FileHandle` allows only `zap` (`unmap_mapping_range`, callable from any thread) and
+// comparing identities.
 unsafe impl Sync for FileHandle {}
 
 impl FileHandle {
@@ -46,88 +43,6 @@ impl FileHandle {
         // SAFETY: by the invariant `mapping` is live; unmap_mapping_range may sleep, and callers
         // are in process context.
         unsafe { bindings::unmap_mapping_range(self.mapping, offset as _, len as _, 1) };
-    }
-}
-
-/// A VMA being set up by `mmap`.
-pub(crate) struct Vma {
-    ptr: NonNull<bindings::vm_area_struct>,
-}
-
-impl Vma {
-    fn raw(&self) -> *mut bindings::vm_area_struct {
-        self.ptr.as_ptr()
-    }
-
-    fn flags(&self) -> u64 {
-        // SAFETY: the VMA is live during mmap.
-        unsafe { (*self.raw()).__bindgen_anon_2.__vm_flags as u64 }
-    }
-
-    /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
-        // SAFETY: the VMA is live during mmap.
-        unsafe {
-            let a = (*self.raw()).__bindgen_anon_1.__bindgen_anon_1;
-            (a.vm_end - a.vm_start) as usize
-        }
-    }
-
-    /// The file offset it maps, in bytes.
-    pub(crate) fn offset(&self) -> u64 {
-        // SAFETY: the VMA is live during mmap.
-        (unsafe { (*self.raw()).vm_pgoff } as u64) << 12
-    }
-
-    /// True when the mapping is shared (MAP_SHARED); private mappings are refused.
-    pub(crate) fn is_shared(&self) -> bool {
-        self.flags() & VM_SHARED != 0
-    }
-
-    /// True when the mapping asks for write access.
-    pub(crate) fn is_writable(&self) -> bool {
-        self.flags() & VM_WRITE != 0
-    }
-
-    /// Forbids a later mprotect to writable.
-    pub(crate) fn deny_write(&mut self) {
-        // SAFETY: `->mmap` runs before the new VMA is stored in the VMA tree (6.12
-        // mm/mmap.c: `mmap_file` precedes `vma_iter_store`/`vma_link_file`), so it has no other
-        // user and needs no VMA lock: exactly the case the kernel's own `__vm_flags_mod` (a
-        // plain update through `vm_flags_init`) is for; `vm_flags_clear` would only add the
-        // per-VMA write lock that an unreachable VMA does not need.
-        unsafe { (*self.raw()).__bindgen_anon_2.__vm_flags &= !(VM_MAYWRITE as bindings::vm_flags_t) };
-    }
-
-    /// Maps `len` bytes of device memory at physical `phys` uncached (UC-).
-    ///
-    /// # Safety
-    ///
-    /// `[phys, phys + len)` must be MMIO the caller owns, and the caller must zap the mapping
-    /// before giving that MMIO up.
-    pub(crate) unsafe fn map_io_uncached(&mut self, phys: u64, len: usize) -> Result {
-        // SAFETY: the VMA is live and not yet visible; adding the UC- cache bits to its
-        // protection is what pgprot_noncached does on x86.
-        unsafe {
-            let uc = bindings::cachemode2protval(bindings::page_cache_mode__PAGE_CACHE_MODE_UC_MINUS);
-            (*self.raw()).vm_page_prot.pgprot |= uc as bindings::pgprotval_t;
-        }
-        // vm_iomap_memory reads vm_pgoff as an offset into the range; ours encodes the region,
-        // so present 0 for the call and restore it (the file offset is what zaps match).
-        // SAFETY: the caller owns the MMIO range; vm_iomap_memory checks the VMA fits it.
-        let ret = unsafe {
-            let pgoff = (*self.raw()).vm_pgoff;
-            (*self.raw()).vm_pgoff = 0;
-            let r = bindings::vm_iomap_memory(self.raw(), phys as _, len as _);
-            (*self.raw()).vm_pgoff = pgoff;
-            r
-        };
-        kernel::error::to_result(ret)
-    }
-
-    /// Raw pointer, for the DMA shim.
-    pub(crate) fn as_raw(&mut self) -> *mut bindings::vm_area_struct {
-        self.raw()
     }
 }
 
@@ -159,12 +74,13 @@ pub(crate) struct FopsTable(bindings::file_operations);
 unsafe impl Sync for FopsTable {}
 
 impl FopsTable {
-    /// The table for `T`, owned by `owner` (this module's `__this_module`).
-    pub(crate) const fn new<T: FileOps>(owner: *mut bindings::module) -> Self {
+    /// The table for `T`, owned by `module` (this module's `THIS_MODULE`), which open files then
+    /// keep loaded.
+    pub(crate) const fn new<T: FileOps>(module: &'static ThisModule) -> Self {
         // SAFETY: all-zero is a valid `file_operations` (null pointers, no callbacks).
         let zero: bindings::file_operations = unsafe { core::mem::zeroed() };
         FopsTable(bindings::file_operations {
-            owner,
+            owner: module.as_ptr().cast(),
             open: Some(open_cb::<T>),
             release: Some(release_cb::<T>),
             unlocked_ioctl: Some(ioctl_cb::<T>),
@@ -402,7 +318,10 @@ unsafe fn state_of<'a, T: FileOps>(file: *mut bindings::file) -> &'a T::File {
     unsafe { &*((*file).private_data as *const T::File) }
 }
 
-unsafe extern "C" fn release_cb<T: FileOps>(_inode: *mut bindings::inode, file: *mut bindings::file) -> kernel::ffi::c_int {
+unsafe extern "C" fn release_cb<T: FileOps>(
+    _inode: *mut bindings::inode,
+    file: *mut bindings::file,
+) -> kernel::ffi::c_int {
     // SAFETY: release runs once, after the last reference; the box came from open_cb.
     let state = unsafe { KBox::from_raw((*file).private_data as *mut T::File) };
     T::release(state, handle_of(file));
@@ -422,11 +341,15 @@ unsafe extern "C" fn ioctl_cb<T: FileOps>(
     }
 }
 
-unsafe extern "C" fn mmap_cb<T: FileOps>(file: *mut bindings::file, vma: *mut bindings::vm_area_struct) -> kernel::ffi::c_int {
+unsafe extern "C" fn mmap_cb<T: FileOps>(
+    file: *mut bindings::file,
+    vma: *mut bindings::vm_area_struct,
+) -> kernel::ffi::c_int {
     // SAFETY: the VFS calls mmap only on an open file.
     let state = unsafe { state_of::<T>(file) };
     let Some(ptr) = NonNull::new(vma) else { return EINVAL.to_errno() };
-    let mut vma = Vma { ptr };
+    // SAFETY: `vma` is the VMA of this `mmap` call; the `Vma` is dropped before it returns.
+    let mut vma = unsafe { Vma::from_raw(ptr) };
     match T::mmap(state, handle_of(file), &mut vma) {
         Ok(()) => 0,
         Err(e) => e.to_errno(),

@@ -1,133 +1,217 @@
-//! Coherent DMA memory (shaped like upstream `kernel::dma::CoherentAllocation`).
+//! Coherent DMA memory, typed (shaped like upstream `kernel::dma::CoherentAllocation<T>`, 6.14+).
 //!
-//! The memory is shared with the device, so every CPU access is volatile and field by field;
-//! no `&`/`&mut` to its contents is ever handed out.
+//! A `CoherentAllocation<T>` is an array of `T` shared with the device: the controller reads and
+//! writes it whenever it likes, so every CPU access is volatile, element by element or field by
+//! field ([`dma_read!`], [`dma_write!`]); no `&`/`&mut` to its contents is ever handed out.
 
+use super::mm::Vma;
+use super::pci::Device;
+use super::Plain;
 use crate::bindings;
-use crate::shim::chrdev::Vma;
-use crate::shim::pci::Device;
+use core::mem::size_of;
+use core::ptr::NonNull;
+use kernel::page::PAGE_SIZE;
 use kernel::prelude::*;
 
-/// A coherent DMA allocation for one device.
+/// DMA_BIDIRECTIONAL (bindgen, from the target kernel's headers; upstream
+/// `DataDirection::Bidirectional`): the controller both reads memory (writes to disk) and writes
+/// it (reads from disk).
+pub(super) const DMA_BIDIRECTIONAL: bindings::dma_data_direction = bindings::dma_data_direction_DMA_BIDIRECTIONAL;
+
+/// A bus address the device uses to reach memory.
+pub(crate) type DmaAddress = bindings::dma_addr_t;
+
+/// `count` elements of `T` in coherent DMA memory of one device, zeroed when allocated.
 ///
 /// # Invariants
 ///
-/// `cpu` is the CPU address and `dma` the device address of a live `dma_alloc_attrs`
-/// allocation of `size` bytes for `dev`, freed only in `Drop`.
-pub(crate) struct CoherentAllocation {
+/// `cpu` and `dma` are the CPU and device addresses of a live `dma_alloc_attrs` allocation of
+/// `size` bytes for `dev`, freed only in `Drop`. `size` is a whole number of pages and at least
+/// `count * size_of::<T>()`; `cpu` is page aligned (the DMA API aligns coherent allocations to
+/// at least a page), so every element is aligned for `T` (whose alignment is at most a page).
+pub(crate) struct CoherentAllocation<T: Plain> {
     dev: Device,
-    cpu: *mut u8,
-    dma: u64,
+    cpu: NonNull<T>,
+    dma: DmaAddress,
+    count: usize,
     size: usize,
 }
 
-// SAFETY: the allocation is plain memory; all CPU accesses are volatile and need no thread
-// affinity; freeing needs ownership.
-unsafe impl Send for CoherentAllocation {}
-// SAFETY: `&CoherentAllocation` only allows volatile accesses within bounds.
-unsafe impl Sync for CoherentAllocation {}
+// SAFETY: `T` is plain data (no pointers, no thread affinity); freeing needs ownership and
+// works from any thread.
+unsafe impl<T: Plain> Send for CoherentAllocation<T> {}
+// SAFETY: `&CoherentAllocation` allows only volatile, in-bounds element and field accesses, which
+// the kernel memory model treats like READ_ONCE/WRITE_ONCE (the device accesses this memory
+// concurrently in any case); no reference into the memory is handed out.
+unsafe impl<T: Plain> Sync for CoherentAllocation<T> {}
 
-impl CoherentAllocation {
-    /// Allocates `size` zeroed bytes (rounded up to whole pages).
-    pub(crate) fn alloc(dev: &Device, size: usize) -> Result<Self> {
-        let size = size.checked_next_multiple_of(4096).ok_or(EINVAL)?;
-        if size == 0 {
+impl<T: Plain> CoherentAllocation<T> {
+    /// Allocates `count` zeroed elements (the allocation is rounded up to whole pages, all of
+    /// which [`CoherentAllocation::mmap`] maps).
+    pub(crate) fn alloc_coherent(dev: &Device, count: usize) -> Result<Self> {
+        const { assert!(size_of::<T>() != 0 && core::mem::align_of::<T>() <= PAGE_SIZE) };
+        if count == 0 {
             return Err(EINVAL);
         }
-        let mut dma: bindings::dma_addr_t = 0;
-        // SAFETY: the device is live; `dma` is a valid out pointer.
+        let size =
+            count.checked_mul(size_of::<T>()).and_then(|b| b.checked_next_multiple_of(PAGE_SIZE)).ok_or(EINVAL)?;
+        let mut dma: DmaAddress = 0;
+        // SAFETY: the device is live (`Device` holds a reference); `dma` is a valid out pointer.
         let cpu = unsafe {
-            bindings::dma_alloc_attrs(dev.as_device_ptr(), size, &mut dma, kernel::bindings::GFP_KERNEL | kernel::bindings::__GFP_ZERO, 0)
-        }
-        .cast::<u8>();
-        if cpu.is_null() {
-            return Err(ENOMEM);
-        }
-        // INVARIANT: a fresh allocation of `size` bytes.
-        Ok(CoherentAllocation { dev: dev.clone(), cpu, dma, size })
+            bindings::dma_alloc_attrs(
+                dev.as_device_ptr(),
+                size,
+                &mut dma,
+                kernel::bindings::GFP_KERNEL | kernel::bindings::__GFP_ZERO,
+                0,
+            )
+        };
+        let cpu = NonNull::new(cpu.cast::<T>()).ok_or(ENOMEM)?;
+        // INVARIANT: a fresh, page-aligned allocation of `size >= count * size_of::<T>()` bytes.
+        Ok(CoherentAllocation { dev: dev.clone(), cpu, dma, count, size })
     }
 
-    /// The device (bus) address.
-    pub(crate) fn dma_handle(&self) -> u64 {
-        self.dma
+    /// Number of elements.
+    pub(crate) fn len(&self) -> usize {
+        self.count
     }
 
-    /// Size in bytes.
+    /// Size of the allocation in bytes (whole pages): what `mmap` maps.
     pub(crate) fn size(&self) -> usize {
         self.size
     }
 
-    fn check(&self, off: usize, len: usize, align: usize) -> Result {
-        if off % align != 0 || off.checked_add(len).map_or(true, |e| e > self.size) {
+    /// The device address of element 0.
+    pub(crate) fn dma_handle(&self) -> DmaAddress {
+        self.dma
+    }
+
+    /// A pointer to element `index`, for [`dma_read!`] and [`dma_write!`], which project it to a
+    /// field and access that volatile; `EINVAL` when out of bounds.
+    pub(crate) fn item_from_index(&self, index: usize) -> Result<*mut T> {
+        if index >= self.count {
             return Err(EINVAL);
         }
+        // SAFETY: `index < count`, so the offset stays inside the allocation (invariant).
+        Ok(unsafe { self.cpu.as_ptr().add(index) })
+    }
+
+    /// Reads element `index` (volatile).
+    pub(crate) fn read(&self, index: usize) -> Result<T> {
+        let item = self.item_from_index(index)?;
+        // SAFETY: `item` is an in-bounds, aligned element of the live allocation; any bits are a
+        // valid `T` (`Plain`).
+        Ok(unsafe { self.field_read(item) })
+    }
+
+    /// Writes element `index` (volatile).
+    pub(crate) fn write(&self, index: usize, value: &T) -> Result {
+        let item = self.item_from_index(index)?;
+        // SAFETY: `item` is an in-bounds, aligned element of the live allocation.
+        unsafe { self.field_write(item, *value) };
         Ok(())
     }
 
-    /// Volatile 32-bit read at `off`.
-    pub(crate) fn read32(&self, off: usize) -> Result<u32> {
-        self.check(off, 4, 4)?;
-        // SAFETY: in bounds and aligned (checked); the memory is live by the invariant.
-        Ok(unsafe { core::ptr::read_volatile(self.cpu.add(off).cast::<u32>()) })
-    }
-
-    /// Volatile 32-bit write at `off`.
-    pub(crate) fn write32(&self, off: usize, v: u32) -> Result {
-        self.check(off, 4, 4)?;
-        // SAFETY: in bounds and aligned (checked); the memory is live by the invariant.
-        unsafe { core::ptr::write_volatile(self.cpu.add(off).cast::<u32>(), v) };
-        Ok(())
-    }
-
-    /// Volatile 64-bit write at `off`.
-    pub(crate) fn write64(&self, off: usize, v: u64) -> Result {
-        self.check(off, 8, 8)?;
-        // SAFETY: in bounds and aligned (checked); the memory is live by the invariant.
-        unsafe { core::ptr::write_volatile(self.cpu.add(off).cast::<u64>(), v) };
-        Ok(())
-    }
-
-    /// Copies `dst.len()` bytes out from `off` (volatile, byte by byte order unspecified).
-    pub(crate) fn read_bytes(&self, off: usize, dst: &mut [u8]) -> Result {
-        self.check(off, dst.len(), 1)?;
-        for (i, b) in dst.iter_mut().enumerate() {
-            // SAFETY: in bounds (checked above).
-            *b = unsafe { core::ptr::read_volatile(self.cpu.add(off + i)) };
-        }
-        Ok(())
-    }
-
-    /// Maps the whole allocation into `vma` (which must be exactly `size` bytes).
+    /// Reads the value at `field` (volatile). Use [`dma_read!`], which builds `field` safely.
     ///
     /// # Safety
     ///
-    /// `vma` must be the VMA being set up by the `mmap` file operation that calls this, and the
-    /// caller must zap the mapping (`unmap_mapping_range`) before this allocation is dropped.
+    /// `field` must be derived from [`CoherentAllocation::item_from_index`] of this allocation
+    /// and point to (a field of) that element, aligned for `F`.
+    pub(crate) unsafe fn field_read<F: Plain>(&self, field: *const F) -> F {
+        // SAFETY: in bounds and aligned (the caller's contract); the memory is live while `self`
+        // is, and initialised (zeroed at allocation, then written only with plain values); any
+        // bits are a valid `F` (`Plain`).
+        unsafe { core::ptr::read_volatile(field) }
+    }
+
+    /// Writes `value` at `field` (volatile). Use [`dma_write!`], which builds `field` safely.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CoherentAllocation::field_read`].
+    pub(crate) unsafe fn field_write<F: Plain>(&self, field: *mut F, value: F) {
+        // SAFETY: in bounds and aligned (the caller's contract); the memory is live while `self`
+        // is and only ever accessed volatile, so no reference to it is invalidated.
+        unsafe { core::ptr::write_volatile(field, value) }
+    }
+
+    /// Maps the whole allocation into `vma` (which must be exactly [`CoherentAllocation::size`]
+    /// bytes long).
+    ///
+    /// # Safety
+    ///
+    /// The caller must remove the mapping (`FileHandle::zap`) before this allocation is dropped.
     pub(crate) unsafe fn mmap(&self, vma: &mut Vma) -> Result {
         if vma.len() != self.size {
             return Err(EINVAL);
         }
-        let raw = vma.as_raw();
-        // dma_mmap_attrs reads vm_pgoff as an offset into the buffer; ours encodes the region,
-        // so present 0 for the call and restore it (the file offset is what later zaps match).
-        // SAFETY: the VMA is live during mmap (caller's contract); the allocation is live and
-        // exactly as long as the VMA.
-        let ret = unsafe {
-            let pgoff = (*raw).vm_pgoff;
-            (*raw).vm_pgoff = 0;
-            let r = bindings::dma_mmap_attrs(self.dev.as_device_ptr(), raw, self.cpu.cast(), self.dma, self.size, 0);
-            (*raw).vm_pgoff = pgoff;
-            r
-        };
+        // dma_mmap_attrs reads vm_pgoff as an offset into the buffer; ours encodes the region.
+        let ret = vma.with_zero_pgoff(|raw| {
+            // SAFETY: `raw` is the VMA being set up (`Vma`'s invariant); the allocation is live
+            // and exactly as long as the VMA; the caller zaps the mapping before freeing it.
+            unsafe {
+                bindings::dma_mmap_attrs(
+                    self.dev.as_device_ptr(),
+                    raw,
+                    self.cpu.as_ptr().cast(),
+                    self.dma,
+                    self.size,
+                    0,
+                )
+            }
+        });
         kernel::error::to_result(ret)
     }
 }
 
-impl Drop for CoherentAllocation {
-    /// The device must no longer access this memory (its queue deleted or the controller
-    /// disabled) and no user mapping of it may remain.
+impl<T: Plain> Drop for CoherentAllocation<T> {
+    /// The device must have stopped using this memory (its queue deleted, or the controller
+    /// disabled with CSTS.RDY=0 observed: DESIGN.md invariant 2) and no user mapping of it may
+    /// remain. An owner that cannot confirm that must leak the allocation (`core::mem::forget`)
+    /// instead of dropping it.
     fn drop(&mut self) {
-        // SAFETY: by the invariant the allocation is live; freed exactly once here.
-        unsafe { bindings::dma_free_attrs(self.dev.as_device_ptr(), self.size, self.cpu.cast(), self.dma, 0) };
+        // SAFETY: by the invariant the allocation is live; freed exactly once, here.
+        unsafe { bindings::dma_free_attrs(self.dev.as_device_ptr(), self.size, self.cpu.as_ptr().cast(), self.dma, 0) };
     }
 }
+
+/// Reads element `idx`, or a field of it, of a [`CoherentAllocation`] (volatile):
+/// `dma_read!(alloc[idx])`, `dma_read!(self.buf[0].field.sub)`. Evaluates to `Result<F>`
+/// (`EINVAL` when `idx` is out of bounds). The allocation must be named by a path of
+/// identifiers (it is evaluated twice).
+macro_rules! dma_read {
+    ($($alloc:ident).+ [ $idx:expr ] $(.$field:ident)*) => {
+        match $($alloc).+.item_from_index($idx) {
+            ::core::result::Result::Ok(item) => ::core::result::Result::Ok(
+                // SAFETY: `item` points to an in-bounds, aligned element of the allocation; the
+                // projection names one of its fields (the compiler checks it), so the pointer
+                // stays inside that element and is aligned for the field's type.
+                unsafe { $($alloc).+.field_read(::core::ptr::addr_of!((*item)$(.$field)*)) },
+            ),
+            ::core::result::Result::Err(e) => ::core::result::Result::Err(e),
+        }
+    };
+}
+pub(crate) use dma_read;
+
+/// Writes element `idx`, or a field of it, of a [`CoherentAllocation`] (volatile):
+/// `dma_write!(self.status[0].epoch = value)`. Evaluates to `Result` (`EINVAL` when `idx` is out
+/// of bounds). The allocation must be named by a path of identifiers (it is evaluated twice).
+macro_rules! dma_write {
+    ($($alloc:ident).+ [ $idx:expr ] $(.$field:ident)* = $val:expr) => {
+        match $($alloc).+.item_from_index($idx) {
+            ::core::result::Result::Ok(item) => {
+                // Evaluated outside the `unsafe` block below.
+                let value = $val;
+                // SAFETY: `item` points to an in-bounds, aligned element of the allocation; the
+                // projection names one of its fields (the compiler checks it), so the pointer
+                // stays inside that element and is aligned for the field's type.
+                unsafe { $($alloc).+.field_write(::core::ptr::addr_of_mut!((*item)$(.$field)*), value) };
+                ::core::result::Result::Ok(())
+            }
+            ::core::result::Result::Err(e) => ::core::result::Result::Err(e),
+        }
+    };
+}
+pub(crate) use dma_write;

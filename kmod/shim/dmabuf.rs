@@ -2,14 +2,13 @@
 //! dynamic attach with peer-to-peer allowed (GPU memory behind a BAR), pin, map. Undone in
 //! reverse order on drop.
 
+use super::dma::DMA_BIDIRECTIONAL;
+use super::pci::Device;
+use super::scatterlist::dma_segments;
 use crate::bindings;
-use crate::shim::pci::Device;
 use crate::uapi::ioctl::Segment;
 use core::ptr::NonNull;
 use kernel::prelude::*;
-
-/// DMA_BIDIRECTIONAL (bindgen, from the target kernel's headers).
-const DMA_BIDIRECTIONAL: u32 = bindings::dma_data_direction_DMA_BIDIRECTIONAL as u32;
 
 /// dma-buf symbols live in the DMA_BUF namespace; the module must import it (modpost keeps this
 /// entry because the module is composite, see Kbuild).
@@ -141,14 +140,12 @@ impl DmabufMapping {
     }
 
     fn collect_segments(&mut self, mut skip: u64, mut want: u64) -> Result {
-        // SAFETY: `sgt` is our live mapping.
-        let (mut sg, nents) = unsafe { ((*self.sgt.as_ptr()).sgl, (*self.sgt.as_ptr()).nents) };
-        for _ in 0..nents {
-            if sg.is_null() || want == 0 {
+        // SAFETY: `sgt` points to the exporter's live mapping of our attachment, which stays
+        // mapped for as long as `self` lives (invariant).
+        for (addr, l) in unsafe { dma_segments(self.sgt.as_ref()) } {
+            if want == 0 {
                 break;
             }
-            // SAFETY: walking the mapped entries of our live table.
-            let (addr, l) = unsafe { ((*sg).dma_address, (*sg).dma_length as u64) };
             if skip >= l {
                 skip -= l;
             } else {
@@ -157,8 +154,6 @@ impl DmabufMapping {
                 want -= n;
                 skip = 0;
             }
-            // SAFETY: as above.
-            sg = unsafe { bindings::sg_next(sg) };
         }
         if want != 0 {
             return Err(EINVAL);

@@ -19,7 +19,7 @@ pub(crate) struct IoMem<const SIZE: usize> {
 // SAFETY: MMIO accesses are plain volatile loads/stores, valid from any thread; the mapping is
 // only unmapped on drop, which needs ownership.
 unsafe impl<const SIZE: usize> Send for IoMem<SIZE> {}
-// SAFETY: as above; `&IoMem` only allows volatile accesses.
+// SAFETY: `&IoMem` only allows volatile, in-bounds MMIO accesses, valid from any thread.
 unsafe impl<const SIZE: usize> Sync for IoMem<SIZE> {}
 
 impl<const SIZE: usize> IoMem<SIZE> {
@@ -29,7 +29,7 @@ impl<const SIZE: usize> IoMem<SIZE> {
     ///
     /// `[phys, phys + len)` must be device memory this driver owns (a requested BAR region)
     /// for the lifetime of the returned object.
-    pub(crate) unsafe fn map(phys: u64, len: usize) -> Result<Self> {
+    pub(super) unsafe fn map(phys: u64, len: usize) -> Result<Self> {
         if len < SIZE {
             return Err(ENOMEM);
         }

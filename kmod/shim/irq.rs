@@ -1,8 +1,8 @@
 //! MSI-X vectors and interrupt handlers that signal an eventfd (shaped like upstream
 //! `kernel::irq` plus an eventfd handle).
 
+use super::pci::Device;
 use crate::bindings;
-use crate::shim::pci::Device;
 use core::ptr::NonNull;
 use kernel::prelude::*;
 
@@ -20,7 +20,7 @@ impl IrqVectors {
     /// Allocates between 1 and `max` MSI-X vectors.
     pub(crate) fn alloc(dev: &Device, max: u32) -> Result<Self> {
         // SAFETY: the device is live and enabled.
-        let n = unsafe { bindings::pci_alloc_irq_vectors(dev.raw_pci(), 1, max, PCI_IRQ_MSIX) };
+        let n = unsafe { bindings::pci_alloc_irq_vectors(dev.as_raw(), 1, max, PCI_IRQ_MSIX) };
         if n < 0 {
             return Err(Error::from_errno(n));
         }
@@ -32,26 +32,31 @@ impl IrqVectors {
         self.count
     }
 
-    /// The Linux IRQ number of vector `nr`.
-    pub(crate) fn irq(&self, nr: u32) -> Result<u32> {
+    /// The Linux IRQ of vector `nr`.
+    pub(crate) fn irq(&self, nr: u32) -> Result<Irq> {
         if nr >= self.count {
             return Err(EINVAL);
         }
         // SAFETY: the device is live; `nr` is one of its vectors.
-        let irq = unsafe { bindings::pci_irq_vector(self.dev.raw_pci(), nr) };
+        let irq = unsafe { bindings::pci_irq_vector(self.dev.as_raw(), nr) };
         if irq < 0 {
             return Err(Error::from_errno(irq));
         }
-        Ok(irq as u32)
+        Ok(Irq(irq as u32))
     }
 }
 
 impl Drop for IrqVectors {
     fn drop(&mut self) {
         // SAFETY: allocated by us; all handlers were freed (each `EventfdIrq` is dropped before).
-        unsafe { bindings::pci_free_irq_vectors(self.dev.raw_pci()) };
+        unsafe { bindings::pci_free_irq_vectors(self.dev.as_raw()) };
     }
 }
+
+/// A Linux IRQ number that belongs to one of this driver's [`IrqVectors`] (only they make one),
+/// so a handler is never requested on an arbitrary line.
+#[derive(Clone, Copy)]
+pub(crate) struct Irq(u32);
 
 /// An interrupt handler that signals an eventfd; the handler is freed, then the eventfd
 /// reference dropped, on drop.
@@ -80,7 +85,8 @@ impl EventfdIrq {
     /// Takes a reference to the eventfd `fd` and signals it from interrupt `irq`.
     ///
     /// Errors: `EBADF` (not an open fd), `EINVAL` (not an eventfd), or request_irq's error.
-    pub(crate) fn attach(irq: u32, fd: i32, name: &'static CStr) -> Result<Self> {
+    pub(crate) fn attach(irq: Irq, fd: i32, name: &'static CStr) -> Result<Self> {
+        let irq = irq.0;
         // SAFETY: eventfd_ctx_fdget validates the fd and takes a reference.
         let ctx = unsafe { bindings::eventfd_ctx_fdget(fd) };
         let v = ctx as isize;
@@ -90,7 +96,14 @@ impl EventfdIrq {
         let ctx = NonNull::new(ctx).ok_or(EINVAL)?;
         // SAFETY: `ctx` stays referenced until after free_irq; the handler only signals it.
         let r = unsafe {
-            bindings::request_threaded_irq(irq, Some(signal_eventfd), None, 0, name.as_char_ptr().cast(), ctx.as_ptr().cast())
+            bindings::request_threaded_irq(
+                irq,
+                Some(signal_eventfd),
+                None,
+                0,
+                name.as_char_ptr().cast(),
+                ctx.as_ptr().cast(),
+            )
         };
         if r != 0 {
             // SAFETY: drop the reference taken above.

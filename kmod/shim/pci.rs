@@ -5,8 +5,9 @@
 //! names it, never on its own. Enabling, bus mastering, BAR regions and mappings are RAII
 //! guards that undo themselves in reverse order when dropped.
 
+use super::io::IoMem;
+use super::mm::Vma;
 use crate::bindings;
-use crate::shim::io::IoMem;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
 use kernel::error::to_result;
@@ -58,13 +59,9 @@ impl Device {
         NonNull::new(p).map(|ptr| Device { ptr }).ok_or(ENODEV)
     }
 
-    fn raw(&self) -> *mut bindings::pci_dev {
+    /// The raw `pci_dev`, for sibling shims only (it is live while `self` is).
+    pub(super) fn as_raw(&self) -> *mut bindings::pci_dev {
         self.ptr.as_ptr()
-    }
-
-    /// The raw `pci_dev`, for sibling shims.
-    pub(crate) fn raw_pci(&self) -> *mut bindings::pci_dev {
-        self.raw()
     }
 
     /// The device's name, its PCI address (`dev_name`).
@@ -72,7 +69,7 @@ impl Device {
         // SAFETY: by the invariant the device is live; `dev_name` is its init name or kobject
         // name, a NUL-terminated string that lives as long as the device.
         unsafe {
-            let d = &(*self.raw()).dev;
+            let d = &(*self.as_raw()).dev;
             let p = if d.init_name.is_null() { d.kobj.name } else { d.init_name };
             CStr::from_char_ptr(p.cast())
         }
@@ -81,19 +78,19 @@ impl Device {
     /// The 24-bit class code.
     pub(crate) fn class(&self) -> u32 {
         // SAFETY: `class` is set at enumeration and never changes.
-        unsafe { (*self.raw()).class }
+        unsafe { (*self.as_raw()).class }
     }
 
     /// Vendor and device IDs.
     pub(crate) fn ids(&self) -> (u16, u16) {
         // SAFETY: the IDs are set at enumeration and never change.
-        unsafe { ((*self.raw()).vendor, (*self.raw()).device) }
+        unsafe { ((*self.as_raw()).vendor, (*self.as_raw()).device) }
     }
 
     /// Physical start and length of BAR `bar` (0 when absent).
-    pub(crate) fn resource(&self, bar: usize) -> Result<(u64, u64)> {
+    fn resource(&self, bar: usize) -> Result<(u64, u64)> {
         // SAFETY: resources are set at enumeration; the index is checked by `get`.
-        let r = unsafe { (*self.raw()).resource.get(bar).ok_or(EINVAL)? };
+        let r = unsafe { (*self.as_raw()).resource.get(bar).ok_or(EINVAL)? };
         if r.end <= r.start {
             return Ok((r.start, 0));
         }
@@ -103,15 +100,16 @@ impl Device {
     /// Enables memory decoding; disabled again when the guard drops.
     pub(crate) fn enable_mem(&self) -> Result<Enabled> {
         // SAFETY: the device is live.
-        to_result(unsafe { bindings::pci_enable_device_mem(self.raw()) })?;
+        to_result(unsafe { bindings::pci_enable_device_mem(self.as_raw()) })?;
         // SAFETY: the device is live.
-        let dev = unsafe { Device::get(self.raw()) }?;
+        let dev = unsafe { Device::get(self.as_raw()) }?;
         Ok(Enabled { dev })
     }
 
-    pub(crate) fn as_device_ptr(&self) -> *mut bindings::device {
+    /// The embedded `struct device`, for sibling shims only (it is live while `self` is).
+    pub(super) fn as_device_ptr(&self) -> *mut bindings::device {
         // SAFETY: the device is live; taking the address of its embedded `struct device`.
-        unsafe { core::ptr::addr_of_mut!((*self.raw()).dev) }
+        unsafe { core::ptr::addr_of_mut!((*self.as_raw()).dev) }
     }
 
     /// Sets the streaming and coherent DMA masks to `bits` bits.
@@ -130,20 +128,20 @@ impl Device {
     /// Only the driver bound to this device may call it, from probe.
     unsafe fn set_drvdata(&self, data: *mut core::ffi::c_void) {
         // SAFETY: the caller is the bound driver; `driver_data` is ours to set.
-        unsafe { (*self.raw()).dev.driver_data = data.cast() };
+        unsafe { (*self.as_raw()).dev.driver_data = data.cast() };
     }
 
     /// Returns the driver data pointer.
     fn drvdata(&self) -> *mut core::ffi::c_void {
         // SAFETY: the device is live.
-        unsafe { (*self.raw()).dev.driver_data.cast() }
+        unsafe { (*self.as_raw()).dev.driver_data.cast() }
     }
 }
 
 impl Clone for Device {
     fn clone(&self) -> Self {
         // SAFETY: by the invariant the device is live; `pci_dev_get` takes another reference.
-        unsafe { bindings::pci_dev_get(self.raw()) };
+        unsafe { bindings::pci_dev_get(self.as_raw()) };
         // INVARIANT: the new reference belongs to the clone.
         Device { ptr: self.ptr }
     }
@@ -152,7 +150,7 @@ impl Clone for Device {
 impl Drop for Device {
     fn drop(&mut self) {
         // SAFETY: by the invariant we hold a reference; dropped once here.
-        unsafe { bindings::pci_dev_put(self.raw()) };
+        unsafe { bindings::pci_dev_put(self.as_raw()) };
     }
 }
 
@@ -165,7 +163,7 @@ impl Enabled {
     /// Enables bus mastering (DMA by the device); cleared when `Enabled` drops.
     pub(crate) fn set_master(&self) {
         // SAFETY: the device is live and enabled.
-        unsafe { bindings::pci_set_master(self.dev.raw()) };
+        unsafe { bindings::pci_set_master(self.dev.as_raw()) };
     }
 
     /// Requests BAR `bar` for this driver and maps it uncached.
@@ -175,15 +173,15 @@ impl Enabled {
             return Err(ENODEV);
         }
         // SAFETY: the device is live; `name` is a static string.
-        to_result(unsafe { bindings::pci_request_region(self.dev.raw(), bar as _, name.as_char_ptr().cast()) })?;
+        to_result(unsafe { bindings::pci_request_region(self.dev.as_raw(), bar as _, name.as_char_ptr().cast()) })?;
         // SAFETY: the device is live.
-        let dev = unsafe { Device::get(self.dev.raw()) }?;
+        let dev = unsafe { Device::get(self.dev.as_raw()) }?;
         let region = Region { dev, bar };
         // CAST: BAR0 of an NVMe controller is a few KiB to MiB; it fits usize.
         // SAFETY: the region `[start, start + len)` was just requested for this driver and is
         // released only after the mapping is dropped (field order of `Bar`).
         let io = unsafe { IoMem::map(start, len as usize) }?;
-        Ok(Bar { io, _region: region })
+        Ok(Bar { io, phys: start, _region: region })
     }
 }
 
@@ -191,8 +189,8 @@ impl Drop for Enabled {
     fn drop(&mut self) {
         // SAFETY: the device is live and was enabled by us.
         unsafe {
-            bindings::pci_clear_master(self.dev.raw());
-            bindings::pci_disable_device(self.dev.raw());
+            bindings::pci_clear_master(self.dev.as_raw());
+            bindings::pci_disable_device(self.dev.as_raw());
         }
     }
 }
@@ -205,14 +203,35 @@ struct Region {
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: the region was requested by us and its mapping is already gone.
-        unsafe { bindings::pci_release_region(self.dev.raw(), self.bar as _) };
+        unsafe { bindings::pci_release_region(self.dev.as_raw(), self.bar as _) };
     }
 }
 
 /// A requested and mapped BAR. Fields drop in order: unmap, then release the region.
 pub(crate) struct Bar<const SIZE: usize> {
     io: IoMem<SIZE>,
+    /// Physical address of the BAR (`io` maps all of it).
+    phys: u64,
     _region: Region,
+}
+
+impl<const SIZE: usize> Bar<SIZE> {
+    /// Maps `[offset, offset + len)` of this BAR into `vma` (the mapping of an `mmap` call),
+    /// uncached; `EINVAL` when the range is empty or leaves the BAR.
+    ///
+    /// # Safety
+    ///
+    /// The caller must remove the user mapping (`FileHandle::zap`) before this `Bar` is dropped:
+    /// the BAR is given up then, and user space must not keep reaching it.
+    pub(crate) unsafe fn mmap_uncached(&self, vma: &mut Vma, offset: usize, len: usize) -> Result {
+        let end = offset.checked_add(len).ok_or(EINVAL)?;
+        if len == 0 || end > self.io.len() {
+            return Err(EINVAL);
+        }
+        // SAFETY: the range lies inside this BAR, requested and owned by this driver while
+        // `self` lives; the caller zaps the mapping before dropping `self`.
+        unsafe { vma.map_io_uncached(self.phys + offset as u64, len) }
+    }
 }
 
 impl<const SIZE: usize> core::ops::Deref for Bar<SIZE> {

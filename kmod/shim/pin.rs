@@ -1,16 +1,16 @@
 //! Pinned, DMA-mapped user memory: `pin_user_pages_fast(FOLL_LONGTERM)`, a scatter-gather table,
 //! `dma_map_sgtable` for the controller. Undone in reverse order on drop.
 
+use super::dma::DMA_BIDIRECTIONAL;
+use super::pci::Device;
+use super::scatterlist::dma_segments;
 use crate::bindings;
-use crate::shim::pci::Device;
 use crate::uapi::ioctl::Segment;
 use kernel::prelude::*;
 
 // From the target kernel's headers (bindgen), not copied values.
 const FOLL_WRITE: u32 = bindings::FOLL_WRITE as u32;
 const FOLL_LONGTERM: u32 = bindings::FOLL_LONGTERM as u32;
-/// DMA_BIDIRECTIONAL: the controller both reads (writes to disk) and writes (reads from disk).
-const DMA_BIDIRECTIONAL: u32 = bindings::dma_data_direction_DMA_BIDIRECTIONAL as u32;
 /// Largest scatter-gather segment: 2 GiB, page aligned, fits the 32-bit length field.
 const MAX_SEGMENT: u32 = 1 << 31;
 
@@ -44,9 +44,8 @@ impl PinnedUserMemory {
         let mut pages: KVVec<*mut bindings::page> = KVVec::with_capacity(npages, GFP_KERNEL)?;
         // SAFETY: `pages` has room for `npages` pointers; the range is user memory of the
         // current process (validated page-aligned by the caller; the core checks access).
-        let got = unsafe {
-            bindings::pin_user_pages_fast(addr as _, nr, FOLL_WRITE | FOLL_LONGTERM, pages.as_mut_ptr())
-        };
+        let got =
+            unsafe { bindings::pin_user_pages_fast(addr as _, nr, FOLL_WRITE | FOLL_LONGTERM, pages.as_mut_ptr()) };
         if got < 0 {
             return Err(Error::from_errno(got));
         }
@@ -93,16 +92,9 @@ impl PinnedUserMemory {
     }
 
     fn collect_segments(&mut self) -> Result {
-        let mut sg = self.sgt.sgl;
-        for _ in 0..self.sgt.nents {
-            if sg.is_null() {
-                break;
-            }
-            // SAFETY: `sg` walks the mapped entries of our live table (`nents` of them).
-            let (addr, len) = unsafe { ((*sg).dma_address, (*sg).dma_length) };
-            self.segments.push(Segment { dma_addr: addr, len: len as u64 }, GFP_KERNEL)?;
-            // SAFETY: as above; sg_next follows chained tables.
-            sg = unsafe { bindings::sg_next(sg) };
+        // SAFETY: `sgt` is DMA-mapped for as long as `self` lives (invariant).
+        for (dma_addr, len) in unsafe { dma_segments(&self.sgt) } {
+            self.segments.push(Segment { dma_addr, len }, GFP_KERNEL)?;
         }
         Ok(())
     }

@@ -1,15 +1,9 @@
-//! Copying ioctl argument structs to and from user space (over `kernel::uaccess`).
+//! Copying ioctl argument structs to and from user space (over `kernel::uaccess`; upstream's
+//! `UserSliceReader::read` / `UserSliceWriter::write` do the same for `FromBytes`/`AsBytes`).
 
+use super::Plain;
 use kernel::prelude::*;
 use kernel::uaccess::UserSlice;
-
-/// Plain old data that may be copied from arbitrary user bytes.
-///
-/// # Safety
-///
-/// Implementors are `#[repr(C)]`, contain no padding and no pointers or references, and every
-/// bit pattern is a valid value.
-pub(crate) unsafe trait Plain: Copy {}
 
 /// Reads a `T` from user address `arg` (EFAULT when unmapped).
 pub(crate) fn read_arg<T: Plain>(arg: usize) -> Result<T> {
@@ -30,7 +24,8 @@ pub(crate) fn write_arg<T: Plain>(arg: usize, v: &T) -> Result {
 
 /// Writes a slice of `T` to user address `arg`.
 pub(crate) fn write_slice<T: Plain>(arg: usize, v: &[T]) -> Result {
-    // SAFETY: as in `write_arg`, for `v.len()` contiguous values.
+    // SAFETY: `T` has no padding (`Plain`), so the `v.len()` contiguous values are all
+    // initialised bytes.
     let bytes = unsafe { core::slice::from_raw_parts(v.as_ptr().cast::<u8>(), core::mem::size_of_val(v)) };
     UserSlice::new(arg, bytes.len()).writer().write_slice(bytes)
 }

@@ -14,6 +14,7 @@ pub mod portable;
 pub mod raw;
 pub mod reliability;
 pub mod userlib;
+pub mod volume;
 
 use anyhow::{bail, Context, Result};
 use std::fs;
@@ -40,6 +41,7 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "batch", nvme: batch::NVME, iommu: false },
     Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
     Variant { name: "portable", nvme: portable::NVME, iommu: false },
+    Variant { name: "volume", nvme: volume::NVME, iommu: false },
     // Namespace 2 is formatted with 8 bytes of metadata per block (QEMU's `ms=8`).
     Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
     // MQES 127 (128-entry queues): needs the QEMU 10 that ci/setup.sh caches.
@@ -69,6 +71,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(reliability::tests());
     v.extend(batch::tests());
     v.extend(portable::tests());
+    v.extend(volume::tests());
     v.extend(mqes::tests());
     v
 }

@@ -9,11 +9,10 @@
 //! (resetting the controller if they do not finish); when even the reset fails, their leases are
 //! kept for good.
 
-use crate::buffer::{Buffer, Lease};
+use crate::buffer::{Buffer, Lease, Path};
 use crate::device::{create_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::mmio::Mapping;
-use crate::path::Path;
 use crate::queue::{Command, QueuePair};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -158,7 +157,7 @@ impl QueueBatch {
         // registration before the mapping; nothing else references it.
         let reg = unsafe { dev.register_host(ptr, m.len()) }?;
         let mem = crate::buffer::Mem::Host { ptr, len: m.len(), own: Some(m) };
-        let scratch = Arc::new(Buffer::new(mem, Some(reg), None, Path::DirectHost, 0));
+        let scratch = Arc::new(Buffer::new(mem, vec![reg], None, Path::DirectHost, 0));
         let bs = ns.block_size().min(4096);
         let mut w = QueueBatch::new(dev, ns, 8)?;
         let mut entries = Vec::with_capacity(8);

@@ -13,10 +13,34 @@ use crate::device::Registration;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
-use crate::path::Path;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The way an I/O's data moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// SSD ↔ GPU memory by peer-to-peer DMA (dma-buf).
+    DirectP2p,
+    /// SSD ↔ registered host memory by DMA, no system call.
+    DirectHost,
+    /// GPU memory staged through registered host memory, which the SSD reads or writes by DMA
+    /// through the user-space queues (no system call; one extra copy).
+    DirectStaged,
+    /// Through the kernel (io_uring, O_DIRECT); GPU memory staged through host memory.
+    Fallback,
+}
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Path::DirectP2p => "direct (peer-to-peer)",
+            Path::DirectHost => "direct (host memory)",
+            Path::DirectStaged => "direct (GPU memory staged through host memory)",
+            Path::Fallback => "fallback (io_uring + staging)",
+        })
+    }
+}
 
 /// The memory behind a buffer.
 pub(crate) enum Mem {
@@ -47,7 +71,9 @@ const CPU: u32 = 1 << 31;
 /// buffer dropped while I/O leases are held (kept for good) leaks its memory and registration.
 pub struct Buffer {
     mem: Mem,
-    reg: Option<Registration>,
+    /// The module's registrations of the memory: one for a namespace, one per member for a
+    /// volume (in member order); none on the fallback path.
+    regs: Vec<Registration>,
     staging: Option<Mutex<Staging>>,
     path: Path,
     storage: u64,
@@ -155,14 +181,8 @@ impl std::ops::DerefMut for HostView<'_> {
 
 impl Buffer {
     /// A buffer over `mem` with what registering it produced, for the storage `storage`.
-    pub(crate) fn new(
-        mem: Mem,
-        reg: Option<Registration>,
-        staging: Option<Staging>,
-        path: Path,
-        storage: u64,
-    ) -> Buffer {
-        Buffer { mem, reg, staging: staging.map(Mutex::new), path, storage, lease: AtomicU32::new(0) }
+    pub(crate) fn new(mem: Mem, regs: Vec<Registration>, staging: Option<Staging>, path: Path, storage: u64) -> Buffer {
+        Buffer { mem, regs, staging: staging.map(Mutex::new), path, storage, lease: AtomicU32::new(0) }
     }
 
     /// Length in bytes.
@@ -210,9 +230,14 @@ impl Buffer {
         &self.mem
     }
 
-    /// The module's registration, on the direct path.
+    /// The module's registration, on the direct path (a volume's first member's).
     pub(crate) fn registration(&self) -> Option<&Registration> {
-        self.reg.as_ref()
+        self.regs.first()
+    }
+
+    /// The registration on member `i` of a volume (member 0 of a namespace).
+    pub(crate) fn registration_on(&self, i: usize) -> Option<&Registration> {
+        self.regs.get(i)
     }
 
     /// The registered staging chunks, for GPU memory staged on the direct path.
@@ -289,7 +314,7 @@ impl Drop for Buffer {
         if self.inflight() > 0 {
             // A lease was kept for good: the SSD may still access this memory. Keep it pinned
             // (registration) and mapped (memory) for the life of the process.
-            std::mem::forget(self.reg.take());
+            std::mem::forget(std::mem::take(&mut self.regs));
             std::mem::forget(self.staging.take());
             if let Mem::Host { own, .. } = &mut self.mem {
                 std::mem::forget(own.take());
@@ -306,7 +331,7 @@ mod tests {
     fn host(len: usize) -> Buffer {
         let m = Mapping::anonymous(len).unwrap();
         let ptr = m.addr() as *mut u8;
-        Buffer::new(Mem::Host { ptr, len, own: Some(m) }, None, None, Path::Fallback, 0)
+        Buffer::new(Mem::Host { ptr, len, own: Some(m) }, Vec::new(), None, Path::Fallback, 0)
     }
 
     /// The CPU and the device exclude each other in one atomic step (two threads sharing an

@@ -4,13 +4,13 @@
 //! registered host chunks, still through the queues.
 
 use crate::batch::QueueBatch;
-use crate::buffer::{Buffer, Lease, Mem, Staging};
+use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
 use crate::device::{Device, Namespace};
 use crate::error::{Error, Result};
-use crate::fallback::staged;
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::mmio::Mapping;
-use crate::path::{DataPath, Path, Registered};
+use crate::path::{DataPath, Registered};
+use crate::staging::staged;
 use std::sync::Arc;
 
 /// A namespace of an open device.
@@ -100,7 +100,7 @@ impl DataPath for DirectPath {
         // SAFETY: forwarded from the caller; the pages past `len` up to the page end belong to
         // the same mapping (mappings are page-granular).
         let reg = unsafe { self.dev.register_host(ptr, len.next_multiple_of(4096)) }?;
-        Ok(Registered { reg: Some(reg), staging: None, path: Path::DirectHost })
+        Ok(Registered { regs: vec![reg], staging: None, path: Path::DirectHost })
     }
 
     fn register_gpu(&self, mem: &Arc<GpuMemory>, allow_staging: bool) -> Result<Registered> {
@@ -109,7 +109,7 @@ impl DataPath for DirectPath {
             self.dev.register_dmabuf(fd.as_raw_fd(), 0, mem.len().next_multiple_of(4096) as u64)
         });
         match direct {
-            Ok(reg) => Ok(Registered { reg: Some(reg), staging: None, path: Path::DirectP2p }),
+            Ok(reg) => Ok(Registered { regs: vec![reg], staging: None, path: Path::DirectP2p }),
             Err(e) if allow_staging => {
                 crate::storage::note_fallback(
                     &format!("GPU memory on {}", mem.gpu().runtime().device_name()),
@@ -120,7 +120,11 @@ impl DataPath for DirectPath {
                 // SAFETY: `chunks` is owned by the `Staging` that owns the registration too and
                 // is dropped after it (field order); nothing references its bytes.
                 let reg = unsafe { self.dev.register_host(chunks.addr() as *mut u8, chunks.len()) }?;
-                Ok(Registered { reg: None, staging: Some(Staging { reg, mem: chunks }), path: Path::DirectStaged })
+                Ok(Registered {
+                    regs: Vec::new(),
+                    staging: Some(Staging { reg, mem: chunks }),
+                    path: Path::DirectStaged,
+                })
             }
             Err(e) => Err(e),
         }

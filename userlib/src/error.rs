@@ -111,6 +111,16 @@ pub enum Error {
         /// What to do about it.
         fix: &'static str,
     },
+    /// A member of a striped volume failed; `source` says how.
+    #[error("volume member {member} at byte {offset}: {source}")]
+    Member {
+        /// The member's node.
+        member: String,
+        /// The byte offset on the member.
+        offset: u64,
+        /// What went wrong there.
+        source: Box<Error>,
+    },
     /// A system call of the fallback path failed.
     #[error("{op}: {source}")]
     Io {
@@ -144,6 +154,7 @@ impl Error {
             Error::DeviceFaulted | Error::EpochChanged { .. } => libc::EAGAIN,
             Error::RegistrationBusy { .. } => libc::EBUSY,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
+            Error::Member { source, .. } => return source.errno(),
         };
         -e
     }

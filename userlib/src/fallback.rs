@@ -6,11 +6,12 @@
 //! memory that is not aligned is bounced through an aligned buffer.
 
 use crate::batch::QueueBatch;
-use crate::buffer::{Buffer, Lease, Mem};
+use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
-use crate::path::{DataPath, Path, Registered};
+use crate::path::{DataPath, Registered};
+use crate::staging::staged;
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;
 use std::fs::File;
@@ -393,91 +394,6 @@ impl FileTarget {
     }
 }
 
-/// The staging pipeline: two chunks, each with its own copy queue. For reads, the disk fills
-/// chunk k+1 while chunk k is copied to the device; for writes, the device copies chunk k+1 out
-/// while chunk k goes to disk. `disk(ptr, n, at)` moves `n` bytes between the chunk at `ptr`
-/// and the target at relative offset `at`. `chunks` are the caller's own staging chunks (each
-/// [`STAGING_CHUNK`] bytes, e.g. registered with the module); by default they come from the
-/// GPU's pinned pool.
-pub(crate) fn staged(
-    gpu: &Gpu,
-    write: bool,
-    dev_ptr: u64,
-    len: usize,
-    chunks: Option<[*mut u8; 2]>,
-    mut disk: impl FnMut(*mut u8, usize, u64) -> Result<usize>,
-) -> Result<usize> {
-    let nchunks = len.div_ceil(STAGING_CHUNK);
-    // One chunk needs one lane (a small I/O pays for one staging buffer and one queue).
-    let lanes = nchunks.clamp(1, 2);
-    let pooled = match chunks {
-        Some(_) => Vec::new(),
-        None => gpu.take_staging(lanes)?,
-    };
-    let stage: [*mut u8; 2] = match chunks {
-        Some(c) => c,
-        None => [pooled[0].as_ptr(), pooled.get(1).map_or(std::ptr::null_mut(), |p| p.as_ptr())],
-    };
-    let mut qs = match gpu.take_queues(lanes) {
-        Ok(q) => q,
-        Err(e) => {
-            gpu.put_staging(pooled);
-            return Err(e);
-        }
-    };
-    let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
-    let mut run = |qs: &mut Vec<Box<dyn crate::gpu::CopyQueue>>| -> Result<usize> {
-        let mut done = 0;
-        if write {
-            let (at, n) = piece(0);
-            // SAFETY: chunk 0 holds STAGING_CHUNK >= n bytes and is not touched until wait.
-            unsafe { qs[0].to_host(stage[0], dev_ptr + at as u64, n)? };
-        }
-        for k in 0..nchunks {
-            let i = k % 2;
-            let (at, n) = piece(k);
-            // Chunk i is free again (its previous copy finished) / holds chunk k's data.
-            qs[i].wait()?;
-            if write {
-                if k + 1 < nchunks {
-                    let (at1, n1) = piece(k + 1);
-                    // SAFETY: the other chunk's previous use (disk write k-1) has returned.
-                    unsafe { qs[1 - i].to_host(stage[1 - i], dev_ptr + at1 as u64, n1)? };
-                }
-                let got = disk(stage[i], n, at as u64)?;
-                done += got;
-                if got < n {
-                    break;
-                }
-            } else {
-                let got = disk(stage[i], n, at as u64)?;
-                // SAFETY: chunk i stays untouched until its queue is waited on.
-                unsafe { qs[i].to_device(dev_ptr + at as u64, stage[i], got)? };
-                done += got;
-                if got < n {
-                    break;
-                }
-            }
-        }
-        for q in qs.iter_mut() {
-            q.wait()?;
-        }
-        Ok(done)
-    };
-    let r = run(&mut qs);
-    // A failed copy queue may still be copying: only healthy ones go back to the pools.
-    if r.is_ok() {
-        qs.into_iter().for_each(|q| gpu.put_queue(q));
-        gpu.put_staging(pooled);
-    } else if qs.iter_mut().all(|q| q.wait().is_ok()) {
-        gpu.put_staging(pooled);
-    } else {
-        // A copy may still be running into or out of these chunks: never free them.
-        std::mem::forget(pooled);
-    }
-    r
-}
-
 impl DataPath for FileTarget {
     fn describe(&self) -> String {
         format!(
@@ -514,11 +430,11 @@ impl DataPath for FileTarget {
     }
 
     unsafe fn register_host(&self, _ptr: *mut u8, _len: usize) -> Result<Registered> {
-        Ok(Registered { reg: None, staging: None, path: Path::Fallback })
+        Ok(Registered { regs: Vec::new(), staging: None, path: Path::Fallback })
     }
 
     fn register_gpu(&self, _mem: &Arc<GpuMemory>, _allow_staging: bool) -> Result<Registered> {
-        Ok(Registered { reg: None, staging: None, path: Path::Fallback })
+        Ok(Registered { regs: Vec::new(), staging: None, path: Path::Fallback })
     }
 
     fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {

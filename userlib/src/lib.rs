@@ -18,12 +18,14 @@
 
 pub mod batch;
 pub mod buffer;
+#[cfg(feature = "fallback")]
 pub mod capi;
 pub mod device;
 mod direct;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "fallback")]
 pub mod fallback;
 pub mod gpu;
 pub mod mmio;
@@ -33,22 +35,25 @@ pub mod path;
 pub mod pattern;
 pub mod prp;
 pub mod queue;
+mod staging;
 pub mod storage;
 pub mod storage_batch;
 pub mod stream;
 pub mod stream_io;
 pub mod sys;
 pub mod units;
+pub mod volume;
 
 pub use batch::{IoEvent, IoStatus, Op};
-pub use buffer::{Buffer, HostView};
+pub use buffer::{Buffer, HostView, Path};
 pub use device::{Device, DeviceOptions, Namespace};
 pub use error::{Error, Result};
+#[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
-pub use path::Path;
 pub use storage::{PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};
 pub use stream_io::{AsyncArgs, AsyncOp, AsyncParams, StreamIo};
 pub use ugds_uapi as uapi;
+pub use volume::VolumeSpec;

@@ -5,42 +5,18 @@
 //! request check, leases, counting) once, above it.
 
 use crate::batch::QueueBatch;
-use crate::buffer::{Buffer, Lease, Staging};
+use crate::buffer::{Buffer, Lease, Path, Staging};
 use crate::device::Registration;
 use crate::error::Result;
 use crate::gpu::GpuMemory;
 use std::sync::Arc;
 
-/// The way an I/O's data moved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    /// SSD ↔ GPU memory by peer-to-peer DMA (dma-buf).
-    DirectP2p,
-    /// SSD ↔ registered host memory by DMA, no system call.
-    DirectHost,
-    /// GPU memory staged through registered host memory, which the SSD reads or writes by DMA
-    /// through the user-space queues (no system call; one extra copy).
-    DirectStaged,
-    /// Through the kernel (io_uring, O_DIRECT); GPU memory staged through host memory.
-    Fallback,
-}
-
-impl std::fmt::Display for Path {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Path::DirectP2p => "direct (peer-to-peer)",
-            Path::DirectHost => "direct (host memory)",
-            Path::DirectStaged => "direct (GPU memory staged through host memory)",
-            Path::Fallback => "fallback (io_uring + staging)",
-        })
-    }
-}
-
 /// What registering memory on a path produced.
 #[derive(Debug)]
 pub(crate) struct Registered {
-    /// The module's registration of the memory itself (direct path).
-    pub(crate) reg: Option<Registration>,
+    /// The module's registrations of the memory itself (direct path: one per member
+    /// controller's namespace, in member order).
+    pub(crate) regs: Vec<Registration>,
     /// Registered host chunks GPU memory is staged through (direct path without dma-buf).
     pub(crate) staging: Option<Staging>,
     /// The path I/O on the memory takes.

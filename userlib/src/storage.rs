@@ -7,15 +7,17 @@
 //! Batches ([`crate::StorageBatch`]), stream-ordered I/O ([`crate::StreamIo`]) and the C,
 //! cuFile and Python faces are layers over this one.
 
-use crate::buffer::{Buffer, Lease, Mem};
-use crate::device::Device;
+use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+#[cfg(feature = "fallback")]
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
 use crate::mmio::Mapping;
-use crate::path::{DataPath, Path, Registered};
+use crate::path::{DataPath, Registered};
+use crate::volume::{VolumePath, VolumeSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -68,14 +70,19 @@ pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
 
 impl Storage {
     /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
-    /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a regular file or a
-    /// block device takes the fallback path.
+    /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a striped volume
+    /// (`stripe:[CHUNK:]NODE,NODE,...`, see [`VolumeSpec`]) the direct path on every member; a
+    /// regular file or a block device takes the fallback path.
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
     }
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
     pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+        if path.starts_with("stripe:") {
+            let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
+            return Self::volume(&spec, &DeviceOptions::default());
+        }
         if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;
             return Self::direct(&dev, nsid);
@@ -86,6 +93,23 @@ impl Storage {
                 source: std::io::Error::from_raw_os_error(libc::ENOENT),
             });
         }
+        Self::open_file(path)
+    }
+
+    #[cfg(not(feature = "fallback"))]
+    fn open_file(path: &str) -> Result<Arc<Storage>> {
+        Err(Error::Unsupported {
+            what: "files and block devices",
+            why: format!(
+                "{path} is {}, and this build of ugds has no fallback path",
+                crate::device::describe_path(path)
+            ),
+            fix: "give a ugds node (/dev/ugds_drvN), or build the ugds crate with its `fallback` feature",
+        })
+    }
+
+    #[cfg(feature = "fallback")]
+    fn open_file(path: &str) -> Result<Arc<Storage>> {
         FileTarget::open(path, true)
             .map_err(|e| match e {
                 Error::InvalidArgument { .. } => Error::NotUgdsNode {
@@ -104,6 +128,11 @@ impl Storage {
         self.path.describe()
     }
 
+    /// A striped volume over the members of `spec`, each opened with `opts`.
+    pub fn volume(spec: &VolumeSpec, opts: &DeviceOptions) -> Result<Arc<Storage>> {
+        Ok(Self::new(Box::new(VolumePath::open(spec, opts)?)))
+    }
+
     /// Namespace `nsid` of an open device (the direct path).
     pub fn direct(dev: &Device, nsid: u32) -> Result<Arc<Storage>> {
         let ns = dev.namespace(nsid)?;
@@ -111,6 +140,7 @@ impl Storage {
     }
 
     /// A file or block device (the fallback path).
+    #[cfg(feature = "fallback")]
     pub fn file(f: FileTarget) -> Result<Arc<Storage>> {
         if !f.direct() {
             note_fallback(
@@ -202,7 +232,7 @@ impl Storage {
     }
 
     fn buffer(&self, mem: Mem, r: Registered) -> Buffer {
-        Buffer::new(mem, r.reg, r.staging, r.path, self.id)
+        Buffer::new(mem, r.regs, r.staging, r.path, self.id)
     }
 
     /// Allocates and registers `len` bytes of page-aligned host memory.

@@ -1,0 +1,369 @@
+//! Striped volumes: N namespaces on N controllers bound to ugds, used as one target, with
+//! exactly Linux md RAID0's layout for equal-sized members: chunk `i` of the volume lives on
+//! member `i mod N` at member offset `(i div N) * C`. `mdadm --build /dev/mdX --level=0
+//! --chunk=C/1024 --raid-devices=N` over the same disks, in the same order, reads the same
+//! bytes. Members of unequal size give `N x the smallest` (md's first zone); the rest of the
+//! larger members is not used.
+//!
+//! A request is split at chunk boundaries; the pieces of each member run on that member's
+//! queues, all members at once. A buffer registered for a volume holds one registration per
+//! member, so every member's controller can DMA into it. An error names the member and the
+//! offset on it.
+
+use crate::batch::QueueBatch;
+use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::device::{Device, DeviceOptions};
+use crate::direct::DirectPath;
+use crate::error::{Error, Result};
+use crate::gpu::GpuMemory;
+use crate::path::{DataPath, Registered};
+use std::sync::Arc;
+
+/// Default chunk: 128 KiB, as deployments striping NVMe for GPUs commonly use.
+pub const DEFAULT_CHUNK: u64 = 128 << 10;
+
+/// Where one piece of a volume request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// Member index.
+    pub member: usize,
+    /// Byte offset on the member.
+    pub member_offset: u64,
+    /// Byte offset in the request (and so in the buffer, from the request's buffer offset).
+    pub request_offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// md RAID0's mapping (one zone, `members` devices, `chunk` bytes) of `[offset, offset + len)`,
+/// in volume order.
+pub fn pieces(members: usize, chunk: u64, offset: u64, len: u64) -> impl Iterator<Item = Piece> {
+    let n = members as u64;
+    let mut at = 0u64;
+    std::iter::from_fn(move || {
+        if at >= len || n == 0 || chunk == 0 {
+            return None;
+        }
+        let pos = offset + at;
+        let (i, within) = (pos / chunk, pos % chunk);
+        let take = (chunk - within).min(len - at);
+        let p =
+            Piece { member: (i % n) as usize, member_offset: (i / n) * chunk + within, request_offset: at, len: take };
+        at += take;
+        Some(p)
+    })
+}
+
+/// What a volume is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeSpec {
+    /// The members' ugds nodes, in stripe order.
+    pub members: Vec<String>,
+    /// Namespace on each member.
+    pub nsid: u32,
+    /// Chunk size in bytes (a power of two, at least 4096).
+    pub chunk: u64,
+}
+
+impl VolumeSpec {
+    /// Parses `stripe:[CHUNK:]NODE,NODE,...` (CHUNK like `128K`, `1M` or bytes; default 128K),
+    /// the form every face accepts as a target name.
+    pub fn parse(s: &str) -> Result<VolumeSpec> {
+        let rest = s
+            .strip_prefix("stripe:")
+            .ok_or_else(|| Error::invalid("volume", format!("{s:?} does not start with \"stripe:\"")))?;
+        let (chunk, list) = match rest.split_once(':') {
+            Some((c, l)) if !c.starts_with('/') => (parse_size(c)?, l),
+            _ => (DEFAULT_CHUNK, rest),
+        };
+        let members: Vec<String> = list.split(',').filter(|m| !m.is_empty()).map(str::to_string).collect();
+        let spec = VolumeSpec { members, nsid: 1, chunk };
+        spec.check()?;
+        Ok(spec)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.members.is_empty() {
+            return Err(Error::invalid("volume", "no members: give stripe:[CHUNK:]NODE,NODE,..."));
+        }
+        if self.chunk < 4096 || !self.chunk.is_power_of_two() {
+            return Err(Error::invalid(
+                "chunk",
+                format!("{} is not a power of two of at least 4096 bytes", self.chunk),
+            ));
+        }
+        for (i, m) in self.members.iter().enumerate() {
+            if self.members[..i].contains(m) {
+                return Err(Error::invalid("volume", format!("{m} is named twice")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses `4096`, `128K`, `1M`, `2G` (binary units).
+fn parse_size(s: &str) -> Result<u64> {
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| Error::invalid("chunk", format!("{s:?} is not a size (e.g. 128K)")))
+}
+
+/// A striped volume as a [`DataPath`].
+#[derive(Debug)]
+pub(crate) struct VolumePath {
+    members: Vec<DirectPath>,
+    names: Vec<String>,
+    chunk: u64,
+    /// Bytes used on each member (the smallest member's capacity, rounded down to a chunk).
+    member_bytes: u64,
+    block_size: u64,
+}
+
+impl VolumePath {
+    /// Opens every member of `spec` (each with `opts`).
+    pub(crate) fn open(spec: &VolumeSpec, opts: &DeviceOptions) -> Result<VolumePath> {
+        spec.check()?;
+        let mut members = Vec::with_capacity(spec.members.len());
+        for m in &spec.members {
+            let dev = Device::open_with(m, opts.clone())?;
+            let ns = dev.namespace(spec.nsid)?;
+            members.push(DirectPath { ns, dev });
+        }
+        let bs = members[0].ns.block_size();
+        if let Some((i, p)) = members.iter().enumerate().find(|(_, p)| p.ns.block_size() != bs) {
+            return Err(Error::invalid(
+                "volume",
+                format!(
+                    "{} has {}-byte blocks, {} has {bs}-byte blocks: members must share a block size",
+                    spec.members[i],
+                    p.ns.block_size(),
+                    spec.members[0]
+                ),
+            ));
+        }
+        let smallest = members.iter().map(|p| p.ns.capacity()).min().unwrap_or(0);
+        let member_bytes = smallest / spec.chunk * spec.chunk;
+        if member_bytes == 0 {
+            return Err(Error::invalid("chunk", format!("{} bytes exceed the smallest member", spec.chunk)));
+        }
+        Ok(VolumePath { members, names: spec.members.clone(), chunk: spec.chunk, member_bytes, block_size: bs })
+    }
+
+    /// Names the member and the offset on it in an error.
+    fn on_member(&self, p: &Piece, e: Error) -> Error {
+        Error::Member { member: self.names[p.member].clone(), offset: p.member_offset, source: Box::new(e) }
+    }
+
+    /// Runs member `m`'s pieces one after another; `Err((error, stranded))`.
+    fn run_member(
+        &self,
+        write: bool,
+        buf: &Buffer,
+        buf_offset: u64,
+        m: usize,
+        pieces: &[Piece],
+    ) -> std::result::Result<(), (Error, bool)> {
+        let Some(reg) = buf.registration_on(m) else {
+            return Err((Error::invalid("buf", "not registered on every member of the volume"), false));
+        };
+        for p in pieces.iter().filter(|p| p.member == m) {
+            let path = &self.members[m];
+            if let Err(f) = path.ns.rw(write, reg, buf_offset + p.request_offset, p.member_offset, p.len) {
+                return Err((self.on_member(p, f.error), f.stranded));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DataPath for VolumePath {
+    fn describe(&self) -> String {
+        format!(
+            "direct path, striped volume (md RAID0 layout, {} KiB chunks): {} members {}, {} bytes in {}-byte blocks",
+            self.chunk >> 10,
+            self.members.len(),
+            self.names.join(","),
+            self.member_bytes * self.members.len() as u64,
+            self.block_size
+        )
+    }
+
+    fn capacity(&self) -> Result<u64> {
+        Ok(self.member_bytes * self.members.len() as u64)
+    }
+
+    fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    fn buffer_alignment(&self) -> u64 {
+        4
+    }
+
+    fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
+        let cap = self.member_bytes * self.members.len() as u64;
+        if file_offset.checked_add(len).is_none_or(|e| e > cap) {
+            return Err(Error::invalid(
+                "file_offset",
+                format!("[{file_offset}, +{len}) runs past the volume's {cap} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn is_direct(&self) -> bool {
+        true
+    }
+
+    fn bypasses_page_cache(&self) -> bool {
+        true
+    }
+
+    unsafe fn register_host(&self, ptr: *mut u8, len: usize) -> Result<Registered> {
+        let mut regs = Vec::with_capacity(self.members.len());
+        for m in &self.members {
+            // SAFETY: forwarded from the caller; the pages past `len` up to the page end belong
+            // to the same mapping (mappings are page-granular).
+            regs.push(unsafe { m.dev.register_host(ptr, len.next_multiple_of(4096)) }?);
+        }
+        Ok(Registered { regs, staging: None, path: Path::DirectHost })
+    }
+
+    fn register_gpu(&self, mem: &Arc<GpuMemory>, _allow_staging: bool) -> Result<Registered> {
+        let mut regs = Vec::with_capacity(self.members.len());
+        for m in &self.members {
+            let fd = mem.export_dmabuf()?;
+            use std::os::fd::AsRawFd;
+            regs.push(m.dev.register_dmabuf(fd.as_raw_fd(), 0, mem.len().next_multiple_of(4096) as u64)?);
+        }
+        Ok(Registered { regs, staging: None, path: Path::DirectP2p })
+    }
+
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+        let buf = lease.buffer();
+        if matches!(buf.mem(), Mem::Gpu(_)) && buf.registration().is_none() {
+            return Err(Error::invalid("buf", "GPU memory on a volume needs peer-to-peer registration"));
+        }
+        let pieces: Vec<Piece> = pieces(self.members.len(), self.chunk, file_offset, len).collect();
+        let mut touched: Vec<usize> = pieces.iter().map(|p| p.member).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        let results: Vec<std::result::Result<(), (Error, bool)>> = if touched.len() == 1 {
+            vec![self.run_member(write, buf, buf_offset, touched[0], &pieces)]
+        } else {
+            // Every member's pieces in flight at once.
+            std::thread::scope(|s| {
+                let hs: Vec<_> = touched
+                    .iter()
+                    .map(|&m| {
+                        let pieces = &pieces;
+                        s.spawn(move || self.run_member(write, buf, buf_offset, m, pieces))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err((Error::invalid("volume", "a member's I/O thread panicked"), true)))
+                    })
+                    .collect()
+            })
+        };
+        let mut first = None;
+        let mut stranded = false;
+        for r in results {
+            if let Err((e, s)) = r {
+                stranded |= s;
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(len),
+            Some(e) if stranded => {
+                lease.keep_forever();
+                Err(e)
+            }
+            Some(e) => Err(e),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        for m in &self.members {
+            m.flush()?;
+        }
+        Ok(())
+    }
+
+    fn write_bytes(&self, _data: &[u8], _off: u64) -> Option<Result<()>> {
+        None
+    }
+
+    fn max_command_bytes(&self) -> u64 {
+        self.chunk
+    }
+
+    fn queue_batch(&self, _capacity: usize) -> Option<QueueBatch> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn md_raid0_layout() {
+        // 3 members, 64 KiB chunks: chunk 4 is member 1's second chunk.
+        let p: Vec<_> = pieces(3, 65536, 4 * 65536 + 512, 65536).collect();
+        assert_eq!(
+            p,
+            vec![
+                Piece { member: 1, member_offset: 65536 + 512, request_offset: 0, len: 65536 - 512 },
+                Piece { member: 2, member_offset: 65536, request_offset: 65536 - 512, len: 512 },
+            ]
+        );
+    }
+
+    #[test]
+    fn specs_parse_and_refuse_by_name() {
+        let s = VolumeSpec::parse("stripe:64K:/dev/ugds_drv0,/dev/ugds_drv1").unwrap();
+        assert_eq!((s.chunk, s.members.len()), (65536, 2));
+        assert_eq!(VolumeSpec::parse("stripe:/dev/a,/dev/b").unwrap().chunk, DEFAULT_CHUNK);
+        let e = |s: &str| match VolumeSpec::parse(s) {
+            Err(Error::InvalidArgument { arg, .. }) => arg,
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(e("stripe:3000:/dev/a"), "chunk");
+        assert_eq!(e("stripe:1K:/dev/a"), "chunk");
+        assert_eq!(e("stripe:"), "volume");
+        assert_eq!(e("stripe:/dev/a,/dev/a"), "volume");
+        assert_eq!(e("/dev/a"), "volume");
+    }
+
+    proptest! {
+        /// The pieces tile the request exactly, never cross a chunk, and map each volume byte
+        /// to member `chunk mod N` at `(chunk div N) * C + within` (md RAID0, one zone).
+        #[test]
+        fn pieces_tile_the_request(n in 1usize..8, shift in 12u32..20, off in 0u64..(1 << 26), len in 1u64..(1 << 24)) {
+            let c = 1u64 << shift;
+            let mut at = 0;
+            for p in pieces(n, c, off, len) {
+                prop_assert_eq!(p.request_offset, at);
+                prop_assert!(p.len > 0 && p.len <= c);
+                let pos = off + at;
+                prop_assert_eq!(p.member as u64, (pos / c) % n as u64);
+                prop_assert_eq!(p.member_offset, (pos / c) / n as u64 * c + pos % c);
+                prop_assert!((p.member_offset % c) + p.len <= c, "a piece crosses a chunk");
+                at += p.len;
+            }
+            prop_assert_eq!(at, len);
+        }
+    }
+}
