@@ -9,6 +9,7 @@ pub mod batch;
 pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
+pub mod mqes;
 pub mod portable;
 pub mod raw;
 pub mod reliability;
@@ -43,6 +44,8 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "volume", nvme: volume::NVME, iommu: false },
     // Namespace 2 is formatted with 8 bytes of metadata per block (QEMU's `ms=8`).
     Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
+    // MQES 127 (128-entry queues): needs the QEMU 10 that ci/setup.sh caches.
+    Variant { name: "small-mqes", nvme: mqes::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -69,6 +72,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(batch::tests());
     v.extend(portable::tests());
     v.extend(volume::tests());
+    v.extend(mqes::tests());
     v
 }
 

@@ -7,6 +7,7 @@
 //! console as a marker line. A watchdog kills a guest that outlives the timeout.
 
 use crate::kernel::TestKernel;
+use crate::toolchain;
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
 use std::fs;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Marker the guest prints with the command's exit code.
 const EXIT_MARKER: &str = "UGDS-VM-EXIT=";
 
-/// One emulated NVMe controller: `size=1G,lbs=4096,mdts=2,qpairs=4,ns=2,throttle_iops=10,serial=X`.
+/// One emulated NVMe controller: `size=1G,lbs=4096,mdts=2,qpairs=4,mqes=127,ns=2,throttle_iops=10,serial=X`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvmeSpec {
     /// Bytes per namespace.
@@ -31,6 +32,9 @@ pub struct NvmeSpec {
     pub mdts: Option<u8>,
     /// Maximum I/O queue pairs, or the QEMU default.
     pub qpairs: Option<u32>,
+    /// CAP.MQES, 0's based (127: 128-entry queues, as some cloud controllers report), or QEMU's
+    /// default (2047). Needs the QEMU from the cache ([`qemu_for`]).
+    pub mqes: Option<u16>,
     /// Number of namespaces.
     pub ns: u32,
     /// I/O operations per second the backing drive allows (slows the drive), or unlimited.
@@ -51,6 +55,7 @@ impl Default for NvmeSpec {
             lbs: 512,
             mdts: None,
             qpairs: None,
+            mqes: None,
             ns: 1,
             throttle_iops: None,
             serial: None,
@@ -81,6 +86,14 @@ impl std::str::FromStr for NvmeSpec {
                 }
                 "mdts" => spec.mdts = Some(v.parse()?),
                 "qpairs" => spec.qpairs = Some(v.parse()?),
+                "mqes" => {
+                    let m: u16 = v.parse().with_context(|| format!("mqes must be 1..=65535, not {v}"))?;
+                    // QEMU refuses 0 (a 1-entry queue cannot hold a command).
+                    if m == 0 {
+                        bail!("mqes must be 1..=65535 (0's based), not 0");
+                    }
+                    spec.mqes = Some(m);
+                }
                 "ns" => {
                     spec.ns = v.parse()?;
                     if !(1..=16).contains(&spec.ns) {
@@ -96,7 +109,7 @@ impl std::str::FromStr for NvmeSpec {
                     _ => bail!("backend must be file or null, not {v}"),
                 },
                 _ => bail!(
-                    "unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, ns, throttle_iops, serial, backend, ms)"
+                    "unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, mqes, ns, throttle_iops, serial, backend, ms)"
                 ),
             }
         }
@@ -271,6 +284,9 @@ fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> 
         if let Some(q) = spec.qpairs {
             write!(dev, ",max_ioqpairs={q}")?;
         }
+        if let Some(m) = spec.mqes {
+            write!(dev, ",mqes={m}")?;
+        }
         a.extend(["-device".into(), dev]);
         for n in 1..=spec.ns {
             let mut drive = if spec.null {
@@ -298,6 +314,61 @@ fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> 
     Ok(a)
 }
 
+/// The bookworm-backports QEMU that `ci/setup.sh` extracts into the cache (its `qemu_bpo_version`,
+/// without the epoch): bookworm's QEMU 7.2 has no `mqes` property on its nvme device.
+pub const QEMU_BACKPORTS_VERSION: &str = "10.0.2+ds-2+deb13u1~bpo12+1";
+
+/// Which QEMU a run uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Qemu {
+    /// The system's `qemu-system-x86_64` (bookworm: 7.2).
+    System,
+    /// The backports build extracted under this folder, with its own firmware and modules.
+    Cached(PathBuf),
+}
+
+impl Qemu {
+    /// A command that starts this QEMU (firmware and modules from its own tree when cached).
+    pub fn command(&self) -> Command {
+        match self {
+            Qemu::System => Command::new("qemu-system-x86_64"),
+            Qemu::Cached(root) => {
+                let mut c = Command::new(root.join("usr/bin/qemu-system-x86_64"));
+                // Without these it would load the system 7.2's modules and firmware.
+                c.env("QEMU_MODULE_DIR", root.join("usr/lib/x86_64-linux-gnu/qemu"));
+                c.arg("-L").arg(root.join("usr/share/qemu")).arg("-L").arg(root.join("usr/share/seabios"));
+                c
+            }
+        }
+    }
+
+    /// Names it in errors.
+    pub fn describe(&self) -> String {
+        match self {
+            Qemu::System => "qemu-system-x86_64 (apt-get install qemu-system-x86)".into(),
+            Qemu::Cached(root) => format!("QEMU {QEMU_BACKPORTS_VERSION} from {}", root.display()),
+        }
+    }
+}
+
+/// The QEMU a configuration needs: the cached backports build when a controller sets `mqes`
+/// (QEMU >= 9), else the system's. Fails, naming `ci/setup.sh`, when the cache lacks it.
+pub fn qemu_for(cfg: &VmConfig, cache: &Path) -> Result<Qemu> {
+    if cfg.nvme.iter().all(|n| n.mqes.is_none()) {
+        return Ok(Qemu::System);
+    }
+    let root = cache.join(format!("qemu-{QEMU_BACKPORTS_VERSION}"));
+    // `ready` is written last, after setup checked that the binary runs and has `mqes`.
+    if !root.join("ready").exists() {
+        bail!(
+            "an NVMe controller with mqes= needs QEMU {QEMU_BACKPORTS_VERSION} (bookworm-backports) in {}: \
+             run ci/setup.sh",
+            root.display()
+        );
+    }
+    Ok(Qemu::Cached(root))
+}
+
 /// What a finished run produced.
 #[derive(Debug)]
 pub struct VmOutcome {
@@ -318,13 +389,15 @@ pub fn run(cfg: &VmConfig, kernel: &TestKernel, echo: bool) -> Result<VmOutcome>
     let init = guest_init(cfg, kernel, &xtask)?;
     let initrd = make_initramfs(tmp.path(), &init)?;
     let args = qemu_args(cfg, kernel, tmp.path(), &initrd)?;
-    let mut child = Command::new("qemu-system-x86_64")
+    let qemu = qemu_for(cfg, &toolchain::cache_dir())?;
+    let mut child = qemu
+        .command()
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("starting qemu-system-x86_64 (apt-get install qemu-system-x86)")?;
+        .with_context(|| format!("starting {}", qemu.describe()))?;
     let pid = child.id();
     let done = Arc::new(AtomicBool::new(false));
     let timed_out = Arc::new(AtomicBool::new(false));
@@ -434,6 +507,10 @@ mod tests {
     fn parses_nvme_specs() {
         let s: NvmeSpec = "size=256M,lbs=4096,mdts=2".parse().unwrap();
         assert_eq!((s.size, s.lbs, s.mdts, s.ns), (256 << 20, 4096, Some(2), 1));
+        let s: NvmeSpec = "size=64M,mqes=127".parse().unwrap();
+        assert_eq!(s.mqes, Some(127));
+        assert!("mqes=0".parse::<NvmeSpec>().is_err());
+        assert!("mqes=65536".parse::<NvmeSpec>().is_err());
         let s: NvmeSpec = "size=128M,ns=2,qpairs=1,throttle_iops=2,serial=abc".parse().unwrap();
         assert_eq!((s.ns, s.qpairs, s.throttle_iops, s.serial.as_deref()), (2, Some(1), Some(2), Some("abc")));
         assert!("lbs=1024".parse::<NvmeSpec>().is_err());
@@ -443,6 +520,34 @@ mod tests {
         assert!("ns=0".parse::<NvmeSpec>().is_err());
         assert!("size=1000,lbs=4096".parse::<NvmeSpec>().is_err());
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    }
+
+    #[test]
+    fn mqes_picks_the_cached_qemu() {
+        let cache = TempDir::new("ugds-qemu-cache").unwrap();
+        let cfg = |specs: &[&str]| VmConfig {
+            nvme: specs.iter().map(|s| s.parse().unwrap()).collect(),
+            iommu: false,
+            bind_module: None,
+            mem: "1G".into(),
+            timeout: Duration::from_secs(1),
+            env: vec![],
+            cmd: vec![],
+        };
+        assert_eq!(qemu_for(&cfg(&["size=64M"]), cache.path()).unwrap(), Qemu::System);
+        let small = cfg(&["size=64M", "size=64M,mqes=127"]);
+        let err = qemu_for(&small, cache.path()).unwrap_err().to_string();
+        assert!(err.contains("ci/setup.sh"), "{err}");
+        let root = cache.path().join(format!("qemu-{QEMU_BACKPORTS_VERSION}"));
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("ready"), "").unwrap();
+        assert_eq!(qemu_for(&small, cache.path()).unwrap(), Qemu::Cached(root));
+    }
+
+    #[test]
+    fn setup_fetches_the_qemu_xtask_runs() {
+        let setup = fs::read_to_string(toolchain::workspace_root().join("ci/setup.sh")).unwrap();
+        assert!(setup.contains(&format!("qemu_bpo_version='1:{QEMU_BACKPORTS_VERSION}'")));
     }
 
     #[test]
