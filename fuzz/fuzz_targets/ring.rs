@@ -118,7 +118,7 @@ impl Model {
 }
 
 fuzz_target!(|input: Input| {
-    let depth = u16::from(input.depth % 31) + 2;
+    let depth = u16::from(input.depth % 32) + 1;
     let hostile: Vec<HostileCqe> = input
         .hostile
         .iter()
@@ -184,11 +184,13 @@ fuzz_target!(|input: Input| {
                     Ok(n) => {
                         assert_eq!(n, out.iter().filter(|o| o.is_some()).count(), "collect's count");
                         for (c, o) in ask.iter().zip(&out) {
-                            if o.is_some() {
-                                assert!(
-                                    model.abandoned || Some(*c) != foreign,
-                                    "completion reported for command id {c}, never submitted"
-                                );
+                            if o.is_none() {
+                                continue;
+                            }
+                            if Some(*c) == foreign {
+                                // Only a command an `execute` gave up on can complete unseen.
+                                assert!(model.abandoned, "completion reported for command id {c}, never submitted");
+                            } else {
                                 assert!(model.inflight.remove(c), "completion reported twice for command id {c}");
                             }
                         }
