@@ -27,8 +27,10 @@ pub struct Outcome {
     pub execs: u64,
     /// Inputs that reached new coverage (added to the corpus).
     pub new_units: u64,
-    /// Files in the corpus afterwards.
-    pub corpus: usize,
+    /// Coverage points (edges) reached at the end.
+    pub cov: u64,
+    /// Inputs in the corpus (seeds included) at the end.
+    pub corpus: u64,
     /// The input that crashed, hung or leaked, when one did.
     pub crash: Option<String>,
     /// The full log.
@@ -60,10 +62,11 @@ pub fn run(seconds: u64, target: Option<&str>) -> Result<()> {
     for t in targets {
         let o = run_one(&root, t, seconds)?;
         println!(
-            "fuzz {:<6} {:>9} executions in {seconds} s, {} new inputs, corpus {} files: {}",
+            "fuzz {:<6} {:>9} executions in {seconds} s, {} new inputs, {} edges, corpus {}: {}",
             o.target,
             o.execs,
             o.new_units,
+            o.cov,
             o.corpus,
             o.crash.as_deref().map_or("no crash".to_string(), |c| format!("CRASH {c}"))
         );
@@ -159,14 +162,27 @@ fn run_one(root: &Path, target: &'static str, seconds: u64) -> Result<Outcome> {
         text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
     };
     let crash = crash_of(&text).or_else(|| (!status.success()).then(|| format!("(exit status {status})")));
+    let (cov, corp) = done_line(&text).unwrap_or_default();
     Ok(Outcome {
         target,
         execs: stat("stat::number_of_executed_units:"),
         new_units: stat("stat::new_units_added:"),
-        corpus: std::fs::read_dir(&corpus).map(|d| d.count()).unwrap_or(0),
+        cov,
+        corpus: corp,
         crash,
         log,
     })
+}
+
+/// Coverage and corpus size from libFuzzer's last status line
+/// (`#27904 DONE cov: 3536 ft: 10181 corp: 540/31Kb ...`).
+pub fn done_line(log: &str) -> Option<(u64, u64)> {
+    let line = log.lines().rev().find(|l| l.contains("\tDONE "))?;
+    let field = |name: &str| -> Option<u64> {
+        let rest = &line[line.find(name)? + name.len()..];
+        rest.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    Some((field("cov:")?, field("corp:")?))
 }
 
 /// The artifact libFuzzer wrote for a crash, hang or leak (`... Test unit written to PATH`).
@@ -184,5 +200,13 @@ mod tests {
                    artifact_prefix='t/'; Test unit written to t/crash-abc\nBase64: AA==\n";
         assert_eq!(crash_of(log).as_deref(), Some("t/crash-abc"));
         assert_eq!(crash_of("Done 10 runs in 1 second(s)\nstat::number_of_executed_units: 10\n"), None);
+    }
+
+    #[test]
+    fn reads_coverage_and_corpus_from_the_done_line() {
+        let log = "#375\tINITED cov: 3482 ft: 9034 corp: 372/18Kb exec/s: 375 rss: 73Mb\n\
+                   #27904\tDONE   cov: 3536 ft: 10181 corp: 540/31Kb lim: 122 exec/s: 457 rss: 412Mb\n";
+        assert_eq!(done_line(log), Some((3536, 540)));
+        assert_eq!(done_line("#1\tINITED cov: 1 ft: 1 corp: 1/1b\n"), None);
     }
 }
