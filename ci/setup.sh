@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing ugds needs on a fresh Debian bookworm machine:
-# the Debian packages in ci/packages.txt and bindgen-cli (the version KERNEL_NOTES.md verified).
+# the Debian packages in ci/packages.txt, bindgen-cli (the version KERNEL_NOTES.md verified), and
+# for `cargo xtask fuzz` a nightly toolchain (minimal profile) and cargo-fuzz.
 # Idempotent and quiet when everything is present.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -54,4 +55,11 @@ if [[ ! -e "$qemu_dir/ready" ]]; then
   touch "$qemu_dir/ready"
   rm -rf "$apt_dir"
   trap - EXIT
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "setup: installing the nightly toolchain (for cargo-fuzz)"
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly fuzz --version 2>/dev/null | grep -q '0\.13\.'; then
+  echo "setup: installing cargo-fuzz 0.13.2"
+  cargo install --locked cargo-fuzz@0.13.2
 fi

@@ -10,15 +10,24 @@ use crate::shim::irq::EventfdIrq;
 use crate::shim::mm::Vma;
 use crate::shim::pin::PinnedUserMemory;
 use crate::shim::uaccess::{read_arg, write_arg, write_slice};
+use crate::uapi::args::{ArgError, EventfdAction, Limits};
 use crate::uapi::ioctl::*;
 use crate::uapi::regs::{cq_head_doorbell, sq_tail_doorbell, REG_DOORBELL_BASE};
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
-/// Largest host registration: 16 GiB.
-const MAX_REGISTRATION: u64 = 16 << 30;
 /// End of the user address space on x86-64 (TASK_SIZE_MAX with 4-level paging).
 const USER_END: u64 = 0x7FFF_FFFF_F000;
+
+/// The limits the argument checks (uapi `args`) compare against.
+fn limits(c: &Controller) -> Limits {
+    Limits { max_queue_entries: c.info.max_queue_entries, user_end: USER_END }
+}
+
+/// A refused argument as the errno the ABI documents for it.
+fn arg_error(e: ArgError) -> Error {
+    Error::from_errno(-e.errno())
+}
 
 /// The file operations of `/dev/ugds_drvN`.
 pub(crate) struct Chardev;
@@ -70,14 +79,12 @@ impl FileOps for Chardev {
             }
             IOCTL_DELETE_QPAIR => {
                 let a: DeleteQpair = read_arg(arg)?;
-                if a.reserved != 0 {
-                    return Err(EINVAL);
-                }
-                delete_qpair(c, handle, a.qid).map(|_| 0)
+                let qid = a.check().map_err(arg_error)?;
+                delete_qpair(c, handle, qid).map(|_| 0)
             }
             IOCTL_REGISTER_HOST => {
                 let mut a: RegisterHost = read_arg(arg)?;
-                a.handle = register_host(c, handle, a.addr, a.len)?;
+                a.handle = register_host(c, handle, &a)?;
                 if let Err(e) = write_arg(arg, &a) {
                     let _ = deregister(c, handle, a.handle.id, a.handle.generation);
                     return Err(e);
@@ -103,7 +110,7 @@ impl FileOps for Chardev {
             }
             IOCTL_SET_EVENTFD => {
                 let a: SetEventfd = read_arg(arg)?;
-                set_eventfd(c, handle, a.qid, a.fd).map(|_| 0)
+                set_eventfd(c, handle, &a).map(|_| 0)
             }
             IOCTL_RESET => {
                 let mut inner = c.inner.lock();
@@ -157,12 +164,8 @@ impl FileOps for Chardev {
 }
 
 fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Result {
-    if a.flags & !QPAIR_FLAG_IRQ != 0 {
-        return Err(EINVAL);
-    }
-    if a.depth < 2 || a.depth > c.info.max_queue_entries {
-        return Err(EINVAL);
-    }
+    let req = a.check(&limits(c)).map_err(arg_error)?;
+    let flags = if req.irq { QPAIR_FLAG_IRQ } else { 0 };
     let mut inner = c.inner.lock();
     if inner.faulted {
         return Err(EIO);
@@ -171,7 +174,7 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
         .find(|q| !inner.qpairs.iter().any(|qp| qp.qid == *q))
         .ok_or(ENOSPC)?;
     let hw = inner.hw.as_mut().ok_or(ENODEV)?;
-    if a.flags & QPAIR_FLAG_IRQ != 0 && qid as u32 >= hw.irqs.as_ref().map_or(0, |v| v.count()) {
+    if req.irq && qid as u32 >= hw.irqs.as_ref().map_or(0, |v| v.count()) {
         // No MSI-X vector left for this queue id.
         return Err(ENOSPC);
     }
@@ -180,14 +183,14 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
     // failed on allocation used to drop it while the controller still owned it).
     inner.qpairs.reserve_one()?;
     let hw = inner.hw.as_mut().ok_or(ENODEV)?;
-    let qp = Qpair::alloc(&c.pdev, handle, qid, a.depth, a.flags)?;
+    let qp = Qpair::alloc(&c.pdev, handle, qid, req.depth, flags)?;
     qp.create_on_device(&hw.bar, &mut hw.admin)?;
     let dstrd = c.cap.dstrd();
     *a = CreateQpair {
-        depth: a.depth,
-        flags: a.flags,
+        depth: req.depth,
+        flags,
         qid: qid as u32,
-        irq_vector: if a.flags & QPAIR_FLAG_IRQ != 0 { qid as u32 } else { 0 },
+        irq_vector: if req.irq { qid as u32 } else { 0 },
         sq_offset: mmap_offset(MmapKind::Sq, qid),
         sq_size: qp.sq.size() as u64,
         cq_offset: mmap_offset(MmapKind::Cq, qid),
@@ -219,28 +222,16 @@ fn delete_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
     Ok(())
 }
 
-fn register_host(c: &Controller, handle: FileHandle, addr: u64, len: u64) -> Result<RegistrationHandle> {
-    if len == 0 || len % 4096 != 0 || addr % 4096 != 0 || len > MAX_REGISTRATION {
-        return Err(EINVAL);
-    }
-    let end = addr.checked_add(len).ok_or_else(crate::errno::eoverflow)?;
-    if end > USER_END {
-        return Err(EFAULT);
-    }
+fn register_host(c: &Controller, handle: FileHandle, a: &RegisterHost) -> Result<RegistrationHandle> {
+    let r = a.check(&limits(c)).map_err(arg_error)?;
     // Pin before taking the lock: pinning may fault pages in and take a while.
-    let mem = PinnedUserMemory::pin(&c.pdev, addr, len)?;
+    let mem = PinnedUserMemory::pin(&c.pdev, r.addr, r.len)?;
     insert_registration(c, handle, Backing::Host(mem))
 }
 
 fn register_dmabuf(c: &Controller, handle: FileHandle, a: &RegisterDmabuf) -> Result<RegistrationHandle> {
-    if a.reserved != 0 || a.len == 0 || a.len % 4096 != 0 || a.offset % 4096 != 0 {
-        return Err(EINVAL);
-    }
-    a.offset.checked_add(a.len).ok_or_else(crate::errno::eoverflow)?;
-    if a.fd < 0 {
-        return Err(EBADF);
-    }
-    let m = DmabufMapping::import(&c.pdev, a.fd, a.offset, a.len)?;
+    let r = a.check().map_err(arg_error)?;
+    let m = DmabufMapping::import(&c.pdev, r.fd, r.offset, r.len)?;
     insert_registration(c, handle, Backing::Dmabuf(m))
 }
 
@@ -269,12 +260,8 @@ fn get_segments(c: &Controller, handle: FileHandle, a: &GetSegments) -> Result<i
         let inner = c.inner.lock();
         let r = find_reg(&inner.regs, handle, a.id, a.generation)?;
         let segs = r.segments();
-        let first = a.first as usize;
-        if first > segs.len() {
-            return Err(EINVAL);
-        }
-        let n = (a.count as usize).min(segs.len() - first);
-        out.extend_from_slice(&segs[first..first + n], GFP_KERNEL)?;
+        let w = a.check(segs.len()).map_err(arg_error)?;
+        out.extend_from_slice(&segs[w.first..w.first + w.count], GFP_KERNEL)?;
     }
     write_slice(a.segments as usize, &out)?;
     Ok(out.len() as isize)
@@ -303,7 +290,8 @@ fn deregister(c: &Controller, handle: FileHandle, id: u32, generation: u32) -> R
     Ok(())
 }
 
-fn set_eventfd(c: &Controller, handle: FileHandle, qid: u32, fd: i32) -> Result {
+fn set_eventfd(c: &Controller, handle: FileHandle, a: &SetEventfd) -> Result {
+    let qid = a.qid;
     let mut inner = c.inner.lock();
     let inner = &mut *inner;
     let hw = inner.hw.as_ref().ok_or(ENODEV)?;
@@ -311,12 +299,10 @@ fn set_eventfd(c: &Controller, handle: FileHandle, qid: u32, fd: i32) -> Result 
     if qp.flags & QPAIR_FLAG_IRQ == 0 {
         return Err(EINVAL);
     }
-    if fd < -1 {
-        return Err(EBADF);
-    }
+    let action = a.check().map_err(arg_error)?;
     // Free the old handler first: the vector is not shared.
     qp.irq = None;
-    if fd >= 0 {
+    if let EventfdAction::Attach(fd) = action {
         let irq = hw.irqs.as_ref().ok_or(EINVAL)?.irq(qid)?;
         qp.irq = Some(EventfdIrq::attach(irq, fd, kernel::c_str!("ugds"))?);
     }

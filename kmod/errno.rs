@@ -8,11 +8,6 @@ pub(crate) fn etimedout() -> Error {
     Error::from_errno(-errno::ETIMEDOUT)
 }
 
-/// EOVERFLOW: an address range wraps.
-pub(crate) fn eoverflow() -> Error {
-    Error::from_errno(-errno::EOVERFLOW)
-}
-
 /// ESTALE: the registration id exists with another generation.
 pub(crate) fn estale() -> Error {
     Error::from_errno(-errno::ESTALE)

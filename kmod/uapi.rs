@@ -2,6 +2,8 @@
 //! here; the zerocopy derives sit behind a cargo feature that is off in this build).
 #![allow(dead_code, unreachable_pub)]
 
+#[path = "../uapi/src/args.rs"]
+pub(crate) mod args;
 #[path = "../uapi/src/identify.rs"]
 pub(crate) mod identify;
 #[path = "../uapi/src/ioctl.rs"]

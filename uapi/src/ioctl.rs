@@ -2,7 +2,8 @@
 //!
 //! Every argument struct is `#[repr(C)]` with explicit padding and 8-byte alignment, the same on
 //! both sides. [`ABI_VERSION`] changes whenever any of it does; the library compares it with
-//! [`DeviceInfo::abi_version`] at open and refuses a mismatch.
+//! [`DeviceInfo::abi_version`] at open and refuses a mismatch. The rules each argument struct
+//! must pass are pure functions in [`super::args`].
 //!
 //! # Errors (negative errno from `ioctl`, as documented per request)
 //! | errno | meaning |
@@ -236,7 +237,8 @@ pub struct RegistrationHandle {
 pub struct RegisterHost {
     /// In: page-aligned user address.
     pub addr: u64,
-    /// In: length, a multiple of 4096, non-zero.
+    /// In: length, a multiple of 4096, non-zero, at most
+    /// [`MAX_HOST_REGISTRATION`](super::args::MAX_HOST_REGISTRATION).
     pub len: u64,
     /// Out: the registration.
     pub handle: RegistrationHandle,

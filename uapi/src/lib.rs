@@ -9,6 +9,7 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod args;
 pub mod identify;
 pub mod ioctl;
 pub mod queue;

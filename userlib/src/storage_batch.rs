@@ -142,6 +142,9 @@ impl StorageBatch {
                     }
                     Err(e) => IoEvent { cookie: r2.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) },
                 };
+                // The entry lets go of its buffer before it counts as finished: whoever waited for
+                // it may deregister the buffer at once (found by the `capi` fuzz target).
+                drop(r2);
                 let (m, cv) = &*state;
                 let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
                 st.running -= 1;

@@ -117,41 +117,79 @@ proptest! {
     }
 }
 
+/// A uGDS library, open, with a handle on a fresh 1 MiB file, and 64 KiB of host memory (not
+/// registered yet).
+fn ugds_on_file(name: &str) -> (std::path::PathBuf, &'static Library, usize, ugds::Buffer) {
+    let (path, f) = temp_file(name, 1 << 20);
+    let lib = leak_lib(Face::Ugds);
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let m = ugds::Storage::open(path.to_str().unwrap()).unwrap().alloc_host(64 << 10).unwrap();
+    (path, lib, h, m)
+}
+
+/// Batch entries for the first `n` pages of the memory at `base` and of the file.
+fn page_entries(h: usize, base: usize, n: usize, write: bool) -> Vec<ugds::capi::Entry> {
+    (0..n)
+        .map(|i| ugds::capi::Entry {
+            fh: h,
+            write,
+            base,
+            buf_offset: (i * 4096) as i64,
+            file_offset: (i * 4096) as i64,
+            size: 4096,
+            cookie: std::ptr::null_mut(),
+        })
+        .collect()
+}
+
 /// GetStatus with a minimum and no timeout returns at least that many events, even when an
 /// entry finishes while it looks (regression: uGDS's test_batch_basic "got 0 of 1" on the GPU
 /// machine; the count of running entries was read after collecting).
 #[test]
 fn get_status_waits_for_min_nr_events() {
-    use ugds::capi::Entry;
-    let (path, f) = temp_file("batch-min", 1 << 20);
-    let lib = leak_lib(Face::Ugds);
-    lib.driver_open().unwrap();
-    let h = lib.handle_register(f.as_raw_fd()).unwrap();
-    let m = ugds::Storage::open(path.to_str().unwrap()).unwrap().alloc_host(64 << 10).unwrap();
+    let (path, lib, h, m) = ugds_on_file("batch-min");
     let base = m.host_ptr().unwrap() as usize;
     // SAFETY: `m` stays allocated until the end of the test.
     unsafe { lib.buf_register(base, 64 << 10, None, false) }.unwrap();
     let b = lib.batch_setup(h, 8).unwrap();
     for round in 0..300 {
         let n = 1 + round % 8;
-        let entries: Vec<Entry> = (0..n)
-            .map(|i| Entry {
-                fh: h,
-                write: false,
-                base,
-                buf_offset: (i * 4096) as i64,
-                file_offset: (i * 4096) as i64,
-                size: 4096,
-                cookie: std::ptr::null_mut(),
-            })
-            .collect();
         // SAFETY: registered memory, in range.
-        unsafe { lib.batch_submit(b, &entries) }.unwrap();
+        unsafe { lib.batch_submit(b, &page_entries(h, base, n, false)) }.unwrap();
         let evs = lib.batch_status(b, n, 0, None).unwrap();
         assert_eq!(evs.len(), n, "round {round}");
     }
     lib.batch_destroy(b);
     lib.buf_deregister(base).unwrap();
+    lib.handle_deregister(h, 0).unwrap();
+    std::fs::remove_file(path).unwrap();
+}
+
+/// Once a batch's entries are reported (GetStatus) or the batch is destroyed, their buffer is
+/// no longer busy: it deregisters at once. Regression, found by the `capi` fuzz target: a batch
+/// worker dropped its reference to the buffer only after counting the entry finished, so a
+/// deregistration right after GetStatus or Destroy could be refused with `UGDS_BUSY`.
+#[test]
+fn buffer_deregisters_right_after_its_batch_entries_finish() {
+    let (path, lib, h, m) = ugds_on_file("batch-then-deregister");
+    let base = m.host_ptr().unwrap() as usize;
+    for round in 0..400 {
+        // SAFETY: `m` stays allocated until the end of the test.
+        unsafe { lib.buf_register(base, 64 << 10, None, false) }.unwrap();
+        let b = lib.batch_setup(h, 8).unwrap();
+        let n = 1 + round % 8;
+        // SAFETY: registered memory, in range.
+        unsafe { lib.batch_submit(b, &page_entries(h, base, n, round % 3 == 0)) }.unwrap();
+        if round % 2 == 0 {
+            assert_eq!(lib.batch_status(b, n, 0, None).unwrap().len(), n, "round {round}");
+        } else {
+            lib.batch_destroy(b);
+        }
+        let r = lib.buf_deregister(base);
+        assert!(r.is_ok(), "round {round}: {:?}", r.map_err(|e| e.code()));
+        lib.batch_destroy(b);
+    }
     lib.handle_deregister(h, 0).unwrap();
     std::fs::remove_file(path).unwrap();
 }

@@ -1,5 +1,5 @@
 #![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
-//! `cargo xtask`: kernel, vm, install, bind, unbind, test.
+//! `cargo xtask`: kernel, vm, install, bind, unbind, test, fuzz.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -10,6 +10,7 @@ mod bench;
 mod bind;
 mod clib;
 mod demo;
+mod fuzz;
 mod install;
 mod kernel;
 mod kmod;
@@ -130,6 +131,16 @@ enum Cmd {
     /// Builds the Python package (python/) into target/wheels/ugds-*.whl with maturin (from PyPI,
     /// into target/pyenv): one abi3 wheel for CPython >= 3.9, no CUDA dependency.
     Wheel,
+    /// Builds the coverage-guided fuzz targets (fuzz/: ring, capi, ioctl; cargo-fuzz on the
+    /// nightly toolchain) and runs each; prints executions and findings, fails on a crash.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Only this target.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Host tests, then the VM suite; prints `N passed, M failed`.
     Test {
         /// Only host tests.
@@ -203,6 +214,7 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
+        Cmd::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref())?,
         Cmd::Test { host_only, filter, iommu, debug_kernel, quick } => {
             let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel, quick })?;
             println!("{} passed, {} failed", summary.passed, summary.failed);
