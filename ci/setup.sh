@@ -55,6 +55,7 @@ if [[ ! -e "$qemu_dir/ready" ]]; then
   touch "$qemu_dir/ready"
   rm -rf "$apt_dir"
   trap - EXIT
+fi
 if ! cargo +nightly --version >/dev/null 2>&1; then
   echo "setup: installing the nightly toolchain (for cargo-fuzz)"
   rustup toolchain install nightly --profile minimal
