@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
 use crate::mem::HostMemory;
-use crate::path::{note_fallback, DataPath, Registered};
+use crate::path::{DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -133,7 +133,7 @@ impl Storage {
     #[cfg(feature = "fallback")]
     pub fn file(f: FileTarget) -> Result<Arc<Storage>> {
         if !f.direct() {
-            note_fallback(
+            crate::path::note_fallback(
                 f.path(),
                 "buffered I/O",
                 "the file system does not support O_DIRECT; I/O goes through the page cache",
