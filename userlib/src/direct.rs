@@ -8,7 +8,7 @@ use crate::device::{Device, Namespace};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::mem::HostMemory;
-use crate::path::{DataPath, Registered};
+use crate::path::{within_capacity, DataPath, Registered};
 use crate::staging::staged;
 use std::sync::Arc;
 
@@ -78,14 +78,7 @@ impl DataPath for DirectPath {
     }
 
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
-        let cap = self.ns.capacity();
-        if file_offset.checked_add(len).is_none_or(|e| e > cap) {
-            return Err(Error::invalid(
-                "file_offset",
-                format!("[{file_offset}, +{len}) runs past the namespace's {cap} bytes"),
-            ));
-        }
-        Ok(())
+        within_capacity(file_offset, len, self.ns.capacity(), "namespace")
     }
 
     fn is_direct(&self) -> bool {

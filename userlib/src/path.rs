@@ -10,6 +10,18 @@ use crate::error::Result;
 use crate::gpu::GpuMemory;
 use std::sync::{Arc, Mutex};
 
+/// Checks that `[file_offset, file_offset + len)` lies inside `cap` bytes of `what` (a
+/// namespace, a volume): the extent check of the paths whose capacity is fixed.
+pub(crate) fn within_capacity(file_offset: u64, len: u64, cap: u64, what: &str) -> Result<()> {
+    if file_offset.checked_add(len).is_none_or(|e| e > cap) {
+        return Err(crate::error::Error::invalid(
+            "file_offset",
+            format!("[{file_offset}, +{len}) runs past the {what}'s {cap} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// What registering memory on a path produced.
 #[derive(Debug)]
 pub(crate) struct Registered {

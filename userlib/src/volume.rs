@@ -15,7 +15,7 @@ use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
-use crate::path::{DataPath, Registered};
+use crate::path::{within_capacity, DataPath, Registered};
 use std::sync::Arc;
 
 /// Default chunk: 128 KiB, as deployments striping NVMe for GPUs commonly use.
@@ -155,6 +155,11 @@ impl VolumePath {
         Ok(VolumePath { members, names: spec.members.clone(), chunk: spec.chunk, member_bytes, block_size: bs })
     }
 
+    /// The volume's bytes: the used part of every member.
+    fn bytes(&self) -> u64 {
+        self.member_bytes * self.members.len() as u64
+    }
+
     /// Names the member and the offset on it in an error.
     fn on_member(&self, p: &Piece, e: Error) -> Error {
         Error::Member { member: self.names[p.member].clone(), offset: p.member_offset, source: Box::new(e) }
@@ -189,13 +194,13 @@ impl DataPath for VolumePath {
             self.chunk >> 10,
             self.members.len(),
             self.names.join(","),
-            self.member_bytes * self.members.len() as u64,
+            self.bytes(),
             self.block_size
         )
     }
 
     fn capacity(&self) -> Result<u64> {
-        Ok(self.member_bytes * self.members.len() as u64)
+        Ok(self.bytes())
     }
 
     fn block_size(&self) -> u64 {
@@ -207,14 +212,7 @@ impl DataPath for VolumePath {
     }
 
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
-        let cap = self.member_bytes * self.members.len() as u64;
-        if file_offset.checked_add(len).is_none_or(|e| e > cap) {
-            return Err(Error::invalid(
-                "file_offset",
-                format!("[{file_offset}, +{len}) runs past the volume's {cap} bytes"),
-            ));
-        }
-        Ok(())
+        within_capacity(file_offset, len, self.bytes(), "volume")
     }
 
     fn is_direct(&self) -> bool {
