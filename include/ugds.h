@@ -421,6 +421,19 @@ uGDSError_t uGDSDriverClose(void);
 uGDSError_t uGDSHandleRegister(uGDSHandle_t *fh, struct uGDSDescr_t *descr);
 
 /**
+ * Registers a target by name (our extension): a ugds node, a striped volume
+ * `stripe:[CHUNK:]NODE,NODE,...`, a volume descriptor file, a regular file or a block device,
+ * opened as the Rust `Storage::open` opens it. The handle's descriptor (`*(int *)fh`) is -1.
+ * `UGDS_INVALID_VALUE` for NULL pointers or a name that is not UTF-8; an unopenable target
+ * gives the library's error (`ugdsxErrorString` names it).
+ *
+ * # Safety
+ *
+ * `fh` must be NULL or valid; `target` NULL or a NUL-terminated string.
+ */
+uGDSError_t ugdsxHandleRegisterTarget(uGDSHandle_t *fh, const char *target);
+
+/**
  * Deregisters a handle, waiting for its I/O. NULL and unknown handles are ignored.
  */
 void uGDSHandleDeregister(uGDSHandle_t fh);

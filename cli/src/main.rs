@@ -34,6 +34,16 @@ struct Target {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Where SSDs sit relative to GPUs (same PCIe switch, root complex, NUMA node); with a
+    /// target (a ugds node or a volume), its members against one GPU, warning for any member
+    /// across the inter-socket link.
+    Placement {
+        /// A ugds node or a striped volume (spec or descriptor file).
+        target: Option<String>,
+        /// The GPU: an index (in PCI order) or a PCI address (default: every GPU).
+        #[arg(long)]
+        gpu: Option<String>,
+    },
     /// Controller, namespaces and limits.
     Info {
         /// The device node.
@@ -141,6 +151,7 @@ const CHUNK: u64 = 8 << 20;
 
 fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
+        Cmd::Placement { target, gpu } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Doctor => {
             let findings = ugds::doctor::diagnose();
             for f in &findings {
@@ -481,6 +492,49 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
             "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback ({})",
             all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, st.describe()
         );
+    }
+    Ok(())
+}
+
+/// `ugds placement`: GPU-SSD proximity from sysfs; warnings go to stderr.
+fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
+    use ugds::placement::{resolve_gpu, Topology};
+    let topo = Topology::default();
+    let gpus = match gpu {
+        Some(g) => vec![resolve_gpu(&topo, g)?],
+        None => topo.gpus(),
+    };
+    if gpus.is_empty() {
+        println!("no GPU on the PCI bus: nothing to place SSDs against");
+        return Ok(());
+    }
+    let members: Option<Vec<String>> = match target {
+        None => None,
+        Some(t) if ugds::device::is_ugds_node(t) => Some(vec![t.to_string()]),
+        Some(t) => match ugds::VolumeSpec::read_descriptor(t)? {
+            Some(spec) => Some(spec.members),
+            None => Some(ugds::VolumeSpec::parse(t)?.members),
+        },
+    };
+    for g in &gpus {
+        let rows = match &members {
+            Some(m) => topo.for_volume(g, m)?,
+            None => topo.all().into_iter().filter(|p| &p.gpu == g).collect(),
+        };
+        for p in &rows {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"gpu": p.gpu, "ssd": p.ssd, "proximity": format!("{:?}", p.proximity),
+                        "gpu_numa": p.gpu_numa, "ssd_numa": p.ssd_numa, "warning": p.warning()})
+                );
+            } else {
+                println!("GPU {} <- SSD {}: {}", p.gpu, p.ssd, p.proximity.describe());
+            }
+            if let Some(w) = p.warning() {
+                eprintln!("warning: {w}");
+            }
+        }
     }
     Ok(())
 }

@@ -5,8 +5,9 @@
  *
  * TARGET is a ugds node /dev/ugds_drvN (direct path: the caller prepared [16 MiB, +1 MiB) with
  * pattern seed 0x16 through the kernel driver and checks [8 MiB, +2 MiB) for seed 0x8
- * afterwards) or a regular file of at least 64 MiB (fallback path: this program prepares and
- * checks those ranges itself). Prints one line per failed check and
+ * afterwards), a ugds volume descriptor file (a striped volume: the caller prepares and checks
+ * the same ranges through the volume), or a regular file of at least 64 MiB (fallback path:
+ * this program prepares and checks those ranges itself). Prints one line per failed check and
  * `C-SUITE passed=N failed=M`; the number of checks does not depend on timing.
  */
 #define _GNU_SOURCE
@@ -104,6 +105,12 @@ int main(int argc, char **argv) {
     const char *target = argv[1];
     struct stat sb;
     int direct = stat(target, &sb) == 0 && S_ISCHR(sb.st_mode); /* a ugds node */
+    if (!direct && S_ISREG(sb.st_mode) && sb.st_size < 4096) { /* a volume descriptor? */
+        char head[16] = {0};
+        FILE *f = fopen(target, "r");
+        direct = f && fread(head, 1, 14, f) == 14 && memcmp(head, "# ugds volume\n", 14) == 0;
+        if (f) fclose(f);
+    }
     int fd = open(target, direct ? O_RDWR : (O_RDWR | O_DIRECT));
     if (fd < 0) {
         perror(target);
@@ -202,6 +209,17 @@ int main(int argc, char **argv) {
     memset(other, 0, MiB);
     RETURNS(uGDSRead(h, other, 8192, 16 * MiB + 4096, 0), 8192);
     CHECK(matches(0x16, 16 * MiB + 4096, other, 8192), "unregistered memory read");
+    /* Our extension: a handle on a target named by path (the library opens it). */
+    uGDSHandle_t ht = NULL;
+    FAILS_WITH(ugdsxHandleRegisterTarget(NULL, target), UGDS_INVALID_VALUE);
+    FAILS_WITH(ugdsxHandleRegisterTarget(&ht, NULL), UGDS_INVALID_VALUE);
+    CHECK(ugdsxHandleRegisterTarget(&ht, "/nonexistent/ugds-target").err != UGDS_SUCCESS, "missing target refused");
+    CHECK(ugdsxHandleRegisterTarget(&ht, target).err == UGDS_SUCCESS && ht != NULL, "handle on a named target");
+    CHECK(ht != NULL && *(int *)ht == -1, "a named target's handle has no caller descriptor");
+    memset(other, 0, MiB);
+    RETURNS(uGDSRead(ht, other, 8192, 16 * MiB + 4096, 0), 8192);
+    CHECK(matches(0x16, 16 * MiB + 4096, other, 8192), "read through the named target's handle");
+    uGDSHandleDeregister(ht);
 
     /* Error paths return errnos and change nothing. */
     memset(buf + 2 * MiB, 0xCD, MiB);

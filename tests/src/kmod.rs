@@ -212,6 +212,7 @@ pub fn child_main(args: &[String]) -> Result<()> {
             Ok(())
         }
         Some("syscall-free") => crate::userlib::syscall_free_child(&args[1]),
+        Some("volume-writer") => crate::volume::writer_child(&args[1]),
         Some("crash-io") => crate::reliability::crash_child(&args[1], args[2].parse()?, args[3].parse()?),
         Some("touch-after-unbind") => {
             // Map an SQ, have the parent unbind, then touch the mapping: must fault (SIGBUS).

@@ -2,14 +2,21 @@
 //! `ugds-vm-suite`: runs the VM tests of one variant, checks the kernel log after each, and
 //! prints a result line that `cargo xtask test` reads.
 //!
-//! `--list-variants` prints `name|nvme spec;nvme spec|iommu` per variant.
+//! `--list-variants [FILTER]` prints `name|nvme spec;nvme spec|iommu` per variant (with FILTER,
+//! only the variants that have a test whose name contains it).
 
 use ugds_tests::{all_tests, kmsg, VARIANTS};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--list-variants") {
+        // `--list-variants [FILTER]`: only variants with a test whose name contains FILTER.
+        let filter = args.get(1);
+        let tests = all_tests();
         for v in VARIANTS {
+            if filter.is_some_and(|f| !tests.iter().any(|t| t.variant == v.name && t.name.contains(f.as_str()))) {
+                continue;
+            }
             println!("{}|{}|{}", v.name, v.nvme.join(";"), v.iommu);
         }
         return;

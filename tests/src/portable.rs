@@ -465,15 +465,9 @@ fn stream_ops() -> Result<()> {
     Ok(())
 }
 
-/// The C ABI suite (gcc against the installed header and library) on /dev/ugds_drvN; its reads
-/// check data the kernel driver wrote, and its writes are checked through the kernel after.
-fn c_suite() -> Result<()> {
-    let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;
-    let blk = unbind(0)?;
-    direct_write(&blk, 16 << 20, &pat(0x16, 16 << 20, 1 << 20))?;
-    direct_write(&blk, 8 << 20, &vec![0u8; 2 << 20])?;
-    let node = bound_node(0)?;
-    let out = std::process::Command::new(&bin).arg(&node).output()?;
+/// Runs the C ABI suite binary `bin` on `target`; fails unless every check passed.
+pub fn run_c_suite(bin: &str, target: &str) -> Result<()> {
+    let out = std::process::Command::new(bin).arg(target).output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().unwrap_or("").to_string();
     for l in text.lines().filter(|l| l.starts_with("not ok")) {
@@ -482,9 +476,20 @@ fn c_suite() -> Result<()> {
     println!("    {last}");
     ensure_that!(
         out.status.success() && last.contains("failed=0"),
-        "C suite: {last} {}",
+        "C suite on {target}: {last} {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    Ok(())
+}
+
+/// The C ABI suite (gcc against the installed header and library) on /dev/ugds_drvN; its reads
+/// check data the kernel driver wrote, and its writes are checked through the kernel after.
+fn c_suite() -> Result<()> {
+    let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;
+    let blk = unbind(0)?;
+    direct_write(&blk, 16 << 20, &pat(0x16, 16 << 20, 1 << 20))?;
+    direct_write(&blk, 8 << 20, &vec![0u8; 2 << 20])?;
+    run_c_suite(&bin, &bound_node(0)?)?;
     let blk = unbind(0)?;
     ensure_that!(
         direct_read(&blk, 8 << 20, 2 << 20)? == pat(0x8, 8 << 20, 2 << 20),

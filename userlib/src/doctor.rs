@@ -5,7 +5,7 @@
 use crate::gpu::cuda::{self, Cuda};
 #[cfg(feature = "cuda")]
 use crate::gpu::Runtime;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// How a finding bears on the direct path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +48,6 @@ struct PciFn {
     class: u32,
     vendor: u16,
     driver: Option<String>,
-    /// Path through bridges (realpath of the sysfs node).
-    real: PathBuf,
 }
 
 fn pci_functions() -> Vec<PciFn> {
@@ -66,7 +64,6 @@ fn pci_functions() -> Vec<PciFn> {
             class: hex("class").unwrap_or(0),
             vendor: hex("vendor").unwrap_or(0) as u16,
             driver,
-            real: std::fs::canonicalize(&p).unwrap_or(p),
         });
     }
     v.sort_by(|a, b| a.addr.cmp(&b.addr));
@@ -227,8 +224,11 @@ pub fn diagnose() -> Vec<Finding> {
             ),
             fix,
         ));
+        let topo = crate::placement::Topology::default();
         for n in &nvme {
-            out.push(topology(g, n));
+            if let Ok(p) = topo.placement(&g.addr, &n.addr) {
+                out.push(placement_finding(&p));
+            }
         }
     }
 
@@ -290,36 +290,29 @@ pub fn diagnose() -> Vec<Finding> {
     out
 }
 
-/// Where a GPU and an SSD meet in the PCIe tree.
-fn topology(gpu: &PciFn, ssd: &PciFn) -> Finding {
-    let a: Vec<_> = gpu.real.components().collect();
-    let b: Vec<_> = ssd.real.components().collect();
-    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    // Components: /sys/devices/pci0000:00/<root port>/<switch port>/.../<function>
-    let shared_bridges = common.saturating_sub(4);
-    let detail = format!("GPU {} and SSD {}", gpu.addr, ssd.addr);
-    if common < 4 {
-        finding(
-            "PCIe topology",
+/// A GPU-SSD pair's placement as a finding.
+fn placement_finding(p: &crate::placement::Placement) -> Finding {
+    use crate::placement::Proximity;
+    let numa = |n: Option<u32>| n.map_or("?".to_string(), |n| n.to_string());
+    let detail = format!(
+        "GPU {} (NUMA {}) and SSD {} (NUMA {}): {}",
+        p.gpu,
+        numa(p.gpu_numa),
+        p.ssd,
+        numa(p.ssd_numa),
+        p.proximity.describe()
+    );
+    let (verdict, fix) = match p.proximity {
+        Proximity::SameSwitch => (Verdict::Ok, ""),
+        Proximity::SameRootComplex | Proximity::SameNumaNode => {
+            (Verdict::Warn, "a slot behind the same PCIe switch as the GPU gives the best peer-to-peer bandwidth")
+        }
+        Proximity::CrossSocket => (
             Verdict::Warn,
-            format!("{detail} are under different host bridges: peer-to-peer crosses the CPU interconnect"),
-            "put the SSD in a slot under the GPU's root complex (same switch is best)",
-        )
-    } else if shared_bridges == 0 {
-        finding(
-            "PCIe topology",
-            Verdict::Warn,
-            format!("{detail} share only the root complex: peer-to-peer goes through the CPU's root ports"),
-            "a slot behind the same PCIe switch as the GPU gives the best P2P bandwidth",
-        )
-    } else {
-        finding(
-            "PCIe topology",
-            Verdict::Ok,
-            format!("{detail} share {shared_bridges} bridge(s): peer-to-peer stays below the CPU"),
-            "",
-        )
-    }
+            "use SSDs on the GPU's NUMA node for its volumes (peer-to-peer across sockets is slow or refused)",
+        ),
+    };
+    finding("placement", verdict, detail, fix)
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ pub(crate) mod mmio;
 pub mod mock;
 pub mod path;
 pub mod pattern;
+pub mod placement;
 pub(crate) mod prp;
 pub(crate) mod queue;
 pub(crate) mod ring;

@@ -60,7 +60,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl Storage {
     /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
     /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a striped volume
-    /// (`stripe:[CHUNK:]NODE,NODE,...`, see [`VolumeSpec`]) the direct path on every member; a
+    /// (`stripe:[CHUNK:]NODE,NODE,...`, or a volume descriptor file holding that line: see
+    /// [`VolumeSpec`] and [`VolumeSpec::read_descriptor`]) the direct path on every member; a
     /// regular file or a block device takes the fallback path.
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
@@ -71,6 +72,9 @@ impl Storage {
         if path.starts_with("stripe:") {
             let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
             return Self::volume(&spec, &DeviceOptions::default());
+        }
+        if let Some(spec) = VolumeSpec::read_descriptor(path)? {
+            return Self::volume(&VolumeSpec { nsid, ..spec }, &DeviceOptions::default());
         }
         if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;

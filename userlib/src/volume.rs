@@ -100,6 +100,57 @@ impl VolumeSpec {
     }
 }
 
+/// The first line of a volume descriptor file.
+pub const DESCRIPTOR_MAGIC: &str = "# ugds volume";
+
+/// Descriptor files are small text files; anything larger is ordinary data.
+const DESCRIPTOR_MAX_BYTES: u64 = 4096;
+
+impl VolumeSpec {
+    /// Reads a volume descriptor file: a regular file of at most 4 KiB whose first line is
+    /// exactly `# ugds volume`, then one `stripe:[CHUNK:]NODE,...` line (blank lines and lines
+    /// starting with `#` are ignored). It lets programs that only open paths (cuFile and uGDS
+    /// programs registering a descriptor) reach a volume. `Ok(None)` when `path` is not a
+    /// descriptor (any other file, a device, a missing path); an error when it is one that
+    /// does not parse.
+    pub fn read_descriptor(path: impl AsRef<std::path::Path>) -> Result<Option<VolumeSpec>> {
+        let path = path.as_ref();
+        let Ok(meta) = std::fs::metadata(path) else { return Ok(None) };
+        if !meta.is_file() || meta.len() > DESCRIPTOR_MAX_BYTES || meta.len() < DESCRIPTOR_MAGIC.len() as u64 {
+            return Ok(None);
+        }
+        let Ok(text) = std::fs::read(path) else { return Ok(None) };
+        let Ok(text) = std::str::from_utf8(&text) else { return Ok(None) };
+        let mut lines = text.lines();
+        if lines.next().map(str::trim_end) != Some(DESCRIPTOR_MAGIC) {
+            return Ok(None);
+        }
+        let specs: Vec<&str> = lines.map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+        match specs.as_slice() {
+            [one] => Self::parse(one).map(Some),
+            _ => Err(Error::invalid(
+                "volume",
+                format!(
+                    "{} is a ugds volume descriptor with {} spec lines; it needs exactly one \
+                     `stripe:[CHUNK:]NODE,NODE,...` line after `{DESCRIPTOR_MAGIC}`",
+                    path.display(),
+                    specs.len()
+                ),
+            )),
+        }
+    }
+
+    /// The descriptor file's text for this spec (what [`VolumeSpec::read_descriptor`] reads).
+    pub fn descriptor(&self) -> String {
+        format!("{DESCRIPTOR_MAGIC}\n{}\n", self.to_spec_string())
+    }
+
+    /// The `stripe:CHUNK:NODE,...` form of this spec.
+    pub fn to_spec_string(&self) -> String {
+        format!("stripe:{}K:{}", self.chunk >> 10, self.members.join(","))
+    }
+}
+
 /// Parses `4096`, `128K`, `1M`, `2G` (binary units).
 fn parse_size(s: &str) -> Result<u64> {
     let (num, mul) = match s.chars().last() {
@@ -130,7 +181,17 @@ impl VolumePath {
     pub(crate) fn open(spec: &VolumeSpec, opts: &DeviceOptions) -> Result<VolumePath> {
         spec.check()?;
         let mut members = Vec::with_capacity(spec.members.len());
+        let mut seen: Vec<(u64, &str)> = Vec::with_capacity(spec.members.len());
         for m in &spec.members {
+            // The same controller under two names (a link, another path) would put two
+            // stripes' chunks on one disk: refuse it before anything is opened for I/O.
+            use std::os::unix::fs::MetadataExt;
+            if let Ok(rdev) = std::fs::metadata(m).map(|md| md.rdev()) {
+                if let Some((_, first)) = seen.iter().find(|(r, _)| *r == rdev) {
+                    return Err(Error::invalid("volume", format!("{m} and {first} are the same ugds device")));
+                }
+                seen.push((rdev, m));
+            }
             let dev = Device::open_with(m, opts.clone())?;
             let ns = dev.namespace(spec.nsid)?;
             members.push(DirectPath { ns, dev });
@@ -338,6 +399,33 @@ mod tests {
         assert_eq!(e("stripe:"), "volume");
         assert_eq!(e("stripe:/dev/a,/dev/a"), "volume");
         assert_eq!(e("/dev/a"), "volume");
+    }
+
+    #[test]
+    fn descriptor_files_round_trip_and_refuse_by_name() {
+        let dir = std::env::temp_dir().join(format!("ugds-vol-desc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = VolumeSpec::parse("stripe:256K:/dev/ugds_drv0,/dev/ugds_drv1").unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, spec.descriptor()).unwrap();
+        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), Some(spec.clone()));
+        // Comments and blank lines are ignored.
+        std::fs::write(&good, format!("{DESCRIPTOR_MAGIC}\n\n# two SSDs\n  {}  \n", spec.to_spec_string())).unwrap();
+        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), Some(spec));
+        // Not descriptors: other text, a large file, a directory, a missing path.
+        let other = dir.join("other");
+        std::fs::write(&other, "stripe:/dev/ugds_drv0\n").unwrap();
+        assert_eq!(VolumeSpec::read_descriptor(&other).unwrap(), None);
+        std::fs::write(&other, format!("{DESCRIPTOR_MAGIC}\n{}", "x".repeat(5000))).unwrap();
+        assert_eq!(VolumeSpec::read_descriptor(&other).unwrap(), None);
+        assert_eq!(VolumeSpec::read_descriptor(&dir).unwrap(), None);
+        assert_eq!(VolumeSpec::read_descriptor(dir.join("missing")).unwrap(), None);
+        // Descriptors that do not parse: named errors.
+        for bad in ["", "stripe:/dev/a\nstripe:/dev/b\n", "stripe:3000:/dev/a\n"] {
+            std::fs::write(&other, format!("{DESCRIPTOR_MAGIC}\n{bad}")).unwrap();
+            assert!(matches!(VolumeSpec::read_descriptor(&other), Err(Error::InvalidArgument { .. })), "{bad:?}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     proptest! {

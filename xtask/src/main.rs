@@ -146,7 +146,8 @@ enum Cmd {
         /// Only host tests.
         #[arg(long)]
         host_only: bool,
-        /// Only run VM tests whose name contains this.
+        /// Only run VM tests whose name contains this (skips the host phases and the variants
+        /// without a matching test).
         #[arg(long)]
         filter: Option<String>,
         /// Run every VM variant with the guest IOMMU on (translating, strict).

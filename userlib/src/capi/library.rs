@@ -368,6 +368,20 @@ impl Library {
             return Err(Fail::Code(UGDS_HANDLE_ALREADY_REGISTERED));
         }
         let storage = open_fd(fd)?;
+        Ok(self.insert_handle(storage, fd))
+    }
+
+    /// `ugdsxHandleRegisterTarget`: opens a target by name, as [`Storage::open`] does (a ugds
+    /// node, a striped volume `stripe:...`, a volume descriptor file, a file or a block
+    /// device). The handle's descriptor (`*(int *)fh`) is -1: the library opened the target.
+    pub fn handle_register_target(&self, target: &str) -> CResult<usize> {
+        self.require_open()?;
+        let storage = Storage::open(target)?;
+        Ok(self.insert_handle(storage, -1))
+    }
+
+    /// Makes a handle for an opened target and registers the existing buffers on it.
+    fn insert_handle(&self, storage: Arc<Storage>, fd: c_int) -> usize {
         let h = Arc::new(Handle {
             storage,
             fd,
@@ -386,7 +400,7 @@ impl Library {
         for b in self.buffers() {
             let _ = self.registration(&h, &b);
         }
-        Ok(key)
+        key
     }
 
     /// `HandleDeregisterEx`: `timeout_sec` 0 checks once, -1 waits as long as it takes, n > 0
@@ -601,6 +615,11 @@ fn open_fd(fd: c_int) -> CResult<Arc<Storage>> {
     let path = link.to_string_lossy().into_owned();
     if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
         return Ok(Storage::open(&path)?);
+    }
+    // A volume descriptor file (read through the caller's descriptor, so a renamed or unlinked
+    // file still counts): the handle's I/O goes to the volume, never to the file's bytes.
+    if let Some(spec) = crate::volume::VolumeSpec::read_descriptor(format!("/proc/self/fd/{fd}"))? {
+        return Ok(Storage::volume(&spec, &crate::device::DeviceOptions::default())?);
     }
     // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };

@@ -75,6 +75,37 @@ pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut uGDSHandle_t, descr: *mut u
     }
 }
 
+/// Registers a target by name (our extension): a ugds node, a striped volume
+/// `stripe:[CHUNK:]NODE,NODE,...`, a volume descriptor file, a regular file or a block device,
+/// opened as the Rust `Storage::open` opens it. The handle's descriptor (`*(int *)fh`) is -1.
+/// `UGDS_INVALID_VALUE` for NULL pointers or a name that is not UTF-8; an unopenable target
+/// gives the library's error (`ugdsxErrorString` names it).
+///
+/// # Safety
+///
+/// `fh` must be NULL or valid; `target` NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn ugdsxHandleRegisterTarget(fh: *mut uGDSHandle_t, target: *const c_char) -> uGDSError_t {
+    if fh.is_null() || target.is_null() {
+        return code(UGDS_INVALID_VALUE);
+    }
+    if !lib().is_open() {
+        return code(UGDS_DRIVER_NOT_INITIALIZED);
+    }
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    let Ok(name) = unsafe { std::ffi::CStr::from_ptr(target) }.to_str() else {
+        return code(UGDS_INVALID_VALUE);
+    };
+    match lib().handle_register_target(name) {
+        Ok(h) => {
+            // SAFETY: checked non-null.
+            unsafe { *fh = h as uGDSHandle_t };
+            uGDSError::OK
+        }
+        Err(f) => f.status(),
+    }
+}
+
 /// Deregisters a handle, waiting for its I/O. NULL and unknown handles are ignored.
 #[no_mangle]
 pub extern "C" fn uGDSHandleDeregister(fh: uGDSHandle_t) {
