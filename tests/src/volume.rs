@@ -102,6 +102,21 @@ fn integrity() -> Result<()> {
         Err(Error::InvalidArgument { arg: "chunk", .. }) => {}
         other => anyhow::bail!("chunk 3000: {other:?}"),
     }
+    let first = bound_node(0)?;
+    match Storage::open(&format!("stripe:{first},/dev/null")) {
+        Err(Error::NotUgdsNode { path, .. }) if path == "/dev/null" => {}
+        other => anyhow::bail!("a member that is not a ugds node: {other:?}"),
+    }
+    // One controller under two names.
+    let alias = "/tmp/ugds-volume-alias";
+    let _ = std::fs::remove_file(alias);
+    std::os::unix::fs::symlink(&first, alias)?;
+    let twice = Storage::open(&format!("stripe:{first},{alias}"));
+    std::fs::remove_file(alias)?;
+    match twice {
+        Err(Error::InvalidArgument { arg: "volume", reason }) if reason.contains("same ugds device") => {}
+        other => anyhow::bail!("one controller under two names: {other:?}"),
+    }
     Ok(())
 }
 

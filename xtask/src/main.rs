@@ -9,6 +9,7 @@ use std::time::Duration;
 mod bench;
 mod bind;
 mod clib;
+mod cost;
 mod demo;
 mod fuzz;
 mod install;
@@ -141,6 +142,9 @@ enum Cmd {
         #[arg(long)]
         target: Option<String>,
     },
+    /// The data path's own cost per 4 KiB command on the host (native ns, and callgrind
+    /// instructions with the device model's share subtracted), bursts 1 and 32.
+    Cost,
     /// Host tests, then the VM suite; prints `N passed, M failed`.
     Test {
         /// Only host tests.
@@ -215,6 +219,9 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
+        Cmd::Cost => {
+            cost::run()?;
+        }
         Cmd::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref())?,
         Cmd::Test { host_only, filter, iommu, debug_kernel, quick } => {
             let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel, quick })?;
