@@ -21,6 +21,7 @@ pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "volume_integrity_at_chunk_crossing_offsets", variant: V, run: integrity },
         Test { name: "volume_layout_is_md_raid0_both_ways", variant: V, run: md_cross_check },
+        Test { name: "volume_bound_by_one_multi_bind", variant: V, run: multi_bind },
     ]
 }
 
@@ -154,5 +155,62 @@ fn md_cross_check() -> Result<()> {
             anyhow::bail!("volume read of [{off}, +{len}) written through md0 differs at byte {bad}");
         }
     }
+    Ok(())
+}
+
+/// `cargo xtask bind A B C D`: all or nothing (one member held open refuses the list, naming the
+/// holder, and binds none), the same controller twice refused by name; then one call binds all
+/// four and prints the volume spec, which opens; `bind --all` of bound ones is a no-op printing
+/// the same spec; `unbind --all` gives every one back and prints the matching `mdadm --build`.
+fn multi_bind() -> Result<()> {
+    crate::load_module()?;
+    let addrs = nvme_controllers()?;
+    let _ = kernel_members()?;
+    // Mixed forms: a controller node, a namespace, PCI addresses.
+    let targets = vec![
+        format!("/dev/{}", nvme_name(&addrs[0])?),
+        format!("/dev/{}n1", nvme_name(&addrs[1])?),
+        addrs[2].clone(),
+        addrs[3].clone(),
+    ];
+    let args =
+        |extra: &[String]| -> Vec<String> { ["bind".to_string()].into_iter().chain(extra.iter().cloned()).collect() };
+    let run = |a: &[String]| xtask(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let held = std::fs::File::open(format!("/dev/{}n1", nvme_name(&addrs[2])?))?;
+    let (ok, out) = run(&args(&targets))?;
+    drop(held);
+    ensure_that!(!ok, "a list with a held member bound: {out}");
+    ensure_that!(
+        out.contains(&format!("{}: ", addrs[2])) && out.contains(&format!("is open by pid {}", std::process::id())),
+        "the refusal does not name the held controller and its holder: {out}"
+    );
+    for a in &addrs {
+        ensure_that!(driver_of(a).as_deref() == Some("nvme"), "{a} left nvme after a refused list");
+    }
+    let (ok, out) = run(&args(&[targets[0].clone(), addrs[0].clone()]))?;
+    ensure_that!(!ok && out.contains("are the same controller"), "the same controller twice: {out}");
+    let (ok, out) = run(&args(&targets))?;
+    ensure_that!(ok, "bind of four: {out}");
+    let nodes: Vec<String> = (0..4).map(bound_node).collect::<Result<_>>()?;
+    for (a, n) in addrs.iter().zip(&nodes) {
+        ensure_that!(out.contains(&format!("{a}: bound to ugds: {n}")), "no line for {a} ({n}): {out}");
+    }
+    let want = format!("volume: stripe:128K:{}", nodes.join(","));
+    ensure_that!(out.lines().any(|l| l == want), "no {want:?} in: {out}");
+    let st = Storage::open(want.trim_start_matches("volume: "))?;
+    ensure_that!(st.capacity()? == 4 * MEMBER_BYTES, "capacity {}", st.capacity()?);
+    drop(st);
+    let (ok, out) = run(&["bind".into(), "--all".into(), "--chunk".into(), "64K".into()])?;
+    let want = format!("volume: stripe:64K:{}", nodes.join(","));
+    ensure_that!(ok && out.lines().any(|l| l == want), "bind --all of bound controllers: {out}");
+    let (ok, out) = run(&["unbind".into(), "--all".into()])?;
+    ensure_that!(ok, "unbind --all: {out}");
+    let mut disks = Vec::new();
+    for a in &addrs {
+        ensure_that!(driver_of(a).as_deref() == Some("nvme"), "{a} is not back with nvme");
+        disks.push(format!("/dev/{}n1", nvme_name(a)?));
+    }
+    let want = format!("mdadm --build /dev/md0 --level=0 --chunk=128 --raid-devices=4 {}", disks.join(" "));
+    ensure_that!(out.contains(&want), "no {want:?} in: {out}");
     Ok(())
 }

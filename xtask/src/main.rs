@@ -66,16 +66,12 @@ enum Cmd {
         #[arg(long)]
         kdir: Option<PathBuf>,
     },
-    /// Give an NVMe controller (/dev/nvmeX, /dev/nvmeXnY or a PCI address) to ugds.
-    Bind {
-        /// The controller.
-        target: String,
-    },
-    /// Give a controller (PCI address or /dev/ugds_drvN) back to the kernel nvme driver.
-    Unbind {
-        /// The controller.
-        target: String,
-    },
+    /// Give NVMe controllers (/dev/nvmeX, /dev/nvmeXnY or PCI addresses) to ugds; with several,
+    /// prints the volume spec naming them in order.
+    Bind(Controllers),
+    /// Give controllers (PCI addresses or /dev/ugds_drvN) back to the kernel nvme driver; with
+    /// several, prints the `mdadm --build` line giving the same layout over their namespaces.
+    Unbind(Controllers),
     /// The main job: build, boot the VM with an emulated SSD (or use --device), write and verify
     /// through ugds, cross-check through the kernel driver, compare speed with fio.
     Demo {
@@ -161,6 +157,21 @@ enum Cmd {
     },
 }
 
+/// The controllers `bind` and `unbind` act on.
+#[derive(clap::Args)]
+struct Controllers {
+    /// The controllers, in stripe order (bind: all or nothing, one in use refuses the list).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    targets: Vec<String>,
+    /// Every controller it applies to: for bind those not in use (the others are named and
+    /// left alone), for unbind those bound to ugds.
+    #[arg(long)]
+    all: bool,
+    /// Chunk size of the volume spec (bind) or `mdadm --build` line (unbind) printed at the end.
+    #[arg(long, value_parser = vm::parse_size, default_value = "128K")]
+    chunk: u64,
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("error: {e:#}");
@@ -194,17 +205,29 @@ fn real_main() -> Result<()> {
             std::process::exit(out.code);
         }
         Cmd::Install { kdir } => install::install(kdir)?,
-        Cmd::Bind { target } => {
-            let addr = bind::bind(&target)?;
-            let nodes: Vec<String> = bind::ugds_nodes(&addr).iter().map(|n| format!("/dev/{n}")).collect();
-            if !nodes.iter().any(ugds::device::is_ugds_node) {
-                anyhow::bail!("{addr} is bound to ugds but no /dev/ugds_drvN node appeared; see the kernel log");
+        Cmd::Bind(Controllers { targets, all, chunk }) => {
+            let (bound, refused) = bind::bind_many(&targets, all)?;
+            for b in &bound {
+                println!("{}: bound to ugds: {}", b.addr, b.node);
             }
-            println!("{addr}: bound to ugds: {}", nodes.join(" "));
+            if !refused.is_empty() {
+                println!("left with their driver (in use):{}", bind::describe_refused(&refused));
+            }
+            if all || targets.len() > 1 {
+                let nodes: Vec<String> = bound.iter().map(|b| b.node.clone()).collect();
+                println!("volume: {}", bind::volume_spec(chunk, &nodes)?);
+            }
         }
-        Cmd::Unbind { target } => {
-            let addr = bind::unbind(&target)?;
-            println!("{addr}: given back to {}", bind::driver_of(&addr).unwrap_or_else(|| "no driver".into()));
+        Cmd::Unbind(Controllers { targets, all, chunk }) => {
+            let released = bind::unbind_many(&targets, all)?;
+            for r in &released {
+                let disk = r.disk.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                println!("{}: given back to {}{disk}", r.addr, r.driver.as_deref().unwrap_or("no driver"));
+            }
+            let disks: Vec<String> = released.iter().filter_map(|r| r.disk.clone()).collect();
+            if (all || targets.len() > 1) && disks.len() == released.len() {
+                println!("md RAID0 with the same layout: {}", bind::md_build_line(chunk, &disks));
+            }
         }
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
         Cmd::Header { check } => clib::header(check)?,
