@@ -419,7 +419,7 @@ pub struct Released {
 }
 
 /// The block device of namespace 1 of a controller the kernel drives.
-fn first_namespace(addr: &str) -> Option<String> {
+pub fn first_namespace(addr: &str) -> Option<String> {
     let blocks = block_devices(addr).ok()?;
     blocks
         .iter()

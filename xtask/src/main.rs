@@ -85,13 +85,45 @@ enum Cmd {
     },
     /// Benchmark grid: ugds vs the kernel driver (fio) on file- and null-backed emulated
     /// controllers, plus the data path's own cost; writes JSON, markdown and PNG plots.
+    ///
+    /// With --members: a striped ugds volume vs the kernel's md RAID0 + fio over 1..N emulated
+    /// controllers (one VM boot), ratio and scaling per point; into target/bench-volume.
     Bench {
         /// Seconds per point.
         #[arg(long, default_value_t = 1)]
         seconds: u64,
-        /// Output folder (default target/bench).
+        /// Output folder (default target/bench, or target/bench-volume with --members).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Member counts of the volume benchmark (e.g. 1,2,4).
+        #[arg(long, value_delimiter = ',')]
+        members: Vec<usize>,
+        /// I/O sizes (volume benchmark).
+        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_SIZES, requires = "members")]
+        sizes: Vec<String>,
+        /// Queue depths (volume benchmark).
+        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_DEPTHS, requires = "members")]
+        depths: Vec<usize>,
+        /// randread, randwrite or both, comma-separated (volume benchmark).
+        #[arg(long = "rw", value_delimiter = ',', default_value = "randread,randwrite", requires = "members")]
+        rws: Vec<String>,
+        /// Emulated controllers' backend: file, null or both (volume benchmark).
+        #[arg(long, default_value = "null", requires = "members")]
+        backend: String,
+        /// Working set over the volume (volume benchmark).
+        #[arg(long, value_parser = vm::parse_size, default_value = "1G", requires = "members")]
+        span: u64,
+        /// Chunk size of the volume and of md RAID0 (volume benchmark).
+        #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members")]
+        chunk: u64,
+    },
+    /// (internal) The volume benchmark's steps inside the VM.
+    #[command(hide = true)]
+    BenchVolumeGuest {
+        /// The ugds CLI binary.
+        cli: String,
+        /// The grid, as JSON.
+        grid: String,
     },
     /// (internal) The benchmark's steps inside the VM.
     #[command(hide = true)]
@@ -234,7 +266,16 @@ fn real_main() -> Result<()> {
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
+        Cmd::Bench { seconds, out, members, sizes, depths, rws, backend, span, chunk } => {
+            if members.is_empty() {
+                bench::run(seconds, out)?
+            } else {
+                let backends = bench::volume::backends(&backend)?;
+                let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk };
+                bench::volume::run(&grid.checked()?, out)?
+            }
+        }
+        Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref())?,
