@@ -40,6 +40,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "volume_c_abi_and_cufile_through_a_descriptor_file", variant: V, run: descriptor_faces },
         Test { name: "volume_member_timeout_others_keep_working", variant: V, run: member_timeout },
         Test { name: "volume_kill9_mid_stripe_members_read_cleanly", variant: V, run: kill9_mid_stripe },
+        Test { name: "volume_bound_by_one_multi_bind", variant: V, run: multi_bind },
     ]
 }
 
@@ -405,5 +406,72 @@ fn kill9_mid_stripe() -> Result<()> {
     // The volume works again after the members go back to ugds.
     write_and_verify(&*Storage::open(&spec()?)?, &ranges()[..4])?;
     println!("    20 kill -9 mid-stripe: no member kept state; the kernel read {} MiB of members cleanly", bytes >> 20);
+    Ok(())
+}
+
+/// `cargo xtask bind A B C D`: all or nothing (one member held open refuses the list, naming the
+/// holder, and binds none), the same controller twice refused by name; then one call binds all
+/// four and prints the volume spec, which opens; `bind --all` of bound ones is a no-op printing
+/// the same spec; `unbind --all` gives every one back and prints the matching `mdadm --build`.
+fn multi_bind() -> Result<()> {
+    crate::load_module()?;
+    let every = nvme_controllers()?;
+    let addrs: Vec<String> = every.iter().take(MEMBERS).cloned().collect();
+    for a in &every {
+        if driver_of(a).as_deref() == Some("ugds") {
+            let (ok, out) = xtask(&["unbind", a])?;
+            ensure_that!(ok, "unbind {a}: {out}");
+        }
+    }
+    let _ = kernel_members()?;
+    // Mixed forms: a controller node, a namespace, PCI addresses.
+    let targets = vec![
+        format!("/dev/{}", nvme_name(&addrs[0])?),
+        format!("/dev/{}n1", nvme_name(&addrs[1])?),
+        addrs[2].clone(),
+        addrs[3].clone(),
+    ];
+    let args =
+        |extra: &[String]| -> Vec<String> { ["bind".to_string()].into_iter().chain(extra.iter().cloned()).collect() };
+    let run = |a: &[String]| xtask(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let held = std::fs::File::open(format!("/dev/{}n1", nvme_name(&addrs[2])?))?;
+    let (ok, out) = run(&args(&targets))?;
+    drop(held);
+    ensure_that!(!ok, "a list with a held member bound: {out}");
+    ensure_that!(
+        out.contains(&format!("{}: ", addrs[2])) && out.contains(&format!("is open by pid {}", std::process::id())),
+        "the refusal does not name the held controller and its holder: {out}"
+    );
+    for a in &addrs {
+        ensure_that!(driver_of(a).as_deref() == Some("nvme"), "{a} left nvme after a refused list");
+    }
+    let (ok, out) = run(&args(&[targets[0].clone(), addrs[0].clone()]))?;
+    ensure_that!(!ok && out.contains("are the same controller"), "the same controller twice: {out}");
+    let (ok, out) = run(&args(&targets))?;
+    ensure_that!(ok, "bind of four: {out}");
+    let nodes: Vec<String> = (0..4).map(bound_node).collect::<Result<_>>()?;
+    for (a, n) in addrs.iter().zip(&nodes) {
+        ensure_that!(out.contains(&format!("{a}: bound to ugds: {n}")), "no line for {a} ({n}): {out}");
+    }
+    let want = format!("volume: stripe:128K:{}", nodes.join(","));
+    ensure_that!(out.lines().any(|l| l == want), "no {want:?} in: {out}");
+    let st = Storage::open(want.trim_start_matches("volume: "))?;
+    ensure_that!(st.capacity()? == 4 * MEMBER_BYTES, "capacity {}", st.capacity()?);
+    drop(st);
+    // `--all` also takes the variant's fifth (throttled) controller.
+    let (ok, out) = run(&["bind".into(), "--all".into(), "--chunk".into(), "64K".into()])?;
+    let every_node: Vec<String> = (0..every.len()).map(bound_node).collect::<Result<_>>()?;
+    let want = format!("volume: stripe:64K:{}", every_node.join(","));
+    ensure_that!(ok && out.lines().any(|l| l == want), "bind --all of bound controllers: {out}");
+    let (ok, out) = run(&["unbind".into(), "--all".into()])?;
+    ensure_that!(ok, "unbind --all: {out}");
+    let mut disks = Vec::new();
+    for a in &every {
+        ensure_that!(driver_of(a).as_deref() == Some("nvme"), "{a} is not back with nvme");
+        disks.push(format!("/dev/{}n1", nvme_name(a)?));
+    }
+    let want =
+        format!("mdadm --build /dev/md0 --level=0 --chunk=128 --raid-devices={} {}", disks.len(), disks.join(" "));
+    ensure_that!(out.contains(&want), "no {want:?} in: {out}");
     Ok(())
 }

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub mod volume;
+
 const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
 const DEPTHS: &[usize] = &[1, 8, 32, 128];
 const RWS: &[&str] = &["randread", "randwrite"];
@@ -44,12 +46,7 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
     if outcome.code != 0 {
         bail!("the benchmark failed in the VM (exit {})", outcome.code);
     }
-    let points: Vec<Value> = outcome
-        .output
-        .lines()
-        .filter_map(|l| l.find(MARK).map(|i| &l[i + MARK.len()..]))
-        .map(serde_json::from_str)
-        .collect::<std::result::Result<_, _>>()?;
+    let points = points_from(&outcome.output)?;
     let micro = microbench(&root)?;
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
@@ -61,6 +58,15 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
     println!("{md}");
     println!("wrote results.json, results.md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
     Ok(())
+}
+
+/// The points the guest printed (lines carrying [`MARK`], wherever the console put them).
+fn points_from(output: &str) -> Result<Vec<Value>> {
+    Ok(output
+        .lines()
+        .filter_map(|l| l.find(MARK).map(|i| &l[i + MARK.len()..]))
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?)
 }
 
 /// The data path's own cost: ns per command natively, instructions per command from two
@@ -91,6 +97,11 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(0.0)
 }
 
+/// `kernel IOPS | ugds IOPS | ugds/kernel` cells of a table row.
+fn iops_cells(k: &Value, u: &Value) -> String {
+    format!("{:.0} | {:.0} | {:.2}x", f(k, "iops"), f(u, "iops"), f(u, "iops") / f(k, "iops").max(1.0))
+}
+
 fn table(points: &[Value], micro: &Value) -> String {
     let mut s = String::new();
     for backend in ["file", "null"] {
@@ -113,10 +124,8 @@ fn table(points: &[Value], micro: &Value) -> String {
                     if let (Some(k), Some(u)) = (find("kernel"), find("ugds")) {
                         let _ = writeln!(
                             s,
-                            "| {rw} | {size} | {depth} | {:.0} | {:.0} | {:.2}x | {:.0} / {:.0} | {:.0} / {:.0} |",
-                            f(k, "iops"),
-                            f(u, "iops"),
-                            f(u, "iops") / f(k, "iops").max(1.0),
+                            "| {rw} | {size} | {depth} | {} | {:.0} / {:.0} | {:.0} / {:.0} |",
+                            iops_cells(k, u),
                             f(k, "p50_us"),
                             f(k, "p99_us"),
                             f(u, "p50_us"),
@@ -136,11 +145,22 @@ fn table(points: &[Value], micro: &Value) -> String {
     s
 }
 
-fn plot(points: &[Value], dir: &Path) -> Result<usize> {
+/// Registers the DejaVu font as plotters' "sans-serif" (once per process).
+fn register_font() -> Result<()> {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if DONE.get().is_some() {
+        return Ok(());
+    }
     let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
         .context("the DejaVu font (apt-get install fonts-dejavu-core)")?;
     let font: &'static [u8] = Box::leak(font.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, font).map_err(|_| anyhow::anyhow!("font"))?;
+    let _ = DONE.set(());
+    Ok(())
+}
+
+fn plot(points: &[Value], dir: &Path) -> Result<usize> {
+    register_font()?;
     let mut n = 0;
     for backend in ["file", "null"] {
         for rw in RWS {
@@ -200,13 +220,31 @@ fn sh(cmd: &str) -> Result<String> {
     toolchain::output(Command::new("/bin/sh").arg("-c").arg(cmd))
 }
 
-fn controllers() -> Result<Vec<String>> {
-    let mut v: Vec<String> = std::fs::read_dir("/sys/bus/pci/devices")?
-        .filter_map(|e| e.ok())
-        .filter(|e| std::fs::read_to_string(e.path().join("class")).map(|c| c.trim() == "0x010802").unwrap_or(false))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
+/// One fio point on a block device (io_uring, O_DIRECT, fixed buffers, registered files):
+/// `iops`, `p50_us`, `p99_us`.
+fn fio_point(dev: &str, rw: &str, size: &str, depth: usize, seconds: u64, span: &str) -> Result<Value> {
+    let out = sh(&format!(
+        "fio --output-format=json --name=k --filename={dev} --ioengine=io_uring --direct=1 --fixedbufs \
+         --registerfiles --rw={rw} --bs={size} --iodepth={depth} --size={span} --runtime={seconds} --time_based --randrepeat=0"
+    ))?;
+    let v: Value = serde_json::from_str(out.get(out.find('{').unwrap_or(0)..).unwrap_or(""))?;
+    let side = if rw.contains("write") { &v["jobs"][0]["write"] } else { &v["jobs"][0]["read"] };
+    let pct = |p: &str| side["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth,
+              "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")}))
+}
+
+/// One `ugds bench` point on a target (a node or a `stripe:` volume), as the CLI's JSON with
+/// the grid's names (`engine`, `rw` as fio says it, `size` as given).
+fn ugds_point(cli: &str, target: &str, rw: &str, size: &str, depth: usize, seconds: u64, span: &str) -> Result<Value> {
+    let urw = if rw == "randread" { "read" } else { "write" };
+    let out = sh(&format!(
+        "{cli} --json bench {target} --rw {urw} --size {size} --depth {depth} --seconds {seconds} --span {span}"
+    ))?;
+    let mut v: Value = serde_json::from_str(&out)?;
+    v["engine"] = json!("ugds");
+    v["rw"] = json!(rw);
+    v["size"] = json!(size);
     Ok(v)
 }
 
@@ -215,7 +253,7 @@ pub fn guest(cli: &str, seconds: u64) -> Result<()> {
     if !Path::new("/sys/module/ugds").exists() {
         sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
     }
-    for (addr, backend) in controllers()?.into_iter().zip(["file", "null"]) {
+    for (addr, backend) in bind::nvme_controllers()?.into_iter().zip(["file", "null"]) {
         let ctrl = std::fs::read_dir(format!("/sys/bus/pci/devices/{addr}/nvme"))?.next().context("nvme")??.file_name();
         let blk = format!("/dev/{}n1", ctrl.to_string_lossy());
         // Fill the working set once, so reads of the file-backed drive read data.
@@ -225,35 +263,19 @@ pub fn guest(cli: &str, seconds: u64) -> Result<()> {
         for rw in RWS {
             for size in SIZES {
                 for depth in DEPTHS {
-                    let out = sh(&format!(
-                        "fio --output-format=json --name=k --filename={blk} --ioengine=io_uring --direct=1 --fixedbufs \
-                         --registerfiles --rw={rw} --bs={size} --iodepth={depth} --size=1G --runtime={seconds} --time_based --randrepeat=0"
-                    ))?;
-                    let v: Value = serde_json::from_str(out.get(out.find('{').unwrap_or(0)..).unwrap_or(""))?;
-                    let side = if rw.contains("write") { &v["jobs"][0]["write"] } else { &v["jobs"][0]["read"] };
-                    let pct = |p: &str| side["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
-                    println!(
-                        "{MARK}{}",
-                        json!({"engine": "kernel", "backend": backend, "rw": rw, "size": size, "depth": depth,
-                               "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")})
-                    );
+                    let mut v = fio_point(&blk, rw, size, *depth, seconds, "1G")?;
+                    v["backend"] = json!(backend);
+                    println!("{MARK}{v}");
                 }
             }
         }
         bind::bind(&addr)?;
         let node = bind::ugds_nodes(&addr).first().map(|n| format!("/dev/{n}")).context("no ugds node")?;
         for rw in RWS {
-            let urw = if *rw == "randread" { "read" } else { "write" };
             for size in SIZES {
                 for depth in DEPTHS {
-                    let out = sh(&format!(
-                        "{cli} --json bench {node} --rw {urw} --size {size} --depth {depth} --seconds {seconds} --span 1G"
-                    ))?;
-                    let mut v: Value = serde_json::from_str(&out)?;
-                    v["engine"] = json!("ugds");
+                    let mut v = ugds_point(cli, &node, rw, size, *depth, seconds, "1G")?;
                     v["backend"] = json!(backend);
-                    v["rw"] = json!(rw);
-                    v["size"] = json!(size);
                     println!("{MARK}{v}");
                 }
             }

@@ -67,16 +67,12 @@ enum Cmd {
         #[arg(long)]
         kdir: Option<PathBuf>,
     },
-    /// Give an NVMe controller (/dev/nvmeX, /dev/nvmeXnY or a PCI address) to ugds.
-    Bind {
-        /// The controller.
-        target: String,
-    },
-    /// Give a controller (PCI address or /dev/ugds_drvN) back to the kernel nvme driver.
-    Unbind {
-        /// The controller.
-        target: String,
-    },
+    /// Give NVMe controllers (/dev/nvmeX, /dev/nvmeXnY or PCI addresses) to ugds; with several,
+    /// prints the volume spec naming them in order.
+    Bind(Controllers),
+    /// Give controllers (PCI addresses or /dev/ugds_drvN) back to the kernel nvme driver; with
+    /// several, prints the `mdadm --build` line giving the same layout over their namespaces.
+    Unbind(Controllers),
     /// The main job: build, boot the VM with an emulated SSD (or use --device), write and verify
     /// through ugds, cross-check through the kernel driver, compare speed with fio.
     Demo {
@@ -90,13 +86,45 @@ enum Cmd {
     },
     /// Benchmark grid: ugds vs the kernel driver (fio) on file- and null-backed emulated
     /// controllers, plus the data path's own cost; writes JSON, markdown and PNG plots.
+    ///
+    /// With --members: a striped ugds volume vs the kernel's md RAID0 + fio over 1..N emulated
+    /// controllers (one VM boot), ratio and scaling per point; into target/bench-volume.
     Bench {
         /// Seconds per point.
         #[arg(long, default_value_t = 1)]
         seconds: u64,
-        /// Output folder (default target/bench).
+        /// Output folder (default target/bench, or target/bench-volume with --members).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Member counts of the volume benchmark (e.g. 1,2,4).
+        #[arg(long, value_delimiter = ',')]
+        members: Vec<usize>,
+        /// I/O sizes (volume benchmark).
+        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_SIZES, requires = "members")]
+        sizes: Vec<String>,
+        /// Queue depths (volume benchmark).
+        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_DEPTHS, requires = "members")]
+        depths: Vec<usize>,
+        /// randread, randwrite or both, comma-separated (volume benchmark).
+        #[arg(long = "rw", value_delimiter = ',', default_value = "randread,randwrite", requires = "members")]
+        rws: Vec<String>,
+        /// Emulated controllers' backend: file, null or both (volume benchmark).
+        #[arg(long, default_value = "null", requires = "members")]
+        backend: String,
+        /// Working set over the volume (volume benchmark).
+        #[arg(long, value_parser = vm::parse_size, default_value = "1G", requires = "members")]
+        span: u64,
+        /// Chunk size of the volume and of md RAID0 (volume benchmark).
+        #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members")]
+        chunk: u64,
+    },
+    /// (internal) The volume benchmark's steps inside the VM.
+    #[command(hide = true)]
+    BenchVolumeGuest {
+        /// The ugds CLI binary.
+        cli: String,
+        /// The grid, as JSON.
+        grid: String,
     },
     /// (internal) The benchmark's steps inside the VM.
     #[command(hide = true)]
@@ -166,6 +194,21 @@ enum Cmd {
     },
 }
 
+/// The controllers `bind` and `unbind` act on.
+#[derive(clap::Args)]
+struct Controllers {
+    /// The controllers, in stripe order (bind: all or nothing, one in use refuses the list).
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    targets: Vec<String>,
+    /// Every controller it applies to: for bind those not in use (the others are named and
+    /// left alone), for unbind those bound to ugds.
+    #[arg(long)]
+    all: bool,
+    /// Chunk size of the volume spec (bind) or `mdadm --build` line (unbind) printed at the end.
+    #[arg(long, value_parser = vm::parse_size, default_value = "128K")]
+    chunk: u64,
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("error: {e:#}");
@@ -199,24 +242,45 @@ fn real_main() -> Result<()> {
             std::process::exit(out.code);
         }
         Cmd::Install { kdir } => install::install(kdir)?,
-        Cmd::Bind { target } => {
-            let addr = bind::bind(&target)?;
-            let nodes: Vec<String> = bind::ugds_nodes(&addr).iter().map(|n| format!("/dev/{n}")).collect();
-            if !nodes.iter().any(ugds::device::is_ugds_node) {
-                anyhow::bail!("{addr} is bound to ugds but no /dev/ugds_drvN node appeared; see the kernel log");
+        Cmd::Bind(Controllers { targets, all, chunk }) => {
+            let (bound, refused) = bind::bind_many(&targets, all)?;
+            for b in &bound {
+                println!("{}: bound to ugds: {}", b.addr, b.node);
             }
-            println!("{addr}: bound to ugds: {}", nodes.join(" "));
+            if !refused.is_empty() {
+                println!("left with their driver (in use):{}", bind::describe_refused(&refused));
+            }
+            if all || targets.len() > 1 {
+                let nodes: Vec<String> = bound.iter().map(|b| b.node.clone()).collect();
+                println!("volume: {}", bind::volume_spec(chunk, &nodes)?);
+            }
         }
-        Cmd::Unbind { target } => {
-            let addr = bind::unbind(&target)?;
-            println!("{addr}: given back to {}", bind::driver_of(&addr).unwrap_or_else(|| "no driver".into()));
+        Cmd::Unbind(Controllers { targets, all, chunk }) => {
+            let released = bind::unbind_many(&targets, all)?;
+            for r in &released {
+                let disk = r.disk.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                println!("{}: given back to {}{disk}", r.addr, r.driver.as_deref().unwrap_or("no driver"));
+            }
+            let disks: Vec<String> = released.iter().filter_map(|r| r.disk.clone()).collect();
+            if (all || targets.len() > 1) && disks.len() == released.len() {
+                println!("md RAID0 with the same layout: {}", bind::md_build_line(chunk, &disks));
+            }
         }
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
         Cmd::Header { check } => clib::header(check)?,
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, out } => bench::run(seconds, out)?,
+        Cmd::Bench { seconds, out, members, sizes, depths, rws, backend, span, chunk } => {
+            if members.is_empty() {
+                bench::run(seconds, out)?
+            } else {
+                let backends = bench::volume::backends(&backend)?;
+                let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk };
+                bench::volume::run(&grid.checked()?, out)?
+            }
+        }
+        Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Cost => {
