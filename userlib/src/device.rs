@@ -4,10 +4,10 @@
 //! node from anything else. Data moves through [`crate::Storage`] and [`crate::Buffer`], which
 //! own memory, leases and the request check; this layer only builds and runs commands.
 
-use crate::cmd::{self, Command, DmaRange, DsmRange};
+use crate::cmd::{self, Command, DsmRange};
 use crate::error::{Error, Result};
 use crate::mmio::{Doorbells, StatusView};
-use crate::queue::{self, QueuePair, MAX_BURST};
+use crate::queue::{self, QueuePair};
 use crate::sys::{req, DeviceFd, EventFd};
 use std::cell::Cell;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use ugds_uapi::ioctl::*;
+
+pub(crate) mod lanes;
 
 /// Tuning for [`Device::open_with`].
 #[derive(Debug, Clone)]
@@ -449,45 +451,12 @@ impl Namespace {
         dev_offset: u64,
         len: u64,
     ) -> std::result::Result<(), IoFailure> {
-        if !Arc::ptr_eq(&reg.dev, &self.dev) {
-            return Err(IoFailure::done(Error::invalid("buf", "registered on another device")));
+        let extents = [lanes::Extent { reg_offset, dev_offset, len }];
+        let lane = lanes::Lane { ns: self, reg, extents: &extents };
+        match lanes::run(write, std::slice::from_ref(&lane)).pop() {
+            Some(Err(f)) => Err(f.failure),
+            _ => Ok(()),
         }
-        let shift = self.info.lba_shift;
-        let per_cmd = self.max_command_bytes() & !(self.block_size() - 1);
-        let mut done = 0u64;
-        let burst_max = MAX_BURST.min(self.queue().depth() as usize - 1);
-        while done < len {
-            let mut burst = [cmd::Flush::new().build(); MAX_BURST];
-            let mut n = 0;
-            while n < burst_max && done < len {
-                let chunk = per_cmd.min(len - done);
-                let (slba, nlb) = ((dev_offset + done) >> shift, (chunk >> shift) as u32);
-                // SAFETY: `reg` is held by a buffer whose I/O lease the caller holds for the
-                // call (the CPU cannot touch the memory) and keeps for good when the commands
-                // may outlive it (`IoFailure::stranded`), so the registration stays while the
-                // SSD may use it; `chunk` is exactly `nlb` blocks.
-                let data = unsafe { DmaRange::new(&reg.segments, reg_offset + done, chunk) };
-                burst[n] = if write {
-                    cmd::Write::new(slba, nlb, data).build()
-                } else {
-                    cmd::Read::new(slba, nlb, data).build()
-                };
-                n += 1;
-                done += chunk;
-            }
-            match self.execute(&burst[..n]) {
-                Ok(()) => {}
-                // Commands that timed out may still run unless the reset confirms the
-                // controller stopped.
-                // A controller that faulted, or a completion the queue could not believe, may
-                // leave commands running too: the same rule.
-                Err(e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_))) => {
-                    return Err(IoFailure { stranded: !self.recover(), error: e })
-                }
-                Err(e) => return Err(IoFailure::done(e)),
-            }
-        }
-        Ok(())
     }
 
     fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {

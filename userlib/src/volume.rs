@@ -11,6 +11,7 @@
 //! offset on it.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::device::lanes::{self, Extent, Lane};
 use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};
@@ -220,32 +221,6 @@ impl VolumePath {
     fn bytes(&self) -> u64 {
         self.member_bytes * self.members.len() as u64
     }
-
-    /// Names the member and the offset on it in an error.
-    fn on_member(&self, p: &Piece, e: Error) -> Error {
-        Error::Member { member: self.names[p.member].clone(), offset: p.member_offset, source: Box::new(e) }
-    }
-
-    /// Runs member `m`'s pieces one after another; `Err((error, stranded))`.
-    fn run_member(
-        &self,
-        write: bool,
-        buf: &Buffer,
-        buf_offset: u64,
-        m: usize,
-        pieces: &[Piece],
-    ) -> std::result::Result<(), (Error, bool)> {
-        let Some(reg) = buf.registration_on(m) else {
-            return Err((Error::invalid("buf", "not registered on every member of the volume"), false));
-        };
-        for p in pieces.iter().filter(|p| p.member == m) {
-            let path = &self.members[m];
-            if let Err(f) = path.ns.rw(write, reg, buf_offset + p.request_offset, p.member_offset, p.len) {
-                return Err((self.on_member(p, f.error), f.stranded));
-            }
-        }
-        Ok(())
-    }
 }
 
 impl DataPath for VolumePath {
@@ -309,36 +284,35 @@ impl DataPath for VolumePath {
         if matches!(buf.mem(), Mem::Gpu(_)) && buf.registration().is_none() {
             return Err(Error::invalid("buf", "GPU memory on a volume needs peer-to-peer registration"));
         }
-        let pieces: Vec<Piece> = pieces(self.members.len(), self.chunk, file_offset, len).collect();
-        let mut touched: Vec<usize> = pieces.iter().map(|p| p.member).collect();
-        touched.sort_unstable();
-        touched.dedup();
-        let results: Vec<std::result::Result<(), (Error, bool)>> = if touched.len() == 1 {
-            vec![self.run_member(write, buf, buf_offset, touched[0], &pieces)]
-        } else {
-            // Every member's pieces in flight at once.
-            std::thread::scope(|s| {
-                let hs: Vec<_> = touched
-                    .iter()
-                    .map(|&m| {
-                        let pieces = &pieces;
-                        s.spawn(move || self.run_member(write, buf, buf_offset, m, pieces))
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err((Error::invalid("volume", "a member's I/O thread panicked"), true)))
-                    })
-                    .collect()
-            })
-        };
+        // One lane per member the request touches: the calling thread keeps every member's
+        // queue busy at once (no thread per member), each lane's pieces in order.
+        let mut per_member: Vec<Vec<Extent>> = vec![Vec::new(); self.members.len()];
+        for p in pieces(self.members.len(), self.chunk, file_offset, len) {
+            per_member[p.member].push(Extent {
+                reg_offset: buf_offset + p.request_offset,
+                dev_offset: p.member_offset,
+                len: p.len,
+            });
+        }
+        let mut lanes = Vec::new();
+        let mut lane_member = Vec::new();
+        for (m, extents) in per_member.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
+            let Some(reg) = buf.registration_on(m) else {
+                return Err(Error::invalid("buf", "not registered on every member of the volume"));
+            };
+            lanes.push(Lane { ns: &self.members[m].ns, reg, extents });
+            lane_member.push(m);
+        }
         let mut first = None;
         let mut stranded = false;
-        for r in results {
-            if let Err((e, s)) = r {
-                stranded |= s;
-                first.get_or_insert(e);
+        for (r, &m) in lanes::run(write, &lanes).into_iter().zip(&lane_member) {
+            if let Err(f) = r {
+                stranded |= f.failure.stranded;
+                first.get_or_insert(Error::Member {
+                    member: self.names[m].clone(),
+                    offset: f.dev_offset,
+                    source: Box::new(f.failure.error),
+                });
             }
         }
         match first {

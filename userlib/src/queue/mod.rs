@@ -263,6 +263,11 @@ impl QueuePair {
         Ok(n)
     }
 
+    /// Whether waiting sleeps on the queue's interrupt (else it spins).
+    pub(crate) fn sleeps(&self) -> bool {
+        self.irq.is_some()
+    }
+
     /// Sleeps on the interrupt (interrupt mode) or spins once (polling).
     pub fn wait_a_little(&self) {
         match &self.irq {

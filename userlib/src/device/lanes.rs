@@ -1,0 +1,232 @@
+//! Runs a request's commands on one or more namespaces at once, from the calling thread. A
+//! lane is a namespace, a registration on its controller and the extents to move; each lane
+//! keeps a burst of commands in flight on its own queue (one doorbell per burst), and the thread
+//! polls every lane in turn, refilling each as its burst completes. A synchronous request on
+//! one namespace is one lane; a striped volume's request is one lane per member it touches, so
+//! all members work at once with no thread per member.
+
+use super::{IoFailure, Namespace, Registration};
+use crate::cmd::{self, Command, DmaRange};
+use crate::error::Error;
+use crate::queue::MAX_BURST;
+use std::sync::Arc;
+use std::time::Instant;
+use ugds_uapi::Status;
+
+/// Polls between clock reads (deadline checks) while nothing completes.
+const SPINS_PER_CHECK: u32 = 4096;
+
+/// Bytes between a registration and a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Byte offset in the registration.
+    pub(crate) reg_offset: u64,
+    /// Byte offset on the namespace.
+    pub(crate) dev_offset: u64,
+    /// Bytes (a multiple of the block size; checked by `Storage`).
+    pub(crate) len: u64,
+}
+
+/// One namespace's share of a request.
+#[derive(Debug)]
+pub(crate) struct Lane<'a> {
+    /// Where the commands go.
+    pub(crate) ns: &'a Namespace,
+    /// The memory they name (registered on `ns`'s controller).
+    pub(crate) reg: &'a Registration,
+    /// What to move, in order.
+    pub(crate) extents: &'a [Extent],
+}
+
+/// Why a lane failed, and at which byte of its namespace.
+#[derive(Debug)]
+pub(crate) struct LaneFailure {
+    /// The failure (and whether its commands may still run).
+    pub(crate) failure: IoFailure,
+    /// The namespace byte offset of the first failed command (or of the burst that timed out).
+    pub(crate) dev_offset: u64,
+}
+
+/// A lane's progress.
+struct State<'a> {
+    /// Next extent, and bytes of it already issued.
+    next: (usize, u64),
+    /// The burst in flight: commands, their ids, statuses collected so far.
+    burst: [Command<'a>; MAX_BURST],
+    dev_offsets: [u64; MAX_BURST],
+    cids: [u16; MAX_BURST],
+    out: [Option<Status>; MAX_BURST],
+    n: usize,
+    got: usize,
+    /// When this burst's deadline started counting (first clock read while it waited).
+    since: Option<Instant>,
+    result: Option<Result<(), LaneFailure>>,
+}
+
+impl<'a> State<'a> {
+    fn new() -> Self {
+        State {
+            next: (0, 0),
+            burst: [cmd::Flush::new().build(); MAX_BURST],
+            dev_offsets: [0; MAX_BURST],
+            cids: [0; MAX_BURST],
+            out: [None; MAX_BURST],
+            n: 0,
+            got: 0,
+            since: None,
+            result: None,
+        }
+    }
+
+    /// Fills the next burst of `lane`'s commands; returns how many.
+    fn fill(&mut self, write: bool, lane: &Lane<'a>) -> usize {
+        let ns = lane.ns;
+        let shift = ns.info.lba_shift;
+        let per_cmd = ns.max_command_bytes() & !(ns.block_size() - 1);
+        let burst_max = MAX_BURST.min(ns.queue().depth() as usize - 1);
+        let mut n = 0;
+        while n < burst_max {
+            let Some(e) = lane.extents.get(self.next.0) else { break };
+            let done = self.next.1;
+            if done >= e.len {
+                self.next = (self.next.0 + 1, 0);
+                continue;
+            }
+            let chunk = per_cmd.min(e.len - done);
+            let (slba, nlb) = ((e.dev_offset + done) >> shift, (chunk >> shift) as u32);
+            // SAFETY: `lane.reg` is held by a buffer whose I/O lease the caller holds for the
+            // call (the CPU cannot touch the memory) and keeps for good when the commands may
+            // outlive it (`IoFailure::stranded`), so the registration stays while the SSD may
+            // use it; `chunk` is exactly `nlb` blocks.
+            let data = unsafe { DmaRange::new(&lane.reg.segments, e.reg_offset + done, chunk) };
+            self.burst[n] =
+                if write { cmd::Write::new(slba, nlb, data).build() } else { cmd::Read::new(slba, nlb, data).build() };
+            self.dev_offsets[n] = e.dev_offset + done;
+            self.next.1 = done + chunk;
+            n += 1;
+        }
+        n
+    }
+
+    fn fail(&mut self, failure: IoFailure, dev_offset: u64) {
+        self.n = 0;
+        self.result = Some(Err(LaneFailure { failure, dev_offset }));
+    }
+}
+
+/// Whether a failure may leave commands running: a timeout, a faulted controller or a completion
+/// the queue could not believe, unless a reset confirms the controller stopped.
+fn failure(ns: &Namespace, error: Error) -> IoFailure {
+    match error {
+        e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_)) => {
+            IoFailure { stranded: !ns.recover(), error: e }
+        }
+        e => IoFailure::done(e),
+    }
+}
+
+/// Moves every lane's extents (reads into or writes from its registration), all lanes at once.
+/// Returns one result per lane. After the first failure no lane starts another burst, but every
+/// burst already in flight is waited for (or declared stranded), so nothing the caller's memory
+/// is named by runs after this returns unless a failure says so.
+pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure>> {
+    let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
+    for (l, st) in lanes.iter().zip(&mut states) {
+        if !Arc::ptr_eq(&l.reg.dev, &l.ns.dev) {
+            st.result = Some(Err(LaneFailure {
+                failure: IoFailure::done(Error::invalid("buf", "registered on another device")),
+                dev_offset: l.extents.first().map_or(0, |e| e.dev_offset),
+            }));
+        }
+    }
+    let mut failed = states.iter().any(|s| s.result.is_some());
+    let mut spins = 0u32;
+    loop {
+        let mut progressed = false;
+        let mut waiting: Option<usize> = None;
+        for (i, (lane, st)) in lanes.iter().zip(states.iter_mut()).enumerate() {
+            if st.result.is_some() {
+                continue;
+            }
+            let ns = lane.ns;
+            if st.n == 0 {
+                let n = if failed { 0 } else { st.fill(write, lane) };
+                if n == 0 {
+                    st.result = Some(Ok(()));
+                    continue;
+                }
+                let qp = ns.queue();
+                if let Err(e) = qp.submit(ns.info.nsid, &st.burst[..n], &ns.dev.status, ns.timeout, &mut st.cids) {
+                    // Nothing of the burst was published.
+                    let off = st.dev_offsets[0];
+                    st.fail(failure(ns, e), off);
+                    failed = true;
+                    continue;
+                }
+                (st.n, st.got, st.since) = (n, 0, None);
+                st.out[..n].iter_mut().for_each(|o| *o = None);
+                progressed = true;
+            }
+            let n = st.n;
+            match ns.queue().collect(&st.cids[..n], &ns.dev.status, &mut st.out[..n]) {
+                Ok(k) => {
+                    st.got += k;
+                    progressed |= k > 0;
+                }
+                Err(e) => {
+                    let off = st.dev_offsets[0];
+                    st.fail(failure(ns, e), off);
+                    failed = true;
+                    continue;
+                }
+            }
+            if st.got == n {
+                st.n = 0;
+                let bad =
+                    st.out[..n].iter().enumerate().find_map(|(k, s)| s.filter(|s| !s.is_success()).map(|s| (k, s)));
+                if let Some((k, status)) = bad {
+                    let err = Error::Nvme { op: st.burst[k].name(), slba: st.burst[k].slba(), status };
+                    let off = st.dev_offsets[k];
+                    st.fail(IoFailure::done(err), off);
+                    failed = true;
+                }
+            } else {
+                waiting.get_or_insert(i);
+            }
+        }
+        if states.iter().all(|s| s.result.is_some()) {
+            break;
+        }
+        if progressed {
+            continue;
+        }
+        spins = spins.wrapping_add(1);
+        let Some(w) = waiting else { continue };
+        let sleeps = lanes[w].ns.queue().sleeps();
+        // Polling reads the clock only every few thousand polls (each lane's deadline counts
+        // from the first read after its burst went out); interrupt mode after each sleep.
+        if sleeps || spins.is_multiple_of(SPINS_PER_CHECK) {
+            let now = Instant::now();
+            for (lane, st) in lanes.iter().zip(states.iter_mut()) {
+                if st.result.is_some() || st.n == 0 || st.got == st.n {
+                    continue;
+                }
+                let since = *st.since.get_or_insert(now);
+                if now.duration_since(since) > lane.ns.timeout {
+                    // The uncollected commands stay in flight until the reset clears them.
+                    let err = Error::Timeout {
+                        op: st.burst[0].name(),
+                        slba: st.burst[0].slba(),
+                        // CAST: a deadline of more than 2^64 ms is not a deadline.
+                        timeout_ms: lane.ns.timeout.as_millis() as u64,
+                    };
+                    let off = st.dev_offsets[0];
+                    st.fail(failure(lane.ns, err), off);
+                    failed = true;
+                }
+            }
+        }
+        lanes[w].ns.queue().wait_a_little();
+    }
+    states.into_iter().map(|s| s.result.unwrap_or(Ok(()))).collect()
+}
