@@ -40,6 +40,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "volume_c_abi_and_cufile_through_a_descriptor_file", variant: V, run: descriptor_faces },
         Test { name: "volume_member_timeout_others_keep_working", variant: V, run: member_timeout },
         Test { name: "volume_kill9_mid_stripe_members_read_cleanly", variant: V, run: kill9_mid_stripe },
+        Test { name: "volume_queue_batch_across_members", variant: V, run: queue_batch },
         Test { name: "volume_bound_by_one_multi_bind", variant: V, run: multi_bind },
     ]
 }
@@ -473,5 +474,113 @@ fn multi_bind() -> Result<()> {
     let want =
         format!("mdadm --build /dev/md0 --level=0 --chunk=128 --raid-devices={} {}", disks.len(), disks.join(" "));
     ensure_that!(out.contains(&want), "no {want:?} in: {out}");
+    Ok(())
+}
+
+/// A batch on a volume has a queue pair on every member: 192 writes then 192 reads of 4 KiB to
+/// one chunk at chunk-crossing offsets (split into two pieces on two members), plus entries
+/// larger than a chunk (the worker threads) and one past the end (an `Invalid` event); every
+/// event once, data checked through the volume's synchronous path.
+fn queue_batch() -> Result<()> {
+    use std::sync::Arc;
+    use ugds::batch::{IoStatus, Op};
+    use ugds::{IoRequest, StorageBatch};
+    let st = Storage::open(&spec()?)?;
+    let n = 192u64;
+    let slot = 4 * CHUNK;
+    let buf = Arc::new(st.alloc_host((n * slot) as usize)?);
+    let mut b = StorageBatch::new(&st, n as usize + 2)?;
+    ensure_that!(b.is_native(), "a volume's batch should have queue pairs of its own");
+    // Entry i: a length from 4 KiB to one chunk, starting just before a chunk boundary where
+    // it can, spread over the volume; two entries of 3 chunks; one past the end.
+    let mut reqs: Vec<IoRequest> = (0..n)
+        .map(|i| {
+            let len = (4096 * (1 + i % 16)).min(CHUNK);
+            let boundary = (i * 37 % 700 + 1) * CHUNK;
+            IoRequest {
+                op: Op::Write,
+                buf: buf.clone(),
+                buf_offset: i * slot,
+                file_offset: boundary - 4096 * (i % 3),
+                len,
+                cookie: i,
+            }
+        })
+        .collect();
+    reqs[5].len = 3 * CHUNK;
+    reqs[6].len = 3 * CHUNK;
+    reqs[90].file_offset = 4 * MEMBER_BYTES;
+    // Non-overlapping targets: entry i's range ends before entry j's starts unless i == j.
+    let mut spans: Vec<(u64, u64)> =
+        reqs.iter().filter(|r| r.cookie != 90).map(|r| (r.file_offset, r.file_offset + r.len)).collect();
+    spans.sort();
+    let overlaps = spans.windows(2).any(|w| w[0].1 > w[1].0);
+    ensure_that!(!overlaps, "test setup: entries overlap");
+    {
+        let mut v = buf.host_view()?;
+        for r in &reqs {
+            pattern::fill(
+                0xB0 ^ r.cookie,
+                r.file_offset,
+                &mut v[r.buf_offset as usize..(r.buf_offset + r.len) as usize],
+            );
+        }
+    }
+    let run = |b: &mut StorageBatch, reqs: &[IoRequest]| -> Result<Vec<ugds::IoEvent>> {
+        b.submit(reqs)?;
+        let mut ev = Vec::new();
+        while ev.len() < reqs.len() {
+            let got = b.status(reqs.len() - ev.len(), Duration::from_secs(30))?;
+            ensure_that!(!got.is_empty(), "no events within 30 s ({} of {})", ev.len(), reqs.len());
+            ev.extend(got);
+        }
+        Ok(ev)
+    };
+    for (phase, op) in [("write", Op::Write), ("read", Op::Read)] {
+        if op == Op::Read {
+            buf.host_view()?.fill(0);
+        }
+        let rs: Vec<IoRequest> = reqs.iter().cloned().map(|r| IoRequest { op, ..r }).collect();
+        let ev = run(&mut b, &rs)?;
+        let mut seen = vec![0u32; n as usize];
+        for e in &ev {
+            seen[e.cookie as usize] += 1;
+            let r = &rs[e.cookie as usize];
+            if r.cookie == 90 {
+                ensure_that!(e.status == IoStatus::Invalid, "{phase} past the end: {e:?}");
+            } else {
+                ensure_that!(e.status == IoStatus::Complete && e.bytes == r.len, "{phase} entry {}: {e:?}", r.cookie);
+            }
+        }
+        ensure_that!(seen.iter().all(|c| *c == 1), "{phase}: an entry reported other than once");
+    }
+    let v = buf.host_view()?;
+    for r in reqs.iter().filter(|r| r.cookie != 90) {
+        if let Some(bad) = pattern::first_mismatch(
+            0xB0 ^ r.cookie,
+            r.file_offset,
+            &v[r.buf_offset as usize..(r.buf_offset + r.len) as usize],
+        ) {
+            anyhow::bail!(
+                "batch entry {} ([{}, +{}) on the volume) differs at byte {bad}",
+                r.cookie,
+                r.file_offset,
+                r.len
+            );
+        }
+    }
+    drop(v);
+    // The batch's writes as the synchronous path reads them.
+    let check = st.alloc_host(CHUNK as usize)?;
+    for r in reqs.iter().filter(|r| r.cookie != 90 && r.len <= CHUNK).step_by(17) {
+        st.read(&check, 0, r.file_offset, r.len)?;
+        ensure_that!(
+            pattern::first_mismatch(0xB0 ^ r.cookie, r.file_offset, &check.host_view()?[..r.len as usize]).is_none(),
+            "entry {} differs through the synchronous path",
+            r.cookie
+        );
+    }
+    let c = st.path_counts();
+    println!("    {} entries x 2 through queue pairs on {MEMBERS} members; path counts {c:?}", n - 1);
     Ok(())
 }

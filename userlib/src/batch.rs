@@ -112,6 +112,8 @@ pub(crate) struct QueueBatch {
     cids: Vec<u16>,
     done: Vec<Option<Status>>,
     timeout: Duration,
+    /// Which of a buffer's registrations (one per volume member) this batch's controller uses.
+    member: usize,
 }
 
 impl std::fmt::Debug for QueueBatch {
@@ -123,6 +125,12 @@ impl std::fmt::Debug for QueueBatch {
 impl QueueBatch {
     /// Creates a batch of up to `capacity` entries in flight on `ns`, with its own queue pair.
     pub(crate) fn new(dev: &Device, ns: &Namespace, capacity: usize) -> Result<Self> {
+        Self::on_member(dev, ns, capacity, 0)
+    }
+
+    /// [`QueueBatch::new`] for member `member` of a volume: its commands name the buffers'
+    /// registrations on that member's controller.
+    pub(crate) fn on_member(dev: &Device, ns: &Namespace, capacity: usize, member: usize) -> Result<Self> {
         let inner = dev.inner.clone();
         let depth = (capacity + 1).max(2) as u32;
         if depth > inner.info.max_queue_entries {
@@ -141,6 +149,7 @@ impl QueueBatch {
             cids: Vec::with_capacity(capacity),
             done: Vec::with_capacity(capacity),
             timeout,
+            member,
         };
         if !WARM.load(Ordering::Acquire) {
             Self::warm_up(dev, ns)?;
@@ -189,9 +198,11 @@ impl QueueBatch {
         }
         let first = self.pending.len();
         for e in entries {
-            let cmd = self.ns.one_command(e.dev_offset, e.len).and_then(|c| match e.lease.buffer().registration() {
-                Some(_) => Ok(c),
-                None => Err(Error::invalid("buf", "not registered with the controller")),
+            let cmd = self.ns.one_command(e.dev_offset, e.len).and_then(|c| {
+                match e.lease.buffer().registration_on(self.member) {
+                    Some(_) => Ok(c),
+                    None => Err(Error::invalid("buf", "not registered with the controller")),
+                }
             });
             match cmd {
                 Ok((slba, nlb)) => self.pending.push(Slot {
@@ -219,7 +230,7 @@ impl QueueBatch {
         let cmds: Vec<Command<'_>> = new
             .iter()
             .filter_map(|s| {
-                let reg = s.lease.as_ref()?.buffer().registration()?;
+                let reg = s.lease.as_ref()?.buffer().registration_on(self.member)?;
                 // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the
                 // command is over (kept for good when that cannot be confirmed), so the
                 // registration stays and the CPU keeps out; `one_command` made `len` exactly

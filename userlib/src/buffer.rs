@@ -127,6 +127,11 @@ impl<B: Deref<Target = Buffer>> Lease<B> {
         &self.0
     }
 
+    /// What holds the buffer (to take another lease on it).
+    pub(crate) fn holder(&self) -> &B {
+        &self.0
+    }
+
     /// The SSD may still access the memory after its I/O failed (a timeout the controller reset
     /// could not confirm): the lease is never released, so the buffer refuses CPU access and
     /// deregistration, and (owning or not) never frees the memory or unpins it.

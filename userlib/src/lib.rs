@@ -47,6 +47,7 @@ pub mod stream_io;
 pub(crate) mod sys;
 pub mod units;
 pub mod volume;
+mod volume_batch;
 
 /// The queue engine's pieces for the fuzz targets and the data-path cost benchmark (feature
 /// `test-utils`; not a stable API). The engine modules are crate-private: this is their only

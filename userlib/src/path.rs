@@ -80,6 +80,12 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     fn as_direct(&self) -> Option<&crate::direct::DirectPath> {
         None
     }
+
+    /// The striped volume behind the path, when it is one (batches then get a queue pair of
+    /// their own on every member).
+    fn as_volume(&self) -> Option<&crate::volume::VolumePath> {
+        None
+    }
 }
 
 /// Logs why a slower path was chosen: once per distinct reason per process.

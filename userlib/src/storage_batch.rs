@@ -1,6 +1,6 @@
 //! Batches over any [`Storage`] path (cuFile's batch API). On the direct path, entries of
 //! registered memory that fit one command go to a queue batch (a queue pair of its own, one
-//! doorbell per submit); the rest (the fallback path, staged GPU memory, larger entries) run
+//! doorbell per submit; on a striped volume one per member, for entries of at most a chunk); the rest (the fallback path, staged GPU memory, larger entries) run
 //! concurrently on the storage's worker threads. Events are collected with `status`.
 //!
 //! Rules: `submit` checks every entry (the storage's one check); invalid entries become
@@ -8,9 +8,10 @@
 //! the batch waits for its entries.
 
 use crate::batch::{Entry, IoEvent, IoStatus, Op, QueueBatch};
-use crate::buffer::{Buffer, Lease};
+use crate::buffer::{Buffer, Lease, Path};
 use crate::error::{Error, Result};
 use crate::storage::Storage;
+use crate::volume_batch::VolumeQueueBatch;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,45 @@ pub struct StorageBatch {
     storage: Arc<Storage>,
     capacity: usize,
     state: Arc<(Mutex<State>, Condvar)>,
-    native: Option<QueueBatch>,
+    native: Option<Native>,
+}
+
+/// The queue batch behind a storage batch: a namespace's own queue pair, or one on every member
+/// of a striped volume.
+#[derive(Debug)]
+enum Native {
+    One(Box<QueueBatch>),
+    Volume(VolumeQueueBatch),
+}
+
+impl Native {
+    fn in_flight(&self) -> usize {
+        match self {
+            Native::One(q) => q.in_flight(),
+            Native::Volume(v) => v.in_flight(),
+        }
+    }
+
+    fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+        match self {
+            Native::One(q) => q.submit(entries),
+            Native::Volume(v) => v.submit(entries),
+        }
+    }
+
+    fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+        match self {
+            Native::One(q) => q.status(min, timeout),
+            Native::Volume(v) => v.status(min, timeout),
+        }
+    }
+
+    fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
+        match self {
+            Native::One(q) => q.cancel(),
+            Native::Volume(v) => v.cancel(),
+        }
+    }
 }
 
 impl StorageBatch {
@@ -53,8 +92,14 @@ impl StorageBatch {
             return Err(Error::invalid("capacity", "must be at least 1"));
         }
         storage.engine()?;
-        // A queue pair of its own on the direct path (when the controller grants one that deep).
-        let native = storage.data_path().as_direct().and_then(|d| QueueBatch::new(&d.dev, &d.ns, capacity).ok());
+        // A queue pair of its own on the direct path (when the controller grants one that deep),
+        // one on every member of a volume.
+        let path = storage.data_path();
+        let native = match (path.as_direct(), path.as_volume()) {
+            (Some(d), _) => QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q))),
+            (None, Some(v)) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
+            (None, None) => None,
+        };
         Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native })
     }
 
@@ -66,7 +111,7 @@ impl StorageBatch {
     /// Entries running.
     pub fn in_flight(&self) -> usize {
         let pool = self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running;
-        pool + self.native.as_ref().map_or(0, QueueBatch::in_flight)
+        pool + self.native.as_ref().map_or(0, Native::in_flight)
     }
 
     /// Whether a queue batch (a queue pair of its own, one doorbell per submit) is in use.
@@ -211,7 +256,7 @@ impl StorageBatch {
         let mut out = Vec::new();
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
-        let native = self.native.as_mut().map(QueueBatch::cancel).transpose();
+        let native = self.native.as_mut().map(Native::cancel).transpose();
         for (e, path) in native.as_ref().ok().into_iter().flatten().flatten() {
             if e.status == IoStatus::Complete {
                 self.storage.count(*path, e.bytes);

@@ -217,6 +217,21 @@ impl VolumePath {
         Ok(VolumePath { members, names: spec.members.clone(), chunk: spec.chunk, member_bytes, block_size: bs })
     }
 
+    /// The members, in stripe order.
+    pub(crate) fn members(&self) -> &[DirectPath] {
+        &self.members
+    }
+
+    /// The members' node names, in stripe order.
+    pub(crate) fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The chunk size in bytes.
+    pub(crate) fn chunk(&self) -> u64 {
+        self.chunk
+    }
+
     /// The volume's bytes: the used part of every member.
     fn bytes(&self) -> u64 {
         self.member_bytes * self.members.len() as u64
@@ -338,6 +353,10 @@ impl DataPath for VolumePath {
 
     fn max_command_bytes(&self) -> u64 {
         self.chunk
+    }
+
+    fn as_volume(&self) -> Option<&VolumePath> {
+        Some(self)
     }
 }
 
