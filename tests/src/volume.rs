@@ -509,6 +509,7 @@ fn queue_batch() -> Result<()> {
         .collect();
     reqs[5].len = 3 * CHUNK;
     reqs[6].len = 3 * CHUNK;
+    reqs[6].file_offset = (100 << 20) + 4096;
     reqs[90].file_offset = 4 * MEMBER_BYTES;
     // Non-overlapping targets: entry i's range ends before entry j's starts unless i == j.
     let mut spans: Vec<(u64, u64)> =
