@@ -22,7 +22,7 @@ pub struct Params {
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// Makes sure the file holds `size` bytes of the pattern.
-fn prepare(path: &str, size: u64) -> Res<()> {
+pub(crate) fn prepare(path: &str, size: u64) -> Res<()> {
     if std::fs::metadata(path).map(|m| m.len() >= size).unwrap_or(false) {
         return Ok(());
     }

@@ -131,10 +131,18 @@ enum Cmd {
         /// Use the CPU stand-in runtime instead of CUDA.
         #[arg(long)]
         cpu: bool,
+        /// Instead of bandwidth: each stage's latency (disk, copy, sync vs poll) for the sizes.
+        #[arg(long)]
+        breakdown: bool,
+        /// Instead of bandwidth: batches of these depths (of the first size) against a naive
+        /// pread + copy loop.
+        #[arg(long, value_delimiter = ',')]
+        depths: Option<Vec<usize>>,
     },
 }
 
 mod gpu_bench;
+mod gpu_breakdown;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -174,8 +182,20 @@ fn run(cli: Cli) -> Res<()> {
                 }
             }
         }
-        Cmd::BenchGpu { file, file_size, sizes, threads, seconds, cpu } => {
-            gpu_bench::run(gpu_bench::Params { file, file_size, sizes, threads, seconds, cpu, json: cli.json })?
+        Cmd::BenchGpu { file, file_size, sizes, threads, seconds, cpu, breakdown, depths } => {
+            if breakdown || depths.is_some() {
+                gpu_bench::prepare(&file, file_size)?;
+                let gpu = if cpu { ugds::gpu::Gpu::cpu() } else { ugds::gpu::Gpu::cuda()? };
+                if breakdown {
+                    gpu_breakdown::breakdown(&file, file_size, &sizes, &gpu, cli.json)?;
+                }
+                if let Some(d) = depths {
+                    let size = sizes.first().copied().unwrap_or(4096);
+                    gpu_breakdown::depths(&file, file_size, size, &d, &gpu, cli.json)?;
+                }
+            } else {
+                gpu_bench::run(gpu_bench::Params { file, file_size, sizes, threads, seconds, cpu, json: cli.json })?
+            }
         }
         Cmd::Info { dev } if !ugds::device::is_ugds_node(&dev) => {
             // A striped volume (direct path), a file or block device (fallback path).

@@ -13,6 +13,8 @@
 #   pyugds    the ugds Python package (target/gpu/ugds-wheel) with torch/CuPy CUDA memory
 #   base      machine facts and `ugds doctor`; cuda: the Rust CUDA tests; examples: the C
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
+#   smallio   `ugds bench-gpu --breakdown` (4K, 64K: disk, copy, sync vs poll) and `--depths`
+#             (4K batches of 1..128 against the naive pread + copy loop)
 # Every step has a time limit and reports its exit status; a failing step never stops the rest.
 set -u
 B=${BIN:-$PWD/target/gpu}
@@ -288,6 +290,12 @@ python_clients() {
       T=120 run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
       T=120 run env LD_PRELOAD="$P/lib/libcufile_ugds.so" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
     fi
+  fi
+  if want smallio; then
+    section "small GPU I/O on the fallback path"
+    T=300 run "$B/ugds" bench-gpu --file "$DIR/ugds-small.dat" --file-size 1G --sizes 4K,64K --breakdown
+    T=300 run "$B/ugds" bench-gpu --file "$DIR/ugds-small.dat" --file-size 1G --sizes 4K --depths 1,8,32,128
+    rm -f "$DIR/ugds-small.dat"
   fi
   rm -f "$DIR"/ugds-bench.dat "$DIR"/ugds-example.dat "$DIR"/rt-*.dat
   echo

@@ -408,7 +408,7 @@ impl FileTarget {
         });
         // Every disk read is reaped by now; copies may still run: wait before the chunks go
         // back (or keep them forever if a queue cannot say it is done).
-        let waited = qs.iter_mut().all(|q| q.wait().is_ok());
+        let waited = qs.iter_mut().all(|q| gpu.wait_copy(q.as_mut(), len).is_ok());
         if waited && stranded == 0 {
             qs.into_iter().for_each(|q| gpu.put_queue(q));
             gpu.put_staging(stage);

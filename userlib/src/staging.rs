@@ -90,7 +90,7 @@ pub(crate) fn staged(
             }
         }
         for q in qs.iter_mut() {
-            q.wait()?;
+            gpu.wait_copy(q.as_mut(), len)?;
         }
         Ok(done)
     };

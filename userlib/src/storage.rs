@@ -221,7 +221,10 @@ impl Storage {
         if let Some(e) = self.engine.get() {
             return Ok(e.clone());
         }
-        let e = Engine::new(8)?;
+        // Enough workers to keep a deep batch's I/O in flight on the fallback path (each worker
+        // runs one request at a time): twice the cores, between 8 and 32.
+        let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let e = Engine::new((2 * cores).clamp(8, 32))?;
         Ok(self.engine.get_or_init(|| e).clone())
     }
 
@@ -268,6 +271,10 @@ impl Storage {
     /// memory, still through the NVMe queues (and that choice is logged once).
     pub fn register_gpu(&self, mem: Arc<GpuMemory>, allow_staging: bool) -> Result<Buffer> {
         let r = self.path.register_gpu(&mem, allow_staging)?;
+        if r.path != Path::DirectP2p {
+            // Staged I/O: its staging chunks and copy queues exist before the first I/O.
+            mem.gpu().prewarm(2, 2)?;
+        }
         Ok(self.buffer(Mem::Gpu(mem), r))
     }
 

@@ -320,6 +320,14 @@ impl CopyQueue for CudaCopyQueue {
         // SAFETY: the stream is ours.
         check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.stream) })
     }
+
+    fn poll(&mut self) -> Result<bool> {
+        // SAFETY: the stream is ours; querying needs no current context.
+        match unsafe { cu::cuStreamQuery(self.stream) } {
+            cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check("cuStreamQuery", r).map(|()| true),
+        }
+    }
 }
 
 impl Drop for CudaCopyQueue {

@@ -100,7 +100,28 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()>;
     /// Waits until every copy started so far is complete.
     fn wait(&mut self) -> Result<()>;
+    /// Whether every copy started so far is complete, without waiting (runtimes without a
+    /// query wait instead).
+    fn poll(&mut self) -> Result<bool> {
+        self.wait().map(|()| true)
+    }
 }
+
+/// How the staging pipeline waits for its copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CopyWait {
+    /// Busy-poll transfers of at most [`SMALL_COPY`] bytes, block on larger ones (default).
+    #[default]
+    Auto,
+    /// Always the runtime's synchronize (which may yield or sleep).
+    Block,
+    /// Always busy-poll the queue: lowest latency, one core spins.
+    Poll,
+}
+
+/// Transfers up to this size are polled under [`CopyWait::Auto`]: their copy takes a few
+/// microseconds, less than a blocking synchronize's own cost.
+pub const SMALL_COPY: usize = 256 << 10;
 
 /// What a GPU runtime must provide. Implementations are small FFI layers; the logic that uses
 /// them (staging, stream ordering, registration) is written once, above this trait.
@@ -141,6 +162,7 @@ pub struct Gpu {
     rt: Arc<dyn Runtime>,
     staging: Mutex<Vec<PinnedHost>>,
     queues: Mutex<Vec<Box<dyn CopyQueue>>>,
+    copy_wait: std::sync::atomic::AtomicU8,
 }
 
 /// Device memory allocated through a [`Gpu`]; freed on drop.
@@ -179,7 +201,64 @@ impl Gpu {
 
     /// Wraps a runtime.
     pub fn with_runtime(rt: Arc<dyn Runtime>) -> Arc<Gpu> {
-        Arc::new(Gpu { rt, staging: Mutex::new(Vec::new()), queues: Mutex::new(Vec::new()) })
+        Arc::new(Gpu {
+            rt,
+            staging: Mutex::new(Vec::new()),
+            queues: Mutex::new(Vec::new()),
+            copy_wait: std::sync::atomic::AtomicU8::new(0),
+        })
+    }
+
+    /// How staged I/O waits for its copies from now on.
+    pub fn set_copy_wait(&self, w: CopyWait) {
+        let v = match w {
+            CopyWait::Auto => 0,
+            CopyWait::Block => 1,
+            CopyWait::Poll => 2,
+        };
+        self.copy_wait.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How staged I/O waits for its copies.
+    pub fn copy_wait(&self) -> CopyWait {
+        match self.copy_wait.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => CopyWait::Block,
+            2 => CopyWait::Poll,
+            _ => CopyWait::Auto,
+        }
+    }
+
+    /// Waits for `q`'s copies of an I/O of `io_bytes` bytes, polling or blocking as
+    /// [`Gpu::copy_wait`] says.
+    pub(crate) fn wait_copy(&self, q: &mut dyn CopyQueue, io_bytes: usize) -> Result<()> {
+        let poll = match self.copy_wait() {
+            CopyWait::Auto => io_bytes <= SMALL_COPY,
+            CopyWait::Block => false,
+            CopyWait::Poll => true,
+        };
+        if !poll {
+            return q.wait();
+        }
+        while !q.poll()? {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Fills the pools with `chunks` staging chunks and `queues` copy queues, so the first
+    /// staged I/O allocates nothing (pinned allocation and stream creation cost milliseconds).
+    pub fn prewarm(&self, chunks: usize, queues: usize) -> Result<()> {
+        let have = self.staging.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if have < chunks {
+            let more = (have..chunks).map(|_| self.alloc_pinned(STAGING_CHUNK)).collect::<Result<Vec<_>>>()?;
+            self.put_staging(more);
+        }
+        let have = self.queues.lock().unwrap_or_else(|e| e.into_inner()).len();
+        for _ in have..queues {
+            let q = self.rt.copy_queue()?;
+            self.put_queue(q);
+        }
+        Ok(())
     }
 
     /// The runtime.

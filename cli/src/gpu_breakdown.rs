@@ -1,0 +1,205 @@
+//! `ugds bench-gpu --breakdown` and `--depths`: where a small read into GPU memory spends its
+//! time on the fallback path (the disk alone, the host-to-device copy alone, the whole read
+//! with the copy waited for by blocking or by polling, and the naive pread + copy), and how a
+//! batch of N reads compares with N naive reads one after another. Every figure comes from
+//! the same run, the methods taking turns so the disk's drift hits all of them alike.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds::batch::{IoStatus, Op};
+use ugds::gpu::{CopyWait, Gpu};
+use ugds::{pattern, IoRequest, Storage, StorageBatch};
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Samples per method, taken in rounds that alternate the methods.
+const SAMPLES: usize = 1500;
+const ROUND: usize = 100;
+
+fn p50(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn offset(n: u64, size: u64, file_size: u64) -> u64 {
+    (pattern::splitmix64(n ^ 0xB4EA) % (file_size / size).max(1)) * size
+}
+
+/// Per-size latency of each stage, p50 in microseconds.
+pub fn breakdown(file: &str, file_size: u64, sizes: &[u64], gpu: &Arc<Gpu>, json: bool) -> Res<()> {
+    let st = Storage::open(file)?;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(file)?;
+    let fd = f.as_raw_fd();
+    if !json {
+        println!("breakdown (p50 of {SAMPLES} each, microseconds; one thread):");
+        println!(
+            "{:>6} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10}",
+            "size", "disk", "copy+sync", "copy+poll", "ugds block", "ugds poll", "pread+copy", "poll-disk", "poll/disk"
+        );
+    }
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let mem = Arc::new(gpu.alloc(size as usize)?);
+        let buf = st.register_gpu(mem.clone(), true)?;
+        let pinned = gpu.alloc_pinned(size as usize)?;
+        let mut q = gpu.runtime().copy_queue()?;
+        let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut n = 0u64;
+        let pread = |n: u64| -> Res<()> {
+            // SAFETY: `pinned` holds `size` bytes and nothing else uses it meanwhile.
+            let r = unsafe {
+                libc::pread(fd, pinned.as_ptr() as *mut libc::c_void, size as usize, offset(n, size, file_size) as i64)
+            };
+            if r != size as isize {
+                return Err(format!("pread returned {r}: {}", std::io::Error::last_os_error()).into());
+            }
+            Ok(())
+        };
+        while t[0].len() < SAMPLES {
+            for (method, samples) in t.iter_mut().enumerate() {
+                for _ in 0..ROUND {
+                    n += 1;
+                    let start = Instant::now();
+                    match method {
+                        0 => pread(n)?,
+                        1 | 2 | 5 => {
+                            if method == 5 {
+                                pread(n)?;
+                            }
+                            // SAFETY: `pinned` holds `size` bytes, unchanged until the wait
+                            // below; `mem` is `size` bytes of device memory.
+                            unsafe { q.to_device(mem.device_ptr(), pinned.as_ptr(), size as usize)? };
+                            if method == 2 {
+                                while !q.poll()? {
+                                    std::hint::spin_loop();
+                                }
+                            } else {
+                                q.wait()?;
+                            }
+                        }
+                        _ => {
+                            gpu.set_copy_wait(if method == 3 { CopyWait::Block } else { CopyWait::Poll });
+                            let got = st.read(&buf, 0, offset(n, size, file_size), size)?;
+                            if got != size {
+                                return Err(format!("short read: {got} of {size}").into());
+                            }
+                        }
+                    }
+                    samples.push(start.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+        }
+        gpu.set_copy_wait(CopyWait::Auto);
+        let m: Vec<f64> = t.into_iter().map(p50).collect();
+        let (disk, poll) = (m[0], m[4]);
+        if json {
+            rows.push(serde_json::json!({"size": size, "disk_us": m[0], "copy_sync_us": m[1], "copy_poll_us": m[2],
+                "ugds_block_us": m[3], "ugds_poll_us": m[4], "pread_copy_us": m[5]}));
+        } else {
+            println!(
+                "{:>6} {:>8.1} {:>10.1} {:>10.1} {:>12.1} {:>12.1} {:>12.1} {:>+10.1} {:>9.2}x",
+                ugds::units::human(size),
+                m[0],
+                m[1],
+                m[2],
+                m[3],
+                m[4],
+                m[5],
+                poll - disk,
+                poll / disk
+            );
+        }
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(rows));
+    }
+    Ok(())
+}
+
+/// A batch of `depth` reads of `size` into GPU memory against `depth` naive reads (pread into
+/// pinned memory, copy, wait) one after another; I/Os per second, median of alternating rounds.
+pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc<Gpu>, json: bool) -> Res<()> {
+    let st = Storage::open(file)?;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(file)?;
+    let fd = f.as_raw_fd();
+    let maxd = depths.iter().copied().max().unwrap_or(1);
+    let mems: Vec<_> = (0..maxd).map(|_| gpu.alloc(size as usize).map(Arc::new)).collect::<Result<_, _>>()?;
+    let bufs: Vec<_> = mems.iter().map(|m| st.register_gpu(m.clone(), true).map(Arc::new)).collect::<Result<_, _>>()?;
+    let pinned = gpu.alloc_pinned(size as usize)?;
+    let mut q = gpu.runtime().copy_queue()?;
+    if !json {
+        println!("depth sweep ({} reads, IOPS, median of 5 alternating rounds):", ugds::units::human(size));
+        println!("{:>6} {:>12} {:>12} {:>8}", "depth", "batch", "naive loop", "ratio");
+    }
+    let mut rows = Vec::new();
+    let mut n = 0u64;
+    for &d in depths {
+        let mut b = StorageBatch::new(&st, d)?;
+        let (mut bt, mut nt) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            // A round: enough batches for about 0.2 s of work at the naive rate.
+            let reps = (2000 / d).max(4);
+            let start = Instant::now();
+            for _ in 0..reps {
+                let reqs: Vec<IoRequest> = (0..d)
+                    .map(|i| {
+                        n += 1;
+                        IoRequest {
+                            op: Op::Read,
+                            buf: bufs[i].clone(),
+                            buf_offset: 0,
+                            file_offset: offset(n, size, file_size),
+                            len: size,
+                            cookie: i as u64,
+                        }
+                    })
+                    .collect();
+                b.submit(&reqs)?;
+                let mut got = 0;
+                while got < d {
+                    let ev = b.status(d - got, Duration::from_secs(30))?;
+                    if ev.is_empty() {
+                        return Err("a batch made no progress in 30 s".into());
+                    }
+                    if let Some(e) = ev.iter().find(|e| e.status != IoStatus::Complete) {
+                        return Err(format!("batch entry failed: {e:?}").into());
+                    }
+                    got += ev.len();
+                }
+            }
+            bt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
+            let start = Instant::now();
+            for _ in 0..reps * d {
+                n += 1;
+                // SAFETY: `pinned` holds `size` bytes; the copy is waited for before reuse.
+                let r = unsafe {
+                    libc::pread(
+                        fd,
+                        pinned.as_ptr() as *mut libc::c_void,
+                        size as usize,
+                        offset(n, size, file_size) as i64,
+                    )
+                };
+                if r != size as isize {
+                    return Err(format!("pread returned {r}").into());
+                }
+                // SAFETY: as above; `mems[0]` is `size` bytes of device memory.
+                unsafe { q.to_device(mems[0].device_ptr(), pinned.as_ptr(), size as usize)? };
+                q.wait()?;
+            }
+            nt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
+        }
+        let (bi, ni) = (p50(bt), p50(nt));
+        if json {
+            rows.push(serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "naive_iops": ni}));
+        } else {
+            println!("{d:>6} {bi:>12.0} {ni:>12.0} {:>7.2}x", bi / ni);
+        }
+    }
+    if json {
+        println!("{}", serde_json::Value::Array(rows));
+    }
+    Ok(())
+}
