@@ -241,6 +241,38 @@ impl PyStorage {
         Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
     }
 
+    /// Test hook, not part of the API: `nbytes` of the library's CPU stand-in "GPU" memory
+    /// (memfd-backed; exported as a real dma-buf through udmabuf), registered as GPU memory is:
+    /// peer-to-peer through the dma-buf on the direct path, staged otherwise (when
+    /// `allow_fallback`). Lets the tests drive the dma-buf path without a GPU.
+    #[doc(hidden)]
+    #[pyo3(signature = (nbytes, allow_fallback = true))]
+    fn _alloc_cpu_gpu(&self, py: Python<'_>, nbytes: i64, allow_fallback: bool) -> PyResult<PyBuffer> {
+        static CPU: std::sync::OnceLock<Arc<ugds::Gpu>> = std::sync::OnceLock::new();
+        let n = nonneg(py, "nbytes", nbytes)?;
+        let gpu = CPU.get_or_init(ugds::Gpu::cpu).clone();
+        let st = self.st.clone();
+        let (b, ptr) = py
+            .detach(move || {
+                // Whole pages, as GPU allocations are (udmabuf exports whole pages only).
+                let m = Arc::new(gpu.alloc((n as usize).next_multiple_of(4096))?);
+                let ptr = m.device_ptr();
+                // The registration holds `m` (the memory lives as long as the Buffer).
+                st.register_gpu(m, allow_fallback).map(|b| (b, ptr))
+            })
+            .map_err(|e| to_py(py, e))?;
+        let mem = Memory {
+            ptr,
+            len: n,
+            readonly: false,
+            // Host memory underneath: copies are memcpy, no CUDA context is involved.
+            place: Place::Host,
+            what: "CPU stand-in GPU memory (memfd, dma-buf through udmabuf)".into(),
+            keep: crate::memory::Keep::Nothing,
+        };
+        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
+    }
+
     /// Reads `nbytes` at `file_offset` into `buf` at `buf_offset`; returns the bytes read
     /// (fewer only at the end of a file). `buf`: a Buffer, or anything `register` takes
     /// (registered for this call).
@@ -305,12 +337,14 @@ impl PyStorage {
     }
 
     /// I/Os per path since the storage was opened, and bytes moved: a dict with the keys
-    /// `direct_p2p`, `direct_host`, `fallback`, `bytes`.
+    /// `direct_p2p`, `direct_host`, `direct_staged` (GPU memory staged through host memory on the
+    /// direct path), `fallback`, `bytes`.
     fn path_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.st.path_counts();
         let d = PyDict::new(py);
         d.set_item("direct_p2p", c.direct_p2p)?;
         d.set_item("direct_host", c.direct_host)?;
+        d.set_item("direct_staged", c.direct_staged)?;
         d.set_item("fallback", c.fallback)?;
         d.set_item("bytes", c.bytes)?;
         Ok(d)
