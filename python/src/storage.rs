@@ -320,11 +320,12 @@ impl PyStorage {
     /// buffer the call allocates; returns the bytes written.
     fn write_bytes(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<u64> {
         let foff = nonneg(py, "file_offset", file_offset)?;
-        let src = crate::pybuf::bytes_of(data, "data")?;
+        let src = crate::pybuf::export_of(data, "data")?;
         let st = self.st.clone();
         py.detach(move || -> ugds::Result<u64> {
+            let src = src.as_slice().unwrap_or_default();
             let b = st.alloc_host(src.len().max(1))?;
-            b.copy_in(0, &src)?;
+            b.copy_in(0, src)?;
             st.write(&b, 0, foff, src.len() as u64)
         })
         .map_err(|e| to_py(py, e))
@@ -434,12 +435,30 @@ impl PyBuffer {
     #[pyo3(signature = (data, offset = 0))]
     fn copy_in(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
         let off = nonneg(py, "offset", offset)?;
-        let src = crate::pybuf::bytes_of(data, "data")?;
-        let t = self.target(py, off, src.len() as u64, true)?;
+        let src = crate::pybuf::export_of(data, "data")?;
+        let t = self.target(py, off, src.len(), true)?;
         let gpu = self.place_of() != Place::Host;
         py.detach(move || {
             let _caller = gpu.then(CallerContext::keep);
-            t.buf.copy_in(t.offset as usize, &src)
+            t.buf.copy_in(t.offset as usize, src.as_slice().unwrap_or_default())
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    /// Copies `len(dst)` bytes of the buffer at `offset` into `dst`, a writable contiguous
+    /// bytes-like object (a bytearray, a memoryview of pinned memory, ...), without the GIL and
+    /// without an intermediate `bytes` (refused while I/O on the buffer runs).
+    #[pyo3(signature = (dst, offset = 0))]
+    fn copy_out_into(&self, py: Python<'_>, dst: &Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
+        let off = nonneg(py, "offset", offset)?;
+        let mut out = crate::pybuf::Export::get(dst)
+            .filter(|e| e.c_contiguous() && !e.readonly())
+            .ok_or_else(|| invalid(py, "dst", "must be a writable contiguous bytes-like object"))?;
+        let t = self.target(py, off, out.len(), false)?;
+        let gpu = self.place_of() != Place::Host;
+        py.detach(move || {
+            let _caller = gpu.then(CallerContext::keep);
+            t.buf.copy_out(t.offset as usize, out.as_mut_slice().unwrap_or_default())
         })
         .map_err(|e| to_py(py, e))
     }
@@ -454,6 +473,12 @@ impl PyBuffer {
         };
         let t = self.target(py, off, n, false)?;
         let gpu = self.place_of() != Place::Host;
+        if !gpu {
+            // Host memory: straight into the new bytes object (one copy; memcpy under the GIL).
+            return PyBytes::new_with(py, n as usize, |b| {
+                t.buf.copy_out(t.offset as usize, b).map_err(|e| to_py(py, e))
+            });
+        }
         let data = py
             .detach(move || {
                 let _caller = gpu.then(CallerContext::keep);

@@ -150,6 +150,9 @@ class StoreTests(Base):
         s.set_many([(b"ok", value(b"ok", 8192)), (b"torn", value(b"torn", 8192))])
         e = s.index[b"torn"]
         self.poke(e.offset + 4096, b"\xff" * 4096)  # a write that did not finish: half old, half garbage
+        outs = [bytearray(8192), bytearray(8192)]
+        self.assertEqual(s.get_many_into([b"ok", b"torn"], outs), [True, False])
+        self.assertEqual(bytes(outs[0]), value(b"ok", 8192))
         self.assertIsNone(s.get(b"torn"))
         self.assertEqual(s.stats().torn, 1)
         self.assertEqual(s.get(b"ok"), value(b"ok", 8192))

@@ -122,6 +122,34 @@ class IoTests(Base):
         self.st.read((ctypes.addressof(dst), n), 0, n)
         self.assertEqual(dst.raw, src.raw)
 
+    def test_crc32_is_zlibs(self) -> None:
+        import zlib
+
+        data = pattern(100003, 12)
+        self.assertEqual(ugds.crc32(data), zlib.crc32(data))
+        self.assertEqual(ugds.crc32(b""), 0)
+        self.assertEqual(ugds.crc32(data[5000:], ugds.crc32(data[:5000])), zlib.crc32(data))
+        self.assertEqual(ugds.crc32(memoryview(bytearray(data))[7:]), zlib.crc32(data[7:]))
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            ugds.crc32(12)
+        self.assertEqual(c.exception.arg, "data")
+
+    def test_copy_out_into_a_writable_object(self) -> None:
+        buf = self.st.alloc(3 * self.bs)
+        buf.copy_in(pattern(3 * self.bs, 13))
+        out = bytearray(self.bs)
+        buf.copy_out_into(out, self.bs)
+        self.assertEqual(bytes(out), pattern(3 * self.bs, 13)[self.bs : 2 * self.bs])
+        mv = memoryview(bytearray(2 * self.bs))
+        buf.copy_out_into(mv[self.bs :])
+        self.assertEqual(bytes(mv[self.bs :]), pattern(self.bs, 13))
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            buf.copy_out_into(bytes(self.bs))
+        self.assertEqual(c.exception.arg, "dst")
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            buf.copy_out_into(bytearray(self.bs), 3 * self.bs)
+        self.assertEqual(c.exception.arg, "buf_offset")
+
     def test_read_bytes_and_write_bytes(self) -> None:
         data = pattern(2 * self.bs, 5)
         self.assertEqual(self.st.write_bytes(data, 4 * self.bs), len(data))

@@ -30,6 +30,7 @@ from ._ugds import (
     CpuStream,
     Storage,
     __version__,
+    crc32,
     cuda_available,
     open,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "Finding",
     "Storage",
     "__version__",
+    "crc32",
     "cuda_available",
     "doctor",
     "errors",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import zlib
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -34,6 +33,9 @@ import ugds
 from .errors import InvalidArgument, StoreFull
 
 MAX_KEY = 4096
+# The staging buffer a batch's values pass through is kept for the next batch up to this size
+# (allocating and first touching a fresh one per batch cost more than the I/O on small values).
+_STAGE_KEEP = 256 << 20
 _SB_MAGIC = b"UGDSKV01"
 _CP_MAGIC = b"UGDSKVCP"
 _JR_MAGIC = b"UGDSKVJR"
@@ -68,7 +70,8 @@ def _full(what: str, need: int, have: int) -> StoreFull:
 
 
 def _crc(b) -> int:
-    return zlib.crc32(b) & 0xFFFFFFFF
+    # zlib's CRC-32 (the on-disk format), computed by the extension without the GIL.
+    return ugds.crc32(b)
 
 
 class Entry(NamedTuple):
@@ -187,6 +190,7 @@ class Store:
         self._lock = threading.RLock()
         self.index: "OrderedDict[bytes, Entry]" = OrderedDict()
         self._evictions = 0
+        self._stage_buf: Optional["ugds.Buffer"] = None
         self._torn = 0
         self._replayed = 0
         sb = self._read_superblock()
@@ -348,6 +352,16 @@ class Store:
         if self.durable:
             self.st.flush()
 
+    def _stage(self, nbytes: int) -> "ugds.Buffer":
+        """A registered host buffer of at least ``nbytes`` (the kept one when large enough; the
+        store's lock makes one batch use it at a time)."""
+        b = self._stage_buf
+        if b is None or b.nbytes < nbytes:
+            b = self.st.alloc(nbytes)
+            if nbytes <= _STAGE_KEEP:
+                self._stage_buf = b
+        return b
+
     # ---------------------------------------------------------------------------- space
 
     def _make_room(self, need: List[int]) -> List[Optional[int]]:
@@ -392,10 +406,10 @@ class Store:
         if not pairs:
             return
         with self._lock:
-            vals = [_as_bytes(self.st, v) for _, v in pairs]
+            vals = [_as_view(self.st, v) for _, v in pairs]
             offs = self._make_room([len(v) for v in vals])
             total = sum(_pad(max(len(v), 1), self.unit) for v in vals)
-            stage = self.st.alloc(total)
+            stage = self._stage(total)
             b = self.st.batch(len(vals))
             pos, futs, entries = 0, [], []
             for (k, _), v, off in zip(pairs, vals, offs):
@@ -438,24 +452,54 @@ class Store:
             out: List[Optional[bytes]] = [None] * len(ks)
             if not found:
                 return out
-            total = sum(_pad(max(e.length, 1), self.unit) for _, e in found)
-            stage = self.st.alloc(total)
-            b = self.st.batch(len(found))
-            pos, where = 0, []
-            for i, e in found:
-                n = _pad(max(e.length, 1), self.unit)
-                b.read(stage, e.offset, n, pos)
-                where.append((i, e, pos))
-                pos += n
-            try:
-                for f in b.submit():
-                    f.result()
-            finally:
-                b.close()
+            stage, where = self._read_batch(found)
             for i, e, p in where:
                 v = stage.copy_out(e.length, p) if e.length else b""
                 if _crc(v) == e.crc:
                     out[i] = v
+                    self.index.move_to_end(ks[i])
+                else:
+                    self._drop_torn(ks[i], e)
+            return out
+
+    def _read_batch(self, found: List[Tuple[int, Entry]]):
+        """Reads the entries' extents into the staging buffer in one batch; returns it and
+        (index, entry, position in it) per entry."""
+        total = sum(_pad(max(e.length, 1), self.unit) for _, e in found)
+        stage = self._stage(total)
+        b = self.st.batch(len(found))
+        pos, where = 0, []
+        for i, e in found:
+            n = _pad(max(e.length, 1), self.unit)
+            b.read(stage, e.offset, n, pos)
+            where.append((i, e, pos))
+            pos += n
+        try:
+            for f in b.submit():
+                f.result()
+        finally:
+            b.close()
+        return stage, where
+
+    def get_many_into(self, keys: Sequence[Key], dsts: Sequence[Any]) -> List[bool]:
+        """Reads each value into its ``dsts[i]`` (a writable contiguous bytes-like object, such
+        as LMCache's memoryviews); ``[i]`` is True when the value was found, intact and exactly
+        ``len(dsts[i])`` bytes. One batch of reads and one copy per value (no ``bytes`` made).
+        A destination whose value fails its checksum holds garbage (and reads False)."""
+        ks = [_key(k) for k in keys]
+        views = [memoryview(d).cast("B") for d in dsts]
+        with self._lock:
+            found = [(i, self.index.get(k)) for i, k in enumerate(ks)]
+            found = [(i, e) for i, e in found if e is not None and e.length == views[i].nbytes]
+            out = [False] * len(ks)
+            if not found:
+                return out
+            stage, where = self._read_batch(found)
+            for i, e, p in where:
+                if e.length:
+                    stage.copy_out_into(views[i], p)
+                if _crc(views[i]) == e.crc:
+                    out[i] = True
                     self.index.move_to_end(ks[i])
                 else:
                     self._drop_torn(ks[i], e)
@@ -468,6 +512,12 @@ class Store:
     def get_into(self, key: Key, dst: Any) -> bool:
         """Reads a value into ``dst`` (a writable bytes-like object of exactly its length, or
         anything ``Storage.register`` takes); False when missing, torn or of another length."""
+        try:
+            view = memoryview(dst)
+        except TypeError:
+            view = None
+        if view is not None and view.c_contiguous and not view.readonly:
+            return self.get_many_into([key], [view])[0]
         v = self.get(key)
         if v is None:
             return False
@@ -563,13 +613,14 @@ def _ops(payload: bytes, n: int):
         yield op, k, e
 
 
-def _as_bytes(st: "ugds.Storage", v: Any) -> bytes:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v)
+def _as_view(st: "ugds.Storage", v: Any):
+    """The value's bytes: a byte view of a contiguous bytes-like object (no copy: it is copied
+    once, into the staging buffer), a copy of a non-contiguous one, or GPU memory's host copy."""
     try:
-        return bytes(memoryview(v).cast("B"))
+        m = memoryview(v)
     except TypeError:
         return st.register(v).copy_out()
+    return m.cast("B") if m.c_contiguous else m.tobytes()
 
 
 def open(target: Union[str, "ugds.Storage"], **kw: Any) -> Store:  # noqa: A001 (mirrors ugds.open)

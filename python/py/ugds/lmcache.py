@@ -127,16 +127,7 @@ class UgdsConnector:
 
     def submit_batch_get(self, keys: List[str], memviews: List[Any]) -> int:
         def run(keys, views):
-            vals = self.store.get_many(keys)
-            res = []
-            for v, mv in zip(vals, views):
-                m = memoryview(mv).cast("B")
-                if v is not None and len(v) == m.nbytes:
-                    m[:] = v
-                    res.append(True)
-                else:
-                    res.append(False)
-            return True, "", res
+            return True, "", self.store.get_many_into(keys, views)
 
         return self._submit(run, list(keys), list(memviews))
 
