@@ -36,6 +36,9 @@ MAX_KEY = 4096
 # The staging buffer a batch's values pass through is kept for the next batch up to this size
 # (allocating and first touching a fresh one per batch cost more than the I/O on small values).
 _STAGE_KEEP = 256 << 20
+# Values at least this large whose length is a multiple of the unit are written from (and read
+# into) the caller's memory itself, registered for the batch: no copy (LMCache's chunks are).
+_IN_PLACE_MIN = 256 << 10
 _SB_MAGIC = b"UGDSKV01"
 _CP_MAGIC = b"UGDSKVCP"
 _JR_MAGIC = b"UGDSKVJR"
@@ -408,26 +411,31 @@ class Store:
         with self._lock:
             vals = [_as_view(self.st, v) for _, v in pairs]
             offs = self._make_room([len(v) for v in vals])
-            total = sum(_pad(max(len(v), 1), self.unit) for v in vals)
-            stage = self._stage(total)
             b = self.st.batch(len(vals))
-            pos, futs, entries = 0, [], []
-            for (k, _), v, off in zip(pairs, vals, offs):
-                n = _pad(max(len(v), 1), self.unit)
-                if v:
-                    stage.copy_in(v, pos)
-                futs.append(b.write(stage, off, n, pos))
-                entries.append((k, Entry(off, len(v), _crc(v))))
-                pos += n
+            entries, regs = [], []
             try:
+                staged = sum(_pad(max(len(v), 1), self.unit) for v in vals if not self._in_place(v))
+                stage = self._stage(staged) if staged else None
+                pos = 0
+                for (k, _), v, off in zip(pairs, vals, offs):
+                    n = _pad(max(len(v), 1), self.unit)
+                    if self._in_place(v):
+                        regs.append(self.st.register(v))
+                        b.write(regs[-1], off, n)
+                    else:
+                        if v:
+                            stage.copy_in(v, pos)
+                        b.write(stage, off, n, pos)
+                        pos += n
+                    entries.append((k, Entry(off, len(v), _crc(v))))
                 for f in b.submit():
                     f.result()
                 self._flush()
                 old = [(k, self.index.get(k)) for k, _ in entries]
                 self._journal([(_PUT, k, e) for k, e in entries])
             except BaseException:
-                for _, e in entries:
-                    self.extents.release(e.offset, e.length)
+                for off, v in zip(offs, vals):
+                    self.extents.release(off, len(v))
                 raise
             finally:
                 b.close()
@@ -462,19 +470,30 @@ class Store:
                     self._drop_torn(ks[i], e)
             return out
 
-    def _read_batch(self, found: List[Tuple[int, Entry]]):
-        """Reads the entries' extents into the staging buffer in one batch; returns it and
-        (index, entry, position in it) per entry."""
-        total = sum(_pad(max(e.length, 1), self.unit) for _, e in found)
-        stage = self._stage(total)
+    def _in_place(self, v) -> bool:
+        """Whether a value (or destination) moves between the target and its own memory."""
+        return isinstance(v, memoryview) and len(v) >= _IN_PLACE_MIN and len(v) % self.unit == 0
+
+    def _read_batch(self, found: List[Tuple[int, Entry]], into: Optional[Dict[int, Any]] = None):
+        """Reads the entries' extents in one batch: into ``into[i]`` (registered for the batch)
+        where given, else into the staging buffer. Returns the staging buffer and (index, entry,
+        position in it, or None when read in place) per entry."""
+        into = into or {}
+        total = sum(_pad(max(e.length, 1), self.unit) for i, e in found if i not in into)
+        stage = self._stage(total) if total else None
         b = self.st.batch(len(found))
-        pos, where = 0, []
-        for i, e in found:
-            n = _pad(max(e.length, 1), self.unit)
-            b.read(stage, e.offset, n, pos)
-            where.append((i, e, pos))
-            pos += n
+        pos, where, regs = 0, [], []
         try:
+            for i, e in found:
+                n = _pad(max(e.length, 1), self.unit)
+                if i in into:
+                    regs.append(self.st.register(into[i]))
+                    b.read(regs[-1], e.offset, n)
+                    where.append((i, e, None))
+                else:
+                    b.read(stage, e.offset, n, pos)
+                    where.append((i, e, pos))
+                    pos += n
             for f in b.submit():
                 f.result()
         finally:
@@ -494,9 +513,9 @@ class Store:
             out = [False] * len(ks)
             if not found:
                 return out
-            stage, where = self._read_batch(found)
+            stage, where = self._read_batch(found, {i: views[i] for i, _ in found if self._in_place(views[i])})
             for i, e, p in where:
-                if e.length:
+                if e.length and p is not None:
                     stage.copy_out_into(views[i], p)
                 if _crc(views[i]) == e.crc:
                     out[i] = True
