@@ -2,7 +2,9 @@
 # Makes the bundle tests/gpu/lmcache_run.sh runs on the GPU machine: DEST (default
 # target/gpu-lmc) gets the ugds wheel (`cargo xtask wheel` first), LMCache 0.5.6's cp312 wheel
 # and the wheels of the packages LMCache's L2-adapter code imports (pip download, for CPython
-# 3.12 on manylinux x86_64; cached in target/lmc-wheels), and the scripts.
+# 3.12 on manylinux x86_64; cached in target/lmc-wheels), and the scripts. BUILDS="NAME=DIR ..."
+# adds installed ugds builds (pip install --target DIR of an earlier wheel) as py-NAME/, which
+# lmcache_run.sh compares with kv_connector_bench.py.
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DEST=${1:-$ROOT/target/gpu-lmc}
@@ -21,7 +23,10 @@ cp "$ROOT"/target/wheels/ugds-*.whl "$W"/lmcache-0.5.6-*.whl "$DEST/"
 cp "$W"/deps/*.whl "$DEST/deps/"
 cp "$ROOT"/tests/gpu/lmcache_run.sh "$DEST/run.sh"
 cp "$ROOT"/tests/gpu/lmcache_native_plugin.py "$ROOT"/tests/gpu/kv_recovery.py "$ROOT"/tests/python/test_ugds_kv.py \
-  "$ROOT"/tests/python/ugds_test_runner.py "$DEST/"
+  "$ROOT"/tests/python/ugds_test_runner.py "$ROOT"/tests/gpu/kv_connector_bench.py "$DEST/"
+for b in ${BUILDS:-}; do
+  cp -r "${b#*=}" "$DEST/py-${b%%=*}"
+done
 echo "built from $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' (with uncommitted changes)')" \
   >"$DEST/BUILT_FROM"
 du -sh "$DEST"

@@ -7,6 +7,9 @@
 #   lmcache_native_plugin.py    LMCache's native-plugin adapter loading ugds.lmcache.UgdsConnector;
 #                               throughput against LMCache's file-system L2 adapters
 #   kv_recovery.py              reopening a store of 100 000 objects
+#   kv_connector_bench.py       when the bundle holds installed builds py-NAME/ (lmcache_bundle.sh
+#                               BUILDS="NAME=DIR ..."): the connector's throughput with each,
+#                               alternating, twice (before/after comparisons in one run)
 # Output: stdout and $OUT/lmcache-run.txt.
 set -u
 B=$(cd "$(dirname "$0")" && pwd)
@@ -51,6 +54,14 @@ run() {
   T=${BENCH_T:-420} run python3 "$B/lmcache_native_plugin.py" "$DIR" "${ROUND_MIB:-256}" "${ROUNDS:-3}"
   T=180 run python3 "$B/kv_recovery.py" "$DIR" "${RECOVERY_N:-100000}"
   rm -rf "$DIR/lmc-plugin"
+  builds=$(ls -d "$B"/py-* 2>/dev/null)
+  for r in 1 2; do
+    for d in $builds; do
+      echo
+      echo "--- connector throughput, build ${d##*/py-}, pass $r"
+      T=200 run env PYTHONPATH="$d" python3 "$B/kv_connector_bench.py" "$DIR" "${ROUND_MIB:-256}" 3 0
+    done
+  done
   echo
   echo "lmcache_run.sh done $(date -u +%FT%TZ)"
 } 2>&1 | tee "${OUT:-/tmp}/lmcache-run.txt"

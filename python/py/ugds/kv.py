@@ -39,6 +39,8 @@ _STAGE_KEEP = 256 << 20
 # Values at least this large whose length is a multiple of the unit are written from (and read
 # into) the caller's memory itself, registered for the batch: no copy (LMCache's chunks are).
 _IN_PLACE_MIN = 256 << 10
+# Metadata writes up to this size go through a registered buffer kept for them.
+_META_KEEP = 1 << 20
 _SB_MAGIC = b"UGDSKV01"
 _CP_MAGIC = b"UGDSKVCP"
 _JR_MAGIC = b"UGDSKVJR"
@@ -194,6 +196,9 @@ class Store:
         self.index: "OrderedDict[bytes, Entry]" = OrderedDict()
         self._evictions = 0
         self._stage_buf: Optional["ugds.Buffer"] = None
+        self._meta_buf: Optional["ugds.Buffer"] = None
+        self._batch: Optional["ugds.Batch"] = None
+        self._batch_cap = 0
         self._torn = 0
         self._replayed = 0
         sb = self._read_superblock()
@@ -210,7 +215,27 @@ class Store:
         return self.st.read_bytes(off, _pad(n, self.unit))[:n]
 
     def _write(self, data: bytes, off: int) -> None:
-        self.st.write_bytes(data + bytes(_pad(len(data), self.unit) - len(data)), off)
+        n = _pad(len(data), self.unit)
+        if n > _META_KEEP:
+            self.st.write_bytes(data + bytes(n - len(data)), off)
+            return
+        # Journal records and superblocks: through a registered buffer kept for them (a fresh
+        # one per record cost an allocation, and a pinning on the direct path, each time).
+        if self._meta_buf is None or self._meta_buf.nbytes < n:
+            self._meta_buf = self.st.alloc(max(n, 64 << 10))
+        self._meta_buf.copy_in(data + bytes(n - len(data)))
+        self.st.write(self._meta_buf, off, n)
+
+    def _run(self, entries: List[Tuple[Any, ...]]) -> None:
+        """Runs one batch of (op, buf, file_offset, nbytes[, buf_offset]) entries on the batch
+        kept for the store (its capacity grown when needed), waiting for all of them; raises
+        the first failed entry's error."""
+        if self._batch is None or self._batch_cap < len(entries):
+            if self._batch is not None:
+                self._batch.close()
+            self._batch_cap = max(len(entries), 64)
+            self._batch = self.st.batch(self._batch_cap)
+        self._batch.run(entries)
 
     def _read_superblock(self) -> Optional[Tuple[int, ...]]:
         raw = self._read(0, _SB.size + 4)
@@ -411,8 +436,7 @@ class Store:
         with self._lock:
             vals = [_as_view(self.st, v) for _, v in pairs]
             offs = self._make_room([len(v) for v in vals])
-            b = self.st.batch(len(vals))
-            entries, regs = [], []
+            entries, regs, ops = [], [], []
             try:
                 staged = sum(_pad(max(len(v), 1), self.unit) for v in vals if not self._in_place(v))
                 stage = self._stage(staged) if staged else None
@@ -421,15 +445,14 @@ class Store:
                     n = _pad(max(len(v), 1), self.unit)
                     if self._in_place(v):
                         regs.append(self.st.register(v))
-                        b.write(regs[-1], off, n)
+                        ops.append(("write", regs[-1], off, n))
                     else:
                         if v:
                             stage.copy_in(v, pos)
-                        b.write(stage, off, n, pos)
+                        ops.append(("write", stage, off, n, pos))
                         pos += n
                     entries.append((k, Entry(off, len(v), _crc(v))))
-                for f in b.submit():
-                    f.result()
+                self._run(ops)
                 self._flush()
                 old = [(k, self.index.get(k)) for k, _ in entries]
                 self._journal([(_PUT, k, e) for k, e in entries])
@@ -437,8 +460,6 @@ class Store:
                 for off, v in zip(offs, vals):
                     self.extents.release(off, len(v))
                 raise
-            finally:
-                b.close()
             for k, e in entries:
                 self.index.pop(k, None)
                 self.index[k] = e
@@ -481,23 +502,17 @@ class Store:
         into = into or {}
         total = sum(_pad(max(e.length, 1), self.unit) for i, e in found if i not in into)
         stage = self._stage(total) if total else None
-        b = self.st.batch(len(found))
-        pos, where, regs = 0, [], []
-        try:
-            for i, e in found:
-                n = _pad(max(e.length, 1), self.unit)
-                if i in into:
-                    regs.append(self.st.register(into[i]))
-                    b.read(regs[-1], e.offset, n)
-                    where.append((i, e, None))
-                else:
-                    b.read(stage, e.offset, n, pos)
-                    where.append((i, e, pos))
-                    pos += n
-            for f in b.submit():
-                f.result()
-        finally:
-            b.close()
+        pos, where, ops = 0, [], []
+        for i, e in found:
+            n = _pad(max(e.length, 1), self.unit)
+            if i in into:
+                ops.append(("read", self.st.register(into[i]), e.offset, n))
+                where.append((i, e, None))
+            else:
+                ops.append(("read", stage, e.offset, n, pos))
+                where.append((i, e, pos))
+                pos += n
+        self._run(ops)
         return stage, where
 
     def get_many_into(self, keys: Sequence[Key], dsts: Sequence[Any]) -> List[bool]:
@@ -598,6 +613,9 @@ class Store:
         with self._lock:
             if self.seq or self.index:
                 self._checkpoint()
+            if self._batch is not None:
+                self._batch.close()
+                self._batch = None
 
     def __enter__(self) -> "Store":
         return self
