@@ -160,7 +160,7 @@ def lookup(ad, keys) -> list:
 
 
 def ugds_spec(path: str, **extra) -> dict:
-    params = {"path": path, "capacity": 2 << 30, "num_workers": 2}
+    params = {"path": path, "capacity": 2 << 30, "num_workers": 4}
     params.update(extra)
     return {"type": "native_plugin", "module_path": "ugds.lmcache", "class_name": "UgdsConnector", "adapter_params": params}
 

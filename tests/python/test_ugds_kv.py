@@ -185,6 +185,59 @@ class StoreTests(Base):
         for other in {"direct_p2p", "direct_host", "direct_staged", "fallback"} - {key}:
             self.assertEqual(after[other], before[other], other)
 
+    def test_reads_beside_overwrites_and_evictions_return_only_whole_values(self) -> None:
+        # Reads run outside the store's lock: while a writer overwrites, deletes and (the store
+        # being small) evicts, so extents are reused under them, every value read is one that
+        # was written under that key, whole, or missing.
+        import threading
+
+        s = self.store(create=True, capacity=16 * MiB)  # about 13 MiB of data: 24 keys of 1 MiB evict
+        keys = [b"r%d" % i for i in range(24)]
+        n = MiB
+
+        def val(k: bytes, ver: int) -> bytes:
+            return ver.to_bytes(8, "little") + value(k + b"/%d" % ver, n - 8)
+
+        def whole(k: bytes, v: bytes) -> bool:
+            return v == val(k, int.from_bytes(v[:8], "little"))
+
+        s.set_many([(k, val(k, 0)) for k in keys[:8]])
+        bad, reads, stop = [], [0], threading.Event()
+
+        def reader(seed: int) -> None:
+            outs = [bytearray(n) for _ in range(4)]
+            i = seed
+            while not stop.is_set():
+                ks = [keys[(i + j * 5) % len(keys)] for j in range(4)]
+                i += 1
+                if i % 2:
+                    for k, v in zip(ks, s.get_many(ks)):
+                        if v is not None and not whole(k, v):
+                            bad.append(k)
+                else:
+                    for k, o, ok in zip(ks, outs, s.get_many_into(ks, outs)):
+                        if ok and not whole(k, bytes(o)):
+                            bad.append(k)
+                reads[0] += 4
+
+        ts = [threading.Thread(target=reader, args=(t,)) for t in range(3)]
+        for t in ts:
+            t.start()
+        try:
+            for ver in range(1, 40):
+                k = keys[(ver * 7) % len(keys)]
+                s.set(k, val(k, ver))
+                if ver % 5 == 0:
+                    s.delete(keys[ver % len(keys)])
+        finally:
+            stop.set()
+            for t in ts:
+                t.join()
+        self.assertEqual(bad, [])
+        self.assertGreater(reads[0], 0)
+        self.assertGreater(s.stats().evictions, 0, "the store was meant to evict")
+        self.assertEqual(s.stats().torn, 0)
+
     def test_reformatting_forgets_the_old_store(self) -> None:
         s = self.store()
         s.set(b"old", b"o" * 10)

@@ -167,7 +167,10 @@ def _pad(n: int, unit: int) -> int:
 
 
 class Store:
-    """A persistent object store (see the module comment). Thread-safe: one operation at a time.
+    """A persistent object store (see the module comment). Thread-safe: changes (sets, deletes,
+    evictions, checkpoints) run one at a time; reads of several threads run at once, each thread
+    with its own batch and staging buffer (a read that meets an extent reused meanwhile fails its
+    checksum and reads as missing, never as data).
 
     ``target``: a path (opened with ``ugds.open``) or an open ``ugds.Storage``. ``create``: format
     when no valid store is found (``"auto"``), always (``True``), or never (``False``: raise).
@@ -195,10 +198,10 @@ class Store:
         self._lock = threading.RLock()
         self.index: "OrderedDict[bytes, Entry]" = OrderedDict()
         self._evictions = 0
-        self._stage_buf: Optional["ugds.Buffer"] = None
         self._meta_buf: Optional["ugds.Buffer"] = None
-        self._batch: Optional["ugds.Batch"] = None
-        self._batch_cap = 0
+        # Per thread: its batch (and capacity) and staging buffer; every batch made, for close().
+        self._tls = threading.local()
+        self._batches: List["ugds.Batch"] = []
         self._torn = 0
         self._replayed = 0
         sb = self._read_superblock()
@@ -230,12 +233,13 @@ class Store:
         """Runs one batch of (op, buf, file_offset, nbytes[, buf_offset]) entries on the batch
         kept for the store (its capacity grown when needed), waiting for all of them; raises
         the first failed entry's error."""
-        if self._batch is None or self._batch_cap < len(entries):
-            if self._batch is not None:
-                self._batch.close()
-            self._batch_cap = max(len(entries), 64)
-            self._batch = self.st.batch(self._batch_cap)
-        self._batch.run(entries)
+        t = self._tls
+        if getattr(t, "batch", None) is None or t.cap < len(entries):
+            t.cap = max(len(entries), 64)
+            t.batch = self.st.batch(t.cap)
+            with self._lock:
+                self._batches.append(t.batch)
+        t.batch.run(entries)
 
     def _read_superblock(self) -> Optional[Tuple[int, ...]]:
         raw = self._read(0, _SB.size + 4)
@@ -383,11 +387,11 @@ class Store:
     def _stage(self, nbytes: int) -> "ugds.Buffer":
         """A registered host buffer of at least ``nbytes`` (the kept one when large enough; the
         store's lock makes one batch use it at a time)."""
-        b = self._stage_buf
+        b = getattr(self._tls, "stage", None)
         if b is None or b.nbytes < nbytes:
             b = self.st.alloc(nbytes)
             if nbytes <= _STAGE_KEEP:
-                self._stage_buf = b
+                self._tls.stage = b
         return b
 
     # ---------------------------------------------------------------------------- space
@@ -477,19 +481,32 @@ class Store:
         ks = [_key(k) for k in keys]
         with self._lock:
             found = [(i, self.index.get(k)) for i, k in enumerate(ks)]
-            found = [(i, e) for i, e in found if e is not None]
-            out: List[Optional[bytes]] = [None] * len(ks)
-            if not found:
-                return out
-            stage, where = self._read_batch(found)
-            for i, e, p in where:
-                v = stage.copy_out(e.length, p) if e.length else b""
-                if _crc(v) == e.crc:
-                    out[i] = v
+        found = [(i, e) for i, e in found if e is not None]
+        out: List[Optional[bytes]] = [None] * len(ks)
+        if not found:
+            return out
+        stage, where = self._read_batch(found)
+        good = []
+        for i, e, p in where:
+            v = stage.copy_out(e.length, p) if e.length else b""
+            if _crc(v) == e.crc:
+                out[i] = v
+            good.append(out[i] is not None)
+        self._settle(ks, where, good)
+        return out
+
+    def _settle(self, ks: List[bytes], where, good: List[bool]) -> None:
+        """After reads made outside the lock: marks the intact values used (LRU) and drops the
+        torn ones, each only if its key still names the extent that was read (else a change
+        came in between: nothing to do)."""
+        with self._lock:
+            for (i, e, _), ok in zip(where, good):
+                if self.index.get(ks[i]) is not e:
+                    continue
+                if ok:
                     self.index.move_to_end(ks[i])
                 else:
                     self._drop_torn(ks[i], e)
-            return out
 
     def _in_place(self, v) -> bool:
         """Whether a value (or destination) moves between the target and its own memory."""
@@ -524,20 +541,17 @@ class Store:
         views = [memoryview(d).cast("B") for d in dsts]
         with self._lock:
             found = [(i, self.index.get(k)) for i, k in enumerate(ks)]
-            found = [(i, e) for i, e in found if e is not None and e.length == views[i].nbytes]
-            out = [False] * len(ks)
-            if not found:
-                return out
-            stage, where = self._read_batch(found, {i: views[i] for i, _ in found if self._in_place(views[i])})
-            for i, e, p in where:
-                if e.length and p is not None:
-                    stage.copy_out_into(views[i], p)
-                if _crc(views[i]) == e.crc:
-                    out[i] = True
-                    self.index.move_to_end(ks[i])
-                else:
-                    self._drop_torn(ks[i], e)
+        found = [(i, e) for i, e in found if e is not None and e.length == views[i].nbytes]
+        out = [False] * len(ks)
+        if not found:
             return out
+        stage, where = self._read_batch(found, {i: views[i] for i, _ in found if self._in_place(views[i])})
+        for i, e, p in where:
+            if e.length and p is not None:
+                stage.copy_out_into(views[i], p)
+            out[i] = _crc(views[i]) == e.crc
+        self._settle(ks, where, [out[i] for i, _, _ in where])
+        return out
 
     def get(self, key: Key) -> Optional[bytes]:
         """One value, or ``None`` (see ``get_many``)."""
@@ -613,9 +627,10 @@ class Store:
         with self._lock:
             if self.seq or self.index:
                 self._checkpoint()
-            if self._batch is not None:
-                self._batch.close()
-                self._batch = None
+            for b in self._batches:
+                b.close()
+            self._batches.clear()
+            self._tls = threading.local()
 
     def __enter__(self) -> "Store":
         return self
