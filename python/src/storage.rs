@@ -102,6 +102,15 @@ impl PyBuffer {
     pub fn place_of(&self) -> Place {
         self.mem.place
     }
+
+    /// Whether `[ptr, ptr + len)` overlaps the object's bytes from `offset` on (addresses as
+    /// the object has them: host, or a device address, distinct from host ones under CUDA's
+    /// unified addressing).
+    fn overlaps(&self, offset: u64, ptr: u64, len: u64) -> bool {
+        let start = self.mem.ptr.saturating_add(offset);
+        let end = self.mem.ptr.saturating_add(self.mem.len);
+        len > 0 && start < end && ptr < end && start < ptr.saturating_add(len)
+    }
 }
 
 /// `buf` as a registered buffer: a `Buffer` as it is, anything else registered now (for the
@@ -438,9 +447,13 @@ impl PyBuffer {
         let src = crate::pybuf::export_of(data, "data")?;
         let t = self.target(py, off, src.len(), true)?;
         let gpu = self.place_of() != Place::Host;
+        // `data` over the buffer's own bytes: copied first (the copy below needs two ranges
+        // that do not overlap).
+        let own = self.overlaps(off, src.ptr(), src.len()).then(|| src.as_slice().unwrap_or_default().to_vec());
         py.detach(move || {
             let _caller = gpu.then(CallerContext::keep);
-            t.buf.copy_in(t.offset as usize, src.as_slice().unwrap_or_default())
+            let bytes = own.as_deref().unwrap_or_else(|| src.as_slice().unwrap_or_default());
+            t.buf.copy_in(t.offset as usize, bytes)
         })
         .map_err(|e| to_py(py, e))
     }
@@ -456,9 +469,18 @@ impl PyBuffer {
             .ok_or_else(|| invalid(py, "dst", "must be a writable contiguous bytes-like object"))?;
         let t = self.target(py, off, out.len(), false)?;
         let gpu = self.place_of() != Place::Host;
+        let overlap = self.overlaps(off, out.ptr(), out.len());
         py.detach(move || {
             let _caller = gpu.then(CallerContext::keep);
-            t.buf.copy_out(t.offset as usize, out.as_mut_slice().unwrap_or_default())
+            let dst = out.as_mut_slice().unwrap_or_default();
+            if overlap {
+                // `dst` over the buffer's own bytes: through a copy (see `copy_in`).
+                let mut v = vec![0u8; dst.len()];
+                t.buf.copy_out(t.offset as usize, &mut v)?;
+                dst.copy_from_slice(&v);
+                return Ok(());
+            }
+            t.buf.copy_out(t.offset as usize, dst)
         })
         .map_err(|e| to_py(py, e))
     }

@@ -150,6 +150,17 @@ class IoTests(Base):
             buf.copy_out_into(bytearray(self.bs), 3 * self.bs)
         self.assertEqual(c.exception.arg, "buf_offset")
 
+    def test_copies_between_a_buffer_and_its_own_bytes(self) -> None:
+        bs = self.bs
+        old = pattern(4 * bs, 14)
+        data = bytearray(old)
+        buf = self.st.register(data)
+        buf.copy_in(memoryview(data)[: 2 * bs], bs)  # source and destination overlap
+        self.assertEqual(bytes(data), old[:bs] + old[: 2 * bs] + old[3 * bs :])
+        data[:] = old
+        buf.copy_out_into(memoryview(data)[bs : 3 * bs], 0)
+        self.assertEqual(bytes(data), old[:bs] + old[: 2 * bs] + old[3 * bs :])
+
     def test_read_bytes_and_write_bytes(self) -> None:
         data = pattern(2 * self.bs, 5)
         self.assertEqual(self.st.write_bytes(data, 4 * self.bs), len(data))
