@@ -116,16 +116,33 @@ impl Export {
         true
     }
 
-    /// A copy of the bytes (C-contiguous exports only; else `None`).
-    pub fn to_vec(&self) -> Option<Vec<u8>> {
+    /// The bytes, in place (C-contiguous exports only; else `None`). Valid while the export
+    /// lives (the exporter keeps the memory until release), also without the GIL; the caller's
+    /// contract, as for any I/O from the object, is that nobody changes them meanwhile.
+    pub fn as_slice(&self) -> Option<&[u8]> {
         if !self.c_contiguous() {
             return None;
         }
         if self.len() == 0 {
-            return Some(Vec::new());
+            return Some(&[]);
         }
-        // SAFETY: a C-contiguous export is `len` readable bytes at `buf`, valid until release.
-        Some(unsafe { std::slice::from_raw_parts(self.view.buf as *const u8, self.len() as usize) }.to_vec())
+        // SAFETY: a C-contiguous export is `len` readable bytes at `buf`, valid until release,
+        // which happens only when `self` (borrowed here) is dropped.
+        Some(unsafe { std::slice::from_raw_parts(self.view.buf as *const u8, self.len() as usize) })
+    }
+
+    /// The bytes, in place and writable (C-contiguous, writable exports only; else `None`).
+    /// `&mut self`: one writer per export.
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        if !self.c_contiguous() || self.readonly() {
+            return None;
+        }
+        if self.len() == 0 {
+            return Some(&mut []);
+        }
+        // SAFETY: a C-contiguous writable export is `len` writable bytes at `buf`, valid until
+        // release (when `self`, borrowed mutably here, is dropped).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.view.buf as *mut u8, self.len() as usize) })
     }
 }
 
@@ -138,9 +155,10 @@ impl Drop for Export {
     }
 }
 
-/// The bytes of a bytes-like `obj` (`arg` names it in the error).
-pub fn bytes_of(obj: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<Vec<u8>> {
+/// The buffer export of a C-contiguous bytes-like `obj` (`as_slice` is `Some`); `arg` names it
+/// in the error. Its bytes are read in place, without the GIL.
+pub fn export_of(obj: &Bound<'_, PyAny>, arg: &'static str) -> PyResult<Export> {
     Export::get(obj)
-        .and_then(|e| e.to_vec())
+        .filter(Export::c_contiguous)
         .ok_or_else(|| crate::errors::invalid(obj.py(), arg, "must be a contiguous bytes-like object"))
 }

@@ -102,6 +102,15 @@ impl PyBuffer {
     pub fn place_of(&self) -> Place {
         self.mem.place
     }
+
+    /// Whether `[ptr, ptr + len)` overlaps the object's bytes from `offset` on (addresses as
+    /// the object has them: host, or a device address, distinct from host ones under CUDA's
+    /// unified addressing).
+    fn overlaps(&self, offset: u64, ptr: u64, len: u64) -> bool {
+        let start = self.mem.ptr.saturating_add(offset);
+        let end = self.mem.ptr.saturating_add(self.mem.len);
+        len > 0 && start < end && ptr < end && start < ptr.saturating_add(len)
+    }
 }
 
 /// `buf` as a registered buffer: a `Buffer` as it is, anything else registered now (for the
@@ -241,6 +250,38 @@ impl PyStorage {
         Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
     }
 
+    /// Test hook, not part of the API: `nbytes` of the library's CPU stand-in "GPU" memory
+    /// (memfd-backed; exported as a real dma-buf through udmabuf), registered as GPU memory is:
+    /// peer-to-peer through the dma-buf on the direct path, staged otherwise (when
+    /// `allow_fallback`). Lets the tests drive the dma-buf path without a GPU.
+    #[doc(hidden)]
+    #[pyo3(signature = (nbytes, allow_fallback = true))]
+    fn _alloc_cpu_gpu(&self, py: Python<'_>, nbytes: i64, allow_fallback: bool) -> PyResult<PyBuffer> {
+        static CPU: std::sync::OnceLock<Arc<ugds::Gpu>> = std::sync::OnceLock::new();
+        let n = nonneg(py, "nbytes", nbytes)?;
+        let gpu = CPU.get_or_init(ugds::Gpu::cpu).clone();
+        let st = self.st.clone();
+        let (b, ptr) = py
+            .detach(move || {
+                // Whole pages, as GPU allocations are (udmabuf exports whole pages only).
+                let m = Arc::new(gpu.alloc((n as usize).next_multiple_of(4096))?);
+                let ptr = m.device_ptr();
+                // The registration holds `m` (the memory lives as long as the Buffer).
+                st.register_gpu(m, allow_fallback).map(|b| (b, ptr))
+            })
+            .map_err(|e| to_py(py, e))?;
+        let mem = Memory {
+            ptr,
+            len: n,
+            readonly: false,
+            // Host memory underneath: copies are memcpy, no CUDA context is involved.
+            place: Place::Host,
+            what: "CPU stand-in GPU memory (memfd, dma-buf through udmabuf)".into(),
+            keep: crate::memory::Keep::Nothing,
+        };
+        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
+    }
+
     /// Reads `nbytes` at `file_offset` into `buf` at `buf_offset`; returns the bytes read
     /// (fewer only at the end of a file). `buf`: a Buffer, or anything `register` takes
     /// (registered for this call).
@@ -288,11 +329,12 @@ impl PyStorage {
     /// buffer the call allocates; returns the bytes written.
     fn write_bytes(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<u64> {
         let foff = nonneg(py, "file_offset", file_offset)?;
-        let src = crate::pybuf::bytes_of(data, "data")?;
+        let src = crate::pybuf::export_of(data, "data")?;
         let st = self.st.clone();
         py.detach(move || -> ugds::Result<u64> {
+            let src = src.as_slice().unwrap_or_default();
             let b = st.alloc_host(src.len().max(1))?;
-            b.copy_in(0, &src)?;
+            b.copy_in(0, src)?;
             st.write(&b, 0, foff, src.len() as u64)
         })
         .map_err(|e| to_py(py, e))
@@ -305,12 +347,14 @@ impl PyStorage {
     }
 
     /// I/Os per path since the storage was opened, and bytes moved: a dict with the keys
-    /// `direct_p2p`, `direct_host`, `fallback`, `bytes`.
+    /// `direct_p2p`, `direct_host`, `direct_staged` (GPU memory staged through host memory on the
+    /// direct path), `fallback`, `bytes`.
     fn path_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.st.path_counts();
         let d = PyDict::new(py);
         d.set_item("direct_p2p", c.direct_p2p)?;
         d.set_item("direct_host", c.direct_host)?;
+        d.set_item("direct_staged", c.direct_staged)?;
         d.set_item("fallback", c.fallback)?;
         d.set_item("bytes", c.bytes)?;
         Ok(d)
@@ -400,12 +444,43 @@ impl PyBuffer {
     #[pyo3(signature = (data, offset = 0))]
     fn copy_in(&self, py: Python<'_>, data: &Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
         let off = nonneg(py, "offset", offset)?;
-        let src = crate::pybuf::bytes_of(data, "data")?;
-        let t = self.target(py, off, src.len() as u64, true)?;
+        let src = crate::pybuf::export_of(data, "data")?;
+        let t = self.target(py, off, src.len(), true)?;
         let gpu = self.place_of() != Place::Host;
+        // `data` over the buffer's own bytes: copied first (the copy below needs two ranges
+        // that do not overlap).
+        let own = self.overlaps(off, src.ptr(), src.len()).then(|| src.as_slice().unwrap_or_default().to_vec());
         py.detach(move || {
             let _caller = gpu.then(CallerContext::keep);
-            t.buf.copy_in(t.offset as usize, &src)
+            let bytes = own.as_deref().unwrap_or_else(|| src.as_slice().unwrap_or_default());
+            t.buf.copy_in(t.offset as usize, bytes)
+        })
+        .map_err(|e| to_py(py, e))
+    }
+
+    /// Copies `len(dst)` bytes of the buffer at `offset` into `dst`, a writable contiguous
+    /// bytes-like object (a bytearray, a memoryview of pinned memory, ...), without the GIL and
+    /// without an intermediate `bytes` (refused while I/O on the buffer runs).
+    #[pyo3(signature = (dst, offset = 0))]
+    fn copy_out_into(&self, py: Python<'_>, dst: &Bound<'_, PyAny>, offset: i64) -> PyResult<()> {
+        let off = nonneg(py, "offset", offset)?;
+        let mut out = crate::pybuf::Export::get(dst)
+            .filter(|e| e.c_contiguous() && !e.readonly())
+            .ok_or_else(|| invalid(py, "dst", "must be a writable contiguous bytes-like object"))?;
+        let t = self.target(py, off, out.len(), false)?;
+        let gpu = self.place_of() != Place::Host;
+        let overlap = self.overlaps(off, out.ptr(), out.len());
+        py.detach(move || {
+            let _caller = gpu.then(CallerContext::keep);
+            let dst = out.as_mut_slice().unwrap_or_default();
+            if overlap {
+                // `dst` over the buffer's own bytes: through a copy (see `copy_in`).
+                let mut v = vec![0u8; dst.len()];
+                t.buf.copy_out(t.offset as usize, &mut v)?;
+                dst.copy_from_slice(&v);
+                return Ok(());
+            }
+            t.buf.copy_out(t.offset as usize, dst)
         })
         .map_err(|e| to_py(py, e))
     }
@@ -420,6 +495,12 @@ impl PyBuffer {
         };
         let t = self.target(py, off, n, false)?;
         let gpu = self.place_of() != Place::Host;
+        if !gpu {
+            // Host memory: straight into the new bytes object (one copy; memcpy under the GIL).
+            return PyBytes::new_with(py, n as usize, |b| {
+                t.buf.copy_out(t.offset as usize, b).map_err(|e| to_py(py, e))
+            });
+        }
         let data = py
             .detach(move || {
                 let _caller = gpu.then(CallerContext::keep);

@@ -3,6 +3,10 @@ the way LMCache's NativeConnectorL2Adapter drives a native connector), on the in
 against files. Run by `cargo xtask test` beside test_ugds_py.py; prints
 `UGDS-PY passed=N failed=M skipped=K` last. Nothing here depends on timing: the crash test kills
 the writer after a number of acknowledgements, whenever they come.
+
+With UGDS_KV_TARGET set to a ugds node (/dev/ugds_drvN; the VM suite does this) every test runs
+on it instead, on the direct path (its data is overwritten): each test formats a store of the
+test's size at its start, and `test_io_takes_the_expected_path` checks the path counts.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import ugds.kv as kv
 from ugds.lmcache import UgdsConnector
 
 DIR = os.environ.get("UGDS_TEST_DIR") or tempfile.gettempdir()
+TARGET = os.environ.get("UGDS_KV_TARGET")
 MiB = 1 << 20
 
 
@@ -35,15 +40,34 @@ class Base(unittest.TestCase):
     size = 64 * MiB
 
     def setUp(self) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="ugds-kv-", suffix=".dat", dir=DIR)
-        os.ftruncate(fd, self.size)
-        os.close(fd)
+        if TARGET:
+            # A fresh store of the test's size at the start of the node (what a new file is).
+            self.path = TARGET
+            kv.open(self.path, create=True, capacity=self.size)
+        else:
+            fd, self.path = tempfile.mkstemp(prefix="ugds-kv-", suffix=".dat", dir=DIR)
+            os.ftruncate(fd, self.size)
+            os.close(fd)
 
     def tearDown(self) -> None:
-        os.unlink(self.path)
+        if not TARGET:
+            os.unlink(self.path)
 
     def store(self, **kw) -> kv.Store:
+        if TARGET:
+            kw.setdefault("capacity", self.size)
         return kv.open(self.path, **kw)
+
+    def poke(self, off: int, data: bytes) -> None:
+        """Overwrites bytes of the target behind the store's back (through ugds: the same on a
+        file and on a ugds node), as a write cut short would leave them."""
+        st = ugds.open(self.path)
+        bs = st.block_size
+        start, end = off // bs * bs, -(-(off + len(data)) // bs) * bs
+        old = bytearray(st.read_bytes(start, end - start))
+        old[off - start : off - start + len(data)] = data
+        st.write_bytes(bytes(old), start)
+        st.flush()
 
 
 class StoreTests(Base):
@@ -125,9 +149,10 @@ class StoreTests(Base):
         s = self.store()
         s.set_many([(b"ok", value(b"ok", 8192)), (b"torn", value(b"torn", 8192))])
         e = s.index[b"torn"]
-        with open(self.path, "r+b") as f:  # a write that did not finish: half old, half garbage
-            f.seek(e.offset + 4096)
-            f.write(b"\xff" * 4096)
+        self.poke(e.offset + 4096, b"\xff" * 4096)  # a write that did not finish: half old, half garbage
+        outs = [bytearray(8192), bytearray(8192)]
+        self.assertEqual(s.get_many_into([b"ok", b"torn"], outs), [True, False])
+        self.assertEqual(bytes(outs[0]), value(b"ok", 8192))
         self.assertIsNone(s.get(b"torn"))
         self.assertEqual(s.stats().torn, 1)
         self.assertEqual(s.get(b"ok"), value(b"ok", 8192))
@@ -139,13 +164,79 @@ class StoreTests(Base):
         s.set(b"first", b"1" * 100)
         jpos = s.jpos
         s.set_many([(b"second", b"2" * 100), (b"third", b"3" * 100)])
-        with open(self.path, "r+b") as f:  # the record's payload half-written
-            f.seek(s.layout["journal_off"] + jpos + 40)
-            f.write(b"\0" * 16)
+        self.poke(s.layout["journal_off"] + jpos + 40, b"\0" * 16)  # the record's payload half-written
         del s
         s = self.store()
         self.assertEqual(s.get(b"first"), b"1" * 100)
         self.assertEqual(s.exists_many([b"second", b"third"]), [False, False])
+
+    def test_io_takes_the_expected_path(self) -> None:
+        s = self.store()
+        st = s.st
+        key = "direct_host" if st.is_direct else "fallback"
+        if TARGET:
+            self.assertTrue(st.is_direct, f"{TARGET}: {st.describe()}")
+        before = st.path_counts()
+        s.set_many([(b"p%d" % i, value(b"p%d" % i, 100000)) for i in range(4)])
+        self.assertEqual(s.get_many([b"p0", b"p3"]), [value(b"p0", 100000), value(b"p3", 100000)])
+        after = st.path_counts()
+        # 4 values + 1 journal record written, 2 values read.
+        self.assertGreaterEqual(after[key] - before[key], 7, (before, after))
+        for other in {"direct_p2p", "direct_host", "direct_staged", "fallback"} - {key}:
+            self.assertEqual(after[other], before[other], other)
+
+    def test_reads_beside_overwrites_and_evictions_return_only_whole_values(self) -> None:
+        # Reads run outside the store's lock: while a writer overwrites, deletes and (the store
+        # being small) evicts, so extents are reused under them, every value read is one that
+        # was written under that key, whole, or missing.
+        import threading
+
+        s = self.store(create=True, capacity=16 * MiB)  # about 13 MiB of data: 24 keys of 1 MiB evict
+        keys = [b"r%d" % i for i in range(24)]
+        n = MiB
+
+        def val(k: bytes, ver: int) -> bytes:
+            return ver.to_bytes(8, "little") + value(k + b"/%d" % ver, n - 8)
+
+        def whole(k: bytes, v: bytes) -> bool:
+            return v == val(k, int.from_bytes(v[:8], "little"))
+
+        s.set_many([(k, val(k, 0)) for k in keys[:8]])
+        bad, reads, stop = [], [0], threading.Event()
+
+        def reader(seed: int) -> None:
+            outs = [bytearray(n) for _ in range(4)]
+            i = seed
+            while not stop.is_set():
+                ks = [keys[(i + j * 5) % len(keys)] for j in range(4)]
+                i += 1
+                if i % 2:
+                    for k, v in zip(ks, s.get_many(ks)):
+                        if v is not None and not whole(k, v):
+                            bad.append(k)
+                else:
+                    for k, o, ok in zip(ks, outs, s.get_many_into(ks, outs)):
+                        if ok and not whole(k, bytes(o)):
+                            bad.append(k)
+                reads[0] += 4
+
+        ts = [threading.Thread(target=reader, args=(t,)) for t in range(3)]
+        for t in ts:
+            t.start()
+        try:
+            for ver in range(1, 40):
+                k = keys[(ver * 7) % len(keys)]
+                s.set(k, val(k, ver))
+                if ver % 5 == 0:
+                    s.delete(keys[ver % len(keys)])
+        finally:
+            stop.set()
+            for t in ts:
+                t.join()
+        self.assertEqual(bad, [])
+        self.assertGreater(reads[0], 0)
+        self.assertGreater(s.stats().evictions, 0, "the store was meant to evict")
+        self.assertEqual(s.stats().torn, 0)
 
     def test_reformatting_forgets_the_old_store(self) -> None:
         s = self.store()
@@ -229,6 +320,7 @@ class ConnectorTests(Base):
         with self.assertRaises(RuntimeError):
             c.submit_batch_exists(["x"])
         c2 = UgdsConnector(path=self.path)
+        self.assertEqual(c2.store.st.is_direct, bool(TARGET))
         fe = c2.submit_batch_exists(keys)
         self.assertEqual(self.drain(c2, 1)[fe][2], [True, True, False, True, True, True])
         c2.close()

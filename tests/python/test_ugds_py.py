@@ -122,6 +122,45 @@ class IoTests(Base):
         self.st.read((ctypes.addressof(dst), n), 0, n)
         self.assertEqual(dst.raw, src.raw)
 
+    def test_crc32_is_zlibs(self) -> None:
+        import zlib
+
+        data = pattern(100003, 12)
+        self.assertEqual(ugds.crc32(data), zlib.crc32(data))
+        self.assertEqual(ugds.crc32(b""), 0)
+        self.assertEqual(ugds.crc32(data[5000:], ugds.crc32(data[:5000])), zlib.crc32(data))
+        self.assertEqual(ugds.crc32(memoryview(bytearray(data))[7:]), zlib.crc32(data[7:]))
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            ugds.crc32(12)
+        self.assertEqual(c.exception.arg, "data")
+
+    def test_copy_out_into_a_writable_object(self) -> None:
+        buf = self.st.alloc(3 * self.bs)
+        buf.copy_in(pattern(3 * self.bs, 13))
+        out = bytearray(self.bs)
+        buf.copy_out_into(out, self.bs)
+        self.assertEqual(bytes(out), pattern(3 * self.bs, 13)[self.bs : 2 * self.bs])
+        mv = memoryview(bytearray(2 * self.bs))
+        buf.copy_out_into(mv[self.bs :])
+        self.assertEqual(bytes(mv[self.bs :]), pattern(self.bs, 13))
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            buf.copy_out_into(bytes(self.bs))
+        self.assertEqual(c.exception.arg, "dst")
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            buf.copy_out_into(bytearray(self.bs), 3 * self.bs)
+        self.assertEqual(c.exception.arg, "buf_offset")
+
+    def test_copies_between_a_buffer_and_its_own_bytes(self) -> None:
+        bs = self.bs
+        old = pattern(4 * bs, 14)
+        data = bytearray(old)
+        buf = self.st.register(data)
+        buf.copy_in(memoryview(data)[: 2 * bs], bs)  # source and destination overlap
+        self.assertEqual(bytes(data), old[:bs] + old[: 2 * bs] + old[3 * bs :])
+        data[:] = old
+        buf.copy_out_into(memoryview(data)[bs : 3 * bs], 0)
+        self.assertEqual(bytes(data), old[:bs] + old[: 2 * bs] + old[3 * bs :])
+
     def test_read_bytes_and_write_bytes(self) -> None:
         data = pattern(2 * self.bs, 5)
         self.assertEqual(self.st.write_bytes(data, 4 * self.bs), len(data))
@@ -168,7 +207,7 @@ class IoTests(Base):
 
     def test_path_counts_count_each_io(self) -> None:
         before = self.st.path_counts()
-        self.assertEqual(set(before), {"direct_p2p", "direct_host", "fallback", "bytes"})
+        self.assertEqual(set(before), {"direct_p2p", "direct_host", "direct_staged", "fallback", "bytes"})
         buf = self.st.register(bytearray(2 * self.bs))
         self.st.write(buf, 0, 2 * self.bs)
         self.st.read(buf, 0, self.bs)
@@ -176,6 +215,63 @@ class IoTests(Base):
         self.assertEqual(after[self.path_key] - before[self.path_key], 2)
         self.assertEqual(after["bytes"] - before["bytes"], 3 * self.bs)
         self.assertEqual(after["direct_p2p"], before["direct_p2p"])
+
+
+class DmaBufTests(Base):
+    """The library's CPU stand-in "GPU" memory (memfd, exported as a real dma-buf through
+    udmabuf; the hidden test hook `Storage._alloc_cpu_gpu`): on a ugds node it is registered
+    peer-to-peer through the dma-buf path, on a file it is staged (the fallback path)."""
+
+    def expected(self) -> str:
+        return "direct_p2p" if self.st.is_direct else "fallback"
+
+    def test_a_ugds_node_takes_the_direct_path(self) -> None:
+        if not TARGET:
+            self.skipTest("no ugds node given (UGDS_PY_TARGET)")
+        self.assertTrue(self.st.is_direct, f"{TARGET}: {self.st.describe()}")
+        before = self.st.path_counts()
+        self.st.write_bytes(pattern(self.bs, 9), 0)
+        self.assertEqual(self.st.read_bytes(0, self.bs), pattern(self.bs, 9))
+        after = self.st.path_counts()
+        self.assertEqual(after["direct_host"] - before["direct_host"], 2)
+        self.assertEqual(after["fallback"], before["fallback"])
+
+    def test_stand_in_gpu_memory_round_trip_and_path(self) -> None:
+        n = (1 << 20) + 3 * self.bs
+        src = self.st._alloc_cpu_gpu(n)
+        dst = self.st._alloc_cpu_gpu(n)
+        if self.st.is_direct:
+            self.assertEqual(src.path, "direct (peer-to-peer)")
+        else:
+            self.assertTrue(src.path.startswith("fallback"), src.path)
+        data = pattern(n, 10)
+        src.copy_in(data)
+        before = self.st.path_counts()
+        self.assertEqual(self.st.write(src, 8 * self.bs, n), n)
+        self.assertEqual(self.st.read(dst, 8 * self.bs, n), n)
+        self.assertEqual(dst.copy_out(), data)
+        after = self.st.path_counts()
+        key = self.expected()
+        self.assertEqual(after[key] - before[key], 2, (before, after))
+        self.assertEqual(after["bytes"] - before["bytes"], 2 * n)
+        for other in {"direct_p2p", "direct_host", "direct_staged", "fallback"} - {key}:
+            self.assertEqual(after[other], before[other], other)
+
+    def test_stand_in_gpu_memory_in_a_batch(self) -> None:
+        n = 4 * self.bs
+        buf = self.st._alloc_cpu_gpu(8 * n)
+        buf.copy_in(pattern(8 * n, 11))
+        before = self.st.path_counts()
+        with self.st.batch(8) as b:
+            b.run([("write", buf, i * n, n, i * n) for i in range(8)])
+        out = self.st._alloc_cpu_gpu(8 * n)
+        with self.st.batch(8) as b:
+            b.run([("read", out, i * n, n, (7 - i) * n) for i in range(8)])
+        got = out.copy_out()
+        for i in range(8):
+            self.assertEqual(got[(7 - i) * n : (8 - i) * n], pattern(8 * n, 11)[i * n : (i + 1) * n], i)
+        after = self.st.path_counts()
+        self.assertEqual(after[self.expected()] - before[self.expected()], 16)
 
 
 class ErrorTests(Base):

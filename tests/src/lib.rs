@@ -11,6 +11,7 @@ pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
 pub mod portable;
+pub mod python;
 pub mod raw;
 pub mod reliability;
 pub mod userlib;
@@ -42,6 +43,8 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
     Variant { name: "portable", nvme: portable::NVME, iommu: false },
     Variant { name: "volume", nvme: volume::NVME, iommu: false },
+    // The Python package's suites on ugds nodes (the wheel the host phase installed).
+    Variant { name: "python", nvme: python::NVME, iommu: false },
     // Namespace 2 is formatted with 8 bytes of metadata per block (QEMU's `ms=8`).
     Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
     // MQES 127 (128-entry queues): needs the QEMU 10 that ci/setup.sh caches.
@@ -73,6 +76,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(portable::tests());
     v.extend(volume::tests());
     v.extend(mqes::tests());
+    v.extend(python::tests());
     v
 }
 

@@ -27,6 +27,10 @@ def doctor() -> List[Dict[str, str]]:
 def cuda_available() -> bool:
     """Whether the CUDA driver library can be loaded here."""
 
+def crc32(data: Any, value: int = 0) -> int:
+    """zlib's CRC-32 of a contiguous bytes-like object (continued from ``value``), without the
+    GIL, SIMD where the CPU has it."""
+
 class Storage:
     """Where I/O goes (cuFile's file handle). Offsets and sizes must be multiples of
     ``block_size``."""
@@ -79,7 +83,9 @@ class Storage:
     def batch(self, capacity: int = 64) -> Batch: ...
     def flush(self) -> None: ...
     def path_counts(self) -> Dict[str, int]:
-        """``{'direct_p2p': n, 'direct_host': n, 'fallback': n, 'bytes': n}`` since opening."""
+        """``{'direct_p2p': n, 'direct_host': n, 'direct_staged': n, 'fallback': n, 'bytes': n}``
+        since opening (``direct_staged``: GPU memory staged through host memory on the direct
+        path)."""
     def __enter__(self) -> Storage: ...
     def __exit__(self, *exc: Any) -> None: ...
 
@@ -100,6 +106,8 @@ class Buffer:
         """The path I/O on it takes, in words."""
     def copy_in(self, data: Any, offset: int = 0) -> None: ...
     def copy_out(self, nbytes: Optional[int] = None, offset: int = 0) -> bytes: ...
+    def copy_out_into(self, dst: Any, offset: int = 0) -> None:
+        """Copies ``len(dst)`` bytes at ``offset`` into a writable contiguous bytes-like ``dst``."""
     def deregister(self) -> None:
         """Refused (RegistrationBusy) while I/O on it runs."""
     def __len__(self) -> int: ...

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import zlib
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -34,6 +33,14 @@ import ugds
 from .errors import InvalidArgument, StoreFull
 
 MAX_KEY = 4096
+# The staging buffer a batch's values pass through is kept for the next batch up to this size
+# (allocating and first touching a fresh one per batch cost more than the I/O on small values).
+_STAGE_KEEP = 256 << 20
+# Values at least this large whose length is a multiple of the unit are written from (and read
+# into) the caller's memory itself, registered for the batch: no copy (LMCache's chunks are).
+_IN_PLACE_MIN = 256 << 10
+# Metadata writes up to this size go through a registered buffer kept for them.
+_META_KEEP = 1 << 20
 _SB_MAGIC = b"UGDSKV01"
 _CP_MAGIC = b"UGDSKVCP"
 _JR_MAGIC = b"UGDSKVJR"
@@ -68,7 +75,8 @@ def _full(what: str, need: int, have: int) -> StoreFull:
 
 
 def _crc(b) -> int:
-    return zlib.crc32(b) & 0xFFFFFFFF
+    # zlib's CRC-32 (the on-disk format), computed by the extension without the GIL.
+    return ugds.crc32(b)
 
 
 class Entry(NamedTuple):
@@ -159,7 +167,10 @@ def _pad(n: int, unit: int) -> int:
 
 
 class Store:
-    """A persistent object store (see the module comment). Thread-safe: one operation at a time.
+    """A persistent object store (see the module comment). Thread-safe: changes (sets, deletes,
+    evictions, checkpoints) run one at a time; reads of several threads run at once, each thread
+    with its own batch and staging buffer (a read that meets an extent reused meanwhile fails its
+    checksum and reads as missing, never as data).
 
     ``target``: a path (opened with ``ugds.open``) or an open ``ugds.Storage``. ``create``: format
     when no valid store is found (``"auto"``), always (``True``), or never (``False``: raise).
@@ -187,6 +198,10 @@ class Store:
         self._lock = threading.RLock()
         self.index: "OrderedDict[bytes, Entry]" = OrderedDict()
         self._evictions = 0
+        self._meta_buf: Optional["ugds.Buffer"] = None
+        # Per thread: its batch (and capacity) and staging buffer; every batch made, for close().
+        self._tls = threading.local()
+        self._batches: List["ugds.Batch"] = []
         self._torn = 0
         self._replayed = 0
         sb = self._read_superblock()
@@ -203,7 +218,28 @@ class Store:
         return self.st.read_bytes(off, _pad(n, self.unit))[:n]
 
     def _write(self, data: bytes, off: int) -> None:
-        self.st.write_bytes(data + bytes(_pad(len(data), self.unit) - len(data)), off)
+        n = _pad(len(data), self.unit)
+        if n > _META_KEEP:
+            self.st.write_bytes(data + bytes(n - len(data)), off)
+            return
+        # Journal records and superblocks: through a registered buffer kept for them (a fresh
+        # one per record cost an allocation, and a pinning on the direct path, each time).
+        if self._meta_buf is None or self._meta_buf.nbytes < n:
+            self._meta_buf = self.st.alloc(max(n, 64 << 10))
+        self._meta_buf.copy_in(data + bytes(n - len(data)))
+        self.st.write(self._meta_buf, off, n)
+
+    def _run(self, entries: List[Tuple[Any, ...]]) -> None:
+        """Runs one batch of (op, buf, file_offset, nbytes[, buf_offset]) entries on the batch
+        kept for the store (its capacity grown when needed), waiting for all of them; raises
+        the first failed entry's error."""
+        t = self._tls
+        if getattr(t, "batch", None) is None or t.cap < len(entries):
+            t.cap = max(len(entries), 64)
+            t.batch = self.st.batch(t.cap)
+            with self._lock:
+                self._batches.append(t.batch)
+        t.batch.run(entries)
 
     def _read_superblock(self) -> Optional[Tuple[int, ...]]:
         raw = self._read(0, _SB.size + 4)
@@ -348,6 +384,16 @@ class Store:
         if self.durable:
             self.st.flush()
 
+    def _stage(self, nbytes: int) -> "ugds.Buffer":
+        """A registered host buffer of at least ``nbytes`` (the kept one when large enough; the
+        store's lock makes one batch use it at a time)."""
+        b = getattr(self._tls, "stage", None)
+        if b is None or b.nbytes < nbytes:
+            b = self.st.alloc(nbytes)
+            if nbytes <= _STAGE_KEEP:
+                self._tls.stage = b
+        return b
+
     # ---------------------------------------------------------------------------- space
 
     def _make_room(self, need: List[int]) -> List[Optional[int]]:
@@ -392,31 +438,32 @@ class Store:
         if not pairs:
             return
         with self._lock:
-            vals = [_as_bytes(self.st, v) for _, v in pairs]
+            vals = [_as_view(self.st, v) for _, v in pairs]
             offs = self._make_room([len(v) for v in vals])
-            total = sum(_pad(max(len(v), 1), self.unit) for v in vals)
-            stage = self.st.alloc(total)
-            b = self.st.batch(len(vals))
-            pos, futs, entries = 0, [], []
-            for (k, _), v, off in zip(pairs, vals, offs):
-                n = _pad(max(len(v), 1), self.unit)
-                if v:
-                    stage.copy_in(v, pos)
-                futs.append(b.write(stage, off, n, pos))
-                entries.append((k, Entry(off, len(v), _crc(v))))
-                pos += n
+            entries, regs, ops = [], [], []
             try:
-                for f in b.submit():
-                    f.result()
+                staged = sum(_pad(max(len(v), 1), self.unit) for v in vals if not self._in_place(v))
+                stage = self._stage(staged) if staged else None
+                pos = 0
+                for (k, _), v, off in zip(pairs, vals, offs):
+                    n = _pad(max(len(v), 1), self.unit)
+                    if self._in_place(v):
+                        regs.append(self.st.register(v))
+                        ops.append(("write", regs[-1], off, n))
+                    else:
+                        if v:
+                            stage.copy_in(v, pos)
+                        ops.append(("write", stage, off, n, pos))
+                        pos += n
+                    entries.append((k, Entry(off, len(v), _crc(v))))
+                self._run(ops)
                 self._flush()
                 old = [(k, self.index.get(k)) for k, _ in entries]
                 self._journal([(_PUT, k, e) for k, e in entries])
             except BaseException:
-                for _, e in entries:
-                    self.extents.release(e.offset, e.length)
+                for off, v in zip(offs, vals):
+                    self.extents.release(off, len(v))
                 raise
-            finally:
-                b.close()
             for k, e in entries:
                 self.index.pop(k, None)
                 self.index[k] = e
@@ -434,32 +481,77 @@ class Store:
         ks = [_key(k) for k in keys]
         with self._lock:
             found = [(i, self.index.get(k)) for i, k in enumerate(ks)]
-            found = [(i, e) for i, e in found if e is not None]
-            out: List[Optional[bytes]] = [None] * len(ks)
-            if not found:
-                return out
-            total = sum(_pad(max(e.length, 1), self.unit) for _, e in found)
-            stage = self.st.alloc(total)
-            b = self.st.batch(len(found))
-            pos, where = 0, []
-            for i, e in found:
-                n = _pad(max(e.length, 1), self.unit)
-                b.read(stage, e.offset, n, pos)
-                where.append((i, e, pos))
-                pos += n
-            try:
-                for f in b.submit():
-                    f.result()
-            finally:
-                b.close()
-            for i, e, p in where:
-                v = stage.copy_out(e.length, p) if e.length else b""
-                if _crc(v) == e.crc:
-                    out[i] = v
+        found = [(i, e) for i, e in found if e is not None]
+        out: List[Optional[bytes]] = [None] * len(ks)
+        if not found:
+            return out
+        stage, where = self._read_batch(found)
+        good = []
+        for i, e, p in where:
+            v = stage.copy_out(e.length, p) if e.length else b""
+            if _crc(v) == e.crc:
+                out[i] = v
+            good.append(out[i] is not None)
+        self._settle(ks, where, good)
+        return out
+
+    def _settle(self, ks: List[bytes], where, good: List[bool]) -> None:
+        """After reads made outside the lock: marks the intact values used (LRU) and drops the
+        torn ones, each only if its key still names the extent that was read (else a change
+        came in between: nothing to do)."""
+        with self._lock:
+            for (i, e, _), ok in zip(where, good):
+                if self.index.get(ks[i]) is not e:
+                    continue
+                if ok:
                     self.index.move_to_end(ks[i])
                 else:
                     self._drop_torn(ks[i], e)
+
+    def _in_place(self, v) -> bool:
+        """Whether a value (or destination) moves between the target and its own memory."""
+        return isinstance(v, memoryview) and len(v) >= _IN_PLACE_MIN and len(v) % self.unit == 0
+
+    def _read_batch(self, found: List[Tuple[int, Entry]], into: Optional[Dict[int, Any]] = None):
+        """Reads the entries' extents in one batch: into ``into[i]`` (registered for the batch)
+        where given, else into the staging buffer. Returns the staging buffer and (index, entry,
+        position in it, or None when read in place) per entry."""
+        into = into or {}
+        total = sum(_pad(max(e.length, 1), self.unit) for i, e in found if i not in into)
+        stage = self._stage(total) if total else None
+        pos, where, ops = 0, [], []
+        for i, e in found:
+            n = _pad(max(e.length, 1), self.unit)
+            if i in into:
+                ops.append(("read", self.st.register(into[i]), e.offset, n))
+                where.append((i, e, None))
+            else:
+                ops.append(("read", stage, e.offset, n, pos))
+                where.append((i, e, pos))
+                pos += n
+        self._run(ops)
+        return stage, where
+
+    def get_many_into(self, keys: Sequence[Key], dsts: Sequence[Any]) -> List[bool]:
+        """Reads each value into its ``dsts[i]`` (a writable contiguous bytes-like object, such
+        as LMCache's memoryviews); ``[i]`` is True when the value was found, intact and exactly
+        ``len(dsts[i])`` bytes. One batch of reads and one copy per value (no ``bytes`` made).
+        A destination whose value fails its checksum holds garbage (and reads False)."""
+        ks = [_key(k) for k in keys]
+        views = [memoryview(d).cast("B") for d in dsts]
+        with self._lock:
+            found = [(i, self.index.get(k)) for i, k in enumerate(ks)]
+        found = [(i, e) for i, e in found if e is not None and e.length == views[i].nbytes]
+        out = [False] * len(ks)
+        if not found:
             return out
+        stage, where = self._read_batch(found, {i: views[i] for i, _ in found if self._in_place(views[i])})
+        for i, e, p in where:
+            if e.length and p is not None:
+                stage.copy_out_into(views[i], p)
+            out[i] = _crc(views[i]) == e.crc
+        self._settle(ks, where, [out[i] for i, _, _ in where])
+        return out
 
     def get(self, key: Key) -> Optional[bytes]:
         """One value, or ``None`` (see ``get_many``)."""
@@ -468,6 +560,12 @@ class Store:
     def get_into(self, key: Key, dst: Any) -> bool:
         """Reads a value into ``dst`` (a writable bytes-like object of exactly its length, or
         anything ``Storage.register`` takes); False when missing, torn or of another length."""
+        try:
+            view = memoryview(dst)
+        except TypeError:
+            view = None
+        if view is not None and view.c_contiguous and not view.readonly:
+            return self.get_many_into([key], [view])[0]
         v = self.get(key)
         if v is None:
             return False
@@ -529,6 +627,10 @@ class Store:
         with self._lock:
             if self.seq or self.index:
                 self._checkpoint()
+            for b in self._batches:
+                b.close()
+            self._batches.clear()
+            self._tls = threading.local()
 
     def __enter__(self) -> "Store":
         return self
@@ -563,13 +665,14 @@ def _ops(payload: bytes, n: int):
         yield op, k, e
 
 
-def _as_bytes(st: "ugds.Storage", v: Any) -> bytes:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return bytes(v)
+def _as_view(st: "ugds.Storage", v: Any):
+    """The value's bytes: a byte view of a contiguous bytes-like object (no copy: it is copied
+    once, into the staging buffer), a copy of a non-contiguous one, or GPU memory's host copy."""
     try:
-        return bytes(memoryview(v).cast("B"))
+        m = memoryview(v)
     except TypeError:
         return st.register(v).copy_out()
+    return m.cast("B") if m.c_contiguous else m.tobytes()
 
 
 def open(target: Union[str, "ugds.Storage"], **kw: Any) -> Store:  # noqa: A001 (mirrors ugds.open)

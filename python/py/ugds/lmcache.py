@@ -5,7 +5,7 @@ LMCache (0.5.x, multiprocess mode) loads native L2 connectors named in its confi
     --l2-adapter '{"type": "native_plugin",
                    "module_path": "ugds.lmcache",
                    "class_name": "UgdsConnector",
-                   "adapter_params": {"path": "/dev/ugds_drv0", "num_workers": 2}}'
+                   "adapter_params": {"path": "/dev/ugds_drv0", "num_workers": 4}}'
 
 and drives them through its ``NativeConnectorL2Adapter``, which expects (duck-typed)::
 
@@ -25,7 +25,8 @@ on the direct path) and one journal record.
 
 ``adapter_params``: ``path`` (a ugds node, block device or file; required), ``capacity`` (bytes
 to use; a file is created or grown to it when given), ``eviction`` (``"lru"``/``"error"``),
-``durable`` (flush per batch; default true), ``num_workers`` (threads running batches; default 2).
+``durable`` (flush per batch; default true), ``num_workers`` (threads running batches; default 4: gets of
+several batches run at once, sets one at a time).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class UgdsConnector:
         capacity: Optional[int] = None,
         eviction: str = "lru",
         durable: bool = True,
-        num_workers: int = 2,
+        num_workers: int = 4,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -127,16 +128,7 @@ class UgdsConnector:
 
     def submit_batch_get(self, keys: List[str], memviews: List[Any]) -> int:
         def run(keys, views):
-            vals = self.store.get_many(keys)
-            res = []
-            for v, mv in zip(vals, views):
-                m = memoryview(mv).cast("B")
-                if v is not None and len(v) == m.nbytes:
-                    m[:] = v
-                    res.append(True)
-                else:
-                    res.append(False)
-            return True, "", res
+            return True, "", self.store.get_many_into(keys, views)
 
         return self._submit(run, list(keys), list(memviews))
 
