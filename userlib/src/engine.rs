@@ -30,7 +30,7 @@ impl Engine {
             let t = std::thread::Builder::new()
                 .name(format!("ugds-io-{i}"))
                 .spawn(move || loop {
-                    let job = next_job(&rx);
+                    let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     match job {
                         // A panicking job must not take the worker (and the jobs queued
                         // behind it) down; the job's own guards report its failure.
@@ -53,26 +53,6 @@ impl Engine {
             Some(tx) => tx.send(Box::new(f)).map_err(|_| Error::invalid("engine", "shut down")),
             None => Err(Error::invalid("engine", "shut down")),
         }
-    }
-}
-
-/// How long an idle worker keeps looking for the next job before it sleeps: a sleeping
-/// thread takes tens of microseconds to wake, more than a small I/O's own overhead.
-const SPIN_BEFORE_SLEEP: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// The next job: polled for a moment, then waited for.
-fn next_job(rx: &Mutex<mpsc::Receiver<Job>>) -> std::result::Result<Job, mpsc::RecvError> {
-    let start = std::time::Instant::now();
-    loop {
-        let rx = rx.lock().unwrap_or_else(|e| e.into_inner());
-        match rx.try_recv() {
-            Ok(j) => return Ok(j),
-            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
-            Err(mpsc::TryRecvError::Empty) if start.elapsed() >= SPIN_BEFORE_SLEEP => return rx.recv(),
-            Err(mpsc::TryRecvError::Empty) => {}
-        }
-        drop(rx);
-        std::thread::yield_now();
     }
 }
 

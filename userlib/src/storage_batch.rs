@@ -15,9 +15,6 @@ use crate::volume_batch::VolumeQueueBatch;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long `status` polls for worker results before it sleeps on them.
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(100);
-
 /// One entry.
 #[derive(Debug, Clone)]
 pub struct IoRequest {
@@ -211,8 +208,7 @@ impl StorageBatch {
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing is
     /// running) and returns all available events.
     pub fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<IoEvent>> {
-        let spin_from = Instant::now();
-        let deadline = spin_from + timeout;
+        let deadline = Instant::now() + timeout;
         let mut out = Vec::new();
         loop {
             if let Some(q) = self.native.as_mut() {
@@ -246,10 +242,6 @@ impl StorageBatch {
                 return Ok(out);
             } else if native_busy {
                 // Both run: poll the queue, and let the workers run.
-                drop(st);
-                std::thread::yield_now();
-            } else if now.duration_since(spin_from) < SPIN_BEFORE_SLEEP {
-                // Workers finish small I/O in microseconds; waking from a sleep costs tens.
                 drop(st);
                 std::thread::yield_now();
             } else {
