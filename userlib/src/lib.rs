@@ -37,6 +37,7 @@ pub mod path;
 pub mod pattern;
 pub(crate) mod prp;
 pub(crate) mod queue;
+pub mod remote;
 pub(crate) mod ring;
 mod staging;
 pub mod storage;

@@ -32,6 +32,10 @@ pub struct PathCounts {
     pub direct_staged: u64,
     /// I/Os through the fallback path.
     pub fallback: u64,
+    /// I/Os of host memory on the remote path (NVMe over Fabrics).
+    pub remote: u64,
+    /// I/Os of GPU memory staged through host memory on the remote path.
+    pub remote_staged: u64,
     /// Bytes moved, all paths.
     pub bytes: u64,
 }
@@ -42,6 +46,8 @@ struct PathStats {
     host: AtomicU64,
     staged: AtomicU64,
     fallback: AtomicU64,
+    remote: AtomicU64,
+    remote_staged: AtomicU64,
     bytes: AtomicU64,
 }
 
@@ -61,13 +67,18 @@ impl Storage {
     /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
     /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a striped volume
     /// (`stripe:[CHUNK:]NODE,NODE,...`, see [`VolumeSpec`]) the direct path on every member; a
-    /// regular file or a block device takes the fallback path.
+    /// regular file or a block device takes the fallback path; an NVMe over Fabrics target
+    /// (`nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N`, see [`crate::remote::RemoteSpec`]) the remote
+    /// path (`nsid` comes from the URI).
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
     }
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
     pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+        if path.starts_with(crate::remote::uri::SCHEME) {
+            return Self::remote(&crate::remote::RemoteSpec::parse(path)?);
+        }
         if path.starts_with("stripe:") {
             let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
             return Self::volume(&spec, &DeviceOptions::default());
@@ -123,6 +134,12 @@ impl Storage {
         Ok(Self::new(Box::new(VolumePath::open(spec, opts)?)))
     }
 
+    /// A namespace of an NVMe over Fabrics target, through our own NVMe/TCP initiator (the
+    /// remote path).
+    pub fn remote(spec: &crate::remote::RemoteSpec) -> Result<Arc<Storage>> {
+        Ok(Self::new(Box::new(crate::remote::RemotePath::open(spec)?)))
+    }
+
     /// Namespace `nsid` of an open device (the direct path).
     pub fn direct(dev: &Device, nsid: u32) -> Result<Arc<Storage>> {
         let ns = dev.namespace(nsid)?;
@@ -163,6 +180,8 @@ impl Storage {
             Path::DirectHost => &self.stats.host,
             Path::DirectStaged => &self.stats.staged,
             Path::Fallback => &self.stats.fallback,
+            Path::Remote => &self.stats.remote,
+            Path::RemoteStaged => &self.stats.remote_staged,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -208,6 +227,8 @@ impl Storage {
             direct_host: self.stats.host.load(Ordering::Relaxed),
             direct_staged: self.stats.staged.load(Ordering::Relaxed),
             fallback: self.stats.fallback.load(Ordering::Relaxed),
+            remote: self.stats.remote.load(Ordering::Relaxed),
+            remote_staged: self.stats.remote_staged.load(Ordering::Relaxed),
             bytes: self.stats.bytes.load(Ordering::Relaxed),
         }
     }
