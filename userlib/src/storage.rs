@@ -69,7 +69,8 @@ impl Storage {
     /// (`stripe:[CHUNK:]NODE,NODE,...`, see [`VolumeSpec`]) the direct path on every member; a
     /// regular file or a block device takes the fallback path; an NVMe over Fabrics target
     /// (`nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N`, see [`crate::remote::RemoteSpec`]) the remote
-    /// path (`nsid` comes from the URI).
+    /// path (`nsid` comes from the URI), and so does a namespace of the kernel's NVMe/TCP
+    /// initiator (`/dev/nvmeXnY`: its target is read from sysfs).
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
     }
@@ -86,6 +87,14 @@ impl Storage {
         if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;
             return Self::direct(&dev, nsid);
+        }
+        if let Some(spec) = crate::remote::sysfs::kernel_tcp_namespace(path) {
+            // A namespace of the kernel's NVMe/TCP initiator: our own controller on the same
+            // subsystem, else the kernel's block device.
+            match spec.and_then(|s| Self::remote(&s)) {
+                Ok(st) => return Ok(st),
+                Err(e) => crate::path::note_fallback(path, "the kernel's NVMe/TCP block device", &e.to_string()),
+            }
         }
         if !std::path::Path::new(path).exists() {
             return Err(Error::Open {

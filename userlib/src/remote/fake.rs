@@ -254,6 +254,13 @@ impl Conn {
             };
             let cid = sqe.cid();
             let ok = Status::SUCCESS;
+            // As nvmet: every Fabrics command says PSDT 01b (SGLs), data or not.
+            if sqe.psdt() != 1 {
+                let mut st = Status::new(StatusType::Generic, 0x02);
+                st.dnr = true;
+                self.resp(cid, st, 0)?;
+                continue;
+            }
             match sqe.opcode() {
                 FABRICS_OPCODE => match sqe.nsid() as u8 {
                     fctype::CONNECT => {

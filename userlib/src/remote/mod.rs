@@ -9,6 +9,7 @@
 
 mod fabrics;
 mod queue;
+pub(crate) mod sysfs;
 mod tcp;
 pub mod uri;
 

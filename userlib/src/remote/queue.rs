@@ -103,14 +103,14 @@ impl Queue {
         cmd.sqe.set_cid(cid);
         let len = cmd.data.len();
         let in_capsule = matches!(cmd.data, Data::Out(_)) && len <= self.in_capsule;
-        if len > 0 {
-            // CAST: a command's data is at most MDTS, far below 4 GiB (checked by the caller).
-            let kind = if in_capsule { SGL_INCAPSULE } else { SGL_TRANSPORT };
-            cmd.sqe.set_prps(0, len as u64 | u64::from(kind) << 56);
-            let b = cmd.sqe.as_mut_bytes();
-            // PSDT: bits 15:14 of dword 0 (byte 1, bits 7:6).
-            b[1] = (b[1] & 0x3F) | (PSDT_SGL >> 8) as u8;
-        }
+        // Fabrics commands always describe their data by one SGL descriptor (a null one, of
+        // length 0, when there is none): PSDT 01b on every command, or the target refuses it.
+        // CAST: a command's data is at most MDTS, far below 4 GiB (checked by the caller).
+        let kind = if in_capsule { SGL_INCAPSULE } else { SGL_TRANSPORT };
+        cmd.sqe.set_prps(0, len as u64 | u64::from(kind) << 56);
+        let b = cmd.sqe.as_mut_bytes();
+        // PSDT: bits 15:14 of dword 0 (byte 1, bits 7:6).
+        b[1] = (b[1] & 0x3F) | (PSDT_SGL >> 8) as u8;
         let hlen = std::mem::size_of::<CmdPdu>();
         let mut capsule = CmdPdu { hdr: PduHeader::default(), sqe: cmd.sqe };
         let (pdo, plen) = if in_capsule {
