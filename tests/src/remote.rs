@@ -30,6 +30,11 @@ pub fn tests() -> Vec<Test> {
             run: kernel_initiator,
         },
         Test { name: "remote_bad_targets_give_named_errors_quickly", variant: V, run: bad_targets },
+        Test {
+            name: "remote_port_removed_mid_stream_fails_by_name_then_reconnects_without_loss",
+            variant: V,
+            run: port_bounce,
+        },
         Test { name: "remote_cli_info_read_write_take_the_uri", variant: V, run: cli },
     ]
 }
@@ -225,6 +230,85 @@ fn bad_targets() -> Result<()> {
     let st = Storage::open(&uri(1))?;
     let buf = st.alloc_host(8192)?;
     ensure_that!(st.read(&buf, 0, (64 << 20) - 4096, 8192).is_err(), "a read past the end worked");
+    Ok(())
+}
+
+/// A writer streams 64 KiB writes while the nvmet port loses and regains the subsystem
+/// (every connection closed, connects refused meanwhile): the writes that meet the loss fail
+/// by name, the rest succeed (after a reconnect), and every write reported done is on the disk.
+fn port_bounce() -> Result<()> {
+    ensure_target()?;
+    let st = Storage::open(&uri(1))?;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (st2, done2) = (st.clone(), done.clone());
+    const BASE: u64 = 16 << 20;
+    const LEN: u64 = 64 << 10;
+    let writer = std::thread::spawn(move || -> Result<Vec<(u64, Option<Error>, Duration)>> {
+        let buf = st2.alloc_host(LEN as usize)?;
+        let mut log = Vec::new();
+        let mut k = 0u64;
+        while !done2.load(std::sync::atomic::Ordering::Relaxed) && k < 4000 {
+            let off = BASE + (k % 256) * LEN;
+            let mut data = vec![0u8; LEN as usize];
+            pattern::fill(1000 + k, off, &mut data);
+            buf.copy_in(0, &data)?;
+            let t = Instant::now();
+            let r = st2.write(&buf, 0, off, LEN);
+            log.push((k, r.err(), t.elapsed()));
+            k += 1;
+        }
+        Ok(log)
+    });
+    let link = format!("{CONFIGFS}/ports/1/subsystems/{NQN}");
+    std::thread::sleep(Duration::from_millis(700));
+    let removed = sh(&format!("rm {link}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let added = sh(&format!("ln -s {CONFIGFS}/subsystems/{NQN} {link}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let log = writer.join().map_err(|_| anyhow::anyhow!("the writer panicked"))??;
+    removed?;
+    added?;
+    let failed: Vec<_> = log.iter().filter(|(_, e, _)| e.is_some()).collect();
+    ensure_that!(!failed.is_empty(), "{} writes, none noticed the port going away", log.len());
+    for (k, e, _) in &failed {
+        let e = e.as_ref().context("filtered")?;
+        ensure_that!(
+            matches!(
+                e,
+                Error::RemoteTransport { .. }
+                    | Error::RemoteProtocol { .. }
+                    | Error::RemoteUnreachable { .. }
+                    | Error::RemoteRejected { .. }
+            ),
+            "write {k} failed with an unnamed error: {e:?}"
+        );
+    }
+    let slowest = log.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
+    ensure_that!(slowest < Duration::from_secs(12), "a write took {slowest:?}");
+    ensure_that!(log.last().is_some_and(|(_, e, _)| e.is_none()), "the last write failed: no reconnect");
+    ensure_that!(!st.describe().contains("reconnected 0 times"), "{}", st.describe());
+    // Every write reported done is on the disk (the latest write of each offset wins).
+    let mut latest = std::collections::BTreeMap::new();
+    for (k, e, _) in &log {
+        let off = BASE + (k % 256) * LEN;
+        latest.insert(off, (*k, e.is_none()));
+    }
+    let mut checked = 0;
+    for (off, (k, ok)) in latest {
+        if !ok {
+            continue;
+        }
+        let back = direct_read(BACKING, off, LEN as usize)?;
+        ensure_that!(pattern::first_mismatch(1000 + k, off, &back).is_none(), "write {k} at {off} is not on the disk");
+        checked += 1;
+    }
+    eprintln!(
+        "port bounce: {} writes, {} failed by name, {checked} offsets checked on the disk; {}",
+        log.len(),
+        failed.len(),
+        st.describe()
+    );
     Ok(())
 }
 

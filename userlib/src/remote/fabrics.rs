@@ -7,6 +7,7 @@ use super::queue::{Cmd, Data, Done, Queue};
 use super::tcp::Conn;
 use super::uri::RemoteSpec;
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use ugds_uapi::identify::{IdentifyController, IdentifyNamespace};
@@ -70,6 +71,9 @@ pub(crate) struct Controller {
     pool: Mutex<Pool>,
     returned: Condvar,
     keep_alive: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+    /// Set when the controller is known gone on the target (its admin queue failed, or an I/O
+    /// queue could not join it): the path then connects a new one.
+    dead: Arc<AtomicBool>,
 }
 
 /// A Fabrics command of type `fct`.
@@ -119,6 +123,7 @@ impl Controller {
             pool: Mutex::new(Pool { next_qid: 1, ..Default::default() }),
             returned: Condvar::new(),
             keep_alive: None,
+            dead: Arc::new(AtomicBool::new(false)),
         };
         let cap = Cap(c.property_get(REG_CAP, true)?);
         c.enable(cap)?;
@@ -254,13 +259,15 @@ impl Controller {
     fn start_keep_alive(&mut self) {
         let (tx, rx) = mpsc::channel::<()>();
         let admin = self.admin.clone();
+        let dead = self.dead.clone();
         let every = Duration::from_millis(u64::from(KATO_MS) / 3);
         let h = std::thread::Builder::new().name("ugds-nvmeof-ka".into()).spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(every) {
                 let mut q = admin.lock().unwrap_or_else(|e| e.into_inner());
                 let mut cmds = [Cmd { sqe: Sqe::new(KEEP_ALIVE, 0), data: Data::None }];
                 if q.execute(&mut cmds, "Keep Alive").is_err() {
-                    // The admin connection is gone; I/O queues will see their own errors.
+                    // The admin connection is gone, and with it the controller.
+                    dead.store(true, Ordering::Relaxed);
                     return;
                 }
             }
@@ -307,11 +314,28 @@ impl Controller {
                     }
                     Err(e) => {
                         self.pool.lock().unwrap_or_else(|e| e.into_inner()).spare.push(qid);
+                        // The target no longer knows the controller, or cannot be reached.
+                        self.dead.store(true, Ordering::Relaxed);
                         Err(e)
                     }
                 };
             }
             pool = self.returned.wait(pool).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// True once the controller is known gone (see [`Controller::probe`]).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// After an I/O queue failed: a Keep Alive on the admin queue says whether the controller
+    /// itself is still there (bounded by the timeout); if not, it is marked dead.
+    pub(crate) fn probe(&self) {
+        let mut cmds = [Cmd { sqe: Sqe::new(KEEP_ALIVE, 0), data: Data::None }];
+        let mut q = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(q.execute(&mut cmds, "Keep Alive"), Ok(d) if d[0].status.is_success()) {
+            self.dead.store(true, Ordering::Relaxed);
         }
     }
 

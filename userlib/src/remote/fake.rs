@@ -70,6 +70,8 @@ pub(crate) struct Fake {
     pub(crate) addr: String,
     /// The namespace's bytes.
     pub(crate) disk: Arc<Mutex<Vec<u8>>>,
+    /// Every connection so far (for [`Fake::kill`]).
+    conns: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Fake {
@@ -80,9 +82,14 @@ impl Fake {
         let disk = Arc::new(Mutex::new(vec![0u8; cfg.block_size * cfg.blocks]));
         let d = disk.clone();
         let count = Arc::new(AtomicUsize::new(0));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let all = conns.clone();
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
+                if let Ok(c) = s.try_clone() {
+                    all.lock().unwrap().push(c);
+                }
                 let (cfg, d) = (cfg.clone(), d.clone());
                 let idx = count.fetch_add(1, Ordering::SeqCst);
                 std::thread::spawn(move || {
@@ -92,7 +99,14 @@ impl Fake {
                 });
             }
         });
-        Fake { addr, disk }
+        Fake { addr, disk, conns }
+    }
+
+    /// Closes every connection (a target restart that keeps its data); new ones are served.
+    pub(crate) fn kill(&self) {
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// The URI of namespace `nsid` with a short timeout.

@@ -24,7 +24,9 @@ use crate::gpu::GpuMemory;
 use crate::path::{within_capacity, DataPath, Registered};
 use fabrics::{Controller, NsInfo};
 use queue::{Cmd, Data};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 use ugds_uapi::queue::nvm;
 use ugds_uapi::Sqe;
 pub use uri::RemoteSpec;
@@ -33,11 +35,23 @@ pub use uri::RemoteSpec;
 /// that a request is many commands in flight at once.
 pub(crate) const MAX_COMMAND_BYTES: u64 = 1 << 20;
 
+/// First wait between reconnect attempts; it doubles up to [`BACKOFF_MAX_MS`].
+const BACKOFF_START_MS: u64 = 50;
+const BACKOFF_MAX_MS: u64 = 1000;
+
 /// A namespace on an NVMe/TCP target.
 #[derive(Debug)]
 pub(crate) struct RemotePath {
-    ctrl: Controller,
+    spec: RemoteSpec,
+    /// The controller in use; replaced by a new one when it is found gone.
+    ctrl: RwLock<Arc<Controller>>,
     ns: NsInfo,
+    reconnects: AtomicU64,
+}
+
+/// Whether an error says the connection (not the command) failed.
+fn transport_failed(e: &Error) -> bool {
+    matches!(e, Error::RemoteTransport { .. } | Error::RemoteProtocol { .. })
 }
 
 impl RemotePath {
@@ -45,7 +59,61 @@ impl RemotePath {
     pub(crate) fn open(spec: &RemoteSpec) -> Result<RemotePath> {
         let ctrl = Controller::connect(spec)?;
         let ns = ctrl.namespace(spec.nsid)?;
-        Ok(RemotePath { ctrl, ns })
+        Ok(RemotePath { spec: spec.clone(), ctrl: RwLock::new(Arc::new(ctrl)), ns, reconnects: AtomicU64::new(0) })
+    }
+
+    /// The controller to use: the current one, or, when it is gone, a new one on the same
+    /// subsystem, connected with backoff for up to the URI's timeout. Only I/Os that start
+    /// after the loss wait here: the ones that were in flight already failed by name.
+    fn controller(&self) -> Result<Arc<Controller>> {
+        let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if !c.is_dead() {
+            return Ok(c);
+        }
+        let mut slot = self.ctrl.write().unwrap_or_else(|e| e.into_inner());
+        if !slot.is_dead() {
+            return Ok(slot.clone());
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.spec.timeout_ms);
+        let mut wait = BACKOFF_START_MS;
+        let new = loop {
+            let e = match Controller::connect(&self.spec).and_then(|c| c.namespace(self.ns.nsid).map(|ns| (c, ns))) {
+                Ok((c, ns)) if (ns.block_size, ns.blocks) == (self.ns.block_size, self.ns.blocks) => break c,
+                Ok(_) => {
+                    return Err(Error::RemoteProtocol {
+                        target: self.spec.address(),
+                        reason: format!("namespace {} changed size or block size across a reconnect", self.ns.nsid),
+                    })
+                }
+                Err(e) => e,
+            };
+            // A target that answers but refuses (wrong NQN now, namespace gone) will not
+            // change its mind in a few milliseconds.
+            let retry = transport_failed(&e) || matches!(e, Error::RemoteUnreachable { .. });
+            if !retry || Instant::now() + Duration::from_millis(wait) > deadline {
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(wait));
+            wait = (wait * 2).min(BACKOFF_MAX_MS);
+        };
+        *slot = Arc::new(new);
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        Ok(slot.clone())
+    }
+
+    /// Runs `cmds` on a queue of the current controller; a failed connection fails them all
+    /// (by name) and checks whether the controller itself is gone.
+    fn run(&self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<queue::Done>> {
+        let ctrl = self.controller()?;
+        let mut q = ctrl.take_queue()?;
+        let r = q.execute(cmds, op);
+        ctrl.put_queue(q);
+        if let Err(e) = &r {
+            if transport_failed(e) {
+                ctrl.probe();
+            }
+        }
+        r
     }
 
     /// Moves `buf.len()` bytes between `buf` and the namespace at `file_offset` (`write`: from
@@ -67,10 +135,8 @@ impl RemotePath {
             HostSlice::Out(b) => b.chunks(piece).enumerate().map(|(i, c)| cmd(i, c.len(), Data::Out(c))).collect(),
             HostSlice::In(b) => b.chunks_mut(piece).enumerate().map(|(i, c)| cmd(i, c.len(), Data::In(c))).collect(),
         };
-        let mut q = self.ctrl.take_queue()?;
-        let r = q.execute(&mut cmds, op);
-        self.ctrl.put_queue(q);
-        for (c, d) in cmds.iter().zip(r?) {
+        let r = self.run(&mut cmds, op)?;
+        for (c, d) in cmds.iter().zip(r) {
             if !d.status.is_success() {
                 return Err(Error::Nvme { op, slba: c.sqe.slba(), status: d.status });
             }
@@ -87,16 +153,18 @@ enum HostSlice<'a> {
 
 impl DataPath for RemotePath {
     fn describe(&self) -> String {
+        let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
         format!(
-            "remote path (NVMe/TCP, user-space initiator): namespace {} of {} at {} (controller {}, {} {}), {} bytes in {}-byte blocks",
+            "remote path (NVMe/TCP, user-space initiator): namespace {} of {} at {} (controller {}, {} {}), {} bytes in {}-byte blocks, reconnected {} times",
             self.ns.nsid,
-            self.ctrl.spec.subsysnqn,
-            self.ctrl.target,
-            self.ctrl.cntlid,
-            self.ctrl.model,
-            self.ctrl.serial,
+            self.spec.subsysnqn,
+            c.target,
+            c.cntlid,
+            c.model,
+            c.serial,
             self.ns.blocks * self.ns.block_size,
-            self.ns.block_size
+            self.ns.block_size,
+            self.reconnects.load(Ordering::Relaxed)
         )
     }
 
@@ -177,16 +245,13 @@ impl DataPath for RemotePath {
     }
 
     fn flush(&self) -> Result<()> {
-        if !self.ctrl.vwc {
+        if !self.controller()?.vwc {
             return Ok(());
         }
         let mut s = Sqe::new(nvm::FLUSH, 0);
         s.set_nsid(self.ns.nsid);
         let mut cmds = [Cmd { sqe: s, data: Data::None }];
-        let mut q = self.ctrl.take_queue()?;
-        let r = q.execute(&mut cmds, "flush");
-        self.ctrl.put_queue(q);
-        let d = r?[0];
+        let d = self.run(&mut cmds, "flush")?[0];
         if !d.status.is_success() {
             return Err(Error::Nvme { op: "flush", slba: 0, status: d.status });
         }
@@ -198,7 +263,8 @@ impl DataPath for RemotePath {
     }
 
     fn max_command_bytes(&self) -> u64 {
-        // Whole blocks.
-        (self.ctrl.max_transfer / self.ns.block_size).max(1) * self.ns.block_size
+        // Whole blocks; a reconnect keeps the first controller's limit (the same target).
+        let max = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).max_transfer;
+        (max / self.ns.block_size).max(1) * self.ns.block_size
     }
 }

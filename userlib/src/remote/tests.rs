@@ -135,9 +135,60 @@ fn garbage_during_io_fails_that_io_by_name_and_the_next_reconnects() {
     st.read(&buf, 0, 0, 4096).unwrap();
 }
 
+#[test]
+fn a_restarted_target_fails_the_io_in_flight_by_name_then_reconnects_with_the_data() {
+    let cfg = FakeConfig::default();
+    let fake = Fake::start(cfg.clone());
+    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let buf = st.alloc_host(65536).unwrap();
+    buf.copy_in(0, &pattern(5, 65536)).unwrap();
+    st.write(&buf, 0, 8192, 65536).unwrap();
+    fake.kill();
+    // The I/O that meets the closed connection fails by name; it is not retried.
+    let e = st.read(&buf, 0, 8192, 65536).unwrap_err();
+    assert!(matches!(e, Error::RemoteTransport { .. } | Error::RemoteProtocol { .. }), "{e}");
+    // The next one connects a new controller (the admin queue died too) and sees the data.
+    buf.copy_in(0, &[0u8; 65536]).unwrap();
+    st.read(&buf, 0, 8192, 65536).unwrap();
+    let mut back = vec![0u8; 65536];
+    buf.copy_out(0, &mut back).unwrap();
+    assert!(back == pattern(5, 65536));
+    assert!(st.describe().contains("reconnected 1 times"), "{}", st.describe());
+    assert_eq!(buf.inflight(), 0);
+}
+
+#[test]
+fn a_target_that_stays_down_fails_within_the_timeout() {
+    let cfg = FakeConfig::default();
+    let fake = Fake::start(cfg.clone());
+    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let buf = st.alloc_host(4096).unwrap();
+    st.read(&buf, 0, 0, 4096).unwrap();
+    // Kill the connections for good: every new one is closed at once too.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (f, s2) = (std::sync::Arc::new(fake), stop.clone());
+    let f2 = f.clone();
+    let killer = std::thread::spawn(move || {
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            f2.kill();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let t = Instant::now();
+    assert!(st.read(&buf, 0, 0, 4096).is_err());
+    let e = st.read(&buf, 0, 0, 4096).unwrap_err();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    killer.join().unwrap();
+    assert!(named(&e), "{e}");
+    // Two I/Os, each bounded by the 300 ms timeout (the second one's reconnect attempts too).
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
+
 /// What the initiator may answer to garbage: a named error, nothing else.
 fn named(e: &Error) -> bool {
     matches!(e, Error::RemoteProtocol { .. } | Error::RemoteTransport { .. } | Error::RemoteRejected { .. })
+        || matches!(e, Error::RemoteUnreachable { .. })
         || matches!(e, Error::Nvme { .. } | Error::NoNamespace(_) | Error::Unsupported { .. } | Error::DeviceFaulted)
         || matches!(e, Error::Timeout { .. })
 }
