@@ -328,5 +328,9 @@ fn cli() -> Result<()> {
     );
     let bench = sh(&format!("{bin} bench '{u}' --size 4K --seconds 1 --span 32M"))?;
     ensure_that!(bench.contains("IOPS"), "bench said: {bench}");
+    let json = sh(&format!("{bin} --json info '{u}'"))?;
+    ensure_that!(json.contains(r#""path":"remote""#), "info --json said: {json}");
+    let json = sh(&format!("{bin} --json bench '{u}' --size 4K --seconds 1 --span 32M --rw write"))?;
+    ensure_that!(json.contains(r#""path":"remote""#) && !json.contains(r#""remote":0"#), "bench --json said: {json}");
     Ok(())
 }

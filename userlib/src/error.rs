@@ -197,7 +197,13 @@ impl Error {
             Error::RegistrationBusy { .. } => libc::EBUSY,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
             Error::Member { source, .. } => return source.errno(),
-            Error::RemoteUnreachable { source, .. } => source.raw_os_error().unwrap_or(libc::EHOSTUNREACH),
+            Error::RemoteUnreachable { source, .. } => {
+                source.raw_os_error().unwrap_or(if source.kind() == std::io::ErrorKind::TimedOut {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::EHOSTUNREACH
+                })
+            }
             Error::RemoteTransport { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::RemoteRejected { .. } => libc::ECONNREFUSED,
             Error::RemoteProtocol { .. } => libc::EPROTO,

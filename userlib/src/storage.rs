@@ -207,6 +207,22 @@ impl Storage {
         self.path.is_direct()
     }
 
+    /// True for the remote path (an NVMe over Fabrics namespace through our own initiator).
+    pub fn is_remote(&self) -> bool {
+        self.path.is_remote()
+    }
+
+    /// The path's name in one word: `direct`, `remote` or `fallback`.
+    pub fn path_name(&self) -> &'static str {
+        if self.is_direct() {
+            "direct"
+        } else if self.is_remote() {
+            "remote"
+        } else {
+            "fallback"
+        }
+    }
+
     /// Capacity in bytes.
     pub fn capacity(&self) -> Result<u64> {
         self.path.capacity()

@@ -188,6 +188,10 @@ impl DataPath for RemotePath {
         false
     }
 
+    fn is_remote(&self) -> bool {
+        true
+    }
+
     fn bypasses_page_cache(&self) -> bool {
         true
     }

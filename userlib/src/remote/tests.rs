@@ -78,6 +78,30 @@ fn round_trip_padded_pdus_4k_blocks_and_small_mdts() {
 }
 
 #[test]
+fn gpu_memory_is_staged_through_host_memory() {
+    let cfg = FakeConfig { in_capsule: 0, ..Default::default() };
+    let fake = Fake::start(cfg.clone());
+    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let gpu = crate::Gpu::cpu();
+    let buf = st.register_gpu(std::sync::Arc::new(gpu.alloc(5 << 20).unwrap()), false).unwrap();
+    assert_eq!(buf.path(), Path::RemoteStaged);
+    // Several staging chunks, at a block-aligned but odd offset.
+    let (off, len) = (3 * 512u64, (5 << 20) - 4096);
+    let data = pattern(11, len);
+    buf.copy_in(4096, &data).unwrap();
+    st.write(&buf, 4096, off, len as u64).unwrap();
+    assert!(fake.disk.lock().unwrap()[off as usize..off as usize + len] == data[..]);
+    buf.copy_in(0, &vec![0u8; 5 << 20]).unwrap();
+    st.read(&buf, 0, off, len as u64).unwrap();
+    let mut back = vec![0u8; len];
+    buf.copy_out(0, &mut back).unwrap();
+    assert!(back == data);
+    let c = st.path_counts();
+    assert_eq!((c.remote_staged, c.remote), (2, 0), "{c:?}");
+    assert_eq!(buf.inflight(), 0);
+}
+
+#[test]
 fn wrong_nqn_is_rejected_by_name() {
     let fake = Fake::start(FakeConfig::default());
     let e = Storage::open(&fake.uri("nqn.2024-01.io.ugds:nope", 1)).unwrap_err();
