@@ -220,6 +220,18 @@ fn bad_targets() -> Result<()> {
         other => bail!("a wrong NQN gave {other:?}"),
     }
     ensure_that!(took < Duration::from_secs(5), "the wrong NQN took {took:?}");
+    // A subsystem on the port that allows no host (none is listed).
+    let closed = "nqn.2024-01.io.ugds:closed";
+    let sub = format!("{CONFIGFS}/subsystems/{closed}");
+    if !Path::new(&sub).exists() {
+        sh(&format!("mkdir {sub} && ln -s {sub} {CONFIGFS}/ports/1/subsystems/{closed}"))?;
+    }
+    let (r, took) = timed(&format!("nvmeof://tcp/127.0.0.1:4420/{closed}?nsid=1"));
+    match r {
+        Err(Error::RemoteRejected { status, reason, .. }) if status.sc == 0x84 && reason.contains("not allowed") => {}
+        other => bail!("a host the subsystem does not allow got {other:?}"),
+    }
+    ensure_that!(took < Duration::from_secs(5), "the refused host took {took:?}");
     let (r, took) = timed(&format!("nvmeof://tcp/127.0.0.1:4421/{NQN}?nsid=1"));
     ensure_that!(matches!(r, Err(Error::RemoteUnreachable { .. })), "a closed port gave {r:?}");
     ensure_that!(took < Duration::from_secs(5), "the closed port took {took:?}");
