@@ -203,7 +203,7 @@ fn run(cli: Cli) -> Res<()> {
             if cli.json {
                 println!(
                     "{}",
-                    serde_json::json!({"target": dev, "path": if s.is_direct() { "direct" } else { "fallback" },
+                    serde_json::json!({"target": dev, "path": s.path_name(),
                         "describe": s.describe(), "direct_io": s.bypasses_page_cache(),
                         "capacity": s.capacity()?, "block_size": s.block_size()})
                 );
@@ -499,18 +499,19 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     let c = st.path_counts();
     if json {
         let v = serde_json::json!({
-            "engine": "ugds", "target": t.dev, "path": if st.is_direct() { "direct" } else { "fallback" },
+            "engine": "ugds", "target": t.dev, "path": st.path_name(),
             "rw": rw, "size": size, "threads": threads, "depth": depth,
             "ios": all.len(), "iops": iops, "gib_per_s": gibs, "p50_us": pct(0.5), "p99_us": pct(0.99),
             "open_ms": open_time.as_secs_f64() * 1e3, "mode": mode, "cpu_us_per_io": cpu_us,
             "path_ios": {"direct_host": c.direct_host, "direct_p2p": c.direct_p2p,
-                "direct_staged": c.direct_staged, "fallback": c.fallback},
+                "direct_staged": c.direct_staged, "fallback": c.fallback, "remote": c.remote,
+                "remote_staged": c.remote_staged},
         });
         println!("{v}");
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback ({})",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, st.describe()
+            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback, {} remote ({})",
+            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, c.remote, st.describe()
         );
     }
     Ok(())

@@ -348,7 +348,7 @@ impl PyStorage {
 
     /// I/Os per path since the storage was opened, and bytes moved: a dict with the keys
     /// `direct_p2p`, `direct_host`, `direct_staged` (GPU memory staged through host memory on the
-    /// direct path), `fallback`, `bytes`.
+    /// direct path), `fallback`, `remote`, `remote_staged` (NVMe over Fabrics), `bytes`.
     fn path_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.st.path_counts();
         let d = PyDict::new(py);
@@ -356,6 +356,8 @@ impl PyStorage {
         d.set_item("direct_host", c.direct_host)?;
         d.set_item("direct_staged", c.direct_staged)?;
         d.set_item("fallback", c.fallback)?;
+        d.set_item("remote", c.remote)?;
+        d.set_item("remote_staged", c.remote_staged)?;
         d.set_item("bytes", c.bytes)?;
         Ok(d)
     }

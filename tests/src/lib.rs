@@ -14,6 +14,7 @@ pub mod portable;
 pub mod python;
 pub mod raw;
 pub mod reliability;
+pub mod remote;
 pub mod userlib;
 pub mod volume;
 
@@ -49,6 +50,8 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
     // MQES 127 (128-entry queues): needs the QEMU 10 that ci/setup.sh caches.
     Variant { name: "small-mqes", nvme: mqes::NVME, iommu: false },
+    // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface.
+    Variant { name: "remote", nvme: remote::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -77,6 +80,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(volume::tests());
     v.extend(mqes::tests());
     v.extend(python::tests());
+    v.extend(remote::tests());
     v
 }
 

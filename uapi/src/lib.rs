@@ -15,6 +15,7 @@ pub mod ioctl;
 pub mod queue;
 pub mod regs;
 pub mod status;
+pub mod tcp;
 
 pub use queue::{Cqe, Sqe};
 pub use status::{Status, StatusType};

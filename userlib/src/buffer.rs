@@ -29,6 +29,11 @@ pub enum Path {
     DirectStaged,
     /// Through the kernel (io_uring, O_DIRECT); GPU memory staged through host memory.
     Fallback,
+    /// Host memory to and from an NVMe over Fabrics target through our own initiator (the
+    /// remote path, NVMe/TCP).
+    Remote,
+    /// GPU memory staged through host memory on the remote path.
+    RemoteStaged,
 }
 
 impl std::fmt::Display for Path {
@@ -38,6 +43,8 @@ impl std::fmt::Display for Path {
             Path::DirectHost => "direct (host memory)",
             Path::DirectStaged => "direct (GPU memory staged through host memory)",
             Path::Fallback => "fallback (io_uring + staging)",
+            Path::Remote => "remote (NVMe/TCP, host memory)",
+            Path::RemoteStaged => "remote (NVMe/TCP, GPU memory staged through host memory)",
         })
     }
 }

@@ -121,6 +121,48 @@ pub enum Error {
         /// What went wrong there.
         source: Box<Error>,
     },
+    /// An NVMe over Fabrics target could not be reached: the connection was refused, the
+    /// address is unreachable, or nothing answered within the connect timeout.
+    #[error("NVMe/TCP target {target} is unreachable: {source}")]
+    RemoteUnreachable {
+        /// `HOST:PORT`.
+        target: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The target refused the Fabrics Connect: no such subsystem, or this host is not allowed.
+    #[error("NVMe/TCP target {target} refused the connection to {subsysnqn}: {reason} ({status})")]
+    RemoteRejected {
+        /// `HOST:PORT`.
+        target: String,
+        /// The subsystem asked for.
+        subsysnqn: String,
+        /// What the status means for a Connect.
+        reason: &'static str,
+        /// The Connect's completion status.
+        status: Status,
+    },
+    /// The target sent what the NVMe/TCP protocol does not allow (an unknown PDU type, a bad
+    /// length, data outside a command's range, a termination request); the connection was
+    /// closed and the commands on it failed.
+    #[error("NVMe/TCP target {target} broke the protocol: {reason}")]
+    RemoteProtocol {
+        /// `HOST:PORT`.
+        target: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The connection to the target broke or stalled past the timeout; the commands on it
+    /// failed (none is retried behind the caller's back).
+    #[error("NVMe/TCP connection to {target} failed during {op}: {source}")]
+    RemoteTransport {
+        /// `HOST:PORT`.
+        target: String,
+        /// What was under way.
+        op: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A system call of the fallback path failed.
     #[error("{op}: {source}")]
     Io {
@@ -155,6 +197,16 @@ impl Error {
             Error::RegistrationBusy { .. } => libc::EBUSY,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
             Error::Member { source, .. } => return source.errno(),
+            Error::RemoteUnreachable { source, .. } => {
+                source.raw_os_error().unwrap_or(if source.kind() == std::io::ErrorKind::TimedOut {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::EHOSTUNREACH
+                })
+            }
+            Error::RemoteTransport { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::RemoteRejected { .. } => libc::ECONNREFUSED,
+            Error::RemoteProtocol { .. } => libc::EPROTO,
         };
         -e
     }

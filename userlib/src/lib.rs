@@ -38,6 +38,7 @@ pub mod pattern;
 pub mod placement;
 pub(crate) mod prp;
 pub(crate) mod queue;
+pub mod remote;
 pub(crate) mod ring;
 mod staging;
 pub mod storage;

@@ -51,6 +51,10 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()>;
     /// True for the direct path.
     fn is_direct(&self) -> bool;
+    /// True for the remote path (NVMe over Fabrics through our own initiator).
+    fn is_remote(&self) -> bool {
+        false
+    }
     /// False only for a file without O_DIRECT (its I/O goes through the page cache).
     fn bypasses_page_cache(&self) -> bool;
     /// Registers host memory `[ptr, ptr + len)` for I/O on this path.

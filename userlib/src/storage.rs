@@ -32,6 +32,10 @@ pub struct PathCounts {
     pub direct_staged: u64,
     /// I/Os through the fallback path.
     pub fallback: u64,
+    /// I/Os of host memory on the remote path (NVMe over Fabrics).
+    pub remote: u64,
+    /// I/Os of GPU memory staged through host memory on the remote path.
+    pub remote_staged: u64,
     /// Bytes moved, all paths.
     pub bytes: u64,
 }
@@ -42,6 +46,8 @@ struct PathStats {
     host: AtomicU64,
     staged: AtomicU64,
     fallback: AtomicU64,
+    remote: AtomicU64,
+    remote_staged: AtomicU64,
     bytes: AtomicU64,
 }
 
@@ -62,13 +68,19 @@ impl Storage {
     /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a striped volume
     /// (`stripe:[CHUNK:]NODE,NODE,...`, or a volume descriptor file holding that line: see
     /// [`VolumeSpec`] and [`VolumeSpec::read_descriptor`]) the direct path on every member; a
-    /// regular file or a block device takes the fallback path.
+    /// regular file or a block device takes the fallback path; an NVMe over Fabrics target
+    /// (`nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N`, see [`crate::remote::RemoteSpec`]) the remote
+    /// path (`nsid` comes from the URI), and so does a namespace of the kernel's NVMe/TCP
+    /// initiator (`/dev/nvmeXnY`: its target is read from sysfs).
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
     }
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
     pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+        if path.starts_with(crate::remote::uri::SCHEME) {
+            return Self::remote(&crate::remote::RemoteSpec::parse(path)?);
+        }
         if path.starts_with("stripe:") {
             let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
             return Self::volume(&spec, &DeviceOptions::default());
@@ -79,6 +91,14 @@ impl Storage {
         if crate::device::is_ugds_node(path) {
             let dev = Device::open(path)?;
             return Self::direct(&dev, nsid);
+        }
+        if let Some(spec) = crate::remote::sysfs::kernel_tcp_namespace(path) {
+            // A namespace of the kernel's NVMe/TCP initiator: our own controller on the same
+            // subsystem, else the kernel's block device.
+            match spec.and_then(|s| Self::remote(&s)) {
+                Ok(st) => return Ok(st),
+                Err(e) => crate::path::note_fallback(path, "the kernel's NVMe/TCP block device", &e.to_string()),
+            }
         }
         if !std::path::Path::new(path).exists() {
             return Err(Error::Open {
@@ -127,6 +147,12 @@ impl Storage {
         Ok(Self::new(Box::new(VolumePath::open(spec, opts)?)))
     }
 
+    /// A namespace of an NVMe over Fabrics target, through our own NVMe/TCP initiator (the
+    /// remote path).
+    pub fn remote(spec: &crate::remote::RemoteSpec) -> Result<Arc<Storage>> {
+        Ok(Self::new(Box::new(crate::remote::RemotePath::open(spec)?)))
+    }
+
     /// Namespace `nsid` of an open device (the direct path).
     pub fn direct(dev: &Device, nsid: u32) -> Result<Arc<Storage>> {
         let ns = dev.namespace(nsid)?;
@@ -167,6 +193,8 @@ impl Storage {
             Path::DirectHost => &self.stats.host,
             Path::DirectStaged => &self.stats.staged,
             Path::Fallback => &self.stats.fallback,
+            Path::Remote => &self.stats.remote,
+            Path::RemoteStaged => &self.stats.remote_staged,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -181,6 +209,22 @@ impl Storage {
     /// True for the direct path.
     pub fn is_direct(&self) -> bool {
         self.path.is_direct()
+    }
+
+    /// True for the remote path (an NVMe over Fabrics namespace through our own initiator).
+    pub fn is_remote(&self) -> bool {
+        self.path.is_remote()
+    }
+
+    /// The path's name in one word: `direct`, `remote` or `fallback`.
+    pub fn path_name(&self) -> &'static str {
+        if self.is_direct() {
+            "direct"
+        } else if self.is_remote() {
+            "remote"
+        } else {
+            "fallback"
+        }
     }
 
     /// Capacity in bytes.
@@ -212,6 +256,8 @@ impl Storage {
             direct_host: self.stats.host.load(Ordering::Relaxed),
             direct_staged: self.stats.staged.load(Ordering::Relaxed),
             fallback: self.stats.fallback.load(Ordering::Relaxed),
+            remote: self.stats.remote.load(Ordering::Relaxed),
+            remote_staged: self.stats.remote_staged.load(Ordering::Relaxed),
             bytes: self.stats.bytes.load(Ordering::Relaxed),
         }
     }

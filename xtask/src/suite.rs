@@ -180,6 +180,8 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 ("UGDS_KMOD".into(), ko.display().to_string()),
                 ("UGDS_CLI".into(), toolchain::workspace_root().join("target/debug/ugds").display().to_string()),
                 ("UGDS_C_SUITE".into(), c_dir.join("ugds_test").display().to_string()),
+                // Modules of the test kernel's build the tests load themselves (nvmet, nvme-tcp).
+                ("UGDS_KERNEL_BUILD".into(), k.build.display().to_string()),
             ],
             cmd,
         };

@@ -1,0 +1,348 @@
+//! The remote path (issue 18) against the kernel's own NVMe over Fabrics target: nvmet on
+//! 127.0.0.1:4420 (TCP), its namespace backed by the emulated disk that the kernel's nvme
+//! driver owns. Integrity both ways through the backing disk, a cross-check through the
+//! kernel's own nvme-tcp initiator, and named errors for bad targets.
+
+use crate::{direct_read, direct_write, ensure_that, sh, Test};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use ugds::{pattern, Error, Storage};
+
+const V: &str = "remote";
+
+/// One controller, owned by the kernel's nvme driver: the target's backing disk.
+pub const NVME: &[&str] = &["size=64M,serial=remote0"];
+
+/// The subsystem the target exports.
+const NQN: &str = "nqn.2024-01.io.ugds:remote";
+/// Its backing device.
+const BACKING: &str = "/dev/nvme0n1";
+const CONFIGFS: &str = "/sys/kernel/config/nvmet";
+
+/// The remote tests.
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "remote_integrity_both_ways_through_the_backing_disk", variant: V, run: integrity },
+        Test {
+            name: "remote_cross_check_with_the_kernel_nvme_tcp_initiator_and_open_its_namespace",
+            variant: V,
+            run: kernel_initiator,
+        },
+        Test { name: "remote_bad_targets_give_named_errors_quickly", variant: V, run: bad_targets },
+        Test {
+            name: "remote_port_removed_mid_stream_fails_by_name_then_reconnects_without_loss",
+            variant: V,
+            run: port_bounce,
+        },
+        Test { name: "remote_cli_info_read_write_take_the_uri", variant: V, run: cli },
+    ]
+}
+
+fn uri(nsid: u32) -> String {
+    format!("nvmeof://tcp/127.0.0.1:4420/{NQN}?nsid={nsid}")
+}
+
+/// Loads a module of the test kernel's build (`$UGDS_KERNEL_BUILD`) unless it is loaded.
+fn insmod(rel: &str, name: &str) -> Result<()> {
+    if Path::new(&format!("/sys/module/{name}")).exists() {
+        return Ok(());
+    }
+    let build = std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD is not set")?;
+    sh(&format!("insmod {build}/{rel}")).map(|_| ())
+}
+
+/// Brings up nvmet on 127.0.0.1:4420 exporting [`BACKING`] as namespace 1 of [`NQN`] to any
+/// host (once per boot).
+fn ensure_target() -> Result<()> {
+    if Path::new(&format!("{CONFIGFS}/ports/1/subsystems/{NQN}")).exists() {
+        return Ok(());
+    }
+    for (rel, name) in [
+        ("crypto/crypto.ko", "crypto"),
+        ("crypto/crypto_algapi.ko", "crypto_algapi"),
+        ("crypto/crypto_hash.ko", "crypto_hash"),
+        ("drivers/nvme/target/nvmet.ko", "nvmet"),
+        ("drivers/nvme/target/nvmet-tcp.ko", "nvmet_tcp"),
+    ] {
+        insmod(rel, name)?;
+    }
+    sh("ip link set lo up")?;
+    if !Path::new(CONFIGFS).exists() {
+        sh("mount -t configfs none /sys/kernel/config")?;
+    }
+    let sub = format!("{CONFIGFS}/subsystems/{NQN}");
+    sh(&format!(
+        "mkdir -p {sub} && echo 1 > {sub}/attr_allow_any_host && mkdir -p {sub}/namespaces/1 && \
+         echo {BACKING} > {sub}/namespaces/1/device_path && echo 1 > {sub}/namespaces/1/enable"
+    ))?;
+    let port = format!("{CONFIGFS}/ports/1");
+    sh(&format!(
+        "mkdir -p {port} && echo tcp > {port}/addr_trtype && echo ipv4 > {port}/addr_adrfam && \
+         echo 127.0.0.1 > {port}/addr_traddr && echo 4420 > {port}/addr_trsvcid && \
+         ln -s {sub} {port}/subsystems/{NQN}"
+    ))?;
+    Ok(())
+}
+
+/// (offset, len) pairs from 4 KiB to 8 MiB at odd 512-byte block offsets.
+fn ranges() -> Vec<(u64, u64)> {
+    vec![
+        (512, 4096),
+        (7 * 512, 12 << 10),
+        (1001 * 512, 64 << 10),
+        ((3 << 20) + 512, 1 << 20),
+        ((9 << 20) + 3 * 512, 8 << 20),
+    ]
+}
+
+fn integrity() -> Result<()> {
+    ensure_target()?;
+    let st = Storage::open(&uri(1))?;
+    ensure_that!(st.describe().contains("remote path"), "{}", st.describe());
+    ensure_that!(
+        st.capacity()? == 64 << 20 && st.block_size() == 512,
+        "{} bytes in {}",
+        st.capacity()?,
+        st.block_size()
+    );
+    let buf = st.alloc_host(8 << 20)?;
+    ensure_that!(buf.path() == ugds::Path::Remote, "took {}", buf.path());
+    for (i, (off, len)) in ranges().into_iter().enumerate() {
+        // Ours writes, the backing disk reads.
+        let mut data = vec![0u8; len as usize];
+        pattern::fill(100 + i as u64, off, &mut data);
+        buf.copy_in(0, &data)?;
+        st.write(&buf, 0, off, len)?;
+        st.flush()?;
+        let back = direct_read(BACKING, off, len as usize)?;
+        if let Some(at) = pattern::first_mismatch(100 + i as u64, off, &back) {
+            bail!("{len} bytes written at {off} through ugds: the backing disk differs at byte {at}");
+        }
+        // The backing disk writes, ours reads.
+        pattern::fill(200 + i as u64, off, &mut data);
+        direct_write(BACKING, off, &data)?;
+        st.read(&buf, 0, off, len)?;
+        let mut got = vec![0u8; len as usize];
+        buf.copy_out(0, &mut got)?;
+        if let Some(at) = pattern::first_mismatch(200 + i as u64, off, &got) {
+            bail!("{len} bytes at {off} read through ugds differ from the backing disk at byte {at}");
+        }
+    }
+    let c = st.path_counts();
+    ensure_that!(c.remote == 10 && c.fallback == 0 && c.direct_host == 0, "{c:?}");
+    Ok(())
+}
+
+/// Connects the kernel's initiator through /dev/nvme-fabrics; returns its controller name.
+fn kernel_connect() -> Result<String> {
+    for (rel, name) in [
+        ("crypto/crypto.ko", "crypto"),
+        ("crypto/crypto_algapi.ko", "crypto_algapi"),
+        ("crypto/crypto_hash.ko", "crypto_hash"),
+        ("drivers/nvme/host/nvme-fabrics.ko", "nvme_fabrics"),
+        ("drivers/nvme/host/nvme-tcp.ko", "nvme_tcp"),
+    ] {
+        insmod(rel, name)?;
+    }
+    use std::io::{Read, Write};
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open("/dev/nvme-fabrics")?;
+    f.write_all(format!("transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn={NQN}").as_bytes())
+        .context("connecting the kernel's nvme-tcp initiator")?;
+    let mut reply = String::new();
+    f.read_to_string(&mut reply)?;
+    // "instance=N,cntlid=M"
+    let n = reply
+        .split(',')
+        .find_map(|kv| kv.trim().strip_prefix("instance="))
+        .with_context(|| format!("unexpected reply {reply:?}"))?;
+    Ok(format!("nvme{n}"))
+}
+
+fn kernel_initiator() -> Result<()> {
+    ensure_target()?;
+    let ctrl = kernel_connect()?;
+    let dev = format!("/dev/{ctrl}n1");
+    let t = Instant::now();
+    while !Path::new(&dev).exists() {
+        ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = (|| -> Result<()> {
+        let transport = std::fs::read_to_string(format!("/sys/class/nvme/{ctrl}/transport"))?;
+        ensure_that!(transport.trim() == "tcp", "{ctrl} is {transport}");
+        // Both hosts are connected to the subsystem at once.
+        let st = Storage::open(&uri(1))?;
+        let buf = st.alloc_host(1 << 20)?;
+        for (i, (off, len)) in [(5 * 512u64, 4096u64), ((1 << 20) + 512, 1 << 20)].into_iter().enumerate() {
+            let mut data = vec![0u8; len as usize];
+            pattern::fill(300 + i as u64, off, &mut data);
+            buf.copy_in(0, &data)?;
+            st.write(&buf, 0, off, len)?;
+            let back = direct_read(&dev, off, len as usize)?;
+            if let Some(at) = pattern::first_mismatch(300 + i as u64, off, &back) {
+                bail!("written through ugds, read through the kernel's nvme-tcp: differs at byte {at} of {len}");
+            }
+            pattern::fill(400 + i as u64, off, &mut data);
+            direct_write(&dev, off, &data)?;
+            st.read(&buf, 0, off, len)?;
+            let mut got = vec![0u8; len as usize];
+            buf.copy_out(0, &mut got)?;
+            if let Some(at) = pattern::first_mismatch(400 + i as u64, off, &got) {
+                bail!("written through the kernel's nvme-tcp, read through ugds: differs at byte {at} of {len}");
+            }
+        }
+        // The kernel's namespace opens our own controller on its subsystem (sysfs says where).
+        let st2 = Storage::open(&dev)?;
+        ensure_that!(st2.describe().contains("remote path"), "{dev} opened as {}", st2.describe());
+        let buf2 = st2.alloc_host(4096)?;
+        st2.read(&buf2, 0, 5 * 512, 4096)?;
+        let mut got = vec![0u8; 4096];
+        buf2.copy_out(0, &mut got)?;
+        ensure_that!(pattern::first_mismatch(400, 5 * 512, &got).is_none(), "{dev} through sysfs read other data");
+        ensure_that!(st2.path_counts().remote == 1, "{:?}", st2.path_counts());
+        Ok(())
+    })();
+    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
+    r
+}
+
+fn bad_targets() -> Result<()> {
+    ensure_target()?;
+    let timed = |u: &str| {
+        let t = Instant::now();
+        let r = Storage::open(u).map(|_| ());
+        (r, t.elapsed())
+    };
+    let (r, took) = timed("nvmeof://tcp/127.0.0.1:4420/nqn.2024-01.io.ugds:nope?nsid=1");
+    match r {
+        Err(Error::RemoteRejected { status, .. }) if status.sc == 0x82 => {}
+        other => bail!("a wrong NQN gave {other:?}"),
+    }
+    ensure_that!(took < Duration::from_secs(5), "the wrong NQN took {took:?}");
+    // A subsystem on the port that allows no host (none is listed).
+    let closed = "nqn.2024-01.io.ugds:closed";
+    let sub = format!("{CONFIGFS}/subsystems/{closed}");
+    if !Path::new(&sub).exists() {
+        sh(&format!("mkdir {sub} && ln -s {sub} {CONFIGFS}/ports/1/subsystems/{closed}"))?;
+    }
+    let (r, took) = timed(&format!("nvmeof://tcp/127.0.0.1:4420/{closed}?nsid=1"));
+    match r {
+        Err(Error::RemoteRejected { status, reason, .. }) if status.sc == 0x84 && reason.contains("not allowed") => {}
+        other => bail!("a host the subsystem does not allow got {other:?}"),
+    }
+    ensure_that!(took < Duration::from_secs(5), "the refused host took {took:?}");
+    let (r, took) = timed(&format!("nvmeof://tcp/127.0.0.1:4421/{NQN}?nsid=1"));
+    ensure_that!(matches!(r, Err(Error::RemoteUnreachable { .. })), "a closed port gave {r:?}");
+    ensure_that!(took < Duration::from_secs(5), "the closed port took {took:?}");
+    let (r, took) = timed(&uri(2));
+    ensure_that!(matches!(r, Err(Error::NoNamespace(2))), "a missing namespace gave {r:?}");
+    ensure_that!(took < Duration::from_secs(5), "the missing namespace took {took:?}");
+    // An out-of-range request is refused before anything is sent.
+    let st = Storage::open(&uri(1))?;
+    let buf = st.alloc_host(8192)?;
+    ensure_that!(st.read(&buf, 0, (64 << 20) - 4096, 8192).is_err(), "a read past the end worked");
+    Ok(())
+}
+
+/// A writer streams 64 KiB writes while the nvmet port loses and regains the subsystem
+/// (every connection closed, connects refused meanwhile): the writes that meet the loss fail
+/// by name, the rest succeed (after a reconnect), and every write reported done is on the disk.
+fn port_bounce() -> Result<()> {
+    ensure_target()?;
+    let st = Storage::open(&uri(1))?;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (st2, done2) = (st.clone(), done.clone());
+    const BASE: u64 = 16 << 20;
+    const LEN: u64 = 64 << 10;
+    let writer = std::thread::spawn(move || -> Result<Vec<(u64, Option<Error>, Duration)>> {
+        let buf = st2.alloc_host(LEN as usize)?;
+        let mut log = Vec::new();
+        let mut k = 0u64;
+        while !done2.load(std::sync::atomic::Ordering::Relaxed) && k < 4000 {
+            let off = BASE + (k % 256) * LEN;
+            let mut data = vec![0u8; LEN as usize];
+            pattern::fill(1000 + k, off, &mut data);
+            buf.copy_in(0, &data)?;
+            let t = Instant::now();
+            let r = st2.write(&buf, 0, off, LEN);
+            log.push((k, r.err(), t.elapsed()));
+            k += 1;
+        }
+        Ok(log)
+    });
+    let link = format!("{CONFIGFS}/ports/1/subsystems/{NQN}");
+    std::thread::sleep(Duration::from_millis(700));
+    let removed = sh(&format!("rm {link}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let added = sh(&format!("ln -s {CONFIGFS}/subsystems/{NQN} {link}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let log = writer.join().map_err(|_| anyhow::anyhow!("the writer panicked"))??;
+    removed?;
+    added?;
+    let failed: Vec<_> = log.iter().filter(|(_, e, _)| e.is_some()).collect();
+    ensure_that!(!failed.is_empty(), "{} writes, none noticed the port going away", log.len());
+    for (k, e, _) in &failed {
+        let e = e.as_ref().context("filtered")?;
+        ensure_that!(
+            matches!(
+                e,
+                Error::RemoteTransport { .. }
+                    | Error::RemoteProtocol { .. }
+                    | Error::RemoteUnreachable { .. }
+                    | Error::RemoteRejected { .. }
+            ),
+            "write {k} failed with an unnamed error: {e:?}"
+        );
+    }
+    let slowest = log.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
+    ensure_that!(slowest < Duration::from_secs(12), "a write took {slowest:?}");
+    ensure_that!(log.last().is_some_and(|(_, e, _)| e.is_none()), "the last write failed: no reconnect");
+    ensure_that!(!st.describe().contains("reconnected 0 times"), "{}", st.describe());
+    // Every write reported done is on the disk (the latest write of each offset wins).
+    let mut latest = std::collections::BTreeMap::new();
+    for (k, e, _) in &log {
+        let off = BASE + (k % 256) * LEN;
+        latest.insert(off, (*k, e.is_none()));
+    }
+    let mut checked = 0;
+    for (off, (k, ok)) in latest {
+        if !ok {
+            continue;
+        }
+        let back = direct_read(BACKING, off, LEN as usize)?;
+        ensure_that!(pattern::first_mismatch(1000 + k, off, &back).is_none(), "write {k} at {off} is not on the disk");
+        checked += 1;
+    }
+    eprintln!(
+        "port bounce: {} writes, {} failed by name, {checked} offsets checked on the disk; {}",
+        log.len(),
+        failed.len(),
+        st.describe()
+    );
+    Ok(())
+}
+
+fn cli() -> Result<()> {
+    ensure_target()?;
+    let bin = std::env::var("UGDS_CLI").context("UGDS_CLI is not set")?;
+    let info = sh(&format!("{bin} info '{}'", uri(1)))?;
+    ensure_that!(info.contains("remote path"), "info said: {info}");
+    let u = uri(1);
+    sh(&format!("{bin} write '{u}' --offset 1M --len 1M --pattern 77"))?;
+    sh(&format!("{bin} read '{u}' --offset 1M --len 1M --check-pattern 77"))?;
+    let back = direct_read(BACKING, 1 << 20, 1 << 20)?;
+    ensure_that!(pattern::first_mismatch(77, 1 << 20, &back).is_none(), "the CLI's write is not on the backing disk");
+    ensure_that!(
+        sh(&format!("{bin} read '{u}' --offset 1M --len 1M --check-pattern 78")).is_err(),
+        "a pattern check with the wrong seed passed"
+    );
+    let bench = sh(&format!("{bin} bench '{u}' --size 4K --seconds 1 --span 32M"))?;
+    ensure_that!(bench.contains("IOPS"), "bench said: {bench}");
+    let json = sh(&format!("{bin} --json info '{u}'"))?;
+    ensure_that!(json.contains(r#""path":"remote""#), "info --json said: {json}");
+    let json = sh(&format!("{bin} --json bench '{u}' --size 4K --seconds 1 --span 32M --rw write"))?;
+    ensure_that!(json.contains(r#""path":"remote""#) && !json.contains(r#""remote":0"#), "bench --json said: {json}");
+    Ok(())
+}

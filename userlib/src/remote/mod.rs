@@ -1,0 +1,274 @@
+//! The remote path: a namespace of an NVMe over Fabrics subsystem, reached by our own NVMe/TCP
+//! initiator (no kernel on the data path beyond the socket). `Storage::open` takes
+//! `nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N` (see [`uri`]).
+//!
+//! Host memory goes to and from the socket directly: writes in the command capsule when the
+//! controller's in-capsule size allows, else in H2CData PDUs answering its R2Ts; reads come
+//! back in C2HData PDUs. GPU memory is staged through pinned host chunks, as on the fallback
+//! path. Every I/O runs on one queue (one connection) with its commands all in flight.
+
+mod fabrics;
+mod queue;
+pub(crate) mod sysfs;
+mod tcp;
+pub mod uri;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::error::{Error, Result};
+use crate::gpu::GpuMemory;
+use crate::path::{within_capacity, DataPath, Registered};
+use fabrics::{Controller, NsInfo};
+use queue::{Cmd, Data};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use ugds_uapi::queue::nvm;
+use ugds_uapi::Sqe;
+pub use uri::RemoteSpec;
+
+/// The most data one command carries (MDTS lowers it): large enough to stream, small enough
+/// that a request is many commands in flight at once.
+pub(crate) const MAX_COMMAND_BYTES: u64 = 1 << 20;
+
+/// First wait between reconnect attempts; it doubles up to [`BACKOFF_MAX_MS`].
+const BACKOFF_START_MS: u64 = 50;
+const BACKOFF_MAX_MS: u64 = 1000;
+
+/// A namespace on an NVMe/TCP target.
+#[derive(Debug)]
+pub(crate) struct RemotePath {
+    spec: RemoteSpec,
+    /// The controller in use; replaced by a new one when it is found gone.
+    ctrl: RwLock<Arc<Controller>>,
+    ns: NsInfo,
+    reconnects: AtomicU64,
+}
+
+/// Whether an error says the connection (not the command) failed.
+fn transport_failed(e: &Error) -> bool {
+    matches!(e, Error::RemoteTransport { .. } | Error::RemoteProtocol { .. })
+}
+
+impl RemotePath {
+    /// Connects to the target of `spec` and opens its namespace.
+    pub(crate) fn open(spec: &RemoteSpec) -> Result<RemotePath> {
+        let ctrl = Controller::connect(spec)?;
+        let ns = ctrl.namespace(spec.nsid)?;
+        Ok(RemotePath { spec: spec.clone(), ctrl: RwLock::new(Arc::new(ctrl)), ns, reconnects: AtomicU64::new(0) })
+    }
+
+    /// The controller to use: the current one, or, when it is gone, a new one on the same
+    /// subsystem, connected with backoff for up to the URI's timeout. Only I/Os that start
+    /// after the loss wait here: the ones that were in flight already failed by name.
+    fn controller(&self) -> Result<Arc<Controller>> {
+        let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
+        if !c.is_dead() {
+            return Ok(c);
+        }
+        let mut slot = self.ctrl.write().unwrap_or_else(|e| e.into_inner());
+        if !slot.is_dead() {
+            return Ok(slot.clone());
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.spec.timeout_ms);
+        let mut wait = BACKOFF_START_MS;
+        let new = loop {
+            let e = match Controller::connect(&self.spec).and_then(|c| c.namespace(self.ns.nsid).map(|ns| (c, ns))) {
+                Ok((c, ns)) if (ns.block_size, ns.blocks) == (self.ns.block_size, self.ns.blocks) => break c,
+                Ok(_) => {
+                    return Err(Error::RemoteProtocol {
+                        target: self.spec.address(),
+                        reason: format!("namespace {} changed size or block size across a reconnect", self.ns.nsid),
+                    })
+                }
+                Err(e) => e,
+            };
+            // A target that answers but refuses (wrong NQN now, namespace gone) will not
+            // change its mind in a few milliseconds.
+            let retry = transport_failed(&e) || matches!(e, Error::RemoteUnreachable { .. });
+            if !retry || Instant::now() + Duration::from_millis(wait) > deadline {
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(wait));
+            wait = (wait * 2).min(BACKOFF_MAX_MS);
+        };
+        *slot = Arc::new(new);
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        Ok(slot.clone())
+    }
+
+    /// Runs `cmds` on a queue of the current controller; a failed connection fails them all
+    /// (by name) and checks whether the controller itself is gone.
+    fn run(&self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<queue::Done>> {
+        let ctrl = self.controller()?;
+        let mut q = ctrl.take_queue()?;
+        let r = q.execute(cmds, op);
+        ctrl.put_queue(q);
+        if let Err(e) = &r {
+            if transport_failed(e) {
+                ctrl.probe();
+            }
+        }
+        r
+    }
+
+    /// Moves `buf.len()` bytes between `buf` and the namespace at `file_offset` (`write`: from
+    /// `buf`), as commands of at most [`RemotePath::max_command_bytes`] on one queue.
+    fn rw_host(&self, write: bool, buf: HostSlice<'_>, file_offset: u64) -> Result<()> {
+        let bs = self.ns.block_size;
+        let piece = self.max_command_bytes() as usize;
+        let (opcode, op) = if write { (nvm::WRITE, "write") } else { (nvm::READ, "read") };
+        let cmd = |i: usize, n: usize, data| {
+            let slba = (file_offset + (i * piece) as u64) / bs;
+            let mut s = Sqe::new(opcode, 0);
+            s.set_nsid(self.ns.nsid);
+            s.set_slba(slba);
+            // CAST: a piece is at most 1 MiB, at least 512-byte blocks: under 65536 blocks.
+            s.set_nlb((n as u64 / bs) as u32);
+            Cmd { sqe: s, data }
+        };
+        let mut cmds: Vec<Cmd<'_>> = match buf {
+            HostSlice::Out(b) => b.chunks(piece).enumerate().map(|(i, c)| cmd(i, c.len(), Data::Out(c))).collect(),
+            HostSlice::In(b) => b.chunks_mut(piece).enumerate().map(|(i, c)| cmd(i, c.len(), Data::In(c))).collect(),
+        };
+        let r = self.run(&mut cmds, op)?;
+        for (c, d) in cmds.iter().zip(r) {
+            if !d.status.is_success() {
+                return Err(Error::Nvme { op, slba: c.sqe.slba(), status: d.status });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Host memory of one I/O, in its direction.
+enum HostSlice<'a> {
+    Out(&'a [u8]),
+    In(&'a mut [u8]),
+}
+
+impl DataPath for RemotePath {
+    fn describe(&self) -> String {
+        let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
+        format!(
+            "remote path (NVMe/TCP, user-space initiator): namespace {} of {} at {} (controller {}, {} {}), {} bytes in {}-byte blocks, reconnected {} times",
+            self.ns.nsid,
+            self.spec.subsysnqn,
+            c.target,
+            c.cntlid,
+            c.model,
+            c.serial,
+            self.ns.blocks * self.ns.block_size,
+            self.ns.block_size,
+            self.reconnects.load(Ordering::Relaxed)
+        )
+    }
+
+    fn capacity(&self) -> Result<u64> {
+        Ok(self.ns.blocks * self.ns.block_size)
+    }
+
+    fn block_size(&self) -> u64 {
+        self.ns.block_size
+    }
+
+    fn buffer_alignment(&self) -> u64 {
+        1
+    }
+
+    fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
+        within_capacity(file_offset, len, self.ns.blocks * self.ns.block_size, "namespace")
+    }
+
+    fn is_direct(&self) -> bool {
+        false
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
+
+    fn bypasses_page_cache(&self) -> bool {
+        true
+    }
+
+    unsafe fn register_host(&self, _ptr: *mut u8, _len: usize) -> Result<Registered> {
+        Ok(Registered { regs: Vec::new(), staging: None, path: Path::Remote })
+    }
+
+    fn register_gpu(&self, _mem: &Arc<GpuMemory>, _allow_staging: bool) -> Result<Registered> {
+        // A socket cannot reach GPU memory: it is always staged (RDMA could, one day).
+        Ok(Registered { regs: Vec::new(), staging: None, path: Path::RemoteStaged })
+    }
+
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+        crate::staging::take_left_running();
+        let n = len as usize;
+        let r = match lease.buffer().mem() {
+            Mem::Host { ptr, .. } => {
+                // SAFETY: the storage checked `[buf_offset, +len)` against the buffer, whose
+                // memory stays mapped while it lives; the lease keeps every CPU reference out
+                // of it during the call, so this slice is the only one.
+                let p = unsafe { ptr.add(buf_offset as usize) };
+                let s = if write {
+                    // SAFETY: `p..p+n` lies in the leased buffer (see above).
+                    HostSlice::Out(unsafe { std::slice::from_raw_parts(p, n) })
+                } else {
+                    // SAFETY: as above; nothing else reads or writes it during the call.
+                    HostSlice::In(unsafe { std::slice::from_raw_parts_mut(p, n) })
+                };
+                self.rw_host(write, s, file_offset)
+            }
+            Mem::Gpu(g) => crate::staging::staged(g.gpu(), write, g.device_ptr() + buf_offset, n, None, |p, k, at| {
+                // SAFETY: `staged` hands us one of its staging chunks, `k` bytes long, which no
+                // copy uses until this call returns.
+                let s = unsafe {
+                    if write {
+                        HostSlice::Out(std::slice::from_raw_parts(p, k))
+                    } else {
+                        HostSlice::In(std::slice::from_raw_parts_mut(p, k))
+                    }
+                };
+                self.rw_host(write, s, file_offset + at).map(|()| k)
+            })
+            .map(|_| ()),
+        };
+        match r {
+            Ok(()) => Ok(len),
+            Err(e) if crate::staging::take_left_running() => {
+                // A copy queue may still move data into or out of the GPU memory.
+                lease.keep_forever();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        if !self.controller()?.vwc {
+            return Ok(());
+        }
+        let mut s = Sqe::new(nvm::FLUSH, 0);
+        s.set_nsid(self.ns.nsid);
+        let mut cmds = [Cmd { sqe: s, data: Data::None }];
+        let d = self.run(&mut cmds, "flush")?[0];
+        if !d.status.is_success() {
+            return Err(Error::Nvme { op: "flush", slba: 0, status: d.status });
+        }
+        Ok(())
+    }
+
+    fn write_bytes(&self, _data: &[u8], _off: u64) -> Option<Result<()>> {
+        None
+    }
+
+    fn max_command_bytes(&self) -> u64 {
+        // Whole blocks; a reconnect keeps the first controller's limit (the same target).
+        let max = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).max_transfer;
+        (max / self.ns.block_size).max(1) * self.ns.block_size
+    }
+}

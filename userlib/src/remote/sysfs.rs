@@ -1,0 +1,95 @@
+//! A kernel NVMe/TCP namespace (`/dev/nvmeXnY` whose controller's transport is tcp) as a target
+//! of our own: its address, service id, subsystem NQN, host NQN and host ID from sysfs, so
+//! that our controller joins the same subsystem as the same host (the kernel's stays
+//! connected: both are hosts of the subsystem).
+
+use super::uri::{parse_uuid, RemoteSpec, DEFAULT_TIMEOUT_MS};
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// The target behind block device `dev`, when it is a namespace of a kernel NVMe/TCP
+/// controller; `None` for anything else.
+pub(crate) fn kernel_tcp_namespace(dev: &str) -> Option<Result<RemoteSpec>> {
+    let real = std::fs::canonicalize(dev).ok()?;
+    let name = real.file_name()?.to_str()?;
+    if !name.starts_with("nvme") {
+        return None;
+    }
+    spec_from_sysfs(Path::new("/sys/class/block"), name)
+}
+
+/// Reads `sys/NAME/nsid` and the controller attributes in `sys/NAME/device/`.
+fn spec_from_sysfs(sys: &Path, name: &str) -> Option<Result<RemoteSpec>> {
+    let ns = sys.join(name);
+    let ctrl = ns.join("device");
+    let read = |p: &Path| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    if read(&ctrl.join("transport")).ok()? != "tcp" {
+        return None;
+    }
+    let bad = |what: &str, v: &str| Error::DeviceProtocol(format!("{name}: the kernel's {what} {v:?} makes no sense"));
+    let spec = (|| -> Result<RemoteSpec> {
+        let io = |e| Error::Io { op: format!("reading the sysfs attributes of {name}"), source: e };
+        let nsid_s = read(&ns.join("nsid")).map_err(io)?;
+        let nsid = nsid_s.parse().map_err(|_| bad("nsid", &nsid_s))?;
+        let address = read(&ctrl.join("address")).map_err(io)?;
+        let field = |k: &str| address.split(',').find_map(|kv| kv.trim().strip_prefix(k)).map(str::to_string);
+        let host = field("traddr=").ok_or_else(|| bad("address", &address))?;
+        let port_s = field("trsvcid=").unwrap_or_else(|| super::uri::DEFAULT_PORT.to_string());
+        let port = port_s.parse().map_err(|_| bad("trsvcid", &port_s))?;
+        let subsysnqn = read(&ctrl.join("subsysnqn")).map_err(io)?;
+        let hostnqn = read(&ctrl.join("hostnqn")).ok().filter(|s| !s.is_empty());
+        let hostid = read(&ctrl.join("hostid")).ok().and_then(|s| parse_uuid(&s));
+        Ok(RemoteSpec { host, port, subsysnqn, nsid, hostnqn, hostid, timeout_ms: DEFAULT_TIMEOUT_MS })
+    })();
+    Some(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_sysfs(transport: &str, address: &str) -> std::path::PathBuf {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "ugds-sysfs-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let ctrl = root.join("nvme3n2/device");
+        std::fs::create_dir_all(&ctrl).unwrap();
+        std::fs::write(root.join("nvme3n2/nsid"), "2\n").unwrap();
+        for (f, v) in [
+            ("transport", transport),
+            ("address", address),
+            ("subsysnqn", "nqn.2024-01.io.ugds:remote"),
+            ("hostnqn", "nqn.2014-08.org.nvmexpress:uuid:abc"),
+            ("hostid", "01234567-89ab-cdef-0123-456789abcdef"),
+        ] {
+            std::fs::write(ctrl.join(f), format!("{v}\n")).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn reads_a_kernel_tcp_namespace() {
+        let root = fake_sysfs("tcp", "traddr=10.1.2.3,trsvcid=4421,src_addr=10.1.2.4");
+        let s = spec_from_sysfs(&root, "nvme3n2").unwrap().unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.nsid), ("10.1.2.3", 4421, 2));
+        assert_eq!(s.subsysnqn, "nqn.2024-01.io.ugds:remote");
+        assert_eq!(s.host_nqn(), "nqn.2014-08.org.nvmexpress:uuid:abc");
+        assert_eq!(s.hostid.unwrap()[0], 0x01);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn other_transports_and_bad_addresses() {
+        let root = fake_sysfs("pcie", "0000:00:04.0");
+        assert!(spec_from_sysfs(&root, "nvme3n2").is_none());
+        let _ = std::fs::remove_dir_all(root);
+        let root = fake_sysfs("tcp", "trsvcid=4420");
+        assert!(matches!(spec_from_sysfs(&root, "nvme3n2"), Some(Err(Error::DeviceProtocol(_)))));
+        let _ = std::fs::remove_dir_all(root);
+        assert!(kernel_tcp_namespace("/nonexistent/nvme9n1").is_none());
+    }
+}
