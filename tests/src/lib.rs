@@ -13,6 +13,7 @@ pub mod mqes;
 pub mod portable;
 pub mod raw;
 pub mod reliability;
+pub mod sgl;
 pub mod userlib;
 pub mod volume;
 
@@ -68,6 +69,7 @@ pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
     v.extend(userlib::tests());
+    v.extend(sgl::tests());
     v.extend(reliability::tests());
     v.extend(batch::tests());
     v.extend(portable::tests());
