@@ -234,7 +234,14 @@ impl Device {
             sgls: 0,
             reserved: 0,
         };
-        fd.ioctl(req::GetInfo, &mut info)?;
+        fd.ioctl(req::GetInfo, &mut info).map_err(|e| match e {
+            // The request number encodes the struct's size: a module older than ABI 3 knows
+            // GET_INFO only by its smaller size, and says ENOTTY. Its version is unknown (0).
+            Error::Control { ref source, .. } if source.raw_os_error() == Some(libc::ENOTTY) => {
+                Error::AbiMismatch { kernel: 0, library: ABI_VERSION }
+            }
+            e => e,
+        })?;
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
