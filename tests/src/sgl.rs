@@ -125,6 +125,18 @@ fn hugepages_and_fragments() -> Result<()> {
                 anyhow::bail!("{what}: byte {b} read back differs");
             }
             check_dptr(&dev, dp, &what)?;
+            if dp == DataPointers::SglPreferred {
+                // The read buffer is anonymous memory in several DMA segments (no IOMMU merges
+                // them), and at buffer offset 1024 no segment boundary meets a command boundary:
+                // some commands carried a segment of several data blocks.
+                let raw = crate::raw::RawDev::open(&node)?;
+                let h = raw.register(fbuf.host_ptr().context("host memory")? as u64, fbuf.len() as u64)?;
+                let nsegs = raw.segments(h)?.len();
+                raw.deregister(h.id, h.generation)?;
+                let lists = dev.dptr_counts().sgl_lists;
+                ensure_that!(nsegs == 1 || lists > 0, "{what}: {nsegs} DMA segments but no SGL segment list");
+                println!("    {what}: read buffer in {nsegs} DMA segments, {lists} SGLs with a segment list");
+            }
             println!("    {what}: {huge_sgl} SGL commands from hugepages; counts {:?}", dev.dptr_counts());
             plan.push((seed, off));
             drop((hbuf, fbuf, st, dev));

@@ -120,8 +120,10 @@ pub enum Dptr {
     Other,
     /// PRP1/PRP2, maybe with a PRP list.
     Prp,
-    /// An SGL (PSDT 01b).
+    /// An SGL (PSDT 01b) of one data block, in DPTR.
     Sgl,
+    /// An SGL whose data blocks are in a segment of the list page.
+    SglList,
 }
 
 /// CDW0 PSDT (bits 15:14) = 01b: SGLs for the data, a contiguous buffer for metadata.
@@ -201,7 +203,7 @@ impl<'a> Command<'a> {
         P: QueueMemory + ?Sized,
     {
         let (dptr, kind) = self.data_pointers(page, policy)?;
-        let psdt = if kind == Dptr::Sgl { PSDT_SGL } else { 0 };
+        let psdt = if matches!(kind, Dptr::Sgl | Dptr::SglList) { PSDT_SGL } else { 0 };
         slot.store(0, (self.opcode as u64 | psdt | (cid as u64) << 16) | (nsid as u64) << 32);
         slot.store(1, 0);
         slot.store(2, 0);
@@ -284,7 +286,7 @@ fn sgls<P: QueueMemory + ?Sized>(
         page.mem.store64(page.off + sgl::DESC_BYTES * i, a);
         page.mem.store64(page.off + sgl::DESC_BYTES * i + 8, b);
     })?;
-    Ok((s.sgl1.qwords(), Dptr::Sgl))
+    Ok((s.sgl1.qwords(), if s.blocks > 1 { Dptr::SglList } else { Dptr::Sgl }))
 }
 
 /// CDW12 bit 30: Force Unit Access.
@@ -517,7 +519,8 @@ mod tests {
         let segs = [Segment { dma_addr: 0x40_0000, len: 8192 }, Segment { dma_addr: 0x80_0000, len: 8192 }];
         // SAFETY: never handed to a device: the command is only encoded into test memory.
         let r = unsafe { DmaRange::new(&segs, 4096, 8192) };
-        let (got, pool, _) = encode_with(&Write::new(0, 2, r).build(), sgl).unwrap();
+        let (got, pool, kind) = encode_with(&Write::new(0, 2, r).build(), sgl).unwrap();
+        assert_eq!(kind, Dptr::SglList);
         assert_eq!([got[6], got[7], got[8], got[9]], [0xAB000, 0, 32, 0x3000_0000], "a last segment of 32 bytes");
         assert_eq!([pool.load64(0), pool.load64(8)], [0x40_1000, 4096]);
         assert_eq!([pool.load64(16), pool.load64(24)], [0x80_0000, 4096]);

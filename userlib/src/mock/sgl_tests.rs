@@ -6,7 +6,6 @@ use super::*;
 use crate::cmd::{DmaRange, Read, Write};
 use crate::error::Error;
 use crate::pattern;
-use crate::queue::DptrCounts;
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -35,6 +34,12 @@ fn dma<'a>(segs: &'a [Segment], off: u64, len: u64) -> DmaRange<'a> {
     // SAFETY: the segments name the mock's own memory, which only its device model touches, and
     // every caller pairs `len` with the command's block count.
     unsafe { DmaRange::new(segs, off, len) }
+}
+
+/// The queue's (PRP, SGL) transfer counts.
+fn ps(m: &MockQueue) -> (u64, u64) {
+    let c = m.qp.dptr_counts();
+    (c.prp, c.sgl)
 }
 
 fn data(seed: u64, len: usize) -> Vec<u8> {
@@ -69,14 +74,15 @@ fn forced_sgls_move_the_data_on_every_layout() {
             round_trip(&m, i as u64, off, 100 * i as u64, len);
         }
         let n = 2 * CASES.len() as u64;
-        assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 0, sgl: n }, "layout {layout}: every transfer took an SGL");
+        assert_eq!(ps(&m), (0, n), "layout {layout}: every transfer took an SGL");
         assert_eq!(m.stats().sgl_commands, n, "layout {layout}: the device saw SGLs");
-        // Contiguous memory: one data block per command, in DPTR; scattered pages: one per page.
-        let blocks = m.stats().sgl_blocks;
+        // Contiguous memory: one data block per command, in DPTR; scattered pages: one per page,
+        // in a segment for every transfer over more than one page.
+        let (blocks, lists) = (m.stats().sgl_blocks, m.qp.dptr_counts().sgl_lists);
         if layout == 0 {
-            assert!(blocks > 100, "layout 0: {blocks} data blocks");
+            assert!(blocks > 100 && lists == n - 2, "layout 0: {blocks} data blocks, {lists} lists");
         } else {
-            assert_eq!(blocks, n, "layout {layout}: one data block per command");
+            assert_eq!((blocks, lists), (n, 0), "layout {layout}: one data block per command");
         }
     }
 }
@@ -88,7 +94,7 @@ fn prp_only_never_uses_sgls() {
         for (i, &(off, len)) in CASES.iter().enumerate() {
             round_trip(&m, 10 + i as u64, off, 100 * i as u64, len);
         }
-        assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 2 * CASES.len() as u64, sgl: 0 });
+        assert_eq!(ps(&m), (2 * CASES.len() as u64, 0));
         assert_eq!(m.stats().sgl_commands, 0);
     }
 }
@@ -99,19 +105,19 @@ fn auto_picks_prps_for_small_or_fragmented_and_sgls_for_large_contiguous() {
     let m = mock(1, DataPointers::Auto, 1, false);
     round_trip(&m, 1, 0, 0, 4096);
     round_trip(&m, 2, 3584, 8, 4096);
-    assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 4, sgl: 0 });
+    assert_eq!(ps(&m), (4, 0));
     round_trip(&m, 3, 0, 16, 12288);
     round_trip(&m, 4, 1024, 64, 256 << 10);
-    assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 4, sgl: 4 });
+    assert_eq!(ps(&m), (4, 4));
     // Scattered single pages: an SGL would need a descriptor per page, twice a PRP entry.
     let m = mock(0, DataPointers::Auto, 1, false);
     round_trip(&m, 5, 0, 0, 256 << 10);
     round_trip(&m, 6, 1024, 600, 65536 + 512);
-    assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 4, sgl: 0 });
+    assert_eq!(ps(&m), (4, 0));
     // A controller without SGLs gets PRPs whatever is asked.
     let m = mock(1, DataPointers::SglPreferred, 0, false);
     round_trip(&m, 7, 0, 0, 256 << 10);
-    assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 2, sgl: 0 });
+    assert_eq!(ps(&m), (2, 0));
     assert_eq!(m.stats().sgl_commands, 0);
 }
 
@@ -127,7 +133,7 @@ fn a_segment_boundary_inside_a_page_needs_an_sgl() {
     m.host_write(8192, &want[2048..]);
     m.qp.execute(1, &[Write::new(40, 8, dma(&halves, 0, 4096)).build()], &m.status, T).unwrap();
     assert_eq!(m.backing(40, 8), want);
-    assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 0, sgl: 1 });
+    assert_eq!(ps(&m), (0, 1));
     assert_eq!(m.stats().sgl_blocks, 2, "a last segment of two data blocks");
     // PRPs only: refused before anything is submitted.
     let m = mock(1, DataPointers::PrpOnly, 1, false);
@@ -142,7 +148,7 @@ fn dword_granularity_is_honoured() {
     // would refuse others (and the builder never makes them).
     let m = mock(0, DataPointers::SglPreferred, 2, false);
     round_trip(&m, 11, 1028, 0, 65536);
-    assert_eq!(m.qp.dptr_counts(), DptrCounts { prp: 0, sgl: 2 });
+    assert_eq!(ps(&m), (0, 2));
     assert_eq!(m.stats().errors, 0);
 }
 

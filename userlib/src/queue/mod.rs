@@ -63,12 +63,15 @@ pub struct DptrCounts {
     pub prp: u64,
     /// Transfers described by an SGL.
     pub sgl: u64,
+    /// Of those, SGLs with a segment in the list page (more than one data block).
+    pub sgl_lists: u64,
 }
 
 impl std::ops::AddAssign for DptrCounts {
     fn add_assign(&mut self, o: DptrCounts) {
         self.prp += o.prp;
         self.sgl += o.sgl;
+        self.sgl_lists += o.sgl_lists;
     }
 }
 
@@ -405,6 +408,10 @@ impl Submission<'_> {
         match cmd.write(&slot, cid, self.nsid, &page, self.qp.policy) {
             Ok(Dptr::Prp) => r.dptr.prp += 1,
             Ok(Dptr::Sgl) => r.dptr.sgl += 1,
+            Ok(Dptr::SglList) => {
+                r.dptr.sgl += 1;
+                r.dptr.sgl_lists += 1;
+            }
             Ok(Dptr::Other) => {}
             Err(e) => {
                 r.cids.release(cid);
