@@ -130,6 +130,9 @@ fn identify_with(bufs: &IdentifyBuffers, bar: &Bar0, cap: Cap, adminq: &mut Admi
         oncs: u16::from_le(dma_read!(id[0].oncs)?) as u32,
         page_size: 4096,
         namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
+        // User space builds SGLs for I/O commands when bits 1:0 say the controller takes them.
+        sgls: u32::from_le(dma_read!(id[0].sgls)?),
+        reserved: 0,
     };
 
     // Active namespace list (CNS 02h): NSIDs in increasing order, zero-terminated.

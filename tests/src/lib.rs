@@ -15,6 +15,7 @@ pub mod python;
 pub mod raw;
 pub mod reliability;
 pub mod remote;
+pub mod sgl;
 pub mod userlib;
 pub mod volume;
 
@@ -74,6 +75,7 @@ pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
     v.extend(userlib::tests());
+    v.extend(sgl::tests());
     v.extend(reliability::tests());
     v.extend(batch::tests());
     v.extend(portable::tests());

@@ -142,7 +142,8 @@ impl RawDev {
         }
         // SAFETY: a fresh fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut info = DeviceInfo::read_from_bytes(&[0u8; 384][..]).map_err(|_| anyhow::anyhow!("size"))?;
+        let mut info = DeviceInfo::read_from_bytes(&[0u8; core::mem::size_of::<DeviceInfo>()][..])
+            .map_err(|_| anyhow::anyhow!("size"))?;
         ioctl_raw(fd.as_raw_fd(), IOCTL_GET_INFO, &mut info).context("GET_INFO")?;
         if info.abi_version != ABI_VERSION {
             bail!("ABI {} != {}", info.abi_version, ABI_VERSION);

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
-use ugds::{pattern, Device, DeviceOptions, Error, Gpu, Path, Storage};
+use ugds::{pattern, DataPointers, Device, DeviceOptions, Error, Gpu, Path, Storage};
 
 const V: &str = "userlib";
 
@@ -64,7 +64,7 @@ fn ranges(seed: u64, bs: u64, cap: u64, n: usize) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn unbind(addr: &str) -> Result<()> {
+pub(crate) fn unbind(addr: &str) -> Result<()> {
     if driver_of(addr).as_deref() != Some("nvme") {
         let (ok, out) = xtask(&["unbind", addr])?;
         ensure_that!(ok, "unbind {addr}: {out}");
@@ -74,7 +74,7 @@ fn unbind(addr: &str) -> Result<()> {
 
 /// The kernel's block devices of a controller as (nsid, name): the name's number is an
 /// instance counter, not the namespace id, so the `nsid` attribute decides.
-fn kernel_namespaces(ctrl: &str) -> Result<Vec<(u32, String)>> {
+pub(crate) fn kernel_namespaces(ctrl: &str) -> Result<Vec<(u32, String)>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(format!("/sys/class/nvme/{ctrl}"))? {
         let name = e?.file_name().to_string_lossy().into_owned();
@@ -86,7 +86,7 @@ fn kernel_namespaces(ctrl: &str) -> Result<Vec<(u32, String)>> {
     Ok(v)
 }
 
-fn kernel_check(dev: &str, seed: u64, off: u64, len: u64) -> Result<()> {
+pub(crate) fn kernel_check(dev: &str, seed: u64, off: u64, len: u64) -> Result<()> {
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(dev)?;
     let mut buf = AlignedBuf::new(len as usize);
     f.read_exact_at(buf.as_mut_slice(), off)?;
@@ -106,10 +106,36 @@ fn kernel_fill(dev: &str, seed: u64, off: u64, len: u64) -> Result<()> {
 }
 
 fn ugds_writes_kernel_reads() -> Result<()> {
-    for idx in 0..NVME.len() {
+    integrity_ugds_writes(DataPointers::Auto, NVME.len())
+}
+
+fn kernel_writes_ugds_reads() -> Result<()> {
+    integrity_kernel_writes(DataPointers::Auto, NVME.len())
+}
+
+/// Checks which data pointers a device's transfers took: none but PRPs when PRPs are forced,
+/// none but SGLs when SGLs are forced (QEMU's controller supports them, and no transfer of
+/// these tests needs more descriptors than a list page holds).
+pub(crate) fn check_dptr(dev: &Device, dp: DataPointers, what: &str) -> Result<()> {
+    let c = dev.dptr_counts();
+    match dp {
+        DataPointers::PrpOnly => ensure_that!(c.sgl == 0 && c.prp > 0, "{what}: PRPs forced, counts {c:?}"),
+        DataPointers::SglPreferred => {
+            ensure_that!(dev.supports_sgls(), "{what}: the controller reports no SGL support");
+            ensure_that!(c.prp == 0 && c.sgl > 0, "{what}: SGLs forced, counts {c:?}");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// ugds writes random ranges (up to 8 MiB) on every namespace of the first `ctrls`
+/// controllers with data pointers `dp`; the kernel driver reads them back.
+pub(crate) fn integrity_ugds_writes(dp: DataPointers, ctrls: usize) -> Result<()> {
+    for idx in 0..ctrls {
         let addr = nvme_controllers()?[idx].clone();
         let node = bound_node(idx)?;
-        let dev = Device::open(&node)?;
+        let dev = Device::open_with(&node, DeviceOptions { data_pointers: dp, ..Default::default() })?;
         let mut plan = Vec::new();
         for ns in dev.namespaces() {
             let seed = 1000 + idx as u64 * 10 + ns.id() as u64;
@@ -124,6 +150,7 @@ fn ugds_writes_kernel_reads() -> Result<()> {
                 plan.push((ns.id(), seed, off, len));
             }
         }
+        check_dptr(&dev, dp, &format!("controller {idx}"))?;
         drop(dev);
         unbind(&addr)?;
         let kns = kernel_namespaces(&nvme_name(&addr)?)?;
@@ -135,8 +162,10 @@ fn ugds_writes_kernel_reads() -> Result<()> {
     Ok(())
 }
 
-fn kernel_writes_ugds_reads() -> Result<()> {
-    for idx in 0..NVME.len() {
+/// The kernel driver writes random ranges on every namespace of the first `ctrls` controllers;
+/// ugds reads them back with data pointers `dp`.
+pub(crate) fn integrity_kernel_writes(dp: DataPointers, ctrls: usize) -> Result<()> {
+    for idx in 0..ctrls {
         let addr = nvme_controllers()?[idx].clone();
         unbind(&addr)?;
         let mut plan = Vec::new();
@@ -153,7 +182,7 @@ fn kernel_writes_ugds_reads() -> Result<()> {
             }
         }
         let node = bound_node(idx)?;
-        let dev = Device::open(&node)?;
+        let dev = Device::open_with(&node, DeviceOptions { data_pointers: dp, ..Default::default() })?;
         let mut checked = 0;
         for ns in dev.namespaces() {
             let nsid = ns.id();
@@ -174,6 +203,7 @@ fn kernel_writes_ugds_reads() -> Result<()> {
             "controller {idx}: ugds has {checked} of the kernel's {} ranges",
             plan.len()
         );
+        check_dptr(&dev, dp, &format!("controller {idx}"))?;
         drop(dev);
         unbind(&addr)?;
     }

@@ -21,7 +21,7 @@
 //! | `ENODEV` | the controller was unbound while this file was open |
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -148,9 +148,15 @@ pub struct DeviceInfo {
     pub page_size: u32,
     /// Active namespaces.
     pub namespaces: [NamespaceInfo; MAX_NAMESPACES],
+    /// Identify Controller SGLS (bits 1:0: SGLs for NVM I/O commands: 00b none, 01b supported,
+    /// 10b supported with dword alignment and granularity); ABI 3.
+    pub sgls: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<DeviceInfo>() == 384);
+const _: () = assert!(core::mem::size_of::<DeviceInfo>() == 392);
+const _: () = assert!(core::mem::offset_of!(DeviceInfo, sgls) == 384);
 const _: () = assert!(core::mem::offset_of!(DeviceInfo, cap) == 80);
 const _: () = assert!(core::mem::offset_of!(DeviceInfo, namespaces) == 128);
 

@@ -140,7 +140,7 @@ fn identify_fields_decode() {
 
 #[test]
 fn ioctl_structs_and_numbers() {
-    assert_eq!(size_of::<DeviceInfo>(), 384);
+    assert_eq!(size_of::<DeviceInfo>(), 392);
     assert_eq!(size_of::<NamespaceInfo>(), 16);
     assert_eq!(size_of::<CreateQpair>(), 88);
     assert_eq!(size_of::<DeleteQpair>(), 8);
@@ -152,8 +152,8 @@ fn ioctl_structs_and_numbers() {
     assert_eq!(size_of::<Deregister>(), 8);
     assert_eq!(size_of::<SetEventfd>(), 8);
     assert_eq!(size_of::<StatusPage>(), 56);
-    // _IOR(0xD7, 0, 384) as the kernel's macros compute it.
-    assert_eq!(IOCTL_GET_INFO, 2 << 30 | 384 << 16 | 0xD7 << 8);
+    // _IOR(0xD7, 0, 392) as the kernel's macros compute it.
+    assert_eq!(IOCTL_GET_INFO, 2 << 30 | 392 << 16 | 0xD7 << 8);
     assert_eq!(IOCTL_RESET, 0xD7 << 8 | 8);
     let all = [
         IOCTL_GET_INFO,

@@ -137,7 +137,7 @@ impl QueueBatch {
             return Err(Error::invalid("capacity", format!("at most {}", inner.info.max_queue_entries - 1)));
         }
         let (epoch, _) = crate::queue::read_status(&inner.status);
-        let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch)?;
+        let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch, inner.dptr)?;
         let timeout = inner.timeout;
         let b = QueueBatch {
             dev: inner,

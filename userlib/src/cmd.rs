@@ -3,15 +3,18 @@
 //! what lets the device touch memory is a [`DmaRange`], which only `unsafe` code can make.
 //!
 //! A built [`Command`] is written straight into its SQ slot by [`Command::write`], which also
-//! fills the command's own list page: the PRP list of a transfer over more than two pages, or
-//! the range list of a Dataset Management command.
+//! fills the command's own list page: the PRP list of a transfer over more than two pages, the
+//! SGL segment of a transfer over several runs of bus memory, or the range list of a Dataset
+//! Management command. Whether a transfer uses PRPs or an SGL is chosen per command
+//! ([`DptrPolicy`]).
 //!
 //! Optional setters the library does not use yet are kept for tests and fuzzing
 //! (`allow(dead_code)` outside those builds), as is the rest of the engine's test surface.
 
 use crate::mem::QueueMemory;
-use crate::prp::{self, PrpError, LIST_ENTRIES};
+use crate::prp::{self, PrpError, LIST_ENTRIES, PAGE};
 use crate::ring::sq::SqSlot;
+use crate::sgl::{self, Alignment, DataPointers};
 use ugds_uapi::ioctl::Segment;
 use ugds_uapi::queue::nvm;
 
@@ -79,8 +82,55 @@ pub struct Command<'a> {
     data: Data<'a>,
 }
 
+/// What the data pointer of a queue pair's transfers may be: fixed when the queue pair is made,
+/// from the caller's [`DataPointers`] and the controller's Identify SGLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DptrPolicy {
+    /// SGLs allowed, under this alignment rule; `None`: PRPs only.
+    sgl: Option<Alignment>,
+    /// SGL for every transfer that fits (else only where it costs fewer descriptor bytes).
+    prefer: bool,
+}
+
+impl DptrPolicy {
+    /// PRPs only.
+    pub const PRP_ONLY: DptrPolicy = DptrPolicy { sgl: None, prefer: false };
+
+    /// The policy for `mode` on a controller reporting `sgls` (Identify Controller SGLS): SGLs
+    /// only where bits 1:0 say the controller supports them for NVM commands.
+    pub fn new(mode: DataPointers, sgls: u32) -> DptrPolicy {
+        match (mode, sgl::alignment_from_sgls(sgls)) {
+            (DataPointers::PrpOnly, _) | (_, None) => Self::PRP_ONLY,
+            (DataPointers::Auto, a) => DptrPolicy { sgl: a, prefer: false },
+            (DataPointers::SglPreferred, a) => DptrPolicy { sgl: a, prefer: true },
+        }
+    }
+
+    /// True when SGLs may be used.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn sgls(&self) -> bool {
+        self.sgl.is_some()
+    }
+}
+
+/// What a written command's data pointer turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dptr {
+    /// No data, or a DSM range list (PRP1 names the list page).
+    Other,
+    /// PRP1/PRP2, maybe with a PRP list.
+    Prp,
+    /// An SGL (PSDT 01b) of one data block, in DPTR.
+    Sgl,
+    /// An SGL whose data blocks are in a segment of the list page.
+    SglList,
+}
+
+/// CDW0 PSDT (bits 15:14) = 01b: SGLs for the data, a contiguous buffer for metadata.
+const PSDT_SGL: u64 = 1 << 14;
+
 /// The page of the queue's PRP-list pool that belongs to a command id: it holds the command's
-/// PRP list or DSM range list.
+/// PRP list, SGL segment or DSM range list.
 #[derive(Debug)]
 pub struct ListPage<'m, M: ?Sized> {
     /// The pool.
@@ -136,36 +186,67 @@ impl<'a> Command<'a> {
     }
 
     /// Writes the command into `slot` with command id `cid` and namespace `nsid`: first its
-    /// list page (a PRP list, or DSM ranges), then each of the slot's eight quadwords once.
+    /// list page (a PRP list, an SGL segment, or DSM ranges), then each of the slot's eight
+    /// quadwords once. A transfer's data pointer follows `policy`; what it became is returned.
     /// On error the slot is untouched (the list page may hold garbage, which nothing names).
     #[inline]
-    pub fn write<M, P>(&self, slot: &SqSlot<'_, M>, cid: u16, nsid: u32, page: &ListPage<'_, P>) -> Result<(), PrpError>
+    pub fn write<M, P>(
+        &self,
+        slot: &SqSlot<'_, M>,
+        cid: u16,
+        nsid: u32,
+        page: &ListPage<'_, P>,
+        policy: DptrPolicy,
+    ) -> Result<Dptr, PrpError>
     where
         M: QueueMemory + ?Sized,
         P: QueueMemory + ?Sized,
     {
-        let (prp1, prp2) = self.data_pointers(page)?;
-        slot.store(0, (self.opcode as u64 | (cid as u64) << 16) | (nsid as u64) << 32);
+        let (dptr, kind) = self.data_pointers(page, policy)?;
+        let psdt = if matches!(kind, Dptr::Sgl | Dptr::SglList) { PSDT_SGL } else { 0 };
+        slot.store(0, (self.opcode as u64 | psdt | (cid as u64) << 16) | (nsid as u64) << 32);
         slot.store(1, 0);
         slot.store(2, 0);
-        slot.store(3, prp1);
-        slot.store(4, prp2);
+        slot.store(3, dptr[0]);
+        slot.store(4, dptr[1]);
         slot.store(5, self.cdw[0] as u64 | (self.cdw[1] as u64) << 32);
         slot.store(6, self.cdw[2] as u64 | (self.cdw[3] as u64) << 32);
         slot.store(7, self.cdw[4] as u64 | (self.cdw[5] as u64) << 32);
-        Ok(())
+        Ok(kind)
     }
 
-    /// PRP1 and PRP2, writing the list page where one is needed.
+    /// DPTR (PRP1 and PRP2, or SGL1), writing the list page where one is needed.
     #[inline]
-    fn data_pointers<P: QueueMemory + ?Sized>(&self, page: &ListPage<'_, P>) -> Result<(u64, u64), PrpError> {
+    fn data_pointers<P: QueueMemory + ?Sized>(
+        &self,
+        page: &ListPage<'_, P>,
+        policy: DptrPolicy,
+    ) -> Result<([u64; 2], Dptr), PrpError> {
         match self.data {
-            Data::None => Ok((0, 0)),
+            Data::None => Ok(([0, 0], Dptr::Other)),
             Data::Prp(r) => {
-                let p = prp::build_with(r.segs, r.off, r.len, page.bus, LIST_ENTRIES, |i, a| {
-                    page.mem.store64(page.off + 8 * i, a)
-                })?;
-                Ok((p.prp1, p.prp2))
+                let Some(align) = policy.sgl else { return prps(r, page) };
+                // Descriptor budget: the SGL is used when its list costs fewer bytes than the PRP
+                // list would (16 per data block, none for a single block, against 8 per page
+                // after the first, none for one or two pages). Pages counted from the offset
+                // inside the registration, whose segments start on page boundaries.
+                let pages = (r.off % PAGE + r.len).div_ceil(PAGE);
+                let budget = match (policy.prefer, pages) {
+                    (true, _) => sgl::PER_PAGE,
+                    (false, 0..=2) => 0,
+                    // CAST: at most a few thousand pages per command.
+                    (false, p) => ((p as usize - 2) / 2).max(1),
+                };
+                if budget > 0 {
+                    if let Ok(s) = sgls(r, page, align, budget) {
+                        return Ok(s);
+                    }
+                }
+                match prps(r, page) {
+                    // A segment boundary inside a page: only an SGL can describe it.
+                    Err(PrpError::Discontiguous) if budget < sgl::PER_PAGE => sgls(r, page, align, sgl::PER_PAGE),
+                    other => other,
+                }
             }
             Data::Ranges(ranges) => {
                 if ranges.is_empty() || ranges.len() > DSM_MAX_RANGES {
@@ -178,10 +259,34 @@ impl<'a> Command<'a> {
                     page.mem.store64(off + 8, r.slba);
                 }
                 // The range list fills at most the page, so PRP1 alone describes it.
-                Ok((page.bus, 0))
+                Ok(([page.bus, 0], Dptr::Other))
             }
         }
     }
+}
+
+/// PRP1 and PRP2 of `r`, the list (if any) written to `page`.
+#[inline]
+fn prps<P: QueueMemory + ?Sized>(r: DmaRange<'_>, page: &ListPage<'_, P>) -> Result<([u64; 2], Dptr), PrpError> {
+    let p =
+        prp::build_with(r.segs, r.off, r.len, page.bus, LIST_ENTRIES, |i, a| page.mem.store64(page.off + 8 * i, a))?;
+    Ok(([p.prp1, p.prp2], Dptr::Prp))
+}
+
+/// SGL1 of `r` with at most `budget` data blocks, the segment (if any) written to `page`.
+#[inline]
+fn sgls<P: QueueMemory + ?Sized>(
+    r: DmaRange<'_>,
+    page: &ListPage<'_, P>,
+    align: Alignment,
+    budget: usize,
+) -> Result<([u64; 2], Dptr), PrpError> {
+    let s = sgl::build_with(r.segs, r.off, r.len, &[page.bus], align, budget, |i, d| {
+        let [a, b] = d.qwords();
+        page.mem.store64(page.off + sgl::DESC_BYTES * i, a);
+        page.mem.store64(page.off + sgl::DESC_BYTES * i + 8, b);
+    })?;
+    Ok((s.sgl1.qwords(), if s.blocks > 1 { Dptr::SglList } else { Dptr::Sgl }))
 }
 
 /// CDW12 bit 30: Force Unit Access.
@@ -340,6 +445,7 @@ mod tests {
     use super::*;
     use crate::mem::TestMemory;
     use crate::ring::sq::{Sq, SQE_BYTES};
+    use crate::sgl::DataPointers;
     use ugds_uapi::Sqe;
 
     const SEGS: [Segment; 1] = [Segment { dma_addr: 0x10_0000, len: 1 << 20 }];
@@ -355,7 +461,7 @@ mod tests {
         let pool = TestMemory::new(4096);
         let mut sq = Sq::new(2).unwrap();
         let slot = sq.push(&sqm).unwrap();
-        c.write(&slot, cid, nsid, &ListPage { mem: &pool, off: 0, bus: 0xAB000 })?;
+        c.write(&slot, cid, nsid, &ListPage { mem: &pool, off: 0, bus: 0xAB000 }, DptrPolicy::PRP_ONLY)?;
         Ok((std::array::from_fn(|i| sqm.load32(4 * i).to_le()), pool))
     }
 
@@ -388,6 +494,50 @@ mod tests {
         assert_eq!([pool.load64(0), pool.load64(8), pool.load64(16)], [0x10_1000, 0x10_2000, 0x10_3000]);
         // Not describable: the slot stays untouched.
         assert_eq!(encode(&Read::new(0, 1, range(2, 512)).build(), 1, 1).unwrap_err(), PrpError::Unaligned);
+    }
+
+    /// Writes `c` under `policy` into slot 0 with a list page at bus 0xAB000.
+    fn encode_with(c: &Command<'_>, policy: DptrPolicy) -> Result<([u32; 16], TestMemory, Dptr), PrpError> {
+        let sqm = TestMemory::new(2 * SQE_BYTES);
+        let pool = TestMemory::new(4096);
+        let mut sq = Sq::new(2).unwrap();
+        let slot = sq.push(&sqm).unwrap();
+        let kind = c.write(&slot, 5, 1, &ListPage { mem: &pool, off: 0, bus: 0xAB000 }, policy)?;
+        Ok((std::array::from_fn(|i| sqm.load32(4 * i).to_le()), pool, kind))
+    }
+
+    #[test]
+    fn sgl_transfers_set_psdt_and_put_sgl1_in_dptr() {
+        let sgl = DptrPolicy::new(DataPointers::SglPreferred, 1);
+        // One contiguous run: a Data Block in DPTR, PSDT 01b, nothing in the list page.
+        let (got, pool, kind) = encode_with(&Read::new(0, 16, range(4096, 65536)).build(), sgl).unwrap();
+        assert_eq!(kind, Dptr::Sgl);
+        assert_eq!(got[0], nvm::READ as u32 | 1 << 14 | 5 << 16);
+        assert_eq!([got[6], got[7], got[8], got[9]], [0x10_1000, 0, 65536, 0], "a data block, type 0h");
+        assert_eq!(pool.load64(0), 0);
+        // Two runs: a Last Segment descriptor naming the list page, which holds both blocks.
+        let segs = [Segment { dma_addr: 0x40_0000, len: 8192 }, Segment { dma_addr: 0x80_0000, len: 8192 }];
+        // SAFETY: never handed to a device: the command is only encoded into test memory.
+        let r = unsafe { DmaRange::new(&segs, 4096, 8192) };
+        let (got, pool, kind) = encode_with(&Write::new(0, 2, r).build(), sgl).unwrap();
+        assert_eq!(kind, Dptr::SglList);
+        assert_eq!([got[6], got[7], got[8], got[9]], [0xAB000, 0, 32, 0x3000_0000], "a last segment of 32 bytes");
+        assert_eq!([pool.load64(0), pool.load64(8)], [0x40_1000, 4096]);
+        assert_eq!([pool.load64(16), pool.load64(24)], [0x80_0000, 4096]);
+        // PRP-only and SGL-less controllers: PSDT 00b, PRPs.
+        for p in [DptrPolicy::new(DataPointers::PrpOnly, 1), DptrPolicy::new(DataPointers::SglPreferred, 0)] {
+            assert!(!p.sgls());
+            let (got, _, kind) = encode_with(&Read::new(0, 16, range(4096, 65536)).build(), p).unwrap();
+            assert_eq!((kind, got[0] >> 14 & 3, got[6], got[8]), (Dptr::Prp, 0, 0x10_1000, 0xAB000));
+        }
+        // Auto: one or two pages stay PRPs; a large contiguous run becomes one data block.
+        let auto = DptrPolicy::new(DataPointers::Auto, 1);
+        assert_eq!(encode_with(&Read::new(0, 2, range(0, 8192)).build(), auto).unwrap().2, Dptr::Prp);
+        assert_eq!(encode_with(&Read::new(0, 1, range(512, 4096)).build(), auto).unwrap().2, Dptr::Prp);
+        assert_eq!(encode_with(&Read::new(0, 2, range(512, 8192)).build(), auto).unwrap().2, Dptr::Sgl, "3 pages");
+        assert_eq!(encode_with(&Read::new(0, 3, range(0, 12288)).build(), auto).unwrap().2, Dptr::Sgl);
+        // No data: no data pointer to choose.
+        assert_eq!(encode_with(&Flush::new().build(), sgl).unwrap().2, Dptr::Other);
     }
 
     #[test]

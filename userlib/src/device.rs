@@ -4,10 +4,13 @@
 //! node from anything else. Data moves through [`crate::Storage`] and [`crate::Buffer`], which
 //! own memory, leases and the request check; this layer only builds and runs commands.
 
-use crate::cmd::{self, Command, DsmRange};
+use crate::cmd::{self, Command, DptrPolicy, DsmRange};
 use crate::error::{Error, Result};
 use crate::mmio::{Doorbells, StatusView};
+#[doc(hidden)]
+pub use crate::queue::DptrCounts;
 use crate::queue::{self, QueuePair};
+pub use crate::sgl::DataPointers;
 use crate::sys::{req, DeviceFd, EventFd};
 use std::cell::Cell;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -32,11 +35,20 @@ pub struct DeviceOptions {
     /// Interrupt mode: wait for completions on the queue's MSI-X interrupt (an eventfd) after
     /// one poll, instead of busy polling. Costs a system call per wait; saves the CPU.
     pub interrupts: bool,
+    /// PRPs or SGLs per command ([`DataPointers::Auto`] by default); SGLs only where the
+    /// controller reports SGL support (Identify SGLS).
+    pub data_pointers: DataPointers,
 }
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        DeviceOptions { queues: 0, depth: 0, timeout: Duration::from_secs(30), interrupts: false }
+        DeviceOptions {
+            queues: 0,
+            depth: 0,
+            timeout: Duration::from_secs(30),
+            interrupts: false,
+            data_pointers: DataPointers::Auto,
+        }
     }
 }
 
@@ -51,6 +63,8 @@ pub(crate) struct Inner {
     pub(crate) timeout: Duration,
     /// Largest transfer of one command.
     max_cmd_bytes: u64,
+    /// PRPs or SGLs: every queue pair of this open device gets it.
+    pub(crate) dptr: DptrPolicy,
 }
 
 /// An open ugds controller: its queue pairs are mapped into this process.
@@ -60,13 +74,15 @@ pub struct Device {
 }
 
 /// Creates a queue pair of `depth` entries on the controller and maps its SQ, CQ and PRP pool;
-/// in interrupt mode also attaches an eventfd to its MSI-X vector.
+/// in interrupt mode also attaches an eventfd to its MSI-X vector. Its commands use PRPs or
+/// SGLs as `dptr` says.
 pub(crate) fn create_queue_pair(
     fd: &DeviceFd,
     depth: u32,
     interrupts: bool,
     doorbells: &Arc<Doorbells>,
     epoch: u64,
+    dptr: DptrPolicy,
 ) -> Result<QueuePair> {
     let flags = if interrupts { QPAIR_FLAG_IRQ } else { 0 };
     let mut a = CreateQpair { depth, flags, ..Default::default() };
@@ -79,7 +95,7 @@ pub(crate) fn create_queue_pair(
     } else {
         None
     };
-    QueuePair::map(fd, &a, doorbells, epoch, irq)
+    QueuePair::map(fd, &a, doorbells, epoch, irq, dptr)
 }
 
 /// Largest transfer per command the library builds (one PRP-list page with an unaligned start
@@ -217,8 +233,17 @@ impl Device {
             oncs: 0,
             page_size: 0,
             namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
+            sgls: 0,
+            reserved: 0,
         };
-        fd.ioctl(req::GetInfo, &mut info)?;
+        fd.ioctl(req::GetInfo, &mut info).map_err(|e| match e {
+            // The request number encodes the struct's size: a module older than ABI 3 knows
+            // GET_INFO only by its smaller size, and says ENOTTY. Its version is unknown (0).
+            Error::Control { ref source, .. } if source.raw_os_error() == Some(libc::ENOTTY) => {
+                Error::AbiMismatch { kernel: 0, library: ABI_VERSION }
+            }
+            e => e,
+        })?;
         if info.abi_version != ABI_VERSION {
             return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
         }
@@ -238,9 +263,10 @@ impl Device {
         let db_len = (4096usize)
             .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
         let doorbells = Arc::new(Doorbells::map(fd.raw(), db_len)?);
+        let dptr = DptrPolicy::new(opts.data_pointers, info.sgls);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {
-            queues.push(create_queue_pair(&fd, depth, opts.interrupts, &doorbells, epoch)?);
+            queues.push(create_queue_pair(&fd, depth, opts.interrupts, &doorbells, epoch, dptr)?);
         }
         let mdts = if info.mdts_bytes == 0 { u64::MAX } else { info.mdts_bytes as u64 };
         Ok(Device {
@@ -252,6 +278,7 @@ impl Device {
                 queues,
                 timeout: opts.timeout,
                 max_cmd_bytes: mdts.min(MAX_CMD_BYTES),
+                dptr,
             }),
         })
     }
@@ -279,6 +306,22 @@ impl Device {
     /// Maximum data transfer size of one command in bytes (`None`: no limit).
     pub fn mdts(&self) -> Option<u64> {
         (self.inner.info.mdts_bytes != 0).then_some(self.inner.info.mdts_bytes as u64)
+    }
+
+    /// True when the controller takes SGLs for NVM I/O commands (Identify SGLS bits 1:0).
+    pub fn supports_sgls(&self) -> bool {
+        crate::sgl::alignment_from_sgls(self.inner.info.sgls).is_some()
+    }
+
+    /// Transfers the synchronous queue pairs wrote so far, by data pointer (PRPs or an SGL):
+    /// tests read it to know which one a request really used.
+    #[doc(hidden)]
+    pub fn dptr_counts(&self) -> DptrCounts {
+        let mut c = DptrCounts::default();
+        for q in &self.inner.queues {
+            c += q.dptr_counts();
+        }
+        c
     }
 
     /// The active namespaces.

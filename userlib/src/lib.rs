@@ -40,6 +40,7 @@ pub(crate) mod prp;
 pub(crate) mod queue;
 pub mod remote;
 pub(crate) mod ring;
+pub(crate) mod sgl;
 mod staging;
 pub mod storage;
 pub mod storage_batch;
@@ -69,7 +70,7 @@ pub mod test_utils {
 
 pub use batch::{IoEvent, IoStatus, Op};
 pub use buffer::{Buffer, HostView, Path};
-pub use device::{Device, DeviceOptions, Namespace};
+pub use device::{DataPointers, Device, DeviceOptions, Namespace};
 pub use error::{Error, Result};
 #[cfg(feature = "fallback")]
 pub use fallback::FileTarget;

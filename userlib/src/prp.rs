@@ -44,7 +44,7 @@ pub struct Prps {
 /// Finds the bus address of byte `off` of a registration and how many bytes stay contiguous
 /// from there. `cursor` caches the segment index and its starting offset for forward walks.
 #[inline]
-fn locate(segs: &[Segment], off: u64, cursor: &mut (usize, u64)) -> Option<(u64, u64)> {
+pub(crate) fn locate(segs: &[Segment], off: u64, cursor: &mut (usize, u64)) -> Option<(u64, u64)> {
     if off < cursor.1 {
         *cursor = (0, 0);
     }

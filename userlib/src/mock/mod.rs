@@ -1,7 +1,7 @@
 //! An in-memory NVMe device for host tests, fuzzing and the data-path cost benchmark. The real
 //! [`QueuePair`] runs over shared memory (memfd mappings) exactly as it runs over the module's;
 //! on the other side a device model ([`model`]) fetches the submission entries, decodes Read,
-//! Write, Flush, Write Zeroes and Dataset Management, follows PRPs to move data between a
+//! Write, Flush, Write Zeroes and Dataset Management, follows PRPs or SGLs to move data between a
 //! backing store and host memory, and posts completions, respecting the CQ head doorbell. It
 //! can also misbehave ([`Fault`]). Never a substitute for the VM tests against QEMU's NVMe.
 //!
@@ -18,15 +18,19 @@
 
 mod model;
 #[cfg(test)]
+mod sgl_tests;
+#[cfg(test)]
 mod tests;
 
 pub use model::MockStats;
 
+use crate::cmd::DptrPolicy;
 use crate::error::{Error, Result};
 use crate::mem::{DeviceShared, QueueMemory};
 use crate::mmio::{Doorbells, StatusView};
 use crate::prp::PAGE;
 use crate::queue::QueuePair;
+use crate::sgl::DataPointers;
 use model::Model;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -103,6 +107,11 @@ pub struct MockConfig {
     pub stepped: bool,
     /// How it answers.
     pub behaviour: Behaviour,
+    /// Identify SGLS as the device reports it (bits 1:0: 0 no SGLs, 1 supported, 2 supported
+    /// with dword alignment); the model refuses SGL commands without it (Invalid Field).
+    pub sgls: u32,
+    /// What the queue pair is asked to use (combined with `sgls` as a device open does).
+    pub data_pointers: DataPointers,
 }
 
 impl Default for MockConfig {
@@ -117,6 +126,8 @@ impl Default for MockConfig {
             null: false,
             stepped: false,
             behaviour: Behaviour::Honest,
+            sgls: 1,
+            data_pointers: DataPointers::Auto,
         }
     }
 }
@@ -256,7 +267,8 @@ impl MockQueue {
             cq_doorbell: 4,
             ..Default::default()
         };
-        let qp = QueuePair::new(&args, sq, cq, prp, &doorbells, 1, None)?;
+        let policy = DptrPolicy::new(cfg.data_pointers, cfg.sgls);
+        let qp = QueuePair::new(&args, sq, cq, prp, &doorbells, 1, None, policy)?;
         let script = match cfg.behaviour {
             Behaviour::Honest => Vec::new(),
             Behaviour::Hostile(v) => v.into_iter().map(Fault::Extra).collect(),
@@ -272,6 +284,7 @@ impl MockQueue {
             cfg.blocks,
             cfg.null,
             script,
+            cfg.sgls,
         );
         let model = Arc::new(Mutex::new(model));
         let stop = Arc::new(AtomicBool::new(false));

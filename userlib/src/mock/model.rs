@@ -1,7 +1,8 @@
 //! The device side of the mock: an NVMe controller model over the queue pair's shared memory.
 //! It fetches submission entries up to the SQ tail doorbell, decodes Read, Write, Flush, Write
-//! Zeroes and Dataset Management, follows PRP1, PRP2 and PRP lists (chained lists too) to move
-//! data between its backing store and host memory, and posts completions with the right phase
+//! Zeroes and Dataset Management, follows PRP1, PRP2 and PRP lists (chained lists too), or SGLs
+//! (Data Block, Segment and Last Segment descriptors, chained), to move data between its backing
+//! store and host memory, and posts completions with the right phase
 //! tag, never into a slot the host has not released through the CQ head doorbell.
 
 use super::{Fault, HostLayout};
@@ -10,6 +11,7 @@ use crate::prp::PAGE;
 use crate::ring::cq::CQE_BYTES;
 use crate::ring::next;
 use crate::ring::sq::SQE_BYTES;
+use crate::sgl::{Desc, Kind, DESC_BYTES};
 use std::collections::VecDeque;
 use std::sync::atomic::{fence, Ordering};
 use ugds_uapi::queue::nvm;
@@ -21,6 +23,9 @@ mod sc {
     pub const DATA_TRANSFER_ERROR: u16 = 0x04;
     pub const INVALID_NAMESPACE: u16 = 0x0B;
     pub const PRP_OFFSET_INVALID: u16 = 0x13;
+    pub const INVALID_SGL_COUNT: u16 = 0x0E;
+    pub const DATA_SGL_LENGTH_INVALID: u16 = 0x0F;
+    pub const SGL_TYPE_INVALID: u16 = 0x11;
     pub const LBA_OUT_OF_RANGE: u16 = 0x80;
 }
 
@@ -47,6 +52,10 @@ pub struct MockStats {
     pub deallocated_blocks: u64,
     /// Commands completed with an error status by the model itself (not scripted).
     pub errors: u64,
+    /// Commands whose data pointer was an SGL (PSDT 01b).
+    pub sgl_commands: u64,
+    /// SGL data block descriptors followed.
+    pub sgl_blocks: u64,
 }
 
 /// A completion waiting for room in the CQ.
@@ -94,6 +103,8 @@ pub(super) struct Model {
     pub(super) nsid: u32,
     pub(super) block_shift: u32,
     pub(super) blocks: u64,
+    /// Identify SGLS as reported (bits 1:0).
+    sgls: u32,
     /// The namespace's data; empty for a null device (reads leave memory as is, writes vanish).
     pub(super) backing: Vec<u8>,
     pub(super) script: VecDeque<Fault>,
@@ -118,6 +129,7 @@ impl Model {
         blocks: u64,
         null: bool,
         script: Vec<Fault>,
+        sgls: u32,
     ) -> Self {
         let [sq, cq, prp, host, doorbells, status] = queues;
         // CAST: test capacities are small.
@@ -137,6 +149,7 @@ impl Model {
             nsid: 1,
             block_shift,
             blocks,
+            sgls,
             backing,
             script: script.into(),
             sq_head: 0,
@@ -243,8 +256,13 @@ impl Model {
         // CAST: CDW0 bits 7:0 are the opcode.
         let opcode = sqe[0] as u8;
         let (fuse, psdt) = ((sqe[0] >> 8) & 3, (sqe[0] >> 14) & 3);
-        if fuse != 0 || psdt != 0 {
+        // PSDT 01b (SGL for data) only where SGLS says the controller takes SGLs.
+        if fuse != 0 || psdt > 1 || (psdt == 1 && !matches!(self.sgls & 3, 1 | 2)) {
             return sc::INVALID_FIELD;
+        }
+        let sgl = psdt == 1;
+        if sgl {
+            self.stats.sgl_commands += 1;
         }
         if sqe[1] != self.nsid {
             return sc::INVALID_NAMESPACE;
@@ -266,7 +284,7 @@ impl Model {
                     self.stats.reads += 1;
                 }
                 let mut pieces = std::mem::take(&mut self.scratch);
-                let st = self.pieces(prp1, prp2, nlb << self.block_shift, &mut pieces);
+                let st = self.data(sgl, [prp1, prp2], nlb << self.block_shift, &mut pieces);
                 if st == 0 && !self.backing.is_empty() {
                     let base = (slba << self.block_shift) as usize;
                     for p in &pieces {
@@ -304,7 +322,7 @@ impl Model {
                 self.stats.dsm += 1;
                 let nr = (cdw10 & 0xFF) as u64 + 1;
                 let mut pieces = std::mem::take(&mut self.scratch);
-                let st = self.pieces(prp1, prp2, nr * 16, &mut pieces);
+                let st = self.data(sgl, [prp1, prp2], nr * 16, &mut pieces);
                 let mut list = vec![0u32; nr as usize * 4];
                 for p in pieces.iter().filter(|_| st == 0) {
                     let mem = self.mem(p.region);
@@ -362,6 +380,106 @@ impl Model {
             Region::Prp => &self.prp,
             Region::Host => &self.host,
         }
+    }
+
+    /// Resolves a `len`-byte transfer's DPTR (PRP1 and PRP2, or SGL1) into `out`.
+    fn data(&mut self, sgl: bool, dptr: [u64; 2], len: u64, out: &mut Vec<Piece>) -> u16 {
+        if sgl {
+            self.sgl_pieces(dptr, len, out)
+        } else {
+            self.pieces(dptr[0], dptr[1], len, out)
+        }
+    }
+
+    /// Takes one data block of a `len`-byte transfer at transfer position `*pos`: checks SGLS 10b's
+    /// dword granularity and that it stays inside the transfer, then appends its pieces.
+    fn data_block(&mut self, d: Desc, len: u64, pos: &mut u64, out: &mut Vec<Piece>) -> u16 {
+        if self.sgls & 3 == 2 && (!d.addr.is_multiple_of(4) || !d.len.is_multiple_of(4)) {
+            return sc::INVALID_FIELD;
+        }
+        if *pos + d.len as u64 > len {
+            return sc::DATA_SGL_LENGTH_INVALID;
+        }
+        self.stats.sgl_blocks += 1;
+        self.block_pieces(d, pos, out)
+    }
+
+    /// Appends the pieces of one data block at transfer position `*pos`: page by page, each
+    /// resolved (no real memory backs the gaps between host segments).
+    fn block_pieces(&self, d: Desc, pos: &mut u64, out: &mut Vec<Piece>) -> u16 {
+        let (mut bus, mut left) = (d.addr, d.len as u64);
+        while left > 0 {
+            let n = left.min(PAGE - bus % PAGE);
+            let Some((region, off)) = self.translate(bus, n) else { return sc::DATA_TRANSFER_ERROR };
+            out.push(Piece { region, off, pos: *pos, len: n });
+            (bus, left, *pos) = (bus + n, left - n, *pos + n);
+        }
+        0
+    }
+
+    /// Follows an SGL (base spec 2.0, section 4.1.2): SGL1 is a Data Block, or names a Segment
+    /// or Last Segment; a segment's last descriptor may name the next one; a Last Segment holds
+    /// data blocks only. The data blocks must add up to exactly `len` bytes; with SGLS 10b their
+    /// addresses and lengths must be dword multiples. Fills `out` (all resolved before anything
+    /// moves); returns the status.
+    fn sgl_pieces(&mut self, sgl1: [u64; 2], len: u64, out: &mut Vec<Piece>) -> u16 {
+        out.clear();
+        let Some(mut d) = Desc::decode(sgl1) else { return sc::SGL_TYPE_INVALID };
+        let mut pos = 0u64;
+        // Descriptors followed, bounded: a chain that loops fails instead of hanging.
+        let mut budget = 1usize << 16;
+        loop {
+            match d.kind {
+                Kind::DataBlock => {
+                    let st = self.data_block(d, len, &mut pos, out);
+                    if st != 0 {
+                        return st;
+                    }
+                    // A data block in SGL1: the end.
+                    break;
+                }
+                Kind::Segment | Kind::LastSegment => {
+                    let n = d.len as usize / DESC_BYTES;
+                    if n == 0 || !(d.len as usize).is_multiple_of(DESC_BYTES) || !d.addr.is_multiple_of(16) {
+                        return sc::INVALID_SGL_COUNT;
+                    }
+                    let mut next = None;
+                    for i in 0..n {
+                        budget = match budget.checked_sub(1) {
+                            Some(b) => b,
+                            None => return sc::INVALID_SGL_COUNT,
+                        };
+                        let at = d.addr + (DESC_BYTES * i) as u64;
+                        let Some((r, off)) = self.translate(at, DESC_BYTES as u64) else {
+                            return sc::DATA_TRANSFER_ERROR;
+                        };
+                        let q = [self.mem(r).load64(off), self.mem(r).load64(off + 8)];
+                        let Some(e) = Desc::decode(q) else { return sc::SGL_TYPE_INVALID };
+                        match e.kind {
+                            Kind::DataBlock => {
+                                let st = self.data_block(e, len, &mut pos, out);
+                                if st != 0 {
+                                    return st;
+                                }
+                            }
+                            // Only a segment's last descriptor chains, and never from the last.
+                            _ if i + 1 == n && d.kind == Kind::Segment => next = Some(e),
+                            _ => return sc::SGL_TYPE_INVALID,
+                        }
+                    }
+                    match next {
+                        Some(e) => d = e,
+                        None if d.kind == Kind::LastSegment => break,
+                        // A Segment must chain on.
+                        None => return sc::SGL_TYPE_INVALID,
+                    }
+                }
+            }
+        }
+        if pos != len {
+            return sc::DATA_SGL_LENGTH_INVALID;
+        }
+        0
     }
 
     /// Walks the PRPs of a `len`-byte transfer (base spec 2.0, section 4.1.1): PRP1 up to its

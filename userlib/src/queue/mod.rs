@@ -18,7 +18,7 @@ pub use reap::Completion;
 #[cfg(feature = "test-utils")]
 pub use reap::Completions;
 
-use crate::cmd::{Command, ListPage};
+use crate::cmd::{Command, Dptr, DptrPolicy, ListPage};
 use crate::error::{Error, Result};
 use crate::mem::{DeviceShared, QueueMemory};
 use crate::mmio::{Doorbell, Doorbells, StatusView};
@@ -51,6 +51,28 @@ struct Rings {
     broken: bool,
     /// Polls that found nothing since the epoch was last read.
     idle: u32,
+    /// Transfers written, by data pointer.
+    dptr: DptrCounts,
+}
+
+/// Transfers (reads and writes) a queue pair wrote, by the kind of data pointer they got: what
+/// tests read to know SGLs were really used, not only allowed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DptrCounts {
+    /// Transfers described by PRPs.
+    pub prp: u64,
+    /// Transfers described by an SGL.
+    pub sgl: u64,
+    /// Of those, SGLs with a segment in the list page (more than one data block).
+    pub sgl_lists: u64,
+}
+
+impl std::ops::AddAssign for DptrCounts {
+    fn add_assign(&mut self, o: DptrCounts) {
+        self.prp += o.prp;
+        self.sgl += o.sgl;
+        self.sgl_lists += o.sgl_lists;
+    }
 }
 
 /// An I/O queue pair mapped into this process.
@@ -69,6 +91,8 @@ pub struct QueuePair {
     sq_db: Doorbell,
     cq_db: Doorbell,
     rings: Mutex<Rings>,
+    /// PRPs or SGLs, per command.
+    policy: DptrPolicy,
     /// Interrupt mode: the eventfd the queue's MSI-X vector signals; waiters poll once, then
     /// sleep on it.
     irq: Option<EventFd>,
@@ -87,16 +111,18 @@ impl QueuePair {
         doorbells: &Arc<Doorbells>,
         epoch: u64,
         irq: Option<EventFd>,
+        policy: DptrPolicy,
     ) -> Result<Self> {
         // CAST: the module reports region sizes of a few MiB at most.
         let sq = DeviceShared::map(fd.raw(), args.sq_offset, args.sq_size as usize, 0, "mmap SQ")?;
         let cq = DeviceShared::map(fd.raw(), args.cq_offset, args.cq_size as usize, 0, "mmap CQ")?;
         let prp = DeviceShared::map(fd.raw(), args.prp_offset, args.prp_size as usize, args.prp_dma, "mmap PRP pool")?;
-        Self::new(args, sq, cq, prp, doorbells, epoch, irq)
+        Self::new(args, sq, cq, prp, doorbells, epoch, irq, policy)
     }
 
     /// Wraps a queue pair's mapped regions; checks that they hold `args.depth` entries (and
     /// PRP pages) and that its doorbells lie in the doorbell mapping.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         args: &CreateQpair,
         sq_mem: DeviceShared,
@@ -105,6 +131,7 @@ impl QueuePair {
         doorbells: &Arc<Doorbells>,
         epoch: u64,
         irq: Option<EventFd>,
+        policy: DptrPolicy,
     ) -> Result<Self> {
         let depth = args.depth;
         let bad = |what: &str| Error::DeviceProtocol(format!("queue {}: {what} for depth {depth}", args.qid));
@@ -124,7 +151,16 @@ impl QueuePair {
             prp,
             sq_db: doorbells.doorbell(args.sq_doorbell)?,
             cq_db: doorbells.doorbell(args.cq_doorbell)?,
-            rings: Mutex::new(Rings { sq, cq, cids: Cids::new(depth), epoch, broken: false, idle: 0 }),
+            rings: Mutex::new(Rings {
+                sq,
+                cq,
+                cids: Cids::new(depth),
+                epoch,
+                broken: false,
+                idle: 0,
+                dptr: DptrCounts::default(),
+            }),
+            policy,
             irq,
         })
     }
@@ -137,6 +173,11 @@ impl QueuePair {
     /// Queue depth in entries (at most depth - 1 commands wait in the SQ at once).
     pub fn depth(&self) -> u32 {
         self.depth
+    }
+
+    /// Transfers written so far, by data pointer (PRPs or an SGL).
+    pub fn dptr_counts(&self) -> DptrCounts {
+        self.lock().dptr
     }
 
     fn lock(&self) -> MutexGuard<'_, Rings> {
@@ -369,10 +410,22 @@ impl Submission<'_> {
             off: cid as usize * PAGE as usize,
             bus: self.qp.prp.bus(cid as usize * PAGE as usize),
         };
-        if let Err(e) = cmd.write(&slot, cid, self.nsid, &page) {
-            r.cids.release(cid);
-            r.sq.unpush(1);
-            return Err(Error::invalid("reg_offset", format!("cannot describe the buffer with PRPs: {e:?}")));
+        match cmd.write(&slot, cid, self.nsid, &page, self.qp.policy) {
+            Ok(Dptr::Prp) => r.dptr.prp += 1,
+            Ok(Dptr::Sgl) => r.dptr.sgl += 1,
+            Ok(Dptr::SglList) => {
+                r.dptr.sgl += 1;
+                r.dptr.sgl_lists += 1;
+            }
+            Ok(Dptr::Other) => {}
+            Err(e) => {
+                r.cids.release(cid);
+                r.sq.unpush(1);
+                return Err(Error::invalid(
+                    "reg_offset",
+                    format!("cannot describe the buffer with PRPs or an SGL: {e:?}"),
+                ));
+            }
         }
         self.pushed += 1;
         Ok(cid)
