@@ -41,6 +41,8 @@ pub fn tests() -> Vec<Test> {
         Test { name: "volume_member_timeout_others_keep_working", variant: V, run: member_timeout },
         Test { name: "volume_kill9_mid_stripe_members_read_cleanly", variant: V, run: kill9_mid_stripe },
         Test { name: "volume_queue_batch_across_members", variant: V, run: queue_batch },
+        // That variant's two controllers have 4096- and 512-byte blocks.
+        Test { name: "volume_of_mixed_block_sizes_is_refused_by_name", variant: "two-controllers", run: mixed_lbs },
         Test { name: "volume_bound_by_one_multi_bind", variant: V, run: multi_bind },
     ]
 }
@@ -55,6 +57,7 @@ fn ranges() -> Vec<(u64, u64)> {
         (17 * CHUNK - 8192, 1 << 20),
         (33 << 20, (8 << 20) + 4096),
         (64 << 20, 32 << 20),
+        (100 << 20, 64 << 20),
         (4 * MEMBER_BYTES - 4096, 4096),
     ]
 }
@@ -584,4 +587,13 @@ fn queue_batch() -> Result<()> {
     let c = st.path_counts();
     println!("    {} entries x 2 through queue pairs on {MEMBERS} members; path counts {c:?}", n - 1);
     Ok(())
+}
+
+/// Members with different block sizes (4096 and 512) are refused by name, before any I/O.
+fn mixed_lbs() -> Result<()> {
+    let (a, b) = (bound_node(0)?, bound_node(1)?);
+    match Storage::open(&format!("stripe:{a},{b}")) {
+        Err(Error::InvalidArgument { arg: "volume", reason }) if reason.contains("share a block size") => Ok(()),
+        other => anyhow::bail!("a volume of 4096- and 512-byte members: {other:?}"),
+    }
 }
