@@ -207,7 +207,7 @@ class IoTests(Base):
 
     def test_path_counts_count_each_io(self) -> None:
         before = self.st.path_counts()
-        self.assertEqual(set(before), {"direct_p2p", "direct_host", "direct_staged", "fallback", "bytes"})
+        self.assertEqual(set(before), {"direct_p2p", "direct_host", "direct_staged", "fallback", "remote", "remote_staged", "bytes"})
         buf = self.st.register(bytearray(2 * self.bs))
         self.st.write(buf, 0, 2 * self.bs)
         self.st.read(buf, 0, self.bs)
