@@ -153,6 +153,35 @@ pub fn nvme_name(addr: &str) -> Result<String> {
     Ok(e.file_name().to_string_lossy().into_owned())
 }
 
+/// The block device of namespace 1 of the controller at `addr` once the kernel nvme driver has
+/// probed it, waiting up to 20 s. Found through sysfs (the controller's `nvmeXnY` children and
+/// their `nsid`), not by assuming `nvmeXn1`: the kernel numbers a namespace after its subsystem's
+/// namespace heads, so a head not yet released makes the new disk `nvmeXn2`.
+pub fn namespace_block_device(addr: &str) -> Result<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Ok(ctrl) = nvme_name(addr) {
+            let dir = format!("/sys/bus/pci/devices/{addr}/nvme/{ctrl}");
+            let found = fs::read_dir(&dir).ok().and_then(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&format!("{ctrl}n")))
+                    .find(|n| fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == "1"))
+            });
+            if let Some(n) = found {
+                let dev = format!("/dev/{n}");
+                if std::path::Path::new(&dev).exists() {
+                    return Ok(dev);
+                }
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("{addr}: no block device for namespace 1 within 20 s of the nvme driver binding");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Deterministic test data: a xorshift stream from `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;

@@ -6,7 +6,7 @@
 
 use crate::kmod::bound_node;
 use crate::raw::Mapping;
-use crate::{direct_read, direct_write, driver_of, ensure_that, nvme_controllers, nvme_name, xtask, Test};
+use crate::{direct_read, direct_write, driver_of, ensure_that, nvme_controllers, xtask, Test};
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -44,16 +44,7 @@ fn unbind(idx: usize) -> Result<String> {
         ensure_that!(ok, "unbind {addr}: {out}");
     }
     // The kernel names the block device after it probes; wait for it.
-    for _ in 0..100 {
-        if let Ok(n) = nvme_name(&addr) {
-            let dev = format!("/dev/{n}n1");
-            if std::path::Path::new(&dev).exists() {
-                return Ok(dev);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    anyhow::bail!("{addr}: no block device after unbind")
+    crate::namespace_block_device(&addr)
 }
 
 fn pat(seed: u64, off: u64, len: usize) -> Vec<u8> {

@@ -133,15 +133,7 @@ fn kernel_members() -> Result<Vec<String>> {
             let (ok, out) = xtask(&["unbind", &a])?;
             ensure_that!(ok, "unbind {a}: {out}");
         }
-        let name = nvme_name(&a)?;
-        let dev = format!("/dev/{name}n1");
-        for _ in 0..100 {
-            if std::path::Path::new(&dev).exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        v.push(dev);
+        v.push(crate::namespace_block_device(&a)?);
     }
     Ok(v)
 }
@@ -472,7 +464,7 @@ fn multi_bind() -> Result<()> {
     let mut disks = Vec::new();
     for a in &every {
         ensure_that!(driver_of(a).as_deref() == Some("nvme"), "{a} is not back with nvme");
-        disks.push(format!("/dev/{}n1", nvme_name(a)?));
+        disks.push(crate::namespace_block_device(a)?);
     }
     let want =
         format!("mdadm --build /dev/md0 --level=0 --chunk=128 --raid-devices={} {}", disks.len(), disks.join(" "));
