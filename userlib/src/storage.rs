@@ -318,8 +318,9 @@ impl Storage {
     pub fn register_gpu(&self, mem: Arc<GpuMemory>, allow_staging: bool) -> Result<Buffer> {
         let r = self.path.register_gpu(&mem, allow_staging)?;
         if r.path != Path::DirectP2p {
-            // Staged I/O: its staging chunks and copy queues exist before the first I/O.
-            mem.gpu().prewarm(2, 2)?;
+            // Staged I/O: its staging chunks and copy queues exist before the first I/O (best
+            // effort: the first I/O allocates them otherwise).
+            let _ = mem.gpu().prewarm(2, 2);
         }
         Ok(self.buffer(Mem::Gpu(mem), r))
     }

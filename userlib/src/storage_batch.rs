@@ -182,7 +182,11 @@ impl StorageBatch {
                 let res = s.rw(r2.op == Op::Write, &r2.buf, r2.buf_offset, r2.file_offset, r2.len);
                 let ev = match res {
                     Ok(n) => IoEvent { cookie: r2.cookie, status: IoStatus::Complete, bytes: n, error: None },
+                    // A volume's timeout arrives naming its member.
                     Err(e @ Error::Timeout { .. }) => {
+                        IoEvent { cookie: r2.cookie, status: IoStatus::Timeout, bytes: 0, error: Some(e) }
+                    }
+                    Err(e @ Error::Member { .. }) if matches!(&e, Error::Member { source, .. } if matches!(**source, Error::Timeout { .. })) => {
                         IoEvent { cookie: r2.cookie, status: IoStatus::Timeout, bytes: 0, error: Some(e) }
                     }
                     Err(e) => IoEvent { cookie: r2.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) },

@@ -110,17 +110,41 @@ const DESCRIPTOR_MAX_BYTES: u64 = 4096;
 impl VolumeSpec {
     /// Reads a volume descriptor file: a regular file of at most 4 KiB whose first line is
     /// exactly `# ugds volume`, then one `stripe:[CHUNK:]NODE,...` line (blank lines and lines
-    /// starting with `#` are ignored). It lets programs that only open paths (cuFile and uGDS
+    /// starting with `#` are ignored), owned by root or by this process's user and writable by
+    /// its owner only (anything else is an ordinary file). It lets programs that only open paths (cuFile and uGDS
     /// programs registering a descriptor) reach a volume. `Ok(None)` when `path` is not a
     /// descriptor (any other file, a device, a missing path); an error when it is one that
     /// does not parse.
     pub fn read_descriptor(path: impl AsRef<std::path::Path>) -> Result<Option<VolumeSpec>> {
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let path = path.as_ref();
-        let Ok(meta) = std::fs::metadata(path) else { return Ok(None) };
+        // One open, then everything from that handle: the file cannot be swapped between the
+        // checks and the read; O_NONBLOCK keeps a FIFO from blocking the open.
+        let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+            .open(path)
+        else {
+            return Ok(None);
+        };
+        let Ok(meta) = file.metadata() else { return Ok(None) };
         if !meta.is_file() || meta.len() > DESCRIPTOR_MAX_BYTES || meta.len() < DESCRIPTOR_MAGIC.len() as u64 {
             return Ok(None);
         }
-        let Ok(text) = std::fs::read(path) else { return Ok(None) };
+        // Only a file its owner alone can change, owned by root or by this user, redirects I/O
+        // to raw namespaces: a descriptor planted by someone else is ordinary data.
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if meta.mode() & 0o022 != 0 || (meta.uid() != 0 && meta.uid() != me) {
+            return Ok(None);
+        }
+        let mut text = Vec::with_capacity(meta.len() as usize);
+        if file.take(DESCRIPTOR_MAX_BYTES + 1).read_to_end(&mut text).is_err()
+            || text.len() as u64 > DESCRIPTOR_MAX_BYTES
+        {
+            return Ok(None);
+        }
         let Ok(text) = std::str::from_utf8(&text) else { return Ok(None) };
         let mut lines = text.lines();
         if lines.next().map(str::trim_end) != Some(DESCRIPTOR_MAGIC) {
@@ -341,10 +365,14 @@ impl DataPath for VolumePath {
     }
 
     fn flush(&self) -> Result<()> {
-        for m in &self.members {
-            m.flush()?;
+        // Every member is flushed even when one fails; the first error is returned.
+        let mut first = None;
+        for (m, name) in self.members.iter().zip(&self.names) {
+            if let Err(e) = m.flush() {
+                first.get_or_insert(Error::Member { member: name.clone(), offset: 0, source: Box::new(e) });
+            }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     fn write_bytes(&self, _data: &[u8], _off: u64) -> Option<Result<()>> {
@@ -405,6 +433,12 @@ mod tests {
         // Comments and blank lines are ignored.
         std::fs::write(&good, format!("{DESCRIPTOR_MAGIC}\n\n# two SSDs\n  {}  \n", spec.to_spec_string())).unwrap();
         assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), Some(spec));
+        // Writable by others: an ordinary file, whatever it says.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), None);
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(VolumeSpec::read_descriptor(&good).unwrap().is_some());
         // Not descriptors: other text, a large file, a directory, a missing path.
         let other = dir.join("other");
         std::fs::write(&other, "stripe:/dev/ugds_drv0\n").unwrap();

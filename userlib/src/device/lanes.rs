@@ -58,6 +58,8 @@ struct State<'a> {
     out: [Option<Status>; MAX_BURST],
     n: usize,
     got: usize,
+    /// The queue's epoch when the burst went out (a reset since wiped it).
+    epoch: u64,
     /// When this burst's deadline started counting (first clock read while it waited).
     since: Option<Instant>,
     result: Option<Result<(), LaneFailure>>,
@@ -73,6 +75,7 @@ impl<'a> State<'a> {
             out: [None; MAX_BURST],
             n: 0,
             got: 0,
+            epoch: 0,
             since: None,
             result: None,
         }
@@ -139,6 +142,22 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
             }));
         }
     }
+    // Two lanes on one controller would share its queue: one's burst can wait for room the
+    // other's uncollected completions hold, and one's reset wipes the other's commands. Volumes
+    // refuse a device named twice; refuse it here too, before anything is submitted.
+    for (i, l) in lanes.iter().enumerate() {
+        if lanes[..i].iter().any(|o| Arc::ptr_eq(&o.ns.dev, &l.ns.dev)) {
+            return lanes
+                .iter()
+                .map(|l| {
+                    Err(LaneFailure {
+                        failure: IoFailure::done(Error::invalid("lanes", "two lanes on one controller")),
+                        dev_offset: l.extents.first().map_or(0, |e| e.dev_offset),
+                    })
+                })
+                .collect();
+        }
+    }
     let mut failed = states.iter().any(|s| s.result.is_some());
     let mut spins = 0u32;
     loop {
@@ -156,19 +175,22 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
                     continue;
                 }
                 let qp = ns.queue();
-                if let Err(e) = qp.submit(ns.info.nsid, &st.burst[..n], &ns.dev.status, ns.timeout, &mut st.cids) {
-                    // Nothing of the burst was published.
-                    let off = st.dev_offsets[0];
-                    st.fail(failure(ns, e), off);
-                    failed = true;
-                    continue;
+                match qp.submit_tagged(ns.info.nsid, &st.burst[..n], &ns.dev.status, ns.timeout, &mut st.cids) {
+                    Ok(epoch) => st.epoch = epoch,
+                    Err(e) => {
+                        // Nothing of the burst was published.
+                        let off = st.dev_offsets[0];
+                        st.fail(failure(ns, e), off);
+                        failed = true;
+                        continue;
+                    }
                 }
                 (st.n, st.got, st.since) = (n, 0, None);
                 st.out[..n].iter_mut().for_each(|o| *o = None);
                 progressed = true;
             }
             let n = st.n;
-            match ns.queue().collect(&st.cids[..n], &ns.dev.status, &mut st.out[..n]) {
+            match ns.queue().collect_tagged(st.epoch, &st.cids[..n], &ns.dev.status, &mut st.out[..n]) {
                 Ok(k) => {
                     st.got += k;
                     progressed |= k > 0;

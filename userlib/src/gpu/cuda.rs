@@ -322,7 +322,8 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn poll(&mut self) -> Result<bool> {
-        // SAFETY: the stream is ours; querying needs no current context.
+        self.bind()?;
+        // SAFETY: the stream is ours and its context is current.
         match unsafe { cu::cuStreamQuery(self.stream) } {
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             r => check("cuStreamQuery", r).map(|()| true),

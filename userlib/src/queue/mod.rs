@@ -247,9 +247,23 @@ impl QueuePair {
         timeout: Duration,
         cids: &mut [u16],
     ) -> Result<()> {
+        self.submit_tagged(nsid, cmds, status, timeout, cids).map(|_| ())
+    }
+
+    /// [`QueuePair::submit`], returning the epoch of the rings the burst went into: pass it to
+    /// [`QueuePair::collect_tagged`], so a reset by another user of this queue (which frees
+    /// every command id) can never hand this burst another burst's completions.
+    pub fn submit_tagged(
+        &self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<u64> {
         let n = cmds.len();
         if n == 0 {
-            return Ok(());
+            return Ok(self.lock().epoch);
         }
         if n >= self.depth as usize || cids.len() < n {
             return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.depth)));
@@ -283,15 +297,33 @@ impl QueuePair {
                 }
             }
         }
-        Ok(())
+        // Published with this epoch when `sub` drops (the doorbell write).
+        Ok(sub.rings.epoch)
     }
 
     /// Reaps the queue and collects the completions of `cids` that arrived: for each `i` with
     /// `out[i]` still `None` whose command completed, stores its status in `out[i]` and frees its
     /// id. Returns how many were collected by this call.
     pub fn collect(&self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
+        let epoch = self.lock().epoch;
+        self.collect_tagged(epoch, cids, status, out)
+    }
+
+    /// [`QueuePair::collect`] for a burst [`QueuePair::submit_tagged`] put into the rings of
+    /// `epoch`: `EpochChanged` once the rings started over (a reset wiped the burst and freed
+    /// its command ids, which may name other commands now).
+    pub fn collect_tagged(
+        &self,
+        epoch: u64,
+        cids: &[u16],
+        status: &StatusView,
+        out: &mut [Option<Status>],
+    ) -> Result<usize> {
         let mut r = self.lock();
         reap::record_all(self, &mut r, status)?;
+        if r.epoch != epoch {
+            return Err(Error::EpochChanged { old: epoch, new: r.epoch });
+        }
         let mut n = 0;
         for (c, o) in cids.iter().zip(out.iter_mut()) {
             if o.is_none() {
@@ -323,13 +355,13 @@ impl QueuePair {
         let n = cmds.len().min(MAX_BURST);
         let cmds = &cmds[..n];
         let mut cids = [0u16; MAX_BURST];
-        self.submit(nsid, cmds, status, timeout, &mut cids)?;
+        let epoch = self.submit_tagged(nsid, cmds, status, timeout, &mut cids)?;
         let mut out = [None; MAX_BURST];
         let mut got = 0;
         let mut spins = 0u32;
         let mut start: Option<Instant> = None;
         loop {
-            got += self.collect(&cids[..n], status, &mut out[..n])?;
+            got += self.collect_tagged(epoch, &cids[..n], status, &mut out[..n])?;
             if got == n {
                 for (i, st) in out[..n].iter().enumerate() {
                     if let Some(st) = st.filter(|s| !s.is_success()) {
