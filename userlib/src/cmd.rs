@@ -230,7 +230,8 @@ impl<'a> Command<'a> {
                 // list would (16 per data block, none for a single block, against 8 per page
                 // after the first, none for one or two pages). Pages counted from the offset
                 // inside the registration, whose segments start on page boundaries.
-                let pages = (r.off % PAGE + r.len).div_ceil(PAGE);
+                // Saturating: a range past the registration is refused by the builders below.
+                let pages = (r.off % PAGE).saturating_add(r.len).div_ceil(PAGE);
                 let budget = match (policy.prefer, pages) {
                     (true, _) => sgl::PER_PAGE,
                     (false, 0..=2) => 0,
