@@ -496,10 +496,7 @@ impl Namespace {
     ) -> std::result::Result<(), IoFailure> {
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
-        match lanes::run(write, std::slice::from_ref(&lane)).pop() {
-            Some(Err(f)) => Err(f.failure),
-            _ => Ok(()),
-        }
+        lanes::run_one(write, &lane).map_err(|f| f.failure)
     }
 
     fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {

@@ -182,6 +182,14 @@ impl Error {
         Error::InvalidArgument { arg, reason: reason.into() }
     }
 
+    /// The error itself, without the volume member that reported it ([`Error::Member`]).
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Member { source, .. } => source.root(),
+            e => e,
+        }
+    }
+
     /// The negative errno that stands for this error in result slots and the C ABI.
     pub fn errno(&self) -> i32 {
         let e = match self {

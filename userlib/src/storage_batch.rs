@@ -183,10 +183,7 @@ impl StorageBatch {
                 let ev = match res {
                     Ok(n) => IoEvent { cookie: r2.cookie, status: IoStatus::Complete, bytes: n, error: None },
                     // A volume's timeout arrives naming its member.
-                    Err(e @ Error::Timeout { .. }) => {
-                        IoEvent { cookie: r2.cookie, status: IoStatus::Timeout, bytes: 0, error: Some(e) }
-                    }
-                    Err(e @ Error::Member { .. }) if matches!(&e, Error::Member { source, .. } if matches!(**source, Error::Timeout { .. })) => {
+                    Err(e) if matches!(e.root(), Error::Timeout { .. }) => {
                         IoEvent { cookie: r2.cookie, status: IoStatus::Timeout, bytes: 0, error: Some(e) }
                     }
                     Err(e) => IoEvent { cookie: r2.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) },

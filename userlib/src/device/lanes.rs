@@ -8,13 +8,10 @@
 use super::{IoFailure, Namespace, Registration};
 use crate::cmd::{self, Command, DmaRange};
 use crate::error::Error;
-use crate::queue::MAX_BURST;
+use crate::queue::{self, MAX_BURST, SPINS_PER_CHECK};
 use std::sync::Arc;
 use std::time::Instant;
 use ugds_uapi::Status;
-
-/// Polls between clock reads (deadline checks) while nothing completes.
-const SPINS_PER_CHECK: u32 = 4096;
 
 /// Bytes between a registration and a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +131,22 @@ fn failure(ns: &Namespace, error: Error) -> IoFailure {
 /// is named by runs after this returns unless a failure says so.
 pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure>> {
     let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
-    for (l, st) in lanes.iter().zip(&mut states) {
+    drive(write, lanes, &mut states);
+    states.into_iter().map(|s| s.result.unwrap_or(Ok(()))).collect()
+}
+
+/// [`run`] for one lane, its state on the stack: a namespace's synchronous request allocates
+/// nothing.
+pub(crate) fn run_one(write: bool, lane: &Lane<'_>) -> Result<(), LaneFailure> {
+    let mut state = [State::new()];
+    drive(write, std::slice::from_ref(lane), &mut state);
+    let [s] = state;
+    s.result.unwrap_or(Ok(()))
+}
+
+/// Runs `lanes` to the end; each lane's outcome is left in its state's `result`.
+fn drive<'a>(write: bool, lanes: &[Lane<'a>], states: &mut [State<'a>]) {
+    for (l, st) in lanes.iter().zip(states.iter_mut()) {
         if !Arc::ptr_eq(&l.reg.dev, &l.ns.dev) {
             st.result = Some(Err(LaneFailure {
                 failure: IoFailure::done(Error::invalid("buf", "registered on another device")),
@@ -147,15 +159,13 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
     // refuse a device named twice; refuse it here too, before anything is submitted.
     for (i, l) in lanes.iter().enumerate() {
         if lanes[..i].iter().any(|o| Arc::ptr_eq(&o.ns.dev, &l.ns.dev)) {
-            return lanes
-                .iter()
-                .map(|l| {
-                    Err(LaneFailure {
-                        failure: IoFailure::done(Error::invalid("lanes", "two lanes on one controller")),
-                        dev_offset: l.extents.first().map_or(0, |e| e.dev_offset),
-                    })
-                })
-                .collect();
+            for (l, st) in lanes.iter().zip(states.iter_mut()) {
+                st.result = Some(Err(LaneFailure {
+                    failure: IoFailure::done(Error::invalid("lanes", "two lanes on one controller")),
+                    dev_offset: l.extents.first().map_or(0, |e| e.dev_offset),
+                }));
+            }
+            return;
         }
     }
     let mut failed = states.iter().any(|s| s.result.is_some());
@@ -236,12 +246,7 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
                 let since = *st.since.get_or_insert(now);
                 if now.duration_since(since) > lane.ns.timeout {
                     // The uncollected commands stay in flight until the reset clears them.
-                    let err = Error::Timeout {
-                        op: st.burst[0].name(),
-                        slba: st.burst[0].slba(),
-                        // CAST: a deadline of more than 2^64 ms is not a deadline.
-                        timeout_ms: lane.ns.timeout.as_millis() as u64,
-                    };
+                    let err = queue::timeout_error(&st.burst[0], lane.ns.timeout);
                     let off = st.dev_offsets[0];
                     st.fail(failure(lane.ns, err), off);
                     failed = true;
@@ -250,5 +255,4 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
         }
         lanes[w].ns.queue().wait_a_little();
     }
-    states.into_iter().map(|s| s.result.unwrap_or(Ok(()))).collect()
 }

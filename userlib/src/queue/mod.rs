@@ -37,7 +37,7 @@ use ugds_uapi::Status;
 pub const MAX_BURST: usize = 64;
 
 /// Polls between clock reads while waiting.
-const SPINS_PER_CHECK: u32 = 4096;
+pub(crate) const SPINS_PER_CHECK: u32 = 4096;
 
 /// Ring state; plain data, guarded by the queue pair's mutex.
 #[derive(Debug)]
@@ -386,7 +386,8 @@ impl QueuePair {
     }
 }
 
-fn timeout_error(cmd: &Command<'_>, timeout: Duration) -> Error {
+/// The error of a command that did not complete within `timeout`.
+pub(crate) fn timeout_error(cmd: &Command<'_>, timeout: Duration) -> Error {
     // CAST: a deadline of more than 2^64 ms is not a deadline.
     Error::Timeout { op: cmd.name(), slba: cmd.slba(), timeout_ms: timeout.as_millis() as u64 }
 }
