@@ -69,28 +69,12 @@ fn points_from(output: &str) -> Result<Vec<Value>> {
         .collect::<std::result::Result<_, _>>()?)
 }
 
-/// The data path's own cost: ns per command natively, instructions per command from two
-/// callgrind runs (the difference cancels start-up).
+/// The data path's own cost at burst 1 (`cargo xtask cost`'s measurement): ns and instructions
+/// per command with the device model included, and the engine's own instructions.
 fn microbench(root: &Path) -> Result<Value> {
-    let bin = root.join("target/release/examples/datapath_cost");
-    let native = toolchain::output(Command::new(&bin).args(["4000000", "1"]))?;
-    let ns = native.split_whitespace().nth(2).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let count = |n: u64| -> Result<u64> {
-        let out = Command::new("valgrind")
-            .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
-            .arg(&bin)
-            .args([n.to_string(), "1".into()])
-            .output()
-            .context("running valgrind (apt-get install valgrind)")?;
-        let text = String::from_utf8_lossy(&out.stderr);
-        text.lines()
-            .find_map(|l| l.split("Collected :").nth(1))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no callgrind total")
-    };
-    let (a, b) = (count(20_000)?, count(40_000)?);
-    let instr = (b.saturating_sub(a)) as f64 / 20_000.0;
-    Ok(json!({ "ns_per_command": ns, "instructions_per_command": instr }))
+    let c = crate::cost::measure(&root.join("target/release/examples/datapath_cost"), 1)?;
+    Ok(json!({ "ns_per_command": c.ns_total, "instructions_per_command": c.instr_total,
+               "engine_instructions_per_command": c.instr_engine() }))
 }
 
 fn f(v: &Value, k: &str) -> f64 {

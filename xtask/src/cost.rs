@@ -66,7 +66,8 @@ pub fn run() -> Result<Vec<Cost>> {
     Ok(out)
 }
 
-fn measure(bin: &Path, burst: usize) -> Result<Cost> {
+/// Measures the built cost program `bin` at `burst` commands per doorbell.
+pub fn measure(bin: &Path, burst: usize) -> Result<Cost> {
     let native = toolchain::output(Command::new(bin).args(["4000000", &burst.to_string()]))?;
     let ns_total = native
         .split_whitespace()
