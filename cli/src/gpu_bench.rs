@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::gpu::Gpu;
+use ugds::gpu::{Gpu, PinnedHost};
 use ugds::{pattern, Storage};
 
 /// What to run.
@@ -65,15 +65,32 @@ fn timed(threads: usize, secs: f64, size: u64, body: impl Fn(usize, u64) -> Res<
     Ok(total as f64 * size as f64 / start.elapsed().as_secs_f64() / 1e9)
 }
 
+/// Reads `size` bytes at `off` of `fd` into `pinned` (the disk alone, as people write it by
+/// hand: `pread` with O_DIRECT into pinned memory).
+pub(crate) fn pread_pinned(fd: std::os::fd::RawFd, pinned: &PinnedHost, size: u64, off: u64) -> Res<()> {
+    if size as usize > pinned.len() {
+        return Err(format!("{size} bytes do not fit a {}-byte pinned buffer", pinned.len()).into());
+    }
+    // SAFETY: `pinned` holds at least `size` bytes (checked) and the shared borrow keeps it
+    // allocated for the call; the kernel writes only those bytes.
+    let r = unsafe { libc::pread(fd, pinned.as_ptr() as *mut libc::c_void, size as usize, off as i64) };
+    if r != size as isize {
+        return Err(format!("pread returned {r}: {}", std::io::Error::last_os_error()).into());
+    }
+    Ok(())
+}
+
 /// Rounds per measurement.
 const ROUNDS: usize = 3;
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median (0 for no samples).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn offset(t: usize, n: u64, size: u64, file_size: u64) -> u64 {
+/// Thread `t`'s `n`th random offset, a multiple of `size` inside the file.
+pub(crate) fn offset(t: usize, n: u64, size: u64, file_size: u64) -> u64 {
     let slots = (file_size / size).max(1);
     (pattern::splitmix64((t as u64) << 40 | n) % slots) * size
 }
@@ -119,17 +136,7 @@ pub fn run(p: Params) -> Res<()> {
                 }
                 Ok(())
             };
-            let pread = |t: usize, n: u64| -> Res<()> {
-                let h = pinned[t].as_ptr();
-                // SAFETY: `h` is this thread's pinned buffer of `size` bytes.
-                let r = unsafe {
-                    libc::pread(fd, h as *mut libc::c_void, size as usize, offset(t, n, size, p.file_size) as i64)
-                };
-                if r != size as isize {
-                    return Err(format!("pread returned {r}: {}", std::io::Error::last_os_error()).into());
-                }
-                Ok(())
-            };
+            let pread = |t: usize, n: u64| pread_pinned(fd, &pinned[t], size, offset(t, n, size, p.file_size));
             let pread_copy = |t: usize, n: u64| -> Res<()> {
                 pread(t, n)?;
                 let mut q = queues[t].lock().map_err(|_| "poisoned")?;

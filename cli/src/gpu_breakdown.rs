@@ -4,13 +4,14 @@
 //! batch of N reads compares with N naive reads one after another. Every figure comes from
 //! the same run, the methods taking turns so the disk's drift hits all of them alike.
 
+use crate::gpu_bench::{median, pread_pinned};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds::batch::{IoStatus, Op};
 use ugds::gpu::{CopyWait, Gpu};
-use ugds::{pattern, IoRequest, Storage, StorageBatch};
+use ugds::{IoRequest, Storage, StorageBatch};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -18,13 +19,8 @@ type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 const SAMPLES: usize = 1500;
 const ROUND: usize = 100;
 
-fn p50(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 fn offset(n: u64, size: u64, file_size: u64) -> u64 {
-    (pattern::splitmix64(n ^ 0xB4EA) % (file_size / size).max(1)) * size
+    crate::gpu_bench::offset(0, n, size, file_size)
 }
 
 /// Per-size latency of each stage, p50 in microseconds.
@@ -47,16 +43,7 @@ pub fn breakdown(file: &str, file_size: u64, sizes: &[u64], gpu: &Arc<Gpu>, json
         let mut q = gpu.runtime().copy_queue()?;
         let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         let mut n = 0u64;
-        let pread = |n: u64| -> Res<()> {
-            // SAFETY: `pinned` holds `size` bytes and nothing else uses it meanwhile.
-            let r = unsafe {
-                libc::pread(fd, pinned.as_ptr() as *mut libc::c_void, size as usize, offset(n, size, file_size) as i64)
-            };
-            if r != size as isize {
-                return Err(format!("pread returned {r}: {}", std::io::Error::last_os_error()).into());
-            }
-            Ok(())
-        };
+        let pread = |n: u64| pread_pinned(fd, &pinned, size, offset(n, size, file_size));
         while t[0].len() < SAMPLES {
             for (method, samples) in t.iter_mut().enumerate() {
                 for _ in 0..ROUND {
@@ -92,7 +79,7 @@ pub fn breakdown(file: &str, file_size: u64, sizes: &[u64], gpu: &Arc<Gpu>, json
             }
         }
         gpu.set_copy_wait(CopyWait::Auto);
-        let m: Vec<f64> = t.into_iter().map(p50).collect();
+        let m: Vec<f64> = t.into_iter().map(median).collect();
         let (disk, poll) = (m[0], m[4]);
         if json {
             rows.push(serde_json::json!({"size": size, "disk_us": m[0], "copy_sync_us": m[1], "copy_poll_us": m[2],
@@ -173,25 +160,15 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
             let start = Instant::now();
             for _ in 0..reps * d {
                 n += 1;
-                // SAFETY: `pinned` holds `size` bytes; the copy is waited for before reuse.
-                let r = unsafe {
-                    libc::pread(
-                        fd,
-                        pinned.as_ptr() as *mut libc::c_void,
-                        size as usize,
-                        offset(n, size, file_size) as i64,
-                    )
-                };
-                if r != size as isize {
-                    return Err(format!("pread returned {r}").into());
-                }
-                // SAFETY: as above; `mems[0]` is `size` bytes of device memory.
+                pread_pinned(fd, &pinned, size, offset(n, size, file_size))?;
+                // SAFETY: `pinned` holds the `size` bytes just read and is not reused before the
+                // wait below; `mems[0]` is `size` bytes of device memory.
                 unsafe { q.to_device(mems[0].device_ptr(), pinned.as_ptr(), size as usize)? };
                 q.wait()?;
             }
             nt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
         }
-        let (bi, ni) = (p50(bt), p50(nt));
+        let (bi, ni) = (median(bt), median(nt));
         if json {
             rows.push(serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "naive_iops": ni}));
         } else {
