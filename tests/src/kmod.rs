@@ -275,11 +275,8 @@ fn two_processes() -> Result<()> {
 fn kill9_inflight() -> Result<()> {
     let node = bound_node(2)?;
     let baseline = RawDev::open(&node)?.status()?;
-    let me = std::env::current_exe()?;
-    let mut child = Command::new(&me).args(["--child", "inflight", &node]).stdout(Stdio::piped()).spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-    ensure_that!(line.trim() == "READY", "child did not get its commands in flight: {line:?}");
+    let mut child =
+        crate::spawn_ready_child(&["inflight", &node]).context("child did not get its commands in flight")?;
     let during = RawDev::open(&node)?.status()?;
     ensure_that!(during.pinned_pages == baseline.pinned_pages + 1024, "child's pages not counted: {during:?}");
     child.kill()?;

@@ -182,6 +182,24 @@ pub fn namespace_block_device(addr: &str) -> Result<String> {
     }
 }
 
+/// Starts this suite binary as `--child ARGS...` and waits for the child's `READY` line.
+pub fn spawn_ready_child(args: &[&str]) -> Result<std::process::Child> {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .arg("--child")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().context("child stdout")?).read_line(&mut line)?;
+    if line.trim() != "READY" {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("child {args:?} did not get ready: {line:?}");
+    }
+    Ok(child)
+}
+
 /// Deterministic test data: a xorshift stream from `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;

@@ -157,24 +157,17 @@ fn memfd(len: usize) -> Result<OwnedFd> {
 }
 
 fn kill9_poison() -> Result<()> {
-    use std::io::BufRead;
     let node = bound_node(1)?;
     let probe = RawDev::open(&node)?;
     let baseline = probe.status()?;
     let len = 1 << 20;
-    let me = std::env::current_exe()?;
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     let start = Instant::now();
     for i in 0..100 {
         let fd = memfd(len)?;
         let map = crate::raw::Mapping::new(fd.as_raw_fd(), 0, len, libc::PROT_READ | libc::PROT_WRITE)?;
-        let mut child = std::process::Command::new(&me)
-            .args(["--child", "crash-io", &node, &fd.as_raw_fd().to_string(), &len.to_string()])
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-        ensure_that!(line.trim() == "READY", "iteration {i}: child did not start: {line:?}");
+        let mut child = crate::spawn_ready_child(&["crash-io", &node, &fd.as_raw_fd().to_string(), &len.to_string()])
+            .with_context(|| format!("iteration {i}: child did not start"))?;
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;

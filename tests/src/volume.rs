@@ -355,21 +355,14 @@ pub fn writer_child(spec: &str) -> Result<()> {
 /// no member keeps a queue pair, registration or pinned page of it; afterwards the kernel
 /// driver reads every member from end to end without an error, and the volume works again.
 fn kill9_mid_stripe() -> Result<()> {
-    use std::io::BufRead;
     let vol = spec()?;
     let nodes: Vec<String> = (0..MEMBERS).map(bound_node).collect::<Result<_>>()?;
     let probes: Vec<RawDev> = nodes.iter().map(|n| RawDev::open(n)).collect::<Result<_>>()?;
     let baseline: Vec<_> = probes.iter().map(|p| p.status()).collect::<std::io::Result<_>>()?;
-    let me = std::env::current_exe()?;
     let mut rng = 0x2545_F491_4F6C_DD1Du64;
     for i in 0..20 {
-        let mut child = std::process::Command::new(&me)
-            .args(["--child", "volume-writer", &vol])
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-        ensure_that!(line.trim() == "READY", "iteration {i}: the writer did not start: {line:?}");
+        let mut child = crate::spawn_ready_child(&["volume-writer", &vol])
+            .with_context(|| format!("iteration {i}: the writer did not start"))?;
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
