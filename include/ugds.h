@@ -434,6 +434,32 @@ uGDSError_t uGDSHandleRegister(uGDSHandle_t *fh, struct uGDSDescr_t *descr);
 uGDSError_t ugdsxHandleRegisterTarget(uGDSHandle_t *fh, const char *target);
 
 /**
+ * Registers a namespace of the kernel's NVMe over Fabrics initiator (`fd` open on
+ * `/dev/nvmeXnY` of a tcp or rdma controller), as uGDS's NVMe-oF handles: I/O goes through
+ * ugds's own user-space controller on the same subsystem, or, when it cannot connect, through
+ * the kernel's block device. `UGDS_INVALID_FILE_TYPE` for a descriptor of anything else,
+ * `UGDS_INVALID_VALUE` for NULL or a closed descriptor. `*(int *)fh` is `fd`.
+ *
+ * # Safety
+ *
+ * `fh` must be NULL or valid.
+ */
+uGDSError_t uGDSHandleRegisterNvmeof(uGDSHandle_t *fh, int fd);
+
+/**
+ * [`uGDSHandleRegisterNvmeof`] with uGDS's flags. Every flag value is accepted: its one flag,
+ * `UGDS_NVMEOF_GPU_DIRECT`, asks for what ugds always does (its own initiator, with GPU memory
+ * registered with the NIC where the transport and NIC allow, otherwise staged), so the flags
+ * change nothing, and uGDS's value of that flag (not published in any header we could read)
+ * does not matter.
+ *
+ * # Safety
+ *
+ * `fh` must be NULL or valid.
+ */
+uGDSError_t uGDSHandleRegisterNvmeofEx(uGDSHandle_t *fh, int fd, unsigned int flags);
+
+/**
  * Deregisters a handle, waiting for its I/O. NULL and unknown handles are ignored.
  */
 void uGDSHandleDeregister(uGDSHandle_t fh);

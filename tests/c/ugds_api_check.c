@@ -13,6 +13,10 @@ uGDSError_t uGDSDriverOpen(void);
 uGDSError_t uGDSDriverClose(void);
 uGDSError_t uGDSHandleRegister(uGDSHandle_t *fh, uGDSDescr_t *descr);
 uGDSError_t uGDSGetDeviceCapacity(uGDSHandle_t fh, uint64_t *capacity_bytes);
+/* NVMe-oF handles (the newer uGDS): signatures as uGDS's own NVMe-oF tests call them (no
+ * stored version of its header declares them; the flag constant's value is not public). */
+uGDSError_t uGDSHandleRegisterNvmeof(uGDSHandle_t *fh, int fd);
+uGDSError_t uGDSHandleRegisterNvmeofEx(uGDSHandle_t *fh, int fd, unsigned flags);
 void uGDSHandleDeregister(uGDSHandle_t fh);
 uGDSError_t uGDSHandleDeregisterEx(uGDSHandle_t fh, int timeout_sec);
 uGDSError_t uGDSBufRegister(const void *bufPtr_base, size_t length, int flags);

@@ -7,7 +7,9 @@
  * pattern seed 0x16 through the kernel driver and checks [8 MiB, +2 MiB) for seed 0x8
  * afterwards), a ugds volume descriptor file (a striped volume: the caller prepares and checks
  * the same ranges through the volume), or a regular file of at least 64 MiB (fallback path:
- * this program prepares and checks those ranges itself). Prints one line per failed check and
+ * this program prepares and checks those ranges itself), or, with UGDS_TEST_NVMEOF=1, a namespace
+ * of the kernel's NVMe over Fabrics initiator (/dev/nvmeXnY; registered through uGDS's NVMe-oF
+ * functions, prepared and checked as a file). Prints one line per failed check and
  * `C-SUITE passed=N failed=M`; the number of checks does not depend on timing.
  */
 #define _GNU_SOURCE
@@ -103,6 +105,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *target = argv[1];
+    /* UGDS_TEST_NVMEOF=1: TARGET is a namespace of the kernel's NVMe-oF initiator, registered
+     * with uGDSHandleRegisterNvmeof[Ex] (prepared and checked by this program, as a file). */
+    const char *nv = getenv("UGDS_TEST_NVMEOF");
+    int nvmeof = nv && strcmp(nv, "1") == 0;
     struct stat sb;
     int direct = stat(target, &sb) == 0 && S_ISCHR(sb.st_mode); /* a ugds node */
     if (!direct && S_ISREG(sb.st_mode) && sb.st_size < 4096) { /* a volume descriptor? */
@@ -147,9 +153,22 @@ int main(int argc, char **argv) {
     bad = d;
     bad.handle.fd = devnull;
     FAILS_WITH(uGDSHandleRegister(&h, &bad), UGDS_INVALID_FILE_TYPE);
-    OK(uGDSHandleRegister(&h, &d));
+    /* NVMe-oF handles take only a namespace of the kernel's NVMe-oF initiator. */
+    FAILS_WITH(uGDSHandleRegisterNvmeof(NULL, fd), UGDS_INVALID_VALUE);
+    FAILS_WITH(uGDSHandleRegisterNvmeof(&h, -1), UGDS_INVALID_VALUE);
+    FAILS_WITH(uGDSHandleRegisterNvmeofEx(&h, devnull, 1), UGDS_INVALID_FILE_TYPE);
+    if (nvmeof) {
+        OK(uGDSHandleRegisterNvmeof(&h, fd));
+    } else {
+        FAILS_WITH(uGDSHandleRegisterNvmeof(&h, fd), UGDS_INVALID_FILE_TYPE);
+        OK(uGDSHandleRegister(&h, &d));
+    }
     CHECK(h != NULL && *(int *)h == fd, "the handle's first int is the registered fd");
-    OK(uGDSHandleRegister(&h2, &d)); /* the same fd again: a second handle */
+    /* The same fd again: a second handle (any NVMe-oF flags are accepted). */
+    if (nvmeof)
+        OK(uGDSHandleRegisterNvmeofEx(&h2, fd, ~0u));
+    else
+        OK(uGDSHandleRegister(&h2, &d));
     CHECK(h2 != h && *(int *)h2 == fd, "a second handle on the same fd");
     OK(uGDSHandleDeregisterEx(h2, 0));
     CHECK(*(int *)h2 == fd, "a deregistered handle still reads as its fd");

@@ -36,6 +36,7 @@ pub fn tests() -> Vec<Test> {
             run: port_bounce,
         },
         Test { name: "remote_cli_info_read_write_take_the_uri", variant: V, run: cli },
+        Test { name: "remote_ugds_nvmeof_handles_run_the_c_suite_on_our_initiator", variant: V, run: nvmeof_handles },
     ]
 }
 
@@ -345,4 +346,51 @@ fn cli() -> Result<()> {
     let json = sh(&format!("{bin} --json bench '{u}' --size 4K --seconds 1 --span 32M --rw write"))?;
     ensure_that!(json.contains(r#""path":"remote""#) && !json.contains(r#""remote":0"#), "bench --json said: {json}");
     Ok(())
+}
+
+/// uGDS's NVMe-oF registration (`uGDSHandleRegisterNvmeof[Ex]`) on the kernel nvme-tcp
+/// initiator's namespace: the handle is our own controller on the subsystem (not the kernel's
+/// block device), the C ABI suite passes through it, and any other descriptor is refused.
+fn nvmeof_handles() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    use ugds::capi::{Face, Library};
+    let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;
+    ensure_target()?;
+    let ctrl = kernel_connect()?;
+    let dev = format!("/dev/{ctrl}n1");
+    let r = (|| -> Result<()> {
+        let t = Instant::now();
+        while !Path::new(&dev).exists() {
+            ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let lib: &'static Library = Box::leak(Box::new(Library::new(Face::Ugds)));
+        lib.driver_open().map_err(|e| anyhow::anyhow!("driver open: {e:?}"))?;
+        let f = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&dev)?;
+        let h =
+            lib.handle_register_nvmeof(f.as_raw_fd()).map_err(|e| anyhow::anyhow!("NVMe-oF handle on {dev}: {e:?}"))?;
+        let how = lib.handle(h).map(|x| x.storage.describe()).unwrap_or_default();
+        ensure_that!(how.contains("remote path"), "the NVMe-oF handle on {dev} is {how}");
+        lib.handle_deregister(h, -1).map_err(|e| anyhow::anyhow!("deregister: {e:?}"))?;
+        // The backing disk is a PCIe namespace of the kernel's driver: not NVMe-oF.
+        let pcie = std::fs::File::open(BACKING)?;
+        let e = lib.handle_register_nvmeof(pcie.as_raw_fd()).map(|_| ()).unwrap_err();
+        ensure_that!(format!("{e:?}").contains("UGDS_INVALID_FILE_TYPE"), "{BACKING} as NVMe-oF: {e:?}");
+        // uGDS's C suite through NVMe-oF handles; it prepares and checks its ranges itself.
+        let out = std::process::Command::new(&bin).arg(&dev).env("UGDS_TEST_NVMEOF", "1").output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for l in text.lines().filter(|l| l.starts_with("not ok")) {
+            println!("    {l}");
+        }
+        let last = text.lines().last().unwrap_or("");
+        println!("    {last}");
+        ensure_that!(out.status.success() && last.contains("failed=0"), "C suite on {dev}: {last} {stderr}");
+        // The library notes (on stderr) when it falls back to the kernel's block device.
+        ensure_that!(!stderr.contains("using the kernel"), "the C suite's handles fell back: {stderr}");
+        Ok(())
+    })();
+    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
+    r
 }

@@ -380,6 +380,23 @@ impl Library {
         Ok(self.insert_handle(storage, -1))
     }
 
+    /// `uGDSHandleRegisterNvmeof[Ex]`: `fd` is a namespace of the kernel's NVMe over Fabrics
+    /// initiator (`/dev/nvmeXnY` whose controller's transport is a fabric). The handle's I/O
+    /// goes through our own controller on the same subsystem (read from sysfs, see
+    /// [`crate::remote`]); when that controller cannot be connected, through the kernel's block
+    /// device behind `fd` (the fallback path, as uGDS's host bounce). Any other descriptor is
+    /// `UGDS_INVALID_FILE_TYPE`, a closed one `UGDS_INVALID_VALUE`. `*(int *)fh` is `fd`.
+    pub fn handle_register_nvmeof(&self, fd: c_int) -> CResult<usize> {
+        self.require_open()?;
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
+        let path = link.to_string_lossy().into_owned();
+        if !crate::remote::sysfs::is_kernel_fabrics_namespace(&path) {
+            return Err(Fail::Code(UGDS_INVALID_FILE_TYPE));
+        }
+        let storage = Storage::open(&path)?;
+        Ok(self.insert_handle(storage, fd))
+    }
+
     /// Makes a handle for an opened target and registers the existing buffers on it.
     fn insert_handle(&self, storage: Arc<Storage>, fd: c_int) -> usize {
         let h = Arc::new(Handle {

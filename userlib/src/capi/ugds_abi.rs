@@ -106,6 +106,49 @@ pub unsafe extern "C" fn ugdsxHandleRegisterTarget(fh: *mut uGDSHandle_t, target
     }
 }
 
+/// Registers a namespace of the kernel's NVMe over Fabrics initiator (`fd` open on
+/// `/dev/nvmeXnY` of a tcp or rdma controller), as uGDS's NVMe-oF handles: I/O goes through
+/// ugds's own user-space controller on the same subsystem, or, when it cannot connect, through
+/// the kernel's block device. `UGDS_INVALID_FILE_TYPE` for a descriptor of anything else,
+/// `UGDS_INVALID_VALUE` for NULL or a closed descriptor. `*(int *)fh` is `fd`.
+///
+/// # Safety
+///
+/// `fh` must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHandleRegisterNvmeof(fh: *mut uGDSHandle_t, fd: c_int) -> uGDSError_t {
+    // SAFETY: the caller's contract on `fh` is ours.
+    unsafe { uGDSHandleRegisterNvmeofEx(fh, fd, 0) }
+}
+
+/// [`uGDSHandleRegisterNvmeof`] with uGDS's flags. Every flag value is accepted: its one flag,
+/// `UGDS_NVMEOF_GPU_DIRECT`, asks for what ugds always does (its own initiator, with GPU memory
+/// registered with the NIC where the transport and NIC allow, otherwise staged), so the flags
+/// change nothing, and uGDS's value of that flag (not published in any header we could read)
+/// does not matter.
+///
+/// # Safety
+///
+/// `fh` must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHandleRegisterNvmeofEx(fh: *mut uGDSHandle_t, fd: c_int, flags: c_uint) -> uGDSError_t {
+    let _ = flags;
+    if fh.is_null() {
+        return code(UGDS_INVALID_VALUE);
+    }
+    if !lib().is_open() {
+        return code(UGDS_DRIVER_NOT_INITIALIZED);
+    }
+    match lib().handle_register_nvmeof(fd) {
+        Ok(h) => {
+            // SAFETY: checked non-null.
+            unsafe { *fh = h as uGDSHandle_t };
+            uGDSError::OK
+        }
+        Err(f) => f.status(),
+    }
+}
+
 /// Deregisters a handle, waiting for its I/O. NULL and unknown handles are ignored.
 #[no_mangle]
 pub extern "C" fn uGDSHandleDeregister(fh: uGDSHandle_t) {

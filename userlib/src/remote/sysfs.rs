@@ -18,6 +18,24 @@ pub(crate) fn kernel_tcp_namespace(dev: &str) -> Option<Result<RemoteSpec>> {
     spec_from_sysfs(Path::new("/sys/class/block"), name)
 }
 
+/// Whether block device `dev` is a namespace of a kernel NVMe over Fabrics controller (any
+/// fabric transport: tcp, rdma, fc, loop), whether or not we can reach its target ourselves.
+pub(crate) fn is_kernel_fabrics_namespace(dev: &str) -> bool {
+    let Some(real) = std::fs::canonicalize(dev).ok() else { return false };
+    let Some(name) = real.file_name().and_then(|n| n.to_str()) else { return false };
+    fabrics_transport(Path::new("/sys/class/block"), name).is_some()
+}
+
+/// The transport of block device `name`'s NVMe controller when it is a fabric (not PCIe).
+fn fabrics_transport(sys: &Path, name: &str) -> Option<String> {
+    if !name.starts_with("nvme") {
+        return None;
+    }
+    let t = std::fs::read_to_string(sys.join(name).join("device/transport")).ok()?;
+    let t = t.trim();
+    (!t.is_empty() && t != "pcie").then(|| t.to_string())
+}
+
 /// Reads `sys/NAME/nsid` and the controller attributes in `sys/NAME/device/`.
 fn spec_from_sysfs(sys: &Path, name: &str) -> Option<Result<RemoteSpec>> {
     let ns = sys.join(name);
@@ -86,6 +104,11 @@ mod tests {
     fn other_transports_and_bad_addresses() {
         let root = fake_sysfs("pcie", "0000:00:04.0");
         assert!(spec_from_sysfs(&root, "nvme3n2").is_none());
+        assert_eq!(fabrics_transport(&root, "nvme3n2"), None);
+        let _ = std::fs::remove_dir_all(root);
+        let root = fake_sysfs("rdma", "traddr=10.0.0.2,trsvcid=4420");
+        assert_eq!(fabrics_transport(&root, "nvme3n2").as_deref(), Some("rdma"));
+        assert_eq!(fabrics_transport(&root, "sda"), None);
         let _ = std::fs::remove_dir_all(root);
         let root = fake_sysfs("tcp", "trsvcid=4420");
         assert!(matches!(spec_from_sysfs(&root, "nvme3n2"), Some(Err(Error::DeviceProtocol(_)))));
