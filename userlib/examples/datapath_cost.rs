@@ -4,27 +4,40 @@
 //! is a null device (no data kept), but its model's work is included: fetching and decoding the
 //! entry, resolving its PRPs, posting the completion.
 //!
-//! `cargo run --release -p ugds --features test-utils --example datapath_cost -- [COMMANDS] [BURST]`
+//! `cargo run --release -p ugds --features test-utils --example datapath_cost -- [COMMANDS] [BURST] [shared|owned]`
+//!
+//! `shared` (the default) goes through the queue pair's lock, as threads sharing a queue do;
+//! `owned` through the single-owner calls a queue batch uses (no lock).
 
 use std::time::{Duration, Instant};
 use ugds::test_utils::{Command, DmaRange, MockConfig, MockQueue, Read, MAX_BURST};
 
-fn run(m: &MockQueue, burst: usize, commands: usize) -> ugds::Result<()> {
+fn run(m: &mut MockQueue, burst: usize, commands: usize, owned: bool) -> ugds::Result<()> {
+    // The segments are copied out so the queue pair can be borrowed mutably (single owner).
+    let segments = m.segments().to_vec();
     let cmds: Vec<Command<'_>> = (0..burst as u64)
         .map(|k| {
             // SAFETY: the mock's segments name its own memory, which only its model touches;
             // 4096 bytes is exactly one 4 KiB block.
-            let data = unsafe { DmaRange::new(m.segments(), k * 4096, 4096) };
+            let data = unsafe { DmaRange::new(&segments, k * 4096, 4096) };
             Read::new(k, 1, data).build()
         })
         .collect();
     let mut cids = [0u16; MAX_BURST];
     let mut out = [None; MAX_BURST];
     for _ in 0..commands / burst {
-        m.qp.submit(1, &cmds, &m.status, Duration::from_secs(5), &mut cids)?;
+        if owned {
+            m.qp.submit_owned(1, &cmds, &m.status, Duration::from_secs(5), &mut cids)?;
+        } else {
+            m.qp.submit(1, &cmds, &m.status, Duration::from_secs(5), &mut cids)?;
+        }
         m.step();
         out[..burst].iter_mut().for_each(|o| *o = None);
-        let n = m.qp.collect(&cids[..burst], &m.status, &mut out[..burst])?;
+        let n = if owned {
+            m.qp.collect_owned(&cids[..burst], &m.status, &mut out[..burst])?
+        } else {
+            m.qp.collect(&cids[..burst], &m.status, &mut out[..burst])?
+        };
         if n != burst {
             return Err(ugds::Error::DeviceProtocol(format!("{n} of {burst} completed")));
         }
@@ -36,13 +49,17 @@ fn main() -> ugds::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let commands = args.first().copied().unwrap_or(4_000_000);
     let bursts: Vec<usize> = args.get(1).map(|b| vec![*b]).unwrap_or_else(|| vec![1, 8, 32]);
-    let m = MockQueue::with(MockConfig { depth: 256, stepped: true, null: true, ..MockConfig::default() })?;
+    let owned = std::env::args().any(|a| a == "owned");
+    let mut m = MockQueue::with(MockConfig { depth: 256, stepped: true, null: true, ..MockConfig::default() })?;
     for burst in bursts {
-        run(&m, burst, 10_000)?;
+        run(&mut m, burst, 10_000, owned)?;
         let t = Instant::now();
-        run(&m, burst, commands)?;
+        run(&mut m, burst, commands, owned)?;
         let ns = t.elapsed().as_nanos() as f64 / commands as f64;
-        println!("burst {burst:>2}: {ns:>6.1} ns per 4 KiB command (build + PRP + doorbell + device model + reap)");
+        let mode = if owned { "owned" } else { "shared" };
+        println!(
+            "burst {burst:>2} ({mode}): {ns:>6.1} ns per 4 KiB command (build + PRP + doorbell + device model + reap)"
+        );
     }
     Ok(())
 }

@@ -244,7 +244,8 @@ impl QueueBatch {
             })
             .collect();
         let mut cids = vec![0u16; cmds.len()];
-        if let Err(e) = self.qp.submit(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut cids) {
+        // The batch owns its queue pair: the single-owner calls take no lock.
+        if let Err(e) = self.qp.submit_owned(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut cids) {
             // Nothing was submitted: the leases go back.
             for s in &mut self.pending[first..] {
                 s.lease = None;
@@ -268,7 +269,7 @@ impl QueueBatch {
         if self.cids.is_empty() {
             return Ok(());
         }
-        match self.qp.collect(&self.cids, &self.dev.status, &mut self.done) {
+        match self.qp.collect_owned(&self.cids, &self.dev.status, &mut self.done) {
             Ok(_) => {}
             Err(Error::EpochChanged { old, new }) => {
                 // The controller was reset: it stopped, and every command still pending here

@@ -189,7 +189,7 @@ impl<'a> Command<'a> {
     /// list page (a PRP list, an SGL segment, or DSM ranges), then each of the slot's eight
     /// quadwords once. A transfer's data pointer follows `policy`; what it became is returned.
     /// On error the slot is untouched (the list page may hold garbage, which nothing names).
-    #[inline]
+    #[inline(always)]
     pub fn write<M, P>(
         &self,
         slot: &SqSlot<'_, M>,
@@ -216,7 +216,7 @@ impl<'a> Command<'a> {
     }
 
     /// DPTR (PRP1 and PRP2, or SGL1), writing the list page where one is needed.
-    #[inline]
+    #[inline(always)]
     fn data_pointers<P: QueueMemory + ?Sized>(
         &self,
         page: &ListPage<'_, P>,

@@ -27,6 +27,7 @@ use crate::ring::cq::{Cq, CQE_BYTES};
 use crate::ring::sq::{Sq, SQE_BYTES};
 use crate::sys::{DeviceFd, EventFd};
 use cids::Cids;
+use std::ops::DerefMut;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -41,7 +42,7 @@ pub(crate) const SPINS_PER_CHECK: u32 = 4096;
 
 /// Ring state; plain data, guarded by the queue pair's mutex.
 #[derive(Debug)]
-struct Rings {
+pub struct Rings {
     sq: Sq,
     cq: Cq,
     cids: Cids,
@@ -77,12 +78,26 @@ impl std::ops::AddAssign for DptrCounts {
 
 /// An I/O queue pair mapped into this process.
 ///
+/// Two ways to use it: shared (`&self`: [`QueuePair::submit_tagged`], [`QueuePair::collect_tagged`];
+/// the rings behind a mutex, so threads may share the queue) and single-owner (`&mut self`:
+/// [`QueuePair::submit_owned`], [`QueuePair::collect_owned`]; the borrow checker proves nobody
+/// else holds the queue, so the rings are used with no lock and no atomic read-modify-write:
+/// SPDK's one-queue-per-thread model, for a queue batch that owns its queue pair).
+#[derive(Debug)]
+pub struct QueuePair {
+    core: Core,
+    rings: Mutex<Rings>,
+}
+
+/// What a queue pair is besides its ring state: its memory, doorbells and settings, immutable
+/// after creation, so a [`Submission`] or a reap reads them while the ring state is borrowed.
+///
 /// # Invariants
 ///
 /// `sq_mem` holds `depth` entries, `cq_mem` `depth` entries and `prp` `depth` pages (one per
 /// command id); `depth` is the depth of both rings.
 #[derive(Debug)]
-pub struct QueuePair {
+struct Core {
     qid: u16,
     depth: u32,
     sq_mem: DeviceShared,
@@ -90,7 +105,6 @@ pub struct QueuePair {
     prp: DeviceShared,
     sq_db: Doorbell,
     cq_db: Doorbell,
-    rings: Mutex<Rings>,
     /// PRPs or SGLs, per command.
     policy: DptrPolicy,
     /// Interrupt mode: the eventfd the queue's MSI-X vector signals; waiters poll once, then
@@ -144,13 +158,17 @@ impl QueuePair {
         let qid = u16::try_from(args.qid).map_err(|_| bad("queue id out of range"))?;
         // INVARIANT: memory sizes checked above; both rings have `depth` slots.
         Ok(QueuePair {
-            qid,
-            depth,
-            sq_mem,
-            cq_mem,
-            prp,
-            sq_db: doorbells.doorbell(args.sq_doorbell)?,
-            cq_db: doorbells.doorbell(args.cq_doorbell)?,
+            core: Core {
+                qid,
+                depth,
+                sq_mem,
+                cq_mem,
+                prp,
+                sq_db: doorbells.doorbell(args.sq_doorbell)?,
+                cq_db: doorbells.doorbell(args.cq_doorbell)?,
+                policy,
+                irq,
+            },
             rings: Mutex::new(Rings {
                 sq,
                 cq,
@@ -160,19 +178,17 @@ impl QueuePair {
                 idle: 0,
                 dptr: DptrCounts::default(),
             }),
-            policy,
-            irq,
         })
     }
 
     /// Queue id.
     pub fn qid(&self) -> u16 {
-        self.qid
+        self.core.qid
     }
 
     /// Queue depth in entries (at most depth - 1 commands wait in the SQ at once).
     pub fn depth(&self) -> u32 {
-        self.depth
+        self.core.depth
     }
 
     /// Transfers written so far, by data pointer (PRPs or an SGL).
@@ -186,35 +202,11 @@ impl QueuePair {
         self.rings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Checks the controller's epoch and fault flag against the rings'. On a new epoch the
-    /// controller re-created this queue empty: the rings start over and the caller learns that
-    /// its commands were lost.
-    #[inline]
-    fn check_epoch(&self, r: &mut Rings, status: &StatusView) -> Result<()> {
-        if status.faulted() {
-            return Err(Error::DeviceFaulted);
-        }
-        let epoch = status.epoch();
-        if epoch != r.epoch {
-            let old = r.epoch;
-            r.sq.reset();
-            r.cq.reset();
-            r.cids.reset();
-            r.epoch = epoch;
-            r.broken = false;
-            return Err(Error::EpochChanged { old, new: epoch });
-        }
-        if r.broken {
-            return Err(Error::DeviceFaulted);
-        }
-        Ok(())
-    }
-
     /// After this process reset the controller itself: adopt the new epoch silently (the
     /// module re-created the queue empty; our timed-out commands are gone).
     pub fn resync(&self, status: &StatusView) {
         let mut r = self.lock();
-        let _ = self.check_epoch(&mut r, status);
+        let _ = check_epoch(&mut r, status);
     }
 
     /// Opens a submission for namespace `nsid`: checks the epoch (once for the whole burst)
@@ -223,8 +215,16 @@ impl QueuePair {
     #[inline]
     pub fn submission(&self, nsid: u32, status: &StatusView) -> Result<Submission<'_>> {
         let mut rings = self.lock();
-        self.check_epoch(&mut rings, status)?;
-        Ok(Submission { qp: self, rings, nsid, pushed: 0 })
+        check_epoch(&mut rings, status)?;
+        Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
+    }
+
+    /// [`QueuePair::submission`] for the queue's single owner: no lock.
+    #[inline]
+    pub fn submission_owned(&mut self, nsid: u32, status: &StatusView) -> Result<Submission<'_, &mut Rings>> {
+        let rings = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
+        check_epoch(rings, status)?;
+        Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
     }
 
     /// Reaps posted completions and hands each to the caller: its command id is free again
@@ -233,12 +233,13 @@ impl QueuePair {
     #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn completions(&self, status: &StatusView) -> Result<reap::Completions<'_>> {
         let mut rings = self.lock();
-        self.check_epoch(&mut rings, status)?;
-        Ok(reap::Completions::new(self, rings))
+        check_epoch(&mut rings, status)?;
+        Ok(reap::Completions::new(&self.core, rings))
     }
 
     /// Writes `cmds` into free slots (waiting for room up to `timeout`) and rings the doorbell
     /// once; their command ids go to `cids[..cmds.len()]`. Nothing is published on error.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn submit(
         &self,
         nsid: u32,
@@ -261,52 +262,67 @@ impl QueuePair {
         timeout: Duration,
         cids: &mut [u16],
     ) -> Result<u64> {
-        let n = cmds.len();
+        let n = self.check_burst(cmds, cids)?;
         if n == 0 {
             return Ok(self.lock().epoch);
         }
-        if n >= self.depth as usize || cids.len() < n {
-            return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.depth)));
-        }
         let mut sub = self.submission(nsid, status)?;
-        let mut start: Option<Instant> = None;
-        let mut spins = 0u32;
-        while sub.space() < n {
-            // Make room: reap (recording completions for their owners), then let others in.
-            reap::record_all(self, &mut sub.rings, status)?;
-            if sub.space() >= n {
-                break;
-            }
+        let mut wait = Wait::default();
+        while !sub.make_room(n, status)? {
+            // Let the other users of the queue in while the device works.
             drop(sub);
-            std::hint::spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(SPINS_PER_CHECK) {
-                let since = *start.get_or_insert_with(Instant::now);
-                if since.elapsed() > timeout {
-                    return Err(timeout_error(&cmds[0], timeout));
-                }
-            }
+            wait.spin(&cmds[0], timeout)?;
             sub = self.submission(nsid, status)?;
         }
-        for (i, cmd) in cmds.iter().enumerate() {
-            match sub.push(cmd) {
-                Ok(cid) => cids[i] = cid,
-                Err(e) => {
-                    sub.cancel();
-                    return Err(e);
-                }
-            }
+        sub.push_all(cmds, cids)
+    }
+
+    /// [`QueuePair::submit_tagged`] for the queue's single owner: no lock, no atomic
+    /// read-modify-write (the `&mut` borrow is the proof that nobody else uses the rings).
+    pub fn submit_owned(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<u64> {
+        let n = self.check_burst(cmds, cids)?;
+        let mut sub = self.submission_owned(nsid, status)?;
+        if n == 0 {
+            return Ok(sub.rings.epoch);
         }
-        // Published with this epoch when `sub` drops (the doorbell write).
-        Ok(sub.rings.epoch)
+        let mut wait = Wait::default();
+        while !sub.make_room(n, status)? {
+            wait.spin(&cmds[0], timeout)?;
+        }
+        sub.push_all(cmds, cids)
+    }
+
+    /// The burst's length, when it fits the queue and `cids`.
+    fn check_burst(&self, cmds: &[Command<'_>], cids: &[u16]) -> Result<usize> {
+        let n = cmds.len();
+        if n >= self.core.depth as usize || cids.len() < n {
+            return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.core.depth)));
+        }
+        Ok(n)
     }
 
     /// Reaps the queue and collects the completions of `cids` that arrived: for each `i` with
     /// `out[i]` still `None` whose command completed, stores its status in `out[i]` and frees its
     /// id. Returns how many were collected by this call.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn collect(&self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
-        let epoch = self.lock().epoch;
-        self.collect_tagged(epoch, cids, status, out)
+        let mut r = self.lock();
+        let epoch = r.epoch;
+        collect_in(&self.core, &mut r, epoch, cids, status, out)
+    }
+
+    /// [`QueuePair::collect`] for the queue's single owner: no lock.
+    pub fn collect_owned(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
+        let r = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
+        let epoch = r.epoch;
+        collect_in(&self.core, r, epoch, cids, status, out)
     }
 
     /// [`QueuePair::collect`] for a burst [`QueuePair::submit_tagged`] put into the rings of
@@ -319,31 +335,17 @@ impl QueuePair {
         status: &StatusView,
         out: &mut [Option<Status>],
     ) -> Result<usize> {
-        let mut r = self.lock();
-        reap::record_all(self, &mut r, status)?;
-        if r.epoch != epoch {
-            return Err(Error::EpochChanged { old: epoch, new: r.epoch });
-        }
-        let mut n = 0;
-        for (c, o) in cids.iter().zip(out.iter_mut()) {
-            if o.is_none() {
-                if let Some(raw) = r.cids.take(*c) {
-                    *o = Some(reap::decode(raw));
-                    n += 1;
-                }
-            }
-        }
-        Ok(n)
+        collect_in(&self.core, &mut self.lock(), epoch, cids, status, out)
     }
 
     /// Whether waiting sleeps on the queue's interrupt (else it spins).
     pub(crate) fn sleeps(&self) -> bool {
-        self.irq.is_some()
+        self.core.irq.is_some()
     }
 
     /// Sleeps on the interrupt (interrupt mode) or spins once (polling).
     pub fn wait_a_little(&self) {
-        match &self.irq {
+        match &self.core.irq {
             Some(ev) => ev.wait(10),
             None => std::hint::spin_loop(),
         }
@@ -373,7 +375,7 @@ impl QueuePair {
             spins = spins.wrapping_add(1);
             // Polling reads the clock only every few thousand polls (the deadline counts from
             // the first read); interrupt mode before its first sleep and after each.
-            if self.irq.is_some() || spins.is_multiple_of(SPINS_PER_CHECK) {
+            if self.core.irq.is_some() || spins.is_multiple_of(SPINS_PER_CHECK) {
                 let since = *start.get_or_insert_with(Instant::now);
                 if since.elapsed() > timeout {
                     // The uncollected commands stay in flight: their ids and PRP pages are not
@@ -386,24 +388,96 @@ impl QueuePair {
     }
 }
 
+/// Checks the controller's epoch and fault flag against the rings'. On a new epoch the
+/// controller re-created this queue empty: the rings start over and the caller learns that
+/// its commands were lost.
+#[inline]
+fn check_epoch(r: &mut Rings, status: &StatusView) -> Result<()> {
+    if status.faulted() {
+        return Err(Error::DeviceFaulted);
+    }
+    let epoch = status.epoch();
+    if epoch != r.epoch {
+        let old = r.epoch;
+        r.sq.reset();
+        r.cq.reset();
+        r.cids.reset();
+        r.epoch = epoch;
+        r.broken = false;
+        return Err(Error::EpochChanged { old, new: epoch });
+    }
+    if r.broken {
+        return Err(Error::DeviceFaulted);
+    }
+    Ok(())
+}
+
+/// Reaps the rings, then collects the statuses of `cids` (see [`QueuePair::collect_tagged`]).
+#[inline]
+fn collect_in(
+    core: &Core,
+    r: &mut Rings,
+    epoch: u64,
+    cids: &[u16],
+    status: &StatusView,
+    out: &mut [Option<Status>],
+) -> Result<usize> {
+    reap::record_all(core, r, status)?;
+    if r.epoch != epoch {
+        return Err(Error::EpochChanged { old: epoch, new: r.epoch });
+    }
+    let mut n = 0;
+    for (c, o) in cids.iter().zip(out.iter_mut()) {
+        if o.is_none() {
+            if let Some(raw) = r.cids.take(*c) {
+                *o = Some(reap::decode(raw));
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// A wait for queue room: spins, reading the clock only every [`SPINS_PER_CHECK`] spins (the
+/// deadline counts from the first read).
+#[derive(Default)]
+struct Wait {
+    spins: u32,
+    start: Option<Instant>,
+}
+
+impl Wait {
+    fn spin(&mut self, first: &Command<'_>, timeout: Duration) -> Result<()> {
+        std::hint::spin_loop();
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins.is_multiple_of(SPINS_PER_CHECK) {
+            let since = *self.start.get_or_insert_with(Instant::now);
+            if since.elapsed() > timeout {
+                return Err(timeout_error(first, timeout));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The error of a command that did not complete within `timeout`.
 pub(crate) fn timeout_error(cmd: &Command<'_>, timeout: Duration) -> Error {
     // CAST: a deadline of more than 2^64 ms is not a deadline.
     Error::Timeout { op: cmd.name(), slba: cmd.slba(), timeout_ms: timeout.as_millis() as u64 }
 }
 
-/// Commands being written into a queue pair. While it lives the queue is locked; dropping it
-/// publishes every pushed entry with one tail doorbell write ([`Submission::cancel`] withdraws
-/// them instead).
+/// Commands being written into a queue pair. While it lives the rings are held (locked, or
+/// borrowed by their single owner); dropping it publishes every pushed entry with one tail
+/// doorbell write ([`Submission::cancel`] withdraws them instead).
 #[derive(Debug)]
-pub struct Submission<'q> {
-    qp: &'q QueuePair,
-    rings: MutexGuard<'q, Rings>,
+pub struct Submission<'q, G: DerefMut<Target = Rings> = MutexGuard<'q, Rings>> {
+    core: &'q Core,
+    rings: G,
     nsid: u32,
     pushed: u32,
 }
 
-impl Submission<'_> {
+impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
     /// Commands that can still be pushed (free SQ slots and free command ids).
     #[inline]
     pub fn space(&self) -> usize {
@@ -422,16 +496,44 @@ impl Submission<'_> {
         self.pushed == 0
     }
 
+    /// Whether `n` commands fit now, after reaping what completed (recorded for its owners).
+    #[inline]
+    fn make_room(&mut self, n: usize, status: &StatusView) -> Result<bool> {
+        if self.space() >= n {
+            return Ok(true);
+        }
+        reap::record_all(self.core, &mut self.rings, status)?;
+        Ok(self.space() >= n)
+    }
+
+    /// Pushes every command of a burst that fits (see [`Submission::make_room`]) and publishes
+    /// them on drop; on a failure withdraws them all. Returns the rings' epoch.
+    #[inline]
+    fn push_all(mut self, cmds: &[Command<'_>], cids: &mut [u16]) -> Result<u64> {
+        for (i, cmd) in cmds.iter().enumerate() {
+            match self.push(cmd) {
+                Ok(cid) => cids[i] = cid,
+                Err(e) => {
+                    self.withdraw();
+                    return Err(e);
+                }
+            }
+        }
+        // Published with this epoch when `self` drops (the doorbell write).
+        Ok(self.rings.epoch)
+    }
+
     /// Writes `cmd` into the next SQ slot (and its list page); returns its command id. The
     /// device sees it once the submission is dropped. Fails, writing nothing, when the queue
     /// is full or PRPs cannot describe the command's memory.
     #[inline]
     pub fn push(&mut self, cmd: &Command<'_>) -> Result<u16> {
+        let core = self.core;
         let r = &mut *self.rings;
         if r.cids.available() == 0 {
             return Err(Error::invalid("cmds", "the queue is full"));
         }
-        let Some(slot) = r.sq.push(&self.qp.sq_mem) else {
+        let Some(slot) = r.sq.push(&core.sq_mem) else {
             return Err(Error::invalid("cmds", "the queue is full"));
         };
         let Some(cid) = r.cids.alloc() else {
@@ -439,11 +541,11 @@ impl Submission<'_> {
             return Err(Error::invalid("cmds", "the queue is full"));
         };
         let page = ListPage {
-            mem: &self.qp.prp,
+            mem: &core.prp,
             off: cid as usize * PAGE as usize,
-            bus: self.qp.prp.bus(cid as usize * PAGE as usize),
+            bus: core.prp.bus(cid as usize * PAGE as usize),
         };
-        match cmd.write(&slot, cid, self.nsid, &page, self.qp.policy) {
+        match cmd.write(&slot, cid, self.nsid, &page, core.policy) {
             Ok(Dptr::Prp) => r.dptr.prp += 1,
             Ok(Dptr::Sgl) => r.dptr.sgl += 1,
             Ok(Dptr::SglList) => {
@@ -465,22 +567,28 @@ impl Submission<'_> {
     }
 
     /// Withdraws every entry pushed through this submission (never published): the tail goes
-    /// back and their command ids are free again.
+    /// back and their command ids are free again. The queue is let go.
     pub fn cancel(mut self) {
+        self.withdraw();
+    }
+
+    /// [`Submission::cancel`] keeping the queue held.
+    fn withdraw(&mut self) {
+        let core = self.core;
         let r = &mut *self.rings;
         for _ in 0..self.pushed {
             r.sq.unpush(1);
             // The id is read back from the slot we wrote (the device never reads an
             // unpublished slot).
             // CAST: CDW0 bits 31:16.
-            let cid = (self.qp.sq_mem.load32(r.sq.tail() as usize * SQE_BYTES) >> 16) as u16;
+            let cid = (core.sq_mem.load32(r.sq.tail() as usize * SQE_BYTES) >> 16) as u16;
             r.cids.release(cid);
         }
         self.pushed = 0;
     }
 }
 
-impl Drop for Submission<'_> {
+impl<G: DerefMut<Target = Rings>> Drop for Submission<'_, G> {
     fn drop(&mut self) {
         if self.pushed > 0 {
             // Orders the slot and list-page stores before the doorbell store, so the device
@@ -488,7 +596,7 @@ impl Drop for Submission<'_> {
             // reordered with older stores (uncached MMIO included): this keeps the compiler
             // from reordering; a weakly ordered CPU would need a device-scope barrier here.
             fence(Ordering::Release);
-            self.qp.sq_db.ring(self.rings.sq.tail() as u32);
+            self.core.sq_db.ring(self.rings.sq.tail() as u32);
         }
     }
 }

@@ -2,7 +2,7 @@
 //! flight, and either recorded for their owners or handed to the caller; the CQ head doorbell
 //! is written once per reap.
 
-use super::{QueuePair, Rings};
+use super::{check_epoch, Core, Rings};
 use crate::error::{Error, Result};
 use crate::mmio::StatusView;
 use std::sync::MutexGuard;
@@ -31,7 +31,7 @@ enum Violation {
 }
 
 impl Violation {
-    fn error(self, qp: &QueuePair, r: &Rings) -> Error {
+    fn error(self, qp: &Core, r: &Rings) -> Error {
         Error::DeviceProtocol(match self {
             Violation::Cid(cid) => format!("queue {}: completion for command id {cid} that is not in flight", qp.qid),
             Violation::SqHead(h) => format!(
@@ -50,7 +50,7 @@ impl Violation {
 /// marks the queue broken. Each `Some` means one entry was consumed. Returns the command id
 /// and the raw status field.
 #[inline(always)]
-fn reap_one(qp: &QueuePair, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<(u16, u16), Violation>> {
+fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<(u16, u16), Violation>> {
     let e = r.cq.pop(&qp.cq_mem)?;
     let cid = e.cid;
     let ok = if hand_out { r.cids.in_flight(cid) && r.cids.release(cid) } else { r.cids.complete(cid, e.status) };
@@ -67,7 +67,7 @@ fn reap_one(qp: &QueuePair, r: &mut Rings, hand_out: bool) -> Option<std::result
 
 /// Releases `n` consumed CQ slots to the device with one head doorbell write.
 #[inline]
-fn release_slots(qp: &QueuePair, r: &Rings, n: u32) {
+fn release_slots(qp: &Core, r: &Rings, n: u32) {
     if n > 0 {
         qp.cq_db.ring(r.cq.head() as u32);
     }
@@ -77,15 +77,15 @@ fn release_slots(qp: &QueuePair, r: &Rings, n: u32) {
 /// checked before anything is consumed (a reset leaves a zeroed CQ that must not be read as
 /// completions), and on every 64th poll that finds nothing.
 #[inline]
-pub(super) fn record_all(qp: &QueuePair, r: &mut Rings, status: &StatusView) -> Result<usize> {
+pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize> {
     if r.broken || !r.cq.ready(&qp.cq_mem) {
         r.idle = r.idle.wrapping_add(1);
         if r.broken || r.idle.is_multiple_of(IDLE_POLLS_PER_EPOCH_CHECK) {
-            qp.check_epoch(r, status)?;
+            check_epoch(r, status)?;
         }
         return Ok(0);
     }
-    qp.check_epoch(r, status)?;
+    check_epoch(r, status)?;
     let (mut consumed, mut bad) = (0u32, None);
     while let Some(c) = reap_one(qp, r, false) {
         consumed += 1;
@@ -119,7 +119,7 @@ pub(super) fn decode(raw: u16) -> Status {
 #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
 #[derive(Debug)]
 pub struct Completions<'q> {
-    qp: &'q QueuePair,
+    qp: &'q Core,
     rings: MutexGuard<'q, Rings>,
     consumed: u32,
     done: bool,
@@ -127,7 +127,7 @@ pub struct Completions<'q> {
 
 #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
 impl<'q> Completions<'q> {
-    pub(super) fn new(qp: &'q QueuePair, rings: MutexGuard<'q, Rings>) -> Self {
+    pub(super) fn new(qp: &'q Core, rings: MutexGuard<'q, Rings>) -> Self {
         Completions { qp, rings, consumed: 0, done: false }
     }
 }
