@@ -7,7 +7,7 @@ use crate::{direct_read, direct_write, ensure_that, sh, Test};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Error, Storage};
+use ugds::{pattern, Error, Rejection, Storage};
 
 const V: &str = "remote";
 
@@ -216,7 +216,7 @@ fn bad_targets() -> Result<()> {
     };
     let (r, took) = timed("nvmeof://tcp/127.0.0.1:4420/nqn.2024-01.io.ugds:nope?nsid=1");
     match r {
-        Err(Error::RemoteRejected { status, .. }) if status.sc == 0x82 => {}
+        Err(Error::RemoteRejected { status: Rejection::Connect(status), .. }) if status.sc == 0x82 => {}
         other => bail!("a wrong NQN gave {other:?}"),
     }
     ensure_that!(took < Duration::from_secs(5), "the wrong NQN took {took:?}");
@@ -228,7 +228,8 @@ fn bad_targets() -> Result<()> {
     }
     let (r, took) = timed(&format!("nvmeof://tcp/127.0.0.1:4420/{closed}?nsid=1"));
     match r {
-        Err(Error::RemoteRejected { status, reason, .. }) if status.sc == 0x84 && reason.contains("not allowed") => {}
+        Err(Error::RemoteRejected { status: Rejection::Connect(status), reason, .. })
+            if status.sc == 0x84 && reason.contains("not allowed") => {}
         other => bail!("a host the subsystem does not allow got {other:?}"),
     }
     ensure_that!(took < Duration::from_secs(5), "the refused host took {took:?}");

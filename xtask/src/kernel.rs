@@ -107,10 +107,14 @@ pub fn ensure(flavour: Flavour) -> Result<TestKernel> {
         eprintln!("test kernel: cached at {}", kernel.build.display());
         return Ok(kernel);
     }
+    let log = kernel.build.join("ugds-build.log");
+    if wait_for_other_build(&log, &stamp) {
+        eprintln!("test kernel: built by another process at {}", kernel.build.display());
+        return Ok(kernel);
+    }
     extract_source(&kernel.src)?;
     fs::create_dir_all(&kernel.build)?;
     let vars = TestKernel::make_vars()?;
-    let log = kernel.build.join("ugds-build.log");
 
     let make = |args: &[&str]| -> Command {
         let mut c = Command::new("make");
@@ -133,6 +137,28 @@ pub fn ensure(flavour: Flavour) -> Result<TestKernel> {
     fs::write(&stamp, b"")?;
     eprintln!("test kernel: built at {}", kernel.build.display());
     Ok(kernel)
+}
+
+/// Another process (a second worktree's `cargo xtask test`) may be building the same kernel into
+/// the same folder: while its build log keeps growing (a line within 10 minutes), wait for its completion stamp instead of
+/// starting a second build over it. True when the other build completed.
+fn wait_for_other_build(log: &Path, stamp: &Path) -> bool {
+    let fresh = || {
+        fs::metadata(log)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < Duration::from_secs(600)))
+    };
+    if !fresh() {
+        return false;
+    }
+    eprintln!("test kernel: another process is building it ({} is growing); waiting", log.display());
+    while fresh() {
+        if stamp.exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    stamp.exists()
 }
 
 fn extract_source(src: &Path) -> Result<()> {
