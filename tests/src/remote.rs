@@ -15,10 +15,10 @@ const V: &str = "remote";
 pub const NVME: &[&str] = &["size=64M,serial=remote0"];
 
 /// The subsystem the target exports.
-const NQN: &str = "nqn.2024-01.io.ugds:remote";
+pub(crate) const NQN: &str = "nqn.2024-01.io.ugds:remote";
 /// Its backing device.
-const BACKING: &str = "/dev/nvme0n1";
-const CONFIGFS: &str = "/sys/kernel/config/nvmet";
+pub(crate) const BACKING: &str = "/dev/nvme0n1";
+pub(crate) const CONFIGFS: &str = "/sys/kernel/config/nvmet";
 
 /// The remote tests.
 pub fn tests() -> Vec<Test> {
@@ -44,7 +44,7 @@ fn uri(nsid: u32) -> String {
 }
 
 /// Loads a module of the test kernel's build (`$UGDS_KERNEL_BUILD`) unless it is loaded.
-fn insmod(rel: &str, name: &str) -> Result<()> {
+pub(crate) fn insmod(rel: &str, name: &str) -> Result<()> {
     if Path::new(&format!("/sys/module/{name}")).exists() {
         return Ok(());
     }
@@ -54,7 +54,7 @@ fn insmod(rel: &str, name: &str) -> Result<()> {
 
 /// Brings up nvmet on 127.0.0.1:4420 exporting [`BACKING`] as namespace 1 of [`NQN`] to any
 /// host (once per boot).
-fn ensure_target() -> Result<()> {
+pub(crate) fn ensure_target() -> Result<()> {
     if Path::new(&format!("{CONFIGFS}/ports/1/subsystems/{NQN}")).exists() {
         return Ok(());
     }
@@ -86,7 +86,7 @@ fn ensure_target() -> Result<()> {
 }
 
 /// (offset, len) pairs from 4 KiB to 8 MiB at odd 512-byte block offsets.
-fn ranges() -> Vec<(u64, u64)> {
+pub(crate) fn ranges() -> Vec<(u64, u64)> {
     vec![
         (512, 4096),
         (7 * 512, 12 << 10),
@@ -136,19 +136,26 @@ fn integrity() -> Result<()> {
 
 /// Connects the kernel's initiator through /dev/nvme-fabrics; returns its controller name.
 fn kernel_connect() -> Result<String> {
+    kernel_connect_to("tcp", "127.0.0.1")
+}
+
+/// Connects the kernel's `transport` initiator (tcp, rdma) to [`NQN`] at `traddr`:4420
+/// through /dev/nvme-fabrics; returns its controller name.
+pub(crate) fn kernel_connect_to(transport: &str, traddr: &str) -> Result<String> {
+    let (ko, module) = (format!("drivers/nvme/host/nvme-{transport}.ko"), format!("nvme_{transport}"));
     for (rel, name) in [
         ("crypto/crypto.ko", "crypto"),
         ("crypto/crypto_algapi.ko", "crypto_algapi"),
         ("crypto/crypto_hash.ko", "crypto_hash"),
         ("drivers/nvme/host/nvme-fabrics.ko", "nvme_fabrics"),
-        ("drivers/nvme/host/nvme-tcp.ko", "nvme_tcp"),
+        (ko.as_str(), module.as_str()),
     ] {
         insmod(rel, name)?;
     }
     use std::io::{Read, Write};
     let mut f = std::fs::OpenOptions::new().read(true).write(true).open("/dev/nvme-fabrics")?;
-    f.write_all(format!("transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn={NQN}").as_bytes())
-        .context("connecting the kernel's nvme-tcp initiator")?;
+    f.write_all(format!("transport={transport},traddr={traddr},trsvcid=4420,nqn={NQN}").as_bytes())
+        .with_context(|| format!("connecting the kernel's nvme-{transport} initiator"))?;
     let mut reply = String::new();
     f.read_to_string(&mut reply)?;
     // "instance=N,cntlid=M"
@@ -246,12 +253,17 @@ fn bad_targets() -> Result<()> {
     Ok(())
 }
 
-/// A writer streams 64 KiB writes while the nvmet port loses and regains the subsystem
-/// (every connection closed, connects refused meanwhile): the writes that meet the loss fail
-/// by name, the rest succeed (after a reconnect), and every write reported done is on the disk.
 fn port_bounce() -> Result<()> {
     ensure_target()?;
-    let st = Storage::open(&uri(1))?;
+    bounce(&uri(1), 1)
+}
+
+/// A writer streams 64 KiB writes to `uri` while nvmet port `port` loses and regains the
+/// subsystem (every connection closed, connects refused meanwhile): the writes that meet the
+/// loss fail by name, the rest succeed (after a reconnect), and every write reported done is on
+/// the disk.
+pub(crate) fn bounce(uri: &str, port: u32) -> Result<()> {
+    let st = Storage::open(uri)?;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (st2, done2) = (st.clone(), done.clone());
     const BASE: u64 = 16 << 20;
@@ -272,7 +284,7 @@ fn port_bounce() -> Result<()> {
         }
         Ok(log)
     });
-    let link = format!("{CONFIGFS}/ports/1/subsystems/{NQN}");
+    let link = format!("{CONFIGFS}/ports/{port}/subsystems/{NQN}");
     std::thread::sleep(Duration::from_millis(700));
     let removed = sh(&format!("rm {link}"));
     std::thread::sleep(Duration::from_millis(1500));
