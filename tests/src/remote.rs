@@ -311,7 +311,19 @@ pub(crate) fn bounce(uri: &str, port: u32) -> Result<()> {
     }
     let slowest = log.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
     ensure_that!(slowest < Duration::from_secs(12), "a write took {slowest:?}");
-    ensure_that!(log.last().is_some_and(|(_, e, _)| e.is_none()), "the last write failed: no reconnect");
+    if let Some((k, Some(e), t)) = log.last() {
+        let kinds: std::collections::BTreeMap<String, usize> =
+            failed.iter().fold(Default::default(), |mut m, (_, e, _)| {
+                let s = format!("{e:?}");
+                *m.entry(s.split([' ', '{']).next().unwrap_or("").to_string()).or_default() += 1;
+                m
+            });
+        bail!(
+            "the last write ({k} of {}) failed after {t:?}: no reconnect: {e}; failures by kind: {kinds:?}; {}",
+            log.len(),
+            st.describe()
+        );
+    }
     ensure_that!(!st.describe().contains("reconnected 0 times"), "{}", st.describe());
     // Every write reported done is on the disk (the latest write of each offset wins).
     let mut latest = std::collections::BTreeMap::new();

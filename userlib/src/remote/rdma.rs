@@ -21,14 +21,11 @@ use super::verbs::{self, CmError, Endpoint, IbvSge, IbvWc, Mr, CAPSULE, WC_RECV,
 use crate::error::{Error, Rejection, Result};
 use std::net::ToSocketAddrs;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use ugds_uapi::rdma::{keyed_sgl, reject_reason, CmReject, CmRequest, RECFMT_1_0};
 use ugds_uapi::tcp::SGL_INCAPSULE;
 use ugds_uapi::{Cqe, Sqe};
 use zerocopy::{FromBytes, IntoBytes};
-
-/// Polls of an empty completion queue before the waiter starts to sleep between polls.
-const SPIN_POLLS: u32 = 2000;
 
 /// A connected NVMe/RDMA queue.
 #[derive(Debug)]
@@ -247,7 +244,7 @@ fn drive(
             next += 1;
             inflight += 1;
         }
-        let got = wait(ep, &mut wcs, timeout).map_err(err)?;
+        let got = ep.wait(&mut wcs, timeout).map_err(err)?;
         for wc in &wcs[..got] {
             if wc.status != WC_SUCCESS {
                 return Err(err(std::io::Error::other(format!(
@@ -295,7 +292,7 @@ fn drive(
     // Every response is in; the last SENDs' completions may still be due (their capsule slots
     // must not be reused before): collect them.
     while prog.iter().any(|p| !p.sent) {
-        let got = wait(ep, &mut wcs, timeout).map_err(err)?;
+        let got = ep.wait(&mut wcs, timeout).map_err(err)?;
         for wc in &wcs[..got] {
             if wc.status != WC_SUCCESS || wc.opcode & WC_RECV != 0 {
                 return Err(protocol(format!(
@@ -313,31 +310,11 @@ fn drive(
     Ok(prog.iter().map(|p| p.done.unwrap_or(Done { status: ugds_uapi::Status::SUCCESS, result: 0 })).collect())
 }
 
-/// Waits for at least one completion, up to `timeout`: spins first, then sleeps between polls.
-fn wait(ep: &Endpoint, wcs: &mut [IbvWc], timeout: Duration) -> std::io::Result<usize> {
-    let start = Instant::now();
-    let mut polls = 0u32;
-    loop {
-        let n = ep.poll(wcs)?;
-        if n > 0 {
-            return Ok(n);
-        }
-        polls += 1;
-        if polls < SPIN_POLLS {
-            std::hint::spin_loop();
-            continue;
-        }
-        if start.elapsed() > timeout {
-            return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
-        }
-        std::thread::sleep(Duration::from_micros(if polls < SPIN_POLLS + 100 { 10 } else { 200 }));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::remote::uri::Transport;
+    use std::time::Instant;
 
     fn spec() -> RemoteSpec {
         let mut s = RemoteSpec::parse("nvmeof://rdma/10.0.0.2/nqn.2024-01.io.ugds:x?nsid=1").unwrap();

@@ -120,19 +120,30 @@ struct IbvMr {
 }
 
 type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut IbvWc) -> c_int;
+type ReqNotifyCq = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
 type PostSend = unsafe extern "C" fn(*mut c_void, *mut IbvSendWr, *mut *mut IbvSendWr) -> c_int;
 type PostRecv = unsafe extern "C" fn(*mut c_void, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
 
 /// `struct ibv_context` up to `ops.post_recv` (the 27th function pointer of
-/// `struct ibv_context_ops`; `poll_cq` is the 12th, `post_send` the 26th).
+/// `struct ibv_context_ops`; `poll_cq` is the 12th, `req_notify_cq` the 13th, `post_send` the
+/// 26th).
 #[repr(C)]
 struct IbvContext {
     device: *mut c_void,
     ops_before_poll_cq: [usize; 11],
     poll_cq: Option<PollCq>,
-    ops_before_post_send: [usize; 13],
+    req_notify_cq: Option<ReqNotifyCq>,
+    ops_before_post_send: [usize; 12],
     post_send: Option<PostSend>,
     post_recv: Option<PostRecv>,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+struct IbvCompChannel {
+    context: *mut IbvContext,
+    fd: c_int,
+    refcnt: c_int,
 }
 
 /// `struct rdma_event_channel`.
@@ -181,6 +192,7 @@ pub(crate) mod cm_event {
     pub(crate) const ROUTE_RESOLVED: u32 = 2;
     pub(crate) const REJECTED: u32 = 8;
     pub(crate) const ESTABLISHED: u32 = 9;
+    pub(crate) const DISCONNECTED: u32 = 10;
 }
 const RDMA_PS_TCP: c_int = 0x0106;
 const IBV_QPT_RC: u32 = 2;
@@ -210,6 +222,10 @@ struct Lib {
     get_cm_event: unsafe extern "C" fn(*mut RdmaEventChannel, *mut *mut RdmaCmEvent) -> c_int,
     ack_cm_event: unsafe extern "C" fn(*mut RdmaCmEvent) -> c_int,
     event_str: unsafe extern "C" fn(u32) -> *const c_char,
+    create_comp_channel: unsafe extern "C" fn(*mut IbvContext) -> *mut IbvCompChannel,
+    destroy_comp_channel: unsafe extern "C" fn(*mut IbvCompChannel) -> c_int,
+    get_cq_event: unsafe extern "C" fn(*mut IbvCompChannel, *mut *mut c_void, *mut *mut c_void) -> c_int,
+    ack_cq_events: unsafe extern "C" fn(*mut c_void, u32),
     alloc_pd: unsafe extern "C" fn(*mut IbvContext) -> *mut c_void,
     dealloc_pd: unsafe extern "C" fn(*mut c_void) -> c_int,
     create_cq: unsafe extern "C" fn(*mut IbvContext, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void,
@@ -286,6 +302,10 @@ impl Lib {
             get_cm_event: f!(cm, c"rdma_get_cm_event"),
             ack_cm_event: f!(cm, c"rdma_ack_cm_event"),
             event_str: f!(cm, c"rdma_event_str"),
+            create_comp_channel: f!(verbs, c"ibv_create_comp_channel"),
+            destroy_comp_channel: f!(verbs, c"ibv_destroy_comp_channel"),
+            get_cq_event: f!(verbs, c"ibv_get_cq_event"),
+            ack_cq_events: f!(verbs, c"ibv_ack_cq_events"),
             alloc_pd: f!(verbs, c"ibv_alloc_pd"),
             dealloc_pd: f!(verbs, c"ibv_dealloc_pd"),
             create_cq: f!(verbs, c"ibv_create_cq"),
@@ -393,6 +413,7 @@ pub(crate) struct Endpoint {
     ch: *mut RdmaEventChannel,
     id: *mut RdmaCmId,
     pd: *mut c_void,
+    comp: *mut IbvCompChannel,
     cq: *mut c_void,
     qp: *mut c_void,
     region: *mut u8,
@@ -476,6 +497,7 @@ impl Endpoint {
             ch,
             id: std::ptr::null_mut(),
             pd: std::ptr::null_mut(),
+            comp: std::ptr::null_mut(),
             cq: std::ptr::null_mut(),
             qp: std::ptr::null_mut(),
             region: std::ptr::null_mut(),
@@ -510,10 +532,15 @@ impl Endpoint {
         if ep.pd.is_null() {
             return Err(os_err("ibv_alloc_pd"));
         }
+        // SAFETY: `verbs` is live.
+        ep.comp = unsafe { (lib.create_comp_channel)(verbs) };
+        if ep.comp.is_null() {
+            return Err(os_err("ibv_create_comp_channel"));
+        }
         // CAST: slots is at most a few hundred.
         let cqe = (2 * slots + 2) as c_int;
-        // SAFETY: `verbs` is live; no completion channel, vector 0.
-        ep.cq = unsafe { (lib.create_cq)(verbs, cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        // SAFETY: `verbs` and `comp` are live; vector 0.
+        ep.cq = unsafe { (lib.create_cq)(verbs, cqe, std::ptr::null_mut(), ep.comp.cast(), 0) };
         if ep.cq.is_null() {
             return Err(os_err("ibv_create_cq"));
         }
@@ -596,24 +623,7 @@ impl Endpoint {
         if n == 0 {
             return Err(CmError::Failed { step, why: std::io::Error::from_raw_os_error(libc::ETIMEDOUT) });
         }
-        let mut ev: *mut RdmaCmEvent = std::ptr::null_mut();
-        // SAFETY: `ch` is live and readable, so this does not block.
-        if unsafe { (self.lib.get_cm_event)(self.ch, &mut ev) } != 0 {
-            return Err(os_err("rdma_get_cm_event"));
-        }
-        // SAFETY: rdma_get_cm_event succeeded: `ev` is a live event until acked.
-        let (kind, status, private) = unsafe {
-            let e = &*ev;
-            let p = if e.conn.private_data.is_null() {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(e.conn.private_data.cast::<u8>(), usize::from(e.conn.private_data_len))
-                    .to_vec()
-            };
-            (e.event, e.status, p)
-        };
-        // SAFETY: `ev` is acked once, after its contents were copied.
-        unsafe { (self.lib.ack_cm_event)(ev) };
+        let (kind, status, private) = self.read_cm_event().map_err(|why| CmError::Failed { step, why })?;
         if kind == want {
             return Ok(());
         }
@@ -628,6 +638,29 @@ impl Endpoint {
         };
         let why = std::io::Error::new(why.kind(), format!("{name}: {why}"));
         Err(CmError::Failed { step, why })
+    }
+
+    /// Reads one CM event (the channel must be readable): its type, status and private data.
+    fn read_cm_event(&self) -> std::io::Result<(u32, i32, Vec<u8>)> {
+        let mut ev: *mut RdmaCmEvent = std::ptr::null_mut();
+        // SAFETY: `ch` is live and readable, so this does not block.
+        if unsafe { (self.lib.get_cm_event)(self.ch, &mut ev) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: rdma_get_cm_event succeeded: `ev` is a live event until acked.
+        let out = unsafe {
+            let e = &*ev;
+            let p = if e.conn.private_data.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(e.conn.private_data.cast::<u8>(), usize::from(e.conn.private_data_len))
+                    .to_vec()
+            };
+            (e.event, e.status, p)
+        };
+        // SAFETY: `ev` is acked once, after its contents were copied.
+        unsafe { (self.lib.ack_cm_event)(ev) };
+        Ok(out)
     }
 
     /// Registers `mem` for `access` with this endpoint's PD.
@@ -758,7 +791,7 @@ impl Endpoint {
     }
 
     /// Takes up to `out.len()` completions without waiting.
-    pub(crate) fn poll(&self, out: &mut [IbvWc]) -> std::io::Result<usize> {
+    fn poll(&self, out: &mut [IbvWc]) -> std::io::Result<usize> {
         let f = self.context().poll_cq.ok_or_else(|| std::io::Error::other("the provider has no poll_cq"))?;
         // CAST: a handful of entries.
         // SAFETY: `cq` is live; `out` has room for the number asked for.
@@ -768,6 +801,76 @@ impl Endpoint {
         }
         // CAST: non-negative, at most out.len().
         Ok(n as usize)
+    }
+
+    /// Takes up to `out.len()` completions, waiting up to `timeout` for the first: polls a
+    /// few times, then arms the CQ and sleeps in `poll(2)` on its completion channel and on
+    /// the CM event channel, so a target that disconnects fails the wait at once
+    /// (ECONNRESET) instead of at the timeout.
+    pub(crate) fn wait(&self, out: &mut [IbvWc], timeout: Duration) -> std::io::Result<usize> {
+        const SPINS: u32 = 64;
+        let deadline = Instant::now() + timeout;
+        for _ in 0..SPINS {
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            std::hint::spin_loop();
+        }
+        let arm =
+            self.context().req_notify_cq.ok_or_else(|| std::io::Error::other("the provider has no req_notify_cq"))?;
+        loop {
+            // SAFETY: `cq` is live and has a completion channel; 0: any completion.
+            let r = unsafe { arm(self.cq, 0) };
+            if r != 0 {
+                return Err(std::io::Error::from_raw_os_error(r));
+            }
+            // A completion that came before the CQ was armed raises no event.
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::from_raw_os_error(libc::ETIMEDOUT));
+            }
+            // SAFETY: `comp` and `ch` are live.
+            let (cfd, mfd) = unsafe { ((*self.comp).fd, (*self.ch).fd) };
+            let mut fds = [
+                libc::pollfd { fd: cfd, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: mfd, events: libc::POLLIN, revents: 0 },
+            ];
+            // CAST: clamped to an int's range of milliseconds; at least 1.
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as c_int;
+            // SAFETY: two valid pollfds.
+            let k = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+            if k < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if fds[1].revents != 0 {
+                let (kind, status, _) = self.read_cm_event()?;
+                let what =
+                    if kind == cm_event::DISCONNECTED { "the target disconnected" } else { "the connection ended" };
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    format!("{what}: {} (status {status})", self.lib.event_name(kind)),
+                ));
+            }
+            if fds[0].revents != 0 {
+                let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+                // SAFETY: `comp` is live and readable, so this does not block; the event is
+                // acked at once (ibv_destroy_cq waits for every event to be acked).
+                unsafe {
+                    if (self.lib.get_cq_event)(self.comp, &mut cq, &mut ctx) == 0 {
+                        (self.lib.ack_cq_events)(cq, 1);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -805,6 +908,9 @@ impl Drop for Endpoint {
             }
             if !self.cq.is_null() {
                 (l.destroy_cq)(self.cq);
+            }
+            if !self.comp.is_null() {
+                (l.destroy_comp_channel)(self.comp);
             }
             if !self.pd.is_null() {
                 (l.dealloc_pd)(self.pd);
