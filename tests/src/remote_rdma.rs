@@ -30,6 +30,7 @@ pub fn tests() -> Vec<Test> {
         },
         Test { name: "remote_rdma_udmabuf_dmabuf_registration_refused_by_name_data_staged", variant: V, run: udmabuf },
         Test { name: "remote_rdma_bad_targets_give_named_errors_quickly", variant: V, run: bad_targets },
+        Test { name: "remote_rdma_per_io_registration_cost_against_the_io", variant: V, run: registration_cost },
         Test {
             name: "remote_rdma_port_removed_mid_stream_fails_by_name_then_reconnects_without_loss",
             variant: V,
@@ -264,4 +265,38 @@ fn bad_targets() -> Result<()> {
 fn port_bounce() -> Result<()> {
     ensure_rdma_target()?;
     bounce(&uri(1), PORT)
+}
+
+/// What registering each I/O's memory costs (ibv_reg_mr + ibv_dereg_mr on rxe) against the
+/// I/O itself (a read of the same size, registration included), at 4 KiB, 64 KiB and 1 MiB:
+/// the measurement behind registering per I/O instead of caching per buffer.
+fn registration_cost() -> Result<()> {
+    ensure_rdma_target()?;
+    let st = Storage::open(&uri(1))?;
+    let buf = st.alloc_host(1 << 20)?;
+    // The same reads over NVMe/TCP (127.0.0.1), for scale.
+    let tcp = Storage::open(&format!("nvmeof://tcp/127.0.0.1:4420/{NQN}?nsid=1"))?;
+    let tbuf = tcp.alloc_host(1 << 20)?;
+    let mean_read = |st: &Storage, b: &ugds::Buffer, len: usize| -> Result<f64> {
+        let rounds = 50u32;
+        let t = Instant::now();
+        for k in 0..rounds {
+            st.read(b, 0, u64::from(k) * len as u64, len as u64)?;
+        }
+        Ok(t.elapsed().as_nanos() as f64 / f64::from(rounds))
+    };
+    for len in [4096usize, 64 << 10, 1 << 20] {
+        let reg = ugds::remote::rdma_registration_ns(&uri(1), len, 200)?;
+        let io = mean_read(&st, &buf, len)?;
+        let io_tcp = mean_read(&tcp, &tbuf, len)?;
+        eprintln!(
+            "registration cost: {len} bytes: ibv_reg_mr+ibv_dereg_mr {:.1} us, one RDMA read {:.1} us ({:.1} %), one TCP read {:.1} us",
+            reg / 1000.0,
+            io / 1000.0,
+            100.0 * reg / io,
+            io_tcp / 1000.0
+        );
+        ensure_that!(reg < io, "registering {len} bytes ({reg} ns) costs more than the read ({io} ns)");
+    }
+    Ok(())
 }

@@ -63,6 +63,20 @@ pub(crate) struct RemotePath {
     dmabuf_refusal: Mutex<Option<String>>,
 }
 
+/// Mean nanoseconds of one `ibv_reg_mr` + `ibv_dereg_mr` of `len` bytes of host memory on the
+/// RDMA device that reaches the target of `uri` (an `nvmeof://rdma/...` URI), over `rounds`:
+/// the price of registering each I/O's memory (VM tests and docs/remote.md).
+#[doc(hidden)]
+#[cfg(feature = "rdma")]
+pub fn rdma_registration_ns(uri: &str, len: usize, rounds: u32) -> Result<f64> {
+    let spec = RemoteSpec::parse(uri)?;
+    if spec.transport != Transport::Rdma {
+        return Err(Error::invalid("uri", "not an nvmeof://rdma URI"));
+    }
+    // A CM connection of an admin queue is enough for a PD on the right device.
+    rdma::RdmaQueue::connect(&spec, 0, 2, 0xFFFF)?.registration_ns(len, rounds)
+}
+
 /// Whether an error says the connection (not the command) failed.
 fn transport_failed(e: &Error) -> bool {
     matches!(e, Error::RemoteTransport { .. } | Error::RemoteProtocol { .. })

@@ -92,6 +92,18 @@ impl RdmaQueue {
         Ok(RdmaQueue { ep, target, qid, depth: usize::from(depth), in_capsule: 0, timeout, broken: false })
     }
 
+    /// Mean nanoseconds of one registration and deregistration of `len` bytes of host memory
+    /// for remote writes, over `rounds` (what per-I/O registration costs).
+    pub(crate) fn registration_ns(&self, len: usize, rounds: u32) -> Result<f64> {
+        let mut mem = vec![0u8; len];
+        let t = std::time::Instant::now();
+        for _ in 0..rounds {
+            let mr = self.ep.register_mut(&mut mem).map_err(|e| self.transport_error("ibv_reg_mr", e))?;
+            drop(mr);
+        }
+        Ok(t.elapsed().as_nanos() as f64 / f64::from(rounds.max(1)))
+    }
+
     fn transport_error(&self, op: &str, source: std::io::Error) -> Error {
         Error::RemoteTransport { target: self.target.clone(), op: op.to_string(), source }
     }

@@ -6,361 +6,34 @@
 //!
 //! # Where the declarations come from
 //!
-//! The function signatures restate `/usr/include/infiniband/verbs.h` and
-//! `/usr/include/rdma/rdma_cma.h` of rdma-core 44. `ibv_post_send`, `ibv_post_recv` and
-//! `ibv_poll_cq` are `static inline` there: they call through `context->ops`, so the struct
-//! prefixes below replicate exactly the fields on that way (and the others we read or fill),
-//! and `layout_tests` compiles a C program against the installed headers to prove every size
-//! and offset used here. Constants (enum values, flags) are the headers' too.
+//! `sys` restates `/usr/include/infiniband/verbs.h` and `/usr/include/rdma/rdma_cma.h` of
+//! rdma-core 44. `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` are
+//! `static inline` there: they call through `context->ops`, so the struct prefixes replicate
+//! exactly the fields on that way (and the others we read or fill), and `layout_tests` compiles
+//! a C program against the installed headers to prove every size, offset and constant used.
+//! bindgen was not used: it would need libclang and the headers at build time, which is what
+//! loading at run time avoids, for a dozen small structs.
 //!
 //! # What the safe types promise
 //!
 //! [`Endpoint`] is one connected RC queue pair with its own protection domain, completion
 //! queue and a registered region of capsule and response slots; [`Mr`] a registration of
-//! memory borrowed for its lifetime. Dropping an endpoint destroys its queue pair before the
-//! region is deregistered and freed, so the NIC can no longer reach that memory; a [`Mr`] is
-//! dropped by its user only after the queue pair that could use its key is destroyed or every
-//! command naming it has completed (see `rdma.rs`).
+//! memory borrowed for its lifetime (it borrows the endpoint too, so it is deregistered before
+//! the PD goes). Dropping an endpoint destroys its queue pair before the region is
+//! deregistered and freed, so the NIC can no longer reach that memory. A [`Mr`] is dropped by
+//! its user only after every command naming it completed, or after [`Endpoint::kill`] moved
+//! the queue pair to the error state (see `rdma.rs`).
 
-use crate::error::{Error, Result};
-use std::ffi::{c_char, c_int, c_void, CStr};
+mod sys;
+
+use sys::*;
+pub(crate) use sys::{wc_status, IbvSge, IbvWc, ACCESS_REMOTE_READ, WC_RECV, WC_SUCCESS};
+
+use crate::error::Error;
+use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-/// `struct ibv_sge`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct IbvSge {
-    pub(crate) addr: u64,
-    pub(crate) length: u32,
-    pub(crate) lkey: u32,
-}
-
-/// `struct ibv_recv_wr`.
-#[repr(C)]
-#[derive(Debug)]
-struct IbvRecvWr {
-    wr_id: u64,
-    next: *mut IbvRecvWr,
-    sg_list: *mut IbvSge,
-    num_sge: c_int,
-}
-
-/// `struct ibv_send_wr`: the fields up to `send_flags`, then the unions (immediate data, the
-/// RDMA/atomic/UD addressing, XRC, bind-MW/TSO), which a SEND leaves zero.
-#[repr(C)]
-#[derive(Debug)]
-struct IbvSendWr {
-    wr_id: u64,
-    next: *mut IbvSendWr,
-    sg_list: *mut IbvSge,
-    num_sge: c_int,
-    opcode: u32,
-    send_flags: u32,
-    imm_data: u32,
-    unions: [u64; 11],
-}
-
-/// `struct ibv_wc`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct IbvWc {
-    pub(crate) wr_id: u64,
-    pub(crate) status: u32,
-    pub(crate) opcode: u32,
-    vendor_err: u32,
-    pub(crate) byte_len: u32,
-    imm_data: u32,
-    qp_num: u32,
-    src_qp: u32,
-    wc_flags: u32,
-    pkey_index: u16,
-    slid: u16,
-    sl: u8,
-    dlid_path_bits: u8,
-}
-
-/// `struct ibv_qp_cap`.
-#[repr(C)]
-#[derive(Debug, Default)]
-struct IbvQpCap {
-    max_send_wr: u32,
-    max_recv_wr: u32,
-    max_send_sge: u32,
-    max_recv_sge: u32,
-    max_inline_data: u32,
-}
-
-/// `struct ibv_qp_init_attr`.
-#[repr(C)]
-#[derive(Debug)]
-struct IbvQpInitAttr {
-    qp_context: *mut c_void,
-    send_cq: *mut c_void,
-    recv_cq: *mut c_void,
-    srq: *mut c_void,
-    cap: IbvQpCap,
-    qp_type: u32,
-    sq_sig_all: c_int,
-}
-
-/// `struct ibv_mr`.
-#[repr(C)]
-#[derive(Debug)]
-struct IbvMr {
-    context: *mut c_void,
-    pd: *mut c_void,
-    addr: *mut c_void,
-    length: usize,
-    handle: u32,
-    lkey: u32,
-    rkey: u32,
-}
-
-type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut IbvWc) -> c_int;
-type ReqNotifyCq = unsafe extern "C" fn(*mut c_void, c_int) -> c_int;
-type PostSend = unsafe extern "C" fn(*mut c_void, *mut IbvSendWr, *mut *mut IbvSendWr) -> c_int;
-type PostRecv = unsafe extern "C" fn(*mut c_void, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
-
-/// `struct ibv_context` up to `ops.post_recv` (the 27th function pointer of
-/// `struct ibv_context_ops`; `poll_cq` is the 12th, `req_notify_cq` the 13th, `post_send` the
-/// 26th).
-#[repr(C)]
-struct IbvContext {
-    device: *mut c_void,
-    ops_before_poll_cq: [usize; 11],
-    poll_cq: Option<PollCq>,
-    req_notify_cq: Option<ReqNotifyCq>,
-    ops_before_post_send: [usize; 12],
-    post_send: Option<PostSend>,
-    post_recv: Option<PostRecv>,
-}
-
-/// `struct ibv_comp_channel`.
-#[repr(C)]
-struct IbvCompChannel {
-    context: *mut IbvContext,
-    fd: c_int,
-    refcnt: c_int,
-}
-
-/// `struct rdma_event_channel`.
-#[repr(C)]
-struct RdmaEventChannel {
-    fd: c_int,
-}
-
-/// `struct rdma_cm_id` up to `qp`.
-#[repr(C)]
-struct RdmaCmId {
-    verbs: *mut IbvContext,
-    channel: *mut RdmaEventChannel,
-    context: *mut c_void,
-    qp: *mut c_void,
-}
-
-/// `struct rdma_conn_param`.
-#[repr(C)]
-#[derive(Debug)]
-struct RdmaConnParam {
-    private_data: *const c_void,
-    private_data_len: u8,
-    responder_resources: u8,
-    initiator_depth: u8,
-    flow_control: u8,
-    retry_count: u8,
-    rnr_retry_count: u8,
-    srq: u8,
-    qp_num: u32,
-}
-
-/// `struct rdma_cm_event` up to `param.conn` (the union's other member, `ud`, is not read).
-#[repr(C)]
-struct RdmaCmEvent {
-    id: *mut RdmaCmId,
-    listen_id: *mut RdmaCmId,
-    event: u32,
-    status: c_int,
-    conn: RdmaConnParam,
-}
-
-/// `enum rdma_cm_event_type` values used.
-pub(crate) mod cm_event {
-    pub(crate) const ADDR_RESOLVED: u32 = 0;
-    pub(crate) const ROUTE_RESOLVED: u32 = 2;
-    pub(crate) const REJECTED: u32 = 8;
-    pub(crate) const ESTABLISHED: u32 = 9;
-    pub(crate) const DISCONNECTED: u32 = 10;
-}
-const RDMA_PS_TCP: c_int = 0x0106;
-const IBV_QPT_RC: u32 = 2;
-const IBV_WR_SEND: u32 = 2;
-const IBV_SEND_SIGNALED: u32 = 1 << 1;
-/// `IBV_ACCESS_LOCAL_WRITE`, `_REMOTE_WRITE`, `_REMOTE_READ`.
-pub(crate) const ACCESS_LOCAL_WRITE: c_int = 1;
-pub(crate) const ACCESS_REMOTE_WRITE: c_int = 2;
-pub(crate) const ACCESS_REMOTE_READ: c_int = 4;
-/// `IBV_WC_SUCCESS`.
-pub(crate) const WC_SUCCESS: u32 = 0;
-/// `IBV_WC_RECV`: set in the opcode of every receive completion.
-pub(crate) const WC_RECV: u32 = 1 << 7;
-
-/// The rdma-core functions used, looked up once.
-struct Lib {
-    create_event_channel: unsafe extern "C" fn() -> *mut RdmaEventChannel,
-    destroy_event_channel: unsafe extern "C" fn(*mut RdmaEventChannel),
-    create_id: unsafe extern "C" fn(*mut RdmaEventChannel, *mut *mut RdmaCmId, *mut c_void, c_int) -> c_int,
-    destroy_id: unsafe extern "C" fn(*mut RdmaCmId) -> c_int,
-    resolve_addr: unsafe extern "C" fn(*mut RdmaCmId, *mut libc::sockaddr, *mut libc::sockaddr, c_int) -> c_int,
-    resolve_route: unsafe extern "C" fn(*mut RdmaCmId, c_int) -> c_int,
-    create_qp: unsafe extern "C" fn(*mut RdmaCmId, *mut c_void, *mut IbvQpInitAttr) -> c_int,
-    destroy_qp: unsafe extern "C" fn(*mut RdmaCmId),
-    connect: unsafe extern "C" fn(*mut RdmaCmId, *mut RdmaConnParam) -> c_int,
-    disconnect: unsafe extern "C" fn(*mut RdmaCmId) -> c_int,
-    get_cm_event: unsafe extern "C" fn(*mut RdmaEventChannel, *mut *mut RdmaCmEvent) -> c_int,
-    ack_cm_event: unsafe extern "C" fn(*mut RdmaCmEvent) -> c_int,
-    event_str: unsafe extern "C" fn(u32) -> *const c_char,
-    create_comp_channel: unsafe extern "C" fn(*mut IbvContext) -> *mut IbvCompChannel,
-    destroy_comp_channel: unsafe extern "C" fn(*mut IbvCompChannel) -> c_int,
-    get_cq_event: unsafe extern "C" fn(*mut IbvCompChannel, *mut *mut c_void, *mut *mut c_void) -> c_int,
-    ack_cq_events: unsafe extern "C" fn(*mut c_void, u32),
-    alloc_pd: unsafe extern "C" fn(*mut IbvContext) -> *mut c_void,
-    dealloc_pd: unsafe extern "C" fn(*mut c_void) -> c_int,
-    create_cq: unsafe extern "C" fn(*mut IbvContext, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void,
-    destroy_cq: unsafe extern "C" fn(*mut c_void) -> c_int,
-    reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut IbvMr,
-    reg_dmabuf_mr: Option<unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut IbvMr>,
-    dereg_mr: unsafe extern "C" fn(*mut IbvMr) -> c_int,
-    wc_status_str: unsafe extern "C" fn(u32) -> *const c_char,
-}
-
-/// The sonames loaded.
-const VERBS_SONAME: &str = "libibverbs.so.1";
-const RDMACM_SONAME: &str = "librdmacm.so.1";
-
-fn dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl call on
-    // this thread; it is copied at once.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown dlopen error".into()
-    } else {
-        // SAFETY: non-null and NUL-terminated (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
-/// Loads `soname` for good (never closed: rdma-core's providers stay loaded with it).
-fn open_lib(soname: &str) -> std::result::Result<*mut c_void, String> {
-    let c = std::ffi::CString::new(soname).map_err(|_| format!("{soname:?} has a NUL"))?;
-    // SAFETY: dlopen with a NUL-terminated name; running rdma-core's initialisers is what
-    // loading it means.
-    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        return Err(format!("{soname}: {}", dl_error()));
-    }
-    Ok(h)
-}
-
-fn sym(lib: *mut c_void, name: &CStr) -> Option<*mut c_void> {
-    // SAFETY: `lib` is a live handle from dlopen (never closed); `name` is NUL-terminated.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    (!p.is_null()).then_some(p)
-}
-
-impl Lib {
-    fn load(verbs_name: &str, cm_name: &str) -> std::result::Result<Lib, String> {
-        let verbs = open_lib(verbs_name)?;
-        let cm = open_lib(cm_name)?;
-        let need = |lib, name: &CStr| sym(lib, name).ok_or_else(|| format!("{name:?} is missing from rdma-core"));
-        macro_rules! f {
-            ($lib:expr, $name:literal) => {{
-                let p = need($lib, $name)?;
-                // SAFETY: `p` is the address of the exported C function `$name`, whose C
-                // declaration in verbs.h / rdma_cma.h the field's type restates.
-                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-            }};
-        }
-        let reg_dmabuf_mr = sym(verbs, c"ibv_reg_dmabuf_mr").map(|p| {
-            // SAFETY: the address of `struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t
-            // offset, size_t length, uint64_t iova, int fd, int access)` (rdma-core 34+).
-            unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-        });
-        Ok(Lib {
-            create_event_channel: f!(cm, c"rdma_create_event_channel"),
-            destroy_event_channel: f!(cm, c"rdma_destroy_event_channel"),
-            create_id: f!(cm, c"rdma_create_id"),
-            destroy_id: f!(cm, c"rdma_destroy_id"),
-            resolve_addr: f!(cm, c"rdma_resolve_addr"),
-            resolve_route: f!(cm, c"rdma_resolve_route"),
-            create_qp: f!(cm, c"rdma_create_qp"),
-            destroy_qp: f!(cm, c"rdma_destroy_qp"),
-            connect: f!(cm, c"rdma_connect"),
-            disconnect: f!(cm, c"rdma_disconnect"),
-            get_cm_event: f!(cm, c"rdma_get_cm_event"),
-            ack_cm_event: f!(cm, c"rdma_ack_cm_event"),
-            event_str: f!(cm, c"rdma_event_str"),
-            create_comp_channel: f!(verbs, c"ibv_create_comp_channel"),
-            destroy_comp_channel: f!(verbs, c"ibv_destroy_comp_channel"),
-            get_cq_event: f!(verbs, c"ibv_get_cq_event"),
-            ack_cq_events: f!(verbs, c"ibv_ack_cq_events"),
-            alloc_pd: f!(verbs, c"ibv_alloc_pd"),
-            dealloc_pd: f!(verbs, c"ibv_dealloc_pd"),
-            create_cq: f!(verbs, c"ibv_create_cq"),
-            destroy_cq: f!(verbs, c"ibv_destroy_cq"),
-            reg_mr: f!(verbs, c"ibv_reg_mr"),
-            reg_dmabuf_mr,
-            dereg_mr: f!(verbs, c"ibv_dereg_mr"),
-            wc_status_str: f!(verbs, c"ibv_wc_status_str"),
-        })
-    }
-
-    fn event_name(&self, ev: u32) -> String {
-        // SAFETY: rdma_event_str returns a static string for any value.
-        let p = unsafe { (self.event_str)(ev) };
-        if p.is_null() {
-            return format!("event {ev}");
-        }
-        // SAFETY: non-null, static, NUL-terminated.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
-}
-
-/// What `Lib::load` of the default sonames gave.
-static LIB: OnceLock<std::result::Result<Lib, String>> = OnceLock::new();
-
-fn missing(why: String) -> Error {
-    Error::Unsupported {
-        what: "NVMe over RDMA",
-        why: format!("rdma-core is missing: {why}"),
-        fix: "install rdma-core's libraries (Debian: libibverbs1, librdmacm1 and ibverbs-providers)",
-    }
-}
-
-fn lib() -> Result<&'static Lib> {
-    LIB.get_or_init(|| Lib::load(VERBS_SONAME, RDMACM_SONAME)).as_ref().map_err(|e| missing(e.clone()))
-}
-
-/// Checks that rdma-core can be loaded from `verbs` and `cm` (tests of the missing-library
-/// error).
-#[cfg(test)]
-pub(crate) fn try_load(verbs: &str, cm: &str) -> Result<()> {
-    Lib::load(verbs, cm).map(|_| ()).map_err(missing)
-}
-
-/// The name of a work completion status.
-pub(crate) fn wc_status(status: u32) -> String {
-    let Ok(l) = lib() else { return format!("status {status}") };
-    // SAFETY: ibv_wc_status_str returns a static string for any value.
-    let p = unsafe { (l.wc_status_str)(status) };
-    if p.is_null() {
-        return format!("status {status}");
-    }
-    // SAFETY: non-null, static, NUL-terminated.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
 
 /// How a connection attempt failed.
 #[derive(Debug)]
@@ -924,5 +597,4 @@ impl Drop for Endpoint {
 }
 
 #[cfg(test)]
-#[path = "verbs_layout_tests.rs"]
 mod layout_tests;

@@ -2,7 +2,8 @@
 //! a C program compiled with gcc prints them, and each is compared with Rust's. Skipped, with
 //! a message, where gcc or the headers are missing.
 
-use super::*;
+use super::sys::*;
+use crate::error::Error;
 use std::mem::{offset_of, size_of};
 
 /// (C expression, the Rust value) pairs.
