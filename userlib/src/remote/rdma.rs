@@ -17,7 +17,7 @@
 
 use super::transport::{result_of, set_psdt_sgl, Cmd, Data, Done, FabricsQueue};
 use super::uri::RemoteSpec;
-use super::verbs::{self, CmError, Endpoint, IbvSge, IbvWc, Mr, CAPSULE, WC_RECV, WC_SUCCESS};
+use super::verbs::{self, CmError, Endpoint, IbvSge, IbvWc, Mr, CAPSULE, RESPONSE, WC_RECV, WC_SUCCESS};
 use crate::error::{Error, Rejection, Result};
 use std::net::ToSocketAddrs;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -117,6 +117,39 @@ struct Prepared<'a> {
     inline: Option<IbvSge>,
 }
 
+/// What [`drive`] needs of a connection: an [`Endpoint`], or a fake in the host tests.
+pub(crate) trait Wire {
+    /// Capsule slots (and response slots).
+    fn slots(&self) -> usize;
+    /// Posts the SQE in capsule slot `slot` as a signaled SEND (work request `wr_id`), with
+    /// in-capsule data when given.
+    fn send(&self, slot: usize, wr_id: u64, sqe: &[u8; CAPSULE], data: Option<IbvSge>) -> std::io::Result<()>;
+    /// Posts a receive on response slot `slot`.
+    fn post_recv(&self, slot: usize) -> std::io::Result<()>;
+    /// The bytes received in response slot `slot`.
+    fn response(&self, slot: usize) -> [u8; RESPONSE];
+    /// Waits up to `timeout` for completions.
+    fn wait(&self, out: &mut [IbvWc], timeout: Duration) -> std::io::Result<usize>;
+}
+
+impl Wire for Endpoint {
+    fn slots(&self) -> usize {
+        Endpoint::slots(self)
+    }
+    fn send(&self, slot: usize, wr_id: u64, sqe: &[u8; CAPSULE], data: Option<IbvSge>) -> std::io::Result<()> {
+        Endpoint::send(self, slot, wr_id, sqe, data)
+    }
+    fn post_recv(&self, slot: usize) -> std::io::Result<()> {
+        Endpoint::post_recv(self, slot)
+    }
+    fn response(&self, slot: usize) -> [u8; RESPONSE] {
+        Endpoint::response(self, slot)
+    }
+    fn wait(&self, out: &mut [IbvWc], timeout: Duration) -> std::io::Result<usize> {
+        Endpoint::wait(self, out, timeout)
+    }
+}
+
 /// Per-command progress.
 #[derive(Debug, Clone, Copy, Default)]
 struct Progress {
@@ -139,8 +172,9 @@ impl FabricsQueue for RdmaQueue {
             .enumerate()
             .map(|(i, c)| prepare(ep, &self.target, c, i, self.in_capsule))
             .collect::<Result<Vec<_>>>();
-        let r = prepared.and_then(|mut p| {
-            let r = drive(ep, &mut p, self.depth, self.timeout, &self.target, op);
+        let r = prepared.and_then(|p| {
+            let wire: Vec<_> = p.iter().map(|c| (c.sqe, c.inline)).collect();
+            let r = drive(ep, &wire, self.depth, self.timeout, &self.target, op);
             if r.is_err() {
                 // Before the registrations go: the target must not reach them any more.
                 ep.kill();
@@ -231,9 +265,9 @@ fn prepare<'a>(
 
 /// Sends every command (up to `depth - 1` in flight, each capsule slot reused only after both
 /// its SEND and its response completed) and collects the responses.
-fn drive(
-    ep: &Endpoint,
-    cmds: &mut [Prepared<'_>],
+fn drive<W: Wire>(
+    ep: &W,
+    cmds: &[(Sqe, Option<IbvSge>)],
     depth: usize,
     timeout: Duration,
     target: &str,
@@ -249,9 +283,9 @@ fn drive(
     while finished < n {
         while next < n && inflight < depth.saturating_sub(1).max(1) {
             let Some(slot) = free.pop() else { break };
-            let c = &cmds[next];
-            let bytes: [u8; CAPSULE] = c.sqe.as_bytes().try_into().map_err(|_| protocol("SQE size".into()))?;
-            ep.send(slot, next as u64, &bytes, c.inline).map_err(err)?;
+            let (sqe, inline) = &cmds[next];
+            let bytes: [u8; CAPSULE] = sqe.as_bytes().try_into().map_err(|_| protocol("SQE size".into()))?;
+            ep.send(slot, next as u64, &bytes, *inline).map_err(err)?;
             prog[next].slot = Some(slot);
             next += 1;
             inflight += 1;
@@ -288,8 +322,9 @@ fn drive(
             } else {
                 // CAST: send work request IDs are command indices.
                 let i = wc.wr_id as usize;
-                if i >= n || prog[i].sent {
-                    return Err(protocol(format!("a send completion for command {i}")));
+                match prog.get(i) {
+                    Some(p) if !p.sent && (p.slot.is_some() || p.done.is_some()) => {}
+                    _ => return Err(protocol(format!("a send completion for command {i}, which is not in flight"))),
                 }
                 prog[i].sent = true;
                 i
@@ -314,13 +349,20 @@ fn drive(
                 )));
             }
             // CAST: send work request IDs are command indices.
-            if let Some(p) = prog.get_mut(wc.wr_id as usize) {
-                p.sent = true;
+            match prog.get_mut(wc.wr_id as usize) {
+                Some(p) if !p.sent => p.sent = true,
+                _ => {
+                    return Err(protocol(format!("a send completion for command {}, which is not in flight", wc.wr_id)))
+                }
             }
         }
     }
     Ok(prog.iter().map(|p| p.done.unwrap_or(Done { status: ugds_uapi::Status::SUCCESS, result: 0 })).collect())
 }
+
+#[cfg(test)]
+#[path = "rdma_drive_tests.rs"]
+mod drive_tests;
 
 #[cfg(test)]
 mod tests {

@@ -81,6 +81,7 @@ fn rust_side() -> Vec<(&'static str, usize)> {
         ("IBV_ACCESS_REMOTE_READ", ACCESS_REMOTE_READ as usize),
         ("IBV_WC_SUCCESS", WC_SUCCESS as usize),
         ("IBV_WC_RECV", WC_RECV as usize),
+        ("IBV_WC_SEND", WC_SEND as usize),
     ]
 }
 

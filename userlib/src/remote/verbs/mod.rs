@@ -26,6 +26,8 @@
 
 mod sys;
 
+#[cfg(test)]
+pub(crate) use sys::WC_SEND;
 use sys::*;
 pub(crate) use sys::{wc_status, IbvSge, IbvWc, ACCESS_REMOTE_READ, WC_RECV, WC_SUCCESS};
 
