@@ -230,7 +230,7 @@ fn prepare<'a>(
     let write = matches!(c.data, Data::Out(_));
     let mr = match &mut c.data {
         Data::None => None,
-        Data::Out(b) => Some(ep.register(b, verbs::ACCESS_REMOTE_READ).map_err(reg_error)?),
+        Data::Out(b) => Some(ep.register(b).map_err(reg_error)?),
         Data::In(b) => Some(ep.register_mut(b).map_err(reg_error)?),
         Data::DmaBuf { fd, offset, len, .. } => {
             Some(ep.register_dmabuf(fd.as_raw_fd(), *offset, *len, *offset).map_err(|source| {

@@ -29,7 +29,7 @@ mod sys;
 #[cfg(test)]
 pub(crate) use sys::WC_SEND;
 use sys::*;
-pub(crate) use sys::{wc_status, IbvSge, IbvWc, ACCESS_REMOTE_READ, WC_RECV, WC_SUCCESS};
+pub(crate) use sys::{wc_status, IbvSge, IbvWc, WC_RECV, WC_SUCCESS};
 
 use crate::error::Error;
 use std::ffi::{c_int, c_void};
@@ -338,12 +338,13 @@ impl Endpoint {
         Ok(out)
     }
 
-    /// Registers `mem` for `access` with this endpoint's PD.
-    pub(crate) fn register<'a>(&'a self, mem: &'a [u8], access: c_int) -> std::io::Result<Mr<'a>> {
-        // SAFETY: `pd` is live; `mem` stays borrowed (and so mapped) while the Mr lives. The
-        // NIC writes into it only with ACCESS_REMOTE_WRITE, which callers ask for only for
-        // memory they hold exclusively (see `register_mut`).
-        let mr = unsafe { (self.lib.reg_mr)(self.pd, mem.as_ptr().cast_mut().cast(), mem.len().max(1), access) };
+    /// Registers `mem` with this endpoint's PD for the target to read (and for local SENDs):
+    /// never for writing, as `mem` is shared.
+    pub(crate) fn register<'a>(&'a self, mem: &'a [u8]) -> std::io::Result<Mr<'a>> {
+        // SAFETY: `pd` is live; `mem` stays borrowed (and so mapped) while the Mr lives, and the
+        // access flags let no one write it through the registration.
+        let mr =
+            unsafe { (self.lib.reg_mr)(self.pd, mem.as_ptr().cast_mut().cast(), mem.len().max(1), ACCESS_REMOTE_READ) };
         self.wrap(mr, mem.as_ptr() as u64)
     }
 
