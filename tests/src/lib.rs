@@ -15,6 +15,7 @@ pub mod python;
 pub mod raw;
 pub mod reliability;
 pub mod remote;
+pub mod remote_rdma;
 pub mod sgl;
 pub mod userlib;
 pub mod volume;
@@ -51,7 +52,8 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
     // MQES 127 (128-entry queues): needs the QEMU 10 that ci/setup.sh caches.
     Variant { name: "small-mqes", nvme: mqes::NVME, iommu: false },
-    // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface.
+    // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface
+    // and over NVMe/RDMA on soft-RoCE (rdma_rxe on a dummy interface).
     Variant { name: "remote", nvme: remote::NVME, iommu: false },
     Variant {
         name: "kmod",
@@ -83,6 +85,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(mqes::tests());
     v.extend(python::tests());
     v.extend(remote::tests());
+    v.extend(remote_rdma::tests());
     v
 }
 

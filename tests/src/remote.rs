@@ -7,7 +7,7 @@ use crate::{direct_read, direct_write, ensure_that, sh, Test};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Error, Storage};
+use ugds::{pattern, Error, Rejection, Storage};
 
 const V: &str = "remote";
 
@@ -15,10 +15,10 @@ const V: &str = "remote";
 pub const NVME: &[&str] = &["size=64M,serial=remote0"];
 
 /// The subsystem the target exports.
-const NQN: &str = "nqn.2024-01.io.ugds:remote";
+pub(crate) const NQN: &str = "nqn.2024-01.io.ugds:remote";
 /// Its backing device.
-const BACKING: &str = "/dev/nvme0n1";
-const CONFIGFS: &str = "/sys/kernel/config/nvmet";
+pub(crate) const BACKING: &str = "/dev/nvme0n1";
+pub(crate) const CONFIGFS: &str = "/sys/kernel/config/nvmet";
 
 /// The remote tests.
 pub fn tests() -> Vec<Test> {
@@ -45,7 +45,7 @@ fn uri(nsid: u32) -> String {
 }
 
 /// Loads a module of the test kernel's build (`$UGDS_KERNEL_BUILD`) unless it is loaded.
-fn insmod(rel: &str, name: &str) -> Result<()> {
+pub(crate) fn insmod(rel: &str, name: &str) -> Result<()> {
     if Path::new(&format!("/sys/module/{name}")).exists() {
         return Ok(());
     }
@@ -55,7 +55,7 @@ fn insmod(rel: &str, name: &str) -> Result<()> {
 
 /// Brings up nvmet on 127.0.0.1:4420 exporting [`BACKING`] as namespace 1 of [`NQN`] to any
 /// host (once per boot).
-fn ensure_target() -> Result<()> {
+pub(crate) fn ensure_target() -> Result<()> {
     if Path::new(&format!("{CONFIGFS}/ports/1/subsystems/{NQN}")).exists() {
         return Ok(());
     }
@@ -87,7 +87,7 @@ fn ensure_target() -> Result<()> {
 }
 
 /// (offset, len) pairs from 4 KiB to 8 MiB at odd 512-byte block offsets.
-fn ranges() -> Vec<(u64, u64)> {
+pub(crate) fn ranges() -> Vec<(u64, u64)> {
     vec![
         (512, 4096),
         (7 * 512, 12 << 10),
@@ -137,19 +137,26 @@ fn integrity() -> Result<()> {
 
 /// Connects the kernel's initiator through /dev/nvme-fabrics; returns its controller name.
 fn kernel_connect() -> Result<String> {
+    kernel_connect_to("tcp", "127.0.0.1")
+}
+
+/// Connects the kernel's `transport` initiator (tcp, rdma) to [`NQN`] at `traddr`:4420
+/// through /dev/nvme-fabrics; returns its controller name.
+pub(crate) fn kernel_connect_to(transport: &str, traddr: &str) -> Result<String> {
+    let (ko, module) = (format!("drivers/nvme/host/nvme-{transport}.ko"), format!("nvme_{transport}"));
     for (rel, name) in [
         ("crypto/crypto.ko", "crypto"),
         ("crypto/crypto_algapi.ko", "crypto_algapi"),
         ("crypto/crypto_hash.ko", "crypto_hash"),
         ("drivers/nvme/host/nvme-fabrics.ko", "nvme_fabrics"),
-        ("drivers/nvme/host/nvme-tcp.ko", "nvme_tcp"),
+        (ko.as_str(), module.as_str()),
     ] {
         insmod(rel, name)?;
     }
     use std::io::{Read, Write};
     let mut f = std::fs::OpenOptions::new().read(true).write(true).open("/dev/nvme-fabrics")?;
-    f.write_all(format!("transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn={NQN}").as_bytes())
-        .context("connecting the kernel's nvme-tcp initiator")?;
+    f.write_all(format!("transport={transport},traddr={traddr},trsvcid=4420,nqn={NQN}").as_bytes())
+        .with_context(|| format!("connecting the kernel's nvme-{transport} initiator"))?;
     let mut reply = String::new();
     f.read_to_string(&mut reply)?;
     // "instance=N,cntlid=M"
@@ -217,7 +224,7 @@ fn bad_targets() -> Result<()> {
     };
     let (r, took) = timed("nvmeof://tcp/127.0.0.1:4420/nqn.2024-01.io.ugds:nope?nsid=1");
     match r {
-        Err(Error::RemoteRejected { status, .. }) if status.sc == 0x82 => {}
+        Err(Error::RemoteRejected { status: Rejection::Connect(status), .. }) if status.sc == 0x82 => {}
         other => bail!("a wrong NQN gave {other:?}"),
     }
     ensure_that!(took < Duration::from_secs(5), "the wrong NQN took {took:?}");
@@ -229,7 +236,8 @@ fn bad_targets() -> Result<()> {
     }
     let (r, took) = timed(&format!("nvmeof://tcp/127.0.0.1:4420/{closed}?nsid=1"));
     match r {
-        Err(Error::RemoteRejected { status, reason, .. }) if status.sc == 0x84 && reason.contains("not allowed") => {}
+        Err(Error::RemoteRejected { status: Rejection::Connect(status), reason, .. })
+            if status.sc == 0x84 && reason.contains("not allowed") => {}
         other => bail!("a host the subsystem does not allow got {other:?}"),
     }
     ensure_that!(took < Duration::from_secs(5), "the refused host took {took:?}");
@@ -246,12 +254,17 @@ fn bad_targets() -> Result<()> {
     Ok(())
 }
 
-/// A writer streams 64 KiB writes while the nvmet port loses and regains the subsystem
-/// (every connection closed, connects refused meanwhile): the writes that meet the loss fail
-/// by name, the rest succeed (after a reconnect), and every write reported done is on the disk.
 fn port_bounce() -> Result<()> {
     ensure_target()?;
-    let st = Storage::open(&uri(1))?;
+    bounce(&uri(1), 1)
+}
+
+/// A writer streams 64 KiB writes to `uri` while nvmet port `port` loses and regains the
+/// subsystem (every connection closed, connects refused meanwhile): the writes that meet the
+/// loss fail by name, the rest succeed (after a reconnect), and every write reported done is on
+/// the disk.
+pub(crate) fn bounce(uri: &str, port: u32) -> Result<()> {
+    let st = Storage::open(uri)?;
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (st2, done2) = (st.clone(), done.clone());
     const BASE: u64 = 16 << 20;
@@ -272,7 +285,7 @@ fn port_bounce() -> Result<()> {
         }
         Ok(log)
     });
-    let link = format!("{CONFIGFS}/ports/1/subsystems/{NQN}");
+    let link = format!("{CONFIGFS}/ports/{port}/subsystems/{NQN}");
     std::thread::sleep(Duration::from_millis(700));
     let removed = sh(&format!("rm {link}"));
     std::thread::sleep(Duration::from_millis(1500));
@@ -299,7 +312,19 @@ fn port_bounce() -> Result<()> {
     }
     let slowest = log.iter().map(|(_, _, t)| *t).max().unwrap_or_default();
     ensure_that!(slowest < Duration::from_secs(12), "a write took {slowest:?}");
-    ensure_that!(log.last().is_some_and(|(_, e, _)| e.is_none()), "the last write failed: no reconnect");
+    if let Some((k, Some(e), t)) = log.last() {
+        let kinds: std::collections::BTreeMap<String, usize> =
+            failed.iter().fold(Default::default(), |mut m, (_, e, _)| {
+                let s = format!("{e:?}");
+                *m.entry(s.split([' ', '{']).next().unwrap_or("").to_string()).or_default() += 1;
+                m
+            });
+        bail!(
+            "the last write ({k} of {}) failed after {t:?}: no reconnect: {e}; failures by kind: {kinds:?}; {}",
+            log.len(),
+            st.describe()
+        );
+    }
     ensure_that!(!st.describe().contains("reconnected 0 times"), "{}", st.describe());
     // Every write reported done is on the disk (the latest write of each offset wins).
     let mut latest = std::collections::BTreeMap::new();

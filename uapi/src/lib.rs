@@ -13,6 +13,7 @@ pub mod args;
 pub mod identify;
 pub mod ioctl;
 pub mod queue;
+pub mod rdma;
 pub mod regs;
 pub mod status;
 pub mod tcp;

@@ -30,7 +30,8 @@ pub enum Path {
     /// Through the kernel (io_uring, O_DIRECT); GPU memory staged through host memory.
     Fallback,
     /// Host memory to and from an NVMe over Fabrics target through our own initiator (the
-    /// remote path, NVMe/TCP).
+    /// remote path, NVMe/TCP or NVMe/RDMA), or GPU memory that the RDMA NIC reaches itself
+    /// (registered by dma-buf).
     Remote,
     /// GPU memory staged through host memory on the remote path.
     RemoteStaged,
@@ -43,8 +44,8 @@ impl std::fmt::Display for Path {
             Path::DirectHost => "direct (host memory)",
             Path::DirectStaged => "direct (GPU memory staged through host memory)",
             Path::Fallback => "fallback (io_uring + staging)",
-            Path::Remote => "remote (NVMe/TCP, host memory)",
-            Path::RemoteStaged => "remote (NVMe/TCP, GPU memory staged through host memory)",
+            Path::Remote => "remote (NVMe over Fabrics, memory the transport reaches)",
+            Path::RemoteStaged => "remote (NVMe over Fabrics, GPU memory staged through host memory)",
         })
     }
 }

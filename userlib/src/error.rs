@@ -122,30 +122,33 @@ pub enum Error {
         source: Box<Error>,
     },
     /// An NVMe over Fabrics target could not be reached: the connection was refused, the
-    /// address is unreachable, or nothing answered within the connect timeout.
-    #[error("NVMe/TCP target {target} is unreachable: {source}")]
+    /// address is unreachable (no route, no RDMA device for it), or nothing answered within the
+    /// connect timeout.
+    #[error("NVMe over Fabrics target {target} is unreachable: {source}")]
     RemoteUnreachable {
         /// `HOST:PORT`.
         target: String,
         /// Why.
         source: std::io::Error,
     },
-    /// The target refused the Fabrics Connect: no such subsystem, or this host is not allowed.
-    #[error("NVMe/TCP target {target} refused the connection to {subsysnqn}: {reason} ({status})")]
+    /// The target refused the connection: the Fabrics Connect failed (no such subsystem, this
+    /// host is not allowed) or, on RDMA, the RDMA CM connect request was rejected.
+    #[error("NVMe over Fabrics target {target} refused the connection to {subsysnqn}: {reason} ({status})")]
     RemoteRejected {
         /// `HOST:PORT`.
         target: String,
         /// The subsystem asked for.
         subsysnqn: String,
-        /// What the status means for a Connect.
+        /// What the status means.
         reason: &'static str,
-        /// The Connect's completion status.
-        status: Status,
+        /// The status that said no.
+        status: Rejection,
     },
-    /// The target sent what the NVMe/TCP protocol does not allow (an unknown PDU type, a bad
-    /// length, data outside a command's range, a termination request); the connection was
-    /// closed and the commands on it failed.
-    #[error("NVMe/TCP target {target} broke the protocol: {reason}")]
+    /// The target broke the transport's protocol (NVMe/TCP: an unknown PDU type, a bad length,
+    /// data outside a command's range, a termination request; NVMe/RDMA: a response for a
+    /// command not in flight, a short response); the connection was closed and the commands on
+    /// it failed.
+    #[error("NVMe over Fabrics target {target} broke the protocol: {reason}")]
     RemoteProtocol {
         /// `HOST:PORT`.
         target: String,
@@ -154,7 +157,7 @@ pub enum Error {
     },
     /// The connection to the target broke or stalled past the timeout; the commands on it
     /// failed (none is retried behind the caller's back).
-    #[error("NVMe/TCP connection to {target} failed during {op}: {source}")]
+    #[error("NVMe over Fabrics connection to {target} failed during {op}: {source}")]
     RemoteTransport {
         /// `HOST:PORT`.
         target: String,
@@ -171,6 +174,32 @@ pub enum Error {
         /// The errno.
         source: std::io::Error,
     },
+}
+
+/// Why a target refused a connection ([`Error::RemoteRejected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// The Fabrics Connect command's completion status.
+    Connect(Status),
+    /// The NVMe/RDMA status in an RDMA CM reject's private data (`sts`: invalid queue ID, host
+    /// queue sizes, no resources, ...), with the CM's own reject reason.
+    RdmaCm {
+        /// The NVMe/RDMA reject status.
+        sts: u16,
+        /// The RDMA CM event's status (the CM reject reason).
+        cm_status: i32,
+    },
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::Connect(s) => write!(f, "{s}"),
+            Rejection::RdmaCm { sts, cm_status } => {
+                write!(f, "RDMA CM reject, NVMe/RDMA status {sts:#x}, CM reason {cm_status}")
+            }
+        }
+    }
 }
 
 /// Result with [`Error`].

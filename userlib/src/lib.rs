@@ -71,7 +71,7 @@ pub mod test_utils {
 pub use batch::{IoEvent, IoStatus, Op};
 pub use buffer::{Buffer, HostView, Path};
 pub use device::{DataPointers, Device, DeviceOptions, Namespace};
-pub use error::{Error, Result};
+pub use error::{Error, Rejection, Result};
 #[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};

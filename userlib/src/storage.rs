@@ -69,9 +69,10 @@ impl Storage {
     /// (`stripe:[CHUNK:]NODE,NODE,...`, or a volume descriptor file holding that line: see
     /// [`VolumeSpec`] and [`VolumeSpec::read_descriptor`]) the direct path on every member; a
     /// regular file or a block device takes the fallback path; an NVMe over Fabrics target
-    /// (`nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N`, see [`crate::remote::RemoteSpec`]) the remote
-    /// path (`nsid` comes from the URI), and so does a namespace of the kernel's NVMe/TCP
-    /// initiator (`/dev/nvmeXnY`: its target is read from sysfs).
+    /// (`nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N`, or `nvmeof://rdma/...`, see
+    /// [`crate::remote::RemoteSpec`]) the remote path (`nsid` comes from the URI), and so does a
+    /// namespace of the kernel's NVMe/TCP or NVMe/RDMA initiator (`/dev/nvmeXnY`: its target is
+    /// read from sysfs).
     pub fn open(path: &str) -> Result<Arc<Storage>> {
         Self::open_ns(path, 1)
     }
@@ -92,12 +93,14 @@ impl Storage {
             let dev = Device::open(path)?;
             return Self::direct(&dev, nsid);
         }
-        if let Some(spec) = crate::remote::sysfs::kernel_tcp_namespace(path) {
-            // A namespace of the kernel's NVMe/TCP initiator: our own controller on the same
-            // subsystem, else the kernel's block device.
+        if let Some(spec) = crate::remote::sysfs::kernel_fabrics_namespace(path) {
+            // A namespace of the kernel's NVMe/TCP or NVMe/RDMA initiator: our own controller
+            // on the same subsystem, else the kernel's block device.
             match spec.and_then(|s| Self::remote(&s)) {
                 Ok(st) => return Ok(st),
-                Err(e) => crate::path::note_fallback(path, "the kernel's NVMe/TCP block device", &e.to_string()),
+                Err(e) => {
+                    crate::path::note_fallback(path, "the kernel's NVMe over Fabrics block device", &e.to_string())
+                }
             }
         }
         if !std::path::Path::new(path).exists() {
@@ -147,8 +150,8 @@ impl Storage {
         Ok(Self::new(Box::new(VolumePath::open(spec, opts)?)))
     }
 
-    /// A namespace of an NVMe over Fabrics target, through our own NVMe/TCP initiator (the
-    /// remote path).
+    /// A namespace of an NVMe over Fabrics target, through our own NVMe/TCP or NVMe/RDMA
+    /// initiator (the remote path).
     pub fn remote(spec: &crate::remote::RemoteSpec) -> Result<Arc<Storage>> {
         Ok(Self::new(Box::new(crate::remote::RemotePath::open(spec)?)))
     }

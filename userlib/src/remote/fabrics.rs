@@ -1,12 +1,12 @@
-//! A Fabrics controller over NVMe/TCP: Connect on the admin queue (QID 0) for a new dynamic
-//! controller, Property Get/Set to read CAP and enable it (CC.EN, then CSTS.RDY), Identify
-//! Controller and Namespace, Number of Queues, I/O queues connected on demand (one
-//! connection each, handed to one I/O at a time), and Keep Alive from a thread of its own.
+//! A Fabrics controller over any transport (`transport.rs`: TCP or RDMA): Connect on the admin
+//! queue (QID 0) for a new dynamic controller, Property Get/Set to read CAP and enable it
+//! (CC.EN, then CSTS.RDY), Identify Controller and Namespace, Number of Queues, I/O queues
+//! connected on demand (one connection each, handed to one I/O at a time), and Keep Alive from
+//! a thread of its own.
 
-use super::queue::{Cmd, Data, Done, Queue};
-use super::tcp::Conn;
+use super::transport::{self, Cmd, Data, Done, FabricsQueue};
 use super::uri::RemoteSpec;
-use crate::error::{Error, Result};
+use crate::error::{Error, Rejection, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ const KATO_MS: u32 = 15_000;
 const ADMIN_DEPTH: u16 = 32;
 /// I/O commands in flight per queue at most.
 const IO_DEPTH: u16 = 64;
-/// I/O queues asked for (each is one TCP connection).
+/// I/O queues asked for (each is one connection).
 const IO_QUEUES: u16 = 8;
 /// Keep Alive opcode.
 const KEEP_ALIVE: u8 = 0x18;
@@ -39,6 +39,9 @@ pub(crate) struct NsInfo {
     pub(crate) block_size: u64,
     pub(crate) blocks: u64,
 }
+
+/// An I/O queue of some transport.
+pub(crate) type Queue = Box<dyn FabricsQueue>;
 
 #[derive(Debug, Default)]
 struct Pool {
@@ -105,7 +108,7 @@ impl Controller {
         let target = spec.address();
         let hostnqn = spec.host_nqn();
         let hostid = spec.host_id_for(Some(&hostnqn));
-        let (q, cntlid) = connect_queue(spec, &target, &hostnqn, hostid, 0, ADMIN_DEPTH, 0xFFFF)?;
+        let (q, cntlid) = connect_queue(spec, &hostnqn, hostid, 0, ADMIN_DEPTH, 0xFFFF)?;
         let mut c = Controller {
             spec: spec.clone(),
             target,
@@ -298,18 +301,10 @@ impl Controller {
             if let Some(qid) = qid {
                 drop(pool);
                 // CAST: IO_DEPTH fits a u16.
-                let r = connect_queue(
-                    &self.spec,
-                    &self.target,
-                    &self.hostnqn,
-                    self.hostid,
-                    qid,
-                    self.io_depth as u16,
-                    self.cntlid,
-                );
+                let r = connect_queue(&self.spec, &self.hostnqn, self.hostid, qid, self.io_depth as u16, self.cntlid);
                 return match r {
                     Ok((mut q, _)) => {
-                        q.in_capsule = self.in_capsule;
+                        q.set_in_capsule(self.in_capsule);
                         Ok(q)
                     }
                     Err(e) => {
@@ -342,8 +337,8 @@ impl Controller {
     /// Gives a queue back; a broken one is closed and its QID used for a new connection.
     pub(crate) fn put_queue(&self, q: Queue) {
         let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        if q.conn.is_broken() {
-            pool.spare.push(q.qid);
+        if q.is_broken() {
+            pool.spare.push(q.qid());
         } else {
             pool.free.push(q);
         }
@@ -364,17 +359,15 @@ impl Drop for Controller {
 /// admin queue: a new dynamic controller). Returns the queue and the controller ID.
 fn connect_queue(
     spec: &RemoteSpec,
-    target: &str,
     hostnqn: &str,
     hostid: [u8; 16],
     qid: u16,
     depth: u16,
     cntlid: u16,
 ) -> Result<(Queue, u16)> {
-    let conn = Conn::connect(target, Duration::from_millis(spec.timeout_ms))?;
+    let mut q = transport::open(spec, qid, depth, cntlid)?;
     let data = ConnectData::new(hostid, cntlid, spec.subsysnqn.as_bytes(), hostnqn.as_bytes());
     let bytes = data.as_bytes();
-    let mut q = Queue { conn, qid, depth: 1, in_capsule: bytes.len() };
     let mut s = fabrics(fctype::CONNECT);
     s.set_cdw(10, u32::from(qid) << 16);
     s.set_cdw(11, u32::from(depth - 1) | u32::from(CONNECT_DISABLE_SQFLOW) << 16);
@@ -383,14 +376,13 @@ fn connect_queue(
     let d = q.execute(&mut cmds, "Fabrics Connect")?[0];
     if !d.status.is_success() {
         return Err(Error::RemoteRejected {
-            target: target.to_string(),
+            target: spec.address(),
             subsysnqn: spec.subsysnqn.clone(),
             reason: connect_reason(d.status),
-            status: d.status,
+            status: Rejection::Connect(d.status),
         });
     }
-    q.depth = usize::from(depth);
-    q.in_capsule = 0;
+    q.set_in_capsule(0);
     // CAST: the controller ID is dword 0's low half.
     Ok((q, d.result as u16))
 }

@@ -1,17 +1,26 @@
-//! The remote path: a namespace of an NVMe over Fabrics subsystem, reached by our own NVMe/TCP
-//! initiator (no kernel on the data path beyond the socket). `Storage::open` takes
-//! `nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N` (see [`uri`]).
+//! The remote path: a namespace of an NVMe over Fabrics subsystem, reached by our own
+//! initiator over NVMe/TCP (no kernel on the data path beyond the socket) or NVMe/RDMA (no
+//! kernel on the data path at all). `Storage::open` takes
+//! `nvmeof://tcp|rdma/HOST:PORT/SUBSYSNQN?nsid=N` (see [`uri`]).
 //!
-//! Host memory goes to and from the socket directly: writes in the command capsule when the
-//! controller's in-capsule size allows, else in H2CData PDUs answering its R2Ts; reads come
-//! back in C2HData PDUs. GPU memory is staged through pinned host chunks, as on the fallback
-//! path. Every I/O runs on one queue (one connection) with its commands all in flight.
+//! TCP: host memory goes to and from the socket directly: writes in the command capsule when
+//! the controller's in-capsule size allows, else in H2CData PDUs answering its R2Ts; reads
+//! come back in C2HData PDUs. RDMA: each I/O's memory is registered with the NIC and named by
+//! keyed SGLs; the target RDMA-reads and -writes it. GPU memory goes straight to the NIC when
+//! it registers the memory's dma-buf, else (and always on TCP) through pinned host chunks, as
+//! on the fallback path. Every I/O runs on one queue (one connection) with its commands all in
+//! flight.
 
 mod fabrics;
 mod queue;
+#[cfg(feature = "rdma")]
+mod rdma;
 pub(crate) mod sysfs;
 mod tcp;
+mod transport;
 pub mod uri;
+#[cfg(feature = "rdma")]
+mod verbs;
 
 #[cfg(test)]
 mod fake;
@@ -23,13 +32,14 @@ use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::path::{within_capacity, DataPath, Registered};
 use fabrics::{Controller, NsInfo};
-use queue::{Cmd, Data};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+use transport::{Cmd, Data};
 use ugds_uapi::queue::nvm;
 use ugds_uapi::Sqe;
-pub use uri::RemoteSpec;
+pub use uri::{RemoteSpec, Transport};
 
 /// The most data one command carries (MDTS lowers it): large enough to stream, small enough
 /// that a request is many commands in flight at once.
@@ -39,7 +49,7 @@ pub(crate) const MAX_COMMAND_BYTES: u64 = 1 << 20;
 const BACKOFF_START_MS: u64 = 50;
 const BACKOFF_MAX_MS: u64 = 1000;
 
-/// A namespace on an NVMe/TCP target.
+/// A namespace on an NVMe over Fabrics target.
 #[derive(Debug)]
 pub(crate) struct RemotePath {
     spec: RemoteSpec,
@@ -47,6 +57,24 @@ pub(crate) struct RemotePath {
     ctrl: RwLock<Arc<Controller>>,
     ns: NsInfo,
     reconnects: AtomicU64,
+    /// GPU registrations whose dma-buf the RDMA NIC refused (staged instead), and the last
+    /// reason: made visible in `describe()`, never silent.
+    dmabuf_refused: AtomicU64,
+    dmabuf_refusal: Mutex<Option<String>>,
+}
+
+/// Mean nanoseconds of one `ibv_reg_mr` + `ibv_dereg_mr` of `len` bytes of host memory on the
+/// RDMA device that reaches the target of `uri` (an `nvmeof://rdma/...` URI), over `rounds`:
+/// the price of registering each I/O's memory (VM tests and docs/remote.md).
+#[doc(hidden)]
+#[cfg(feature = "rdma")]
+pub fn rdma_registration_ns(uri: &str, len: usize, rounds: u32) -> Result<f64> {
+    let spec = RemoteSpec::parse(uri)?;
+    if spec.transport != Transport::Rdma {
+        return Err(Error::invalid("uri", "not an nvmeof://rdma URI"));
+    }
+    // A CM connection of an admin queue is enough for a PD on the right device.
+    rdma::RdmaQueue::connect(&spec, 0, 2, 0xFFFF)?.registration_ns(len, rounds)
 }
 
 /// Whether an error says the connection (not the command) failed.
@@ -59,7 +87,14 @@ impl RemotePath {
     pub(crate) fn open(spec: &RemoteSpec) -> Result<RemotePath> {
         let ctrl = Controller::connect(spec)?;
         let ns = ctrl.namespace(spec.nsid)?;
-        Ok(RemotePath { spec: spec.clone(), ctrl: RwLock::new(Arc::new(ctrl)), ns, reconnects: AtomicU64::new(0) })
+        Ok(RemotePath {
+            spec: spec.clone(),
+            ctrl: RwLock::new(Arc::new(ctrl)),
+            ns,
+            reconnects: AtomicU64::new(0),
+            dmabuf_refused: AtomicU64::new(0),
+            dmabuf_refusal: Mutex::new(None),
+        })
     }
 
     /// The controller to use: the current one, or, when it is gone, a new one on the same
@@ -103,7 +138,7 @@ impl RemotePath {
 
     /// Runs `cmds` on a queue of the current controller; a failed connection fails them all
     /// (by name) and checks whether the controller itself is gone.
-    fn run(&self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<queue::Done>> {
+    fn run(&self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<transport::Done>> {
         let ctrl = self.controller()?;
         let mut q = ctrl.take_queue()?;
         let r = q.execute(cmds, op);
@@ -116,25 +151,24 @@ impl RemotePath {
         r
     }
 
-    /// Moves `buf.len()` bytes between `buf` and the namespace at `file_offset` (`write`: from
-    /// `buf`), as commands of at most [`RemotePath::max_command_bytes`] on one queue.
-    fn rw_host(&self, write: bool, buf: HostSlice<'_>, file_offset: u64) -> Result<()> {
+    /// Moves the data of `pieces` (each at most [`RemotePath::max_command_bytes`], whole blocks,
+    /// back to back) between memory and the namespace at `file_offset` (`write`: to the
+    /// namespace), one command per piece, all on one queue.
+    fn rw_pieces(&self, write: bool, pieces: Vec<Data<'_>>, file_offset: u64) -> Result<()> {
         let bs = self.ns.block_size;
-        let piece = self.max_command_bytes() as usize;
         let (opcode, op) = if write { (nvm::WRITE, "write") } else { (nvm::READ, "read") };
-        let cmd = |i: usize, n: usize, data| {
-            let slba = (file_offset + (i * piece) as u64) / bs;
+        let mut at = file_offset;
+        let mut cmds: Vec<Cmd<'_>> = Vec::with_capacity(pieces.len());
+        for data in pieces {
+            let n = data.len() as u64;
             let mut s = Sqe::new(opcode, 0);
             s.set_nsid(self.ns.nsid);
-            s.set_slba(slba);
+            s.set_slba(at / bs);
             // CAST: a piece is at most 1 MiB, at least 512-byte blocks: under 65536 blocks.
-            s.set_nlb((n as u64 / bs) as u32);
-            Cmd { sqe: s, data }
-        };
-        let mut cmds: Vec<Cmd<'_>> = match buf {
-            HostSlice::Out(b) => b.chunks(piece).enumerate().map(|(i, c)| cmd(i, c.len(), Data::Out(c))).collect(),
-            HostSlice::In(b) => b.chunks_mut(piece).enumerate().map(|(i, c)| cmd(i, c.len(), Data::In(c))).collect(),
-        };
+            s.set_nlb((n / bs) as u32);
+            at += n;
+            cmds.push(Cmd { sqe: s, data });
+        }
         let r = self.run(&mut cmds, op)?;
         for (c, d) in cmds.iter().zip(r) {
             if !d.status.is_success() {
@@ -142,6 +176,40 @@ impl RemotePath {
             }
         }
         Ok(())
+    }
+
+    /// Moves `buf.len()` bytes between host memory `buf` and the namespace at `file_offset`.
+    fn rw_host(&self, buf: HostSlice<'_>, file_offset: u64) -> Result<()> {
+        let piece = self.max_command_bytes() as usize;
+        match buf {
+            HostSlice::Out(b) => self.rw_pieces(true, b.chunks(piece).map(Data::Out).collect(), file_offset),
+            HostSlice::In(b) => self.rw_pieces(false, b.chunks_mut(piece).map(Data::In).collect(), file_offset),
+        }
+    }
+
+    /// Moves `len` bytes between offset `at` of dma-buf `fd` (GPU memory the NIC reaches) and
+    /// the namespace at `file_offset`.
+    fn rw_dmabuf(&self, write: bool, fd: BorrowedFd<'_>, at: u64, len: u64, file_offset: u64) -> Result<()> {
+        let piece = self.max_command_bytes();
+        let pieces = (0..len)
+            .step_by(piece as usize)
+            // CAST: a piece is at most 1 MiB.
+            .map(|o| Data::DmaBuf { fd, offset: at + o, len: piece.min(len - o) as usize })
+            .collect();
+        self.rw_pieces(write, pieces, file_offset)
+    }
+
+    /// Whether the NIC registers `mem`'s dma-buf (RDMA only); `Err` says why not.
+    fn probe_dmabuf(&self, mem: &GpuMemory) -> std::result::Result<(), String> {
+        if self.spec.transport == Transport::Tcp {
+            return Err("a TCP socket cannot reach GPU memory".into());
+        }
+        let fd = mem.export_dmabuf().map_err(|e| format!("the GPU memory exports no dma-buf: {e}"))?;
+        let ctrl = self.controller().map_err(|e| e.to_string())?;
+        let q = ctrl.take_queue().map_err(|e| e.to_string())?;
+        let r = q.probe_dmabuf(fd.as_fd(), mem.len());
+        ctrl.put_queue(q);
+        r.map_err(|e| format!("the RDMA device refused to register the dma-buf (ibv_reg_dmabuf_mr: {e})"))
     }
 }
 
@@ -154,8 +222,19 @@ enum HostSlice<'a> {
 impl DataPath for RemotePath {
     fn describe(&self) -> String {
         let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let refused = match self.dmabuf_refused.load(Ordering::Relaxed) {
+            0 => String::new(),
+            n => format!(
+                "; GPU memory staged through host memory: dma-buf registration refused {n} times ({})",
+                self.dmabuf_refusal.lock().unwrap_or_else(|e| e.into_inner()).as_deref().unwrap_or("")
+            ),
+        };
         format!(
-            "remote path (NVMe/TCP, user-space initiator): namespace {} of {} at {} (controller {}, {} {}), {} bytes in {}-byte blocks, reconnected {} times",
+            "remote path ({}, user-space initiator): namespace {} of {} at {} (controller {}, {} {}), {} bytes in {}-byte blocks, reconnected {} times{refused}",
+            match self.spec.transport {
+                Transport::Tcp => "NVMe/TCP",
+                Transport::Rdma => "NVMe/RDMA",
+            },
             self.ns.nsid,
             self.spec.subsysnqn,
             c.target,
@@ -200,9 +279,31 @@ impl DataPath for RemotePath {
         Ok(Registered { regs: Vec::new(), staging: None, path: Path::Remote })
     }
 
-    fn register_gpu(&self, _mem: &Arc<GpuMemory>, _allow_staging: bool) -> Result<Registered> {
-        // A socket cannot reach GPU memory: it is always staged (RDMA could, one day).
-        Ok(Registered { regs: Vec::new(), staging: None, path: Path::RemoteStaged })
+    fn register_gpu(&self, mem: &Arc<GpuMemory>, allow_staging: bool) -> Result<Registered> {
+        let staged = Registered { regs: Vec::new(), staging: None, path: Path::RemoteStaged };
+        if self.spec.transport == Transport::Tcp {
+            // A socket cannot reach GPU memory: it is always staged.
+            return Ok(staged);
+        }
+        let why = match self.probe_dmabuf(mem) {
+            Ok(()) => return Ok(Registered { regs: Vec::new(), staging: None, path: Path::Remote }),
+            Err(why) => why,
+        };
+        if !allow_staging {
+            return Err(Error::Unsupported {
+                what: "GPU memory straight to the RDMA NIC",
+                why,
+                fix: "allow staging through host memory, or use a NIC whose driver registers dma-bufs (mlx5, ...)",
+            });
+        }
+        self.dmabuf_refused.fetch_add(1, Ordering::Relaxed);
+        crate::path::note_fallback(
+            &format!("GPU memory on {}", self.spec.address()),
+            "staged through pinned host memory (NVMe/RDMA)",
+            &why,
+        );
+        *self.dmabuf_refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        Ok(staged)
     }
 
     fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
@@ -221,7 +322,12 @@ impl DataPath for RemotePath {
                     // SAFETY: as above; nothing else reads or writes it during the call.
                     HostSlice::In(unsafe { std::slice::from_raw_parts_mut(p, n) })
                 };
-                self.rw_host(write, s, file_offset)
+                self.rw_host(s, file_offset)
+            }
+            Mem::Gpu(g) if lease.buffer().path() == Path::Remote => {
+                // The NIC registered this memory's dma-buf: it moves the data itself.
+                let fd = g.export_dmabuf()?;
+                self.rw_dmabuf(write, fd.as_fd(), buf_offset, len, file_offset)
             }
             Mem::Gpu(g) => crate::staging::staged(g.gpu(), write, g.device_ptr() + buf_offset, n, None, |p, k, at| {
                 // SAFETY: `staged` hands us one of its staging chunks, `k` bytes long, which no
@@ -233,7 +339,7 @@ impl DataPath for RemotePath {
                         HostSlice::In(std::slice::from_raw_parts_mut(p, k))
                     }
                 };
-                self.rw_host(write, s, file_offset + at).map(|()| k)
+                self.rw_host(s, file_offset + at).map(|()| k)
             })
             .map(|_| ()),
         };

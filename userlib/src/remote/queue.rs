@@ -8,60 +8,23 @@
 //! another.
 
 use super::tcp::{Conn, Pdu, SHORT_HLEN};
+use super::transport::{result_of, set_psdt_sgl, Cmd, Data, Done, FabricsQueue};
 use crate::error::{Error, Result};
-use ugds_uapi::tcp::{flags, pdu_type, CmdPdu, DataPdu, PduHeader, PSDT_SGL, SGL_INCAPSULE, SGL_TRANSPORT};
-use ugds_uapi::{Cqe, Sqe, Status};
+use std::time::Duration;
+use ugds_uapi::tcp::{flags, pdu_type, CmdPdu, DataPdu, PduHeader, SGL_INCAPSULE, SGL_TRANSPORT};
+use ugds_uapi::Status;
 use zerocopy::IntoBytes;
-
-/// A command's data.
-#[derive(Debug)]
-pub(crate) enum Data<'a> {
-    /// None.
-    None,
-    /// Controller to host: filled from C2HData PDUs.
-    In(&'a mut [u8]),
-    /// Host to controller: sent in the capsule or in H2CData PDUs.
-    Out(&'a [u8]),
-}
-
-impl Data<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Data::None => 0,
-            Data::In(b) => b.len(),
-            Data::Out(b) => b.len(),
-        }
-    }
-}
-
-/// One command and its data.
-#[derive(Debug)]
-pub(crate) struct Cmd<'a> {
-    /// The command (its CID and data pointer are filled in here).
-    pub(crate) sqe: Sqe,
-    /// Its data.
-    pub(crate) data: Data<'a>,
-}
-
-/// What came back for one command.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Done {
-    /// The completion's status.
-    pub(crate) status: Status,
-    /// Dwords 0 and 1 of the completion (Property Get returns 64 bits there).
-    pub(crate) result: u64,
-}
 
 /// A connected queue.
 #[derive(Debug)]
-pub(crate) struct Queue {
-    pub(crate) conn: Conn,
+pub(crate) struct TcpQueue {
+    conn: Conn,
     /// Queue ID (0: admin).
-    pub(crate) qid: u16,
+    qid: u16,
     /// Commands in flight at most.
-    pub(crate) depth: usize,
+    depth: usize,
     /// Bytes of write data a capsule may carry.
-    pub(crate) in_capsule: usize,
+    in_capsule: usize,
 }
 
 /// Per-command progress.
@@ -73,10 +36,11 @@ struct Progress {
     done: Option<Done>,
 }
 
-impl Queue {
-    /// Runs `cmds`, keeping up to `depth` in flight; returns each one's completion, in order.
-    /// An error means the connection is closed and every command of the call failed.
-    pub(crate) fn execute(&mut self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<Done>> {
+impl FabricsQueue for TcpQueue {
+    fn execute(&mut self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<Done>> {
+        if cmds.iter().any(|c| matches!(c.data, Data::DmaBuf { .. })) {
+            return Err(Error::invalid("data", "a TCP queue cannot reach GPU memory"));
+        }
         if cmds.len() >= usize::from(u16::MAX) {
             return Err(Error::invalid("cmds", "too many commands for one call"));
         }
@@ -98,19 +62,38 @@ impl Queue {
         Ok(prog.iter().map(|p| p.done.unwrap_or(Done { status: Status::SUCCESS, result: 0 })).collect())
     }
 
+    fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    fn is_broken(&self) -> bool {
+        self.conn.is_broken()
+    }
+
+    fn set_in_capsule(&mut self, bytes: usize) {
+        self.in_capsule = bytes;
+    }
+}
+
+impl TcpQueue {
+    /// Connects queue `qid` (`depth` entries) to `target` (`HOST:PORT`); the Connect data
+    /// (1 KiB) goes in its capsule.
+    pub(crate) fn connect(target: &str, qid: u16, depth: u16, timeout: Duration) -> Result<TcpQueue> {
+        let conn = Conn::connect(target, timeout)?;
+        let in_capsule = std::mem::size_of::<ugds_uapi::tcp::ConnectData>();
+        Ok(TcpQueue { conn, qid, depth: usize::from(depth), in_capsule })
+    }
+
     /// Sends one command capsule.
     fn submit(&mut self, cmd: &mut Cmd<'_>, cid: u16, p: &mut Progress, op: &str) -> Result<()> {
         cmd.sqe.set_cid(cid);
         let len = cmd.data.len();
         let in_capsule = matches!(cmd.data, Data::Out(_)) && len <= self.in_capsule;
-        // Fabrics commands always describe their data by one SGL descriptor (a null one, of
-        // length 0, when there is none): PSDT 01b on every command, or the target refuses it.
+        // One SGL descriptor (of length 0 when there is no data) on every command.
         // CAST: a command's data is at most MDTS, far below 4 GiB (checked by the caller).
         let kind = if in_capsule { SGL_INCAPSULE } else { SGL_TRANSPORT };
         cmd.sqe.set_prps(0, len as u64 | u64::from(kind) << 56);
-        let b = cmd.sqe.as_mut_bytes();
-        // PSDT: bits 15:14 of dword 0 (byte 1, bits 7:6).
-        b[1] = (b[1] & 0x3F) | (PSDT_SGL >> 8) as u8;
+        set_psdt_sgl(&mut cmd.sqe);
         let hlen = std::mem::size_of::<CmdPdu>();
         let mut capsule = CmdPdu { hdr: PduHeader::default(), sqe: cmd.sqe };
         let (pdo, plen) = if in_capsule {
@@ -230,10 +213,4 @@ impl Queue {
         }
         Ok(())
     }
-}
-
-/// Dwords 0 and 1 of a completion.
-fn result_of(cqe: &Cqe) -> u64 {
-    let b = cqe.as_bytes();
-    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }

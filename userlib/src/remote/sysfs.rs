@@ -1,15 +1,15 @@
-//! A kernel NVMe/TCP namespace (`/dev/nvmeXnY` whose controller's transport is tcp) as a target
-//! of our own: its address, service id, subsystem NQN, host NQN and host ID from sysfs, so
+//! A kernel NVMe over Fabrics namespace (`/dev/nvmeXnY` whose controller's transport is tcp or
+//! rdma) as a target of our own: its address, service id, subsystem NQN, host NQN and host ID from sysfs, so
 //! that our controller joins the same subsystem as the same host (the kernel's stays
 //! connected: both are hosts of the subsystem).
 
-use super::uri::{parse_uuid, RemoteSpec, DEFAULT_TIMEOUT_MS};
+use super::uri::{parse_uuid, RemoteSpec, Transport, DEFAULT_TIMEOUT_MS};
 use crate::error::{Error, Result};
 use std::path::Path;
 
-/// The target behind block device `dev`, when it is a namespace of a kernel NVMe/TCP
-/// controller; `None` for anything else.
-pub(crate) fn kernel_tcp_namespace(dev: &str) -> Option<Result<RemoteSpec>> {
+/// The target behind block device `dev`, when it is a namespace of a kernel NVMe/TCP or
+/// NVMe/RDMA controller; `None` for anything else.
+pub(crate) fn kernel_fabrics_namespace(dev: &str) -> Option<Result<RemoteSpec>> {
     let real = std::fs::canonicalize(dev).ok()?;
     let name = real.file_name()?.to_str()?;
     if !name.starts_with("nvme") {
@@ -41,9 +41,7 @@ fn spec_from_sysfs(sys: &Path, name: &str) -> Option<Result<RemoteSpec>> {
     let ns = sys.join(name);
     let ctrl = ns.join("device");
     let read = |p: &Path| std::fs::read_to_string(p).map(|s| s.trim().to_string());
-    if read(&ctrl.join("transport")).ok()? != "tcp" {
-        return None;
-    }
+    let transport = Transport::from_name(&read(&ctrl.join("transport")).ok()?)?;
     let bad = |what: &str, v: &str| Error::DeviceProtocol(format!("{name}: the kernel's {what} {v:?} makes no sense"));
     let spec = (|| -> Result<RemoteSpec> {
         let io = |e| Error::Io { op: format!("reading the sysfs attributes of {name}"), source: e };
@@ -57,7 +55,7 @@ fn spec_from_sysfs(sys: &Path, name: &str) -> Option<Result<RemoteSpec>> {
         let subsysnqn = read(&ctrl.join("subsysnqn")).map_err(io)?;
         let hostnqn = read(&ctrl.join("hostnqn")).ok().filter(|s| !s.is_empty());
         let hostid = read(&ctrl.join("hostid")).ok().and_then(|s| parse_uuid(&s));
-        Ok(RemoteSpec { host, port, subsysnqn, nsid, hostnqn, hostid, timeout_ms: DEFAULT_TIMEOUT_MS })
+        Ok(RemoteSpec { transport, host, port, subsysnqn, nsid, hostnqn, hostid, timeout_ms: DEFAULT_TIMEOUT_MS })
     })();
     Some(spec)
 }
@@ -113,6 +111,10 @@ mod tests {
         let root = fake_sysfs("tcp", "trsvcid=4420");
         assert!(matches!(spec_from_sysfs(&root, "nvme3n2"), Some(Err(Error::DeviceProtocol(_)))));
         let _ = std::fs::remove_dir_all(root);
-        assert!(kernel_tcp_namespace("/nonexistent/nvme9n1").is_none());
+        assert!(kernel_fabrics_namespace("/nonexistent/nvme9n1").is_none());
+        let root = fake_sysfs("rdma", "traddr=10.9.0.1,trsvcid=4420");
+        let s = spec_from_sysfs(&root, "nvme3n2").unwrap().unwrap();
+        assert_eq!((s.transport, s.host.as_str(), s.port), (Transport::Rdma, "10.9.0.1", 4420));
+        let _ = std::fs::remove_dir_all(root);
     }
 }

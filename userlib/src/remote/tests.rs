@@ -105,7 +105,10 @@ fn gpu_memory_is_staged_through_host_memory() {
 fn wrong_nqn_is_rejected_by_name() {
     let fake = Fake::start(FakeConfig::default());
     let e = Storage::open(&fake.uri("nqn.2024-01.io.ugds:nope", 1)).unwrap_err();
-    assert!(matches!(&e, Error::RemoteRejected { status, .. } if status.sc == 0x82), "{e}");
+    assert!(
+        matches!(&e, Error::RemoteRejected { status: crate::Rejection::Connect(status), .. } if status.sc == 0x82),
+        "{e}"
+    );
     assert!(e.to_string().contains("subsystem NQN"), "{e}");
 }
 

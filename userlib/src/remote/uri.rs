@@ -1,5 +1,5 @@
-//! `nvmeof://tcp/HOST[:PORT]/SUBSYSNQN?nsid=N[&hostnqn=NQN][&hostid=UUID][&timeout_ms=MS]`: an
-//! explicit NVMe over Fabrics target. HOST is a name, an IPv4 address or a bracketed IPv6
+//! `nvmeof://TRANSPORT/HOST[:PORT]/SUBSYSNQN?nsid=N[&hostnqn=NQN][&hostid=UUID][&timeout_ms=MS]`:
+//! an explicit NVMe over Fabrics target; TRANSPORT is `tcp` or `rdma`. HOST is a name, an IPv4 address or a bracketed IPv6
 //! address; PORT defaults to 4420; values may be percent-encoded.
 
 use crate::error::{Error, Result};
@@ -7,17 +7,47 @@ use ugds_uapi::tcp::NQN_FIELD_LEN;
 
 /// The URI scheme.
 pub const SCHEME: &str = "nvmeof://";
-/// The NVMe/TCP I/O controller port (IANA).
+/// The NVMe over Fabrics I/O controller port (IANA; TCP port or RDMA CM service ID).
 pub const DEFAULT_PORT: u16 = 4420;
 /// Connect timeout, and the limit on any one reply, unless the URI says otherwise.
 pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
 
+/// An NVMe over Fabrics transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// NVMe/TCP.
+    Tcp,
+    /// NVMe/RDMA (RoCE, InfiniBand, iWARP), through rdma-core.
+    Rdma,
+}
+
+impl Transport {
+    /// The transport's name in URIs and the kernel's sysfs (`tcp`, `rdma`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        }
+    }
+
+    /// `tcp` or `rdma`; anything else is `None`.
+    pub fn from_name(s: &str) -> Option<Transport> {
+        match s {
+            "tcp" => Some(Transport::Tcp),
+            "rdma" => Some(Transport::Rdma),
+            _ => None,
+        }
+    }
+}
+
 /// A parsed target address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteSpec {
+    /// The transport.
+    pub transport: Transport,
     /// Host name or address (IPv6 without brackets).
     pub host: String,
-    /// TCP port.
+    /// TCP port, or the RDMA CM port (service ID).
     pub port: u16,
     /// Subsystem NQN.
     pub subsysnqn: String,
@@ -79,13 +109,11 @@ impl RemoteSpec {
     pub fn parse(uri: &str) -> Result<RemoteSpec> {
         let rest = uri.strip_prefix(SCHEME).ok_or_else(|| bad(format!("{uri:?} does not start with {SCHEME}")))?;
         let (transport, rest) = rest.split_once('/').ok_or_else(|| bad("expected nvmeof://tcp/HOST:PORT/NQN"))?;
-        if transport != "tcp" {
-            return Err(Error::Unsupported {
-                what: "this NVMe over Fabrics transport",
-                why: format!("{transport:?} is not implemented (only tcp)"),
-                fix: "give an nvmeof://tcp/HOST:PORT/NQN target",
-            });
-        }
+        let transport = Transport::from_name(transport).ok_or_else(|| Error::Unsupported {
+            what: "this NVMe over Fabrics transport",
+            why: format!("{transport:?} is not implemented (tcp and rdma are)"),
+            fix: "give an nvmeof://tcp/HOST:PORT/NQN or nvmeof://rdma/HOST:PORT/NQN target",
+        })?;
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (addr, nqn) = path.split_once('/').ok_or_else(|| bad("missing the subsystem NQN after HOST:PORT/"))?;
         let (host, port) = if let Some(v6) = addr.strip_prefix('[') {
@@ -107,6 +135,7 @@ impl RemoteSpec {
         let subsysnqn = unescape(nqn)?;
         check_nqn("subsystem NQN", &subsysnqn)?;
         let mut spec = RemoteSpec {
+            transport,
             host: host.to_string(),
             port,
             subsysnqn,
@@ -248,7 +277,10 @@ mod tests {
         }
         let long = format!("nvmeof://tcp/h/{}?nsid=1", "n".repeat(256));
         assert!(RemoteSpec::parse(&long).is_err());
-        assert!(matches!(RemoteSpec::parse("nvmeof://rdma/h/nqn.x?nsid=1"), Err(Error::Unsupported { .. })));
+        assert!(matches!(RemoteSpec::parse("nvmeof://fc/h/nqn.x?nsid=1"), Err(Error::Unsupported { .. })));
+        let r = RemoteSpec::parse("nvmeof://rdma/10.0.0.2/nqn.x?nsid=1").unwrap();
+        assert_eq!((r.transport, r.port, r.address().as_str()), (Transport::Rdma, DEFAULT_PORT, "10.0.0.2:4420"));
+        assert_eq!(RemoteSpec::parse("nvmeof://tcp/h/nqn.x?nsid=1").unwrap().transport, Transport::Tcp);
     }
 
     #[test]

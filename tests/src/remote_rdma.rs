@@ -1,0 +1,321 @@
+//! The remote path's NVMe/RDMA transport (issue 18) against the kernel's nvmet over soft-RoCE:
+//! `rdma_rxe` on a dummy Ethernet interface (10.77.0.1), nvmet port 2 with `addr_trtype rdma`
+//! exporting the same subsystem and backing disk as the TCP tests (variant `remote`).
+//! Integrity both ways through the backing disk, a cross-check through the kernel's own
+//! nvme-rdma initiator, udmabuf memory offered to the NIC as a dma-buf, the port removed and
+//! re-added mid-stream, and named errors for bad targets.
+
+use crate::remote::{bounce, ensure_target, insmod, kernel_connect_to, ranges, BACKING, CONFIGFS, NQN};
+use crate::{direct_read, direct_write, ensure_that, sh, Test};
+use anyhow::{bail, Result};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds::{pattern, Error, Gpu, Rejection, Storage};
+
+const V: &str = "remote";
+/// The address of the dummy interface the soft-RoCE device sits on.
+const ADDR: &str = "10.77.0.1";
+/// The nvmet port (port 1 is TCP).
+const PORT: u32 = 2;
+
+/// The RDMA tests.
+pub fn tests() -> Vec<Test> {
+    vec![
+        Test { name: "remote_rdma_integrity_both_ways_through_the_backing_disk", variant: V, run: integrity },
+        Test {
+            name: "remote_rdma_cross_check_with_the_kernel_nvme_rdma_initiator_and_open_its_namespace",
+            variant: V,
+            run: kernel_initiator,
+        },
+        Test { name: "remote_rdma_udmabuf_dmabuf_registration_refused_by_name_data_staged", variant: V, run: udmabuf },
+        Test { name: "remote_rdma_bad_targets_give_named_errors_quickly", variant: V, run: bad_targets },
+        Test { name: "remote_rdma_per_io_registration_cost_against_the_io", variant: V, run: registration_cost },
+        Test {
+            name: "remote_rdma_port_removed_mid_stream_fails_by_name_then_reconnects_without_loss",
+            variant: V,
+            run: port_bounce,
+        },
+    ]
+}
+
+fn uri(nsid: u32) -> String {
+    format!("nvmeof://rdma/{ADDR}:4420/{NQN}?nsid={nsid}")
+}
+
+/// Soft-RoCE on `dummy0` and nvmet port 2 (RDMA) for [`NQN`], once per boot.
+fn ensure_rdma_target() -> Result<()> {
+    ensure_target()?;
+    if Path::new(&format!("{CONFIGFS}/ports/{PORT}/subsystems/{NQN}")).exists() {
+        return Ok(());
+    }
+    for (rel, name) in [
+        ("crypto/crc32_generic.ko", "crc32_generic"),
+        ("net/ipv4/udp_tunnel.ko", "udp_tunnel"),
+        ("net/ipv6/ip6_udp_tunnel.ko", "ip6_udp_tunnel"),
+        ("drivers/infiniband/sw/rxe/rdma_rxe.ko", "rdma_rxe"),
+        ("drivers/nvme/target/nvmet-rdma.ko", "nvmet_rdma"),
+    ] {
+        insmod(rel, name)?;
+    }
+    // CONFIG_DUMMY=y makes dummy0 at boot (down, no address).
+    if !Path::new("/sys/class/net/dummy0").exists() {
+        sh("ip link add dummy0 type dummy")?;
+    }
+    sh(&format!("ip addr replace {ADDR}/24 dev dummy0 && ip link set dummy0 up"))?;
+    if !Path::new("/sys/class/infiniband/rxe0").exists() {
+        sh("rdma link add rxe0 type rxe netdev dummy0")?;
+    }
+    // The RoCE GID of the address (IPv4-mapped) appears in the device's GID table from a
+    // work queue: the target can bind to the address only then.
+    let gid = "0000:0000:0000:0000:0000:ffff:0a4d:0001";
+    let t = Instant::now();
+    loop {
+        let gids = sh("cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null || true")?;
+        if gids.contains(gid) {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            let diag = sh("rdma link show; ip addr show dummy0; cat /sys/class/infiniband/rxe0/ports/1/state; \
+                 cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>&1 | sort | uniq -c; ibv_devices 2>&1")
+            .unwrap_or_else(|e| e.to_string());
+            bail!("rxe0 has no GID for {ADDR} after 5 s:\n{diag}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let port = format!("{CONFIGFS}/ports/{PORT}");
+    sh(&format!(
+        "mkdir -p {port} && echo rdma > {port}/addr_trtype && echo ipv4 > {port}/addr_adrfam && \
+         echo {ADDR} > {port}/addr_traddr && echo 4420 > {port}/addr_trsvcid && \
+         ln -s {CONFIGFS}/subsystems/{NQN} {port}/subsystems/{NQN}"
+    ))?;
+    Ok(())
+}
+
+fn integrity() -> Result<()> {
+    ensure_rdma_target()?;
+    let st = Storage::open(&uri(1))?;
+    ensure_that!(st.describe().contains("NVMe/RDMA"), "{}", st.describe());
+    ensure_that!(st.capacity()? == 64 << 20 && st.block_size() == 512, "{} bytes", st.capacity()?);
+    let buf = st.alloc_host(8 << 20)?;
+    ensure_that!(buf.path() == ugds::Path::Remote, "took {}", buf.path());
+    for (i, (off, len)) in ranges().into_iter().enumerate() {
+        // An odd (unaligned) buffer offset too: registration is per I/O, any address.
+        let bo = if i % 2 == 1 { 3 } else { 0 };
+        let len = if bo != 0 && len == 8 << 20 { len - 4096 } else { len };
+        let mut data = vec![0u8; len as usize];
+        pattern::fill(500 + i as u64, off, &mut data);
+        buf.copy_in(bo, &data)?;
+        st.write(&buf, bo as u64, off, len)?;
+        st.flush()?;
+        let back = direct_read(BACKING, off, len as usize)?;
+        if let Some(at) = pattern::first_mismatch(500 + i as u64, off, &back) {
+            bail!("{len} bytes written at {off} over RDMA: the backing disk differs at byte {at}");
+        }
+        pattern::fill(600 + i as u64, off, &mut data);
+        direct_write(BACKING, off, &data)?;
+        st.read(&buf, bo as u64, off, len)?;
+        let mut got = vec![0u8; len as usize];
+        buf.copy_out(bo, &mut got)?;
+        if let Some(at) = pattern::first_mismatch(600 + i as u64, off, &got) {
+            bail!("{len} bytes at {off} read over RDMA differ from the backing disk at byte {at}");
+        }
+    }
+    let c = st.path_counts();
+    ensure_that!(c.remote == 10 && c.fallback == 0, "{c:?}");
+    // Several threads, each on a queue (connection) of its own.
+    let hs: Vec<_> = (0..4u64)
+        .map(|t| {
+            let st = st.clone();
+            std::thread::spawn(move || -> Result<()> {
+                let b = st.alloc_host(64 << 10)?;
+                for k in 0..16u64 {
+                    let off = (32 << 20) + (t * 16 + k) * (64 << 10);
+                    let mut d = vec![0u8; 64 << 10];
+                    pattern::fill(700 + t, off, &mut d);
+                    b.copy_in(0, &d)?;
+                    st.write(&b, 0, off, 64 << 10)?;
+                    b.copy_in(0, &vec![0u8; 64 << 10])?;
+                    st.read(&b, 0, off, 64 << 10)?;
+                    b.copy_out(0, &mut d)?;
+                    ensure_that!(pattern::first_mismatch(700 + t, off, &d).is_none(), "thread {t} write {k}");
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().map_err(|_| anyhow::anyhow!("a thread panicked"))??;
+    }
+    eprintln!("rdma integrity: {}", st.describe());
+    Ok(())
+}
+
+fn kernel_initiator() -> Result<()> {
+    ensure_rdma_target()?;
+    let ctrl = kernel_connect_to("rdma", ADDR)?;
+    let dev = format!("/dev/{ctrl}n1");
+    let t = Instant::now();
+    while !Path::new(&dev).exists() {
+        ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = (|| -> Result<()> {
+        let transport = std::fs::read_to_string(format!("/sys/class/nvme/{ctrl}/transport"))?;
+        ensure_that!(transport.trim() == "rdma", "{ctrl} is {transport}");
+        let st = Storage::open(&uri(1))?;
+        let buf = st.alloc_host(1 << 20)?;
+        for (i, (off, len)) in [(9 * 512u64, 4096u64), ((2 << 20) + 512, 1 << 20)].into_iter().enumerate() {
+            let mut data = vec![0u8; len as usize];
+            pattern::fill(800 + i as u64, off, &mut data);
+            buf.copy_in(0, &data)?;
+            st.write(&buf, 0, off, len)?;
+            let back = direct_read(&dev, off, len as usize)?;
+            if let Some(at) = pattern::first_mismatch(800 + i as u64, off, &back) {
+                bail!("written by ugds over RDMA, read by the kernel's nvme-rdma: differs at byte {at} of {len}");
+            }
+            pattern::fill(900 + i as u64, off, &mut data);
+            direct_write(&dev, off, &data)?;
+            st.read(&buf, 0, off, len)?;
+            let mut got = vec![0u8; len as usize];
+            buf.copy_out(0, &mut got)?;
+            if let Some(at) = pattern::first_mismatch(900 + i as u64, off, &got) {
+                bail!("written by the kernel's nvme-rdma, read by ugds over RDMA: differs at byte {at} of {len}");
+            }
+        }
+        // The kernel's nvme-rdma namespace opens our own NVMe/RDMA controller (sysfs says where).
+        let st2 = Storage::open(&dev)?;
+        ensure_that!(st2.describe().contains("NVMe/RDMA"), "{dev} opened as {}", st2.describe());
+        let buf2 = st2.alloc_host(4096)?;
+        st2.read(&buf2, 0, 9 * 512, 4096)?;
+        let mut got = vec![0u8; 4096];
+        buf2.copy_out(0, &mut got)?;
+        ensure_that!(pattern::first_mismatch(900, 9 * 512, &got).is_none(), "{dev} through sysfs read other data");
+        ensure_that!(st2.path_counts().remote == 1, "{:?}", st2.path_counts());
+        // Latency for scale: 4 KiB reads, the kernel's nvme-rdma (O_DIRECT) against ours, on
+        // the same soft-RoCE device.
+        let rounds = 40u64;
+        let t = Instant::now();
+        for k in 0..rounds {
+            direct_read(&dev, k * 4096, 4096)?;
+        }
+        let kernel = t.elapsed() / rounds as u32;
+        let t = Instant::now();
+        for k in 0..rounds {
+            st2.read(&buf2, 0, k * 4096, 4096)?;
+        }
+        let ours = t.elapsed() / rounds as u32;
+        eprintln!("4 KiB read over soft-RoCE: kernel nvme-rdma {kernel:?}, ugds {ours:?}");
+        Ok(())
+    })();
+    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
+    r
+}
+
+/// udmabuf memory (the CPU stand-in GPU) is offered to the soft NIC as a dma-buf: rxe has no
+/// dma-buf MRs in 6.12, so the registration is refused, the refusal is counted and named in
+/// `describe()`, the memory is staged, and the data is right. Without staging allowed, the
+/// refusal is an error by name.
+fn udmabuf() -> Result<()> {
+    ensure_rdma_target()?;
+    let st = Storage::open(&uri(1))?;
+    let gpu = Gpu::cpu();
+    let mem = Arc::new(gpu.alloc(3 << 20)?);
+    match st.register_gpu(mem.clone(), false) {
+        Err(Error::Unsupported { why, .. }) if why.contains("dma-buf") => {}
+        Ok(b) => bail!("the soft NIC took the dma-buf ({}): this test expects rxe's refusal", b.path()),
+        Err(e) => bail!("GPU memory without staging gave {e:?}"),
+    }
+    let buf = st.register_gpu(mem, true)?;
+    ensure_that!(buf.path() == ugds::Path::RemoteStaged, "took {}", buf.path());
+    let d = st.describe();
+    ensure_that!(d.contains("dma-buf registration refused") && d.contains("ibv_reg_dmabuf_mr"), "{d}");
+    let (off, len) = (5 * 512u64, (3 << 20) - 8192);
+    let mut data = vec![0u8; len as usize];
+    pattern::fill(1100, off, &mut data);
+    buf.copy_in(4096, &data)?;
+    st.write(&buf, 4096, off, len)?;
+    let back = direct_read(BACKING, off, len as usize)?;
+    ensure_that!(pattern::first_mismatch(1100, off, &back).is_none(), "staged RDMA write is not on the disk");
+    pattern::fill(1101, off, &mut data);
+    direct_write(BACKING, off, &data)?;
+    st.read(&buf, 0, off, len)?;
+    let mut got = vec![0u8; len as usize];
+    buf.copy_out(0, &mut got)?;
+    ensure_that!(pattern::first_mismatch(1101, off, &got).is_none(), "staged RDMA read differs from the disk");
+    let c = st.path_counts();
+    ensure_that!(c.remote_staged == 2 && c.remote == 0, "{c:?}");
+    eprintln!("udmabuf over RDMA: {d}");
+    Ok(())
+}
+
+fn bad_targets() -> Result<()> {
+    ensure_rdma_target()?;
+    let timed = |u: &str| {
+        let t = Instant::now();
+        let r = Storage::open(u).map(|_| ());
+        (r, t.elapsed())
+    };
+    let (r, took) = timed(&format!("nvmeof://rdma/{ADDR}:4420/nqn.2024-01.io.ugds:nope?nsid=1"));
+    match r {
+        Err(Error::RemoteRejected { status: Rejection::Connect(status), .. }) if status.sc == 0x82 => {}
+        other => bail!("a wrong NQN over RDMA gave {other:?}"),
+    }
+    ensure_that!(took < Duration::from_secs(5), "the wrong NQN took {took:?}");
+    // Nothing listens on 4421 over RDMA: the peer's CM rejects the connect request.
+    let (r, took) = timed(&format!("nvmeof://rdma/{ADDR}:4421/{NQN}?nsid=1&timeout_ms=2000"));
+    ensure_that!(matches!(r, Err(Error::RemoteUnreachable { .. })), "a closed RDMA port gave {r:?}");
+    ensure_that!(took < Duration::from_secs(5), "the closed port took {took:?}");
+    // No RDMA device for that address (no route): a named error within the timeout.
+    let (r, took) = timed(&format!("nvmeof://rdma/192.0.2.1:4420/{NQN}?nsid=1&timeout_ms=2000"));
+    ensure_that!(matches!(r, Err(Error::RemoteUnreachable { .. })), "an unroutable RDMA address gave {r:?}");
+    ensure_that!(took < Duration::from_secs(5), "the unroutable address took {took:?}");
+    let (r, took) = timed(&uri(2));
+    ensure_that!(matches!(r, Err(Error::NoNamespace(2))), "a missing namespace gave {r:?}");
+    ensure_that!(took < Duration::from_secs(5), "the missing namespace took {took:?}");
+    Ok(())
+}
+
+fn port_bounce() -> Result<()> {
+    ensure_rdma_target()?;
+    bounce(&uri(1), PORT)
+}
+
+/// What registering each I/O's memory costs (ibv_reg_mr + ibv_dereg_mr on rxe) against the
+/// I/O itself (a read of the same size, registration included), at 4 KiB, 64 KiB and 1 MiB:
+/// the measurement behind registering per I/O instead of caching per buffer.
+fn registration_cost() -> Result<()> {
+    ensure_rdma_target()?;
+    let st = Storage::open(&uri(1))?;
+    let buf = st.alloc_host(1 << 20)?;
+    // The same reads over NVMe/TCP (127.0.0.1), for scale.
+    let tcp = Storage::open(&format!("nvmeof://tcp/127.0.0.1:4420/{NQN}?nsid=1"))?;
+    let tbuf = tcp.alloc_host(1 << 20)?;
+    let mean_read = |st: &Storage, b: &ugds::Buffer, len: usize| -> Result<f64> {
+        // The first I/O of a storage connects its I/O queue: not part of an I/O's cost.
+        st.read(b, 0, 0, len as u64)?;
+        let rounds = 50u32;
+        let t = Instant::now();
+        for k in 0..rounds {
+            st.read(b, 0, u64::from(k) * len as u64, len as u64)?;
+        }
+        Ok(t.elapsed().as_nanos() as f64 / f64::from(rounds))
+    };
+    for len in [4096usize, 64 << 10, 1 << 20] {
+        let reg = ugds::remote::rdma_registration_ns(&uri(1), len, 200)?;
+        let io = mean_read(&st, &buf, len)?;
+        let io_tcp = mean_read(&tcp, &tbuf, len)?;
+        eprintln!(
+            "registration cost: {len} bytes: ibv_reg_mr+ibv_dereg_mr {:.1} us, one RDMA read {:.1} us ({:.1} %), one TCP read {:.1} us",
+            reg / 1000.0,
+            io / 1000.0,
+            100.0 * reg / io,
+            io_tcp / 1000.0
+        );
+        ensure_that!(
+            reg.total_cmp(&io).is_lt(),
+            "registering {len} bytes ({reg} ns) costs more than the read ({io} ns)"
+        );
+    }
+    Ok(())
+}
