@@ -17,21 +17,19 @@ use crate::batch::{Entry, IoEvent, IoStatus, Op};
 use crate::buffer::{Mem, Path};
 use crate::error::{Error, Result};
 use crate::fallback::{io_err, PIECE};
-use crate::gpu::{CopyQueue, Gpu, PinnedHost, STAGING_CHUNK};
+use crate::gpu::STAGING_CHUNK;
 use crate::mem::HostMemory;
 use crate::storage::Storage;
 use io_uring::{opcode, types, IoUring};
+use staging::{Stage, Staging};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// GPU entries up to this size stage through a slot carved from the batch's pinned chunks;
-/// larger ones (up to a whole chunk) take a chunk of the GPU's pool.
-const SLOT: usize = 64 << 10;
-const SLOTS_PER_CHUNK: usize = STAGING_CHUNK / SLOT;
-/// Copy queues a batch spreads its copies over (a queue is polled as a whole, so entries on an
-/// idle queue are not held up by a busy one).
-const LANES: usize = 4;
+mod staging;
+#[cfg(test)]
+mod tests;
+
 /// Unaligned host entries up to this size bounce through aligned memory of their own; larger
 /// ones are left to the worker threads (whose bounce is one reused piece).
 const BOUNCE_MAX: u64 = 4 << 20;
@@ -45,10 +43,8 @@ enum Via {
     Host,
     /// Aligned memory of the entry's own (host memory that is not aligned).
     Bounce(HostMemory),
-    /// Slot `n` of the batch's staging chunks (small GPU entries).
-    Slot(usize),
-    /// A staging chunk of the GPU's pool (larger GPU entries).
-    Chunk(PinnedHost),
+    /// Pinned staging memory (GPU memory).
+    Staged(Stage),
 }
 
 /// The step an entry is at.
@@ -84,44 +80,6 @@ impl Req {
     }
 }
 
-/// A copy queue and the entries whose copies run on it.
-#[derive(Debug)]
-struct Lane {
-    q: Box<dyn CopyQueue>,
-    reqs: Vec<usize>,
-}
-
-/// Pinned staging memory and copy queues of the one GPU whose memory the batch stages.
-#[derive(Debug)]
-struct Staging {
-    gpu: Arc<Gpu>,
-    /// Chunks carved into slots (taken when the slots ran out, kept for the batch's life).
-    chunks: Vec<PinnedHost>,
-    free: Vec<usize>,
-    lanes: Vec<Lane>,
-    /// A copy queue failed while its copies may still run: the chunks are never freed.
-    poisoned: bool,
-}
-
-impl Staging {
-    fn slot_ptr(&self, s: usize) -> *mut u8 {
-        self.chunks[s / SLOTS_PER_CHUNK].as_ptr().wrapping_add((s % SLOTS_PER_CHUNK) * SLOT)
-    }
-
-    /// The lane for the next copy: an idle one, a new one while fewer than [`LANES`], else the
-    /// least busy.
-    fn lane(&mut self) -> Result<usize> {
-        if let Some(i) = self.lanes.iter().position(|l| l.reqs.is_empty()) {
-            return Ok(i);
-        }
-        if self.lanes.len() < LANES {
-            self.lanes.push(Lane { q: self.gpu.take_queue()?, reqs: Vec::new() });
-            return Ok(self.lanes.len() - 1);
-        }
-        Ok((0..self.lanes.len()).min_by_key(|&i| self.lanes[i].reqs.len()).unwrap_or(0))
-    }
-}
-
 /// A batch's own io_uring on a file target and the entries in flight on it.
 ///
 /// # Invariants
@@ -145,8 +103,7 @@ pub(crate) struct RingBatch {
     /// Entries with pieces waiting for room in the ring, in order.
     waiting: VecDeque<usize>,
     ready: Vec<(IoEvent, Path)>,
-    /// The GPU whose memory this batch stages (the first it saw); its staging, once needed.
-    gpu: Option<Arc<Gpu>>,
+    /// Staging for the one GPU whose memory this batch stages (the first it saw).
     stage: Option<Staging>,
     /// Entries taken since the batch was made (tests tell the ring from the worker threads).
     taken: u64,
@@ -187,7 +144,6 @@ impl RingBatch {
             free: (0..capacity).rev().collect(),
             waiting: VecDeque::with_capacity(capacity),
             ready: Vec::with_capacity(capacity),
-            gpu: None,
             stage: None,
             taken: 0,
         })
@@ -213,7 +169,7 @@ impl RingBatch {
                 !self.direct || aligned || len <= BOUNCE_MAX
             }
             Mem::Gpu(g) if len <= STAGING_CHUNK as u64 => {
-                Arc::ptr_eq(self.gpu.get_or_insert_with(|| g.gpu().clone()), g.gpu())
+                self.stage.get_or_insert_with(|| Staging::new(g.gpu().clone())).is_for(g.gpu())
             }
             Mem::Gpu(_) => false,
         }
@@ -258,7 +214,11 @@ impl RingBatch {
                     Via::Bounce(b)
                 }
             }
-            Mem::Gpu(_) => self.staging_for(len)?,
+            Mem::Gpu(_) => {
+                let st =
+                    self.stage.as_mut().ok_or_else(|| Error::invalid("buf", "GPU memory the batch did not take"))?;
+                Via::Staged(st.take(len)?)
+            }
         };
         let dev = match e.lease.buffer().mem() {
             Mem::Gpu(g) => Some(g.device_ptr() + e.buf_offset),
@@ -267,7 +227,7 @@ impl RingBatch {
         let phase = if write && dev.is_some() { Phase::ToHost } else { Phase::Disk };
         self.reqs[idx] = Some(Req { e, via, phase, queued: 0, in_ring: 0, short: None, error: None });
         match (phase, dev) {
-            (Phase::ToHost, Some(src)) => self.copy(idx, src, len),
+            (Phase::ToHost, Some(src)) => self.copy(idx, true, src, len),
             _ => {
                 self.waiting.push_back(idx);
                 Ok(())
@@ -275,54 +235,17 @@ impl RingBatch {
         }
     }
 
-    /// Staging memory for a GPU entry of `len` bytes: a slot, or a chunk of the GPU's pool.
-    fn staging_for(&mut self, len: usize) -> Result<Via> {
-        let gpu = self.gpu.clone().ok_or_else(|| Error::invalid("buf", "GPU memory the batch did not take"))?;
-        let st = self.stage.get_or_insert_with(|| Staging {
-            gpu,
-            chunks: Vec::new(),
-            free: Vec::new(),
-            lanes: Vec::new(),
-            poisoned: false,
-        });
-        if len > SLOT {
-            return Ok(Via::Chunk(st.gpu.take_staging(1)?.pop().ok_or_else(|| Error::invalid("staging", "empty"))?));
-        }
-        if st.free.is_empty() {
-            // One more chunk of slots; they stay with the batch.
-            st.chunks.extend(st.gpu.take_staging(1)?);
-            let base = (st.chunks.len() - 1) * SLOTS_PER_CHUNK;
-            st.free.extend((base..base + SLOTS_PER_CHUNK).rev());
-        }
-        st.free.pop().map(Via::Slot).ok_or_else(|| Error::invalid("staging", "no slot"))
-    }
-
     /// Starts entry `idx`'s copy of `len` bytes between its staging memory and device address
-    /// `dev` (to the host in the write phase `ToHost`, else to the device).
-    fn copy(&mut self, idx: usize, dev: u64, len: usize) -> Result<()> {
-        let (Some(r), Some(st)) = (self.reqs[idx].as_ref(), self.stage.as_mut()) else {
-            return Err(Error::invalid("staging", "missing"));
+    /// `dev` (to the host when `to_host`).
+    fn copy(&mut self, idx: usize, to_host: bool, dev: u64, len: usize) -> Result<()> {
+        let (Some(Req { via: Via::Staged(s), .. }), Some(st)) = (self.reqs[idx].as_ref(), self.stage.as_mut()) else {
+            return Err(Error::invalid("staging", "the entry has no staging memory"));
         };
-        let host = match r.via {
-            Via::Slot(s) => st.slot_ptr(s),
-            Via::Chunk(ref c) => c.as_ptr(),
-            Via::Host | Via::Bounce(_) => return Err(Error::invalid("staging", "host memory is not staged")),
-        };
-        let to_host = r.phase == Phase::ToHost;
-        let lane = st.lane()?;
-        let q = &mut st.lanes[lane];
-        // SAFETY: `host` is the entry's own staging memory (at least `len` bytes), which nothing
-        // touches until this lane's copies are polled complete; `dev..dev+len` lies in the
-        // leased GPU buffer (the storage checked the range) of the GPU the lanes belong to.
-        unsafe {
-            if to_host {
-                q.q.to_host(host, dev, len)?;
-            } else {
-                q.q.to_device(dev, host, len)?;
-            }
-        }
-        q.reqs.push(idx);
-        Ok(())
+        // SAFETY: `dev..dev+len` lies in the entry's GPU buffer (the storage checked the range),
+        // of the GPU this staging is for (`takes`), which the entry's lease keeps allocated; `s`
+        // holds at least `len` bytes (a slot for entries up to a slot, else a chunk) and stays
+        // with the entry until `poll` reports it.
+        unsafe { st.copy(idx, s, to_host, dev, len) }
     }
 
     /// Ends entry `idx` with `outcome`. `leak`: the kernel or a copy may still use its memory,
@@ -332,22 +255,11 @@ impl RingBatch {
         self.free.push(idx);
         let (cookie, path) = (r.e.cookie, r.e.lease.buffer().path());
         match r.via {
-            Via::Slot(s) if !leak => {
+            Via::Staged(stage) => {
                 if let Some(st) = self.stage.as_mut() {
-                    st.free.push(s);
+                    st.release(stage, leak);
                 }
             }
-            Via::Slot(_) => {
-                if let Some(st) = self.stage.as_mut() {
-                    st.poisoned = true;
-                }
-            }
-            Via::Chunk(c) if !leak => {
-                if let Some(st) = self.stage.as_ref() {
-                    st.gpu.put_staging(vec![c]);
-                }
-            }
-            Via::Chunk(c) => std::mem::forget(c),
             Via::Bounce(b) if leak => std::mem::forget(b),
             Via::Bounce(_) | Via::Host => {}
         }
@@ -386,6 +298,7 @@ impl RingBatch {
         }
         let Some(ring) = self.ring.as_mut() else { return };
         let fd = types::Fd(self.fd);
+        let mut stuck = Vec::new();
         while self.in_ring < self.ring_size {
             let Some(&idx) = self.waiting.front() else { break };
             let Some(r) = self.reqs[idx].as_mut().filter(|r| r.phase == Phase::Disk && r.queued < r.e.len) else {
@@ -397,22 +310,22 @@ impl RingBatch {
             let n = (PIECE as u64).min(r.e.len - at) as u32;
             let base = match &r.via {
                 Via::Host => match r.e.lease.buffer().mem() {
-                    Mem::Host { ptr, .. } => ptr.wrapping_add(r.e.buf_offset as usize),
-                    Mem::Gpu(_) => std::ptr::null_mut(),
+                    Mem::Host { ptr, .. } => Some(ptr.wrapping_add(r.e.buf_offset as usize)),
+                    Mem::Gpu(_) => None,
                 },
-                Via::Bounce(b) => b.as_ptr(),
-                Via::Slot(s) => self.stage.as_ref().map_or(std::ptr::null_mut(), |st| st.slot_ptr(*s)),
-                Via::Chunk(c) => c.as_ptr(),
+                Via::Bounce(b) => Some(b.as_ptr()),
+                Via::Staged(stage) => self.stage.as_ref().map(|st| st.ptr(stage)),
             };
-            if base.is_null() {
+            let Some(base) = base else {
+                // Cannot happen (`start` pairs memory and staging): end the entry, not the batch.
                 r.error.get_or_insert(Error::invalid("buf", "no memory for the transfer"));
                 r.queued = r.e.len;
                 self.waiting.pop_front();
                 if r.in_ring == 0 {
-                    self.disk_done(idx);
+                    stuck.push(idx);
                 }
-                return self.pump();
-            }
+                continue;
+            };
             let p = base.wrapping_add(at as usize);
             let user_data = ((idx as u64) << 32) | (at / PIECE as u64);
             let sqe = match r.e.op {
@@ -433,14 +346,18 @@ impl RingBatch {
                 self.waiting.pop_front();
             }
         }
-        loop {
+        let submitted = loop {
             match ring.submit() {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 // No room for completions now: the next wait submits them.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => break,
-                Err(e) => return self.abandon(e),
-                Ok(_) => break,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EAGAIN)) => break Ok(()),
+                Err(e) => break Err(e),
+                Ok(_) => break Ok(()),
             }
+        };
+        stuck.into_iter().for_each(|idx| self.disk_done(idx));
+        if let Err(e) = submitted {
+            self.abandon(e);
         }
     }
 
@@ -491,10 +408,10 @@ impl RingBatch {
                 };
                 self.finish(idx, Ok(bytes), false)
             }
-            (Via::Slot(_) | Via::Chunk(_), Mem::Gpu(g)) if read && bytes > 0 => {
+            (Via::Staged(_), Mem::Gpu(g)) if read && bytes > 0 => {
                 r.phase = Phase::ToDevice;
                 let dev = g.device_ptr() + r.e.buf_offset;
-                if let Err(e) = self.copy(idx, dev, bytes as usize) {
+                if let Err(e) = self.copy(idx, false, dev, bytes as usize) {
                     self.finish(idx, Err(e), false);
                 }
             }
@@ -506,26 +423,8 @@ impl RingBatch {
     /// copies end them. A failed queue's entries are leaked with its staging memory.
     fn poll_copies(&mut self) -> bool {
         let Some(st) = self.stage.as_mut() else { return false };
-        let (mut done, mut failed, mut busy) = (Vec::new(), Vec::new(), false);
-        let mut i = 0;
-        while i < st.lanes.len() {
-            if st.lanes[i].reqs.is_empty() {
-                i += 1;
-                continue;
-            }
-            match st.lanes[i].q.poll() {
-                Ok(true) => done.append(&mut st.lanes[i].reqs),
-                Ok(false) => busy = true,
-                Err(e) => {
-                    // The queue cannot say its copies stopped: never reuse it or their memory.
-                    let lane = st.lanes.swap_remove(i);
-                    failed.extend(lane.reqs.iter().map(|&r| (r, e.to_string())));
-                    std::mem::forget(lane.q);
-                    continue;
-                }
-            }
-            i += 1;
-        }
+        let (mut done, mut failed) = (Vec::new(), Vec::new());
+        let busy = st.poll(&mut done, &mut failed);
         for idx in done {
             let Some(r) = self.reqs[idx].as_mut() else { continue };
             if r.phase == Phase::ToHost {
@@ -551,7 +450,8 @@ impl RingBatch {
         self.in_ring = 0;
         for idx in 0..self.reqs.len() {
             if self.reqs[idx].as_ref().is_some_and(|r| r.in_ring > 0) {
-                let err = io_err("io_uring_enter", std::io::Error::new(e.kind(), e.to_string()));
+                let os = e.raw_os_error().map(std::io::Error::from_raw_os_error);
+                let err = io_err("io_uring_enter", os.unwrap_or_else(|| std::io::Error::new(e.kind(), e.to_string())));
                 self.finish(idx, Err(err), true);
             }
         }
@@ -627,15 +527,8 @@ impl RingBatch {
 
 impl Drop for RingBatch {
     fn drop(&mut self) {
+        // The ring and the staging memory are dropped after this wait: nothing uses them then
+        // (or the ring was leaked with its requests, and their memory with it).
         let _ = self.cancel();
-        if let Some(st) = self.stage.take() {
-            if st.poisoned {
-                std::mem::forget(st.chunks);
-            } else {
-                st.gpu.put_staging(st.chunks);
-            }
-            st.lanes.into_iter().for_each(|l| st.gpu.put_queue(l.q));
-        }
-        // The ring holds no requests now (or was leaked with them): dropping it is safe.
     }
 }

@@ -1,0 +1,197 @@
+//! The ring batch's own rules: nothing goes to the worker threads, and memory the kernel or a
+//! copy may still use stays leased for good when the ring or a copy queue is given up.
+
+use super::*;
+use crate::gpu::{cpu::Cpu, CopyQueue, Gpu, Runtime, Vendor};
+use crate::storage_batch::{IoRequest, StorageBatch};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+
+/// A file of `len` bytes of the test pattern on the temporary directory's file system, removed
+/// on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, len: usize) -> TempFile {
+        let p = std::env::temp_dir().join(format!("ugds-unit-{name}-{}", std::process::id()));
+        let mut data = vec![0u8; len];
+        crate::pattern::fill(1, 0, &mut data);
+        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
+        TempFile(p)
+    }
+
+    fn storage(&self) -> Arc<Storage> {
+        Storage::open(self.0.to_str().unwrap()).unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn reads(buf: &Arc<crate::Buffer>, n: u64, len: u64) -> Vec<IoRequest> {
+    (0..n)
+        .map(|i| IoRequest {
+            op: Op::Read,
+            buf: buf.clone(),
+            buf_offset: i * len,
+            file_offset: i * len,
+            len,
+            cookie: i,
+        })
+        .collect()
+}
+
+fn wait_all(b: &mut StorageBatch, n: usize) -> Vec<IoEvent> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        out.extend(b.status(n - out.len(), Duration::from_secs(20)).unwrap());
+    }
+    out
+}
+
+/// A batch on a file queues no job on the storage's worker threads (host and GPU memory); an
+/// entry the ring does not take does, so the count could tell.
+#[test]
+fn ring_batches_queue_nothing_on_the_worker_threads() {
+    let f = TempFile::new("workers", 16 << 20);
+    let st = f.storage();
+    let gpu = Gpu::cpu();
+    let host = Arc::new(st.alloc_host(64 * 8192).unwrap());
+    let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(8 << 20).unwrap()), false).unwrap());
+    let mut b = StorageBatch::new(&st, 128).unwrap();
+    let mut reqs = reads(&host, 64, 8192);
+    reqs.extend(reads(&gbuf, 64, 8192).into_iter().map(|r| IoRequest { cookie: r.cookie + 64, ..r }));
+    for _ in 0..3 {
+        b.submit(&reqs).unwrap();
+        assert!(wait_all(&mut b, 128).iter().all(|e| e.status == IoStatus::Complete));
+    }
+    let engine = st.engine().unwrap();
+    assert_eq!(engine.spawned(), 0, "no entry ran on a worker thread");
+    let big = IoRequest { op: Op::Read, buf: gbuf.clone(), buf_offset: 0, file_offset: 0, len: 4 << 20, cookie: 0 };
+    b.submit(&[big]).unwrap();
+    assert_eq!(wait_all(&mut b, 1)[0].status, IoStatus::Complete);
+    assert_eq!(engine.spawned(), 1, "GPU entries past a staging chunk take the worker threads");
+}
+
+/// When the ring is given up with requests in it, those entries fail and keep their leases for
+/// good (the kernel may still write the memory); the batch carries on with a new ring.
+#[test]
+fn an_abandoned_ring_keeps_its_entries_memory_leased_for_good() {
+    let f = TempFile::new("abandon", 16 << 20);
+    let st = f.storage();
+    let gpu = Gpu::cpu();
+    let host = Arc::new(st.alloc_host(8 << 20).unwrap());
+    let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap());
+    let mut b = RingBatch::new(&st, 8).unwrap();
+    let entry = |buf: &Arc<crate::Buffer>, len: u64, cookie: u64| Entry {
+        op: Op::Read,
+        lease: crate::buffer::Lease::new(buf.clone()).unwrap(),
+        buf_offset: 0,
+        dev_offset: 0,
+        len,
+        cookie,
+    };
+    assert!(b.takes(&gbuf, 0, 4096));
+    b.submit(vec![entry(&host, 4 << 20, 0), entry(&gbuf, 4096, 1)]).unwrap();
+    // Nothing was reaped, so every piece still counts as in the ring.
+    assert!(b.in_ring > 0);
+    b.abandon(std::io::Error::from_raw_os_error(libc::EFAULT));
+    assert!(b.ring.is_none());
+    let evs = b.status(2, Duration::ZERO).unwrap();
+    assert_eq!(evs.len(), 2);
+    assert!(evs
+        .iter()
+        .all(|(e, _)| e.status == IoStatus::Failed && e.error.as_ref().is_some_and(|e| e.errno() == -libc::EFAULT)));
+    assert_eq!((host.inflight(), gbuf.inflight()), (1, 1), "the leases are kept for good");
+    assert!(b.stage.as_ref().is_some_and(|s| s.is_poisoned()), "the slot's chunk is never reused");
+    // A new ring for the next entries.
+    let other = Arc::new(st.alloc_host(1 << 20).unwrap());
+    b.submit(vec![entry(&other, 1 << 20, 2)]).unwrap();
+    let evs = b.status(1, Duration::from_secs(20)).unwrap();
+    assert_eq!((evs[0].0.status, evs[0].0.bytes), (IoStatus::Complete, 1 << 20));
+    assert_eq!(other.inflight(), 0);
+}
+
+/// The CPU stand-in, except that its copy queues fail when polled.
+#[derive(Debug, Default)]
+struct BrokenCopies(Cpu);
+
+#[derive(Debug)]
+struct BrokenQueue;
+
+impl CopyQueue for BrokenQueue {
+    unsafe fn to_device(&mut self, _dst: u64, _src: *const u8, _len: usize) -> Result<()> {
+        Ok(())
+    }
+    unsafe fn to_host(&mut self, _dst: *mut u8, _src: u64, _len: usize) -> Result<()> {
+        Ok(())
+    }
+    fn wait(&mut self) -> Result<()> {
+        Err(Error::Gpu { op: "wait", reason: "broken on purpose".into() })
+    }
+    fn poll(&mut self) -> Result<bool> {
+        Err(Error::Gpu { op: "poll", reason: "broken on purpose".into() })
+    }
+}
+
+impl Runtime for BrokenCopies {
+    fn vendor(&self) -> Vendor {
+        Vendor::Cpu
+    }
+    fn device_name(&self) -> String {
+        "broken copies".into()
+    }
+    fn alloc(&self, len: usize) -> Result<u64> {
+        self.0.alloc(len)
+    }
+    fn free(&self, ptr: u64, len: usize) {
+        self.0.free(ptr, len)
+    }
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        self.0.is_device_memory(ptr)
+    }
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
+        self.0.alloc_pinned(len)
+    }
+    fn free_pinned(&self, ptr: *mut u8, len: usize) {
+        self.0.free_pinned(ptr, len)
+    }
+    fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        Ok(Box::new(BrokenQueue))
+    }
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
+        self.0.export_dmabuf(ptr, len)
+    }
+    fn dmabuf_support(&self) -> std::result::Result<(), String> {
+        self.0.dmabuf_support()
+    }
+    fn new_stream(&self) -> Result<Arc<dyn crate::Stream>> {
+        self.0.new_stream()
+    }
+}
+
+/// A copy queue that cannot say its copies are done fails its entries, which keep their leases
+/// for good; host entries of the same batch are not affected.
+#[test]
+fn a_failed_copy_queue_keeps_its_entries_memory_leased_for_good() {
+    let f = TempFile::new("copyfail", 4 << 20);
+    let st = f.storage();
+    let gpu = Gpu::with_runtime(Arc::new(BrokenCopies::default()));
+    let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap());
+    let host = Arc::new(st.alloc_host(1 << 20).unwrap());
+    let mut b = StorageBatch::new(&st, 8).unwrap();
+    let mut reqs = reads(&gbuf, 4, 8192);
+    reqs.extend(reads(&host, 4, 8192).into_iter().map(|r| IoRequest { cookie: r.cookie + 4, ..r }));
+    b.submit(&reqs).unwrap();
+    let evs = wait_all(&mut b, 8);
+    for e in &evs {
+        let want = if e.cookie < 4 { IoStatus::Failed } else { IoStatus::Complete };
+        assert_eq!(e.status, want, "{e:?}");
+    }
+    assert_eq!(gbuf.inflight(), 4, "GPU entries whose copies may still run stay leased");
+    assert_eq!(host.inflight(), 0);
+    assert_eq!(b.ring_entries(), 8);
+}
