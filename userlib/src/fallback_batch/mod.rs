@@ -89,7 +89,7 @@ impl Req {
 /// an entry is finished only once `in_ring` is 0, or leaked together with the ring.
 pub(crate) struct RingBatch {
     /// Held so that the file target, and with it `fd`, stays open.
-    _storage: Arc<Storage>,
+    storage: Arc<Storage>,
     fd: i32,
     path: String,
     direct: bool,
@@ -136,7 +136,7 @@ impl RingBatch {
             path: f.path().to_string(),
             direct: f.direct(),
             align: f.align(),
-            _storage: storage.clone(),
+            storage: storage.clone(),
             ring: Some(ring(ring_size)?),
             ring_size,
             in_ring: 0,
@@ -152,6 +152,11 @@ impl RingBatch {
     /// Entries in flight.
     pub(crate) fn in_flight(&self) -> usize {
         self.reqs.len() - self.free.len()
+    }
+
+    /// Whether this batch is on `storage` with room for `n` entries.
+    pub(crate) fn fits(&self, storage: &Arc<Storage>, n: usize) -> bool {
+        Arc::ptr_eq(&self.storage, storage) && self.reqs.len() >= n
     }
 
     /// Entries taken since the batch was made.

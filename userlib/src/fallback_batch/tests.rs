@@ -195,3 +195,48 @@ fn a_failed_copy_queue_keeps_its_entries_memory_leased_for_good() {
     assert_eq!(host.inflight(), 0);
     assert_eq!(b.ring_entries(), 8);
 }
+
+/// Stream-ordered groups on a file are one worker job each, whatever their size (the ring puts
+/// the group's operations in flight); an operation the ring does not take gets a job of its
+/// own and still finishes before the stream moves on.
+#[test]
+fn stream_groups_on_a_file_are_one_job_each() {
+    use crate::stream_io::{AsyncArgs, AsyncOp, StreamIo};
+    let f = TempFile::new("stream", 16 << 20);
+    let st = f.storage();
+    let gpu = Gpu::cpu();
+    let host = Arc::new(st.alloc_host(16 * 8192).unwrap());
+    let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(8 << 20).unwrap()), false).unwrap());
+    let sio = StreamIo::new(crate::CpuStream::new().unwrap()).unwrap();
+    let mut all = Vec::new();
+    for g in 0..10u64 {
+        let ops: Vec<AsyncOp> = (0..16u64)
+            .map(|i| {
+                let buf = if i % 2 == 0 { host.clone() } else { gbuf.clone() };
+                let args = AsyncArgs::new(8192, (g * 16 + i) as i64 * 8192, i as i64 * 8192);
+                AsyncOp { op: Op::Read, buf, args }
+            })
+            .collect();
+        sio.submit(&st, &ops).unwrap();
+        all.extend(ops);
+        if g == 9 {
+            sio.synchronize().unwrap();
+        }
+    }
+    let engine = st.engine().unwrap();
+    assert_eq!(engine.spawned(), 10, "one job per group");
+    assert!(all.iter().all(|o| o.args.result() == 8192));
+    let mut out = vec![0u8; 8192];
+    for (k, o) in all.iter().enumerate().skip(9 * 16) {
+        o.buf.copy_out((k % 16) * 8192, &mut out).unwrap();
+        assert_eq!(crate::pattern::first_mismatch(1, k as u64 * 8192, &out), None, "op {k}");
+    }
+    // A GPU operation larger than a staging chunk, with a small one.
+    let big = AsyncOp { op: Op::Read, buf: gbuf.clone(), args: AsyncArgs::new(4 << 20, 0, 0) };
+    let small = AsyncOp { op: Op::Read, buf: host.clone(), args: AsyncArgs::new(4096, 8192, 0) };
+    sio.submit(&st, &[big.clone(), small.clone()]).unwrap();
+    sio.synchronize().unwrap();
+    assert_eq!((big.args.result(), small.args.result()), (4 << 20, 4096));
+    assert_eq!(engine.spawned(), 12, "the group's job and one for the large operation");
+    assert_eq!(st.path_counts().fallback, 162);
+}
