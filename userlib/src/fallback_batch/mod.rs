@@ -191,8 +191,16 @@ impl RingBatch {
                 continue;
             };
             self.taken += 1;
-            if let Err(err) = self.start(idx, e) {
-                self.finish(idx, Err(err), false);
+            let (cookie, path) = (e.cookie, e.lease.buffer().path());
+            match self.start(idx, e) {
+                Ok(()) => {}
+                Err(err) if self.reqs[idx].is_some() => self.finish(idx, Err(err), false),
+                // Refused before it held anything (its lease went with it).
+                Err(err) => {
+                    self.free.push(idx);
+                    let ev = IoEvent { cookie, status: IoStatus::Failed, bytes: 0, error: Some(err) };
+                    self.ready.push((ev, path));
+                }
             }
         }
         self.pump();

@@ -115,9 +115,10 @@ fn an_abandoned_ring_keeps_its_entries_memory_leased_for_good() {
     assert_eq!(other.inflight(), 0);
 }
 
-/// The CPU stand-in, except that its copy queues fail when polled.
+/// The CPU stand-in, except that its copy queues fail when polled, or (`no_pinned`) it has no
+/// pinned memory to give.
 #[derive(Debug, Default)]
-struct BrokenCopies(Cpu);
+struct BrokenCopies(Cpu, bool);
 
 #[derive(Debug)]
 struct BrokenQueue;
@@ -154,6 +155,9 @@ impl Runtime for BrokenCopies {
         self.0.is_device_memory(ptr)
     }
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
+        if self.1 {
+            return Err(Error::Gpu { op: "alloc_pinned", reason: "none on purpose".into() });
+        }
         self.0.alloc_pinned(len)
     }
     fn free_pinned(&self, ptr: *mut u8, len: usize) {
@@ -179,7 +183,7 @@ impl Runtime for BrokenCopies {
 fn a_failed_copy_queue_keeps_its_entries_memory_leased_for_good() {
     let f = TempFile::new("copyfail", 4 << 20);
     let st = f.storage();
-    let gpu = Gpu::with_runtime(Arc::new(BrokenCopies::default()));
+    let gpu = Gpu::with_runtime(Arc::new(BrokenCopies(Cpu::default(), false)));
     let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap());
     let host = Arc::new(st.alloc_host(1 << 20).unwrap());
     let mut b = StorageBatch::new(&st, 8).unwrap();
@@ -239,4 +243,27 @@ fn stream_groups_on_a_file_are_one_job_each() {
     assert_eq!((big.args.result(), small.args.result()), (4 << 20, 4096));
     assert_eq!(engine.spawned(), 12, "the group's job and one for the large operation");
     assert_eq!(st.path_counts().fallback, 162);
+}
+
+/// GPU entries that get no staging memory fail at once, alone, and give their place in the
+/// batch back.
+#[test]
+fn entries_without_staging_memory_fail_and_free_their_place() {
+    let f = TempFile::new("nopinned", 4 << 20);
+    let st = f.storage();
+    let gpu = Gpu::with_runtime(Arc::new(BrokenCopies(Cpu::default(), true)));
+    let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap());
+    let host = Arc::new(st.alloc_host(1 << 20).unwrap());
+    let mut b = StorageBatch::new(&st, 4).unwrap();
+    for _ in 0..3 {
+        let mut reqs = reads(&gbuf, 2, 8192);
+        reqs.extend(reads(&host, 2, 8192).into_iter().map(|r| IoRequest { cookie: r.cookie + 2, ..r }));
+        b.submit(&reqs).unwrap();
+        let mut evs = wait_all(&mut b, 4);
+        evs.sort_by_key(|e| e.cookie);
+        assert!(evs[..2].iter().all(|e| matches!(e.error, Some(Error::Gpu { op: "alloc_pinned", .. }))), "{evs:?}");
+        assert!(evs[2..].iter().all(|e| e.status == IoStatus::Complete), "{evs:?}");
+        assert_eq!(b.in_flight(), 0);
+        assert_eq!(gbuf.inflight() + host.inflight(), 0);
+    }
 }
