@@ -1,7 +1,8 @@
 //! `ugds bench-gpu --breakdown` and `--depths`: where a small read into GPU memory spends its
 //! time on the fallback path (the disk alone, the host-to-device copy alone, the whole read
 //! with the copy waited for by blocking or by polling, and the naive pread + copy), and how a
-//! batch of N reads compares with N naive reads one after another. Every figure comes from
+//! batch of N reads, and a stream-ordered group of N reads, compare with N naive reads one
+//! after another. Every figure comes from
 //! the same run, the methods taking turns so the disk's drift hits all of them alike.
 
 use crate::gpu_bench::{median, pread_pinned};
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds::batch::{IoStatus, Op};
 use ugds::gpu::{CopyWait, Gpu};
-use ugds::{IoRequest, Storage, StorageBatch};
+use ugds::{AsyncArgs, AsyncOp, IoRequest, Storage, StorageBatch, StreamIo};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -105,8 +106,10 @@ pub fn breakdown(file: &str, file_size: u64, sizes: &[u64], gpu: &Arc<Gpu>, json
     Ok(())
 }
 
-/// A batch of `depth` reads of `size` into GPU memory against `depth` naive reads (pread into
-/// pinned memory, copy, wait) one after another; I/Os per second, median of alternating rounds.
+/// A batch of `depth` reads of `size` into GPU memory, and a stream-ordered group of `depth`
+/// reads (queued on a stream, then the stream synchronized), against `depth` naive reads (pread
+/// into pinned memory, copy, wait) one after another; I/Os per second, median of alternating
+/// rounds.
 pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc<Gpu>, json: bool) -> Res<()> {
     let st = Storage::open(file)?;
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(file)?;
@@ -116,15 +119,16 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
     let bufs: Vec<_> = mems.iter().map(|m| st.register_gpu(m.clone(), true).map(Arc::new)).collect::<Result<_, _>>()?;
     let pinned = gpu.alloc_pinned(size as usize)?;
     let mut q = gpu.runtime().copy_queue()?;
+    let sio = StreamIo::new(gpu.runtime().new_stream()?)?;
     if !json {
         println!("depth sweep ({} reads, IOPS, median of 5 alternating rounds):", ugds::units::human(size));
-        println!("{:>6} {:>12} {:>12} {:>8}", "depth", "batch", "naive loop", "ratio");
+        println!("{:>6} {:>12} {:>12} {:>12} {:>8} {:>8}", "depth", "batch", "stream", "naive loop", "ratio", "stream");
     }
     let mut rows = Vec::new();
     let mut n = 0u64;
     for &d in depths {
         let mut b = StorageBatch::new(&st, d)?;
-        let (mut bt, mut nt) = (Vec::new(), Vec::new());
+        let (mut bt, mut st_t, mut nt) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..5 {
             // A round: enough batches for about 0.2 s of work at the naive rate.
             let reps = (2000 / d).max(4);
@@ -158,6 +162,22 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
             }
             bt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
             let start = Instant::now();
+            for _ in 0..reps {
+                let ops: Vec<AsyncOp> = (0..d)
+                    .map(|i| {
+                        n += 1;
+                        let args = AsyncArgs::new(size, offset(n, size, file_size) as i64, 0);
+                        AsyncOp { op: Op::Read, buf: bufs[i].clone(), args }
+                    })
+                    .collect();
+                sio.submit(&st, &ops)?;
+                sio.synchronize()?;
+                if let Some(o) = ops.iter().find(|o| o.args.result() != size as i64) {
+                    return Err(format!("a stream-ordered read returned {}", o.args.result()).into());
+                }
+            }
+            st_t.push((reps * d) as f64 / start.elapsed().as_secs_f64());
+            let start = Instant::now();
             for _ in 0..reps * d {
                 n += 1;
                 pread_pinned(fd, &pinned, size, offset(n, size, file_size))?;
@@ -168,11 +188,13 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
             }
             nt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
         }
-        let (bi, ni) = (median(bt), median(nt));
+        let (bi, si, ni) = (median(bt), median(st_t), median(nt));
         if json {
-            rows.push(serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "naive_iops": ni}));
+            rows.push(
+                serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "stream_iops": si, "naive_iops": ni}),
+            );
         } else {
-            println!("{d:>6} {bi:>12.0} {ni:>12.0} {:>7.2}x", bi / ni);
+            println!("{d:>6} {bi:>12.0} {si:>12.0} {ni:>12.0} {:>7.2}x {:>7.2}x", bi / ni, si / ni);
         }
     }
     if json {

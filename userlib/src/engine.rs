@@ -4,6 +4,7 @@
 //! path each worker thread has its own io_uring ring.
 
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +15,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 pub struct Engine {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Jobs queued so far.
+    spawned: AtomicU64,
 }
 
 impl Engine {
@@ -43,16 +46,23 @@ impl Engine {
                 .map_err(|e| Error::Io { op: "spawning an I/O worker".into(), source: e })?;
             threads.push(t);
         }
-        Ok(Arc::new(Engine { tx: Mutex::new(Some(tx)), threads }))
+        Ok(Arc::new(Engine { tx: Mutex::new(Some(tx)), threads, spawned: AtomicU64::new(0) }))
     }
 
     /// Queues `f` on a worker.
     pub fn spawn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.spawned.fetch_add(1, Ordering::Relaxed);
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         match tx.as_ref() {
             Some(tx) => tx.send(Box::new(f)).map_err(|_| Error::invalid("engine", "shut down")),
             None => Err(Error::invalid("engine", "shut down")),
         }
+    }
+
+    /// Jobs queued since the engine started (tests tell work done on the workers from work
+    /// done elsewhere).
+    pub fn spawned(&self) -> u64 {
+        self.spawned.load(Ordering::Relaxed)
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// One command's size: large enough to stream, small enough that a request is split into many
 /// commands in flight at once.
-const PIECE: usize = 1 << 20;
+pub(crate) const PIECE: usize = 1 << 20;
 /// Commands in flight per request.
 const RING_ENTRIES: u32 = 64;
 /// Staging chunks read from disk at once by [`FileTarget::read_gpu`].
@@ -87,7 +87,7 @@ pub struct FileTarget {
     buffered: std::sync::OnceLock<File>,
 }
 
-fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {
+pub(crate) fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {
     Error::Io { op: op.into(), source: e }
 }
 
@@ -141,6 +141,11 @@ impl FileTarget {
     /// The path.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The descriptor (for a batch's own ring; the target keeps it open).
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
     }
 
     /// Size in bytes (a block device's capacity, a file's length).
@@ -540,5 +545,9 @@ impl DataPath for FileTarget {
 
     fn max_command_bytes(&self) -> u64 {
         u64::MAX
+    }
+
+    fn as_file(&self) -> Option<&FileTarget> {
+        Some(self)
     }
 }

@@ -28,6 +28,8 @@ pub mod engine;
 pub mod error;
 #[cfg(feature = "fallback")]
 pub mod fallback;
+#[cfg(feature = "fallback")]
+mod fallback_batch;
 pub mod gpu;
 pub(crate) mod mem;
 pub(crate) mod mmio;

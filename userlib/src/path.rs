@@ -90,6 +90,13 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     fn as_volume(&self) -> Option<&crate::volume::VolumePath> {
         None
     }
+
+    /// The file or block device behind the path, when it is the fallback path (batches then
+    /// get an io_uring of their own on it).
+    #[cfg(feature = "fallback")]
+    fn as_file(&self) -> Option<&crate::fallback::FileTarget> {
+        None
+    }
 }
 
 /// Logs why a slower path was chosen: once per distinct reason per process.

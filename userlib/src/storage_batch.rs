@@ -1,7 +1,10 @@
 //! Batches over any [`Storage`] path (cuFile's batch API). On the direct path, entries of
 //! registered memory that fit one command go to a queue batch (a queue pair of its own, one
-//! doorbell per submit; on a striped volume one per member, for entries of at most a chunk); the rest (the fallback path, staged GPU memory, larger entries) run
-//! concurrently on the storage's worker threads. Events are collected with `status`.
+//! doorbell per submit; on a striped volume one per member, for entries of at most a chunk); on
+//! the fallback path, host memory and GPU memory up to a staging chunk go to an io_uring of the
+//! batch's own (see [`crate::fallback_batch`]); the rest (staged GPU memory on the direct path,
+//! larger entries) run concurrently on the storage's worker threads. Events are collected with
+//! `status`.
 //!
 //! Rules: `submit` checks every entry (the storage's one check); invalid entries become
 //! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping
@@ -10,6 +13,8 @@
 use crate::batch::{Entry, IoEvent, IoStatus, Op, QueueBatch};
 use crate::buffer::{Buffer, Lease, Path};
 use crate::error::{Error, Result};
+#[cfg(feature = "fallback")]
+use crate::fallback_batch::RingBatch;
 use crate::storage::Storage;
 use crate::volume_batch::VolumeQueueBatch;
 use std::sync::{Arc, Condvar, Mutex};
@@ -47,12 +52,14 @@ pub struct StorageBatch {
     native: Option<Native>,
 }
 
-/// The queue batch behind a storage batch: a namespace's own queue pair, or one on every member
-/// of a striped volume.
+/// The queue batch behind a storage batch: a namespace's own queue pair, one on every member
+/// of a striped volume, or an io_uring of its own on a file or block device.
 #[derive(Debug)]
 enum Native {
     One(Box<QueueBatch>),
     Volume(VolumeQueueBatch),
+    #[cfg(feature = "fallback")]
+    Ring(Box<RingBatch>),
 }
 
 impl Native {
@@ -60,6 +67,17 @@ impl Native {
         match self {
             Native::One(q) => q.in_flight(),
             Native::Volume(v) => v.in_flight(),
+            #[cfg(feature = "fallback")]
+            Native::Ring(r) => r.in_flight(),
+        }
+    }
+
+    /// Whether it runs this (unchecked) entry; the rest go to the worker threads.
+    fn takes(&mut self, r: &IoRequest, max_cmd: u64) -> bool {
+        match self {
+            Native::One(_) | Native::Volume(_) => r.buf.registration().is_some() && r.len <= max_cmd,
+            #[cfg(feature = "fallback")]
+            Native::Ring(q) => q.takes(&r.buf, r.buf_offset, r.len),
         }
     }
 
@@ -67,6 +85,8 @@ impl Native {
         match self {
             Native::One(q) => q.submit(entries),
             Native::Volume(v) => v.submit(entries),
+            #[cfg(feature = "fallback")]
+            Native::Ring(r) => r.submit(entries),
         }
     }
 
@@ -74,6 +94,8 @@ impl Native {
         match self {
             Native::One(q) => q.status(min, timeout),
             Native::Volume(v) => v.status(min, timeout),
+            #[cfg(feature = "fallback")]
+            Native::Ring(r) => r.status(min, timeout),
         }
     }
 
@@ -81,6 +103,8 @@ impl Native {
         match self {
             Native::One(q) => q.cancel(),
             Native::Volume(v) => v.cancel(),
+            #[cfg(feature = "fallback")]
+            Native::Ring(r) => r.cancel(),
         }
     }
 }
@@ -93,11 +117,15 @@ impl StorageBatch {
         }
         storage.engine()?;
         // A queue pair of its own on the direct path (when the controller grants one that deep),
-        // one on every member of a volume.
+        // one on every member of a volume, a ring of its own on a file (when io_uring works).
         let path = storage.data_path();
         let native = match (path.as_direct(), path.as_volume()) {
             (Some(d), _) => QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q))),
             (None, Some(v)) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
+            #[cfg(feature = "fallback")]
+            (None, None) if path.as_file().is_some() => {
+                RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r)))
+            }
             (None, None) => None,
         };
         Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native })
@@ -114,9 +142,20 @@ impl StorageBatch {
         pool + self.native.as_ref().map_or(0, Native::in_flight)
     }
 
-    /// Whether a queue batch (a queue pair of its own, one doorbell per submit) is in use.
+    /// Whether a queue batch (a queue pair of its own, one doorbell per submit) or, on a file,
+    /// a ring of its own (every entry in flight at once, no worker thread) is in use.
     pub fn is_native(&self) -> bool {
         self.native.is_some()
+    }
+
+    /// Entries the batch's own ring has taken since it was made (0 off the fallback path): the
+    /// rest ran on the storage's worker threads.
+    #[cfg(feature = "fallback")]
+    pub fn ring_entries(&self) -> u64 {
+        match &self.native {
+            Some(Native::Ring(r)) => r.taken(),
+            _ => 0,
+        }
     }
 
     /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
@@ -139,8 +178,7 @@ impl StorageBatch {
         let mut native = Vec::new();
         let mut pooled = Vec::new();
         for r in reqs {
-            let registered = r.buf.registration().is_some();
-            if self.native.is_none() || !registered || r.len > max_cmd {
+            if !self.native.as_mut().is_some_and(|n| n.takes(r, max_cmd)) {
                 pooled.push(r);
                 continue;
             }

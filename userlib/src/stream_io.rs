@@ -12,9 +12,15 @@
 //! invalid argument found at execution time is reported there and later operations still run.
 
 use crate::batch::Op;
+#[cfg(feature = "fallback")]
+use crate::batch::{Entry, IoStatus};
 use crate::buffer::Buffer;
+#[cfg(feature = "fallback")]
+use crate::buffer::Lease;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+#[cfg(feature = "fallback")]
+use crate::fallback_batch::RingBatch;
 use crate::storage::Storage;
 use crate::stream::{CompletionWord, Stream};
 use std::collections::BTreeSet;
@@ -114,6 +120,9 @@ pub struct StreamIo {
     next: Mutex<u32>,
     /// The last ticket whose group the stream has passed (its wait included).
     passed: Arc<AtomicU32>,
+    /// The ring groups on a file target run on (made at the first, larger when a group is).
+    #[cfg(feature = "fallback")]
+    ring: Arc<Mutex<Option<RingBatch>>>,
 }
 
 /// One operation of a group as a job: it runs on a worker thread once the stream reaches the
@@ -155,7 +164,15 @@ impl StreamIo {
     pub fn new(stream: Arc<dyn Stream>) -> Result<StreamIo> {
         let word = stream.completion_word()?;
         word.store(0);
-        Ok(StreamIo { stream, word, tickets: Arc::default(), next: Mutex::new(0), passed: Arc::default() })
+        Ok(StreamIo {
+            stream,
+            word,
+            tickets: Arc::default(),
+            next: Mutex::new(0),
+            passed: Arc::default(),
+            #[cfg(feature = "fallback")]
+            ring: Arc::default(),
+        })
     }
 
     /// The stream.
@@ -179,27 +196,42 @@ impl StreamIo {
     }
 
     /// Queues a group: its operations run concurrently once the stream reaches it, and later
-    /// stream work waits for all of them.
+    /// stream work waits for all of them. On a file or block device the whole group is one job
+    /// that puts its operations in flight at once on a ring of this registration's own (see
+    /// [`crate::fallback_batch`]); elsewhere each operation is a job of its own.
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
+        #[cfg(feature = "fallback")]
+        if storage.data_path().as_file().is_some() && !ops.is_empty() {
+            return self.submit_to_ring(storage, ops);
+        }
         let jobs = ops
             .iter()
             .map(|o| {
                 let (o, s) = (o.clone(), storage.clone());
-                Box::new(move || {
-                    let (size, foff, boff) = o.args.load();
-                    let r = if foff < 0 {
-                        Err(Error::invalid("file_offset", format!("{foff} is negative")))
-                    } else if boff < 0 {
-                        Err(Error::invalid("buf_offset", format!("{boff} is negative")))
-                    } else {
-                        s.check(&o.buf, boff as u64, foff as u64, size)
-                            .and_then(|_| s.rw(o.op == Op::Write, &o.buf, boff as u64, foff as u64, size))
-                    };
-                    o.args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
-                }) as StreamJob
+                Box::new(move || run_op(&s, &o)) as StreamJob
             })
             .collect();
         self.submit_jobs(&storage.engine()?, jobs)
+    }
+
+    /// [`StreamIo::submit`] on a file target: one ticket and one worker job for the group.
+    #[cfg(feature = "fallback")]
+    fn submit_to_ring(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
+        let engine = storage.engine()?;
+        let (s, ops, ring) = (storage.clone(), ops.to_vec(), self.ring.clone());
+        let (word, tickets) = (self.word.clone(), self.tickets.clone());
+        self.queue(1, move |first, cancelled| {
+            // Finishes the ticket once the group job and any job it handed work to are over
+            // (or were dropped unrun).
+            let done = Arc::new(Finish { tickets, word, ticket: first });
+            let workers = engine.clone();
+            let work = move || {
+                if !cancelled.load(Ordering::Acquire) {
+                    run_group(&s, &workers, &ring, &ops, &done);
+                }
+            };
+            let _ = engine.spawn(work);
+        })
     }
 
     /// Queues a group of jobs (the general form of [`StreamIo::submit`]: the C faces' jobs
@@ -208,16 +240,9 @@ impl StreamIo {
         if jobs.is_empty() {
             return Err(Error::invalid("ops", "empty group"));
         }
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-        let first = next.wrapping_add(1);
-        let last = next.wrapping_add(jobs.len() as u32);
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
-        // Set when queuing the group's wait failed after its host function was queued: the
-        // caller is told the operation failed, so its jobs must not run (they would use memory
-        // the caller may free). Jobs that started before the flag was set cannot be recalled.
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let cancel = cancelled.clone();
-        let run = move || {
+        // CAST: a group's jobs are counted in u32 tickets (wrapping is how tickets work).
+        self.queue(jobs.len() as u32, move |first, cancelled| {
             for (i, job) in jobs.into_iter().enumerate() {
                 let ticket = first.wrapping_add(i as u32);
                 // Finishes the ticket however the job ends (returns, panics, or is dropped
@@ -233,8 +258,22 @@ impl StreamIo {
                 // A refused spawn drops `work` and with it `done`: the ticket still finishes.
                 let _ = engine.spawn(work);
             }
-        };
-        self.stream.host_fn(Box::new(run))?;
+        })
+    }
+
+    /// Queues a group of `count` tickets on the stream: `run(first, cancelled)`, which must
+    /// see to it that tickets `first..first + count` finish, when the stream reaches the
+    /// group, then the wait for them. `cancelled` is set when queuing the group's wait failed
+    /// after its host function was queued: the caller is told the operation failed, so its I/O
+    /// must not start (it would use memory the caller may free); I/O that started before the
+    /// flag was set cannot be recalled.
+    fn queue(&self, count: u32, run: impl FnOnce(u32, Arc<AtomicBool>) + Send + 'static) -> Result<()> {
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let first = next.wrapping_add(1);
+        let last = next.wrapping_add(count);
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancel = cancelled.clone();
+        self.stream.host_fn(Box::new(move || run(first, cancelled)))?;
         // Whatever happens next, the host function above finishes these tickets.
         *next = last;
         let waited = self.stream.wait_word(&self.word, last);
@@ -255,6 +294,93 @@ impl StreamIo {
     pub fn idle(&self) -> bool {
         let next = *self.next.lock().unwrap_or_else(|e| e.into_inner());
         self.passed.load(Ordering::Acquire).wrapping_sub(next) as i32 >= 0
+    }
+}
+
+/// An operation's late-bound arguments, read once and checked: (size, file offset, buffer
+/// offset).
+fn load_checked(s: &Storage, o: &AsyncOp) -> Result<(u64, u64, u64)> {
+    let (size, foff, boff) = o.args.load();
+    if foff < 0 {
+        return Err(Error::invalid("file_offset", format!("{foff} is negative")));
+    }
+    if boff < 0 {
+        return Err(Error::invalid("buf_offset", format!("{boff} is negative")));
+    }
+    s.check(&o.buf, boff as u64, foff as u64, size)?;
+    Ok((size, foff as u64, boff as u64))
+}
+
+/// Runs one operation synchronously and stores its result.
+fn run_op(s: &Storage, o: &AsyncOp) {
+    let r = load_checked(s, o).and_then(|(size, foff, boff)| s.rw(o.op == Op::Write, &o.buf, boff, foff, size));
+    o.args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
+}
+
+/// Runs a group on a file target: every operation the ring takes in flight on it at once, each
+/// other one on a worker of its own (holding the group's ticket), then the ring's events stored
+/// as the operations' results. Groups of one registration run one after another (stream
+/// order), so the ring is never shared.
+#[cfg(feature = "fallback")]
+fn run_group(s: &Arc<Storage>, engine: &Engine, ring: &Mutex<Option<RingBatch>>, ops: &[AsyncOp], done: &Arc<Finish>) {
+    let mut slot = ring.lock().unwrap_or_else(|e| e.into_inner());
+    if !slot.as_ref().is_some_and(|r| r.fits(s, ops.len())) {
+        // The old ring (if any) is idle: its groups are over.
+        *slot = RingBatch::new(s, ops.len()).ok();
+    }
+    let mut entries = Vec::with_capacity(ops.len());
+    for (i, o) in ops.iter().enumerate() {
+        let (size, foff, boff) = match load_checked(s, o) {
+            Ok(v) => v,
+            Err(e) => {
+                o.args.store_result(e.errno() as i64);
+                continue;
+            }
+        };
+        if slot.as_mut().is_some_and(|r| r.takes(&o.buf, boff, size)) {
+            match Lease::new(o.buf.clone()) {
+                Ok(lease) => entries.push(Entry {
+                    op: o.op,
+                    lease,
+                    buf_offset: boff,
+                    dev_offset: foff,
+                    len: size,
+                    cookie: i as u64,
+                }),
+                Err(e) => o.args.store_result(e.errno() as i64),
+            }
+            continue;
+        }
+        // A worker of its own, holding the group's ticket.
+        let (s, o, done) = (s.clone(), o.clone(), done.clone());
+        let job = move || {
+            let _done = done;
+            let r = s.rw(o.op == Op::Write, &o.buf, boff, foff, size);
+            o.args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
+        };
+        if let Err(e) = engine.spawn(job) {
+            ops[i].args.store_result(e.errno() as i64);
+        }
+    }
+    let (Some(r), n) = (slot.as_mut(), entries.len()) else { return };
+    if n == 0 || r.submit(entries).is_err() {
+        return;
+    }
+    let mut got = 0;
+    while got < n {
+        let Ok(events) = r.status(n - got, Duration::from_secs(1)) else { return };
+        for (e, path) in events {
+            got += 1;
+            let Some(o) = ops.get(e.cookie as usize) else { continue };
+            match (e.status, e.error) {
+                (IoStatus::Complete, _) => {
+                    s.count(path, e.bytes);
+                    o.args.store_result(e.bytes as i64);
+                }
+                (_, Some(err)) => o.args.store_result(err.errno() as i64),
+                (_, None) => o.args.store_result(-(libc::EIO as i64)),
+            }
+        }
     }
 }
 

@@ -1,0 +1,173 @@
+//! A fallback batch's GPU staging: pinned slots carved from staging chunks (taken from the
+//! GPU's pool when the slots run out, kept for the batch's life) for small entries, whole
+//! chunks of the pool for larger ones, and a few copy queues ("lanes") whose copies `status`
+//! polls instead of waiting for.
+
+use crate::error::{Error, Result};
+use crate::gpu::{CopyQueue, Gpu, PinnedHost, STAGING_CHUNK};
+use std::sync::Arc;
+
+/// GPU entries up to this size stage through a slot; larger ones (up to a whole chunk) take a
+/// chunk of the GPU's pool.
+const SLOT: usize = 64 << 10;
+const SLOTS_PER_CHUNK: usize = STAGING_CHUNK / SLOT;
+/// Copy queues a batch spreads its copies over (a queue is polled as a whole, so entries on an
+/// idle queue are not held up by a busy one).
+const LANES: usize = 4;
+
+/// One entry's staging memory.
+#[derive(Debug)]
+pub(super) enum Stage {
+    /// Slot `n` of the batch's chunks.
+    Slot(usize),
+    /// A chunk of the GPU's pool.
+    Chunk(PinnedHost),
+}
+
+/// A copy queue and the entries whose copies run on it.
+#[derive(Debug)]
+struct Lane {
+    q: Box<dyn CopyQueue>,
+    ids: Vec<usize>,
+}
+
+/// Staging memory and copy queues of the one GPU whose memory a batch stages.
+#[derive(Debug)]
+pub(super) struct Staging {
+    gpu: Arc<Gpu>,
+    chunks: Vec<PinnedHost>,
+    free: Vec<usize>,
+    lanes: Vec<Lane>,
+    /// A copy queue failed while its copies may still run: the chunks are never freed.
+    poisoned: bool,
+}
+
+impl Staging {
+    /// Staging for `gpu`; nothing is taken until the first entry.
+    pub(super) fn new(gpu: Arc<Gpu>) -> Staging {
+        Staging { gpu, chunks: Vec::new(), free: Vec::new(), lanes: Vec::new(), poisoned: false }
+    }
+
+    /// Staging memory for an entry of `len` bytes (at most a staging chunk).
+    pub(super) fn take(&mut self, len: usize) -> Result<Stage> {
+        if len > SLOT {
+            let chunk = self.gpu.take_staging(1)?.pop();
+            return chunk.map(Stage::Chunk).ok_or_else(|| Error::invalid("staging", "the pool gave no chunk"));
+        }
+        if self.free.is_empty() {
+            // One more chunk of slots; they stay with the batch.
+            self.chunks.extend(self.gpu.take_staging(1)?);
+            let base = (self.chunks.len() - 1) * SLOTS_PER_CHUNK;
+            self.free.extend((base..base + SLOTS_PER_CHUNK).rev());
+        }
+        self.free.pop().map(Stage::Slot).ok_or_else(|| Error::invalid("staging", "no slot"))
+    }
+
+    /// The start of `s`'s memory.
+    pub(super) fn ptr(&self, s: &Stage) -> *mut u8 {
+        match s {
+            Stage::Slot(n) => self.chunks[n / SLOTS_PER_CHUNK].as_ptr().wrapping_add((n % SLOTS_PER_CHUNK) * SLOT),
+            Stage::Chunk(c) => c.as_ptr(),
+        }
+    }
+
+    /// Takes `s` back; `leak`: the kernel or a copy may still use it, so it is never reused.
+    pub(super) fn release(&mut self, s: Stage, leak: bool) {
+        match s {
+            Stage::Slot(n) if !leak => self.free.push(n),
+            // Its chunk holds other slots: keep them all.
+            Stage::Slot(_) => self.poisoned = true,
+            Stage::Chunk(c) if !leak => self.gpu.put_staging(vec![c]),
+            Stage::Chunk(c) => std::mem::forget(c),
+        }
+    }
+
+    /// Starts copying `len` bytes between `s` and device address `dev` (to the host when
+    /// `to_host`), for entry `id`, which [`Staging::poll`] reports once the copy is done.
+    ///
+    /// # Safety
+    ///
+    /// `len` is at most `s`'s size; `dev..dev+len` is device memory of this staging's GPU that
+    /// stays allocated, and `s` stays with the entry, until `poll` reports `id`.
+    pub(super) unsafe fn copy(&mut self, id: usize, s: &Stage, to_host: bool, dev: u64, len: usize) -> Result<()> {
+        let host = self.ptr(s);
+        let lane = self.lane()?;
+        let l = &mut self.lanes[lane];
+        // SAFETY: `host` is `s`'s memory, at least `len` bytes, which the batch touches no more
+        // until `poll` reports the copy done; the device range is the caller's promise.
+        unsafe {
+            if to_host {
+                l.q.to_host(host, dev, len)?;
+            } else {
+                l.q.to_device(dev, host, len)?;
+            }
+        }
+        l.ids.push(id);
+        Ok(())
+    }
+
+    /// The lane for the next copy: an idle one, a new one while fewer than [`LANES`], else the
+    /// least busy.
+    fn lane(&mut self) -> Result<usize> {
+        if let Some(i) = self.lanes.iter().position(|l| l.ids.is_empty()) {
+            return Ok(i);
+        }
+        if self.lanes.len() < LANES {
+            self.lanes.push(Lane { q: self.gpu.take_queue()?, ids: Vec::new() });
+            return Ok(self.lanes.len() - 1);
+        }
+        Ok((0..self.lanes.len()).min_by_key(|&i| self.lanes[i].ids.len()).unwrap_or(0))
+    }
+
+    /// Polls the lanes without waiting: entries whose copies are done go to `done`; those of a
+    /// lane that failed (its copies may still run: the lane is never used again) go to
+    /// `failed` with the reason. True while copies still run.
+    pub(super) fn poll(&mut self, done: &mut Vec<usize>, failed: &mut Vec<(usize, String)>) -> bool {
+        let mut busy = false;
+        let mut i = 0;
+        while i < self.lanes.len() {
+            if self.lanes[i].ids.is_empty() {
+                i += 1;
+                continue;
+            }
+            match self.lanes[i].q.poll() {
+                Ok(true) => done.append(&mut self.lanes[i].ids),
+                Ok(false) => busy = true,
+                Err(e) => {
+                    let lane = self.lanes.swap_remove(i);
+                    failed.extend(lane.ids.iter().map(|&id| (id, e.to_string())));
+                    std::mem::forget(lane.q);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        busy
+    }
+
+    /// Whether a failed copy or ring left memory in use: the chunks are then never freed.
+    #[cfg(test)]
+    pub(super) fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Whether this stages memory of `gpu`.
+    pub(super) fn is_for(&self, gpu: &Arc<Gpu>) -> bool {
+        Arc::ptr_eq(&self.gpu, gpu)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // The batch waited for its entries before dropping this.
+        let chunks = std::mem::take(&mut self.chunks);
+        if self.poisoned {
+            std::mem::forget(chunks);
+        } else {
+            self.gpu.put_staging(chunks);
+        }
+        for l in self.lanes.drain(..) {
+            self.gpu.put_queue(l.q);
+        }
+    }
+}
