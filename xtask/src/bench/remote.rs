@@ -387,9 +387,9 @@ fn plot(grid: &Grid, points: &[Value], dir: &Path) -> Result<usize> {
             .y_desc("ugds IOPS / kernel IOPS")
             .x_label_formatter(&depth_label)
             .draw()?;
-        c2.draw_series(LineSeries::new([(-0.3, 1.0), (xmax, 1.0)], BLACK.mix(0.3).stroke_width(1)))?
+        c2.draw_series(LineSeries::new([(-0.3, 1.0), (xmax, 1.0)], BLACK.mix(0.6).stroke_width(2)))?
             .label("equal")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.3)));
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.6).stroke_width(2)));
         for (ci, size) in grid.sizes.iter().enumerate() {
             let color = colors[ci % colors.len()];
             for (engine, width) in [("ugds", 3), ("kernel", 1)] {

@@ -44,9 +44,16 @@ fn setup_target(build: &Path, grid: &Grid, backing: &str) -> Result<()> {
     load_module(build, &format!("nvmet-{}", grid.transport))?;
     sh("ip link set lo up")?;
     if grid.transport == "rdma" {
+        // rxe's ICRC asks the crypto API for "crc32", which would load this module on demand
+        // through modprobe (not in this guest): without it adding the device fails.
+        load_module(build, "crc32_generic")?;
         load_module(build, "rdma_rxe")?;
+        // A built-in dummy driver creates dummy0 at boot (numdummies=1).
+        if !Path::new("/sys/class/net/dummy0").exists() {
+            sh("ip link add dummy0 type dummy")?;
+        }
         sh(&format!(
-            "ip link add dummy0 type dummy && ip addr add {RDMA_ADDR}/24 dev dummy0 && ip link set dummy0 up && \
+            "ip addr add {RDMA_ADDR}/24 dev dummy0 && ip link set dummy0 up && \
              rdma link add rxe0 type rxe netdev dummy0 2>&1"
         ))
         .context("soft-RoCE on dummy0 (needs CONFIG_DUMMY, CONFIG_RDMA_RXE and iproute2's rdma)")?;
@@ -173,7 +180,10 @@ fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Val
         _ => {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
-            v["error"] = json!(format!("ugds bench exited with {}: {}", out.status, last.trim()));
+            // The CLI's own message, without its "ugds: error: " prefix.
+            let last = last.trim().trim_start_matches("ugds: error: ");
+            let code = out.status.code().map_or_else(|| "a signal".into(), |c| c.to_string());
+            v["error"] = json!(format!("ugds bench exited with {code}: {last}"));
             v
         }
     }
