@@ -193,14 +193,6 @@ fn ratios(k: &Value, u: &Value) -> (f64, Option<f64>) {
     (f(u, "iops") / f(k, "iops").max(1.0), p50)
 }
 
-/// Why a point has no figure for an engine (its error), if it has none.
-fn missing(points: &[Value], engine: &str, rw: &str, size: &str, depth: usize) -> Option<String> {
-    match find(points, engine, rw, size, depth) {
-        None => Some("not measured".into()),
-        Some(p) => p.get("error").map(|e| e.as_str().unwrap_or("failed").to_string()),
-    }
-}
-
 /// `g (lo–hi)` or `–`.
 fn spread_cell(v: &[f64]) -> String {
     spread(v).map_or_else(|| "–".into(), |(g, lo, hi)| format!("{g:.2}x ({lo:.2}–{hi:.2})"))
@@ -234,30 +226,44 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
         s,
         "\n| rw | size | QD | kernel IOPS | ugds IOPS | ugds/kernel IOPS | kernel p50 us | ugds p50 us | ugds/kernel p50 | kernel p99 us | ugds p99 us | ugds I/O queues |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
+    // Each engine's figures where it has them; a failed point names its error in a footnote.
+    let mut errors: Vec<String> = Vec::new();
     for rw in &grid.rws {
         for size in &grid.sizes {
             for &depth in &grid.depths {
-                let Some((k, u)) = pair(points, rw, size, depth) else {
-                    let why = |e: &str| missing(points, e, rw, size, depth).map(|m| format!("{e}: {m}"));
-                    let whys: Vec<String> = ["kernel", "ugds"].iter().filter_map(|e| why(e)).collect();
-                    let _ = writeln!(s, "| {rw} | {size} | {depth} | not compared: {} |", whys.join("; "));
-                    continue;
+                let mut cells = |engine: &str| -> [String; 3] {
+                    match find(points, engine, rw, size, depth) {
+                        Some(p) if p.get("error").is_none() => {
+                            ["iops", "p50_us", "p99_us"].map(|k| format!("{:.0}", f(p, k)))
+                        }
+                        found => {
+                            let why = found.and_then(|p| p["error"].as_str()).map(|e| {
+                                let n = errors.iter().position(|x| x == e).unwrap_or_else(|| {
+                                    errors.push(e.to_string());
+                                    errors.len() - 1
+                                });
+                                format!("failed [{}]", n + 1)
+                            });
+                            [why.unwrap_or_else(|| "–".into()), "–".into(), "–".into()]
+                        }
+                    }
                 };
-                let (ri, rp) = ratios(k, u);
+                let ([ki, k50, k99], [ui, u50, u99]) = (cells("kernel"), cells("ugds"));
+                let (ri, rp) = pair(points, rw, size, depth).map(|(k, u)| ratios(k, u)).unzip();
+                let ratio = |r: Option<f64>| r.map_or_else(|| "–".into(), |r| format!("{r:.2}x"));
+                let queues = find(points, "ugds", rw, size, depth).and_then(|u| u["io_queues"].as_u64());
                 let _ = writeln!(
                     s,
-                    "| {rw} | {size} | {depth} | {:.0} | {:.0} | {ri:.2}x | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} |",
-                    f(k, "iops"),
-                    f(u, "iops"),
-                    f(k, "p50_us"),
-                    f(u, "p50_us"),
-                    rp.map_or_else(|| "–".into(), |r| format!("{r:.2}x")),
-                    f(k, "p99_us"),
-                    f(u, "p99_us"),
-                    u["io_queues"].as_u64().map_or_else(|| "–".into(), |q| q.to_string())
+                    "| {rw} | {size} | {depth} | {ki} | {ui} | {} | {k50} | {u50} | {} | {k99} | {u99} | {} |",
+                    ratio(ri),
+                    ratio(rp.flatten()),
+                    queues.map_or_else(|| "–".into(), |q| q.to_string())
                 );
             }
         }
+    }
+    for (i, e) in errors.iter().enumerate() {
+        let _ = writeln!(s, "\n[{}] {e}", i + 1);
     }
     let _ = writeln!(
         s,
@@ -475,13 +481,9 @@ mod tests {
         // The geometric mean of 2 and 0.5 is 1; of p50 0.5 and 1, 0.71.
         assert!(t.contains("| randread | all | 2 | 1.00x (0.50–2.00) | 0.71x (0.50–1.00) |"), "{t}");
         assert!(t.contains("| randread | 1M | 0 | – | – |"), "{t}");
-        assert!(
-            t.contains(
-                "| randread | 1M | 1 | not compared: ugds: ugds bench exited with 1: \"rdma\" is not implemented |"
-            ),
-            "{t}"
-        );
-        assert!(t.contains("| randread | 1M | 32 | not compared: kernel: not measured; ugds: not measured |"), "{t}");
+        assert!(t.contains("| randread | 1M | 1 | 100 | failed [1] | – | 1000 | – | – | 2000 | – | – |"), "{t}");
+        assert!(t.contains("\n[1] ugds bench exited with 1: \"rdma\" is not implemented\n"), "{t}");
+        assert!(t.contains("| randread | 1M | 32 | – | – | – | – | – | – | – | – | – |"), "{t}");
         let c = csv(&g, &pts);
         assert_eq!(c.lines().count(), 5, "{c}");
         assert!(c.contains("\ntcp,randread,4K,1,1000.0,2000.0,2.000,100.0,50.0,0.500,200.0,100.0,8,,\n"), "{c}");
