@@ -125,7 +125,7 @@ enum Cmd {
         #[arg(long, value_parser = vm::parse_size, default_value = "1G", requires = "grid")]
         span: u64,
         /// Chunk size of the volume and of md RAID0 (volume benchmark).
-        #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members")]
+        #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members", conflicts_with = "remote")]
         chunk: u64,
     },
     /// (internal) The remote benchmark's steps inside the VM.
