@@ -262,6 +262,23 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
             }
         }
     }
+    let stalls = |engine: &str, k: &str| -> Option<u64> {
+        let v: Vec<u64> = points.iter().filter(|p| p["engine"] == engine).filter_map(|p| p[k].as_u64()).collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    };
+    if let (Some(kr), Some(ur)) = (stalls("kernel", "tcp_retransmits"), stalls("ugds", "tcp_retransmits")) {
+        let _ = writeln!(
+            s,
+            "\nTCP during the kernel's points: {kr} segments retransmitted, {} retransmission timeouts, {} zero \
+             windows advertised, {} window probes; during ugds's: {ur}, {}, {}, {}.",
+            stalls("kernel", "tcp_timeouts").unwrap_or(0),
+            stalls("kernel", "tcp_zero_windows").unwrap_or(0),
+            stalls("kernel", "tcp_window_probes").unwrap_or(0),
+            stalls("ugds", "tcp_timeouts").unwrap_or(0),
+            stalls("ugds", "tcp_zero_windows").unwrap_or(0),
+            stalls("ugds", "tcp_window_probes").unwrap_or(0)
+        );
+    }
     for (i, e) in errors.iter().enumerate() {
         let _ = writeln!(s, "\n[{}] {e}", i + 1);
     }
@@ -287,11 +304,12 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
 pub fn csv(grid: &Grid, points: &[Value]) -> String {
     let mut s = String::from(
         "transport,rw,size,depth,kernel_iops,ugds_iops,iops_ratio,kernel_p50_us,ugds_p50_us,p50_ratio,\
-         kernel_p99_us,ugds_p99_us,ugds_io_queues,kernel_error,ugds_error\n",
+         kernel_p99_us,ugds_p99_us,ugds_io_queues,kernel_tcp_retransmits,ugds_tcp_retransmits,kernel_error,ugds_error\n",
     );
     let num = |p: Option<&Value>, k: &str| {
         p.filter(|p| p.get("error").is_none()).map_or_else(String::new, |p| format!("{:.1}", f(p, k)))
     };
+    let count = |p: Option<&Value>, k: &str| p.and_then(|p| p[k].as_u64()).map_or_else(String::new, |n| n.to_string());
     // Errors are free text: quoted, inner quotes doubled.
     let err = |p: Option<&Value>| {
         p.and_then(|p| p["error"].as_str()).map_or_else(String::new, |e| format!("\"{}\"", e.replace('"', "\"\"")))
@@ -303,7 +321,7 @@ pub fn csv(grid: &Grid, points: &[Value]) -> String {
                 let (ri, rp) = pair(points, rw, size, depth).map(|(k, u)| ratios(k, u)).unzip();
                 let _ = writeln!(
                     s,
-                    "{},{rw},{size},{depth},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{rw},{size},{depth},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     grid.transport,
                     num(k, "iops"),
                     num(u, "iops"),
@@ -314,6 +332,8 @@ pub fn csv(grid: &Grid, points: &[Value]) -> String {
                     num(k, "p99_us"),
                     num(u, "p99_us"),
                     u.and_then(|u| u["io_queues"].as_u64()).map_or_else(String::new, |q| q.to_string()),
+                    count(k, "tcp_retransmits"),
+                    count(u, "tcp_retransmits"),
                     err(k),
                     err(u)
                 );
@@ -460,7 +480,7 @@ mod tests {
 
     fn point(engine: &str, size: &str, depth: usize, iops: f64, p50: f64) -> Value {
         json!({"engine": engine, "rw": "randread", "size": size, "depth": depth, "iops": iops,
-               "p50_us": p50, "p99_us": 2.0 * p50, "io_queues": 8})
+               "p50_us": p50, "p99_us": 2.0 * p50, "io_queues": 8, "tcp_retransmits": 3, "tcp_timeouts": 0})
     }
 
     #[test]
@@ -484,10 +504,11 @@ mod tests {
         assert!(t.contains("| randread | 1M | 1 | 100 | failed [1] | – | 1000 | – | – | 2000 | – | – |"), "{t}");
         assert!(t.contains("\n[1] ugds bench exited with 1: \"rdma\" is not implemented\n"), "{t}");
         assert!(t.contains("| randread | 1M | 32 | – | – | – | – | – | – | – | – | – |"), "{t}");
+        assert!(t.contains("during the kernel's points: 9 segments retransmitted, 0 retransmission timeouts, 0 zero windows advertised, 0 window probes; during ugds's: 6, 0, 0, 0."), "{t}");
         let c = csv(&g, &pts);
         assert_eq!(c.lines().count(), 5, "{c}");
-        assert!(c.contains("\ntcp,randread,4K,1,1000.0,2000.0,2.000,100.0,50.0,0.500,200.0,100.0,8,,\n"), "{c}");
-        assert!(c.contains("\ntcp,randread,1M,1,100.0,,,1000.0,,,2000.0,,,,\"ugds bench exited with 1: \"\"rdma\"\" is not implemented\"\n"), "{c}");
+        assert!(c.contains("\ntcp,randread,4K,1,1000.0,2000.0,2.000,100.0,50.0,0.500,200.0,100.0,8,3,3,,\n"), "{c}");
+        assert!(c.contains("\ntcp,randread,1M,1,100.0,,,1000.0,,,2000.0,,,3,,,\"ugds bench exited with 1: \"\"rdma\"\" is not implemented\"\n"), "{c}");
     }
 
     #[test]

@@ -133,6 +133,32 @@ fn connections_to(port: u16) -> usize {
         .sum()
 }
 
+/// This machine's TCP counters that say a connection stalled (every connection here is to or
+/// from the target), as (the point's key, file, section, counter).
+const STALLS: [(&str, &str, &str, &str); 4] = [
+    ("tcp_retransmits", "/proc/net/snmp", "Tcp:", "RetransSegs"),
+    ("tcp_timeouts", "/proc/net/netstat", "TcpExt:", "TCPTimeouts"),
+    // A receiver too slow for its buffer advertises a zero window; the sender then waits for a
+    // window update or its persist timer (window probes).
+    ("tcp_zero_windows", "/proc/net/netstat", "TcpExt:", "TCPToZeroWindowAdv"),
+    ("tcp_window_probes", "/proc/net/netstat", "TcpExt:", "TCPWinProbe"),
+];
+
+/// The [`STALLS`] counters now.
+fn tcp_stalls() -> [u64; STALLS.len()] {
+    STALLS.map(|(_, file, section, name)| {
+        counter(&std::fs::read_to_string(file).unwrap_or_default(), section, name).unwrap_or(0)
+    })
+}
+
+/// Counter `name` of `section` in /proc/net/snmp's or /proc/net/netstat's form (a line of
+/// names, then a line of values, both starting with the section).
+fn counter(text: &str, section: &str, name: &str) -> Option<u64> {
+    let mut lines = text.lines().filter(|l| l.split_whitespace().next() == Some(section));
+    let (names, values) = (lines.next()?, lines.next()?);
+    names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == name)?.1.parse().ok()
+}
+
 /// One `ugds bench` point on the target's URI; on TCP with the most I/O queues (connections
 /// less the admin queue) it held during the point. A failure is the point's `error`, by the
 /// CLI's own message.
@@ -208,7 +234,15 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
         for rw in &grid.rws {
             for size in &grid.sizes {
                 for &depth in &grid.depths {
-                    println!("{MARK}{}", f(rw, size, depth));
+                    let before = tcp_stalls();
+                    let mut v = f(rw, size, depth);
+                    if grid.transport == "tcp" {
+                        let after = tcp_stalls();
+                        for (i, (key, ..)) in STALLS.iter().enumerate() {
+                            v[*key] = json!(after[i].saturating_sub(before[i]));
+                        }
+                    }
+                    println!("{MARK}{v}");
                 }
             }
         }
@@ -229,6 +263,16 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counters_are_read_by_section_and_name() {
+        let t = "Ip: Forwarding TTL\nIp: 1 64\nTcp: RtoMin RetransSegs InErrs\nTcp: 200 12 0\n";
+        assert_eq!(counter(t, "Tcp:", "RetransSegs"), Some(12));
+        assert_eq!(counter(t, "Ip:", "TTL"), Some(64));
+        assert_eq!(counter(t, "Tcp:", "Nothing"), None);
+        assert_eq!(counter(t, "Udp:", "RetransSegs"), None);
+        assert!(counter(&std::fs::read_to_string("/proc/net/snmp").unwrap(), "Tcp:", "RetransSegs").is_some());
+    }
 
     #[test]
     fn connections_to_a_port_are_counted_from_proc() {
