@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub mod remote;
 pub mod volume;
 
 const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
@@ -204,18 +205,91 @@ fn sh(cmd: &str) -> Result<String> {
     toolchain::output(Command::new("/bin/sh").arg("-c").arg(cmd))
 }
 
+/// Checks a grid's axes: sizes (multiples of 4K, none larger than `span`), depths (at least 1)
+/// and rws (`randread`, `randwrite`), none empty.
+fn check_axes(sizes: &[String], depths: &[usize], rws: &[String], span: u64) -> Result<()> {
+    if sizes.is_empty() || depths.is_empty() || rws.is_empty() {
+        bail!("the grid is empty (--sizes, --depths and --rw each need a value)");
+    }
+    for s in sizes {
+        let n = vm::parse_size(s)?;
+        if n == 0 || !n.is_multiple_of(4096) {
+            bail!("size {s} is not a multiple of 4K");
+        }
+        if n > span {
+            bail!("size {s} is larger than --span");
+        }
+    }
+    if depths.contains(&0) {
+        bail!("a depth of 0");
+    }
+    if let Some(rw) = rws.iter().find(|r| !matches!(r.as_str(), "randread" | "randwrite")) {
+        bail!("--rw takes randread and randwrite, not {rw}");
+    }
+    Ok(())
+}
+
+/// The strings of a grid's JSON array `k`.
+fn json_strs(v: &Value, k: &str) -> Result<Vec<String>> {
+    v[k].as_array()
+        .with_context(|| format!("grid: no {k}"))?
+        .iter()
+        .map(|x| x.as_str().map(str::to_string).with_context(|| format!("grid: {k}")))
+        .collect()
+}
+
+/// The counts of a grid's JSON array `k`.
+fn json_nums(v: &Value, k: &str) -> Result<Vec<usize>> {
+    v[k].as_array()
+        .with_context(|| format!("grid: no {k}"))?
+        .iter()
+        .map(|x| x.as_u64().map(|n| n as usize).with_context(|| format!("grid: {k}")))
+        .collect()
+}
+
+/// Which of fio's latencies a point reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Latency {
+    /// `clat`: from the submission's return to the completion.
+    Completion,
+    /// `lat`: from the start of the submission to the completion, as `ugds bench` measures (a
+    /// transport that sends in the submitting call, as nvme-tcp can, hides its work from clat).
+    Total,
+}
+
 /// One fio point on a block device (io_uring, O_DIRECT, fixed buffers, registered files):
-/// `iops`, `p50_us`, `p99_us`.
+/// `iops`, `p50_us`, `p99_us` (completion latency).
 fn fio_point(dev: &str, rw: &str, size: &str, depth: usize, seconds: u64, span: &str) -> Result<Value> {
+    fio_point_with(dev, rw, size, depth, seconds, span, Latency::Completion)
+}
+
+/// [`fio_point`] with the latency `lat` names (recorded as the point's `latency`).
+fn fio_point_with(
+    dev: &str,
+    rw: &str,
+    size: &str,
+    depth: usize,
+    seconds: u64,
+    span: &str,
+    lat: Latency,
+) -> Result<Value> {
+    let (flag, key) = match lat {
+        Latency::Completion => ("", "clat_ns"),
+        Latency::Total => (" --lat_percentiles=1", "lat_ns"),
+    };
     let out = sh(&format!(
         "fio --output-format=json --name=k --filename={dev} --ioengine=io_uring --direct=1 --fixedbufs \
-         --registerfiles --rw={rw} --bs={size} --iodepth={depth} --size={span} --runtime={seconds} --time_based --randrepeat=0"
+         --registerfiles --rw={rw} --bs={size} --iodepth={depth} --size={span} --runtime={seconds} --time_based --randrepeat=0{flag}"
     ))?;
     let v: Value = serde_json::from_str(out.get(out.find('{').unwrap_or(0)..).unwrap_or(""))?;
     let side = if rw.contains("write") { &v["jobs"][0]["write"] } else { &v["jobs"][0]["read"] };
-    let pct = |p: &str| side["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
-    Ok(json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth,
-              "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")}))
+    let pct = |p: &str| side[key]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
+    let mut point = json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth,
+              "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")});
+    if lat == Latency::Total {
+        point["latency"] = json!("total");
+    }
+    Ok(point)
 }
 
 /// One `ugds bench` point on a target (a node or a `stripe:` volume), as the CLI's JSON with

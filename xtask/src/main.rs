@@ -89,34 +89,52 @@ enum Cmd {
     ///
     /// With --members: a striped ugds volume vs the kernel's md RAID0 + fio over 1..N emulated
     /// controllers (one VM boot), ratio and scaling per point; into target/bench-volume.
+    ///
+    /// With --remote tcp|rdma: our NVMe over Fabrics initiator vs the kernel's (nvme-tcp or
+    /// nvme-rdma + fio) on the same nvmet target in one VM, ratio per point; into
+    /// target/bench-remote.
+    #[command(group = clap::ArgGroup::new("grid").args(["members", "remote"]).multiple(false))]
     Bench {
         /// Seconds per point.
         #[arg(long, default_value_t = 1)]
         seconds: u64,
-        /// Output folder (default target/bench, or target/bench-volume with --members).
+        /// Output folder (default target/bench, target/bench-volume with --members,
+        /// target/bench-remote with --remote).
         #[arg(long)]
         out: Option<PathBuf>,
         /// Member counts of the volume benchmark (e.g. 1,2,4).
         #[arg(long, value_delimiter = ',')]
         members: Vec<usize>,
-        /// I/O sizes (volume benchmark).
-        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_SIZES, requires = "members")]
+        /// The remote benchmark's transport: tcp or rdma.
+        #[arg(long, value_parser = ["tcp", "rdma"])]
+        remote: Option<String>,
+        /// I/O sizes (volume and remote benchmarks).
+        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_SIZES, requires = "grid")]
         sizes: Vec<String>,
-        /// Queue depths (volume benchmark).
-        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_DEPTHS, requires = "members")]
+        /// Queue depths (volume and remote benchmarks).
+        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_DEPTHS, requires = "grid")]
         depths: Vec<usize>,
-        /// randread, randwrite or both, comma-separated (volume benchmark).
-        #[arg(long = "rw", value_delimiter = ',', default_value = "randread,randwrite", requires = "members")]
+        /// randread, randwrite or both, comma-separated (volume and remote benchmarks).
+        #[arg(long = "rw", value_delimiter = ',', default_value = "randread,randwrite", requires = "grid")]
         rws: Vec<String>,
-        /// Emulated controllers' backend: file, null or both (volume benchmark).
-        #[arg(long, default_value = "null", requires = "members")]
+        /// Emulated controllers' backend: file, null or both (volume benchmark; file or null behind the
+        /// remote benchmark's target).
+        #[arg(long, default_value = "null", requires = "grid")]
         backend: String,
-        /// Working set over the volume (volume benchmark).
-        #[arg(long, value_parser = vm::parse_size, default_value = "1G", requires = "members")]
+        /// Working set over the volume or the remote namespace.
+        #[arg(long, value_parser = vm::parse_size, default_value = "1G", requires = "grid")]
         span: u64,
         /// Chunk size of the volume and of md RAID0 (volume benchmark).
-        #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members")]
+        #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members", conflicts_with = "remote")]
         chunk: u64,
+    },
+    /// (internal) The remote benchmark's steps inside the VM.
+    #[command(hide = true)]
+    BenchRemoteGuest {
+        /// The ugds CLI binary.
+        cli: String,
+        /// The grid, as JSON.
+        grid: String,
     },
     /// (internal) The volume benchmark's steps inside the VM.
     #[command(hide = true)]
@@ -271,8 +289,11 @@ fn real_main() -> Result<()> {
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, out, members, sizes, depths, rws, backend, span, chunk } => {
-            if members.is_empty() {
+        Cmd::Bench { seconds, out, members, remote, sizes, depths, rws, backend, span, chunk } => {
+            if let Some(transport) = remote {
+                let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span };
+                bench::remote::run(&grid.checked()?, out)?
+            } else if members.is_empty() {
                 bench::run(seconds, out)?
             } else {
                 let backends = bench::volume::backends(&backend)?;
@@ -281,6 +302,7 @@ fn real_main() -> Result<()> {
             }
         }
         Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
+        Cmd::BenchRemoteGuest { cli, grid } => bench::remote::guest(&cli, &grid)?,
         Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Cost => {

@@ -3,7 +3,9 @@
 //! many controllers per backend as the largest member count. Writes JSON, a markdown table with
 //! ratios and scaling per point, and PNG scaling plots (members on the x axis).
 
-use super::{f, fio_point, iops_cells, points_from, register_font, sh, ugds_point, MARK};
+use super::{
+    check_axes, f, fio_point, iops_cells, json_nums, json_strs, points_from, register_font, sh, ugds_point, MARK,
+};
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
@@ -50,23 +52,9 @@ impl Grid {
             (Some(&lo), Some(&hi)) if lo >= 1 && hi <= 8 => {}
             _ => bail!("--members takes counts from 1 to 8 (e.g. 1,2,4)"),
         }
-        if self.sizes.is_empty() || self.depths.is_empty() || self.rws.is_empty() || self.backends.is_empty() {
-            bail!("the grid is empty (--sizes, --depths, --rw and --backend each need a value)");
-        }
-        for s in &self.sizes {
-            let n = vm::parse_size(s)?;
-            if n == 0 || !n.is_multiple_of(4096) {
-                bail!("size {s} is not a multiple of 4K");
-            }
-            if n > self.span {
-                bail!("size {s} is larger than --span");
-            }
-        }
-        if self.depths.contains(&0) {
-            bail!("a depth of 0");
-        }
-        if let Some(rw) = self.rws.iter().find(|r| !matches!(r.as_str(), "randread" | "randwrite")) {
-            bail!("--rw takes randread and randwrite, not {rw}");
+        check_axes(&self.sizes, &self.depths, &self.rws, self.span)?;
+        if self.backends.is_empty() {
+            bail!("the grid is empty (--backend needs a value)");
         }
         if let Some(b) = self.backends.iter().find(|b| !matches!(b.as_str(), "file" | "null")) {
             bail!("--backend takes file, null or both, not {b}");
@@ -98,27 +86,13 @@ impl Grid {
 
     /// From [`Grid::to_json`]'s form.
     pub fn from_json(v: &Value) -> Result<Grid> {
-        let strs = |k: &str| -> Result<Vec<String>> {
-            v[k].as_array()
-                .with_context(|| format!("grid: no {k}"))?
-                .iter()
-                .map(|x| x.as_str().map(str::to_string).with_context(|| format!("grid: {k}")))
-                .collect()
-        };
-        let nums = |k: &str| -> Result<Vec<usize>> {
-            v[k].as_array()
-                .with_context(|| format!("grid: no {k}"))?
-                .iter()
-                .map(|x| x.as_u64().map(|n| n as usize).with_context(|| format!("grid: {k}")))
-                .collect()
-        };
         let num = |k: &str| v[k].as_u64().with_context(|| format!("grid: no {k}"));
         Grid {
-            members: nums("members")?,
-            sizes: strs("sizes")?,
-            depths: nums("depths")?,
-            rws: strs("rws")?,
-            backends: strs("backends")?,
+            members: json_nums(v, "members")?,
+            sizes: json_strs(v, "sizes")?,
+            depths: json_nums(v, "depths")?,
+            rws: json_strs(v, "rws")?,
+            backends: json_strs(v, "backends")?,
             seconds: num("seconds")?,
             span: num("span")?,
             chunk: num("chunk")?,
@@ -220,7 +194,7 @@ fn find<'a>(
 }
 
 /// Geometric mean, min and max.
-fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+pub(super) fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
     if v.is_empty() || v.iter().any(|x| *x <= 0.0) {
         return None;
     }
@@ -423,7 +397,7 @@ fn plot(grid: &Grid, points: &[Value], dir: &Path) -> Result<usize> {
 }
 
 /// Waits for a controller's first namespace's block device while the kernel drives it.
-fn disk_of(addr: &str) -> Result<String> {
+pub(super) fn disk_of(addr: &str) -> Result<String> {
     for _ in 0..200 {
         if let Some(d) = bind::first_namespace(addr) {
             return Ok(d);

@@ -1,0 +1,287 @@
+//! The remote benchmark's steps inside the VM: the kernel's modules, the nvmet target (and for
+//! RDMA a soft-RoCE device on a dummy interface), the kernel's initiator with fio on every
+//! point, then ours (`ugds bench` on the target's URI) on every point, one JSON line per point.
+
+use super::{Grid, CONFIGFS, NQN, PORT, RDMA_ADDR};
+use crate::bench::volume::disk_of;
+use crate::bench::{fio_point_with, sh, Latency, MARK};
+use crate::bind;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Loads module `name` (as `modinfo` names it, `-` or `_`) of the test kernel build at `build`,
+/// after what it depends on; a module built in or already loaded is left alone.
+fn load_module(build: &Path, name: &str) -> Result<()> {
+    let norm = |s: &str| s.replace('-', "_");
+    if Path::new(&format!("/sys/module/{}", norm(name))).exists() {
+        return Ok(());
+    }
+    let base = |l: &str| norm(l.trim().rsplit('/').next().unwrap_or("").trim_end_matches(".o").trim_end_matches(".ko"));
+    let order = std::fs::read_to_string(build.join("modules.order")).context("modules.order of the test kernel")?;
+    let Some(rel) = order.lines().find(|l| base(l) == norm(name)) else {
+        let builtin = std::fs::read_to_string(build.join("modules.builtin")).unwrap_or_default();
+        if builtin.lines().any(|l| base(l) == norm(name)) {
+            return Ok(());
+        }
+        bail!("the test kernel has no module {name} (see ci/kernel.fragment)");
+    };
+    let ko = build.join(rel.trim().trim_end_matches(".o").to_string() + ".ko");
+    let ko = ko.display().to_string();
+    let deps = sh(&format!("modinfo -F depends {ko}"))?;
+    for d in deps.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        load_module(build, d)?;
+    }
+    sh(&format!("insmod {ko}")).map(|_| ())
+}
+
+/// nvmet exporting `backing` as namespace 1 of [`NQN`] to any host on the grid's transport;
+/// for RDMA first a soft-RoCE device on a dummy interface carrying [`RDMA_ADDR`].
+fn setup_target(build: &Path, grid: &Grid, backing: &str) -> Result<()> {
+    load_module(build, "nvmet")?;
+    load_module(build, &format!("nvmet-{}", grid.transport))?;
+    sh("ip link set lo up")?;
+    if grid.transport == "rdma" {
+        // rxe's ICRC asks the crypto API for "crc32", which would load this module on demand
+        // through modprobe (not in this guest): without it adding the device fails.
+        load_module(build, "crc32_generic")?;
+        load_module(build, "rdma_rxe")?;
+        // A built-in dummy driver creates dummy0 at boot (numdummies=1).
+        if !Path::new("/sys/class/net/dummy0").exists() {
+            sh("ip link add dummy0 type dummy")?;
+        }
+        sh(&format!(
+            "ip addr add {RDMA_ADDR}/24 dev dummy0 && ip link set dummy0 up && \
+             rdma link add rxe0 type rxe netdev dummy0 2>&1"
+        ))
+        .context("soft-RoCE on dummy0 (needs CONFIG_DUMMY, CONFIG_RDMA_RXE and iproute2's rdma)")?;
+    }
+    if !Path::new(CONFIGFS).exists() {
+        sh("mount -t configfs none /sys/kernel/config")?;
+    }
+    let sub = format!("{CONFIGFS}/subsystems/{NQN}");
+    sh(&format!(
+        "mkdir -p {sub} && echo 1 > {sub}/attr_allow_any_host && mkdir -p {sub}/namespaces/1 && \
+         echo {backing} > {sub}/namespaces/1/device_path && echo 1 > {sub}/namespaces/1/enable"
+    ))?;
+    let port = format!("{CONFIGFS}/ports/1");
+    sh(&format!(
+        "mkdir -p {port} && echo {} > {port}/addr_trtype && echo ipv4 > {port}/addr_adrfam && \
+         echo {} > {port}/addr_traddr && echo {PORT} > {port}/addr_trsvcid && ln -s {sub} {port}/subsystems/{NQN}",
+        grid.transport,
+        grid.address()
+    ))
+    .with_context(|| format!("the nvmet port on {}", grid.transport))?;
+    Ok(())
+}
+
+/// Connects the kernel's initiator (nvme-tcp or nvme-rdma) to the target; returns its
+/// controller's name and its namespace 1's block device.
+fn kernel_connect(build: &Path, grid: &Grid) -> Result<(String, String)> {
+    load_module(build, &format!("nvme-{}", grid.transport))?;
+    use std::io::{Read, Write};
+    let mut fab = std::fs::OpenOptions::new().read(true).write(true).open("/dev/nvme-fabrics")?;
+    fab.write_all(
+        format!("transport={},traddr={},trsvcid={PORT},nqn={NQN}", grid.transport, grid.address()).as_bytes(),
+    )
+    .with_context(|| format!("connecting the kernel's nvme-{} initiator", grid.transport))?;
+    let mut reply = String::new();
+    fab.read_to_string(&mut reply)?;
+    // "instance=N,cntlid=M"
+    let n = reply
+        .split(',')
+        .find_map(|kv| kv.trim().strip_prefix("instance="))
+        .with_context(|| format!("/dev/nvme-fabrics replied {reply:?}"))?;
+    let ctrl = format!("nvme{n}");
+    let t = Instant::now();
+    loop {
+        let ns1 = std::fs::read_dir(format!("/sys/class/nvme/{ctrl}"))?
+            .filter_map(|e| e.ok())
+            .find(|e| std::fs::read_to_string(e.path().join("nsid")).is_ok_and(|s| s.trim() == "1"));
+        if let Some(e) = ns1 {
+            let dev = format!("/dev/{}", e.file_name().to_string_lossy());
+            if Path::new(&dev).exists() {
+                return Ok((ctrl, dev));
+            }
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!("{ctrl} has no namespace 1 after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Established TCP connections from this machine to `port` (IPv4 and IPv6), read from /proc
+/// (no process started, so sampling costs the measured process little).
+fn connections_to(port: u16) -> usize {
+    let port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .map(|t| {
+            t.lines()
+                .skip(1)
+                .filter(|l| {
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    // sl, local, remote, state (01: established)
+                    c.len() > 3 && c[2].ends_with(&port) && c[3] == "01"
+                })
+                .count()
+        })
+        .sum()
+}
+
+/// This machine's TCP counters that say a connection stalled (every connection here is to or
+/// from the target), as (the point's key, file, section, counter).
+const STALLS: [(&str, &str, &str, &str); 4] = [
+    ("tcp_retransmits", "/proc/net/snmp", "Tcp:", "RetransSegs"),
+    ("tcp_timeouts", "/proc/net/netstat", "TcpExt:", "TCPTimeouts"),
+    // A receiver too slow for its buffer advertises a zero window; the sender then waits for a
+    // window update or its persist timer (window probes).
+    ("tcp_zero_windows", "/proc/net/netstat", "TcpExt:", "TCPToZeroWindowAdv"),
+    ("tcp_window_probes", "/proc/net/netstat", "TcpExt:", "TCPWinProbe"),
+];
+
+/// The [`STALLS`] counters now.
+fn tcp_stalls() -> [u64; STALLS.len()] {
+    STALLS.map(|(_, file, section, name)| {
+        counter(&std::fs::read_to_string(file).unwrap_or_default(), section, name).unwrap_or(0)
+    })
+}
+
+/// Counter `name` of `section` in /proc/net/snmp's or /proc/net/netstat's form (a line of
+/// names, then a line of values, both starting with the section).
+fn counter(text: &str, section: &str, name: &str) -> Option<u64> {
+    let mut lines = text.lines().filter(|l| l.split_whitespace().next() == Some(section));
+    let (names, values) = (lines.next()?, lines.next()?);
+    names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == name)?.1.parse().ok()
+}
+
+/// One `ugds bench` point on the target's URI; on TCP with the most I/O queues (connections
+/// less the admin queue) it held during the point. A failure is the point's `error`, by the
+/// CLI's own message.
+fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Value {
+    let mut v = json!({"engine": "ugds", "rw": rw, "size": size, "depth": depth});
+    let urw = if rw == "randread" { "read" } else { "write" };
+    let child = Command::new(cli)
+        .args(["--json", "bench", &grid.uri(), "--rw", urw, "--size", size, "--depth", &depth.to_string()])
+        .args(["--seconds", &grid.seconds.to_string(), "--span", &ugds::units::human(grid.span)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            v["error"] = json!(format!("starting {cli}: {e}"));
+            return v;
+        }
+    };
+    let mut most = 0;
+    while let Ok(None) = child.try_wait() {
+        if grid.transport == "tcp" {
+            most = most.max(connections_to(PORT));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let out = match child.wait_with_output() {
+        Ok(o) => o,
+        Err(e) => {
+            v["error"] = json!(format!("waiting for {cli}: {e}"));
+            return v;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match serde_json::from_str::<Value>(stdout.trim()) {
+        Ok(mut r) if out.status.success() => {
+            for k in ["engine", "rw", "size"] {
+                r[k] = v[k].clone();
+            }
+            if grid.transport == "tcp" {
+                r["io_queues"] = json!(most.saturating_sub(1));
+            }
+            r
+        }
+        _ => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+            // The CLI's own message, without its "ugds: error: " prefix.
+            let last = last.trim().trim_start_matches("ugds: error: ");
+            let code = out.status.code().map_or_else(|| "a signal".into(), |c| c.to_string());
+            v["error"] = json!(format!("ugds bench exited with {code}: {last}"));
+            v
+        }
+    }
+}
+
+/// Guest side: the target, then the kernel's initiator with fio on every point, then ours on
+/// every point, one JSON line per point (a failed point carries its `error`).
+pub fn guest(cli: &str, grid: &str) -> Result<()> {
+    let grid = Grid::from_json(&serde_json::from_str(grid)?)?;
+    let build = PathBuf::from(std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD")?);
+    let addr = bind::nvme_controllers()?.into_iter().next().context("no emulated NVMe controller")?;
+    let backing = disk_of(&addr)?;
+    let span = ugds::units::human(grid.span);
+    if grid.backend == "file" {
+        // Write the working set once, so reads of the file-backed disk read data.
+        sh(&format!(
+            "fio --name=fill --filename={backing} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size={span} --output=/dev/null"
+        ))?;
+    }
+    setup_target(&build, &grid, &backing)?;
+    let each = |f: &mut dyn FnMut(&str, &str, usize) -> Value| {
+        for rw in &grid.rws {
+            for size in &grid.sizes {
+                for &depth in &grid.depths {
+                    let before = tcp_stalls();
+                    let mut v = f(rw, size, depth);
+                    if grid.transport == "tcp" {
+                        let after = tcp_stalls();
+                        for (i, (key, ..)) in STALLS.iter().enumerate() {
+                            v[*key] = json!(after[i].saturating_sub(before[i]));
+                        }
+                    }
+                    println!("{MARK}{v}");
+                }
+            }
+        }
+    };
+    let (ctrl, dev) = kernel_connect(&build, &grid)?;
+    eprintln!("bench: the kernel's nvme-{} initiator is {ctrl} ({dev})", grid.transport);
+    each(&mut |rw, size, depth| {
+        fio_point_with(&dev, rw, size, depth, grid.seconds, &span, Latency::Total).unwrap_or_else(
+            |e| json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")}),
+        )
+    });
+    // Ours alone on the target from here on (its connections are the only ones counted).
+    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
+    each(&mut |rw, size, depth| ugds_point(cli, &grid, rw, size, depth));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_read_by_section_and_name() {
+        let t = "Ip: Forwarding TTL\nIp: 1 64\nTcp: RtoMin RetransSegs InErrs\nTcp: 200 12 0\n";
+        assert_eq!(counter(t, "Tcp:", "RetransSegs"), Some(12));
+        assert_eq!(counter(t, "Ip:", "TTL"), Some(64));
+        assert_eq!(counter(t, "Tcp:", "Nothing"), None);
+        assert_eq!(counter(t, "Udp:", "RetransSegs"), None);
+        assert!(counter(&std::fs::read_to_string("/proc/net/snmp").unwrap(), "Tcp:", "RetransSegs").is_some());
+    }
+
+    #[test]
+    fn connections_to_a_port_are_counted_from_proc() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        assert_eq!(connections_to(port), 0);
+        let _c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _s = l.accept().unwrap();
+        // The client's side counts; the accepted side has the port as its local one.
+        assert_eq!(connections_to(port), 1);
+    }
+}
