@@ -568,6 +568,7 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
 
     /// Withdraws every entry pushed through this submission (never published): the tail goes
     /// back and their command ids are free again. The queue is let go.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn cancel(mut self) {
         self.withdraw();
     }
