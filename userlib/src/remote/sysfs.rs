@@ -20,7 +20,7 @@ pub(crate) fn kernel_fabrics_namespace(dev: &str) -> Option<Result<RemoteSpec>> 
 
 /// Whether block device `dev` is a namespace of a kernel NVMe over Fabrics controller (any
 /// fabric transport: tcp, rdma, fc, loop), whether or not we can reach its target ourselves.
-#[cfg(feature = "c-abi")]
+#[cfg(feature = "fallback")]
 pub(crate) fn is_kernel_fabrics_namespace(dev: &str) -> bool {
     let Some(real) = std::fs::canonicalize(dev).ok() else { return false };
     let Some(name) = real.file_name().and_then(|n| n.to_str()) else { return false };
@@ -28,7 +28,7 @@ pub(crate) fn is_kernel_fabrics_namespace(dev: &str) -> bool {
 }
 
 /// The transport of block device `name`'s NVMe controller when it is a fabric (not PCIe).
-#[cfg(any(feature = "c-abi", test))]
+#[cfg(any(feature = "fallback", test))]
 fn fabrics_transport(sys: &Path, name: &str) -> Option<String> {
     if !name.starts_with("nvme") {
         return None;
