@@ -6,8 +6,9 @@
 use crate::{direct_read, direct_write, ensure_that, sh, Test};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Error, Rejection, Storage};
+use ugds::{pattern, Buffer, Error, Rejection, Storage};
 
 const V: &str = "remote";
 
@@ -135,9 +136,69 @@ fn integrity() -> Result<()> {
     Ok(())
 }
 
-/// Connects the kernel's initiator through /dev/nvme-fabrics; returns its controller name.
-fn kernel_connect() -> Result<String> {
-    kernel_connect_to("tcp", "127.0.0.1")
+/// Connects the kernel's `transport` initiator to `traddr`, waits for its namespace
+/// `/dev/nvmeXn1` and checks the controller's transport, runs `f(dev)`, and disconnects the
+/// kernel's controller whatever happened.
+pub(crate) fn with_kernel_namespace(transport: &str, traddr: &str, f: impl FnOnce(&str) -> Result<()>) -> Result<()> {
+    let ctrl = kernel_connect_to(transport, traddr)?;
+    let dev = format!("/dev/{ctrl}n1");
+    let r = (|| -> Result<()> {
+        let t = Instant::now();
+        while !Path::new(&dev).exists() {
+            ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let actual = std::fs::read_to_string(format!("/sys/class/nvme/{ctrl}/transport"))?;
+        ensure_that!(actual.trim() == transport, "{ctrl} is {actual}");
+        f(&dev)
+    })();
+    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
+    r
+}
+
+/// Both hosts connected to the subsystem at once, each reads what the other wrote at `at`:
+/// ugds through `uri` (pattern seeds `seed + i`), the kernel's `transport` initiator through `dev`
+/// (seeds `seed + 100 + i`). Then `dev` itself opens our own controller on its subsystem (sysfs
+/// says where; its description contains `path`) and reads the kernel's data at `at[0]`. Returns
+/// that storage and a 4 KiB buffer of it.
+pub(crate) fn cross_check(
+    dev: &str,
+    uri: &str,
+    transport: &str,
+    at: [(u64, u64); 2],
+    seed: u64,
+    path: &str,
+) -> Result<(Arc<Storage>, Buffer)> {
+    let st = Storage::open(uri)?;
+    let buf = st.alloc_host(1 << 20)?;
+    for (i, (off, len)) in at.into_iter().enumerate() {
+        let (ours, theirs) = (seed + i as u64, seed + 100 + i as u64);
+        let mut data = vec![0u8; len as usize];
+        pattern::fill(ours, off, &mut data);
+        buf.copy_in(0, &data)?;
+        st.write(&buf, 0, off, len)?;
+        let back = direct_read(dev, off, len as usize)?;
+        if let Some(at) = pattern::first_mismatch(ours, off, &back) {
+            bail!("written through ugds over {transport}, read through the kernel's nvme-{transport}: differs at byte {at} of {len}");
+        }
+        pattern::fill(theirs, off, &mut data);
+        direct_write(dev, off, &data)?;
+        st.read(&buf, 0, off, len)?;
+        let mut got = vec![0u8; len as usize];
+        buf.copy_out(0, &mut got)?;
+        if let Some(at) = pattern::first_mismatch(theirs, off, &got) {
+            bail!("written through the kernel's nvme-{transport}, read through ugds over {transport}: differs at byte {at} of {len}");
+        }
+    }
+    let st2 = Storage::open(dev)?;
+    ensure_that!(st2.describe().contains(path), "{dev} opened as {}", st2.describe());
+    let buf2 = st2.alloc_host(4096)?;
+    st2.read(&buf2, 0, at[0].0, 4096)?;
+    let mut got = vec![0u8; 4096];
+    buf2.copy_out(0, &mut got)?;
+    ensure_that!(pattern::first_mismatch(seed + 100, at[0].0, &got).is_none(), "{dev} through sysfs read other data");
+    ensure_that!(st2.path_counts().remote == 1, "{:?}", st2.path_counts());
+    Ok((st2, buf2))
 }
 
 /// Connects the kernel's `transport` initiator (tcp, rdma) to [`NQN`] at `traddr`:4420
@@ -169,50 +230,9 @@ pub(crate) fn kernel_connect_to(transport: &str, traddr: &str) -> Result<String>
 
 fn kernel_initiator() -> Result<()> {
     ensure_target()?;
-    let ctrl = kernel_connect()?;
-    let dev = format!("/dev/{ctrl}n1");
-    let t = Instant::now();
-    while !Path::new(&dev).exists() {
-        ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let r = (|| -> Result<()> {
-        let transport = std::fs::read_to_string(format!("/sys/class/nvme/{ctrl}/transport"))?;
-        ensure_that!(transport.trim() == "tcp", "{ctrl} is {transport}");
-        // Both hosts are connected to the subsystem at once.
-        let st = Storage::open(&uri(1))?;
-        let buf = st.alloc_host(1 << 20)?;
-        for (i, (off, len)) in [(5 * 512u64, 4096u64), ((1 << 20) + 512, 1 << 20)].into_iter().enumerate() {
-            let mut data = vec![0u8; len as usize];
-            pattern::fill(300 + i as u64, off, &mut data);
-            buf.copy_in(0, &data)?;
-            st.write(&buf, 0, off, len)?;
-            let back = direct_read(&dev, off, len as usize)?;
-            if let Some(at) = pattern::first_mismatch(300 + i as u64, off, &back) {
-                bail!("written through ugds, read through the kernel's nvme-tcp: differs at byte {at} of {len}");
-            }
-            pattern::fill(400 + i as u64, off, &mut data);
-            direct_write(&dev, off, &data)?;
-            st.read(&buf, 0, off, len)?;
-            let mut got = vec![0u8; len as usize];
-            buf.copy_out(0, &mut got)?;
-            if let Some(at) = pattern::first_mismatch(400 + i as u64, off, &got) {
-                bail!("written through the kernel's nvme-tcp, read through ugds: differs at byte {at} of {len}");
-            }
-        }
-        // The kernel's namespace opens our own controller on its subsystem (sysfs says where).
-        let st2 = Storage::open(&dev)?;
-        ensure_that!(st2.describe().contains("remote path"), "{dev} opened as {}", st2.describe());
-        let buf2 = st2.alloc_host(4096)?;
-        st2.read(&buf2, 0, 5 * 512, 4096)?;
-        let mut got = vec![0u8; 4096];
-        buf2.copy_out(0, &mut got)?;
-        ensure_that!(pattern::first_mismatch(400, 5 * 512, &got).is_none(), "{dev} through sysfs read other data");
-        ensure_that!(st2.path_counts().remote == 1, "{:?}", st2.path_counts());
-        Ok(())
-    })();
-    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
-    r
+    with_kernel_namespace("tcp", "127.0.0.1", |dev| {
+        cross_check(dev, &uri(1), "tcp", [(5 * 512, 4096), ((1 << 20) + 512, 1 << 20)], 300, "remote path").map(|_| ())
+    })
 }
 
 fn bad_targets() -> Result<()> {
@@ -382,17 +402,10 @@ fn nvmeof_handles() -> Result<()> {
     use ugds::capi::{Face, Library};
     let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;
     ensure_target()?;
-    let ctrl = kernel_connect()?;
-    let dev = format!("/dev/{ctrl}n1");
-    let r = (|| -> Result<()> {
-        let t = Instant::now();
-        while !Path::new(&dev).exists() {
-            ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    with_kernel_namespace("tcp", "127.0.0.1", |dev| {
         let lib: &'static Library = Box::leak(Box::new(Library::new(Face::Ugds)));
         lib.driver_open().map_err(|e| anyhow::anyhow!("driver open: {e:?}"))?;
-        let f = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(&dev)?;
+        let f = std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(dev)?;
         let h =
             lib.handle_register_nvmeof(f.as_raw_fd()).map_err(|e| anyhow::anyhow!("NVMe-oF handle on {dev}: {e:?}"))?;
         let how = lib.handle(h).map(|x| x.storage.describe()).unwrap_or_default();
@@ -403,7 +416,7 @@ fn nvmeof_handles() -> Result<()> {
         let e = lib.handle_register_nvmeof(pcie.as_raw_fd()).map(|_| ()).unwrap_err();
         ensure_that!(format!("{e:?}").contains("UGDS_INVALID_FILE_TYPE"), "{BACKING} as NVMe-oF: {e:?}");
         // uGDS's C suite through NVMe-oF handles; it prepares and checks its ranges itself.
-        let out = std::process::Command::new(&bin).arg(&dev).env("UGDS_TEST_NVMEOF", "1").output()?;
+        let out = std::process::Command::new(&bin).arg(dev).env("UGDS_TEST_NVMEOF", "1").output()?;
         let text = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         for l in text.lines().filter(|l| l.starts_with("not ok")) {
@@ -415,7 +428,5 @@ fn nvmeof_handles() -> Result<()> {
         // The library notes (on stderr) when it falls back to the kernel's block device.
         ensure_that!(!stderr.contains("using the kernel"), "the C suite's handles fell back: {stderr}");
         Ok(())
-    })();
-    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
-    r
+    })
 }

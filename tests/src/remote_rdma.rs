@@ -5,7 +5,9 @@
 //! nvme-rdma initiator, udmabuf memory offered to the NIC as a dma-buf, the port removed and
 //! re-added mid-stream, and named errors for bad targets.
 
-use crate::remote::{bounce, ensure_target, insmod, kernel_connect_to, ranges, BACKING, CONFIGFS, NQN};
+use crate::remote::{
+    bounce, cross_check, ensure_target, insmod, ranges, with_kernel_namespace, BACKING, CONFIGFS, NQN,
+};
 use crate::{direct_read, direct_write, ensure_that, sh, Test};
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -153,51 +155,16 @@ fn integrity() -> Result<()> {
 
 fn kernel_initiator() -> Result<()> {
     ensure_rdma_target()?;
-    let ctrl = kernel_connect_to("rdma", ADDR)?;
-    let dev = format!("/dev/{ctrl}n1");
-    let t = Instant::now();
-    while !Path::new(&dev).exists() {
-        ensure_that!(t.elapsed() < Duration::from_secs(10), "{dev} did not appear");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let r = (|| -> Result<()> {
-        let transport = std::fs::read_to_string(format!("/sys/class/nvme/{ctrl}/transport"))?;
-        ensure_that!(transport.trim() == "rdma", "{ctrl} is {transport}");
-        let st = Storage::open(&uri(1))?;
-        let buf = st.alloc_host(1 << 20)?;
-        for (i, (off, len)) in [(9 * 512u64, 4096u64), ((2 << 20) + 512, 1 << 20)].into_iter().enumerate() {
-            let mut data = vec![0u8; len as usize];
-            pattern::fill(800 + i as u64, off, &mut data);
-            buf.copy_in(0, &data)?;
-            st.write(&buf, 0, off, len)?;
-            let back = direct_read(&dev, off, len as usize)?;
-            if let Some(at) = pattern::first_mismatch(800 + i as u64, off, &back) {
-                bail!("written by ugds over RDMA, read by the kernel's nvme-rdma: differs at byte {at} of {len}");
-            }
-            pattern::fill(900 + i as u64, off, &mut data);
-            direct_write(&dev, off, &data)?;
-            st.read(&buf, 0, off, len)?;
-            let mut got = vec![0u8; len as usize];
-            buf.copy_out(0, &mut got)?;
-            if let Some(at) = pattern::first_mismatch(900 + i as u64, off, &got) {
-                bail!("written by the kernel's nvme-rdma, read by ugds over RDMA: differs at byte {at} of {len}");
-            }
-        }
-        // The kernel's nvme-rdma namespace opens our own NVMe/RDMA controller (sysfs says where).
-        let st2 = Storage::open(&dev)?;
-        ensure_that!(st2.describe().contains("NVMe/RDMA"), "{dev} opened as {}", st2.describe());
-        let buf2 = st2.alloc_host(4096)?;
-        st2.read(&buf2, 0, 9 * 512, 4096)?;
-        let mut got = vec![0u8; 4096];
-        buf2.copy_out(0, &mut got)?;
-        ensure_that!(pattern::first_mismatch(900, 9 * 512, &got).is_none(), "{dev} through sysfs read other data");
-        ensure_that!(st2.path_counts().remote == 1, "{:?}", st2.path_counts());
+    with_kernel_namespace("rdma", ADDR, |dev| {
+        // The kernel's nvme-rdma namespace opens our own NVMe/RDMA controller.
+        let at = [(9 * 512, 4096), ((2 << 20) + 512, 1 << 20)];
+        let (st2, buf2) = cross_check(dev, &uri(1), "rdma", at, 800, "NVMe/RDMA")?;
         // Latency for scale: 4 KiB reads, the kernel's nvme-rdma (O_DIRECT) against ours, on
         // the same soft-RoCE device.
         let rounds = 40u64;
         let t = Instant::now();
         for k in 0..rounds {
-            direct_read(&dev, k * 4096, 4096)?;
+            direct_read(dev, k * 4096, 4096)?;
         }
         let kernel = t.elapsed() / rounds as u32;
         let t = Instant::now();
@@ -207,9 +174,7 @@ fn kernel_initiator() -> Result<()> {
         let ours = t.elapsed() / rounds as u32;
         eprintln!("4 KiB read over soft-RoCE: kernel nvme-rdma {kernel:?}, ugds {ours:?}");
         Ok(())
-    })();
-    sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
-    r
+    })
 }
 
 /// udmabuf memory (the CPU stand-in GPU) is offered to the soft NIC as a dma-buf: rxe has no
