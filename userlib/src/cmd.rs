@@ -267,7 +267,7 @@ impl<'a> Command<'a> {
 }
 
 /// PRP1 and PRP2 of `r`, the list (if any) written to `page`.
-#[inline]
+#[inline(always)]
 fn prps<P: QueueMemory + ?Sized>(r: DmaRange<'_>, page: &ListPage<'_, P>) -> Result<([u64; 2], Dptr), PrpError> {
     let p =
         prp::build_with(r.segs, r.off, r.len, page.bus, LIST_ENTRIES, |i, a| page.mem.store64(page.off + 8 * i, a))?;

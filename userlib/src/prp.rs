@@ -71,14 +71,17 @@ pub fn build(segs: &[Segment], off: u64, len: u64, list: &mut [u64], list_bus: u
 /// Like [`build`], but hands each list entry `(index, bus address)` to `sink` (the data path
 /// writes them straight into the command's PRP page, with no intermediate buffer). At most
 /// `cap` entries are produced. On error, entries already handed out are garbage to ignore.
-#[inline]
+///
+/// The one- or two-page case (the common small transfer) is inlined into the caller; only a
+/// list is built out of line.
+#[inline(always)]
 pub fn build_with(
     segs: &[Segment],
     off: u64,
     len: u64,
     list_bus: u64,
     cap: usize,
-    mut sink: impl FnMut(usize, u64),
+    sink: impl FnMut(usize, u64),
 ) -> Result<Prps, PrpError> {
     if len == 0 {
         return Err(PrpError::Empty);
@@ -86,7 +89,6 @@ pub fn build_with(
     if !off.is_multiple_of(4) {
         return Err(PrpError::Unaligned);
     }
-    let end = off.checked_add(len).ok_or(PrpError::OutOfRange)?;
     let mut cur = (0usize, 0u64);
     let (first, contig) = locate(segs, off, &mut cur).ok_or(PrpError::OutOfRange)?;
     if first % 4 != 0 {
@@ -97,12 +99,28 @@ pub fn build_with(
     if contig < head {
         return Err(PrpError::Discontiguous);
     }
-    // One or two pages inside one segment (the common small transfer): PRP1 and PRP2 directly,
-    // no list. The second page starts right after PRP1's page, in bus memory too.
+    // One or two pages inside one segment: PRP1 and PRP2 directly, no list. The second page
+    // starts right after PRP1's page, in bus memory too.
     if len - head <= PAGE && contig >= len {
         let prp2 = if len == head { 0 } else { first + head };
         return Ok(Prps { prp1: first, prp2, list_len: 0 });
     }
+    build_list(segs, (off, len), (first, head), cur, list_bus, cap, sink)
+}
+
+/// The rest of [`build_with`]: the pages after PRP1's (`head` bytes from bus address `first`),
+/// walked from the segment `cur` found.
+#[inline(never)]
+fn build_list(
+    segs: &[Segment],
+    (off, len): (u64, u64),
+    (first, head): (u64, u64),
+    mut cur: (usize, u64),
+    list_bus: u64,
+    cap: usize,
+    mut sink: impl FnMut(usize, u64),
+) -> Result<Prps, PrpError> {
+    let end = off.checked_add(len).ok_or(PrpError::OutOfRange)?;
     let mut pos = off + head;
     let mut pages = 0usize;
     let mut second = 0u64;

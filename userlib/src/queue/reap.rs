@@ -44,13 +44,13 @@ impl Violation {
     }
 }
 
-/// Takes the next posted entry off the CQ, if any, and checks it: its command id must be in
-/// flight and its SQ head inside what was submitted. A good completion is recorded for its
-/// owner (`hand_out: false`) or its id freed for the caller (`hand_out: true`); a bad one
-/// marks the queue broken. Each `Some` means one entry was consumed. Returns the command id
-/// and the raw status field.
+/// Takes the next posted entry off the CQ, if any, and checks its command id, which must be in
+/// flight. A good completion is recorded for its owner (`hand_out: false`) or its id freed for
+/// the caller (`hand_out: true`); a bad one marks the queue broken. Each `Some` means one entry
+/// was consumed. Returns the command id, the raw status field and the SQ head the entry
+/// reports (checked by the caller: see [`apply_sq_head`]).
 #[inline(always)]
-fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<(u16, u16), Violation>> {
+fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<(u16, u16, u16), Violation>> {
     let e = r.cq.pop(&qp.cq_mem)?;
     let cid = e.cid;
     let ok = if hand_out { r.cids.in_flight(cid) && r.cids.release(cid) } else { r.cids.complete(cid, e.status) };
@@ -58,11 +58,20 @@ fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Res
         r.broken = true;
         return Some(Err(Violation::Cid(cid)));
     }
-    if !r.sq.set_head(e.sq_head) {
+    Some(Ok((cid, e.status, e.sq_head)))
+}
+
+/// Moves the SQ head to what a completion reported; it must lie inside what was submitted,
+/// else the queue is broken. A reap applies only its last entry's head: each entry's head
+/// supersedes the ones before it, and the SQ's free slots are only read after the reap.
+#[inline(always)]
+fn apply_sq_head(r: &mut Rings, head: u16) -> std::result::Result<(), Violation> {
+    if r.sq.set_head(head) {
+        Ok(())
+    } else {
         r.broken = true;
-        return Some(Err(Violation::SqHead(e.sq_head)));
+        Err(Violation::SqHead(head))
     }
-    Some(Ok((cid, e.status)))
 }
 
 /// Releases `n` consumed CQ slots to the device with one head doorbell write.
@@ -86,13 +95,20 @@ pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Resul
         return Ok(0);
     }
     check_epoch(r, status)?;
-    let (mut consumed, mut bad) = (0u32, None);
+    let (mut consumed, mut bad, mut head) = (0u32, None, None);
     while let Some(c) = reap_one(qp, r, false) {
         consumed += 1;
-        if let Err(v) = c {
-            bad = Some(v);
-            break;
+        match c {
+            Ok((_, _, h)) => head = Some(h),
+            Err(v) => {
+                bad = Some(v);
+                break;
+            }
         }
+    }
+    // The head came from entries before any bad one, so its violation is the earlier one.
+    if let Some(Err(v)) = head.map(|h| apply_sq_head(r, h)) {
+        bad = Some(v);
     }
     release_slots(qp, r, consumed);
     match bad {
@@ -141,6 +157,8 @@ impl Iterator for Completions<'_> {
         }
         let c = reap_one(self.qp, &mut self.rings, true)?;
         self.consumed += 1;
+        // One entry at a time: its SQ head is applied at once.
+        let c = c.and_then(|(cid, raw, head)| apply_sq_head(&mut self.rings, head).map(|()| (cid, raw)));
         self.done = c.is_err();
         Some(match c {
             Ok((cid, raw)) => Ok(Completion { cid, status: decode(raw) }),
