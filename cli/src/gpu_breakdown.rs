@@ -106,10 +106,55 @@ pub fn breakdown(file: &str, file_size: u64, sizes: &[u64], gpu: &Arc<Gpu>, json
     Ok(())
 }
 
+/// Runs `reps` batches of `bufs.len()` reads of `size` through `b`, each entry into its own
+/// buffer; returns I/Os per second.
+fn batch_iops(
+    b: &mut StorageBatch,
+    bufs: &[Arc<ugds::Buffer>],
+    size: u64,
+    file_size: u64,
+    reps: usize,
+    n: &mut u64,
+) -> Res<f64> {
+    let d = bufs.len();
+    let start = Instant::now();
+    for _ in 0..reps {
+        let reqs: Vec<IoRequest> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, buf)| {
+                *n += 1;
+                IoRequest {
+                    op: Op::Read,
+                    buf: buf.clone(),
+                    buf_offset: 0,
+                    file_offset: offset(*n, size, file_size),
+                    len: size,
+                    cookie: i as u64,
+                }
+            })
+            .collect();
+        b.submit(&reqs)?;
+        let mut got = 0;
+        while got < d {
+            let ev = b.status(d - got, Duration::from_secs(30))?;
+            if ev.is_empty() {
+                return Err("a batch made no progress in 30 s".into());
+            }
+            if let Some(e) = ev.iter().find(|e| e.status != IoStatus::Complete) {
+                return Err(format!("batch entry failed: {e:?}").into());
+            }
+            got += ev.len();
+        }
+    }
+    Ok((reps * d) as f64 / start.elapsed().as_secs_f64())
+}
+
 /// A batch of `depth` reads of `size` into GPU memory, and a stream-ordered group of `depth`
 /// reads (queued on a stream, then the stream synchronized), against `depth` naive reads (pread
-/// into pinned memory, copy, wait) one after another; I/Os per second, median of alternating
-/// rounds.
+/// into pinned memory, copy, wait) one after another, and against the same batch into host
+/// memory (no copies: what the disk and our io_uring do at that depth, the ceiling for the GPU
+/// batch); I/Os per second, median of alternating rounds.
 pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc<Gpu>, json: bool) -> Res<()> {
     let st = Storage::open(file)?;
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(file)?;
@@ -117,50 +162,28 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
     let maxd = depths.iter().copied().max().unwrap_or(1);
     let mems: Vec<_> = (0..maxd).map(|_| gpu.alloc(size as usize).map(Arc::new)).collect::<Result<_, _>>()?;
     let bufs: Vec<_> = mems.iter().map(|m| st.register_gpu(m.clone(), true).map(Arc::new)).collect::<Result<_, _>>()?;
+    let hosts: Vec<_> = (0..maxd).map(|_| st.alloc_host(size as usize).map(Arc::new)).collect::<Result<_, _>>()?;
     let pinned = gpu.alloc_pinned(size as usize)?;
     let mut q = gpu.runtime().copy_queue()?;
     let sio = StreamIo::new(gpu.runtime().new_stream()?)?;
     if !json {
         println!("depth sweep ({} reads, IOPS, median of 5 alternating rounds):", ugds::units::human(size));
-        println!("{:>6} {:>12} {:>12} {:>12} {:>8} {:>8}", "depth", "batch", "stream", "naive loop", "ratio", "stream");
+        println!(
+            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>10}",
+            "depth", "batch", "stream", "naive loop", "host batch", "ratio", "stream", "batch/host"
+        );
     }
     let mut rows = Vec::new();
     let mut n = 0u64;
     for &d in depths {
         let mut b = StorageBatch::new(&st, d)?;
-        let (mut bt, mut st_t, mut nt) = (Vec::new(), Vec::new(), Vec::new());
+        let mut hb = StorageBatch::new(&st, d)?;
+        let (mut bt, mut st_t, mut nt, mut ht) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..5 {
             // A round: enough batches for about 0.2 s of work at the naive rate.
             let reps = (2000 / d).max(4);
-            let start = Instant::now();
-            for _ in 0..reps {
-                let reqs: Vec<IoRequest> = (0..d)
-                    .map(|i| {
-                        n += 1;
-                        IoRequest {
-                            op: Op::Read,
-                            buf: bufs[i].clone(),
-                            buf_offset: 0,
-                            file_offset: offset(n, size, file_size),
-                            len: size,
-                            cookie: i as u64,
-                        }
-                    })
-                    .collect();
-                b.submit(&reqs)?;
-                let mut got = 0;
-                while got < d {
-                    let ev = b.status(d - got, Duration::from_secs(30))?;
-                    if ev.is_empty() {
-                        return Err("a batch made no progress in 30 s".into());
-                    }
-                    if let Some(e) = ev.iter().find(|e| e.status != IoStatus::Complete) {
-                        return Err(format!("batch entry failed: {e:?}").into());
-                    }
-                    got += ev.len();
-                }
-            }
-            bt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
+            bt.push(batch_iops(&mut b, &bufs[..d], size, file_size, reps, &mut n)?);
+            ht.push(batch_iops(&mut hb, &hosts[..d], size, file_size, reps, &mut n)?);
             let start = Instant::now();
             for _ in 0..reps {
                 let ops: Vec<AsyncOp> = (0..d)
@@ -188,13 +211,17 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
             }
             nt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
         }
-        let (bi, si, ni) = (median(bt), median(st_t), median(nt));
+        let (bi, si, ni, hi) = (median(bt), median(st_t), median(nt), median(ht));
         if json {
-            rows.push(
-                serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "stream_iops": si, "naive_iops": ni}),
-            );
+            rows.push(serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "stream_iops": si,
+                "naive_iops": ni, "host_batch_iops": hi}));
         } else {
-            println!("{d:>6} {bi:>12.0} {si:>12.0} {ni:>12.0} {:>7.2}x {:>7.2}x", bi / ni, si / ni);
+            println!(
+                "{d:>6} {bi:>12.0} {si:>12.0} {ni:>12.0} {hi:>12.0} {:>7.2}x {:>7.2}x {:>9.2}x",
+                bi / ni,
+                si / ni,
+                bi / hi
+            );
         }
     }
     if json {

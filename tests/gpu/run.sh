@@ -15,6 +15,8 @@
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
 #   smallio   `ugds bench-gpu --breakdown` (4K, 64K: disk, copy, sync vs poll) and `--depths`
 #             (4K batches of 1..128 against the naive pread + copy loop)
+#   copypaths tests/gpu/small_copy_paths.cu: a small read's copy to the GPU by the copy engine
+#             vs a kernel reading mapped pinned host memory, with and without the disk
 # Every step has a time limit and reports its exit status; a failing step never stops the rest.
 set -u
 B=${BIN:-$PWD/target/gpu}
@@ -296,6 +298,14 @@ python_clients() {
     T=300 run "$B/ugds" bench-gpu --file "$DIR/ugds-small.dat" --file-size 1G --sizes 4K,64K --breakdown
     T=300 run "$B/ugds" bench-gpu --file "$DIR/ugds-small.dat" --file-size 1G --sizes 4K --depths 1,8,32,128
     rm -f "$DIR/ugds-small.dat"
+  fi
+  if want copypaths; then
+    section "small reads into GPU memory: copy engine vs a kernel reading mapped host memory"
+    W=$DIR/copypaths
+    mkdir -p "$W"
+    run "$NVCC" -O2 -o "$W/small_copy_paths" tests/gpu/small_copy_paths.cu -lcuda &&
+      head -c 256M /dev/urandom >"$W/data.bin" && sync && T=300 run "$W/small_copy_paths" "$W/data.bin" 2000
+    rm -rf "$W"
   fi
   rm -f "$DIR"/ugds-bench.dat "$DIR"/ugds-example.dat "$DIR"/rt-*.dat
   echo
