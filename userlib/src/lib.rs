@@ -23,6 +23,7 @@ pub mod capi;
 pub(crate) mod cmd;
 pub mod device;
 mod direct;
+pub(crate) mod dl;
 pub mod doctor;
 pub mod engine;
 pub mod error;

@@ -51,24 +51,12 @@ struct Verbs {
 fn verbs() -> Option<&'static Verbs> {
     static V: OnceLock<Option<Verbs>> = OnceLock::new();
     V.get_or_init(|| {
-        // SAFETY: dlopen/dlsym with NUL-terminated names; the library stays loaded (never
-        // dlclose'd), so the function pointers stay valid for the process's life.
+        // Kept loaded for good (the function pointers are used for the process's life).
+        let lib = crate::dl::Library::open("libibverbs.so.1").ok()?;
+        // SAFETY: these symbols have these C signatures in every libibverbs.so.1 that exports
+        // them (rdma-core's verbs ABI); the library is never closed.
         unsafe {
-            let lib = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-            if lib.is_null() {
-                return None;
-            }
-            let reg = libc::dlsym(lib, c"ibv_reg_dmabuf_mr".as_ptr());
-            let dereg = libc::dlsym(lib, c"ibv_dereg_mr".as_ptr());
-            if reg.is_null() || dereg.is_null() {
-                return None;
-            }
-            // SAFETY: these symbols have these C signatures in every libibverbs.so.1 that
-            // exports them (rdma-core's verbs ABI).
-            Some(Verbs {
-                reg_dmabuf_mr: std::mem::transmute::<*mut c_void, RegDmabufMr>(reg),
-                dereg_mr: std::mem::transmute::<*mut c_void, DeregMr>(dereg),
-            })
+            Some(Verbs { reg_dmabuf_mr: lib.function(c"ibv_reg_dmabuf_mr")?, dereg_mr: lib.function(c"ibv_dereg_mr")? })
         }
     })
     .as_ref()

@@ -7,10 +7,9 @@
 //! `.so.5`); `UGDS_HIP_LIBRARY=/path/to/libamdhip64.so` loads that file instead (a test and
 //! debugging hook: the host tests point it at a fake runtime built from
 //! `userlib/tests/fake_hip/fake_hip.c`). Symbols are looked up once into [`Api`], a struct of
-//! typed function pointers. Plain `libc::dlopen`/`dlsym` rather than the `libloading` crate:
-//! that is two calls we already have through `libc`, and a loaded runtime is never unloaded
-//! (its own threads run, and our host-function trampolines are called from them, for the rest
-//! of the process), which is the one thing `libloading::Library` would manage for us. `hip-sys`
+//! typed function pointers, through `crate::dl` (which says why plain `dlopen`). A loaded
+//! runtime is never unloaded: its own threads run, and our host-function trampolines are
+//! called from them, for the rest of the process. `hip-sys`
 //! is not an option: its build script needs ROCm's headers.
 //!
 //! # Where the declarations come from
@@ -52,9 +51,10 @@
 //! NVMe device can map peer-to-peer.
 
 use super::{CopyQueue, Runtime, Vendor};
+use crate::dl::Library;
 use crate::error::{Error, Result};
 use crate::stream::{CompletionWord, HostFn, Stream};
-use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
@@ -167,34 +167,13 @@ unsafe impl Send for Api {}
 // SAFETY: as above; nothing in it is mutated after loading.
 unsafe impl Sync for Api {}
 
-/// The last `dlerror()` message of this thread.
-fn dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call on
-    // this thread; it is copied at once.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown dlopen error".into()
-    } else {
-        // SAFETY: non-null, NUL-terminated (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
-/// Looks up `name` in the library `lib`.
-fn lookup(lib: *mut c_void, name: &CStr) -> Option<*mut c_void> {
-    // SAFETY: `lib` is a live handle from dlopen; `name` is NUL-terminated.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    (!p.is_null()).then_some(p)
-}
-
 /// Resolves a required symbol as the function type `$ty` (or returns the missing name).
 macro_rules! required {
     ($lib:expr, $name:literal, $ty:ty) => {
-        match lookup($lib, $name) {
-            // SAFETY: the symbol is HIP's function of this name; `$ty` restates its C signature
-            // (see the field's comment), and function and data pointers have one size on the
-            // targets we build for (Linux, LP64).
-            Some(p) => unsafe { std::mem::transmute::<*mut c_void, $ty>(p) },
+        // SAFETY: the symbol is HIP's function of this name and `$ty` restates its C
+        // signature (see the field's comment); the library is never closed once resolved.
+        match unsafe { $lib.function::<$ty>($name) } {
+            Some(f) => f,
             None => return Err($name.to_string_lossy().into_owned()),
         }
     };
@@ -203,16 +182,15 @@ macro_rules! required {
 impl Api {
     /// Resolves every symbol from the library `lib` (loaded from `path`); the name of the first
     /// missing required symbol on failure.
-    fn resolve(lib: *mut c_void, path: &str) -> std::result::Result<Api, String> {
-        let get_handle = lookup(lib, c"hipMemGetHandleForAddressRange").map(|p| {
-            // SAFETY: as in `required!`, for the optional export function.
-            unsafe {
-                std::mem::transmute::<
-                    *mut c_void,
-                    unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, c_ulonglong) -> HipError,
-                >(p)
-            }
-        });
+    fn resolve(lib: &Library, path: &str) -> std::result::Result<Api, String> {
+        // SAFETY: `hipError_t hipMemGetHandleForAddressRange(void *handle, hipDeviceptr_t ptr,
+        // size_t size, hipMemRangeHandleType type, unsigned long long flags)` (optional: ROCm
+        // 6.2+); the library is never closed once resolved.
+        let get_handle = unsafe {
+            lib.function::<unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, c_ulonglong) -> HipError>(
+                c"hipMemGetHandleForAddressRange",
+            )
+        };
         Ok(Api {
             path: path.to_string(),
             init: required!(lib, c"hipInit", unsafe extern "C" fn(c_uint) -> HipError),
@@ -313,18 +291,14 @@ pub fn api() -> Result<&'static Api> {
         if let Some((_, api)) = loaded.iter().find(|(n, _)| n == name) {
             return Ok(api);
         }
-        let Ok(c) = CString::new(name.as_str()) else {
-            why.push(format!("{name}: the name contains a NUL byte"));
-            continue;
+        let lib = match Library::open(name) {
+            Ok(lib) => lib,
+            Err(e) => {
+                why.push(e);
+                continue;
+            }
         };
-        // SAFETY: dlopen with a NUL-terminated name; running the library's initialisers is
-        // what loading a GPU runtime means.
-        let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if lib.is_null() {
-            why.push(dl_error());
-            continue;
-        }
-        match Api::resolve(lib, name) {
+        match Api::resolve(&lib, name) {
             Ok(api) => {
                 // INVARIANT: the library stays loaded (never dlclose'd) from here on.
                 let api: &'static Api = Box::leak(Box::new(api));
@@ -333,8 +307,8 @@ pub fn api() -> Result<&'static Api> {
             }
             Err(sym) => {
                 why.push(format!("{name} has no {sym} (not a HIP runtime, or too old)"));
-                // SAFETY: no pointer from this library was kept.
-                unsafe { libc::dlclose(lib) };
+                // SAFETY: `resolve` failed, so no pointer from this library was kept.
+                unsafe { lib.close() };
             }
         }
     }

@@ -3,6 +3,7 @@
 //! `layout_tests` proves each size and offset against the installed headers), the functions
 //! looked up with `dlopen`/`dlsym`, and the missing-library error.
 
+use crate::dl::Library;
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -230,66 +231,21 @@ pub(super) struct Lib {
 const VERBS_SONAME: &str = "libibverbs.so.1";
 const RDMACM_SONAME: &str = "librdmacm.so.1";
 
-fn dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl call on
-    // this thread; it is copied at once.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown dlopen error".into()
-    } else {
-        // SAFETY: non-null and NUL-terminated (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
-/// Loads `soname` for good (never closed: rdma-core's providers stay loaded with it).
-fn open_lib(soname: &str) -> std::result::Result<*mut c_void, String> {
-    let c = std::ffi::CString::new(soname).map_err(|_| format!("{soname:?} has a NUL"))?;
-    // SAFETY: dlopen with a NUL-terminated name; running rdma-core's initialisers is what
-    // loading it means.
-    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-    if h.is_null() {
-        return Err(format!("{soname}: {}", dl_error()));
-    }
-    Ok(h)
-}
-
-fn sym(lib: *mut c_void, name: &CStr) -> Option<*mut c_void> {
-    // SAFETY: `lib` is a live handle from dlopen (never closed); `name` is NUL-terminated.
-    let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
-    (!p.is_null()).then_some(p)
-}
-
-/// `p` as the function pointer type `F`.
-///
-/// # Safety
-///
-/// `F` must be an `extern "C"` function pointer type that restates the C signature of the
-/// function at `p`.
-unsafe fn fn_ptr<F: Copy>(p: *mut c_void) -> F {
-    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
-    // SAFETY: same size (checked above); the caller vouches that `p` is a function of type `F`.
-    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
-}
-
 impl Lib {
     pub(super) fn load(verbs_name: &str, cm_name: &str) -> std::result::Result<Lib, String> {
-        let verbs = open_lib(verbs_name)?;
-        let cm = open_lib(cm_name)?;
-        let need = |lib, name: &CStr| sym(lib, name).ok_or_else(|| format!("{name:?} is missing from rdma-core"));
+        // Loaded for good: rdma-core's providers stay loaded with it.
+        let open = |name: &str| Library::open(name).map_err(|e| format!("{name}: {e}"));
+        let (verbs, cm) = (open(verbs_name)?, open(cm_name)?);
         macro_rules! f {
-            ($lib:expr, $name:literal) => {{
-                let p = need($lib, $name)?;
-                // SAFETY: `p` is the address of the exported C function `$name`, whose C
-                // declaration in verbs.h / rdma_cma.h the field's type restates.
-                unsafe { fn_ptr(p) }
-            }};
+            ($lib:expr, $name:literal) => {
+                // SAFETY: `$name` is rdma-core's exported C function, whose declaration in
+                // verbs.h / rdma_cma.h the field's type restates; the library is never closed.
+                unsafe { $lib.function($name) }.ok_or_else(|| format!("{:?} is missing from rdma-core", $name))?
+            };
         }
-        let reg_dmabuf_mr = sym(verbs, c"ibv_reg_dmabuf_mr").map(|p| {
-            // SAFETY: the address of `struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t
-            // offset, size_t length, uint64_t iova, int fd, int access)` (rdma-core 34+).
-            unsafe { fn_ptr(p) }
-        });
+        // SAFETY: `struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t offset, size_t
+        // length, uint64_t iova, int fd, int access)` (rdma-core 34+; optional); never closed.
+        let reg_dmabuf_mr = unsafe { verbs.function(c"ibv_reg_dmabuf_mr") };
         Ok(Lib {
             create_event_channel: f!(cm, c"rdma_create_event_channel"),
             destroy_event_channel: f!(cm, c"rdma_destroy_event_channel"),
