@@ -288,10 +288,11 @@ impl QueuePair {
         cids: &mut [u16],
     ) -> Result<u64> {
         let n = self.check_burst(cmds, cids)?;
-        let mut sub = self.submission_owned(nsid, status)?;
         if n == 0 {
-            return Ok(sub.rings.epoch);
+            // As the shared call: an empty burst only reads the epoch.
+            return Ok(self.rings.get_mut().unwrap_or_else(|p| p.into_inner()).epoch);
         }
+        let mut sub = self.submission_owned(nsid, status)?;
         let mut wait = Wait::default();
         while !sub.make_room(n, status)? {
             wait.spin(&cmds[0], timeout)?;
