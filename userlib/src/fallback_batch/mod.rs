@@ -369,6 +369,7 @@ impl RingBatch {
             }
         };
         stuck.into_iter().for_each(|idx| self.disk_done(idx));
+        self.flush_copies();
         if let Err(e) = submitted {
             self.abandon(e);
         }
@@ -401,6 +402,19 @@ impl RingBatch {
             if r.in_ring == 0 && r.queued >= r.e.len {
                 self.disk_done(idx);
             }
+        }
+        self.flush_copies();
+    }
+
+    /// Starts the copies to the device that completed reads asked for (one call for all); an
+    /// entry whose copy failed ends with the failure, its memory kept for good when the copy
+    /// may still run.
+    fn flush_copies(&mut self) {
+        let Some(st) = self.stage.as_mut() else { return };
+        let mut failed = Vec::new();
+        st.flush(&mut failed);
+        for (idx, reason, may_run) in failed {
+            self.finish(idx, Err(Error::Gpu { op: "staging copy", reason }), may_run);
         }
     }
 

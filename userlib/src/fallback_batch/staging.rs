@@ -4,7 +4,7 @@
 //! polls instead of waiting for.
 
 use crate::error::{Error, Result};
-use crate::gpu::{CopyQueue, Gpu, PinnedHost, STAGING_CHUNK};
+use crate::gpu::{CopyQueue, Gpu, PinnedHost, ToDevice, STAGING_CHUNK};
 use std::sync::Arc;
 
 /// GPU entries up to this size stage through a slot; larger ones (up to a whole chunk) take a
@@ -38,6 +38,10 @@ pub(super) struct Staging {
     chunks: Vec<PinnedHost>,
     free: Vec<usize>,
     lanes: Vec<Lane>,
+    /// Copies to the device asked for since the last [`Staging::flush`], started together:
+    /// (entry, device address, staging address, bytes). The staging address is kept as a
+    /// number so the batch stays `Send`; it points into `chunks` or an entry's chunk.
+    pending: Vec<(usize, u64, usize, usize)>,
     /// A copy queue failed while its copies may still run: the chunks are never freed.
     poisoned: bool,
 }
@@ -45,7 +49,7 @@ pub(super) struct Staging {
 impl Staging {
     /// Staging for `gpu`; nothing is taken until the first entry.
     pub(super) fn new(gpu: Arc<Gpu>) -> Staging {
-        Staging { gpu, chunks: Vec::new(), free: Vec::new(), lanes: Vec::new(), poisoned: false }
+        Staging { gpu, chunks: Vec::new(), free: Vec::new(), lanes: Vec::new(), pending: Vec::new(), poisoned: false }
     }
 
     /// Staging memory for an entry of `len` bytes (at most a staging chunk).
@@ -82,28 +86,61 @@ impl Staging {
         }
     }
 
-    /// Starts copying `len` bytes between `s` and device address `dev` (to the host when
-    /// `to_host`), for entry `id`, which [`Staging::poll`] reports once the copy is done.
+    /// Copies `len` bytes between `s` and device address `dev` (to the host when `to_host`),
+    /// for entry `id`, which [`Staging::poll`] reports once the copy is done. A copy to the
+    /// host starts now; one to the device waits for [`Staging::flush`], which starts all of
+    /// them in one call (the reads that completed together).
     ///
     /// # Safety
     ///
     /// `len` is at most `s`'s size; `dev..dev+len` is device memory of this staging's GPU that
-    /// stays allocated, and `s` stays with the entry, until `poll` reports `id`.
+    /// stays allocated, and `s` stays with the entry, until `poll` reports `id` (or `flush`
+    /// reports it failed).
     pub(super) unsafe fn copy(&mut self, id: usize, s: &Stage, to_host: bool, dev: u64, len: usize) -> Result<()> {
         let host = self.ptr(s);
+        if !to_host {
+            self.pending.push((id, dev, host as usize, len));
+            return Ok(());
+        }
         let lane = self.lane()?;
         let l = &mut self.lanes[lane];
         // SAFETY: `host` is `s`'s memory, at least `len` bytes, which the batch touches no more
         // until `poll` reports the copy done; the device range is the caller's promise.
-        unsafe {
-            if to_host {
-                l.q.to_host(host, dev, len)?;
-            } else {
-                l.q.to_device(dev, host, len)?;
-            }
-        }
+        unsafe { l.q.to_host(host, dev, len)? };
         l.ids.push(id);
         Ok(())
+    }
+
+    /// Starts the copies to the device that [`Staging::copy`] deferred, on one lane. Entries
+    /// that failed go to `failed` with the reason and whether their copies may still run: when
+    /// the call fails, those copies and the lane's earlier ones may have started (the lane is
+    /// never used again and their memory must be kept for good); when no lane could be had,
+    /// none started.
+    pub(super) fn flush(&mut self, failed: &mut Vec<(usize, String, bool)>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let copies: Vec<ToDevice> =
+            self.pending.iter().map(|&(_, dst, host, len)| ToDevice { dst, src: host as *const u8, len }).collect();
+        let ids: Vec<usize> = self.pending.drain(..).map(|(id, ..)| id).collect();
+        let lane = match self.lane() {
+            Ok(lane) => lane,
+            Err(e) => {
+                // Nothing started.
+                failed.extend(ids.into_iter().map(|id| (id, e.to_string(), false)));
+                return;
+            }
+        };
+        let l = &mut self.lanes[lane];
+        l.ids.extend(ids);
+        // SAFETY: each copy was checked by `copy`'s caller (its contract): staging memory of
+        // its entry, untouched until the lane reports it, into device memory that stays
+        // allocated as long.
+        if let Err(e) = unsafe { l.q.to_device_many(&copies) } {
+            let lane = self.lanes.swap_remove(lane);
+            failed.extend(lane.ids.iter().map(|&id| (id, e.to_string(), true)));
+            std::mem::forget(lane.q);
+        }
     }
 
     /// The lane for the next copy: an idle one, a new one while fewer than [`LANES`], else the

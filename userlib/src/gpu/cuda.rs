@@ -1,7 +1,7 @@
 //! CUDA through the driver API, loaded at run time (cudarc's dynamic loading): the crate builds
 //! and runs without CUDA, and says so clearly when asked for a GPU that is not there.
 
-use super::{CopyQueue, Runtime, Vendor};
+use super::{CopyQueue, Runtime, ToDevice, Vendor};
 use crate::error::{Error, Result};
 use crate::stream::{CompletionWord, HostFn, Stream};
 use cudarc::driver::sys as cu;
@@ -237,7 +237,7 @@ impl Runtime for Cuda {
         check("cuStreamCreate", unsafe {
             cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
-        Ok(Box::new(CudaCopyQueue { ctx: self.c.clone(), stream: s }))
+        Ok(Box::new(CudaCopyQueue { ctx: self.c.clone(), stream: s, batch: Default::default() }))
     }
 
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
@@ -291,6 +291,56 @@ impl Runtime for Cuda {
 struct CudaCopyQueue {
     ctx: Arc<Ctx>,
     stream: cu::CUstream,
+    /// Argument arrays of `cuMemcpyBatchAsync`, kept to avoid allocating per call.
+    batch: (Vec<cu::CUdeviceptr>, Vec<cu::CUdeviceptr>, Vec<usize>),
+}
+
+/// `cuMemcpyBatchAsync` of CUDA 13 (`_v2`) or of CUDA 12.8/12.9 (which takes `failIdx` before
+/// the stream), whichever the driver exports; neither on older drivers.
+#[derive(Clone, Copy)]
+enum BatchCopy {
+    V2(
+        unsafe extern "C" fn(
+            *mut cu::CUdeviceptr,
+            *mut cu::CUdeviceptr,
+            *mut usize,
+            usize,
+            *mut cu::CUmemcpyAttributes,
+            *mut usize,
+            usize,
+            cu::CUstream,
+        ) -> cu::CUresult,
+    ),
+    V1(
+        unsafe extern "C" fn(
+            *mut cu::CUdeviceptr,
+            *mut cu::CUdeviceptr,
+            *mut usize,
+            usize,
+            *mut cu::CUmemcpyAttributes,
+            *mut usize,
+            usize,
+            *mut usize,
+            cu::CUstream,
+        ) -> cu::CUresult,
+    ),
+}
+
+/// The driver's batch copy, looked up once (cudarc's wrapper would panic where the symbol is
+/// missing, so it is resolved here, where missing means "one call per copy").
+fn batch_copy() -> Option<BatchCopy> {
+    static F: std::sync::OnceLock<Option<BatchCopy>> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        // The library cudarc loaded already: dlopen hands back the same one.
+        let lib = crate::dl::Library::open("libcuda.so.1").ok()?;
+        // SAFETY: the declarations of cuMemcpyBatchAsync_v2 (cuda.h, CUDA 13) and
+        // cuMemcpyBatchAsync (CUDA 12.8) that the variants restate; libcuda is never unloaded.
+        unsafe {
+            lib.function(c"cuMemcpyBatchAsync_v2")
+                .map(BatchCopy::V2)
+                .or_else(|| lib.function(c"cuMemcpyBatchAsync").map(BatchCopy::V1))
+        }
+    })
 }
 
 // SAFETY: CUDA streams may be used from any thread with their context current.
@@ -307,6 +357,70 @@ impl CopyQueue for CudaCopyQueue {
         self.bind()?;
         // SAFETY: the caller guarantees the ranges; the stream is ours.
         check("cuMemcpyHtoDAsync", unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.stream) })
+    }
+
+    unsafe fn to_device_many(&mut self, copies: &[ToDevice]) -> Result<()> {
+        let f = match (copies, batch_copy()) {
+            ([], _) => return Ok(()),
+            (_, Some(f)) if copies.len() > 1 => f,
+            _ => {
+                for c in copies {
+                    // SAFETY: the caller's promise, copy by copy.
+                    unsafe { self.to_device(c.dst, c.src, c.len)? };
+                }
+                return Ok(());
+            }
+        };
+        self.bind()?;
+        let (dsts, srcs, sizes) = &mut self.batch;
+        dsts.clear();
+        srcs.clear();
+        sizes.clear();
+        for c in copies {
+            dsts.push(c.dst);
+            // CAST: a host address, as the driver takes it (unified addressing).
+            srcs.push(c.src as usize as cu::CUdeviceptr);
+            sizes.push(c.len);
+        }
+        // One attribute for all: the source (pinned staging the caller leaves alone until the
+        // stream reports the copies done) is read in stream order.
+        // SAFETY: plain data; all-zero is a valid value of every field, set below.
+        let mut attr: cu::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+        attr.srcAccessOrder = cu::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        let mut attr_idx = 0usize;
+        let n = copies.len();
+        // SAFETY: three arrays of `n` entries, one attribute applying from copy 0; the caller
+        // guarantees each copy's ranges; the stream is ours (never the legacy stream, which
+        // the call refuses) and its context is current.
+        let r = unsafe {
+            match f {
+                BatchCopy::V2(f) => f(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    n,
+                    &mut attr,
+                    &mut attr_idx,
+                    1,
+                    self.stream,
+                ),
+                BatchCopy::V1(f) => {
+                    let mut fail = 0usize;
+                    f(
+                        dsts.as_mut_ptr(),
+                        srcs.as_mut_ptr(),
+                        sizes.as_mut_ptr(),
+                        n,
+                        &mut attr,
+                        &mut attr_idx,
+                        1,
+                        &mut fail,
+                        self.stream,
+                    )
+                }
+            }
+        };
+        check("cuMemcpyBatchAsync", r)
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {

@@ -92,6 +92,19 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     /// `src` must stay valid and unwritten until [`CopyQueue::wait`] returns; `dst..dst+len`
     /// must be device memory of this runtime.
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()>;
+    /// Starts every copy of `copies` (host to device), in one call where the runtime has one
+    /// (CUDA 12.8+: `cuMemcpyBatchAsync`). On an error some of them may have started.
+    ///
+    /// # Safety
+    ///
+    /// As [`CopyQueue::to_device`], for each copy.
+    unsafe fn to_device_many(&mut self, copies: &[ToDevice]) -> Result<()> {
+        for c in copies {
+            // SAFETY: the caller's promise, copy by copy.
+            unsafe { self.to_device(c.dst, c.src, c.len)? };
+        }
+        Ok(())
+    }
     /// Starts copying `len` bytes from device address `src` to host `dst`.
     ///
     /// # Safety
@@ -105,6 +118,17 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     fn poll(&mut self) -> Result<bool> {
         self.wait().map(|()| true)
     }
+}
+
+/// One host-to-device copy of [`CopyQueue::to_device_many`].
+#[derive(Debug, Clone, Copy)]
+pub struct ToDevice {
+    /// Device address of the destination.
+    pub dst: u64,
+    /// Host source.
+    pub src: *const u8,
+    /// Bytes.
+    pub len: usize,
 }
 
 /// How the staging pipeline waits for its copies.
