@@ -183,4 +183,22 @@ mod tests {
         const { assert!(!SyncProbe::<std::cell::Cell<u8>>::SYNC) };
         const { assert!(!Probe::<std::rc::Rc<u8>>::SEND) };
     }
+
+    /// A file (the fallback path) has no queue pairs of this process: refused by name, with
+    /// what to use instead; its own read still works.
+    #[cfg(feature = "fallback")]
+    #[test]
+    fn a_file_refuses_an_owned_queue_by_name() {
+        let path = std::env::temp_dir().join(format!("ugds-owned-queue-{}", std::process::id()));
+        std::fs::File::create(&path).and_then(|f| f.set_len(1 << 20)).unwrap();
+        let st = crate::Storage::open(path.to_str().unwrap()).unwrap();
+        let e = st.owned_queue().unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, crate::Error::Unsupported { what: "an owned queue pair", .. }), "{e:?}");
+        assert!(text.contains("read and write") && text.contains("/dev/ugds_drvN"), "{text}");
+        let buf = st.alloc_host(4096).unwrap();
+        assert_eq!(st.read(&buf, 0, 0, 4096).unwrap(), 4096);
+        drop((buf, st));
+        std::fs::remove_file(&path).unwrap();
+    }
 }
