@@ -5,7 +5,7 @@
 
 use crate::kmod::bound_node;
 use crate::userlib::{kernel_check, kernel_namespaces, unbind};
-use crate::{ensure_that, nvme_controllers, nvme_name, Test};
+use crate::{ensure_that, nvme_controllers, nvme_name, sh, Test};
 use anyhow::{Context, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ pub fn tests() -> Vec<Test> {
     vec![
         Test { name: "ugds_owned_queues_threads_both_ways_kernel_checks", variant: V, run: threads_both_ways },
         Test { name: "ugds_owned_queue_timeout_like_shared", variant: V, run: timeout_like_shared },
+        Test { name: "ugds_owned_queue_cli_bench", variant: V, run: cli_bench },
     ]
 }
 
@@ -219,5 +220,40 @@ fn timeout_like_shared() -> Result<()> {
     ensure_that!(hasty_dev.counters().qpairs == qpairs0, "dropping the owned queue left its queue pair");
     println!("    3 forced timeouts on each of the shared and an owned queue, handled alike");
     drop((big, small, obuf, hasty, patient, hasty_dev, patient_dev));
+    unbind(&addr)
+}
+
+/// The whole number after `"key":` in a line of JSON.
+fn json_u64(json: &str, key: &str) -> Option<u64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let digits: String = json[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// `ugds bench --queue owned`: two threads on owned queues run and report it; every I/O is
+/// counted on the direct path (the queues add theirs when dropped); owned queues with a batch
+/// depth, and on a file, are refused by name.
+fn cli_bench() -> Result<()> {
+    let addr = nvme_controllers()?[0].clone();
+    let node = bound_node(0)?;
+    let bin = std::env::var("UGDS_CLI").context("UGDS_CLI not set")?;
+    let out = sh(&format!("{bin} --json bench {node} --seconds 1 --threads 2 --queue owned"))?;
+    let ios = json_u64(&out, "ios").unwrap_or(0);
+    ensure_that!(out.contains("\"queue\":\"owned\"") && ios > 0, "bench: {out}");
+    ensure_that!(json_u64(&out, "direct_host") == Some(ios), "owned queues' I/Os not counted: {out}");
+    let shared = sh(&format!("{bin} --json bench {node} --seconds 1"))?;
+    ensure_that!(shared.contains("\"queue\":\"shared\""), "default queue mode: {shared}");
+    let deep = std::process::Command::new(&bin).args(["bench", &node, "--depth", "4", "--queue", "owned"]).output()?;
+    let why = String::from_utf8_lossy(&deep.stderr);
+    ensure_that!(!deep.status.success() && why.contains("--depth 1"), "owned with a batch depth: {why}");
+    let file = format!("/tmp/ugds-owned-cli-{}", std::process::id());
+    std::fs::File::create(&file)?.set_len(16 << 20)?;
+    let f = std::process::Command::new(&bin)
+        .args(["bench", &file, "--seconds", "1", "--span", "8M", "--queue", "owned"])
+        .output()?;
+    let why = String::from_utf8_lossy(&f.stderr).into_owned();
+    std::fs::remove_file(&file)?;
+    ensure_that!(!f.status.success() && why.contains("an owned queue pair"), "owned on a file: {why}");
+    println!("    {ios} I/Os on 2 owned queues in 1 s");
     unbind(&addr)
 }

@@ -26,8 +26,9 @@ use ugds_uapi::ioctl::DeleteQpair;
 /// the controller using it (or leaks the queue memory when even that fails).
 #[derive(Debug)]
 pub(crate) struct OwnedQueuePair {
-    ns: Namespace,
+    /// Dropped (unmapped) before `ns`, which may hold the device's last reference.
     qp: QueuePair,
+    ns: Namespace,
     /// Not `Sync` (SPDK's contract, made a type): `Cell` is `Send` and `!Sync`.
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -40,7 +41,7 @@ impl Namespace {
         let dev = &self.dev;
         let (epoch, _) = crate::queue::read_status(&dev.status);
         let qp = create_queue_pair(&dev.fd, self.queue_depth(), self.interrupts(), &dev.doorbells, epoch, dev.dptr)?;
-        Ok(OwnedQueuePair { ns: self.clone(), qp, _not_sync: PhantomData })
+        Ok(OwnedQueuePair { qp, ns: self.clone(), _not_sync: PhantomData })
     }
 }
 
