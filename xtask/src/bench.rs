@@ -91,9 +91,13 @@ fn iops_cells(k: &Value, u: &Value) -> String {
     format!("{:.0} | {:.0} | {:.2}x", f(k, "iops"), f(u, "iops"), f(u, "iops") / f(k, "iops").max(1.0))
 }
 
-/// ugds p50 over the kernel's at the same point; `None` unless both measured one.
+/// ugds p50 over the kernel's at the same point; `None` unless both measured one. Like with like:
+/// `ugds bench` times each I/O from the call to its return, so the kernel's total latency (fio
+/// `lat`, `lat_p50_us`) where the point has it, else its completion latency (`p50_us`, fio
+/// `clat`, which leaves out the submission call and whatever completes inside it).
 fn p50_ratio(k: &Value, u: &Value) -> Option<f64> {
-    (f(k, "p50_us") > 0.0 && f(u, "p50_us") > 0.0).then(|| f(u, "p50_us") / f(k, "p50_us"))
+    let kernel = if f(k, "lat_p50_us") > 0.0 { f(k, "lat_p50_us") } else { f(k, "p50_us") };
+    (kernel > 0.0 && f(u, "p50_us") > 0.0).then(|| f(u, "p50_us") / kernel)
 }
 
 /// Adds `iops_ratio` and `p50_ratio` (ugds over kernel at the same backend, rw, size and depth)
@@ -169,7 +173,7 @@ fn table(points: &[Value], micro: &Value) -> String {
     }
     let _ = writeln!(
         s,
-        "\nugds/kernel p50 below 1 is lower latency for ugds. owned: `ugds bench --queue owned`, each thread's synchronous calls on a queue pair of its own (no lock); QD 1 only (deeper points are batches, which own their queue pair already)."
+        "\nugds/kernel p50 below 1 is lower latency for ugds; it compares ugds's latency (call to return) with the kernel's total latency (fio `lat`, submission included: `lat_p50_us` in the JSON), where the columns show the kernel's completion latency (fio `clat`). owned: `ugds bench --queue owned`, each thread's synchronous calls on a queue pair of its own (no lock); QD 1 only (deeper points are batches, which own their queue pair already)."
     );
     let _ = writeln!(
         s,
@@ -241,6 +245,23 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                         .draw_series(LineSeries::new(series, style))?
                         .label(format!("{engine} {size}"))
                         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+                }
+            }
+            // ugds on owned queue pairs: synchronous calls only, so one dot per size at QD 1.
+            for (ci, size) in SIZES.iter().enumerate() {
+                let owned = points.iter().find(|p| {
+                    p["backend"] == backend
+                        && p["engine"] == OWNED
+                        && p["rw"] == *rw
+                        && p["size"] == *size
+                        && p["depth"] == 1
+                });
+                if let Some(p) = owned {
+                    let color = colors[ci];
+                    chart
+                        .draw_series(std::iter::once(Circle::new((0.0, f(p, "iops")), 5, color.filled())))?
+                        .label(format!("ugds owned queue {size}"))
+                        .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
                 }
             }
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
@@ -323,8 +344,10 @@ fn fio_point_with(
     span: &str,
     lat: Latency,
 ) -> Result<Value> {
+    // Completion points also ask for the total latency (fio 3.20 and later report both), kept as
+    // `lat_p50_us` / `lat_p99_us` beside the completion latency's `p50_us` / `p99_us`.
     let (flag, key) = match lat {
-        Latency::Completion => ("", "clat_ns"),
+        Latency::Completion => (" --lat_percentiles=1 --clat_percentiles=1", "clat_ns"),
         Latency::Total => (" --lat_percentiles=1", "lat_ns"),
     };
     let out = sh(&format!(
@@ -338,6 +361,12 @@ fn fio_point_with(
               "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")});
     if lat == Latency::Total {
         point["latency"] = json!("total");
+    } else {
+        let total = |p: &str| side["lat_ns"]["percentile"][p].as_f64().filter(|v| *v > 0.0).map(|v| v / 1000.0);
+        if let (Some(p50), Some(p99)) = (total("50.000000"), total("99.000000")) {
+            point["lat_p50_us"] = json!(p50);
+            point["lat_p99_us"] = json!(p99);
+        }
     }
     Ok(point)
 }
@@ -418,8 +447,10 @@ pub fn guest(cli: &str, seconds: u64) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{add_ratios, table, OWNED};
+    use super::{add_ratios, plot, table, OWNED};
+    use crate::vm;
     use serde_json::{json, Value};
+    use std::path::Path;
 
     fn point(engine: &str, depth: usize, iops: f64, p50: f64) -> Value {
         json!({"engine": engine, "backend": "null", "rw": "randread", "size": "4K", "depth": depth,
@@ -427,8 +458,11 @@ mod tests {
     }
 
     fn grid() -> Vec<Value> {
+        let mut k1 = point("kernel", 1, 10000.0, 40.0);
+        // The total latency (submission included) is what ugds's p50 is compared with.
+        k1["lat_p50_us"] = json!(80.0);
         vec![
-            point("kernel", 1, 10000.0, 40.0),
+            k1,
             point("ugds", 1, 20000.0, 20.0),
             point(OWNED, 1, 25000.0, 10.0),
             point("kernel", 8, 50000.0, 100.0),
@@ -447,7 +481,7 @@ mod tests {
         // ugds/kernel p50 | owned IOPS | owned p50/p99 | owned/kernel | owned/kernel p50 |
         assert_eq!(
             &cells[4..14],
-            &["10000", "20000", "2.00x", "40 / 80", "20 / 40", "0.50x", "25000", "10 / 20", "2.50x", "0.25x"],
+            &["10000", "20000", "2.00x", "40 / 80", "20 / 40", "0.25x", "25000", "10 / 20", "2.50x", "0.12x"],
             "{qd1}"
         );
         let qd8 = t.lines().find(|l| l.starts_with("| randread | 4K | 8 |")).expect("QD 8 row");
@@ -463,13 +497,32 @@ mod tests {
     fn ratios_are_added_to_ugds_points_only() {
         let mut pts = grid();
         add_ratios(&mut pts);
-        assert_eq!(pts[1]["p50_ratio"], json!(0.5));
+        assert_eq!(pts[1]["p50_ratio"], json!(0.25));
         assert_eq!(pts[1]["iops_ratio"], json!(2.0));
-        assert_eq!(pts[2]["p50_ratio"], json!(0.25));
+        assert_eq!(pts[2]["p50_ratio"], json!(0.125));
         assert!(pts[0].get("p50_ratio").is_none() && pts[0].get("iops_ratio").is_none());
+        // Without the kernel's total latency the completion latency is used (QD 8: 100 us).
+        let mut k = point("kernel", 8, 50000.0, 100.0);
+        let mut u = vec![k.clone(), point("ugds", 8, 50000.0, 50.0)];
+        add_ratios(&mut u);
+        assert_eq!(u[1]["p50_ratio"], json!(0.5));
+        k["lat_p50_us"] = json!(0.0);
+        assert_eq!(super::p50_ratio(&k, &u[1]), Some(0.5));
         // No p50 measured: no p50 ratio, but the IOPS one.
         assert!(pts[4].get("p50_ratio").is_none());
         assert_eq!(pts[4]["iops_ratio"], json!(0.8));
         assert_eq!(pts[4]["iops"], json!(40000.0));
+    }
+
+    /// Every backend and rw gets its plot, the owned queues' dots included.
+    #[test]
+    fn plots_are_written_with_the_owned_points() {
+        if !Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
+            return;
+        }
+        let dir = vm::TempDir::new("ugds-bench-main-plot").unwrap();
+        assert_eq!(plot(&grid(), dir.path()).unwrap(), 4);
+        let png = std::fs::read(dir.path().join("iops-null-randread.png")).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
     }
 }
