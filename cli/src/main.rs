@@ -90,7 +90,8 @@ enum Cmd {
         /// I/O size.
         #[arg(long, value_parser = size, default_value = "4K")]
         size: u64,
-        /// Threads (each runs one synchronous I/O at a time on its own queue).
+        /// Threads (each runs one synchronous I/O at a time; the device gets a shared queue pair
+        /// per thread, or with `--queue owned` each thread creates one of its own).
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// read, write or mix (50/50).
@@ -108,6 +109,11 @@ enum Cmd {
         /// I/Os in flight per thread (1: synchronous calls; more: a batch kept full).
         #[arg(long, default_value_t = 1)]
         depth: usize,
+        /// Queue pairs of the synchronous calls (depth 1): `shared` (the device's, one per
+        /// thread, locked) or `owned` (each thread takes a queue pair of its own: no lock; direct
+        /// path on one node only).
+        #[arg(long, value_enum, default_value_t = QueueMode::Shared)]
+        queue: QueueMode,
     },
     /// What decides the I/O path on this machine, each finding with a verdict and the fix.
     Doctor,
@@ -139,6 +145,24 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         depths: Option<Vec<usize>>,
     },
+}
+
+/// Which queue pairs `ugds bench`'s synchronous calls use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum QueueMode {
+    /// The device's queue pairs, shared and locked (`Storage::read`/`write`).
+    Shared,
+    /// A queue pair of each thread's own (`Storage::owned_queue`).
+    Owned,
+}
+
+impl QueueMode {
+    fn name(self) -> &'static str {
+        match self {
+            QueueMode::Shared => "shared",
+            QueueMode::Owned => "owned",
+        }
+    }
 }
 
 mod gpu_bench;
@@ -306,8 +330,8 @@ fn run(cli: Cli) -> Res<()> {
             eprintln!("{}: {}", t.dev, s.describe());
             report(cli.json, "read", len, start.elapsed());
         }
-        Cmd::Bench { t, size, threads, rw, seconds, span, interrupts, depth } => {
-            bench(cli.json, &t, BenchArgs { depth, size, threads, rw, seconds, span, interrupts })?
+        Cmd::Bench { t, size, threads, rw, seconds, span, interrupts, depth, queue } => {
+            bench(cli.json, &t, BenchArgs { depth, size, threads, rw, seconds, span, interrupts, queue })?
         }
     }
     Ok(())
@@ -411,6 +435,7 @@ struct BenchArgs {
     seconds: f64,
     span: u64,
     interrupts: bool,
+    queue: QueueMode,
 }
 
 /// User + system CPU time of this process.
@@ -424,16 +449,21 @@ fn cpu_time() -> Duration {
 }
 
 fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
-    let BenchArgs { depth, size, threads, rw, seconds, span, interrupts } = a;
+    let BenchArgs { depth, size, threads, rw, seconds, span, interrupts, queue } = a;
     if depth == 0 {
         return Err("--depth must be at least 1".into());
+    }
+    if queue == QueueMode::Owned && depth > 1 {
+        return Err("--queue owned is for synchronous calls (--depth 1); a batch has its own queue pair already".into());
     }
     let rw = rw.as_str();
     if !matches!(rw, "read" | "write" | "mix") {
         return Err(format!("--rw must be read, write or mix, not {rw:?}").into());
     }
     let open_start = Instant::now();
-    let st = open_target(t, DeviceOptions { queues: threads.max(1), interrupts, ..Default::default() })?;
+    // Owned queues are created per thread: the device keeps one shared queue pair of its own.
+    let shared_queues = if queue == QueueMode::Owned { 1 } else { threads.max(1) };
+    let st = open_target(t, DeviceOptions { queues: shared_queues, interrupts, ..Default::default() })?;
     let open_time = open_start.elapsed();
     let span = span.min(st.capacity()?) / size * size;
     if span == 0 {
@@ -464,18 +494,26 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
                             .map(|_| lat);
                     }
                     let buf = st.alloc_host(size as usize).map_err(|e| e.to_string())?;
+                    let mut owned = match queue {
+                        QueueMode::Owned => Some(st.owned_queue().map_err(|e| e.to_string())?),
+                        QueueMode::Shared => None,
+                    };
                     let start = Instant::now();
                     while start.elapsed() < deadline {
                         let r = next();
                         let off = (r % (span / size)) * size;
                         let t0 = Instant::now();
-                        if is_write(r) {
-                            st.write(&buf, 0, off, size).map_err(|e| e.to_string())?;
-                        } else {
-                            st.read(&buf, 0, off, size).map_err(|e| e.to_string())?;
-                        }
+                        let done = match (owned.as_mut(), is_write(r)) {
+                            (Some(q), true) => q.write(&buf, 0, off, size),
+                            (Some(q), false) => q.read(&buf, 0, off, size),
+                            (None, true) => st.write(&buf, 0, off, size),
+                            (None, false) => st.read(&buf, 0, off, size),
+                        };
+                        done.map_err(|e| e.to_string())?;
                         lat.push(t0.elapsed().as_nanos().min(u32::MAX as u128) as u32);
                     }
+                    // Dropped here: its I/Os join the storage's path counts.
+                    drop(owned);
                     Ok(lat)
                 })
             })
@@ -503,6 +541,7 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
             "rw": rw, "size": size, "threads": threads, "depth": depth,
             "ios": all.len(), "iops": iops, "gib_per_s": gibs, "p50_us": pct(0.5), "p99_us": pct(0.99),
             "open_ms": open_time.as_secs_f64() * 1e3, "mode": mode, "cpu_us_per_io": cpu_us,
+            "queue": if depth > 1 { "batch" } else { queue.name() },
             "path_ios": {"direct_host": c.direct_host, "direct_p2p": c.direct_p2p,
                 "direct_staged": c.direct_staged, "fallback": c.fallback, "remote": c.remote,
                 "remote_staged": c.remote_staged},
@@ -510,8 +549,8 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
         println!("{v}");
     } else {
         println!(
-            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth}: {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback, {} remote ({})",
-            all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, c.remote, st.describe()
+            "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth} ({} queues): {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback, {} remote ({})",
+            if depth > 1 { "batch" } else { queue.name() }, all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, c.remote, st.describe()
         );
     }
     Ok(())

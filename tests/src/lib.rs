@@ -10,6 +10,7 @@ pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
+pub mod owned;
 pub mod portable;
 pub mod python;
 pub mod raw;
@@ -77,6 +78,7 @@ pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
     v.extend(userlib::tests());
+    v.extend(owned::tests());
     v.extend(sgl::tests());
     v.extend(reliability::tests());
     v.extend(batch::tests());

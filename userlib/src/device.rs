@@ -20,6 +20,9 @@ use std::time::Duration;
 use ugds_uapi::ioctl::*;
 
 pub(crate) mod lanes;
+mod owned;
+
+pub(crate) use owned::OwnedQueuePair;
 
 /// Tuning for [`Device::open_with`].
 #[derive(Debug, Clone)]
@@ -481,6 +484,16 @@ impl Namespace {
         &self.dev.queues[thread_index() % self.dev.queues.len()]
     }
 
+    /// The device's synchronous queue pairs use interrupts (and so do owned ones).
+    fn interrupts(&self) -> bool {
+        self.dev.queues.first().is_some_and(|q| q.sleeps())
+    }
+
+    /// Entries per synchronous queue pair.
+    fn queue_depth(&self) -> u32 {
+        self.dev.queues.first().map_or(2, |q| q.depth())
+    }
+
     /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset`, in
     /// bursts of commands all in flight at once. The request was checked by [`crate::Storage`]
     /// (the PRP builder still refuses a range outside the registration). On a timeout the
@@ -494,9 +507,22 @@ impl Namespace {
         dev_offset: u64,
         len: u64,
     ) -> std::result::Result<(), IoFailure> {
+        self.rw_on(lanes::Shared(self.queue()), write, reg, reg_offset, dev_offset, len)
+    }
+
+    /// [`Namespace::rw`] on queue `q` (one of the device's shared queues, or an owned one).
+    fn rw_on(
+        &self,
+        q: impl lanes::LaneQueue,
+        write: bool,
+        reg: &Registration,
+        reg_offset: u64,
+        dev_offset: u64,
+        len: u64,
+    ) -> std::result::Result<(), IoFailure> {
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
-        lanes::run_one(write, &lane).map_err(|f| f.failure)
+        lanes::run_one(write, &lane, q).map_err(|f| f.failure)
     }
 
     fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {
@@ -504,10 +530,17 @@ impl Namespace {
     }
 
     /// After a timeout: reset the controller (the module disables it, waits for CSTS.RDY=0,
-    /// re-enables it and re-creates every live queue). True when the controller is known to
-    /// have stopped, so memory of the timed-out commands is safe again.
+    /// re-enables it and re-creates every live queue, owned ones included). True when the
+    /// controller is known to have stopped, so memory of the timed-out commands is safe again.
+    /// The caller resynchronises the queue it was using; every other queue of this process
+    /// reports the epoch change once to its next user.
+    fn reset_controller(&self) -> bool {
+        self.dev.fd.ioctl(req::Reset, &mut ()).is_ok()
+    }
+
+    /// [`Namespace::reset_controller`], then this thread's shared queue adopts the new epoch.
     fn recover(&self) -> bool {
-        let ok = self.dev.fd.ioctl(req::Reset, &mut ()).is_ok();
+        let ok = self.reset_controller();
         if ok {
             self.queue().resync(&self.dev.status);
         }

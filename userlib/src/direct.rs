@@ -4,7 +4,7 @@
 //! registered host chunks, still through the queues.
 
 use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
-use crate::device::{Device, Namespace};
+use crate::device::{Device, IoFailure, Namespace, Registration};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::mem::HostMemory;
@@ -23,8 +23,10 @@ impl DirectPath {
     /// Stages GPU memory through the buffer's registered chunks: the copies and the SSD use
     /// each chunk in turn (`staged` orders them), under the staging lock. The flag says whether
     /// a timed-out command may still use the chunks.
+    #[allow(clippy::too_many_arguments)]
     fn rw_staged(
         &self,
+        run: &mut impl FnMut(bool, &Registration, u64, u64, u64) -> std::result::Result<(), IoFailure>,
         write: bool,
         buf: &Buffer,
         g: &GpuMemory,
@@ -42,7 +44,7 @@ impl DirectPath {
         let mut stranded = false;
         crate::staging::take_left_running();
         let r = staged(g.gpu(), write, dev_ptr, len as usize, Some(chunks), |p, n, at| {
-            self.ns.rw(write, &stage.reg, p as u64 - base, file_offset + at, n as u64).map_err(|f| {
+            run(write, &stage.reg, p as u64 - base, file_offset + at, n as u64).map_err(|f| {
                 stranded |= f.stranded;
                 f.error
             })?;
@@ -50,6 +52,42 @@ impl DirectPath {
         });
         let copies_running = r.is_err() && crate::staging::take_left_running();
         (r.map(|n| n as u64), stranded || copies_running)
+    }
+
+    /// Moves `len` bytes between the leased buffer and the namespace with `run` (a namespace's
+    /// shared queues, or a queue pair the caller owns), staging GPU memory that has no
+    /// registration of its own; keeps the lease for good when the commands may outlive the call.
+    pub(crate) fn rw_with(
+        &self,
+        run: &mut impl FnMut(bool, &Registration, u64, u64, u64) -> std::result::Result<(), IoFailure>,
+        write: bool,
+        lease: Lease<&Buffer>,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let buf = lease.buffer();
+        let r = match (buf.registration(), buf.mem()) {
+            (Some(reg), _) => match run(write, reg, buf_offset, file_offset, len) {
+                Ok(()) => Ok(len),
+                Err(f) if f.stranded => {
+                    lease.keep_forever();
+                    return Err(f.error);
+                }
+                Err(f) => Err(f.error),
+            },
+            (None, Mem::Gpu(g)) => match self.rw_staged(run, write, buf, g, buf_offset, file_offset, len) {
+                (Err(e), true) => {
+                    // The buffer owns the chunks: kept busy, it never frees or unpins them.
+                    lease.keep_forever();
+                    return Err(e);
+                }
+                (r, _) => r,
+            },
+            (None, Mem::Host { .. }) => Err(Error::invalid("buf", "not registered for this path")),
+        };
+        drop(lease);
+        r
     }
 }
 
@@ -125,28 +163,7 @@ impl DataPath for DirectPath {
     }
 
     fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
-        let buf = lease.buffer();
-        let r = match (buf.registration(), buf.mem()) {
-            (Some(reg), _) => match self.ns.rw(write, reg, buf_offset, file_offset, len) {
-                Ok(()) => Ok(len),
-                Err(f) if f.stranded => {
-                    lease.keep_forever();
-                    return Err(f.error);
-                }
-                Err(f) => Err(f.error),
-            },
-            (None, Mem::Gpu(g)) => match self.rw_staged(write, buf, g, buf_offset, file_offset, len) {
-                (Err(e), true) => {
-                    // The buffer owns the chunks: kept busy, it never frees or unpins them.
-                    lease.keep_forever();
-                    return Err(e);
-                }
-                (r, _) => r,
-            },
-            (None, Mem::Host { .. }) => Err(Error::invalid("buf", "not registered for this path")),
-        };
-        drop(lease);
-        r
+        self.rw_with(&mut |w, reg, ro, d, l| self.ns.rw(w, reg, ro, d, l), write, lease, buf_offset, file_offset, len)
     }
 
     fn flush(&self) -> Result<()> {

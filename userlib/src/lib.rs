@@ -78,7 +78,7 @@ pub use error::{Error, Rejection, Result};
 #[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
-pub use storage::{PathCounts, Storage};
+pub use storage::{OwnedQueue, PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};
 pub use stream_io::{AsyncArgs, AsyncOp, AsyncParams, StreamIo};

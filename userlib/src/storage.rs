@@ -21,6 +21,9 @@ use crate::volume::{VolumePath, VolumeSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+mod owned;
+pub use owned::OwnedQueue;
+
 /// I/Os and bytes per path since the storage was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PathCounts {
@@ -191,6 +194,11 @@ impl Storage {
 
     /// Counts one finished I/O of `bytes` on `path`.
     pub(crate) fn count(&self, path: Path, bytes: u64) {
+        self.count_many(path, 1, bytes)
+    }
+
+    /// Counts `ios` finished I/Os on `path` and `bytes` moved.
+    pub(crate) fn count_many(&self, path: Path, ios: u64, bytes: u64) {
         let counter = match path {
             Path::DirectP2p => &self.stats.p2p,
             Path::DirectHost => &self.stats.host,
@@ -199,8 +207,12 @@ impl Storage {
             Path::Remote => &self.stats.remote,
             Path::RemoteStaged => &self.stats.remote_staged,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if ios > 0 {
+            counter.fetch_add(ios, Ordering::Relaxed);
+        }
+        if bytes > 0 {
+            self.stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// False only for a file opened without O_DIRECT (its file system has none): then I/O goes

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: one VM boot, two emulated controllers (file-backed, and null-backed to
 //! isolate software and emulation cost), the kernel path (fio, io_uring, O_DIRECT, fixed buffers,
-//! registered files) and ugds (`ugds bench`) on the same grid, side by side; plus the data path's
+//! registered files) and ugds (`ugds bench`) on the same grid, side by side; at QD 1 ugds twice:
+//! on the device's shared queue pairs and on owned ones (`--queue owned`); plus the data path's
 //! own cost on the host. Writes JSON, a markdown table with ratios and PNG plots.
 
 use crate::{bind, kernel, kmod, toolchain, vm};
@@ -19,6 +20,8 @@ const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
 const DEPTHS: &[usize] = &[1, 8, 32, 128];
 const RWS: &[&str] = &["randread", "randwrite"];
 const MARK: &str = "BENCH-POINT ";
+/// The engine name of `ugds bench --queue owned` points (synchronous calls, QD 1 only).
+const OWNED: &str = "ugds-owned";
 
 /// Host side.
 pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
@@ -40,14 +43,15 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
         cmd: vec![me.display().to_string(), "bench-guest".into(), cli.display().to_string(), seconds.to_string()],
     };
     eprintln!(
-        "bench: booting the VM ({} points x 2 engines x 2 controllers, {seconds} s each)",
+        "bench: booting the VM ({} points x 2 engines x 2 controllers, and ugds on owned queues at QD 1, {seconds} s each)",
         SIZES.len() * DEPTHS.len() * RWS.len()
     );
     let outcome = vm::run(&cfg, &k, true)?;
     if outcome.code != 0 {
         bail!("the benchmark failed in the VM (exit {})", outcome.code);
     }
-    let points = points_from(&outcome.output)?;
+    let mut points = points_from(&outcome.output)?;
+    add_ratios(&mut points);
     let micro = microbench(&root)?;
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
@@ -87,12 +91,66 @@ fn iops_cells(k: &Value, u: &Value) -> String {
     format!("{:.0} | {:.0} | {:.2}x", f(k, "iops"), f(u, "iops"), f(u, "iops") / f(k, "iops").max(1.0))
 }
 
+/// ugds p50 over the kernel's at the same point; `None` unless both measured one. Like with like:
+/// `ugds bench` times each I/O from the call to its return, so the kernel's total latency (fio
+/// `lat`, `lat_p50_us`) where the point has it, else its completion latency (`p50_us`, fio
+/// `clat`, which leaves out the submission call and whatever completes inside it).
+fn p50_ratio(k: &Value, u: &Value) -> Option<f64> {
+    let kernel = if f(k, "lat_p50_us") > 0.0 { f(k, "lat_p50_us") } else { f(k, "p50_us") };
+    (kernel > 0.0 && f(u, "p50_us") > 0.0).then(|| f(u, "p50_us") / kernel)
+}
+
+/// Adds `iops_ratio` and `p50_ratio` (ugds over kernel at the same backend, rw, size and depth)
+/// to every ugds point (`ugds` and `ugds-owned`) that has a kernel point beside it. Only adds
+/// keys: a reader of the older JSON reads this one.
+fn add_ratios(points: &mut [Value]) {
+    let kernel: Vec<Value> = points.iter().filter(|p| p["engine"] == "kernel").cloned().collect();
+    for u in points.iter_mut().filter(|p| p["engine"] == "ugds" || p["engine"] == OWNED) {
+        let same = |k: &&Value| ["backend", "rw", "size", "depth"].iter().all(|key| k[key] == u[key]);
+        let Some(k) = kernel.iter().find(same) else { continue };
+        u["iops_ratio"] = json!(f(u, "iops") / f(k, "iops").max(1.0));
+        if let Some(r) = p50_ratio(k, u) {
+            u["p50_ratio"] = json!(r);
+        }
+    }
+}
+
+/// A ratio cell: `0.85x`, or `–` when there is none.
+fn ratio_cell(r: Option<f64>) -> String {
+    r.map_or_else(|| "–".into(), |r| format!("{r:.2}x"))
+}
+
+/// The row of one point: both engines, their IOPS and p50 ratios, and ugds on owned queues where
+/// it ran (QD 1), with its own ratios to the kernel.
+fn table_row(rw: &str, size: &str, depth: usize, k: &Value, u: &Value, owned: Option<&Value>) -> String {
+    let owned_cells = match owned {
+        Some(o) => format!(
+            "{:.0} | {:.0} / {:.0} | {} | {}",
+            f(o, "iops"),
+            f(o, "p50_us"),
+            f(o, "p99_us"),
+            ratio_cell(Some(f(o, "iops") / f(k, "iops").max(1.0))),
+            ratio_cell(p50_ratio(k, o))
+        ),
+        None => "– | – | – | –".into(),
+    };
+    format!(
+        "| {rw} | {size} | {depth} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {owned_cells} |",
+        iops_cells(k, u),
+        f(k, "p50_us"),
+        f(k, "p99_us"),
+        f(u, "p50_us"),
+        f(u, "p99_us"),
+        ratio_cell(p50_ratio(k, u))
+    )
+}
+
 fn table(points: &[Value], micro: &Value) -> String {
     let mut s = String::new();
     for backend in ["file", "null"] {
         let _ = writeln!(
             s,
-            "\n### {backend}-backed controller\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 us | ugds p50/p99 us |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "\n### {backend}-backed controller\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 us | ugds p50/p99 us | ugds/kernel p50 | owned IOPS | owned p50/p99 us | owned/kernel | owned/kernel p50 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for rw in RWS {
             for size in SIZES {
@@ -107,20 +165,16 @@ fn table(points: &[Value], micro: &Value) -> String {
                         })
                     };
                     if let (Some(k), Some(u)) = (find("kernel"), find("ugds")) {
-                        let _ = writeln!(
-                            s,
-                            "| {rw} | {size} | {depth} | {} | {:.0} / {:.0} | {:.0} / {:.0} |",
-                            iops_cells(k, u),
-                            f(k, "p50_us"),
-                            f(k, "p99_us"),
-                            f(u, "p50_us"),
-                            f(u, "p99_us")
-                        );
+                        let _ = writeln!(s, "{}", table_row(rw, size, *depth, k, u, find(OWNED)));
                     }
                 }
             }
         }
     }
+    let _ = writeln!(
+        s,
+        "\nugds/kernel p50 below 1 is lower latency for ugds; it compares ugds's latency (call to return) with the kernel's total latency (fio `lat`, submission included: `lat_p50_us` in the JSON), where the columns show the kernel's completion latency (fio `clat`). owned: `ugds bench --queue owned`, each thread's synchronous calls on a queue pair of its own (no lock); QD 1 only (deeper points are batches, which own their queue pair already)."
+    );
     let _ = writeln!(
         s,
         "\nData path's own cost (host, in-memory device stepped on the same thread, 4 KiB reads, burst 1): {:.1} ns and {:.0} instructions per command (device model included).",
@@ -191,6 +245,23 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                         .draw_series(LineSeries::new(series, style))?
                         .label(format!("{engine} {size}"))
                         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+                }
+            }
+            // ugds on owned queue pairs: synchronous calls only, so one dot per size at QD 1.
+            for (ci, size) in SIZES.iter().enumerate() {
+                let owned = points.iter().find(|p| {
+                    p["backend"] == backend
+                        && p["engine"] == OWNED
+                        && p["rw"] == *rw
+                        && p["size"] == *size
+                        && p["depth"] == 1
+                });
+                if let Some(p) = owned {
+                    let color = colors[ci];
+                    chart
+                        .draw_series(std::iter::once(Circle::new((0.0, f(p, "iops")), 5, color.filled())))?
+                        .label(format!("ugds owned queue {size}"))
+                        .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
                 }
             }
             chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
@@ -273,8 +344,10 @@ fn fio_point_with(
     span: &str,
     lat: Latency,
 ) -> Result<Value> {
+    // Completion points also ask for the total latency (fio 3.20 and later report both), kept as
+    // `lat_p50_us` / `lat_p99_us` beside the completion latency's `p50_us` / `p99_us`.
     let (flag, key) = match lat {
-        Latency::Completion => ("", "clat_ns"),
+        Latency::Completion => (" --lat_percentiles=1 --clat_percentiles=1", "clat_ns"),
         Latency::Total => (" --lat_percentiles=1", "lat_ns"),
     };
     let out = sh(&format!(
@@ -288,6 +361,12 @@ fn fio_point_with(
               "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")});
     if lat == Latency::Total {
         point["latency"] = json!("total");
+    } else {
+        let total = |p: &str| side["lat_ns"]["percentile"][p].as_f64().filter(|v| *v > 0.0).map(|v| v / 1000.0);
+        if let (Some(p50), Some(p99)) = (total("50.000000"), total("99.000000")) {
+            point["lat_p50_us"] = json!(p50);
+            point["lat_p99_us"] = json!(p99);
+        }
     }
     Ok(point)
 }
@@ -295,12 +374,29 @@ fn fio_point_with(
 /// One `ugds bench` point on a target (a node or a `stripe:` volume), as the CLI's JSON with
 /// the grid's names (`engine`, `rw` as fio says it, `size` as given).
 fn ugds_point(cli: &str, target: &str, rw: &str, size: &str, depth: usize, seconds: u64, span: &str) -> Result<Value> {
+    ugds_point_on(cli, target, rw, size, depth, seconds, span, false)
+}
+
+/// [`ugds_point`]; `owned`: synchronous calls on owned queue pairs (`--queue owned`, engine
+/// [`OWNED`]).
+#[allow(clippy::too_many_arguments)]
+fn ugds_point_on(
+    cli: &str,
+    target: &str,
+    rw: &str,
+    size: &str,
+    depth: usize,
+    seconds: u64,
+    span: &str,
+    owned: bool,
+) -> Result<Value> {
     let urw = if rw == "randread" { "read" } else { "write" };
+    let queue = if owned { " --queue owned" } else { "" };
     let out = sh(&format!(
-        "{cli} --json bench {target} --rw {urw} --size {size} --depth {depth} --seconds {seconds} --span {span}"
+        "{cli} --json bench {target} --rw {urw} --size {size} --depth {depth} --seconds {seconds} --span {span}{queue}"
     ))?;
     let mut v: Value = serde_json::from_str(&out)?;
-    v["engine"] = json!("ugds");
+    v["engine"] = json!(if owned { OWNED } else { "ugds" });
     v["rw"] = json!(rw);
     v["size"] = json!(size);
     Ok(v)
@@ -335,10 +431,98 @@ pub fn guest(cli: &str, seconds: u64) -> Result<()> {
                     let mut v = ugds_point(cli, &node, rw, size, *depth, seconds, "1G")?;
                     v["backend"] = json!(backend);
                     println!("{MARK}{v}");
+                    // Synchronous calls again, each on a queue pair the thread owns.
+                    if *depth == 1 {
+                        let mut v = ugds_point_on(cli, &node, rw, size, 1, seconds, "1G", true)?;
+                        v["backend"] = json!(backend);
+                        println!("{MARK}{v}");
+                    }
                 }
             }
         }
         bind::unbind(&addr)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{add_ratios, plot, table, OWNED};
+    use crate::vm;
+    use serde_json::{json, Value};
+    use std::path::Path;
+
+    fn point(engine: &str, depth: usize, iops: f64, p50: f64) -> Value {
+        json!({"engine": engine, "backend": "null", "rw": "randread", "size": "4K", "depth": depth,
+               "iops": iops, "p50_us": p50, "p99_us": 2.0 * p50})
+    }
+
+    fn grid() -> Vec<Value> {
+        let mut k1 = point("kernel", 1, 10000.0, 40.0);
+        // The total latency (submission included) is what ugds's p50 is compared with.
+        k1["lat_p50_us"] = json!(80.0);
+        vec![
+            k1,
+            point("ugds", 1, 20000.0, 20.0),
+            point(OWNED, 1, 25000.0, 10.0),
+            point("kernel", 8, 50000.0, 100.0),
+            point("ugds", 8, 40000.0, 0.0),
+        ]
+    }
+
+    /// Each row carries ugds/kernel p50 (ugds over kernel), and at QD 1 the owned queues' IOPS,
+    /// latency and ratios; a point without a p50 or without owned queues shows `–`.
+    #[test]
+    fn rows_carry_p50_ratios_and_the_owned_mode() {
+        let t = table(&grid(), &json!({}));
+        let qd1 = t.lines().find(|l| l.starts_with("| randread | 4K | 1 |")).expect("QD 1 row");
+        let cells: Vec<&str> = qd1.split('|').map(str::trim).collect();
+        // | rw | size | QD | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 | ugds p50/p99 |
+        // ugds/kernel p50 | owned IOPS | owned p50/p99 | owned/kernel | owned/kernel p50 |
+        assert_eq!(
+            &cells[4..14],
+            &["10000", "20000", "2.00x", "40 / 80", "20 / 40", "0.25x", "25000", "10 / 20", "2.50x", "0.12x"],
+            "{qd1}"
+        );
+        let qd8 = t.lines().find(|l| l.starts_with("| randread | 4K | 8 |")).expect("QD 8 row");
+        let cells: Vec<&str> = qd8.split('|').map(str::trim).collect();
+        assert_eq!(&cells[9..14], &["–", "–", "–", "–", "–"], "{qd8}");
+        // Header and rows have as many columns.
+        let header = t.lines().find(|l| l.starts_with("| rw |")).expect("header");
+        assert_eq!(header.matches('|').count(), qd1.matches('|').count());
+    }
+
+    /// The JSON's ugds points gain their ratios to the kernel; nothing else changes.
+    #[test]
+    fn ratios_are_added_to_ugds_points_only() {
+        let mut pts = grid();
+        add_ratios(&mut pts);
+        assert_eq!(pts[1]["p50_ratio"], json!(0.25));
+        assert_eq!(pts[1]["iops_ratio"], json!(2.0));
+        assert_eq!(pts[2]["p50_ratio"], json!(0.125));
+        assert!(pts[0].get("p50_ratio").is_none() && pts[0].get("iops_ratio").is_none());
+        // Without the kernel's total latency the completion latency is used (QD 8: 100 us).
+        let mut k = point("kernel", 8, 50000.0, 100.0);
+        let mut u = vec![k.clone(), point("ugds", 8, 50000.0, 50.0)];
+        add_ratios(&mut u);
+        assert_eq!(u[1]["p50_ratio"], json!(0.5));
+        k["lat_p50_us"] = json!(0.0);
+        assert_eq!(super::p50_ratio(&k, &u[1]), Some(0.5));
+        // No p50 measured: no p50 ratio, but the IOPS one.
+        assert!(pts[4].get("p50_ratio").is_none());
+        assert_eq!(pts[4]["iops_ratio"], json!(0.8));
+        assert_eq!(pts[4]["iops"], json!(40000.0));
+    }
+
+    /// Every backend and rw gets its plot, the owned queues' dots included.
+    #[test]
+    fn plots_are_written_with_the_owned_points() {
+        if !Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
+            return;
+        }
+        let dir = vm::TempDir::new("ugds-bench-main-plot").unwrap();
+        assert_eq!(plot(&grid(), dir.path()).unwrap(), 4);
+        let png = std::fs::read(dir.path().join("iops-null-randread.png")).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    }
 }

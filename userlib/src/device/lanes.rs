@@ -4,14 +4,114 @@
 //! polls every lane in turn, refilling each as its burst completes. A synchronous request on
 //! one namespace is one lane; a striped volume's request is one lane per member it touches, so
 //! all members work at once with no thread per member.
+//!
+//! How a lane reaches its queue is a [`LaneQueue`]: the device's shared queue for this thread
+//! ([`Shared`], locked per call) or a queue pair the caller owns ([`Owned`], no lock and no
+//! atomic read-modify-write per command). The logic here is the same for both.
 
 use super::{IoFailure, Namespace, Registration};
 use crate::cmd::{self, Command, DmaRange};
 use crate::error::Error;
-use crate::queue::{self, MAX_BURST, SPINS_PER_CHECK};
+use crate::mmio::StatusView;
+use crate::queue::{self, QueuePair, MAX_BURST, SPINS_PER_CHECK};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use ugds_uapi::Status;
+
+/// How a lane submits to and collects from its queue pair.
+pub(crate) trait LaneQueue {
+    /// The queue pair (for what needs no ring state: depth, waiting, resync).
+    fn qp(&self) -> &QueuePair;
+    /// Submits a burst (see [`QueuePair::submit_tagged`]); returns the rings' epoch.
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> crate::error::Result<u64>;
+    /// Collects what completed of a burst submitted in `epoch` (see
+    /// [`QueuePair::collect_tagged`]).
+    fn collect(
+        &mut self,
+        epoch: u64,
+        cids: &[u16],
+        status: &StatusView,
+        out: &mut [Option<Status>],
+    ) -> crate::error::Result<usize>;
+}
+
+/// A queue pair shared with other threads: every call takes its lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shared<'q>(pub(crate) &'q QueuePair);
+
+impl LaneQueue for Shared<'_> {
+    fn qp(&self) -> &QueuePair {
+        self.0
+    }
+
+    #[inline]
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> crate::error::Result<u64> {
+        self.0.submit_tagged(nsid, cmds, status, timeout, cids)
+    }
+
+    #[inline]
+    fn collect(
+        &mut self,
+        epoch: u64,
+        cids: &[u16],
+        status: &StatusView,
+        out: &mut [Option<Status>],
+    ) -> crate::error::Result<usize> {
+        self.0.collect_tagged(epoch, cids, status, out)
+    }
+}
+
+/// A queue pair this thread owns: the `&mut` borrow proves nobody else uses its rings, so they
+/// are used with no lock.
+///
+/// Untagged collection is exact here: only the owner's own calls reset the rings (a new epoch
+/// seen by its submit or reap, reported to it as `EpochChanged`, or its own `resync` after its
+/// own reset), so the command ids of a burst cannot name another burst's commands.
+#[derive(Debug)]
+pub(crate) struct Owned<'q>(pub(crate) &'q mut QueuePair);
+
+impl LaneQueue for Owned<'_> {
+    fn qp(&self) -> &QueuePair {
+        self.0
+    }
+
+    #[inline]
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> crate::error::Result<u64> {
+        self.0.submit_owned(nsid, cmds, status, timeout, cids)
+    }
+
+    #[inline]
+    fn collect(
+        &mut self,
+        _epoch: u64,
+        cids: &[u16],
+        status: &StatusView,
+        out: &mut [Option<Status>],
+    ) -> crate::error::Result<usize> {
+        self.0.collect_owned(cids, status, out)
+    }
+}
 
 /// Bytes between a registration and a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,11 +179,11 @@ impl<'a> State<'a> {
     }
 
     /// Fills the next burst of `lane`'s commands; returns how many.
-    fn fill(&mut self, write: bool, lane: &Lane<'a>) -> usize {
+    fn fill(&mut self, write: bool, lane: &Lane<'a>, depth: u32) -> usize {
         let ns = lane.ns;
         let shift = ns.info.lba_shift;
         let per_cmd = ns.max_command_bytes() & !(ns.block_size() - 1);
-        let burst_max = MAX_BURST.min(ns.queue().depth() as usize - 1);
+        let burst_max = MAX_BURST.min(depth as usize - 1);
         let mut n = 0;
         while n < burst_max {
             let Some(e) = lane.extents.get(self.next.0) else { break };
@@ -115,37 +215,46 @@ impl<'a> State<'a> {
 }
 
 /// Whether a failure may leave commands running: a timeout, a faulted controller or a completion
-/// the queue could not believe, unless a reset confirms the controller stopped.
-fn failure(ns: &Namespace, error: Error) -> IoFailure {
+/// the queue could not believe, unless a reset confirms the controller stopped (then `q`, the
+/// queue the caller was using, adopts the new epoch, as the shared path's does).
+fn failure(ns: &Namespace, q: &mut impl LaneQueue, error: Error) -> IoFailure {
     match error {
         e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_)) => {
-            IoFailure { stranded: !ns.recover(), error: e }
+            let stopped = ns.reset_controller();
+            if stopped {
+                q.qp().resync(&ns.dev.status);
+            }
+            IoFailure { stranded: !stopped, error: e }
         }
         e => IoFailure::done(e),
     }
 }
 
-/// Moves every lane's extents (reads into or writes from its registration), all lanes at once.
-/// Returns one result per lane. After the first failure no lane starts another burst, but every
-/// burst already in flight is waited for (or declared stranded), so nothing the caller's memory
-/// is named by runs after this returns unless a failure says so.
+/// Moves every lane's extents (reads into or writes from its registration), all lanes at once,
+/// each on this thread's shared queue of its controller. Returns one result per lane. After the
+/// first failure no lane starts another burst, but every burst already in flight is waited for
+/// (or declared stranded), so nothing the caller's memory is named by runs after this returns
+/// unless a failure says so.
 pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure>> {
     let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
-    drive(write, lanes, &mut states);
+    let mut queues: Vec<Shared<'_>> = lanes.iter().map(|l| Shared(l.ns.queue())).collect();
+    drive(write, lanes, &mut queues, &mut states);
     states.into_iter().map(|s| s.result.unwrap_or(Ok(()))).collect()
 }
 
-/// [`run`] for one lane, its state on the stack: a namespace's synchronous request allocates
-/// nothing.
-pub(crate) fn run_one(write: bool, lane: &Lane<'_>) -> Result<(), LaneFailure> {
+/// [`run`] for one lane on queue `q` (this thread's shared queue of the lane's controller, or
+/// a queue pair on it the caller owns), its state on the stack: a namespace's synchronous
+/// request allocates nothing.
+pub(crate) fn run_one(write: bool, lane: &Lane<'_>, q: impl LaneQueue) -> Result<(), LaneFailure> {
     let mut state = [State::new()];
-    drive(write, std::slice::from_ref(lane), &mut state);
+    drive(write, std::slice::from_ref(lane), &mut [q], &mut state);
     let [s] = state;
     s.result.unwrap_or(Ok(()))
 }
 
-/// Runs `lanes` to the end; each lane's outcome is left in its state's `result`.
-fn drive<'a>(write: bool, lanes: &[Lane<'a>], states: &mut [State<'a>]) {
+/// Runs `lanes` to the end, lane `i` on `queues[i]`; each lane's outcome is left in its
+/// state's `result`.
+fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], states: &mut [State<'a>]) {
     for (l, st) in lanes.iter().zip(states.iter_mut()) {
         if !Arc::ptr_eq(&l.reg.dev, &l.ns.dev) {
             st.result = Some(Err(LaneFailure {
@@ -173,24 +282,23 @@ fn drive<'a>(write: bool, lanes: &[Lane<'a>], states: &mut [State<'a>]) {
     loop {
         let mut progressed = false;
         let mut waiting: Option<usize> = None;
-        for (i, (lane, st)) in lanes.iter().zip(states.iter_mut()).enumerate() {
+        for (i, ((lane, st), q)) in lanes.iter().zip(states.iter_mut()).zip(queues.iter_mut()).enumerate() {
             if st.result.is_some() {
                 continue;
             }
             let ns = lane.ns;
             if st.n == 0 {
-                let n = if failed { 0 } else { st.fill(write, lane) };
+                let n = if failed { 0 } else { st.fill(write, lane, q.qp().depth()) };
                 if n == 0 {
                     st.result = Some(Ok(()));
                     continue;
                 }
-                let qp = ns.queue();
-                match qp.submit_tagged(ns.info.nsid, &st.burst[..n], &ns.dev.status, ns.timeout, &mut st.cids) {
+                match q.submit(ns.info.nsid, &st.burst[..n], &ns.dev.status, ns.timeout, &mut st.cids) {
                     Ok(epoch) => st.epoch = epoch,
                     Err(e) => {
                         // Nothing of the burst was published.
                         let off = st.dev_offsets[0];
-                        st.fail(failure(ns, e), off);
+                        st.fail(failure(ns, q, e), off);
                         failed = true;
                         continue;
                     }
@@ -200,14 +308,14 @@ fn drive<'a>(write: bool, lanes: &[Lane<'a>], states: &mut [State<'a>]) {
                 progressed = true;
             }
             let n = st.n;
-            match ns.queue().collect_tagged(st.epoch, &st.cids[..n], &ns.dev.status, &mut st.out[..n]) {
+            match q.collect(st.epoch, &st.cids[..n], &ns.dev.status, &mut st.out[..n]) {
                 Ok(k) => {
                     st.got += k;
                     progressed |= k > 0;
                 }
                 Err(e) => {
                     let off = st.dev_offsets[0];
-                    st.fail(failure(ns, e), off);
+                    st.fail(failure(ns, q, e), off);
                     failed = true;
                     continue;
                 }
@@ -234,12 +342,12 @@ fn drive<'a>(write: bool, lanes: &[Lane<'a>], states: &mut [State<'a>]) {
         }
         spins = spins.wrapping_add(1);
         let Some(w) = waiting else { continue };
-        let sleeps = lanes[w].ns.queue().sleeps();
+        let sleeps = queues[w].qp().sleeps();
         // Polling reads the clock only every few thousand polls (each lane's deadline counts
         // from the first read after its burst went out); interrupt mode after each sleep.
         if sleeps || spins.is_multiple_of(SPINS_PER_CHECK) {
             let now = Instant::now();
-            for (lane, st) in lanes.iter().zip(states.iter_mut()) {
+            for ((lane, st), q) in lanes.iter().zip(states.iter_mut()).zip(queues.iter_mut()) {
                 if st.result.is_some() || st.n == 0 || st.got == st.n {
                     continue;
                 }
@@ -248,11 +356,104 @@ fn drive<'a>(write: bool, lanes: &[Lane<'a>], states: &mut [State<'a>]) {
                     // The uncollected commands stay in flight until the reset clears them.
                     let err = queue::timeout_error(&st.burst[0], lane.ns.timeout);
                     let off = st.dev_offsets[0];
-                    st.fail(failure(lane.ns, err), off);
+                    st.fail(failure(lane.ns, q, err), off);
                     failed = true;
                 }
             }
         }
-        lanes[w].ns.queue().wait_a_little();
+        queues[w].qp().wait_a_little();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LaneQueue, Owned, Shared};
+    use crate::cmd::{DmaRange, Flush, Read, Write};
+    use crate::error::Error;
+    use crate::mmio::StatusView;
+    use crate::mock::{Behaviour, MockQueue};
+    use crate::pattern;
+    use std::time::{Duration, Instant};
+    use ugds_uapi::ioctl::Segment;
+
+    const T: Duration = Duration::from_secs(10);
+
+    /// Submits one command through `q` and collects it (the device thread answers).
+    fn one(q: &mut impl LaneQueue, status: &StatusView, cmd: crate::cmd::Command<'_>) -> crate::error::Result<()> {
+        let mut cids = [0u16; 1];
+        let epoch = q.submit(1, &[cmd], status, T, &mut cids)?;
+        let mut out = [None; 1];
+        let start = Instant::now();
+        while q.collect(epoch, &cids, status, &mut out)? == 0 {
+            assert!(start.elapsed() < T, "no completion");
+            q.qp().wait_a_little();
+        }
+        assert!(out[0].is_some_and(|s| s.is_success()), "{out:?}");
+        Ok(())
+    }
+
+    /// Writes 8 KiB from host offset 0 to LBA 3 and reads it back to host offset 64 KiB.
+    fn round_trip(q: &mut impl LaneQueue, status: &StatusView, segs: &[Segment]) {
+        assert_eq!(q.qp().depth(), 8);
+        // SAFETY: the mock's segments name its own memory, which only its device model touches;
+        // each range is exactly the command's 2 blocks of 4096 bytes.
+        let (src, dst) = unsafe { (DmaRange::new(segs, 0, 8192), DmaRange::new(segs, 65536, 8192)) };
+        one(q, status, Write::new(3, 2, src).build()).unwrap();
+        one(q, status, Read::new(3, 2, dst).build()).unwrap();
+    }
+
+    /// The owned adapter moves the same data as the shared one, through the single-owner calls.
+    #[test]
+    fn shared_and_owned_lanes_move_the_same_data() {
+        for owned in [false, true] {
+            let mut m = MockQueue::new(8, Behaviour::Honest).unwrap();
+            let mut data = vec![0u8; 8192];
+            pattern::fill(31, 0, &mut data);
+            m.host_write(0, &data);
+            let segs = m.segments().to_vec();
+            if owned {
+                round_trip(&mut Owned(&mut m.qp), &m.status, &segs);
+            } else {
+                round_trip(&mut Shared(&m.qp), &m.status, &segs);
+            }
+            assert_eq!(m.host_read(65536, 8192), data, "owned: {owned}");
+            assert_eq!(m.backing(3, 2), data, "owned: {owned}");
+        }
+    }
+
+    /// One command through the owned or the shared adapter of `m`'s queue pair.
+    fn flush(m: &mut MockQueue, owned: bool, resync: bool) -> crate::error::Result<()> {
+        let status = &m.status;
+        if owned {
+            let mut q = Owned(&mut m.qp);
+            if resync {
+                q.qp().resync(status);
+            }
+            one(&mut q, status, Flush::new().build())
+        } else {
+            let mut q = Shared(&m.qp);
+            if resync {
+                q.qp().resync(status);
+            }
+            one(&mut q, status, Flush::new().build())
+        }
+    }
+
+    /// After a controller reset both adapters report the epoch change once to their next
+    /// submission, then carry on; after a reset this thread made itself, `resync` adopts the
+    /// new epoch silently on either.
+    #[test]
+    fn both_lanes_see_a_reset_once_and_resync_after_their_own() {
+        for owned in [false, true] {
+            let mut m = MockQueue::new(8, Behaviour::Honest).unwrap();
+            flush(&mut m, owned, false).unwrap();
+            m.reset_controller();
+            let e = flush(&mut m, owned, false);
+            assert!(matches!(e, Err(Error::EpochChanged { old: 1, new: 2 })), "owned {owned}: {e:?}");
+            flush(&mut m, owned, false).unwrap();
+            // Another reset, this time "ours": resync, and the next command goes through.
+            m.reset_controller();
+            flush(&mut m, owned, true).unwrap();
+        }
     }
 }
