@@ -13,17 +13,12 @@ use crate::buffer::{Buffer, Lease, Path};
 use crate::cmd::{self, Command, DmaRange};
 use crate::device::{create_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
-use crate::mem::HostMemory;
 use crate::queue::QueuePair;
 use crate::sys::req;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::ioctl::*;
 use ugds_uapi::Status;
-
-/// Whether this process has run [`QueueBatch::warm_up`].
-static WARM: AtomicBool = AtomicBool::new(false);
 
 /// Direction of one batch entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +134,7 @@ impl QueueBatch {
         let (epoch, _) = crate::queue::read_status(&inner.status);
         let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch, inner.dptr)?;
         let timeout = inner.timeout;
-        let b = QueueBatch {
+        Ok(QueueBatch {
             dev: inner,
             ns: ns.clone(),
             qp,
@@ -150,38 +145,7 @@ impl QueueBatch {
             done: Vec::with_capacity(capacity),
             timeout,
             member,
-        };
-        if !WARM.load(Ordering::Acquire) {
-            Self::warm_up(dev, ns)?;
-        }
-        Ok(b)
-    }
-
-    /// Once per process, runs a small batch through a throwaway batch of its own: the batch
-    /// code paths are then resident (under an emulator: translated), so the first real batch
-    /// costs what later ones do instead of several times more.
-    fn warm_up(dev: &Device, ns: &Namespace) -> Result<()> {
-        WARM.store(true, Ordering::Release);
-        let m = HostMemory::new(8 * 4096)?;
-        let ptr = m.as_ptr();
-        // SAFETY: the mapping is owned by the buffer built over it, which drops the
-        // registration before the mapping; nothing else references it.
-        let reg = unsafe { dev.register_host(ptr, m.len()) }?;
-        let mem = crate::buffer::Mem::Host { ptr, len: m.len(), own: Some(m) };
-        let scratch = Arc::new(Buffer::new(mem, vec![reg], None, Path::DirectHost, 0));
-        let bs = ns.block_size().min(4096);
-        let mut w = QueueBatch::new(dev, ns, 8)?;
-        let mut entries = Vec::with_capacity(8);
-        for i in 0..8 {
-            let lease = Lease::new(scratch.clone())?;
-            entries.push(Entry { op: Op::Read, lease, buf_offset: i * 4096, dev_offset: 0, len: bs, cookie: i });
-        }
-        w.submit(entries)?;
-        let mut got = 0;
-        while got < 8 {
-            got += w.status(8 - got, w.timeout)?.len();
-        }
-        Ok(())
+        })
     }
 
     /// Entries in flight.

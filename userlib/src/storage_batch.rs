@@ -17,8 +17,12 @@ use crate::error::{Error, Result};
 use crate::fallback_batch::RingBatch;
 use crate::storage::Storage;
 use crate::volume_batch::VolumeQueueBatch;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+/// Whether this process has run [`StorageBatch::warm_up`].
+static WARM: AtomicBool = AtomicBool::new(false);
 
 /// One entry.
 #[derive(Debug, Clone)]
@@ -50,6 +54,8 @@ pub struct StorageBatch {
     capacity: usize,
     state: Arc<(Mutex<State>, Condvar)>,
     native: Option<Native>,
+    /// Whether completed entries count in the storage's path counts (not the warm-up's).
+    counts: bool,
 }
 
 /// The queue batch behind a storage batch: a namespace's own queue pair, one on every member
@@ -128,7 +134,46 @@ impl StorageBatch {
             }
             (None, None) => None,
         };
-        Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native })
+        let queue = matches!(native, Some(Native::One(_) | Native::Volume(_)));
+        if queue && !WARM.swap(true, Ordering::AcqRel) {
+            // Best effort: a failure here only means the first real batch runs cold, and the
+            // batch below reports its own errors when used.
+            let _ = Self::warm_up(storage, capacity);
+        }
+        Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native, counts: true })
+    }
+
+    /// Once per process, runs a few reads through a throwaway batch on a queue pair:
+    /// `submit` and `status` down to the queue batch's code are then resident (under an
+    /// emulator: translated), so the first real batch does not pay for that. It goes through
+    /// this type's `submit` and `status`, because the queue batch's code is compiled into them:
+    /// warming a copy elsewhere does not warm these. At most `capacity` entries (a controller
+    /// that granted a queue that deep grants another); their reads are not counted in the
+    /// storage's path counts, and nothing runs when no queue pair is granted (the worker
+    /// threads would count them).
+    fn warm_up(storage: &Arc<Storage>, capacity: usize) -> Result<()> {
+        let n = capacity.min(8);
+        let mut w = StorageBatch::new(storage, n)?;
+        if !w.is_native() {
+            return Ok(());
+        }
+        w.counts = false;
+        let buf = Arc::new(storage.alloc_host(n * 4096)?);
+        let bs = storage.block_size().min(4096);
+        let reqs: Vec<IoRequest> = (0..n as u64)
+            .map(|i| IoRequest {
+                op: Op::Read,
+                buf: buf.clone(),
+                buf_offset: i * 4096,
+                file_offset: 0,
+                len: bs,
+                cookie: i,
+            })
+            .collect();
+        w.submit(&reqs)?;
+        // Dropping `w` waits for anything this leaves running.
+        w.status(reqs.len(), Duration::from_secs(10))?;
+        Ok(())
     }
 
     /// Capacity.
@@ -252,7 +297,7 @@ impl StorageBatch {
         loop {
             if let Some(q) = self.native.as_mut() {
                 for (e, path) in q.status(0, Duration::ZERO)? {
-                    if e.status == IoStatus::Complete {
+                    if e.status == IoStatus::Complete && self.counts {
                         self.storage.count(path, e.bytes);
                     }
                     out.push(e);
@@ -272,7 +317,7 @@ impl StorageBatch {
                 let want = min.saturating_sub(out.len());
                 if let Some(q) = self.native.as_mut() {
                     for (e, path) in q.status(want, deadline - now)? {
-                        if e.status == IoStatus::Complete {
+                        if e.status == IoStatus::Complete && self.counts {
                             self.storage.count(path, e.bytes);
                         }
                         out.push(e);
@@ -297,7 +342,7 @@ impl StorageBatch {
         // entries' leases for good). The worker threads' entries are waited for either way.
         let native = self.native.as_mut().map(Native::cancel).transpose();
         for (e, path) in native.as_ref().ok().into_iter().flatten().flatten() {
-            if e.status == IoStatus::Complete {
+            if e.status == IoStatus::Complete && self.counts {
                 self.storage.count(*path, e.bytes);
             }
         }
