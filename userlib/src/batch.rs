@@ -11,13 +11,12 @@
 
 use crate::buffer::{Buffer, Lease, Path};
 use crate::cmd::{self, Command, DmaRange};
-use crate::device::{create_queue_pair, Device, Inner, Namespace};
+use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::queue::QueuePair;
 use crate::sys::req;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds_uapi::ioctl::*;
 use ugds_uapi::Status;
 
 /// Direction of one batch entry.
@@ -334,7 +333,6 @@ impl Drop for QueueBatch {
         }
         // Nothing is in flight (or the controller was reset): give the queue pair back. The
         // module revokes our mappings of it; `qp` unmaps them after this.
-        let mut d = DeleteQpair { qid: self.qp.qid() as u32, reserved: 0 };
-        let _ = self.dev.fd.ioctl(req::DeleteQpair, &mut d);
+        delete_queue_pair(&self.dev.fd, self.qp.qid());
     }
 }

@@ -101,6 +101,14 @@ pub(crate) fn create_queue_pair(
     QueuePair::map(fd, &a, doorbells, epoch, irq, dptr)
 }
 
+/// Gives queue pair `qid` (one this open file created) back to the controller: the module
+/// deletes it there before freeing its memory, and revokes our mappings of it. Best effort:
+/// called from `Drop`, where a failure has nowhere to go.
+pub(crate) fn delete_queue_pair(fd: &DeviceFd, qid: u16) {
+    let mut d = DeleteQpair { qid: u32::from(qid), reserved: 0 };
+    let _ = fd.ioctl(req::DeleteQpair, &mut d);
+}
+
 /// Largest transfer per command the library builds (one PRP-list page with an unaligned start
 /// covers 511 pages; 1 MiB keeps well inside it).
 const MAX_CMD_BYTES: u64 = 1 << 20;

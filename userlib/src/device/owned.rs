@@ -4,14 +4,12 @@
 //! read-modify-write per command. The storage-level face is [`crate::OwnedQueue`].
 
 use super::lanes::Owned;
-use super::{create_queue_pair, IoFailure, Namespace, Registration};
+use super::{create_queue_pair, delete_queue_pair, IoFailure, Namespace, Registration};
 use crate::error::Result;
 use crate::queue::{DptrCounts, QueuePair};
-use crate::sys::req;
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::time::Duration;
-use ugds_uapi::ioctl::DeleteQpair;
 
 /// A queue pair created for one owner on a namespace's controller, deleted on drop.
 ///
@@ -95,7 +93,6 @@ impl Drop for OwnedQueuePair {
         // Nothing is in flight (see the invariants), or stranded commands' memory is kept for
         // good: give the queue pair back. The module deletes it on the controller before freeing
         // its memory and revokes our mappings of it; `qp` unmaps them after this.
-        let mut d = DeleteQpair { qid: self.qp.qid() as u32, reserved: 0 };
-        let _ = self.ns.dev.fd.ioctl(req::DeleteQpair, &mut d);
+        delete_queue_pair(&self.ns.dev.fd, self.qp.qid());
     }
 }

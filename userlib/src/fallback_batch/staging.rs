@@ -120,27 +120,32 @@ impl Staging {
         if self.pending.is_empty() {
             return;
         }
-        let copies: Vec<ToDevice> =
-            self.pending.iter().map(|&(_, dst, host, len)| ToDevice { dst, src: host as *const u8, len }).collect();
-        let ids: Vec<usize> = self.pending.drain(..).map(|(id, ..)| id).collect();
         let lane = match self.lane() {
             Ok(lane) => lane,
             Err(e) => {
                 // Nothing started.
-                failed.extend(ids.into_iter().map(|id| (id, e.to_string(), false)));
+                failed.extend(self.pending.drain(..).map(|(id, ..)| (id, e.to_string(), false)));
                 return;
             }
         };
+        let copies: Vec<ToDevice> =
+            self.pending.iter().map(|&(_, dst, host, len)| ToDevice { dst, src: host as *const u8, len }).collect();
         let l = &mut self.lanes[lane];
-        l.ids.extend(ids);
+        l.ids.extend(self.pending.drain(..).map(|(id, ..)| id));
         // SAFETY: each copy was checked by `copy`'s caller (its contract): staging memory of
         // its entry, untouched until the lane reports it, into device memory that stays
         // allocated as long.
         if let Err(e) = unsafe { l.q.to_device_many(&copies) } {
-            let lane = self.lanes.swap_remove(lane);
-            failed.extend(lane.ids.iter().map(|&id| (id, e.to_string(), true)));
-            std::mem::forget(lane.q);
+            failed.extend(self.abandon_lane(lane).into_iter().map(|id| (id, e.to_string(), true)));
         }
+    }
+
+    /// Takes lane `i` out of use for good after its queue failed (its copies may still run, so
+    /// the queue is never destroyed); returns the entries that were on it.
+    fn abandon_lane(&mut self, i: usize) -> Vec<usize> {
+        let lane = self.lanes.swap_remove(i);
+        std::mem::forget(lane.q);
+        lane.ids
     }
 
     /// The lane for the next copy: an idle one, a new one while fewer than [`LANES`], else the
@@ -171,9 +176,7 @@ impl Staging {
                 Ok(true) => done.append(&mut self.lanes[i].ids),
                 Ok(false) => busy = true,
                 Err(e) => {
-                    let lane = self.lanes.swap_remove(i);
-                    failed.extend(lane.ids.iter().map(|&id| (id, e.to_string())));
-                    std::mem::forget(lane.q);
+                    failed.extend(self.abandon_lane(i).into_iter().map(|id| (id, e.to_string())));
                     continue;
                 }
             }

@@ -363,13 +363,8 @@ impl CopyQueue for CudaCopyQueue {
         let f = match (copies, batch_copy()) {
             ([], _) => return Ok(()),
             (_, Some(f)) if copies.len() > 1 => f,
-            _ => {
-                for c in copies {
-                    // SAFETY: the caller's promise, copy by copy.
-                    unsafe { self.to_device(c.dst, c.src, c.len)? };
-                }
-                return Ok(());
-            }
+            // SAFETY: the caller's promise.
+            _ => return unsafe { super::to_device_each(self, copies) },
         };
         self.bind()?;
         let (dsts, srcs, sizes) = &mut self.batch;

@@ -99,11 +99,8 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     ///
     /// As [`CopyQueue::to_device`], for each copy.
     unsafe fn to_device_many(&mut self, copies: &[ToDevice]) -> Result<()> {
-        for c in copies {
-            // SAFETY: the caller's promise, copy by copy.
-            unsafe { self.to_device(c.dst, c.src, c.len)? };
-        }
-        Ok(())
+        // SAFETY: the caller's promise.
+        unsafe { to_device_each(self, copies) }
     }
     /// Starts copying `len` bytes from device address `src` to host `dst`.
     ///
@@ -118,6 +115,20 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     fn poll(&mut self) -> Result<bool> {
         self.wait().map(|()| true)
     }
+}
+
+/// [`CopyQueue::to_device_many`] as one [`CopyQueue::to_device`] per copy (the default, and a
+/// runtime's fallback when it has no batch call).
+///
+/// # Safety
+///
+/// As [`CopyQueue::to_device`], for each copy.
+pub(crate) unsafe fn to_device_each<Q: CopyQueue + ?Sized>(q: &mut Q, copies: &[ToDevice]) -> Result<()> {
+    for c in copies {
+        // SAFETY: the caller's promise, copy by copy.
+        unsafe { q.to_device(c.dst, c.src, c.len)? };
+    }
+    Ok(())
 }
 
 /// One host-to-device copy of [`CopyQueue::to_device_many`].
