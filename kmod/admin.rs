@@ -1,9 +1,17 @@
 //! The in-kernel admin queue: one command at a time, polled with a bounded wait. The admin
 //! queue never leaves the kernel.
+//!
+//! Its doorbells share a page with the I/O queues' doorbells, which user space maps, so a
+//! process can write any value to them. Nothing it writes can make the controller touch freed
+//! memory: every entry is zeroed once its command completed (a zeroed entry is an invalid
+//! command), command id 0 (the one a zeroed entry carries) is never used, completions nobody
+//! waits for are ignored and logged, and the data buffers admin commands name live as long as
+//! the queue.
 
 use crate::shim::delay::read_poll_timeout;
 use crate::shim::dma::{CoherentAllocation, DmaAddress};
 use crate::shim::pci::Device;
+use crate::uapi::identify::{IdentifyController, IdentifyNamespace};
 use crate::uapi::queue::{Cqe, Sqe};
 use crate::uapi::regs::{cq_head_doorbell, sq_tail_doorbell};
 use crate::Bar0;
@@ -16,8 +24,22 @@ pub(crate) const ADMIN_DEPTH: u16 = 32;
 /// Sleep between two looks at the completion queue, in microseconds.
 const POLL_US: u32 = 20;
 
+/// The data buffers of the Identify commands (one page each). They live as long as the admin
+/// queue: an Identify entry that a stray tail write made the controller run again, or one that
+/// timed out and completes late, writes memory that is still ours.
+pub(crate) struct IdentifyBuffers {
+    /// Identify Controller.
+    pub(crate) controller: CoherentAllocation<IdentifyController>,
+    /// Active namespace list: up to 1024 NSIDs.
+    pub(crate) nsids: CoherentAllocation<u32>,
+    /// Identify Namespace.
+    pub(crate) namespace: CoherentAllocation<IdentifyNamespace>,
+}
+
 /// The admin submission and completion queues and their ring state.
 pub(crate) struct AdminQueue {
+    /// Buffers admin commands name (freed with the queue, after the controller stopped).
+    pub(crate) ident: IdentifyBuffers,
     sq: CoherentAllocation<Sqe>,
     cq: CoherentAllocation<Cqe>,
     sq_tail: u16,
@@ -25,6 +47,8 @@ pub(crate) struct AdminQueue {
     phase: bool,
     next_cid: u16,
     dstrd: u8,
+    /// Completions seen for no command we were waiting for (stray doorbell writes).
+    strays: u64,
     /// Set when a command timed out: the ring state no longer matches the device's, so only a
     /// controller reset (which calls [`AdminQueue::reset_state`]) makes the queue usable again.
     broken: bool,
@@ -34,13 +58,19 @@ impl AdminQueue {
     /// Allocates the queues.
     pub(crate) fn new(dev: &Device, dstrd: u8) -> Result<Self> {
         Ok(AdminQueue {
+            ident: IdentifyBuffers {
+                controller: CoherentAllocation::alloc_coherent(dev, 1)?,
+                nsids: CoherentAllocation::alloc_coherent(dev, 1024)?,
+                namespace: CoherentAllocation::alloc_coherent(dev, 1)?,
+            },
             sq: CoherentAllocation::alloc_coherent(dev, ADMIN_DEPTH as usize)?,
             cq: CoherentAllocation::alloc_coherent(dev, ADMIN_DEPTH as usize)?,
             sq_tail: 0,
             cq_head: 0,
             phase: true,
-            next_cid: 0,
+            next_cid: 1,
             dstrd,
+            strays: 0,
             broken: false,
         })
     }
@@ -56,11 +86,19 @@ impl AdminQueue {
         for i in 0..self.cq.len() {
             self.cq.write(i, &Cqe::default())?;
         }
+        for i in 0..self.sq.len() {
+            self.sq.write(i, &Sqe::default())?;
+        }
         self.sq_tail = 0;
         self.cq_head = 0;
         self.phase = true;
         self.broken = false;
         Ok(())
+    }
+
+    /// True after a command timed out, until a reset: the controller may still run it.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
     }
 
     /// Submits one command and polls for its completion for at most `timeout_ms`.
@@ -72,37 +110,37 @@ impl AdminQueue {
             return Err(EIO);
         }
         let cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
+        // Never 0: a zeroed (completed) entry carries command id 0.
+        self.next_cid = self.next_cid.checked_add(1).unwrap_or(1);
         sqe.set_cid(cid);
-        self.sq.write(self.sq_tail as usize, &sqe)?;
+        let slot = self.sq_tail as usize;
+        self.sq.write(slot, &sqe)?;
         self.sq_tail = (self.sq_tail + 1) % ADMIN_DEPTH;
         // The entry must be in memory before the device sees the new tail.
         fence(Ordering::SeqCst);
         bar.try_write32(sq_tail_doorbell(0, self.dstrd), self.sq_tail as u32)?;
 
-        let (head, phase) = (self.cq_head as usize, self.phase);
-        let cq = &self.cq;
-        let polled = read_poll_timeout(|| cq.read(head), |c| c.phase() == phase, POLL_US, timeout_ms as u64 * 1000);
-        if let Err(e) = polled {
-            pr_err!("admin opcode {:#04x} timed out after {} ms\n", sqe.opcode(), timeout_ms);
-            self.broken = true;
-            return Err(e);
+        let strays_before = self.strays;
+        let polled = read_poll_timeout(|| self.reap_one(bar, cid), |c| c.is_some(), POLL_US, timeout_ms as u64 * 1000);
+        if self.strays != strays_before {
+            pr_warn!(
+                "admin queue: ignored {} completion(s) nobody waited for (stray admin doorbell writes?)\n",
+                self.strays - strays_before
+            );
         }
-        // Read the entry again after seeing its phase bit: a volatile read of the whole entry
-        // has no order among its fields, so the first one may pair the new phase with old data.
-        fence(Ordering::Acquire);
-        let cqe = self.cq.read(head)?;
-        self.cq_head += 1;
-        if self.cq_head == ADMIN_DEPTH {
-            self.cq_head = 0;
-            self.phase = !self.phase;
-        }
-        bar.try_write32(cq_head_doorbell(0, self.dstrd), self.cq_head as u32)?;
-        if cqe.cid() != cid {
-            pr_err!("admin completion for cid {} while waiting for {}\n", cqe.cid(), cid);
-            self.broken = true;
-            return Err(EIO);
-        }
+        let cqe = match polled {
+            Ok(Some(cqe)) => cqe,
+            Ok(None) | Err(_) => {
+                // The entry stays: the controller may still fetch and run it (its data buffers
+                // live as long as the queue). Only a reset makes the queue usable again.
+                pr_err!("admin opcode {:#04x} timed out after {} ms\n", sqe.opcode(), timeout_ms);
+                self.broken = true;
+                return Err(crate::errno::etimedout());
+            }
+        };
+        // Completed: the controller fetched the entry, so a replay through a stray tail write
+        // now finds nothing to run.
+        self.sq.write(slot, &Sqe::default())?;
         let st = cqe.status();
         if !st.is_success() {
             pr_err!(
@@ -115,5 +153,30 @@ impl AdminQueue {
             return Err(EIO);
         }
         Ok(cqe)
+    }
+
+    /// Looks at the next CQ entry once: consumes it if posted (moving the head and ringing the
+    /// CQ head doorbell) and returns it when it is the completion of `cid`; a completion of any
+    /// other id is counted as a stray and dropped.
+    fn reap_one(&mut self, bar: &Bar0, cid: u16) -> Result<Option<Cqe>> {
+        let head = self.cq_head as usize;
+        if self.cq.read(head)?.phase() != self.phase {
+            return Ok(None);
+        }
+        // Read the entry again after seeing its phase bit: a volatile read of the whole entry
+        // has no order among its fields, so the first one may pair the new phase with old data.
+        fence(Ordering::Acquire);
+        let cqe = self.cq.read(head)?;
+        self.cq_head += 1;
+        if self.cq_head == ADMIN_DEPTH {
+            self.cq_head = 0;
+            self.phase = !self.phase;
+        }
+        bar.try_write32(cq_head_doorbell(0, self.dstrd), self.cq_head as u32)?;
+        if cqe.cid() != cid {
+            self.strays += 1;
+            return Ok(None);
+        }
+        Ok(Some(cqe))
     }
 }

@@ -14,6 +14,13 @@
 #include <linux/dma-resv.h>
 #include <linux/interrupt.h>
 #include <linux/eventfd.h>
+#include <linux/capability.h>
+#include <linux/sched.h>
+#include <linux/sched/mm.h>
+#include <linux/sched/signal.h>
+#include <linux/mm_types.h>
+#include <linux/pgtable.h>
+#include <asm/set_memory.h>
 
 /* What the module needs from the kernel's configuration (its version is checked in Kbuild). */
 #if !defined(CONFIG_X86_64) || !IS_ENABLED(CONFIG_PCI_MSI) || !IS_ENABLED(CONFIG_DMA_SHARED_BUFFER) || \

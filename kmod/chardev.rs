@@ -4,11 +4,12 @@
 use crate::device::Controller;
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
-use crate::shim::chrdev::{FileHandle, FileOps, FopsTable};
+use crate::shim::chrdev::{FileHandle, FileOps, FopsTable, VmOpsTable};
 use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::irq::EventfdIrq;
-use crate::shim::mm::Vma;
+use crate::shim::mm::{Fault, Vma};
 use crate::shim::pin::PinnedUserMemory;
+use crate::shim::task::MmGrab;
 use crate::shim::uaccess::{read_arg, write_arg, write_slice};
 use crate::uapi::args::{ArgError, EventfdAction, Limits};
 use crate::uapi::ioctl::*;
@@ -36,31 +37,50 @@ pub(crate) struct Chardev;
 /// Its owner is this module, so open files keep the module loaded.
 pub(crate) static FOPS: FopsTable = FopsTable::new::<Chardev>(&crate::THIS_MODULE);
 
-/// Per-open-file state: just the controller; what the file owns lives in the controller's
-/// tables, tagged with the file's handle.
+/// The VMA operations of every mapping of `/dev/ugds_drvN` (pages are inserted at fault time).
+static VMOPS: VmOpsTable = VmOpsTable::new::<Chardev>();
+
+/// Per-open-file state: the controller and the process that opened the file; what the file
+/// owns lives in the controller's tables, tagged with the file's handle.
 pub(crate) struct OpenFile {
     ctrl: Arc<Controller>,
+    /// The opener's address space: only that process may use the file (a child made by fork,
+    /// or a process the fd was passed to, gets `EPERM`), since queue pairs, doorbells and
+    /// registrations are the opener's.
+    owner: MmGrab,
+    /// Opened with `O_EXCL`.
+    exclusive: bool,
 }
 
 impl FileOps for Chardev {
     type Device = Arc<Controller>;
     type File = OpenFile;
 
-    fn open(dev: &Arc<Controller>, handle: FileHandle) -> Result<KBox<OpenFile>> {
+    fn open(dev: &Arc<Controller>, handle: FileHandle, exclusive: bool) -> Result<KBox<OpenFile>> {
+        let owner = MmGrab::current().ok_or(EPERM)?;
+        let file = KBox::new(OpenFile { ctrl: dev.clone(), owner, exclusive }, GFP_KERNEL)?;
         let mut inner = dev.inner.lock();
         if inner.hw.is_none() {
             return Err(ENODEV);
         }
+        // One opener per controller for whoever asks for isolation (DESIGN.md: openers share
+        // one DMA trust domain).
+        if inner.exclusive || (exclusive && inner.files.len() > 0) {
+            return Err(EBUSY);
+        }
         inner.files.insert(handle)?;
-        drop(inner);
-        Ok(KBox::new(OpenFile { ctrl: dev.clone() }, GFP_KERNEL)?)
+        inner.exclusive = exclusive;
+        Ok(file)
     }
 
     fn release(file: KBox<OpenFile>, handle: FileHandle) {
-        file.ctrl.release_file(handle);
+        file.ctrl.release_file(handle, file.exclusive);
     }
 
     fn ioctl(file: &OpenFile, handle: FileHandle, cmd: u32, arg: usize) -> Result<isize> {
+        if !file.owner.is_current() {
+            return Err(EPERM);
+        }
         let c = &*file.ctrl;
         match cmd {
             IOCTL_GET_INFO => {
@@ -82,9 +102,14 @@ impl FileOps for Chardev {
                 let qid = a.check().map_err(arg_error)?;
                 delete_qpair(c, handle, qid).map(|_| 0)
             }
+            IOCTL_REARM_QPAIR => {
+                let a: DeleteQpair = read_arg(arg)?;
+                let qid = a.check().map_err(arg_error)?;
+                rearm_qpair(c, handle, qid).map(|_| 0)
+            }
             IOCTL_REGISTER_HOST => {
                 let mut a: RegisterHost = read_arg(arg)?;
-                a.handle = register_host(c, handle, &a)?;
+                a.handle = register_host(c, &file.owner, handle, &a)?;
                 if let Err(e) = write_arg(arg, &a) {
                     let _ = deregister(c, handle, a.handle.id, a.handle.generation);
                     return Err(e);
@@ -123,41 +148,78 @@ impl FileOps for Chardev {
     }
 
     fn mmap(file: &OpenFile, handle: FileHandle, vma: &mut Vma) -> Result {
+        if !file.owner.is_current() {
+            return Err(EPERM);
+        }
         let c = &*file.ctrl;
-        let (kind, qid) = parse_mmap_offset(vma.offset()).ok_or(EINVAL)?;
-        if !vma.is_shared() {
+        let base = vma.offset();
+        let (kind, qid) = parse_mmap_offset(base).ok_or(EINVAL)?;
+        if !vma.is_shared() || vma.len() == 0 {
             return Err(EINVAL);
         }
         let inner = c.inner.lock();
-        let Some(hw) = inner.hw.as_ref() else { return Err(ENODEV) };
+        if inner.hw.is_none() {
+            return Err(ENODEV);
+        }
         match kind {
             MmapKind::Doorbells => {
-                let avail = c.bar_len.saturating_sub(REG_DOORBELL_BASE as u64);
-                if qid != 0 || vma.len() == 0 || vma.len() as u64 > avail {
+                if qid != 0 || vma.len() as u64 > c.doorbells.len {
                     return Err(EINVAL);
                 }
-                let len = vma.len();
-                // SAFETY: shutdown zaps every file's mappings before it drops `hw` and so gives
-                // BAR0 up.
-                unsafe { hw.bar.mmap_uncached(vma, REG_DOORBELL_BASE, len) }
+                if c.doorbells.blocked {
+                    return Err(EACCES);
+                }
+                vma.set_uncached();
             }
             MmapKind::Status => {
-                if qid != 0 {
+                if qid != 0 || vma.len() > c.status.size() {
                     return Err(EINVAL);
                 }
                 if vma.is_writable() {
                     return Err(EPERM);
                 }
                 vma.deny_write();
-                // SAFETY: the status page lives as long as the controller, which outlives
-                // every open file (each holds an Arc) and so every mapping.
-                unsafe { c.status.mmap(vma) }
             }
             MmapKind::Sq | MmapKind::Cq | MmapKind::PrpPool => {
                 let qp = inner.qpairs.iter().find(|q| q.qid == qid && q.owner == handle).ok_or(ENOENT)?;
-                // SAFETY: delete_qpair, release and shutdown zap these mappings before the
-                // memory is freed.
-                unsafe { qp.mmap_region(kind, vma) }
+                if Some(vma.len()) != qp.region_size(kind) {
+                    return Err(EINVAL);
+                }
+            }
+        }
+        // Nothing is mapped now: `fault` inserts the pages under the controller lock, which
+        // queue deletion, reset and unbind hold while they revoke mappings.
+        vma.fill_on_fault(&VMOPS, base);
+        Ok(())
+    }
+
+    fn fault(file: &OpenFile, handle: FileHandle, fault: &mut Fault) -> Result {
+        let c = &*file.ctrl;
+        let base = fault.tag();
+        let (kind, qid) = parse_mmap_offset(base).ok_or(EINVAL)?;
+        let inner = c.inner.lock();
+        // The byte offset into the region of a page at file offset `off` (never below `base`).
+        let rel = |off: u64| off.checked_sub(base).ok_or(EINVAL);
+        match kind {
+            // The status page lives as long as the controller state, which every open file
+            // (and so every VMA, through its file) keeps.
+            MmapKind::Status => fault.fill(|off| c.status.pfn(rel(off)?)),
+            MmapKind::Doorbells => {
+                // Unbound: BAR0 may belong to another driver now.
+                let hw = inner.hw.as_ref().ok_or(ENODEV)?;
+                let len = c.doorbells.len;
+                fault.fill(|off| {
+                    let r = rel(off)?;
+                    if r >= len {
+                        return Err(EINVAL);
+                    }
+                    hw.bar.pfn(REG_DOORBELL_BASE as u64 + r)
+                })
+            }
+            MmapKind::Sq | MmapKind::Cq | MmapKind::PrpPool => {
+                // Deleted (or unbound): the memory is gone or going.
+                let qp = inner.qpairs.iter().find(|q| q.qid == qid && q.owner == handle).ok_or(ENOENT)?;
+                fault.fill(|off| qp.region_pfn(kind, rel(off)?))
             }
         }
     }
@@ -182,9 +244,15 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
     // queue: once it is created there, its memory must not be freed untracked (an insert that
     // failed on allocation used to drop it while the controller still owned it).
     inner.qpairs.reserve_one()?;
-    let hw = inner.hw.as_mut().ok_or(ENODEV)?;
-    let qp = Qpair::alloc(&c.pdev, handle, qid, req.depth, flags)?;
-    qp.create_on_device(&hw.bar, &mut hw.admin)?;
+    let mut qp = Qpair::alloc(&c.pdev, handle, qid, req.depth, flags)?;
+    if let Err((e, safe)) = c.arm_locked(&mut inner, &mut qp) {
+        if !safe {
+            pr_err!("{}: controller wedged creating qid {}: its memory stays allocated\n", c.pdev.name(), qid);
+            core::mem::forget(qp);
+        }
+        c.publish(&inner);
+        return Err(e);
+    }
     let dstrd = c.cap.dstrd();
     *a = CreateQpair {
         depth: req.depth,
@@ -207,6 +275,37 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
     Ok(())
 }
 
+/// Re-creates the caller's queue pair `qid` on the controller after a reset (a no-op when it is
+/// armed). The caller does this under its own exclusion over the queue, so no submitter of the
+/// old epoch is left to write its tail.
+fn rearm_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
+    let mut inner = c.inner.lock();
+    if inner.faulted || inner.hw.is_none() {
+        return Err(if inner.hw.is_none() { ENODEV } else { EIO });
+    }
+    let slot = inner.qpairs.find_index(|q| q.qid as u32 == qid && q.owner == handle).ok_or(ENOENT)?;
+    if inner.qpairs.get(slot).is_some_and(|q| q.armed) {
+        return Ok(());
+    }
+    let mut qp = inner.qpairs.take(slot).ok_or(ENOENT)?;
+    let r = c.arm_locked(&mut inner, &mut qp);
+    match r {
+        Err((e, false)) => {
+            pr_err!("{}: controller wedged re-arming qid {}: its memory stays allocated\n", c.pdev.name(), qid);
+            qp.zap_user_mappings();
+            core::mem::forget(qp);
+            c.publish(&inner);
+            Err(e)
+        }
+        r => {
+            // Cannot fail: the slot was freed just above and the lock has been held since.
+            inner.qpairs.insert(qp)?;
+            c.publish(&inner);
+            r.map_err(|(e, _)| e)
+        }
+    }
+}
+
 fn delete_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
     let mut inner = c.inner.lock();
     let qp = inner.qpairs.remove_first(|q| q.qid as u32 == qid && q.owner == handle).ok_or(ENOENT)?;
@@ -222,11 +321,13 @@ fn delete_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
     Ok(())
 }
 
-fn register_host(c: &Controller, handle: FileHandle, a: &RegisterHost) -> Result<RegistrationHandle> {
+fn register_host(c: &Controller, owner: &MmGrab, handle: FileHandle, a: &RegisterHost) -> Result<RegistrationHandle> {
     let r = a.check(&limits(c)).map_err(arg_error)?;
+    // Charged to the opener first (as io_uring and VFIO do), so a refused charge pins nothing.
+    let charge = owner.charge_pinned((r.len / 4096) as usize)?;
     // Pin before taking the lock: pinning may fault pages in and take a while.
     let mem = PinnedUserMemory::pin(&c.pdev, r.addr, r.len)?;
-    insert_registration(c, handle, Backing::Host(mem))
+    insert_registration(c, handle, Backing::Host { mem, _charge: charge })
 }
 
 fn register_dmabuf(c: &Controller, handle: FileHandle, a: &RegisterDmabuf) -> Result<RegistrationHandle> {
@@ -240,13 +341,15 @@ fn insert_registration(c: &Controller, handle: FileHandle, backing: Backing) -> 
     if inner.hw.is_none() {
         return Err(ENODEV);
     }
-    let id = (1..=u32::MAX)
-        .find(|i| !inner.regs.iter().any(|r| r.owner == handle && r.id == *i))
-        .ok_or(ENOSPC)?;
+    // The id is the slot the registration will take plus one (looked up in constant time).
+    inner.regs.reserve_one()?;
+    let slot = inner.regs.first_free().ok_or(ENOSPC)?;
+    let id = u32::try_from(slot + 1).map_err(|_| ENOSPC)?;
     let generation = inner.next_generation;
     inner.next_generation = inner.next_generation.checked_add(1).unwrap_or(1);
-    let reg = Registration { owner: handle, id, generation, backing };
+    let reg = Registration { owner: handle, generation, backing };
     let nsegs = reg.segments().len() as u32;
+    // Cannot fail and lands in `slot`: reserved above, under the lock.
     inner.regs.insert(reg)?;
     c.publish(&inner);
     Ok(RegistrationHandle { id, generation, nsegs, reserved: 0 })
@@ -273,17 +376,25 @@ fn find_reg<'a>(
     id: u32,
     generation: u32,
 ) -> Result<&'a Registration> {
-    let r = regs.iter().find(|r| r.owner == handle && r.id == id).ok_or(ENOENT)?;
+    let r = reg_slot(id)
+        .and_then(|i| regs.get(i))
+        .filter(|r| r.owner == handle)
+        .ok_or(ENOENT)?;
     if r.generation != generation {
         return Err(crate::errno::estale());
     }
     Ok(r)
 }
 
+/// The table slot of registration `id` (ids are slot + 1; 0 is never an id).
+fn reg_slot(id: u32) -> Option<usize> {
+    (id as usize).checked_sub(1)
+}
+
 fn deregister(c: &Controller, handle: FileHandle, id: u32, generation: u32) -> Result {
     let mut inner = c.inner.lock();
     find_reg(&inner.regs, handle, id, generation)?;
-    let r = inner.regs.remove_first(|r| r.owner == handle && r.id == id);
+    let r = reg_slot(id).and_then(|i| inner.regs.take(i));
     c.publish(&inner);
     drop(inner);
     drop(r);

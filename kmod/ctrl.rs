@@ -1,11 +1,8 @@
 //! Controller bring-up and shutdown: disable, admin queue, enable, identify, number of queues.
 
-use crate::admin::{AdminQueue, ADMIN_DEPTH};
+use crate::admin::{AdminQueue, IdentifyBuffers, ADMIN_DEPTH};
 use crate::shim::delay::read_poll_timeout;
-use crate::shim::dma::{dma_read, CoherentAllocation};
-use crate::shim::pci::Device;
-use crate::shim::Plain;
-use crate::uapi::identify::{IdentifyController, IdentifyNamespace};
+use crate::shim::dma::{dma_read, DmaAddress};
 use crate::uapi::ioctl::{DeviceInfo, NamespaceInfo, ABI_VERSION, MAX_NAMESPACES};
 use crate::uapi::queue::{admin, cns, feature, Sqe};
 use crate::uapi::regs::{Aqa, Cap, Cc, Csts, REG_ACQ, REG_AQA, REG_ASQ, REG_CC, REG_CSTS, REG_INTMS};
@@ -64,50 +61,26 @@ pub(crate) fn enable(bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result {
     wait_ready(bar, cap, true)
 }
 
-/// Runs Identify with `cns_value` into `buf` (every allocation is at least the page the data
-/// fills).
-fn identify<T: Plain>(
+/// Runs Identify with `cns_value` into the admin queue's buffer that `buf` picks.
+fn identify(
     bar: &Bar0,
     adminq: &mut AdminQueue,
-    buf: &CoherentAllocation<T>,
+    buf: impl FnOnce(&IdentifyBuffers) -> DmaAddress,
     cns_value: u32,
     nsid: u32,
 ) -> Result {
     let mut sqe = Sqe::new(admin::IDENTIFY, 0);
     sqe.set_nsid(nsid);
-    sqe.set_prps(buf.dma_handle(), 0);
+    sqe.set_prps(buf(&adminq.ident), 0);
     sqe.set_cdw(10, cns_value);
     adminq.submit(bar, sqe, ADMIN_TIMEOUT_MS).map(|_| ())
 }
 
-/// The data buffers of the Identify commands (one page each).
-struct IdentifyBuffers {
-    controller: CoherentAllocation<IdentifyController>,
-    /// Active namespace list: up to 1024 NSIDs.
-    nsids: CoherentAllocation<u32>,
-    namespace: CoherentAllocation<IdentifyNamespace>,
-}
-
-/// Identifies the controller and its active namespaces and negotiates the number of queues.
-pub(crate) fn identify_all(dev: &Device, bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result<DeviceInfo> {
-    let bufs = IdentifyBuffers {
-        controller: CoherentAllocation::alloc_coherent(dev, 1)?,
-        nsids: CoherentAllocation::alloc_coherent(dev, 1024)?,
-        namespace: CoherentAllocation::alloc_coherent(dev, 1)?,
-    };
-    let r = identify_with(&bufs, bar, cap, adminq);
-    // A command that failed may still be running and write its buffer later: the controller
-    // must stop before the buffers are freed, or they stay allocated.
-    if r.is_err() && disable(bar, cap).is_err() {
-        pr_err!("controller did not stop after a failed identify: leaking its buffers\n");
-        core::mem::forget(bufs);
-    }
-    r
-}
-
-fn identify_with(bufs: &IdentifyBuffers, bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result<DeviceInfo> {
-    let id = &bufs.controller;
-    identify(bar, adminq, id, cns::CONTROLLER, 0)?;
+/// Identifies the controller and its active namespaces and negotiates the number of queues. On
+/// failure the caller disables the controller before the admin queue (and its buffers) go.
+pub(crate) fn identify_all(bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Result<DeviceInfo> {
+    identify(bar, adminq, |b| b.controller.dma_handle(), cns::CONTROLLER, 0)?;
+    let id = &adminq.ident.controller;
     let mdts = dma_read!(id[0].mdts)?;
     let mut info = DeviceInfo {
         abi_version: ABI_VERSION,
@@ -136,14 +109,14 @@ fn identify_with(bufs: &IdentifyBuffers, bar: &Bar0, cap: Cap, adminq: &mut Admi
     };
 
     // Active namespace list (CNS 02h): NSIDs in increasing order, zero-terminated.
-    identify(bar, adminq, &bufs.nsids, cns::ACTIVE_NSID_LIST, 0)?;
-    let ns = &bufs.namespace;
+    identify(bar, adminq, |b| b.nsids.dma_handle(), cns::ACTIVE_NSID_LIST, 0)?;
     for i in 0..MAX_NAMESPACES {
-        let nsid = u32::from_le(bufs.nsids.read(i)?);
+        let nsid = u32::from_le(adminq.ident.nsids.read(i)?);
         if nsid == 0 {
             break;
         }
-        identify(bar, adminq, ns, cns::NAMESPACE, nsid)?;
+        identify(bar, adminq, |b| b.namespace.dma_handle(), cns::NAMESPACE, nsid)?;
+        let ns = &adminq.ident.namespace;
         let flbas = dma_read!(ns[0].flbas)?;
         // FLBAS bits 3:0 are the format index's low bits, bits 6:5 its high bits.
         let lbaf = dma_read!(ns[0].lbaf)?[(flbas & 0xF) as usize | (((flbas >> 5) & 0x3) as usize) << 4];

@@ -15,7 +15,7 @@ use crate::shim::dma::{dma_write, CoherentAllocation};
 use crate::shim::irq::IrqVectors;
 use crate::shim::pci;
 use crate::table::Table;
-use crate::uapi::ioctl::{DeviceInfo, StatusPage, ABI_VERSION, STATUS_MAGIC};
+use crate::uapi::ioctl::{ControllerState, DeviceInfo, StatusPage, ABI_VERSION, STATUS_MAGIC};
 use crate::uapi::queue::{feature, Sqe};
 use crate::uapi::regs::Cap;
 use crate::Bar0;
@@ -62,12 +62,23 @@ pub(crate) struct Inner {
     pub(crate) regs: Table<Registration>,
     /// Open files (for revoking their mappings on unbind).
     pub(crate) files: Table<FileHandle>,
+    /// An open file holds the controller exclusively (`O_EXCL`): no other open succeeds.
+    pub(crate) exclusive: bool,
     /// Next registration generation (never 0).
     pub(crate) next_generation: u32,
     /// Bumped by every reset.
     pub(crate) epoch: u64,
     /// Resets since probe.
     pub(crate) resets: u64,
+}
+
+/// The doorbell range user space may map (from BAR0 offset 0x1000).
+#[derive(Clone, Copy)]
+pub(crate) struct DoorbellWindow {
+    /// Bytes: the doorbells of every queue the controller has, rounded up to a page.
+    pub(crate) len: u64,
+    /// The MSI-X table or PBA lies in those pages: no doorbell mapping is given out.
+    pub(crate) blocked: bool,
 }
 
 /// A controller bound to ugds, shared by its device node and every open file.
@@ -79,8 +90,8 @@ pub(crate) struct Controller {
     pub(crate) info: DeviceInfo,
     /// CAP.
     pub(crate) cap: Cap,
-    /// Length of BAR0 (for checking doorbell mappings).
-    pub(crate) bar_len: u64,
+    /// The doorbells user space may map.
+    pub(crate) doorbells: DoorbellWindow,
     /// The read-only status page (epoch, faulted, counters).
     pub(crate) status: CoherentAllocation<StatusPage>,
     /// Everything that changes.
@@ -90,8 +101,13 @@ pub(crate) struct Controller {
 
 impl Controller {
     /// Builds the shared state around a brought-up controller.
-    pub(crate) fn new(pdev: &pci::Device, info: DeviceInfo, cap: Cap, hw: Hw) -> Result<Arc<Self>> {
-        let bar_len = hw.bar.len() as u64;
+    pub(crate) fn new(
+        pdev: &pci::Device,
+        info: DeviceInfo,
+        cap: Cap,
+        doorbells: DoorbellWindow,
+        hw: Hw,
+    ) -> Result<Arc<Self>> {
         let status = CoherentAllocation::alloc_coherent(pdev, 1)?;
         let inner = Inner {
             hw: Some(hw),
@@ -99,6 +115,7 @@ impl Controller {
             qpairs: Table::new(),
             regs: Table::new(),
             files: Table::new(),
+            exclusive: false,
             next_generation: 1,
             epoch: 1,
             resets: 0,
@@ -108,7 +125,7 @@ impl Controller {
                 pdev: pdev.clone(),
                 info,
                 cap,
-                bar_len,
+                doorbells,
                 status,
                 inner <- kernel::new_mutex!(inner, "ugds::Controller::inner"),
             }),
@@ -126,26 +143,40 @@ impl Controller {
         // then seen whole. Index 0 always exists, so none of these fails.
         let _ = dma_write!(s[0].magic = STATUS_MAGIC);
         let _ = dma_write!(s[0].abi_version = ABI_VERSION);
-        let _ = dma_write!(s[0].epoch = inner.epoch);
-        let _ = dma_write!(s[0].faulted = (inner.faulted || inner.hw.is_none()) as u32);
         let _ = dma_write!(s[0].pinned_pages = pinned);
         let _ = dma_write!(s[0].registrations = inner.regs.len() as u64);
         let _ = dma_write!(s[0].qpairs = inner.qpairs.len() as u64);
         let _ = dma_write!(s[0].resets = inner.resets);
+        // Epoch and fault flag in one aligned word, one store: a reader sees both as of one
+        // publication (two fields could pair a new epoch with an old fault flag).
+        let state = ControllerState::new(inner.epoch, inner.faulted || inner.hw.is_none());
+        let _ = dma_write!(s[0].state = state.0);
     }
 
-    /// Resets the controller: disable and wait for RDY=0 (after which it does no DMA), enable,
-    /// re-negotiate queues and re-create every live queue pair; bumps the epoch.
+    /// Resets the controller: publishes the fault (and a new epoch) first, disables it and waits
+    /// for RDY=0 (after which it does no DMA), zeroes every queue pair's SQ, CQ and PRP pool and
+    /// leaves it un-armed, enables it again and re-negotiates queues; then publishes the next
+    /// epoch. Queue pairs come back only when their owners re-arm them ([`Controller::rearm`]),
+    /// under their own exclusion, so a tail computed before the reset (by a submitter that
+    /// passed its epoch check just before it) hits a queue the controller does not have.
     ///
     /// If the controller never reports RDY=0 it stays faulted and the caller must keep all
     /// memory it could write.
     pub(crate) fn reset_locked(&self, inner: &mut Inner) -> Result {
-        let Some(hw) = inner.hw.as_mut() else { return Err(ENODEV) };
+        if inner.hw.is_none() {
+            return Err(ENODEV);
+        }
         inner.faulted = true;
         inner.epoch += 1;
+        self.publish(inner);
+        let Some(hw) = inner.hw.as_mut() else { return Err(ENODEV) };
         if let Err(e) = ctrl::disable(&hw.bar, self.cap) {
             pr_err!("{}: reset: controller did not stop (CSTS.RDY stayed 1): {:?}\n", self.pdev.name(), e);
             return Err(EIO);
+        }
+        for qp in inner.qpairs.iter_mut() {
+            qp.armed = false;
+            qp.clear_all()?;
         }
         ctrl::enable(&hw.bar, self.cap, &mut hw.admin)?;
         let mut sqe = Sqe::new(crate::uapi::queue::admin::SET_FEATURES, 0);
@@ -153,15 +184,36 @@ impl Controller {
         let q = self.info.max_qpairs - 1;
         sqe.set_cdw(11, q | q << 16);
         hw.admin.submit(&hw.bar, sqe, ADMIN_TIMEOUT_MS)?;
-        for qp in inner.qpairs.iter() {
-            qp.clear_cq()?;
-            qp.create_on_device(&hw.bar, &mut hw.admin)?;
-        }
         inner.faulted = false;
         inner.resets += 1;
         inner.epoch += 1;
         pr_info!("{}: controller reset, epoch {}\n", self.pdev.name(), inner.epoch);
         Ok(())
+    }
+
+    /// Creates queue pair `qp` on the controller (zeroed first) and marks it armed. When that
+    /// fails in a way that leaves the controller possibly owning its memory, the controller is
+    /// reset (or, failing that, disabled), and the caller learns whether the memory is now safe
+    /// to free (`Err((e, safe))`).
+    pub(crate) fn arm_locked(&self, inner: &mut Inner, qp: &mut Qpair) -> core::result::Result<(), (Error, bool)> {
+        let Some(hw) = inner.hw.as_mut() else { return Err((ENODEV, true)) };
+        qp.clear_all().map_err(|e| (e, true))?;
+        match qp.create_on_device(&hw.bar, &mut hw.admin) {
+            Ok(()) => {
+                qp.armed = true;
+                Ok(())
+            }
+            Err(f) if !f.controller_may_own => Err((f.err, true)),
+            Err(f) => {
+                pr_err!("{}: creating queue pair {} failed uncleanly: resetting the controller\n", self.pdev.name(), qp.qid);
+                let safe = self.reset_locked(inner).is_ok()
+                    || inner.hw.as_ref().is_some_and(|hw| ctrl::disable(&hw.bar, self.cap).is_ok());
+                if !safe {
+                    inner.faulted = true;
+                }
+                Err((f.err, safe))
+            }
+        }
     }
 
     /// Deletes the given queue pairs (already removed from `inner.qpairs`) on the device and
@@ -186,8 +238,11 @@ impl Controller {
 
     /// Releases everything an open file owns: its queue pairs first (deleted on the device),
     /// then its registrations.
-    pub(crate) fn release_file(&self, handle: FileHandle) {
+    pub(crate) fn release_file(&self, handle: FileHandle, exclusive: bool) {
         let mut inner = self.inner.lock();
+        if exclusive {
+            inner.exclusive = false;
+        }
         let (Ok(doomed), Ok(regs)) =
             (inner.qpairs.remove_all(|q| q.owner == handle), inner.regs.remove_all(|r| r.owner == handle))
         else {

@@ -6,7 +6,6 @@ use crate::ctrl::ADMIN_TIMEOUT_MS;
 use crate::shim::chrdev::FileHandle;
 use crate::shim::dma::CoherentAllocation;
 use crate::shim::irq::EventfdIrq;
-use crate::shim::mm::Vma;
 use crate::shim::pci::Device;
 use crate::uapi::ioctl::{mmap_offset, MmapKind, QPAIR_FLAG_IRQ};
 use crate::uapi::queue::{admin, Cqe, Sqe};
@@ -25,12 +24,25 @@ pub(crate) struct Qpair {
     pub(crate) qid: u16,
     /// Entries per queue.
     pub(crate) depth: u32,
+    /// True while the queues exist on the controller. A reset deletes them all (disabling the
+    /// controller) and leaves this false until the owner re-arms the queue pair, so a tail that
+    /// was computed before the reset never reaches a re-created queue.
+    pub(crate) armed: bool,
     /// Submission queue: `depth` entries (page rounded). User space writes it.
     pub(crate) sq: CoherentAllocation<Sqe>,
     /// Completion queue: `depth` entries (page rounded). The controller writes it.
     pub(crate) cq: CoherentAllocation<Cqe>,
     /// PRP-list pool: one list page per SQ slot. User space writes it.
     pub(crate) prp: CoherentAllocation<PrpList>,
+}
+
+/// Why creating a queue pair on the controller failed.
+pub(crate) struct CreateFailed {
+    /// The error for the caller.
+    pub(crate) err: Error,
+    /// The controller may still own (part of) the queue memory: it must be stopped before the
+    /// memory is freed.
+    pub(crate) controller_may_own: bool,
 }
 
 /// One PRP list: a page of 512 PRP entries.
@@ -46,6 +58,7 @@ impl Qpair {
             owner,
             qid,
             depth,
+            armed: false,
             sq: CoherentAllocation::alloc_coherent(dev, d)?,
             cq: CoherentAllocation::alloc_coherent(dev, d)?,
             prp: CoherentAllocation::alloc_coherent(dev, d)?,
@@ -53,23 +66,29 @@ impl Qpair {
     }
 
     /// Creates the CQ, then the SQ, on the controller (interrupts off). A failed SQ creation
-    /// deletes the CQ again.
-    pub(crate) fn create_on_device(&self, bar: &Bar0, adminq: &mut AdminQueue) -> Result {
+    /// deletes the CQ again. On failure, says whether the controller may still own any of the
+    /// memory (a command timed out, or the cleanup failed): then only a stopped controller
+    /// makes it safe to free.
+    pub(crate) fn create_on_device(&self, bar: &Bar0, adminq: &mut AdminQueue) -> core::result::Result<(), CreateFailed> {
         let mut c = Sqe::new(admin::CREATE_IO_CQ, 0);
         c.set_prps(self.cq.dma_handle(), 0);
         c.set_cdw(10, (self.depth - 1) << 16 | self.qid as u32);
         // PC (physically contiguous); with interrupts: IEN and vector = qid.
         let irq = if self.flags & QPAIR_FLAG_IRQ != 0 { (self.qid as u32) << 16 | 1 << 1 } else { 0 };
         c.set_cdw(11, irq | 1);
-        adminq.submit(bar, c, ADMIN_TIMEOUT_MS)?;
+        if let Err(e) = adminq.submit(bar, c, ADMIN_TIMEOUT_MS) {
+            // An error completion means the CQ was not created; no completion means it may be.
+            return Err(CreateFailed { err: e, controller_may_own: adminq.is_broken() });
+        }
         let mut s = Sqe::new(admin::CREATE_IO_SQ, 0);
         s.set_prps(self.sq.dma_handle(), 0);
         s.set_cdw(10, (self.depth - 1) << 16 | self.qid as u32);
         // CQID in bits 31:16, PC.
         s.set_cdw(11, (self.qid as u32) << 16 | 1);
         if let Err(e) = adminq.submit(bar, s, ADMIN_TIMEOUT_MS) {
-            let _ = Self::delete_queue(bar, adminq, admin::DELETE_IO_CQ, self.qid);
-            return Err(e);
+            let sq_may_exist = adminq.is_broken();
+            let cq_gone = Self::delete_queue(bar, adminq, admin::DELETE_IO_CQ, self.qid).is_ok();
+            return Err(CreateFailed { err: e, controller_may_own: sq_may_exist || !cq_gone });
         }
         Ok(())
     }
@@ -80,18 +99,40 @@ impl Qpair {
         adminq.submit(bar, c, ADMIN_TIMEOUT_MS).map(|_| ())
     }
 
-    /// Deletes the SQ (the controller completes or aborts its commands first), then the CQ.
+    /// Deletes the SQ (the controller completes or aborts its commands first), then the CQ;
+    /// nothing to do for a queue pair that is not armed (its queues do not exist).
     pub(crate) fn delete_on_device(&self, bar: &Bar0, adminq: &mut AdminQueue) -> Result {
+        if !self.armed {
+            return Ok(());
+        }
         Self::delete_queue(bar, adminq, admin::DELETE_IO_SQ, self.qid)?;
         Self::delete_queue(bar, adminq, admin::DELETE_IO_CQ, self.qid)
     }
 
-    /// Forgets completions (after a controller reset, before re-creating it).
-    pub(crate) fn clear_cq(&self) -> Result {
+    /// Zeroes the SQ, the CQ and the PRP-list pool (the controller must not be using them: the
+    /// queues are not armed). A zeroed SQ entry asks for nothing (a Flush of namespace 0, which
+    /// the controller fails), so a stale tail can make no old command run again.
+    pub(crate) fn clear_all(&self) -> Result {
+        for i in 0..self.sq.len() {
+            self.sq.write(i, &Sqe::default())?;
+        }
         for i in 0..self.cq.len() {
             self.cq.write(i, &Cqe::default())?;
         }
+        for i in 0..self.prp.len() {
+            self.prp.write(i, &[0u64; 512])?;
+        }
         Ok(())
+    }
+
+    /// The page frame at byte `offset` of the region of `kind`, for a user mapping.
+    pub(crate) fn region_pfn(&self, kind: MmapKind, offset: u64) -> Result<u64> {
+        match kind {
+            MmapKind::Sq => self.sq.pfn(offset),
+            MmapKind::Cq => self.cq.pfn(offset),
+            MmapKind::PrpPool => self.prp.pfn(offset),
+            MmapKind::Doorbells | MmapKind::Status => Err(EINVAL),
+        }
     }
 
     /// Size in bytes of the region of `kind` (SQ, CQ or PRP pool), as mapped.
@@ -101,24 +142,6 @@ impl Qpair {
             MmapKind::Cq => Some(self.cq.size()),
             MmapKind::PrpPool => Some(self.prp.size()),
             MmapKind::Doorbells | MmapKind::Status => None,
-        }
-    }
-
-    /// Maps the region of `kind` (SQ, CQ or PRP pool) into `vma`.
-    ///
-    /// # Safety
-    ///
-    /// The caller must remove the mapping (see [`Qpair::zap_user_mappings`]) before this queue
-    /// pair is dropped.
-    pub(crate) unsafe fn mmap_region(&self, kind: MmapKind, vma: &mut Vma) -> Result {
-        match kind {
-            // SAFETY: the caller zaps the mapping before `self`, and so the SQ, is dropped.
-            MmapKind::Sq => unsafe { self.sq.mmap(vma) },
-            // SAFETY: the caller zaps the mapping before `self`, and so the CQ, is dropped.
-            MmapKind::Cq => unsafe { self.cq.mmap(vma) },
-            // SAFETY: the caller zaps the mapping before `self`, and so the pool, is dropped.
-            MmapKind::PrpPool => unsafe { self.prp.mmap(vma) },
-            MmapKind::Doorbells | MmapKind::Status => Err(EINVAL),
         }
     }
 

@@ -1,15 +1,23 @@
-//! Registrations: memory an open file made reachable by the controller, with the id and
-//! generation user space names it by.
+//! Registrations: memory an open file made reachable by the controller, with the generation user
+//! space names it by (its id is its slot in the controller's table plus one, found in constant
+//! time; the generation tells a reused slot apart).
 
 use crate::shim::chrdev::FileHandle;
 use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::pin::PinnedUserMemory;
+use crate::shim::task::PinnedCharge;
 use crate::uapi::ioctl::Segment;
 
 /// What backs a registration.
 pub(crate) enum Backing {
-    /// Pinned host pages of the owner's address space.
-    Host(PinnedUserMemory),
+    /// Pinned host pages of the owner's address space, charged to it (`pinned_vm`). Fields
+    /// drop in order: the pages are unmapped and unpinned, then the charge is returned.
+    Host {
+        /// The pinned, mapped pages.
+        mem: PinnedUserMemory,
+        /// Their charge to the opener's `pinned_vm`.
+        _charge: PinnedCharge,
+    },
     /// An imported dma-buf range (GPU memory, udmabuf, a dma-heap buffer).
     Dmabuf(DmabufMapping),
 }
@@ -18,8 +26,6 @@ pub(crate) enum Backing {
 pub(crate) struct Registration {
     /// The open file that made it.
     pub(crate) owner: FileHandle,
-    /// Id, unique among the owner's live registrations.
-    pub(crate) id: u32,
     /// Generation, unique per controller: a stale (id, generation) never matches a new one.
     pub(crate) generation: u32,
     /// The memory.
@@ -30,7 +36,7 @@ impl Registration {
     /// DMA segments.
     pub(crate) fn segments(&self) -> &[Segment] {
         match &self.backing {
-            Backing::Host(p) => p.segments(),
+            Backing::Host { mem, .. } => mem.segments(),
             Backing::Dmabuf(d) => d.segments(),
         }
     }
@@ -38,7 +44,7 @@ impl Registration {
     /// Pinned pages (for the counters).
     pub(crate) fn npages(&self) -> usize {
         match &self.backing {
-            Backing::Host(p) => p.npages(),
+            Backing::Host { mem, .. } => mem.npages(),
             Backing::Dmabuf(d) => d.npages(),
         }
     }

@@ -24,14 +24,34 @@ impl<T> Table<T> {
         Ok(())
     }
 
-    /// Inserts `v` into the first free slot.
-    pub(crate) fn insert(&mut self, v: T) -> Result {
-        if let Some(slot) = self.slots.iter_mut().find(|s| s.is_none()) {
+    /// Inserts `v` into the first free slot; returns the slot's index (stable until removal).
+    pub(crate) fn insert(&mut self, v: T) -> Result<usize> {
+        if let Some((i, slot)) = self.slots.iter_mut().enumerate().find(|(_, s)| s.is_none()) {
             *slot = Some(v);
-            return Ok(());
+            return Ok(i);
         }
         self.slots.push(Some(v), GFP_KERNEL)?;
-        Ok(())
+        Ok(self.slots.len() - 1)
+    }
+
+    /// The index the next [`Table::insert`] uses when a slot is free.
+    pub(crate) fn first_free(&self) -> Option<usize> {
+        self.slots.iter().position(|s| s.is_none())
+    }
+
+    /// The slot of the first entry matching `pred`.
+    pub(crate) fn find_index(&self, mut pred: impl FnMut(&T) -> bool) -> Option<usize> {
+        self.slots.iter().position(|s| s.as_ref().is_some_and(&mut pred))
+    }
+
+    /// The entry in slot `i`, if any.
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        self.slots.get(i)?.as_ref()
+    }
+
+    /// Removes and returns the entry in slot `i`, if any.
+    pub(crate) fn take(&mut self, i: usize) -> Option<T> {
+        self.slots.get_mut(i)?.take()
     }
 
     /// The live entries.

@@ -29,7 +29,7 @@ use device::{Controller, Hw};
 use kernel::sync::Arc;
 use shim::chrdev;
 use shim::pci;
-use uapi::regs::{Cap, Vs, REG_CAP, REG_VS};
+use uapi::regs::{Cap, Vs, REG_CAP, REG_DOORBELL_BASE, REG_VS};
 
 module! {
     type: UgdsModule,
@@ -94,6 +94,37 @@ struct Bound {
 
 struct NvmeDriver;
 
+/// The doorbells user space may map: exactly those of the queues the controller has (admin
+/// included, which share the first page), rounded up to a page; refused (`blocked`) when the
+/// MSI-X table or pending-bit array lies in those pages, since a process writing there could
+/// retarget or fake interrupts.
+fn doorbell_window(dev: &pci::Device, bar: &Bar0, cap: Cap, max_qpairs: u32) -> Result<device::DoorbellWindow> {
+    let stride = 4u64 << cap.dstrd();
+    let bytes = (u64::from(max_qpairs) + 1) * 2 * stride;
+    let len = bytes.next_multiple_of(kernel::page::PAGE_SIZE as u64);
+    let start = REG_DOORBELL_BASE as u64;
+    if start + len > bar.len() as u64 {
+        pr_err!("{}: BAR0 of {} bytes ends inside the doorbells of {} queue pairs\n", dev.name(), bar.len(), max_qpairs);
+        return Err(ENODEV);
+    }
+    let mut blocked = false;
+    if let Some(structures) = dev.msix_structures()? {
+        for (what, (bir, off, size)) in ["MSI-X table", "MSI-X PBA"].iter().zip(structures) {
+            if bir == 0 && off < start + len && start < off + size {
+                pr_warn!(
+                    "{}: the {} ({:#x}..{:#x} of BAR0) shares the doorbell pages: user queues are refused (EACCES)\n",
+                    dev.name(),
+                    what,
+                    off,
+                    off + size
+                );
+                blocked = true;
+            }
+        }
+    }
+    Ok(device::DoorbellWindow { len, blocked })
+}
+
 fn step<T>(name: &CStr, what: &str, r: Result<T>) -> Result<T> {
     r.inspect_err(|e| pr_err!("{}: probe step '{}' failed: {:?}\n", name, what, e))
 }
@@ -140,12 +171,16 @@ impl pci::Driver for NvmeDriver {
         step(name, "disable controller", ctrl::disable(&bar, cap))?;
         let brought_up = ctrl::enable(&bar, cap, &mut adminq)
             .inspect_err(|e| pr_err!("{}: probe step 'enable controller' failed: {:?}\n", name, e))
-            .and_then(|_| step(name, "identify", ctrl::identify_all(dev, &bar, cap, &mut adminq)));
+            .and_then(|_| step(name, "identify", ctrl::identify_all(&bar, cap, &mut adminq)));
         let mut info = match brought_up {
             Ok(i) => i,
             Err(e) => {
-                // Stop the controller before its admin queue memory is freed.
-                let _ = ctrl::disable(&bar, cap);
+                // Stop the controller before its admin queue memory is freed; if it does not
+                // stop, that memory stays allocated.
+                if ctrl::disable(&bar, cap).is_err() {
+                    pr_err!("{}: controller did not stop after a failed probe: leaking its admin queue\n", name);
+                    core::mem::forget(adminq);
+                }
                 return Err(e);
             }
         };
@@ -175,9 +210,16 @@ impl pci::Driver for NvmeDriver {
                 return Err(e);
             }
         };
+        let doorbells = match doorbell_window(dev, &bar, cap, info.max_qpairs) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = ctrl::disable(&bar, cap);
+                return Err(e);
+            }
+        };
         let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, _enabled: enabled };
         // On failure `hw` was dropped by the constructor, which stopped the controller.
-        let controller = Controller::new(dev, info, cap, hw)?;
+        let controller = Controller::new(dev, info, cap, doorbells, hw)?;
         let fops = &chardev::FOPS;
         let node = match chrdev::Registration::register(region, instance.0, &node_name, dev, controller.clone(), fops) {
             Ok(n) => n,

@@ -10,14 +10,19 @@
 //! holds a reference on the device. An open file holds the cdev, so the allocation (and the
 //! device state in it) outlives [`Registration`] until the last such file is closed.
 
-use super::mm::Vma;
+use super::mm::{Fault, Vma};
 use super::pci;
 use crate::bindings;
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
 /// The identity of an open file and its page-cache mapping (for revoking user mappings).
+///
+/// The identity is a number drawn from a module-wide counter at open, never the `struct file`
+/// address: an address can be reused by a later open while entries of the earlier file remain
+/// (bookkeeping that failed to allocate stays until unbind), and two files must never match.
 ///
 /// # Invariants
 ///
@@ -25,9 +30,12 @@ use kernel::sync::Arc;
 /// `FileHandle` only while the file is open (they drop it in `release`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FileHandle {
-    id: usize,
+    id: u64,
     mapping: *mut bindings::address_space,
 }
+
+/// The next open file's identity (0 is never used).
+static NEXT_FILE_ID: AtomicU64 = AtomicU64::new(1);
 
 // SAFETY: the handle is an identity plus a pointer used only with `unmap_mapping_range`, which
 // may be called from any thread.
@@ -55,14 +63,40 @@ pub(crate) trait FileOps: Sized + 'static {
     type Device: Send + Sync;
     /// Per-open-file state.
     type File: Send + Sync;
-    /// A file was opened.
-    fn open(dev: &Self::Device, handle: FileHandle) -> Result<KBox<Self::File>>;
+    /// A file was opened; `exclusive` when it was opened with `O_EXCL`.
+    fn open(dev: &Self::Device, handle: FileHandle, exclusive: bool) -> Result<KBox<Self::File>>;
     /// The last reference to the file went away (no mapping of it remains).
     fn release(file: KBox<Self::File>, handle: FileHandle);
     /// An ioctl.
     fn ioctl(file: &Self::File, handle: FileHandle, cmd: u32, arg: usize) -> Result<isize>;
-    /// An mmap.
+    /// An mmap. Nothing may be mapped here: the implementation checks the request and calls
+    /// [`Vma::fill_on_fault`]; pages are inserted by [`FileOps::fault`].
     fn mmap(file: &Self::File, handle: FileHandle, vma: &mut Vma) -> Result;
+    /// A page fault in a VMA that `mmap` set up: insert its pages (under the lock that
+    /// revocation takes) or fail, which the faulting process sees as `SIGBUS`.
+    fn fault(file: &Self::File, handle: FileHandle, fault: &mut Fault) -> Result;
+}
+
+/// The VMA operations of a `FileOps` type (a `static`, for the same reason as [`FopsTable`]:
+/// VMAs point at it until they are unmapped, and each holds the file, and so the module).
+pub(crate) struct VmOpsTable(bindings::vm_operations_struct);
+
+// SAFETY: immutable after construction; the C side only reads it.
+unsafe impl Sync for VmOpsTable {}
+
+impl VmOpsTable {
+    /// The table for `T`: a `fault` handler only (no `open`/`close`: VMAs are `VM_DONTCOPY`
+    /// and hold nothing but the file, which the VMA itself keeps open).
+    pub(crate) const fn new<T: FileOps>() -> Self {
+        // SAFETY: all-zero is a valid `vm_operations_struct` (no callbacks).
+        let zero: bindings::vm_operations_struct = unsafe { core::mem::zeroed() };
+        VmOpsTable(bindings::vm_operations_struct { fault: Some(fault_cb::<T>), ..zero })
+    }
+
+    /// The C table, for `mm.rs`.
+    pub(super) fn as_raw(&'static self) -> *const bindings::vm_operations_struct {
+        &self.0
+    }
 }
 
 /// The file operations of a `FileOps` type. It must be a `static`: `chrdev_open` installs it as
@@ -288,11 +322,14 @@ unsafe extern "C" fn release_device<T: FileOps>(dev: *mut bindings::device) {
     }
 }
 
-fn handle_of(file: *mut bindings::file) -> FileHandle {
-    // SAFETY: the VFS passes a live file to every callback.
-    let mapping = unsafe { (*file).f_mapping };
-    FileHandle { id: file as usize, mapping }
+/// What `private_data` of an open file holds: its identity and the implementation's state.
+struct Open<T: FileOps> {
+    handle: FileHandle,
+    file: KBox<T::File>,
 }
+
+/// `O_EXCL` (bindgen, from the target kernel's headers).
+const O_EXCL: u32 = bindings::O_EXCL as u32;
 
 unsafe extern "C" fn open_cb<T: FileOps>(inode: *mut bindings::inode, file: *mut bindings::file) -> kernel::ffi::c_int {
     // SAFETY: `chrdev_open` set the inode's `i_cdev` to the cdev it found for the inode's number
@@ -300,10 +337,15 @@ unsafe extern "C" fn open_cb<T: FileOps>(inode: *mut bindings::inode, file: *mut
     // `Registration<T>` use these fops; each is the first field of a `Slot<T>`, which the cdev
     // keeps alive through its reference on the slot's device.
     let slot = unsafe { &*((*inode).__bindgen_anon_4.i_cdev as *const Slot<T>) };
-    match T::open(&slot.data, handle_of(file)) {
-        Ok(state) => {
+    // SAFETY: the VFS passes a live file.
+    let (mapping, flags) = unsafe { ((*file).f_mapping, (*file).f_flags) };
+    let handle = FileHandle { id: NEXT_FILE_ID.fetch_add(1, Ordering::Relaxed), mapping };
+    let opened = T::open(&slot.data, handle, flags & O_EXCL != 0)
+        .and_then(|state| Ok(KBox::new(Open::<T> { handle, file: state }, GFP_KERNEL)?));
+    match opened {
+        Ok(open) => {
             // SAFETY: the file is live; private_data is ours from now on.
-            unsafe { (*file).private_data = KBox::into_raw(state).cast() };
+            unsafe { (*file).private_data = KBox::into_raw(open).cast() };
             0
         }
         Err(e) => e.to_errno(),
@@ -313,9 +355,9 @@ unsafe extern "C" fn open_cb<T: FileOps>(inode: *mut bindings::inode, file: *mut
 /// # Safety
 ///
 /// `file` must be a file opened by `open_cb::<T>` that is still open.
-unsafe fn state_of<'a, T: FileOps>(file: *mut bindings::file) -> &'a T::File {
-    // SAFETY: open_cb stored a `KBox<T::File>` in private_data; it lives until release.
-    unsafe { &*((*file).private_data as *const T::File) }
+unsafe fn state_of<'a, T: FileOps>(file: *mut bindings::file) -> &'a Open<T> {
+    // SAFETY: open_cb stored a `KBox<Open<T>>` in private_data; it lives until release.
+    unsafe { &*((*file).private_data as *const Open<T>) }
 }
 
 unsafe extern "C" fn release_cb<T: FileOps>(
@@ -323,8 +365,9 @@ unsafe extern "C" fn release_cb<T: FileOps>(
     file: *mut bindings::file,
 ) -> kernel::ffi::c_int {
     // SAFETY: release runs once, after the last reference; the box came from open_cb.
-    let state = unsafe { KBox::from_raw((*file).private_data as *mut T::File) };
-    T::release(state, handle_of(file));
+    let open = unsafe { KBox::from_raw((*file).private_data as *mut Open<T>) };
+    let Open { handle, file } = KBox::into_inner(open);
+    T::release(file, handle);
     0
 }
 
@@ -334,8 +377,8 @@ unsafe extern "C" fn ioctl_cb<T: FileOps>(
     arg: kernel::ffi::c_ulong,
 ) -> kernel::ffi::c_long {
     // SAFETY: the VFS calls ioctl only on an open file.
-    let state = unsafe { state_of::<T>(file) };
-    match T::ioctl(state, handle_of(file), cmd, arg as usize) {
+    let open = unsafe { state_of::<T>(file) };
+    match T::ioctl(&open.file, open.handle, cmd, arg as usize) {
         Ok(v) => v as kernel::ffi::c_long,
         Err(e) => e.to_errno() as kernel::ffi::c_long,
     }
@@ -346,12 +389,27 @@ unsafe extern "C" fn mmap_cb<T: FileOps>(
     vma: *mut bindings::vm_area_struct,
 ) -> kernel::ffi::c_int {
     // SAFETY: the VFS calls mmap only on an open file.
-    let state = unsafe { state_of::<T>(file) };
+    let open = unsafe { state_of::<T>(file) };
     let Some(ptr) = NonNull::new(vma) else { return EINVAL.to_errno() };
     // SAFETY: `vma` is the VMA of this `mmap` call; the `Vma` is dropped before it returns.
     let mut vma = unsafe { Vma::from_raw(ptr) };
-    match T::mmap(state, handle_of(file), &mut vma) {
+    match T::mmap(&open.file, open.handle, &mut vma) {
         Ok(()) => 0,
         Err(e) => e.to_errno(),
+    }
+}
+
+unsafe extern "C" fn fault_cb<T: FileOps>(vmf: *mut bindings::vm_fault) -> bindings::vm_fault_t {
+    let Some(ptr) = NonNull::new(vmf) else { return Fault::SIGBUS };
+    // SAFETY: the MM calls `fault` with a live `vm_fault` for a VMA of ours (only VMAs whose
+    // `mmap` installed this table have it), under the mmap or VMA read lock, for this call.
+    let mut fault = unsafe { Fault::from_raw(ptr) };
+    // SAFETY: the VMA holds a reference on its file (`vm_file`), opened by `open_cb::<T>`
+    // (only our `mmap` installs these operations), so it is open and its state is live.
+    let open = unsafe { state_of::<T>(fault.file()) };
+    match T::fault(&open.file, open.handle, &mut fault) {
+        Ok(()) => Fault::NOPAGE,
+        Err(e) if e == ENOMEM => Fault::OOM,
+        Err(_) => Fault::SIGBUS,
     }
 }

@@ -4,7 +4,6 @@
 //! writes it whenever it likes, so every CPU access is volatile, element by element or field by
 //! field ([`dma_read!`], [`dma_write!`]); no `&`/`&mut` to its contents is ever handed out.
 
-use super::mm::Vma;
 use super::pci::Device;
 use super::Plain;
 use crate::bindings;
@@ -47,7 +46,7 @@ unsafe impl<T: Plain> Sync for CoherentAllocation<T> {}
 
 impl<T: Plain> CoherentAllocation<T> {
     /// Allocates `count` zeroed elements (the allocation is rounded up to whole pages, all of
-    /// which [`CoherentAllocation::mmap`] maps).
+    /// which a user mapping covers, through [`CoherentAllocation::pfn`]).
     pub(crate) fn alloc_coherent(dev: &Device, count: usize) -> Result<Self> {
         const { assert!(size_of::<T>() != 0 && core::mem::align_of::<T>() <= PAGE_SIZE) };
         if count == 0 {
@@ -136,32 +135,19 @@ impl<T: Plain> CoherentAllocation<T> {
         unsafe { core::ptr::write_volatile(field, value) }
     }
 
-    /// Maps the whole allocation into `vma` (which must be exactly [`CoherentAllocation::size`]
-    /// bytes long).
-    ///
-    /// # Safety
-    ///
-    /// The caller must remove the mapping (`FileHandle::zap`) before this allocation is dropped.
-    pub(crate) unsafe fn mmap(&self, vma: &mut Vma) -> Result {
-        if vma.len() != self.size {
+    /// The page frame number of the page at byte `offset` (for a user mapping filled at fault
+    /// time); `EINVAL` past the allocation. The frame stays this allocation's until it drops:
+    /// whoever maps it must revoke the mapping first.
+    pub(crate) fn pfn(&self, offset: u64) -> Result<u64> {
+        let off = usize::try_from(offset).map_err(|_| EINVAL)?;
+        if off >= self.size {
             return Err(EINVAL);
         }
-        // dma_mmap_attrs reads vm_pgoff as an offset into the buffer; ours encodes the region.
-        let ret = vma.with_zero_pgoff(|raw| {
-            // SAFETY: `raw` is the VMA being set up (`Vma`'s invariant); the allocation is live
-            // and exactly as long as the VMA; the caller zaps the mapping before freeing it.
-            unsafe {
-                bindings::dma_mmap_attrs(
-                    self.dev.as_device_ptr(),
-                    raw,
-                    self.cpu.as_ptr().cast(),
-                    self.dma,
-                    self.size,
-                    0,
-                )
-            }
-        });
-        kernel::error::to_result(ret)
+        // SAFETY: `cpu + off` lies inside the live allocation (invariant, checked above). The
+        // page-table walk of `slow_virt_to_phys` serves both kinds of coherent memory the DMA
+        // API hands out: the linear map (dma-direct) and remapped pages (iommu-dma).
+        let phys = unsafe { bindings::slow_virt_to_phys(self.cpu.as_ptr().cast::<u8>().add(off).cast()) };
+        Ok(phys >> kernel::page::PAGE_SHIFT)
     }
 }
 

@@ -1,6 +1,9 @@
 //! The VMA that an `mmap` file operation sets up (shaped like upstream
-//! `kernel::mm::virt::VmaNew`, 6.16+: flags, offset, length, clearing `VM_MAYWRITE`).
+//! `kernel::mm::virt::VmaNew`, 6.16+: flags, offset, length, clearing `VM_MAYWRITE`), and the page
+//! fault that later fills it (VFIO's `vfio_pci_mmap_fault` pattern: pages are inserted at fault
+//! time under the lock that revocation takes, never at mmap time).
 
+use super::chrdev::VmOpsTable;
 use crate::bindings;
 use core::ptr::NonNull;
 use kernel::prelude::*;
@@ -9,6 +12,11 @@ use kernel::prelude::*;
 const VM_WRITE: u64 = bindings::VM_WRITE as u64;
 const VM_SHARED: u64 = bindings::VM_SHARED as u64;
 const VM_MAYWRITE: u64 = bindings::VM_MAYWRITE as u64;
+const VM_IO: u64 = bindings::VM_IO as u64;
+const VM_PFNMAP: u64 = bindings::VM_PFNMAP as u64;
+const VM_DONTEXPAND: u64 = bindings::VM_DONTEXPAND as u64;
+const VM_DONTCOPY: u64 = bindings::VM_DONTCOPY as u64;
+const VM_DONTDUMP: u64 = bindings::VM_DONTDUMP as u64;
 
 /// Page shift of `vm_pgoff`.
 const PAGE_SHIFT: u32 = kernel::page::PAGE_SHIFT as u32;
@@ -80,36 +88,117 @@ impl Vma {
         unsafe { (*self.raw()).__bindgen_anon_2.__vm_flags &= !(VM_MAYWRITE as bindings::vm_flags_t) };
     }
 
-    /// Runs `f` on the raw VMA with `vm_pgoff` reading 0, then restores it. `dma_mmap_attrs`
-    /// and `vm_iomap_memory` read `vm_pgoff` as an offset into the memory they map; ours encodes
-    /// which region is mapped, and the file offset is what later zaps match, so it must stay.
-    pub(super) fn with_zero_pgoff<R>(&mut self, f: impl FnOnce(*mut bindings::vm_area_struct) -> R) -> R {
+    /// Sets the VMA up to be filled at fault time by `ops` (whose `fault` inserts its pages
+    /// under the lock that revocation takes, so a revocation can never miss a mapping made a
+    /// moment earlier: VFIO's rule). `tag` is kept in `vm_private_data` for the fault handler
+    /// (the file offset of the region the VMA maps; a split VMA keeps it).
+    ///
+    /// Flags: `VM_IO | VM_PFNMAP` (raw page frames, no struct page references, never pinned by
+    /// get_user_pages), `VM_DONTEXPAND` (mremap cannot grow it past what was checked),
+    /// `VM_DONTCOPY` (a child made by fork inherits nothing), `VM_DONTDUMP`.
+    pub(crate) fn fill_on_fault(&mut self, ops: &'static VmOpsTable, tag: u64) {
         let raw = self.raw();
-        // SAFETY: the VMA is live and unshared (invariant).
-        let pgoff = unsafe { core::mem::replace(&mut (*raw).vm_pgoff, 0) };
-        let r = f(raw);
-        // SAFETY: the VMA is live and unshared for the whole `mmap` call (invariant).
-        unsafe { (*raw).vm_pgoff = pgoff };
-        r
+        // SAFETY: the VMA is not yet in the VMA tree (invariant), so it has no other user; the
+        // plain update is what `vm_flags_init` does for such a VMA. `ops` is a static that
+        // outlives every VMA.
+        unsafe {
+            (*raw).__bindgen_anon_2.__vm_flags |= (VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTCOPY | VM_DONTDUMP)
+                as bindings::vm_flags_t;
+            (*raw).vm_ops = ops.as_raw();
+            // CAST: a tag, never dereferenced.
+            (*raw).vm_private_data = tag as usize as *mut core::ffi::c_void;
+        }
     }
 
-    /// Maps `len` bytes of device memory at physical `phys` uncached (UC-).
-    ///
-    /// # Safety
-    ///
-    /// `[phys, phys + len)` must be MMIO the caller owns, and the caller must zap the mapping
-    /// before giving that MMIO up.
-    pub(super) unsafe fn map_io_uncached(&mut self, phys: u64, len: usize) -> Result {
+    /// Makes the pages this VMA gets uncached (UC-: MMIO such as doorbells).
+    pub(crate) fn set_uncached(&mut self) {
         // SAFETY: the VMA is live and not yet visible (invariant); adding the UC- cache bits to
         // its protection is what pgprot_noncached does on x86.
         unsafe {
             let uc = bindings::cachemode2protval(bindings::page_cache_mode__PAGE_CACHE_MODE_UC_MINUS);
             (*self.raw()).vm_page_prot.pgprot |= uc as bindings::pgprotval_t;
         }
-        let ret = self.with_zero_pgoff(|raw| {
-            // SAFETY: the caller owns the MMIO range; vm_iomap_memory checks the VMA fits it.
-            unsafe { bindings::vm_iomap_memory(raw, phys as _, len as _) }
-        });
-        kernel::error::to_result(ret)
+    }
+}
+
+/// A page fault in a VMA set up by [`Vma::fill_on_fault`].
+///
+/// # Invariants
+///
+/// `ptr` is the `vm_fault` of the `fault` callback running now (its VMA is live and read-locked
+/// for the call); a `Fault` is only lent to the handler and never outlives the call.
+pub(crate) struct Fault {
+    ptr: NonNull<bindings::vm_fault>,
+}
+
+impl Fault {
+    /// The handler's result: pages inserted, nothing for the core to map.
+    pub(super) const NOPAGE: bindings::vm_fault_t = bindings::vm_fault_reason_VM_FAULT_NOPAGE as bindings::vm_fault_t;
+    /// The handler's result: the mapping is revoked or invalid; the process gets SIGBUS.
+    pub(super) const SIGBUS: bindings::vm_fault_t = bindings::vm_fault_reason_VM_FAULT_SIGBUS as bindings::vm_fault_t;
+    /// The handler's result: out of memory.
+    pub(super) const OOM: bindings::vm_fault_t = bindings::vm_fault_reason_VM_FAULT_OOM as bindings::vm_fault_t;
+    /// The error bits of a `vm_fault_t` (`VM_FAULT_ERROR`).
+    const ERROR: bindings::vm_fault_t = (bindings::vm_fault_reason_VM_FAULT_OOM
+        | bindings::vm_fault_reason_VM_FAULT_SIGBUS
+        | bindings::vm_fault_reason_VM_FAULT_SIGSEGV
+        | bindings::vm_fault_reason_VM_FAULT_HWPOISON
+        | bindings::vm_fault_reason_VM_FAULT_HWPOISON_LARGE
+        | bindings::vm_fault_reason_VM_FAULT_FALLBACK) as bindings::vm_fault_t;
+
+    /// Wraps the `vm_fault` of the running `fault` callback.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must be the `vm_fault` passed to the `fault` callback running now, and the `Fault`
+    /// must not outlive that call.
+    pub(super) unsafe fn from_raw(ptr: NonNull<bindings::vm_fault>) -> Self {
+        // INVARIANT: the caller's contract.
+        Fault { ptr }
+    }
+
+    fn vma(&self) -> *mut bindings::vm_area_struct {
+        // SAFETY: the `vm_fault` is live for the call (invariant).
+        unsafe { (*self.ptr.as_ptr()).__bindgen_anon_1.vma }
+    }
+
+    /// The file the VMA maps (it holds a reference on it).
+    pub(super) fn file(&self) -> *mut bindings::file {
+        // SAFETY: the VMA is live and read-locked (invariant); `vm_file` does not change.
+        unsafe { (*self.vma()).vm_file }
+    }
+
+    /// The tag [`Vma::fill_on_fault`] stored.
+    pub(crate) fn tag(&self) -> u64 {
+        // SAFETY: as in `file`; `vm_private_data` was set at mmap and never changes.
+        unsafe { (*self.vma()).vm_private_data as usize as u64 }
+    }
+
+    /// Inserts a page frame for every page of the VMA (not only the faulting one, so a mapping
+    /// takes one fault in its life): `pfn_of(file offset)` names the frame that backs each
+    /// page, or fails (then nothing more is inserted and the error is returned). Call it under
+    /// the lock that revocation takes.
+    pub(crate) fn fill(&mut self, mut pfn_of: impl FnMut(u64) -> Result<u64>) -> Result {
+        let vma = self.vma();
+        // SAFETY: the VMA is live and read-locked (invariant): its bounds and offset are stable.
+        let (start, end, pgoff) = unsafe {
+            let a = (*vma).__bindgen_anon_1.__bindgen_anon_1;
+            (a.vm_start, a.vm_end, (*vma).vm_pgoff)
+        };
+        let mut addr = start;
+        while addr < end {
+            let off = ((pgoff as u64) << PAGE_SHIFT) + (addr - start) as u64;
+            let pfn = pfn_of(off)?;
+            // SAFETY: `addr` lies in the live, read-locked VMA, which is `VM_PFNMAP` and shared
+            // (set up by `fill_on_fault`, and `mmap` refuses private mappings), as
+            // vmf_insert_pfn requires; `pfn` backs memory the caller owns until it revokes the
+            // mapping (it holds the lock that revocation takes).
+            let ret = unsafe { bindings::vmf_insert_pfn(vma, addr as _, pfn as _) };
+            if ret & Self::ERROR != 0 {
+                return Err(if ret & Self::OOM != 0 { ENOMEM } else { EFAULT });
+            }
+            addr += 1 << PAGE_SHIFT;
+        }
+        Ok(())
     }
 }

@@ -24,6 +24,7 @@ pub(crate) mod mm;
 pub(crate) mod pci;
 pub(crate) mod pin;
 pub(crate) mod scatterlist;
+pub(crate) mod task;
 pub(crate) mod uaccess;
 
 /// Plain old data: may be copied from arbitrary bytes (user memory, memory a device wrote) and

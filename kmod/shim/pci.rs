@@ -6,7 +6,6 @@
 //! guards that undo themselves in reverse order when dropped.
 
 use super::io::IoMem;
-use super::mm::Vma;
 use crate::bindings;
 use core::marker::PhantomData;
 use core::ptr::NonNull;
@@ -110,6 +109,38 @@ impl Device {
     pub(super) fn as_device_ptr(&self) -> *mut bindings::device {
         // SAFETY: the device is live; taking the address of its embedded `struct device`.
         unsafe { core::ptr::addr_of_mut!((*self.as_raw()).dev) }
+    }
+
+    /// Where the MSI-X table and the pending-bit array live, when the device has MSI-X: for
+    /// each, (BAR index, byte offset, byte length), from the MSI-X capability in config space.
+    pub(crate) fn msix_structures(&self) -> Result<Option<[(u32, u64, u64); 2]>> {
+        // SAFETY: the device is live; a config-space walk without side effects.
+        let cap = unsafe { bindings::pci_find_capability(self.as_raw(), bindings::PCI_CAP_ID_MSIX as _) };
+        if cap == 0 {
+            return Ok(None);
+        }
+        let cap = i32::from(cap);
+        let mut flags: u16 = 0;
+        let (mut table, mut pba): (u32, u32) = (0, 0);
+        // SAFETY: the device is live; the out pointers are valid locals.
+        let rets = unsafe {
+            [
+                bindings::pci_read_config_word(self.as_raw(), cap + bindings::PCI_MSIX_FLAGS as i32, &mut flags),
+                bindings::pci_read_config_dword(self.as_raw(), cap + bindings::PCI_MSIX_TABLE as i32, &mut table),
+                bindings::pci_read_config_dword(self.as_raw(), cap + bindings::PCI_MSIX_PBA as i32, &mut pba),
+            ]
+        };
+        if rets.iter().any(|r| *r != 0) {
+            return Err(EIO);
+        }
+        let entries = u64::from(flags & bindings::PCI_MSIX_FLAGS_QSIZE as u16) + 1;
+        let bir = bindings::PCI_MSIX_TABLE_BIR;
+        let off = bindings::PCI_MSIX_TABLE_OFFSET;
+        Ok(Some([
+            // 16 bytes per table entry; one pending bit per vector, in 64-bit words.
+            (table & bir, u64::from(table & off), entries * 16),
+            (pba & bir, u64::from(pba & off), entries.div_ceil(64) * 8),
+        ]))
     }
 
     /// Sets the streaming and coherent DMA masks to `bits` bits.
@@ -216,21 +247,14 @@ pub(crate) struct Bar<const SIZE: usize> {
 }
 
 impl<const SIZE: usize> Bar<SIZE> {
-    /// Maps `[offset, offset + len)` of this BAR into `vma` (the mapping of an `mmap` call),
-    /// uncached; `EINVAL` when the range is empty or leaves the BAR.
-    ///
-    /// # Safety
-    ///
-    /// The caller must remove the user mapping (`FileHandle::zap`) before this `Bar` is dropped:
-    /// the BAR is given up then, and user space must not keep reaching it.
-    pub(crate) unsafe fn mmap_uncached(&self, vma: &mut Vma, offset: usize, len: usize) -> Result {
-        let end = offset.checked_add(len).ok_or(EINVAL)?;
-        if len == 0 || end > self.io.len() {
+    /// The page frame number of the page at byte `offset` of this BAR (for a user mapping
+    /// filled at fault time); `EINVAL` past the BAR. The BAR stays ours while `self` lives:
+    /// whoever maps the frame must revoke the mapping before dropping `self`.
+    pub(crate) fn pfn(&self, offset: u64) -> Result<u64> {
+        if offset >= self.io.len() as u64 {
             return Err(EINVAL);
         }
-        // SAFETY: the range lies inside this BAR, requested and owned by this driver while
-        // `self` lives; the caller zaps the mapping before dropping `self`.
-        unsafe { vma.map_io_uncached(self.phys + offset as u64, len) }
+        Ok((self.phys + offset) >> kernel::page::PAGE_SHIFT)
     }
 }
 

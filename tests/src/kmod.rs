@@ -22,7 +22,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "kmod_raw_io_udmabuf", variant: V, run: udmabuf_io },
         Test { name: "kmod_eventfd_signalled_by_msix", variant: V, run: eventfd_irq },
         Test { name: "kmod_bad_eventfd_arguments", variant: V, run: bad_eventfd },
-        Test { name: "kmod_reset_recreates_live_queues", variant: V, run: reset_keeps_queues },
+        Test { name: "kmod_reset_keeps_queue_pairs_for_rearm", variant: V, run: reset_keeps_queues },
         Test { name: "kmod_unbind_while_open_revokes_everything", variant: V, run: unbind_while_open },
         Test { name: "kmod_bad_dmabuf_fd_and_range", variant: V, run: bad_dmabuf },
         Test { name: "kmod_two_processes_one_controller", variant: V, run: two_processes },
@@ -212,6 +212,11 @@ pub fn child_main(args: &[String]) -> Result<()> {
             Ok(())
         }
         Some("syscall-free") => crate::userlib::syscall_free_child(&args[1]),
+        Some("storm") => crate::boundary::storm_child(&args[1], args[2].parse()?),
+        Some("ledger-writer") => {
+            crate::boundary::ledger_child(&args[1], args[2].parse()?, args[3].parse()?, args[4].parse()?, &args[5])
+        }
+        Some("memlock") => crate::boundary::memlock_child(&args[1]),
         Some("volume-writer") => crate::volume::writer_child(&args[1]),
         Some("crash-io") => crate::reliability::crash_child(&args[1], args[2].parse()?, args[3].parse()?),
         Some("touch-after-unbind") => {
@@ -692,9 +697,11 @@ fn reset_keeps_queues() -> Result<()> {
     let before = dev.status()?;
     dev.reset()?;
     let after = dev.status()?;
-    ensure_that!(after.epoch > before.epoch && after.resets == before.resets + 1, "{before:?} -> {after:?}");
-    ensure_that!(after.qpairs == 1 && after.registrations == 1 && after.faulted == 0, "{after:?}");
+    let (b, a) = (ControllerState(before.state), ControllerState(after.state));
+    ensure_that!(a.epoch() > b.epoch() && after.resets == before.resets + 1, "{before:?} -> {after:?}");
+    ensure_that!(after.qpairs == 1 && after.registrations == 1 && !a.faulted(), "{after:?}");
     qp.reset_ring();
+    dev.rearm_qpair(qp.qid)?;
     buf.bytes_mut().fill(0);
     qp.rw_sync(false, &ns, 777, &segs, 0, 16384)?;
     ensure_that!(buf.bytes() == &pattern(31, 16384)[..], "data after reset differs");

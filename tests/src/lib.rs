@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod boundary;
 pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
@@ -77,6 +78,7 @@ pub struct Test {
 pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
+    v.extend(boundary::tests());
     v.extend(userlib::tests());
     v.extend(owned::tests());
     v.extend(sgl::tests());

@@ -223,12 +223,17 @@ impl RawDev {
         let mut none = 0u64;
         ioctl_raw(self.fd(), IOCTL_RESET, &mut none).map(|_| ())
     }
+    /// Re-arms a queue pair after a reset.
+    pub fn rearm_qpair(&self, qid: u32) -> io::Result<()> {
+        let mut a = DeleteQpair { qid, reserved: 0 };
+        ioctl_raw(self.fd(), IOCTL_REARM_QPAIR, &mut a).map(|_| ())
+    }
     /// Reads the status page.
     pub fn status(&self) -> io::Result<StatusPage> {
         let m = Mapping::new(self.fd(), MMAP_STATUS, 4096, libc::PROT_READ)?;
-        let mut b = [0u8; 56];
+        let mut b = [0u8; core::mem::size_of::<StatusPage>()];
         m.read_bytes(0, &mut b);
-        Ok(StatusPage::read_from_bytes(&b[..]).expect("56 bytes"))
+        Ok(StatusPage::read_from_bytes(&b[..]).expect("a whole status page"))
     }
 }
 
@@ -317,11 +322,16 @@ impl RawQpair {
         self.tail = (self.tail + 1) % self.depth;
     }
 
-    /// Forgets ring state after a controller reset re-created the queues.
+    /// Forgets ring state after a controller reset (the caller re-arms the queue pair).
     pub fn reset_ring(&mut self) {
         self.tail = 0;
         self.head = 0;
         self.phase = true;
+    }
+
+    /// The SQ's mapping.
+    pub fn sq_mapping(&self) -> &Mapping {
+        &self.sq
     }
 
     /// Reads the first word of the SQ mapping (faults if the mapping was revoked).

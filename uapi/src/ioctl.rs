@@ -19,9 +19,21 @@
 //! | `ENOSPC` | no free queue id or registration slot |
 //! | `EIO` | the controller failed the admin command or is faulted |
 //! | `ENODEV` | the controller was unbound while this file was open |
+//! | `EPERM` | the file was opened by another process (inherited across `fork`, or passed over a socket): open the node again in this process |
+//! | `EBUSY` | (open) the node is held exclusively (`O_EXCL`) by another opener, or an exclusive open finds other openers |
+//! | `EACCES` | (doorbell mmap) the controller keeps its MSI-X table or PBA in the doorbell pages, which user space must never write |
+//! | `ENOMEM` | (registration) pinning would exceed `RLIMIT_MEMLOCK` (without `CAP_IPC_LOCK`) |
+//!
+//! # Lifetimes
+//! Every mapping is `VM_DONTCOPY` (a child made by `fork` inherits none) and is filled at fault
+//! time under the lock that revocation takes: once a queue pair is deleted, the controller reset
+//! or unbound, a mapping of what went away faults with `SIGBUS` instead of reaching freed memory.
+//! A reset leaves every queue pair deleted on the controller, its memory zeroed, until its owner
+//! re-creates it with `REARM_QPAIR`: a doorbell written with a tail computed before the reset
+//! names a queue the controller does not have.
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -42,6 +54,8 @@ pub mod errno {
     pub const EFAULT: i32 = 14;
     /// Busy.
     pub const EBUSY: i32 = 16;
+    /// Permission denied.
+    pub const EACCES: i32 = 13;
     /// No such device.
     pub const ENODEV: i32 = 19;
     /// Invalid argument.
@@ -201,7 +215,7 @@ pub struct CreateQpair {
 
 const _: () = assert!(core::mem::size_of::<CreateQpair>() == 88);
 
-/// `DELETE_QPAIR` argument.
+/// `DELETE_QPAIR` and `REARM_QPAIR` argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(
     feature = "zerocopy",
@@ -344,12 +358,10 @@ pub struct StatusPage {
     pub magic: u32,
     /// [`ABI_VERSION`].
     pub abi_version: u32,
-    /// Bumped by every controller reset; a change means outstanding commands were lost.
-    pub epoch: u64,
-    /// Non-zero while the controller is faulted (a reset is needed or in progress).
-    pub faulted: u32,
-    /// Must be zero.
-    pub reserved: u32,
+    /// The controller's epoch and fault flag in one word ([`ControllerState`]), so one load
+    /// sees both as the module last published them: a failed reset can never look like a clean
+    /// epoch change.
+    pub state: u64,
     /// Pages pinned for registrations, all files together.
     pub pinned_pages: u64,
     /// Live registrations.
@@ -358,6 +370,32 @@ pub struct StatusPage {
     pub qpairs: u64,
     /// Controller resets since probe.
     pub resets: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<StatusPage>() == 48);
+const _: () = assert!(core::mem::offset_of!(StatusPage, state) == 8);
+
+/// [`StatusPage::state`]: bit 0 is set while the controller is faulted (a reset is needed or in
+/// progress), bits 63:1 hold the epoch, bumped by every reset (a change means outstanding commands
+/// were lost and the queue pairs must be re-armed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ControllerState(pub u64);
+
+impl ControllerState {
+    /// The word for `epoch` (below 2^63) and `faulted`.
+    pub const fn new(epoch: u64, faulted: bool) -> Self {
+        ControllerState(epoch << 1 | faulted as u64)
+    }
+
+    /// The epoch.
+    pub const fn epoch(self) -> u64 {
+        self.0 >> 1
+    }
+
+    /// True while the controller is faulted.
+    pub const fn faulted(self) -> bool {
+        self.0 & 1 != 0
+    }
 }
 
 /// Value of [`StatusPage::magic`].
@@ -379,8 +417,13 @@ pub const IOCTL_GET_SEGMENTS: u32 = ioc(IOC_WRITE, 0x05, core::mem::size_of::<Ge
 pub const IOCTL_DEREGISTER: u32 = ioc(IOC_WRITE, 0x06, core::mem::size_of::<Deregister>());
 /// Request: attach or detach a queue's eventfd ([`SetEventfd`]).
 pub const IOCTL_SET_EVENTFD: u32 = ioc(IOC_WRITE, 0x07, core::mem::size_of::<SetEventfd>());
-/// Request: reset the controller (no argument).
+/// Request: reset the controller (no argument). Afterwards every queue pair is deleted on the
+/// controller (its memory zeroed) until its owner re-arms it.
 pub const IOCTL_RESET: u32 = ioc(IOC_NONE, 0x08, 0);
+/// Request: re-create a queue pair on the controller after a reset ([`DeleteQpair`] names it),
+/// its rings zeroed and empty; a no-op for a queue pair that is live. `EIO` while the controller
+/// is faulted.
+pub const IOCTL_REARM_QPAIR: u32 = ioc(IOC_WRITE, 0x09, core::mem::size_of::<DeleteQpair>());
 
 /// mmap region kinds, encoded in the offset by [`mmap_offset`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -138,6 +138,18 @@ fn identify_fields_decode() {
     assert_eq!(ns.size_lbas(), 1000);
 }
 
+/// Epoch and fault flag travel in one word, so a reader can never pair a new epoch with a stale
+/// fault flag (what two separately written fields allowed: a failed reset read as a clean one).
+#[test]
+fn controller_state_word_keeps_epoch_and_fault_together() {
+    for (epoch, faulted) in [(1, false), (2, true), (3, false), (u64::MAX >> 1, true)] {
+        let s = ControllerState::new(epoch, faulted);
+        assert_eq!((s.epoch(), s.faulted()), (epoch, faulted));
+    }
+    assert_eq!(core::mem::offset_of!(StatusPage, state) % 8, 0, "one aligned 8-byte load");
+    assert_ne!(ControllerState::new(2, true), ControllerState::new(2, false));
+}
+
 #[test]
 fn ioctl_structs_and_numbers() {
     assert_eq!(size_of::<DeviceInfo>(), 392);
@@ -151,7 +163,7 @@ fn ioctl_structs_and_numbers() {
     assert_eq!(size_of::<GetSegments>(), 24);
     assert_eq!(size_of::<Deregister>(), 8);
     assert_eq!(size_of::<SetEventfd>(), 8);
-    assert_eq!(size_of::<StatusPage>(), 56);
+    assert_eq!(size_of::<StatusPage>(), 48);
     // _IOR(0xD7, 0, 392) as the kernel's macros compute it.
     assert_eq!(IOCTL_GET_INFO, 2 << 30 | 392 << 16 | 0xD7 << 8);
     assert_eq!(IOCTL_RESET, 0xD7 << 8 | 8);
@@ -165,6 +177,7 @@ fn ioctl_structs_and_numbers() {
         IOCTL_DEREGISTER,
         IOCTL_SET_EVENTFD,
         IOCTL_RESET,
+        IOCTL_REARM_QPAIR,
     ];
     for (i, a) in all.iter().enumerate() {
         assert_eq!(a & 0xFF, i as u32, "request numbers are dense and distinct");

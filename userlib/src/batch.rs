@@ -130,7 +130,7 @@ impl QueueBatch {
         if depth > inner.info.max_queue_entries {
             return Err(Error::invalid("capacity", format!("at most {}", inner.info.max_queue_entries - 1)));
         }
-        let (epoch, _) = crate::queue::read_status(&inner.status);
+        let epoch = inner.status.state().epoch();
         let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch, inner.dptr)?;
         let timeout = inner.timeout;
         Ok(QueueBatch {

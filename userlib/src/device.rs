@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::mmio::{Doorbells, StatusView};
 #[doc(hidden)]
 pub use crate::queue::DptrCounts;
-use crate::queue::{self, QueuePair};
+use crate::queue::QueuePair;
 pub use crate::sgl::DataPointers;
 use crate::sys::{req, DeviceFd, EventFd};
 use std::cell::Cell;
@@ -41,6 +41,11 @@ pub struct DeviceOptions {
     /// PRPs or SGLs per command ([`DataPointers::Auto`] by default); SGLs only where the
     /// controller reports SGL support (Identify SGLS).
     pub data_pointers: DataPointers,
+    /// Open the controller exclusively: the module refuses every other opener while this device
+    /// is open, and refuses this open while others have it ([`Error::DeviceBusy`]). Openers of
+    /// one controller share one DMA trust domain (any of them can name any bus address in a
+    /// command); an exclusive open is the isolation a single tenant gets.
+    pub exclusive: bool,
 }
 
 impl Default for DeviceOptions {
@@ -51,13 +56,15 @@ impl Default for DeviceOptions {
             timeout: Duration::from_secs(30),
             interrupts: false,
             data_pointers: DataPointers::Auto,
+            exclusive: false,
         }
     }
 }
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub(crate) fd: DeviceFd,
+    /// Shared with every queue pair, which re-arms itself through it after a reset.
+    pub(crate) fd: Arc<DeviceFd>,
     pub(crate) info: DeviceInfo,
     pub(crate) status: StatusView,
     /// The doorbell page(s), shared by every queue pair of this open file.
@@ -80,7 +87,7 @@ pub struct Device {
 /// in interrupt mode also attaches an eventfd to its MSI-X vector. Its commands use PRPs or
 /// SGLs as `dptr` says.
 pub(crate) fn create_queue_pair(
-    fd: &DeviceFd,
+    fd: &Arc<DeviceFd>,
     depth: u32,
     interrupts: bool,
     doorbells: &Arc<Doorbells>,
@@ -223,7 +230,7 @@ impl Device {
                       `Storage::open` (the CLI's info, read and write accept them)",
             });
         }
-        let fd = DeviceFd::open(path)?;
+        let fd = Arc::new(DeviceFd::open(path, opts.exclusive)?);
         let mut info = DeviceInfo {
             abi_version: 0,
             instance: 0,
@@ -270,7 +277,7 @@ impl Device {
             return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
         }
         let status = StatusView::map(fd.raw())?;
-        let (epoch, _) = queue::read_status(&status);
+        let epoch = status.state().epoch();
         let db_len = (4096usize)
             .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
         let doorbells = Arc::new(Doorbells::map(fd.raw(), db_len)?);
@@ -354,9 +361,10 @@ impl Device {
         Ok(ns)
     }
 
-    /// The status page: (epoch, faulted).
+    /// The status page: (epoch, faulted), read together in one load.
     pub fn status(&self) -> (u64, bool) {
-        queue::read_status(&self.inner.status)
+        let s = self.inner.status.state();
+        (s.epoch(), s.faulted())
     }
 
     /// Counters from the status page.

@@ -14,6 +14,14 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The node is held exclusively by another opener, or an exclusive open found others.
+    #[error("{path} is busy: {why}")]
+    DeviceBusy {
+        /// The path.
+        path: String,
+        /// Why.
+        why: &'static str,
+    },
     /// A path given where a ugds node was expected is something else.
     #[error("{path} is {what}, not a ugds node (a character device of the class ugds_drv): {fix}")]
     NotUgdsNode {
@@ -226,6 +234,7 @@ impl Error {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             Error::AbiMismatch { .. } => libc::EPROTO,
+            Error::DeviceBusy { .. } => libc::EBUSY,
             Error::InvalidArgument { .. } => libc::EINVAL,
             Error::NoNamespace(_) | Error::NotUgdsNode { .. } => libc::ENODEV,
             Error::Nvme { .. } | Error::DeviceProtocol(_) | Error::Gpu { .. } => libc::EIO,

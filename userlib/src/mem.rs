@@ -86,7 +86,11 @@ impl DeviceShared {
     /// (0 where the module does not report one: SQ and CQ).
     pub(crate) fn map(fd: i32, offset: u64, len: usize, bus: u64, what: &'static str) -> Result<Self> {
         // INVARIANT: mapped readable and writable.
-        Ok(DeviceShared { map: Mmap::shared(fd, offset, len, true, what)?, bus })
+        let m = DeviceShared { map: Mmap::shared(fd, offset, len, true, what)?, bus };
+        // The module fills a mapping on its first fault (all of it at once): take that fault
+        // here, at setup, so the data path never does.
+        m.load32(0);
+        Ok(m)
     }
 
     /// The bus address of byte `off` (crate-private: only commands carry bus addresses).

@@ -7,7 +7,7 @@ use std::io;
 use std::mem::{offset_of, size_of};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use ugds_uapi::ioctl::{StatusPage, MMAP_DOORBELLS, MMAP_STATUS};
+use ugds_uapi::ioctl::{ControllerState, StatusPage, MMAP_DOORBELLS, MMAP_STATUS};
 
 /// An owned mapping of `len` bytes, unmapped on drop. It has no accessors of its own: the typed
 /// views ([`Doorbells`], [`StatusView`], [`crate::mem::DeviceShared`], [`crate::mem::HostMemory`])
@@ -155,7 +155,10 @@ impl StatusView {
     /// Maps the status page of an open `/dev/ugds_drvN`.
     pub(crate) fn map(fd: i32) -> Result<Self> {
         // INVARIANT: one page, larger than `StatusPage`.
-        Ok(StatusView { map: Mmap::shared(fd, MMAP_STATUS, 4096, false, "mmap status page")? })
+        let v = StatusView { map: Mmap::shared(fd, MMAP_STATUS, 4096, false, "mmap status page")? };
+        // The module fills its mappings at the first fault: take it now, not on the data path.
+        v.load32(offset_of!(StatusPage, magic));
+        Ok(v)
     }
 
     /// A status page over any shared memory object (the device model's).
@@ -180,16 +183,11 @@ impl StatusView {
         u64::from_le(unsafe { std::ptr::read_volatile(self.map.ptr().add(off).cast::<u64>()) })
     }
 
-    /// The controller epoch (bumped by every reset).
+    /// The controller's epoch and fault flag, read in one load: both as the module last
+    /// published them (see [`ControllerState`]).
     #[inline]
-    pub fn epoch(&self) -> u64 {
-        self.load64(offset_of!(StatusPage, epoch))
-    }
-
-    /// True while the controller is faulted.
-    #[inline]
-    pub fn faulted(&self) -> bool {
-        self.load32(offset_of!(StatusPage, faulted)) != 0
+    pub fn state(&self) -> ControllerState {
+        ControllerState(self.load64(offset_of!(StatusPage, state)))
     }
 
     /// Every field, each read once.
@@ -197,9 +195,7 @@ impl StatusView {
         StatusPage {
             magic: self.load32(offset_of!(StatusPage, magic)),
             abi_version: self.load32(offset_of!(StatusPage, abi_version)),
-            epoch: self.epoch(),
-            faulted: self.load32(offset_of!(StatusPage, faulted)),
-            reserved: 0,
+            state: self.state().0,
             pinned_pages: self.load64(offset_of!(StatusPage, pinned_pages)),
             registrations: self.load64(offset_of!(StatusPage, registrations)),
             qpairs: self.load64(offset_of!(StatusPage, qpairs)),

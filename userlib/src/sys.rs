@@ -132,8 +132,13 @@ pub mod req {
         SetEventfd, abi::IOCTL_SET_EVENTFD, abi::SetEventfd, safe
     );
     request!(
-        /// Reset the controller (disable, wait for CSTS.RDY=0, re-enable, re-create the queues).
+        /// Reset the controller (disable, wait for CSTS.RDY=0, re-enable); every queue pair is
+        /// left deleted on the controller until its owner re-arms it.
         Reset, abi::IOCTL_RESET, (), safe
+    );
+    request!(
+        /// Re-create a queue pair on the controller after a reset, its rings zeroed.
+        RearmQpair, abi::IOCTL_REARM_QPAIR, abi::DeleteQpair, safe
     );
 }
 
@@ -142,13 +147,26 @@ pub mod req {
 pub struct DeviceFd(OwnedFd);
 
 impl DeviceFd {
-    /// Opens the node read-write.
-    pub fn open(path: &str) -> Result<Self> {
+    /// Opens the node read-write, close-on-exec (a program it executes gets nothing of it);
+    /// `exclusive`: with `O_EXCL`, so the module refuses every other opener while this one is
+    /// open (`EBUSY`), and this open while others are.
+    pub fn open(path: &str, exclusive: bool) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_CLOEXEC | if exclusive { libc::O_EXCL } else { 0 })
             .open(path)
-            .map_err(|source| Error::Open { path: path.to_string(), source })?;
+            .map_err(|source| match source.raw_os_error() {
+                Some(libc::EBUSY) if exclusive => Error::DeviceBusy {
+                    path: path.to_string(),
+                    why: "other processes have it open, and an exclusive open needs it alone",
+                },
+                Some(libc::EBUSY) => {
+                    Error::DeviceBusy { path: path.to_string(), why: "another process holds it exclusively" }
+                }
+                _ => Error::Open { path: path.to_string(), source },
+            })?;
         Ok(DeviceFd(f.into()))
     }
 

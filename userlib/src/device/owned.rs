@@ -37,7 +37,7 @@ impl Namespace {
     /// namespace's deadline. Fails when the controller has no queue pair left.
     pub(crate) fn owned_queue(&self) -> Result<OwnedQueuePair> {
         let dev = &self.dev;
-        let (epoch, _) = crate::queue::read_status(&dev.status);
+        let epoch = dev.status.state().epoch();
         let qp = create_queue_pair(&dev.fd, self.queue_depth(), self.interrupts(), &dev.doorbells, epoch, dev.dptr)?;
         Ok(OwnedQueuePair { qp, ns: self.clone(), _not_sync: PhantomData })
     }

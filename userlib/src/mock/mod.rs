@@ -37,7 +37,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use ugds_uapi::ioctl::{CreateQpair, Segment, StatusPage, ABI_VERSION, STATUS_MAGIC};
+use ugds_uapi::ioctl::{ControllerState, CreateQpair, Segment, StatusPage, ABI_VERSION, STATUS_MAGIC};
 
 /// Bus address of the mock's PRP-list pool.
 const PRP_BUS: u64 = 0x10_0000_0000;
@@ -258,7 +258,7 @@ impl MockQueue {
         let dstatus = DeviceShared::map(stfd.as_raw_fd(), 0, 4096, 0, "mock")?;
         dstatus.store32(std::mem::offset_of!(StatusPage, magic), STATUS_MAGIC);
         dstatus.store32(std::mem::offset_of!(StatusPage, abi_version), ABI_VERSION);
-        dstatus.store64(std::mem::offset_of!(StatusPage, epoch), 1);
+        dstatus.store64(std::mem::offset_of!(StatusPage, state), ControllerState::new(1, false).0);
         let args = CreateQpair {
             depth: cfg.depth,
             qid: 1,
@@ -331,6 +331,11 @@ impl MockQueue {
         }
     }
 
+    /// The first 8 bytes (opcode, command id, namespace) of SQ slot `slot`, as the device sees it.
+    pub fn sq_word(&self, slot: usize) -> u64 {
+        self.model().sq.load64(slot * 64)
+    }
+
     /// Copies `len` bytes of host memory at `off` (dword aligned, a whole number of dwords).
     pub fn host_read(&self, off: usize, len: usize) -> Vec<u8> {
         (0..len / 4).flat_map(|i| self.host.load32(off + 4 * i).to_le_bytes()).collect()
@@ -365,13 +370,16 @@ impl MockQueue {
 
     /// Sets or clears the status page's faulted flag.
     pub fn set_faulted(&self, on: bool) {
-        self.model().status.store32(std::mem::offset_of!(StatusPage, faulted), on as u32);
+        let m = self.model();
+        let off = std::mem::offset_of!(StatusPage, state);
+        let s = ControllerState(m.status.load64(off));
+        m.status.store64(off, ControllerState::new(s.epoch(), on).0);
     }
 
     /// Resets the controller as the module does: the queue is re-created empty (its commands
     /// are lost) and the epoch moves on.
     pub fn reset_controller(&self) {
-        self.model().reset(std::mem::offset_of!(StatusPage, epoch));
+        self.model().reset(std::mem::offset_of!(StatusPage, state));
     }
 }
 

@@ -536,7 +536,7 @@ impl Model {
 
     /// A controller reset: the queue is re-created empty (CQ zeroed, doorbells at 0), queued
     /// completions are dropped, and the epoch moves on.
-    pub(super) fn reset(&mut self, epoch_off: usize) {
+    pub(super) fn reset(&mut self, state_off: usize) {
         for i in 0..self.depth as usize * CQE_BYTES / 4 {
             self.cq.store32(4 * i, 0);
         }
@@ -545,7 +545,7 @@ impl Model {
         self.pending.clear();
         self.script.clear();
         (self.sq_head, self.cq_tail, self.phase) = (0, 0, true);
-        let e = self.status.load64(epoch_off);
-        self.status.store64(epoch_off, e + 1);
+        let s = ugds_uapi::ioctl::ControllerState(self.status.load64(state_off));
+        self.status.store64(state_off, ugds_uapi::ioctl::ControllerState::new(s.epoch() + 1, s.faulted()).0);
     }
 }

@@ -173,27 +173,26 @@ fn the_device_waits_for_cq_room_released_by_the_head_doorbell() {
     let read = |k: u64| Read::new(k, 1, dma(&m, k * 4096, 4096)).build();
     let mut cids = [0u16; 3];
     m.qp.submit(1, &[read(0), read(1), read(2)], &m.status, T, &mut cids).unwrap();
-    assert_eq!(cids, [0, 1, 2]);
+    assert_eq!(cids, [1, 2, 3]);
     assert_eq!(m.step(), 3, "a 4-entry CQ holds 3");
     // Take one completion only: the head doorbell releases one slot.
     {
         let mut it = m.qp.completions(&m.status).unwrap();
-        assert_eq!(it.next().unwrap().unwrap(), Completion { cid: 0, status: Status::SUCCESS });
+        assert_eq!(it.next().unwrap().unwrap(), Completion { cid: 1, status: Status::SUCCESS });
     }
     assert_eq!(m.doorbells().1, 1);
-    // Two more commands (ids 0 and 3 are free): the device fetches both but has room for one.
-    let mut more = [0u16; 2];
-    m.qp.submit(1, &[read(3), read(4)], &m.status, T, &mut more).unwrap();
+    // One more command (id 1 is free again): the released slot takes its completion. A queue
+    // of depth N has N - 1 command ids, as many as its CQ holds, so the device never has a
+    // completion without room for it.
+    let mut more = [0u16; 1];
+    m.qp.submit(1, &[read(3)], &m.status, T, &mut more).unwrap();
+    assert_eq!(more, [1]);
     assert_eq!(m.step(), 1);
-    assert_eq!(m.stats().fetched, 5);
-    assert!(m.stats().cq_full > 0);
-    assert_eq!(m.step(), 0, "still no room");
-    // The unreleased entries are intact, in order, and the one that fit follows them.
+    assert_eq!(m.stats().fetched, 4);
+    assert_eq!(m.stats().cq_full, 0);
+    // The unreleased entries are intact, in order, and the new one follows them.
     let got: Vec<u16> = m.qp.completions(&m.status).unwrap().map(|c| c.unwrap().cid).collect();
-    assert_eq!(got, vec![1, 2, more[0]]);
-    assert_eq!(m.step(), 1, "room again");
-    let got: Vec<u16> = m.qp.completions(&m.status).unwrap().map(|c| c.unwrap().cid).collect();
-    assert_eq!(got, vec![more[1]]);
+    assert_eq!(got, vec![2, 3, 1]);
 }
 
 #[test]
@@ -296,12 +295,13 @@ fn a_command_never_completed_times_out_and_keeps_its_id() {
     let m = MockQueue::new(4, Behaviour::Script(vec![Fault::Never])).unwrap();
     let e = m.qp.execute(1, &[Flush::new().build()], &m.status, Duration::from_millis(200)).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
-    // Its id (and PRP page) is not reused: three ids are left for the next burst, not four.
+    // Its id (and PRP page) is not reused: two ids are left for the next burst, not three (a
+    // 4-entry queue has ids 1..=3; id 0 is never handed out).
     for _ in 0..20 {
         m.qp.execute(1, &[Flush::new().build(), Flush::new().build()], &m.status, T).unwrap();
     }
     let sub = m.qp.submission(1, &m.status).unwrap();
-    assert_eq!(sub.space(), 3);
+    assert_eq!(sub.space(), 2);
 }
 
 #[test]
@@ -337,17 +337,40 @@ fn unknown_cid_is_a_protocol_error_not_ub() {
 
 #[test]
 fn duplicate_completion_is_a_protocol_error() {
-    // cid 0 is what the first command gets; completing it twice must be caught.
-    let m = MockQueue::new(8, Behaviour::Hostile(vec![HostileCqe { cid: 0, sq_head: 1, status: 0 }])).unwrap();
+    // cid 1 is what the first command gets; completing it twice must be caught.
+    let m = MockQueue::new(8, Behaviour::Hostile(vec![HostileCqe { cid: 1, sq_head: 1, status: 0 }])).unwrap();
     let e = m.qp.execute(1, &[read(&m, 0, 4096)], &m.status, T).unwrap_err();
     assert!(matches!(e, Error::DeviceProtocol(_)), "{e:?}");
 }
 
 #[test]
 fn an_sq_head_past_the_tail_is_a_protocol_error() {
-    let m = MockQueue::new(8, Behaviour::Hostile(vec![HostileCqe { cid: 0, sq_head: 5, status: 0 }])).unwrap();
+    let m = MockQueue::new(8, Behaviour::Hostile(vec![HostileCqe { cid: 1, sq_head: 5, status: 0 }])).unwrap();
     let e = m.qp.execute(1, &[read(&m, 0, 4096)], &m.status, T).unwrap_err();
     assert!(matches!(&e, Error::DeviceProtocol(s) if s.contains("SQ head 5")), "{e:?}");
+}
+
+#[test]
+fn a_completion_for_command_id_0_is_a_stray_and_ignored_with_its_sq_head() {
+    // What a zeroed slot run through a stray tail write completes as: command id 0 and an SQ
+    // head anywhere. It names no command of ours: the read still completes by itself.
+    let m = MockQueue::new(8, Behaviour::Hostile(vec![HostileCqe { cid: 0, sq_head: 5, status: 0x4002 }])).unwrap();
+    let want = data(3, 4096);
+    m.host_write(0, &want);
+    m.qp.execute(1, &[Write::new(2, 1, dma(&m, 0, 4096)).build()], &m.status, T).unwrap();
+    m.qp.execute(1, &[read(&m, 8192, 4096)], &m.status, T).unwrap();
+}
+
+#[test]
+fn completed_sq_entries_are_disarmed_so_a_stray_tail_replays_nothing() {
+    let m = MockQueue::new(8, Behaviour::Honest).unwrap();
+    let cmds: Vec<_> = (0..5u64).map(|k| Write::new(k, 1, dma(&m, 0, 4096)).build()).collect();
+    m.qp.execute(1, &cmds, &m.status, T).unwrap();
+    // Every slot the controller fetched now starts with 8 zero bytes: opcode 0 (Flush), command
+    // id 0, namespace 0, which a controller fails without touching memory.
+    for slot in 0..5 {
+        assert_eq!(m.sq_word(slot), 0, "slot {slot} still holds its command");
+    }
 }
 
 #[test]

@@ -6,6 +6,8 @@
 const FREE: u32 = 0;
 const BUSY: u32 = 1;
 const DONE: u32 = 2;
+/// Id 0: reserved, never handed out.
+const BUSY_NEVER: u32 = 3;
 
 /// The id table.
 ///
@@ -27,13 +29,21 @@ impl std::fmt::Debug for Cids {
 }
 
 impl Cids {
-    /// Ids `0..n` (`n <= 65536`), all free; id 0 is handed out first.
+    /// Ids `1..n` (`n <= 65536`), all free; id 1 is handed out first. Id 0 is never handed
+    /// out: it is what a zeroed (disarmed) SQ entry carries, so its completion names no command
+    /// (`n - 1` ids are as many as a queue of depth `n` holds at once).
     pub(crate) fn new(n: u32) -> Self {
-        let n = n.min(65536);
+        let n = n.clamp(1, 65536);
         // CAST: ids below n <= 65536 fit u16.
-        let free = (0..n).rev().map(|i| i as u16).collect();
-        // INVARIANT: every id free and on the stack once.
-        Cids { free, nfree: n as usize, state: vec![FREE; n as usize].into_boxed_slice() }
+        let mut free: Box<[u16]> = (0..n).rev().map(|i| i as u16).collect();
+        // Slot 0 of the stack holds id n-1... down to id 0 on top: drop id 0 from the stack.
+        let nfree = n as usize - 1;
+        free[nfree] = 0;
+        let mut state = vec![FREE; n as usize].into_boxed_slice();
+        // Id 0 is never free, never in flight: completions for it are strays.
+        state[0] = BUSY_NEVER;
+        // INVARIANT: every id but 0 free and on the stack once.
+        Cids { free, nfree, state }
     }
 
     /// Free ids.
@@ -88,7 +98,7 @@ impl Cids {
     #[inline]
     pub(crate) fn release(&mut self, cid: u16) -> bool {
         match self.state.get(cid as usize) {
-            Some(s) if *s != FREE => {
+            Some(s) if *s != FREE && *s != BUSY_NEVER => {
                 self.put(cid);
                 true
             }
@@ -115,20 +125,21 @@ mod tests {
 
     #[test]
     fn ids_cycle_through_their_states_once() {
-        let mut c = Cids::new(3);
-        assert_eq!([c.alloc(), c.alloc(), c.alloc(), c.alloc()], [Some(0), Some(1), Some(2), None]);
-        assert!(c.in_flight(1) && !c.in_flight(3));
-        assert!(c.complete(1, 0x7FFF));
-        assert!(!c.complete(1, 0), "duplicate");
+        let mut c = Cids::new(4);
+        assert_eq!([c.alloc(), c.alloc(), c.alloc(), c.alloc()], [Some(1), Some(2), Some(3), None]);
+        assert!(c.in_flight(1) && !c.in_flight(4));
+        assert!(!c.in_flight(0) && !c.complete(0, 0) && !c.release(0), "id 0 is never a command");
+        assert!(c.complete(2, 0x7FFF));
+        assert!(!c.complete(2, 0), "duplicate");
         assert!(!c.complete(9, 0), "unknown");
-        assert_eq!(c.take(0), None, "still in flight");
-        assert_eq!(c.take(1), Some(0x7FFF));
-        assert_eq!(c.take(1), None, "taken once");
-        assert!(c.release(2) && !c.release(2));
+        assert_eq!(c.take(1), None, "still in flight");
+        assert_eq!(c.take(2), Some(0x7FFF));
+        assert_eq!(c.take(2), None, "taken once");
+        assert!(c.release(3) && !c.release(3));
         assert_eq!(c.available(), 2);
-        assert_eq!(c.alloc(), Some(2));
+        assert_eq!(c.alloc(), Some(3));
         c.reset();
         assert_eq!(c.available(), 3);
-        assert_eq!(c.alloc(), Some(0));
+        assert_eq!(c.alloc(), Some(1));
     }
 }

@@ -50,8 +50,14 @@ pub struct Rings {
     epoch: u64,
     /// A protocol violation was seen: the queue is unusable until the controller is reset.
     broken: bool,
+    /// The queue exists on the controller. A reset deletes every queue there; the first user of
+    /// the new epoch re-arms it while it holds the rings, so no submitter of the old epoch can
+    /// still write a tail into the re-created queue.
+    armed: bool,
     /// Polls that found nothing since the epoch was last read.
     idle: u32,
+    /// Completions for command id 0 (zeroed slots run through a stray tail write), ignored.
+    strays: u64,
     /// Transfers written, by data pointer.
     dptr: DptrCounts,
 }
@@ -110,17 +116,26 @@ struct Core {
     /// Interrupt mode: the eventfd the queue's MSI-X vector signals; waiters poll once, then
     /// sleep on it.
     irq: Option<EventFd>,
+    /// The module's file, to re-arm the queue after a reset (`None` over the device model,
+    /// which re-creates its queue itself).
+    fd: Option<Arc<DeviceFd>>,
 }
 
-/// Reads the status page's epoch and faulted flag.
-pub fn read_status(status: &StatusView) -> (u64, bool) {
-    (status.epoch(), status.faulted())
+impl Core {
+    /// Re-creates the queue on the controller after a reset (`REARM_QPAIR`). Only ever called
+    /// with the rings held, i.e. by the queue's only submitter at that moment.
+    #[cold]
+    fn rearm(&self) -> Result<()> {
+        let Some(fd) = &self.fd else { return Ok(()) };
+        let mut a = ugds_uapi::ioctl::DeleteQpair { qid: u32::from(self.qid), reserved: 0 };
+        fd.ioctl(crate::sys::req::RearmQpair, &mut a).map(drop)
+    }
 }
 
 impl QueuePair {
     /// Maps the SQ, CQ and PRP pool of a queue pair that `CREATE_QPAIR` returned in `args`.
     pub(crate) fn map(
-        fd: &DeviceFd,
+        fd: &Arc<DeviceFd>,
         args: &CreateQpair,
         doorbells: &Arc<Doorbells>,
         epoch: u64,
@@ -131,7 +146,9 @@ impl QueuePair {
         let sq = DeviceShared::map(fd.raw(), args.sq_offset, args.sq_size as usize, 0, "mmap SQ")?;
         let cq = DeviceShared::map(fd.raw(), args.cq_offset, args.cq_size as usize, 0, "mmap CQ")?;
         let prp = DeviceShared::map(fd.raw(), args.prp_offset, args.prp_size as usize, args.prp_dma, "mmap PRP pool")?;
-        Self::new(args, sq, cq, prp, doorbells, epoch, irq, policy)
+        let mut qp = Self::new(args, sq, cq, prp, doorbells, epoch, irq, policy)?;
+        qp.core.fd = Some(fd.clone());
+        Ok(qp)
     }
 
     /// Wraps a queue pair's mapped regions; checks that they hold `args.depth` entries (and
@@ -156,26 +173,23 @@ impl QueuePair {
         }
         // CAST: queue ids are 16-bit in NVMe.
         let qid = u16::try_from(args.qid).map_err(|_| bad("queue id out of range"))?;
+        // The module maps its doorbells at the first fault: take it now, at setup. Both values
+        // are the empty queue's own (tail 0, head 0), so the controller sees no change.
+        let (sq_db, cq_db) = (doorbells.doorbell(args.sq_doorbell)?, doorbells.doorbell(args.cq_doorbell)?);
+        sq_db.ring(0);
+        cq_db.ring(0);
         // INVARIANT: memory sizes checked above; both rings have `depth` slots.
         Ok(QueuePair {
-            core: Core {
-                qid,
-                depth,
-                sq_mem,
-                cq_mem,
-                prp,
-                sq_db: doorbells.doorbell(args.sq_doorbell)?,
-                cq_db: doorbells.doorbell(args.cq_doorbell)?,
-                policy,
-                irq,
-            },
+            core: Core { qid, depth, sq_mem, cq_mem, prp, sq_db, cq_db, policy, irq, fd: None },
             rings: Mutex::new(Rings {
                 sq,
                 cq,
                 cids: Cids::new(depth),
                 epoch,
                 broken: false,
+                armed: true,
                 idle: 0,
+                strays: 0,
                 dptr: DptrCounts::default(),
             }),
         })
@@ -206,7 +220,7 @@ impl QueuePair {
     /// module re-created the queue empty; our timed-out commands are gone).
     pub fn resync(&self, status: &StatusView) {
         let mut r = self.lock();
-        let _ = check_epoch(&mut r, status);
+        let _ = check_epoch(&self.core, &mut r, status);
     }
 
     /// Opens a submission for namespace `nsid`: checks the epoch (once for the whole burst)
@@ -215,7 +229,7 @@ impl QueuePair {
     #[inline]
     pub fn submission(&self, nsid: u32, status: &StatusView) -> Result<Submission<'_>> {
         let mut rings = self.lock();
-        check_epoch(&mut rings, status)?;
+        check_epoch(&self.core, &mut rings, status)?;
         Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
     }
 
@@ -223,7 +237,7 @@ impl QueuePair {
     #[inline]
     pub fn submission_owned(&mut self, nsid: u32, status: &StatusView) -> Result<Submission<'_, &mut Rings>> {
         let rings = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
-        check_epoch(rings, status)?;
+        check_epoch(&self.core, rings, status)?;
         Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
     }
 
@@ -233,7 +247,7 @@ impl QueuePair {
     #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn completions(&self, status: &StatusView) -> Result<reap::Completions<'_>> {
         let mut rings = self.lock();
-        check_epoch(&mut rings, status)?;
+        check_epoch(&self.core, &mut rings, status)?;
         Ok(reap::Completions::new(&self.core, rings))
     }
 
@@ -389,28 +403,48 @@ impl QueuePair {
     }
 }
 
-/// Checks the controller's epoch and fault flag against the rings'. On a new epoch the
-/// controller re-created this queue empty: the rings start over and the caller learns that
-/// its commands were lost.
+/// Checks the controller's epoch and fault flag against the rings' (one load: the module
+/// publishes both in one word). On a new epoch the controller lost this queue: the rings start
+/// over, the queue is re-armed (zeroed and re-created on the controller) and the caller learns
+/// that its commands were lost. The caller holds the rings, so no other submitter of this queue
+/// can be between its own epoch check and its doorbell write.
 #[inline]
-fn check_epoch(r: &mut Rings, status: &StatusView) -> Result<()> {
-    if status.faulted() {
+fn check_epoch(core: &Core, r: &mut Rings, status: &StatusView) -> Result<()> {
+    let s = status.state();
+    if s.faulted() {
         return Err(Error::DeviceFaulted);
     }
-    let epoch = status.epoch();
-    if epoch != r.epoch {
-        let old = r.epoch;
-        r.sq.reset();
-        r.cq.reset();
-        r.cids.reset();
-        r.epoch = epoch;
-        r.broken = false;
-        return Err(Error::EpochChanged { old, new: epoch });
+    if s.epoch() != r.epoch {
+        return Err(new_epoch(core, r, s.epoch()));
     }
-    if r.broken {
-        return Err(Error::DeviceFaulted);
+    if r.broken || !r.armed {
+        return not_ready(core, r);
     }
     Ok(())
+}
+
+/// The rings of a new epoch: start over and re-arm (a failed re-arm is retried by the next
+/// user).
+#[cold]
+fn new_epoch(core: &Core, r: &mut Rings, epoch: u64) -> Error {
+    let old = r.epoch;
+    r.sq.reset();
+    r.cq.reset();
+    r.cids.reset();
+    r.epoch = epoch;
+    r.broken = false;
+    r.armed = core.rearm().is_ok();
+    Error::EpochChanged { old, new: epoch }
+}
+
+/// A broken queue (until a reset), or one whose re-arm failed: retry that.
+#[cold]
+fn not_ready(core: &Core, r: &mut Rings) -> Result<()> {
+    if !r.broken && core.rearm().is_ok() {
+        r.armed = true;
+        return Ok(());
+    }
+    Err(Error::DeviceFaulted)
 }
 
 /// Reaps the rings, then collects the statuses of `cids` (see [`QueuePair::collect_tagged`]).

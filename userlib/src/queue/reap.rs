@@ -4,7 +4,9 @@
 
 use super::{check_epoch, Core, Rings};
 use crate::error::{Error, Result};
+use crate::mem::QueueMemory;
 use crate::mmio::StatusView;
+use crate::ring::sq::SQE_BYTES;
 use std::sync::MutexGuard;
 use ugds_uapi::Status;
 
@@ -20,6 +22,9 @@ pub struct Completion {
     /// Its status.
     pub status: Status,
 }
+
+/// A completion of one of our commands: its id, raw status field and the SQ head it reports.
+type Reaped = (u16, u16, u16);
 
 /// What was wrong with a completion entry (kept small: it is returned per entry).
 #[derive(Debug, Clone, Copy)]
@@ -49,29 +54,48 @@ impl Violation {
 /// the caller (`hand_out: true`); a bad one marks the queue broken. Each `Some` means one entry
 /// was consumed. Returns the command id, the raw status field and the SQ head the entry
 /// reports (checked by the caller: see [`apply_sq_head`]).
+///
+/// Command id 0 is never handed out: an entry for it is the controller running a zeroed slot
+/// (an SQ entry the library disarmed after it completed) because something else wrote this
+/// queue's tail doorbell (another process of the controller's trust domain, or a stale tail
+/// after a reset). It is consumed, counted and otherwise ignored (`Ok(None)`), its SQ head too.
 #[inline(always)]
-fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<(u16, u16, u16), Violation>> {
+fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<Option<Reaped>, Violation>> {
     let e = r.cq.pop(&qp.cq_mem)?;
     let cid = e.cid;
+    if cid == 0 {
+        r.strays += 1;
+        return Some(Ok(None));
+    }
     let ok = if hand_out { r.cids.in_flight(cid) && r.cids.release(cid) } else { r.cids.complete(cid, e.status) };
     if !ok {
         r.broken = true;
         return Some(Err(Violation::Cid(cid)));
     }
-    Some(Ok((cid, e.status, e.sq_head)))
+    Some(Ok(Some((cid, e.status, e.sq_head))))
 }
 
 /// Moves the SQ head to what a completion reported; it must lie inside what was submitted,
 /// else the queue is broken. A reap applies only its last entry's head: each entry's head
 /// supersedes the ones before it, and the SQ's free slots are only read after the reap.
+///
+/// The controller has fetched every entry before `head`: each is disarmed (its first 8 bytes,
+/// opcode, command id and namespace, zeroed: a Flush of no namespace, which the controller fails
+/// without touching memory), so a stray tail doorbell write replays no old command. One store
+/// per command.
 #[inline(always)]
-fn apply_sq_head(r: &mut Rings, head: u16) -> std::result::Result<(), Violation> {
-    if r.sq.set_head(head) {
-        Ok(())
-    } else {
+fn apply_sq_head(qp: &Core, r: &mut Rings, head: u16) -> std::result::Result<(), Violation> {
+    let old = r.sq.head();
+    if !r.sq.set_head(head) {
         r.broken = true;
-        Err(Violation::SqHead(head))
+        return Err(Violation::SqHead(head));
     }
+    let mut i = old;
+    while i != head {
+        qp.sq_mem.store64(i as usize * SQE_BYTES, 0);
+        i = if u32::from(i) + 1 == qp.depth { 0 } else { i + 1 };
+    }
+    Ok(())
 }
 
 /// Releases `n` consumed CQ slots to the device with one head doorbell write.
@@ -90,16 +114,17 @@ pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Resul
     if r.broken || !r.cq.ready(&qp.cq_mem) {
         r.idle = r.idle.wrapping_add(1);
         if r.broken || r.idle.is_multiple_of(IDLE_POLLS_PER_EPOCH_CHECK) {
-            check_epoch(r, status)?;
+            check_epoch(qp, r, status)?;
         }
         return Ok(0);
     }
-    check_epoch(r, status)?;
+    check_epoch(qp, r, status)?;
     let (mut consumed, mut bad, mut head) = (0u32, None, None);
     while let Some(c) = reap_one(qp, r, false) {
         consumed += 1;
         match c {
-            Ok((_, _, h)) => head = Some(h),
+            Ok(Some((_, _, h))) => head = Some(h),
+            Ok(None) => {}
             Err(v) => {
                 bad = Some(v);
                 break;
@@ -107,7 +132,7 @@ pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Resul
         }
     }
     // The head came from entries before any bad one, so its violation is the earlier one.
-    if let Some(Err(v)) = head.map(|h| apply_sq_head(r, h)) {
+    if let Some(Err(v)) = head.map(|h| apply_sq_head(qp, r, h)) {
         bad = Some(v);
     }
     release_slots(qp, r, consumed);
@@ -155,10 +180,17 @@ impl Iterator for Completions<'_> {
         if self.done {
             return None;
         }
-        let c = reap_one(self.qp, &mut self.rings, true)?;
-        self.consumed += 1;
+        let c = loop {
+            let c = reap_one(self.qp, &mut self.rings, true)?;
+            self.consumed += 1;
+            match c {
+                Ok(None) => continue,
+                Ok(Some(c)) => break Ok(c),
+                Err(v) => break Err(v),
+            }
+        };
         // One entry at a time: its SQ head is applied at once.
-        let c = c.and_then(|(cid, raw, head)| apply_sq_head(&mut self.rings, head).map(|()| (cid, raw)));
+        let c = c.and_then(|(cid, raw, head)| apply_sq_head(self.qp, &mut self.rings, head).map(|()| (cid, raw)));
         self.done = c.is_err();
         Some(match c {
             Ok((cid, raw)) => Ok(Completion { cid, status: decode(raw) }),
