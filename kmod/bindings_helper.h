@@ -20,7 +20,7 @@
 #include <linux/sched/signal.h>
 #include <linux/mm_types.h>
 #include <linux/pgtable.h>
-#include <asm/set_memory.h>
+#include <linux/iommu.h>
 
 /* What the module needs from the kernel's configuration (its version is checked in Kbuild). */
 #if !defined(CONFIG_X86_64) || !IS_ENABLED(CONFIG_PCI_MSI) || !IS_ENABLED(CONFIG_DMA_SHARED_BUFFER) || \

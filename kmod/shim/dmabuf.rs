@@ -44,6 +44,8 @@ static ATTACH_OPS: AttachOps =
 /// `buf` holds a reference from `dma_buf_get`; `attach` is a dynamic attachment of it for
 /// the device, pinned, with `sgt` its mapping; all undone exactly once in `Drop`.
 pub(crate) struct DmabufMapping {
+    /// The importing device (for the IOTLB flush at unmap).
+    dev: Device,
     buf: NonNull<bindings::dma_buf>,
     attach: NonNull<bindings::dma_buf_attachment>,
     sgt: NonNull<bindings::sg_table>,
@@ -134,7 +136,7 @@ impl DmabufMapping {
             }
         };
         // INVARIANT: referenced, attached, pinned, mapped; `Drop` undoes it from here.
-        let mut me = DmabufMapping { buf, attach, sgt, segments: KVVec::new(), len };
+        let mut me = DmabufMapping { dev: dev.clone(), buf, attach, sgt, segments: KVVec::new(), len };
         me.collect_segments(offset, len)?;
         Ok(me)
     }
@@ -181,6 +183,12 @@ impl Drop for DmabufMapping {
             {
                 let _g = ResvGuard::lock((*self.buf.as_ptr()).resv);
                 bindings::dma_buf_unmap_attachment(self.attach.as_ptr(), self.sgt.as_ptr(), DMA_BIDIRECTIONAL);
+            }
+            // Before the exporter may move or free the memory: no late DMA through a stale
+            // IOTLB entry.
+            super::pin::flush_deferred_iotlb(&self.dev);
+            {
+                let _g = ResvGuard::lock((*self.buf.as_ptr()).resv);
                 bindings::dma_buf_unpin(self.attach.as_ptr());
             }
             bindings::dma_buf_detach(self.buf.as_ptr(), self.attach.as_ptr());

@@ -110,6 +110,29 @@ impl PinnedUserMemory {
     }
 }
 
+/// Makes the unmapping of this device's DMA addresses take effect now. A DMA domain with a flush
+/// queue (`iommu.strict=0`, the x86 default) clears the IOMMU page tables at unmap time but
+/// invalidates the IOTLB later, in batches; until then the device could still reach the pages
+/// through a stale IOTLB entry. Callers unpin or release the memory right after, so they flush
+/// first: a late DMA then faults instead of landing in memory that may be reused. Strict domains
+/// (and no IOMMU) need nothing.
+pub(super) fn flush_deferred_iotlb(dev: &Device) {
+    #[cfg(CONFIG_IOMMU_API)]
+    // SAFETY: the device is live; its domain (if any) lives while the device is bound to us, and
+    // `flush_iotlb_all` is the domain driver's own operation for exactly this (what the kernel's
+    // static inline `iommu_flush_iotlb_all` calls).
+    unsafe {
+        let d = bindings::iommu_get_domain_for_dev(dev.as_device_ptr());
+        if !d.is_null() && (*d).type_ & bindings::__IOMMU_DOMAIN_DMA_FQ != 0 && !(*d).ops.is_null() {
+            if let Some(flush) = (*(*d).ops).flush_iotlb_all {
+                flush(d);
+            }
+        }
+    }
+    #[cfg(not(CONFIG_IOMMU_API))]
+    let _ = dev;
+}
+
 impl Drop for PinnedUserMemory {
     /// The controller must no longer access this memory (no command naming it can run).
     fn drop(&mut self) {
@@ -123,6 +146,11 @@ impl Drop for PinnedUserMemory {
                 DMA_BIDIRECTIONAL,
                 0,
             );
+        }
+        // Before the pages go back: no late DMA through a stale IOTLB entry.
+        flush_deferred_iotlb(&self.dev);
+        // SAFETY: as above; the table is unmapped now.
+        unsafe {
             bindings::sg_free_table(&mut self.sgt);
             bindings::unpin_user_pages(self.pages.as_mut_ptr(), self.pages.len() as _);
         }
