@@ -118,6 +118,9 @@ impl AdminQueue {
         self.sq_tail = (self.sq_tail + 1) % ADMIN_DEPTH;
         // The entry must be in memory before the device sees the new tail.
         fence(Ordering::SeqCst);
+        // Our CQ head first: a stray write may have left the controller believing the CQ is
+        // full (then it would never post our completion).
+        bar.try_write32(cq_head_doorbell(0, self.dstrd), self.cq_head as u32)?;
         bar.try_write32(sq_tail_doorbell(0, self.dstrd), self.sq_tail as u32)?;
 
         let strays_before = self.strays;
