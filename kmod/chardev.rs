@@ -323,8 +323,8 @@ fn delete_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
 
 fn register_host(c: &Controller, owner: &MmGrab, handle: FileHandle, a: &RegisterHost) -> Result<RegistrationHandle> {
     let r = a.check(&limits(c)).map_err(arg_error)?;
-    // Charged to the opener first (as io_uring and VFIO do), so a refused charge pins nothing.
-    let charge = owner.charge_pinned((r.len / 4096) as usize)?;
+    // Charged to the opener first (as VFIO does), so a refused charge pins nothing.
+    let charge = owner.charge_locked((r.len / 4096) as usize)?;
     // Pin before taking the lock: pinning may fault pages in and take a while.
     let mem = PinnedUserMemory::pin(&c.pdev, r.addr, r.len)?;
     insert_registration(c, handle, Backing::Host { mem, _charge: charge })

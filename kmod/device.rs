@@ -251,9 +251,9 @@ impl Controller {
             return;
         };
         let safe = self.stop_qpairs_locked(&mut inner, &doomed);
-        if safe {
+        let regs = if safe {
             drop(doomed);
-            drop(regs);
+            Some(regs)
         } else {
             // The controller may still write this memory: leaking it is the only safe choice.
             pr_err!(
@@ -264,9 +264,14 @@ impl Controller {
             );
             core::mem::forget(doomed);
             core::mem::forget(regs);
-        }
+            None
+        };
         let _ = inner.files.remove_first(|f| *f == handle);
         self.publish(&inner);
+        // Registrations go after the mutex: returning their memory charge takes the owner's
+        // mmap_lock, which a page fault holds while it waits for this mutex.
+        drop(inner);
+        drop(regs);
     }
 
     /// Unbind: revoke every user mapping, stop the controller, free everything.
@@ -282,16 +287,20 @@ impl Controller {
         let qpairs = core::mem::replace(&mut inner.qpairs, Table::new());
         let regs = core::mem::replace(&mut inner.regs, Table::new());
         let hw = inner.hw.take();
-        if stopped {
+        let regs = if stopped {
             drop(qpairs);
-            drop(regs);
             drop(hw);
+            Some(regs)
         } else {
             pr_err!("{}: controller did not stop on unbind: leaking its DMA memory\n", self.pdev.name());
             core::mem::forget(qpairs);
             core::mem::forget(regs);
             core::mem::forget(hw);
-        }
+            None
+        };
         self.publish(&inner);
+        // After the mutex, as in `release_file`.
+        drop(inner);
+        drop(regs);
     }
 }

@@ -5,18 +5,19 @@
 use crate::shim::chrdev::FileHandle;
 use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::pin::PinnedUserMemory;
-use crate::shim::task::PinnedCharge;
+use crate::shim::task::LockedCharge;
 use crate::uapi::ioctl::Segment;
 
 /// What backs a registration.
 pub(crate) enum Backing {
-    /// Pinned host pages of the owner's address space, charged to it (`pinned_vm`). Fields
-    /// drop in order: the pages are unmapped and unpinned, then the charge is returned.
+    /// Pinned host pages of the owner's address space, charged to it (`locked_vm`). Fields
+    /// drop in order: the pages are unmapped and unpinned, then the charge is returned (which
+    /// takes the owner's `mmap_lock`: never drop a registration under the controller mutex).
     Host {
         /// The pinned, mapped pages.
         mem: PinnedUserMemory,
-        /// Their charge to the opener's `pinned_vm`.
-        _charge: PinnedCharge,
+        /// Their charge to the opener's `locked_vm`.
+        _charge: LockedCharge,
     },
     /// An imported dma-buf range (GPU memory, udmabuf, a dma-heap buffer).
     Dmabuf(DmabufMapping),

@@ -41,7 +41,8 @@ fn maps_ugds() -> Result<bool> {
 /// mmap through the inherited fd is EPERM; it can open the node afresh and do I/O; the parent's
 /// buffer is untouched and its queue keeps working after the child exits.
 fn fork_child() -> Result<()> {
-    const LEN: usize = 1 << 20;
+    // Within MDTS (512 KiB on QEMU's controller): one command.
+    const LEN: usize = 256 << 10;
     let node = bound_node(0)?;
     let dev = RawDev::open(&node)?;
     let ns = dev.info.namespaces[0];
@@ -114,13 +115,13 @@ fn fork_child_body(node: &str, parent: &RawDev, h: RegistrationHandle) -> i32 {
     let Ok(own) = RawDev::open(node) else { return 20 };
     let ns = own.info.namespaces[0];
     let Ok(mut qp) = own.create_qpair(16) else { return 21 };
-    let Ok(mut mine) = HostBuf::new(1 << 20) else { return 22 };
-    let Ok(oh) = own.register(mine.addr(), 1 << 20) else { return 23 };
+    let Ok(mut mine) = HostBuf::new(256 << 10) else { return 22 };
+    let Ok(oh) = own.register(mine.addr(), 256 << 10) else { return 23 };
     let Ok(segs) = own.segments(oh) else { return 24 };
-    if qp.rw_sync(false, &ns, 2048, &segs, 0, 1 << 20).is_err() {
+    if qp.rw_sync(false, &ns, 2048, &segs, 0, 256 << 10).is_err() {
         return 25;
     }
-    if mine.bytes() != &pattern(71, 1 << 20)[..] {
+    if mine.bytes() != &pattern(71, 256 << 10)[..] {
         return 26;
     }
     mine.bytes_mut().fill(1);
@@ -412,26 +413,26 @@ fn reset_ledger() -> Result<()> {
     Ok(())
 }
 
-/// `VmPin` of this process, in KiB.
-fn vm_pin_kib() -> Result<u64> {
+/// `VmLck` of this process, in KiB.
+fn vm_lck_kib() -> Result<u64> {
     let s = std::fs::read_to_string("/proc/self/status")?;
-    let line = s.lines().find(|l| l.starts_with("VmPin:")).context("no VmPin line")?;
-    Ok(line.split_whitespace().nth(1).context("VmPin value")?.parse()?)
+    let line = s.lines().find(|l| l.starts_with("VmLck:")).context("no VmLck line")?;
+    Ok(line.split_whitespace().nth(1).context("VmLck value")?.parse()?)
 }
 
-/// Registered host memory is charged to the process (`VmPin`) and uncharged on deregistration;
+/// Registered host memory is charged to the process (`VmLck`) and uncharged on deregistration;
 /// without CAP_IPC_LOCK, a registration beyond RLIMIT_MEMLOCK is refused with ENOMEM and pins
 /// nothing.
 fn pinned_accounting() -> Result<()> {
     let node = bound_node(0)?;
     let dev = RawDev::open(&node)?;
-    let before = vm_pin_kib()?;
+    let before = vm_lck_kib()?;
     let buf = HostBuf::new(1 << 20)?;
     let h = dev.register(buf.addr(), 1 << 20)?;
-    let during = vm_pin_kib()?;
+    let during = vm_lck_kib()?;
     dev.deregister(h.id, h.generation)?;
-    let after = vm_pin_kib()?;
-    ensure_that!(during == before + 1024 && after == before, "VmPin {before} -> {during} -> {after} kB");
+    let after = vm_lck_kib()?;
+    ensure_that!(during == before + 1024 && after == before, "VmLck {before} -> {during} -> {after} kB");
     let mut child = spawn_ready_child(&["memlock", &node])?;
     let st = child.wait()?;
     ensure_that!(st.success(), "the RLIMIT_MEMLOCK child failed: {st}");
@@ -483,7 +484,7 @@ pub fn memlock_child(node: &str) -> Result<()> {
         Err(e) => bail!("a registration past RLIMIT_MEMLOCK failed with {e}, not ENOMEM"),
         Ok(_) => bail!("a 1 MiB registration passed a 64 KiB RLIMIT_MEMLOCK without CAP_IPC_LOCK"),
     }
-    ensure_that!(vm_pin_kib()? == 0, "the refused registration left pages charged");
+    ensure_that!(vm_lck_kib()? == 0, "the refused registration left pages charged");
     let small = HostBuf::new(32 << 10)?;
     let h = dev.register(small.addr(), 32 << 10).context("a registration within the limit")?;
     dev.deregister(h.id, h.generation)?;
