@@ -62,6 +62,7 @@ fn fields<'py>(py: Python<'py>, e: &ugds::Error) -> PyResult<Fields<'py>> {
             ("Unsupported", vec![("what", v(&what.to_string())?), ("why", v(why)?), ("fix", v(&fix.to_string())?)])
         }
         E::Io { op, .. } => ("IoError", vec![("op", v(op)?)]),
+        E::ForkedChild { object } => ("ForkedChild", vec![("object", v(&object.to_string())?)]),
         // A variant added to the library later: the base class, with its message.
         _ => ("Error", vec![]),
     })

@@ -217,6 +217,47 @@ class IoTests(Base):
         self.assertEqual(after["direct_p2p"], before["direct_p2p"])
 
 
+@unittest.skipUnless(hasattr(os, "fork"), "no os.fork here")
+class ForkTests(Base):
+    """A child made by os.fork() that uses the parent's storage or buffer gets ForkedChild and
+    changes nothing; it opens the target afresh and reads; the parent carries on."""
+
+    def test_a_forked_child_is_refused_by_name_and_opens_afresh(self) -> None:
+        n = 4 * self.bs
+        data = pattern(n, 31)
+        self.st.write(data, 0, n)
+        mark = bytearray(b"\xaa" * n)
+        buf = self.st.register(mark)
+        self.assertEqual(self.st.read(self.st.register(bytearray(n)), 0, n), n)
+        mark[:] = b"\xaa" * n
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                try:
+                    self.st.read(buf, 0, n)
+                    code = 11
+                except ugds.ForkedChild as e:
+                    if e.object != "storage" or e.errno != errno.EBADFD or "fork()" not in str(e):
+                        code = 12
+                if code == 0 and bytes(mark) != b"\xaa" * n:
+                    code = 13
+                if code == 0:
+                    st2 = ugds.open(self.path)
+                    mine = bytearray(n)
+                    if st2.read(st2.register(mine), 0, n) != n or bytes(mine) != data:
+                        code = 14
+            except BaseException:
+                code = 15
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child's checks (see the test)")
+        self.assertEqual(bytes(mark), b"\xaa" * n, "the child's read did not reach the parent's memory")
+        self.assertEqual(self.st.read(buf, 0, n), n)
+        self.assertEqual(bytes(mark), data)
+
+
 class DmaBufTests(Base):
     """The library's CPU stand-in "GPU" memory (memfd, exported as a real dma-buf through
     udmabuf; the hidden test hook `Storage._alloc_cpu_gpu`): on a ugds node it is registered

@@ -121,6 +121,14 @@ class Unsupported(Error):
     fix: str
 
 
+class ForkedChild(Error, OSError):
+    """The ``object`` ("storage", "buffer", "batch", "stream", ...) was made by the parent
+    process before ``os.fork()``: its queues, rings and registrations are the parent's, and
+    nothing was touched. Open the storage (and register memory) again in the child."""
+
+    object: str
+
+
 class StoreFull(Error, OSError):
     """``ugds.kv``: the store's ``what`` ("data region", "journal", "index") has no room for
     ``need`` bytes (``free`` left) and eviction is off (or cannot help)."""
@@ -153,5 +161,6 @@ __all__ = [
     "GpuError",
     "Unsupported",
     "IoError",
+    "ForkedChild",
     "StoreFull",
 ]
