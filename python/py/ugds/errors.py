@@ -129,6 +129,13 @@ class ForkedChild(Error, OSError):
     object: str
 
 
+class RegisteredMemoryChanged(Error, ValueError):
+    """A registered tensor or buffer no longer has the memory it was registered with (resized,
+    ``set_()``, reallocated): ``what`` changed. Nothing was read or written; register it again."""
+
+    what: str
+
+
 class StoreFull(Error, OSError):
     """``ugds.kv``: the store's ``what`` ("data region", "journal", "index") has no room for
     ``need`` bytes (``free`` left) and eviction is off (or cannot help)."""
@@ -162,5 +169,6 @@ __all__ = [
     "Unsupported",
     "IoError",
     "ForkedChild",
+    "RegisteredMemoryChanged",
     "StoreFull",
 ]
