@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod fork;
 pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
@@ -82,6 +83,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(sgl::tests());
     v.extend(reliability::tests());
     v.extend(batch::tests());
+    v.extend(fork::tests());
     v.extend(portable::tests());
     v.extend(volume::tests());
     v.extend(mqes::tests());
