@@ -84,7 +84,9 @@ impl Born {
 }
 
 /// Marks `[ptr, ptr + len)` (page aligned, the library's own mapping) `MADV_DONTFORK`: a child
-/// does not inherit it.
+/// does not inherit it. A kernel built without `madvise` (CONFIG_ADVISE_SYSCALLS off: ENOSYS)
+/// lets the child inherit the memory: the objects that own it still refuse use there, and
+/// dropping them there leaks it.
 ///
 /// # Safety
 ///
@@ -93,7 +95,11 @@ impl Born {
 pub(crate) unsafe fn dont_fork(ptr: *mut u8, len: usize) -> Result<()> {
     // SAFETY: changes only how fork treats our own mapping (caller); no memory changes here.
     if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_DONTFORK) } != 0 {
-        return Err(Error::Io { op: "madvise(MADV_DONTFORK)".into(), source: std::io::Error::last_os_error() });
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOSYS) {
+            return Ok(());
+        }
+        return Err(Error::Io { op: "madvise(MADV_DONTFORK)".into(), source: e });
     }
     Ok(())
 }
