@@ -103,6 +103,29 @@ pub fn cufile_code(c: uGDSOpError) -> c_int {
     }
 }
 
+/// cuFile's code for a failure. A handle, buffer or batch the parent process made before
+/// `fork()` is `CU_FILE_DRIVER_NOT_INITIALIZED` in the child (cuFile's own rule: a child opens
+/// the driver again), with one line on stderr saying so (once per process).
+pub fn fail_code(f: &Fail) -> c_int {
+    if let Fail::Lib(e @ ugds::Error::ForkedChild { .. }) = f {
+        note_forked(e);
+        return CU_FILE_DRIVER_NOT_INITIALIZED;
+    }
+    cufile_code(f.code())
+}
+
+/// The log line for a forked child's use of the parent's objects (once per process: a child
+/// that keeps trying gets the code every time, the line once).
+fn note_forked(e: &ugds::Error) {
+    static SAID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+    // The process id: a grandchild inherits `SAID` set and says it again.
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    if SAID.swap(pid, std::sync::atomic::Ordering::Relaxed) != pid {
+        eprintln!("cuFile (ugds): CU_FILE_DRIVER_NOT_INITIALIZED: {e}");
+    }
+}
+
 /// A status with cuFile's code.
 pub fn err(code: c_int) -> CUfileError_t {
     CUfileError_t { err: code, cu_err: 0 }
@@ -111,7 +134,7 @@ pub fn err(code: c_int) -> CUfileError_t {
 fn status(r: CResult<()>) -> CUfileError_t {
     match r {
         Ok(()) => err(CU_FILE_SUCCESS),
-        Err(f) => err(cufile_code(f.code())),
+        Err(f) => err(fail_code(&f)),
     }
 }
 
@@ -120,6 +143,7 @@ fn ret(r: CResult<usize>) -> libc::ssize_t {
     match r {
         Ok(n) => n as libc::ssize_t,
         Err(Fail::Code(c)) => -(cufile_code(c) as libc::ssize_t),
+        Err(f @ Fail::Lib(ugds::Error::ForkedChild { .. })) => -(fail_code(&f) as libc::ssize_t),
         Err(f) => f.ret(),
     }
 }
@@ -233,7 +257,7 @@ pub unsafe extern "C" fn cuFileHandleRegister(fh: *mut CUfileHandle_t, descr: *m
             unsafe { *fh = h as CUfileHandle_t };
             err(CU_FILE_SUCCESS)
         }
-        Err(f) => err(cufile_code(f.code())),
+        Err(f) => err(fail_code(&f)),
     }
 }
 
@@ -249,7 +273,7 @@ pub extern "C" fn cuFileHandleDeregister(fh: CUfileHandle_t) {
 pub unsafe extern "C" fn cuFileBufRegister(bufPtr_base: *const c_void, length: usize, flags: c_int) -> CUfileError_t {
     let _ = flags;
     if let Err(f) = lib().require_open() {
-        return err(cufile_code(f.code()));
+        return err(fail_code(&f));
     }
     let base = bufPtr_base as usize;
     let _caller = ugds::gpu::cuda::CallerContext::keep();
@@ -329,7 +353,7 @@ pub unsafe extern "C" fn cuFileWriteAsync(
 pub extern "C" fn cuFileStreamRegister(stream: *mut c_void, flags: c_uint) -> CUfileError_t {
     let _ = (stream, flags);
     if let Err(f) = lib().require_open() {
-        return err(cufile_code(f.code()));
+        return err(fail_code(&f));
     }
     err(CU_FILE_SUCCESS)
 }
@@ -354,7 +378,7 @@ pub unsafe extern "C" fn cuFileBatchIOSetUp(batch_idp: *mut CUfileBatchHandle_t,
             unsafe { *batch_idp = b as CUfileBatchHandle_t };
             err(CU_FILE_SUCCESS)
         }
-        Err(f) => err(cufile_code(f.code())),
+        Err(f) => err(fail_code(&f)),
     }
 }
 
@@ -432,7 +456,7 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
             unsafe { *nr = evs.len() as c_uint };
             err(CU_FILE_SUCCESS)
         }
-        Err(f) => err(cufile_code(f.code())),
+        Err(f) => err(fail_code(&f)),
     }
 }
 

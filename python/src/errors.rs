@@ -18,6 +18,24 @@ pub fn invalid(py: Python<'_>, arg: &'static str, reason: impl Into<String>) -> 
     to_py(py, ugds::Error::invalid(arg, reason))
 }
 
+/// `ugds.errors.RegisteredMemoryChanged`: a registered object's memory moved (`what` says how);
+/// raised by the binding before any I/O touches it.
+pub fn memory_changed(py: Python<'_>, what: &str, msg: String) -> PyErr {
+    let made = (|| -> PyResult<PyErr> {
+        let inst = py.import("ugds.errors")?.getattr("RegisteredMemoryChanged")?.call1((msg.clone(),))?;
+        inst.setattr("errno", libc_einval())?;
+        inst.setattr("kind", "RegisteredMemoryChanged")?;
+        inst.setattr("what", what)?;
+        Ok(PyErr::from_value(inst))
+    })();
+    made.unwrap_or_else(|inner| PyRuntimeError::new_err(format!("{msg} (and building its exception failed: {inner})")))
+}
+
+/// EINVAL, as the other argument errors report it.
+fn libc_einval() -> i32 {
+    -ugds::Error::invalid("buf", "").errno()
+}
+
 /// Class name and fields of one error.
 type Fields<'py> = (&'static str, Vec<(&'static str, Bound<'py, PyAny>)>);
 
@@ -62,6 +80,7 @@ fn fields<'py>(py: Python<'py>, e: &ugds::Error) -> PyResult<Fields<'py>> {
             ("Unsupported", vec![("what", v(&what.to_string())?), ("why", v(why)?), ("fix", v(&fix.to_string())?)])
         }
         E::Io { op, .. } => ("IoError", vec![("op", v(op)?)]),
+        E::ForkedChild { object } => ("ForkedChild", vec![("object", v(&object.to_string())?)]),
         // A variant added to the library later: the base class, with its message.
         _ => ("Error", vec![]),
     })

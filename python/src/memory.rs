@@ -1,7 +1,13 @@
 //! What `register(obj)` accepts, as one address range: torch tensors, objects with
 //! `__cuda_array_interface__` (CuPy, Numba), the buffer protocol (bytearray, numpy, mmap,
-//! memoryview), `__dlpack__`, and raw `(ptr, nbytes)` integers. Each result keeps what holds the
-//! memory alive (the object, its buffer export, or its DLPack capsule) for as long as it lives.
+//! memoryview) and `__dlpack__`; raw `(ptr, nbytes)` integers only through
+//! `register_raw_unsafe` ([`raw_pointer`]). Each result keeps what holds the memory alive (the
+//! object, its buffer export, or its DLPack capsule) for as long as it lives.
+//!
+//! A torch tensor can move its memory while registered (`resize_()`, `set_()`): its allocator
+//! may then reuse the old bytes for anything. Its registration holds the tensor's storage too
+//! and re-reads the tensor's and the storage's address and size before every use
+//! ([`Memory::verify`]); a change fails with `RegisteredMemoryChanged` before any byte moves.
 
 use crate::errors::invalid;
 use crate::pybuf::Export;
@@ -54,6 +60,71 @@ pub struct Memory {
     /// Holds the memory (never read: held for as long as the registration lives).
     #[allow(dead_code)]
     pub keep: Keep,
+    /// What must still hold before each use (objects that can move their memory).
+    pub recheck: Recheck,
+}
+
+/// What a registration re-reads before every use, because its object can move its memory.
+pub enum Recheck {
+    /// The memory cannot move while held (buffer exports, DLPack capsules, raw pointers).
+    Nothing,
+    /// A torch tensor and the storage it had when registered (held, so the bytes stay
+    /// allocated), with the storage's address and size then (`None`: this torch has no
+    /// `untyped_storage`, only the tensor is re-read).
+    Torch { tensor: Py<PyAny>, storage: Option<(Py<PyAny>, u64, u64)> },
+}
+
+/// A torch tensor's (address, bytes) now.
+fn torch_range(t: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    let numel: u64 = t.call_method0("numel")?.extract()?;
+    let esize: u64 = t.call_method0("element_size")?.extract()?;
+    Ok((t.call_method0("data_ptr")?.extract()?, numel * esize))
+}
+
+/// A torch storage's (address, bytes) now.
+fn storage_range(s: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    Ok((s.call_method0("data_ptr")?.extract()?, s.call_method0("nbytes")?.extract()?))
+}
+
+impl Memory {
+    /// Checks that the object still has the memory it was registered with; else
+    /// `RegisteredMemoryChanged` naming what changed (before any I/O or copy touches it).
+    pub fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        let Recheck::Torch { tensor, storage } = &self.recheck else { return Ok(()) };
+        let t = tensor.bind(py);
+        let (ptr, len) = torch_range(t)?;
+        let mut changed = Vec::new();
+        if ptr != self.ptr {
+            changed.push(format!("data_ptr() is {ptr:#x}, was {:#x}", self.ptr));
+        }
+        if len != self.len {
+            changed.push(format!("its size is {len} bytes, was {}", self.len));
+        }
+        if let Some((held, sptr, slen)) = storage {
+            // The storage the tensor has now, and the one it had (a resize of the storage
+            // reallocates it in place; set_() gives the tensor another).
+            let now = t.call_method0("untyped_storage")?;
+            let (nptr, nlen) = storage_range(&now)?;
+            let (hptr, hlen) = storage_range(held.bind(py))?;
+            if (nptr, nlen) != (*sptr, *slen) || (hptr, hlen) != (*sptr, *slen) {
+                changed.push(format!(
+                    "its storage is {nlen} bytes at {nptr:#x}, was {slen} bytes at {sptr:#x} (resize_() or set_())"
+                ));
+            }
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        Err(crate::errors::memory_changed(
+            py,
+            &changed.join("; "),
+            format!(
+                "the registered {} no longer has the memory it was registered with: {}; nothing was read or written                  (register it again)",
+                self.what,
+                changed.join("; ")
+            ),
+        ))
+    }
 }
 
 /// The CUDA device `ordinal` as a [`Gpu`] (its primary context, as PyTorch and CuPy use), made
@@ -75,11 +146,17 @@ fn make_cuda(ordinal: i32) -> ugds::Result<Arc<Gpu>> {
     Ok(Gpu::with_runtime(Arc::new(ugds::gpu::cuda::Cuda::new(ordinal)?)))
 }
 
-/// Classifies `obj` (see the module comment).
+/// Classifies `obj` (see the module comment). A `(ptr, nbytes)` tuple is refused: raw
+/// integers go through `register_raw_unsafe`, which says what the caller promises.
 pub fn classify(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
     let py = obj.py();
-    if let Ok(t) = obj.cast::<PyTuple>() {
-        return raw(t);
+    if obj.cast::<PyTuple>().is_ok() {
+        return Err(invalid(
+            py,
+            "buf",
+            "a (ptr, nbytes) tuple is not registered by register(): nothing keeps raw memory valid or notices when \
+             it moves; call register_raw_unsafe(ptr, nbytes) to promise that yourself",
+        ));
     }
     let module: String = obj.get_type().getattr("__module__").and_then(|m| m.extract()).unwrap_or_default();
     if module.starts_with("torch") && obj.hasattr("data_ptr")? {
@@ -116,11 +193,10 @@ fn typename(obj: &Bound<'_, PyAny>) -> String {
     }
 }
 
-/// `(ptr, nbytes)`: device memory of CUDA device 0 when CUDA says so, else host memory.
-fn raw(t: &Bound<'_, PyTuple>) -> PyResult<Memory> {
-    let py = t.py();
-    let (ptr, len): (u64, u64) =
-        t.extract().map_err(|_| invalid(py, "buf", "a tuple must be (ptr, nbytes): two non-negative integers"))?;
+/// Raw `(ptr, nbytes)` (`register_raw_unsafe`): device memory of CUDA device 0 when CUDA says
+/// so, else host memory. Nothing holds or re-checks it: the caller promises it stays allocated,
+/// unmoved, while registered.
+pub fn raw_pointer(py: Python<'_>, ptr: u64, len: u64) -> PyResult<Memory> {
     if ptr == 0 || len == 0 {
         return Err(invalid(py, "buf", "(ptr, nbytes) with a null pointer or no bytes"));
     }
@@ -129,7 +205,15 @@ fn raw(t: &Bound<'_, PyTuple>) -> PyResult<Memory> {
     } else {
         Place::Host
     };
-    Ok(Memory { ptr, len, readonly: false, place, what: format!("raw memory at {ptr:#x}"), keep: Keep::Nothing })
+    Ok(Memory {
+        ptr,
+        len,
+        readonly: false,
+        place,
+        what: format!("raw memory at {ptr:#x}"),
+        keep: Keep::Nothing,
+        recheck: Recheck::Nothing,
+    })
 }
 
 fn torch(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
@@ -156,16 +240,23 @@ fn torch(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
             format!("a non-contiguous torch tensor ({shape}, stride {stride}): call .contiguous() first"),
         ));
     }
-    let numel: u64 = obj.call_method0("numel")?.extract()?;
-    let esize: u64 = obj.call_method0("element_size")?.extract()?;
-    let ptr: u64 = obj.call_method0("data_ptr")?.extract()?;
+    let (ptr, len) = torch_range(obj)?;
+    // The storage, held: a set_() then leaves the old bytes allocated, and a resize shows.
+    let storage = match obj.call_method0("untyped_storage") {
+        Ok(s) => {
+            let (sptr, slen) = storage_range(&s)?;
+            Some((s.unbind(), sptr, slen))
+        }
+        Err(_) => None,
+    };
     Ok(Memory {
         ptr,
-        len: numel * esize,
+        len,
         readonly: false,
         place,
         what: format!("torch tensor on {place}"),
         keep: Keep::Object(obj.clone().unbind()),
+        recheck: Recheck::Torch { tensor: obj.clone().unbind(), storage },
     })
 }
 
@@ -214,6 +305,7 @@ fn cuda_array(obj: &Bound<'_, PyAny>, cai: &Bound<'_, PyAny>) -> PyResult<Memory
         place,
         what: format!("{} on {place}", typename(obj)),
         keep: Keep::Object(obj.clone().unbind()),
+        recheck: Recheck::Nothing,
     })
 }
 
@@ -229,6 +321,7 @@ fn buffer(obj: &Bound<'_, PyAny>, b: Export) -> PyResult<Memory> {
         place: Place::Host,
         what: typename(obj),
         keep: Keep::Export(b),
+        recheck: Recheck::Nothing,
     })
 }
 
@@ -300,5 +393,6 @@ fn dlpack(obj: &Bound<'_, PyAny>) -> PyResult<Memory> {
         place,
         what: format!("{} on {place} (DLPack)", typename(obj)),
         keep: Keep::Object(capsule.clone().into_any().unbind()),
+        recheck: Recheck::Nothing,
     })
 }

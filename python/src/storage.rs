@@ -4,7 +4,7 @@
 
 use crate::batch::PyBatch;
 use crate::errors::{invalid, to_py};
-use crate::memory::{classify, cuda, Memory, Place};
+use crate::memory::{classify, cuda, raw_pointer, Memory, Place};
 use crate::stream::PyAsyncIo;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -86,6 +86,8 @@ impl PyBuffer {
         if write_into && self.mem.readonly {
             return Err(invalid(py, "buf", format!("{} is read-only: it cannot receive a read", self.mem.what)));
         }
+        // A torch tensor resized or set_() since: refused before anything moves.
+        self.mem.verify(py)?;
         if buf_offset.checked_add(nbytes).is_none_or(|e| e > self.mem.len) {
             return Err(invalid(
                 py,
@@ -125,8 +127,10 @@ pub fn as_buffer(st: &Bound<'_, PyStorage>, buf: &Bound<'_, PyAny>) -> PyResult<
 
 impl PyStorage {
     fn register_obj(&self, obj: &Bound<'_, PyAny>, allow_fallback: bool) -> PyResult<PyBuffer> {
-        let py = obj.py();
-        let mem = classify(obj)?;
+        self.register_mem(obj.py(), classify(obj)?, allow_fallback)
+    }
+
+    fn register_mem(&self, py: Python<'_>, mem: Memory, allow_fallback: bool) -> PyResult<PyBuffer> {
         if mem.len == 0 {
             return Err(invalid(py, "buf", format!("{} has no bytes", mem.what)));
         }
@@ -138,7 +142,7 @@ impl PyStorage {
                 let end = (mem.ptr + mem.len).next_multiple_of(4096);
                 let (st, len) = (self.st.clone(), (end - start) as usize);
                 // SAFETY: `mem.keep` (held by the PyBuffer with the registration) keeps
-                // [ptr, ptr+len) allocated, or the caller promised it for raw integers; the
+                // [ptr, ptr+len) allocated, or the caller promised it (register_raw_unsafe); the
                 // rest of its pages are mapped (mappings are page-granular) and never
                 // transferred: every I/O is checked against the object's range first.
                 let r = py.detach(move || unsafe { st.register_host(start as *mut u8, len) });
@@ -224,12 +228,24 @@ impl PyStorage {
     }
 
     /// Registers `obj` for I/O: a torch tensor (CPU or CUDA, contiguous), a numpy or cupy
-    /// array, an object with `__dlpack__`, `__cuda_array_interface__` or the buffer protocol,
-    /// or a `(ptr, nbytes)` tuple. GPU memory takes the peer-to-peer path when it can; else,
-    /// with `allow_fallback`, I/O is staged through host memory (said once on stderr).
+    /// array, an object with `__dlpack__`, `__cuda_array_interface__` or the buffer protocol.
+    /// GPU memory takes the peer-to-peer path when it can; else, with `allow_fallback`, I/O is
+    /// staged through host memory (said once on stderr). A torch tensor that is resized or
+    /// `set_()` later is refused at its next use (`RegisteredMemoryChanged`). Raw integers:
+    /// `register_raw_unsafe`.
     #[pyo3(signature = (obj, allow_fallback = true))]
     fn register(&self, obj: &Bound<'_, PyAny>, allow_fallback: bool) -> PyResult<PyBuffer> {
         self.register_obj(obj, allow_fallback)
+    }
+
+    /// Registers raw memory `[ptr, ptr + nbytes)`: device memory of CUDA device 0 when CUDA
+    /// says so, else host memory. Unsafe: nothing holds the memory or notices when it moves.
+    /// The caller promises it stays allocated, at that address, until the buffer is
+    /// deregistered and its I/O is over; otherwise the device reads or writes whatever the
+    /// allocator put there since.
+    #[pyo3(signature = (ptr, nbytes, allow_fallback = true))]
+    fn register_raw_unsafe(&self, py: Python<'_>, ptr: u64, nbytes: u64, allow_fallback: bool) -> PyResult<PyBuffer> {
+        self.register_mem(py, raw_pointer(py, ptr, nbytes)?, allow_fallback)
     }
 
     /// Allocates and registers `nbytes` of page-aligned host memory (a Buffer that supports
@@ -246,6 +262,7 @@ impl PyStorage {
             place: Place::Host,
             what: "ugds host buffer".into(),
             keep: crate::memory::Keep::Nothing,
+            recheck: crate::memory::Recheck::Nothing,
         };
         Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
     }
@@ -278,6 +295,7 @@ impl PyStorage {
             place: Place::Host,
             what: "CPU stand-in GPU memory (memfd, dma-buf through udmabuf)".into(),
             keep: crate::memory::Keep::Nothing,
+            recheck: crate::memory::Recheck::Nothing,
         };
         Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
     }

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,6 +157,34 @@ int main(int argc, char **argv) {
     CHECK(matches(u + 4096, 5 * MiB, MiB), "read into registered, unaligned host memory");
     RETURNS(cuFileRead(fh, u, 1000, 5 * MiB + 3, 1), 1000);
     CHECK(matches(u + 1, 5 * MiB + 3, 1000), "unaligned read into registered memory");
+    /* fork(): the child's read through the inherited handle is CU_FILE_DRIVER_NOT_INITIALIZED
+     * and writes nothing; a handle of its own reads; the parent carries on. */
+    memset(u, 0x5A, 4096);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int bad = 0;
+        memset(u, 0xEE, 4096);
+        if (cuFileRead(fh, u, 4096, 5 * MiB, 0) != -CU_FILE_DRIVER_NOT_INITIALIZED) bad |= 1;
+        for (int i = 0; i < 4096; i++)
+            if (u[i] != 0xEE) { bad |= 2; break; }
+        int fd2 = open(argv[1], O_RDWR);
+        CUfileDescr_t d2 = d;
+        d2.handle.fd = fd2;
+        CUfileHandle_t fh3 = NULL;
+        if (cuFileHandleRegister(&fh3, &d2).err != CU_FILE_SUCCESS) bad |= 4;
+        if (cuFileRead(fh3, u, 4096, 5 * MiB, 0) != 4096 || !matches(u, 5 * MiB, 4096)) bad |= 8;
+        _exit(bad);
+    }
+    int wstatus = 0;
+    CHECK(pid > 0 && waitpid(pid, &wstatus, 0) == pid && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0,
+          "forked child: failed checks 0x%x, status %d", WEXITSTATUS(wstatus), wstatus);
+    int kept = 1;
+    for (int i = 0; i < 4096; i++) kept &= u[i] == 0x5A;
+    CHECK(kept, "the child's read did not reach the parent's buffer");
+    RETURNS(cuFileRead(fh, u, 4096, 5 * MiB, 0), 4096);
+    CHECK(matches(u, 5 * MiB, 4096), "the parent reads after its child exited");
+
     OK(cuFileBufDeregister(u));
     FAILS_WITH(cuFileBufDeregister(u), CU_FILE_MEMORY_NOT_REGISTERED);
 

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <ugds.h>
@@ -97,6 +98,33 @@ static void before_open(void) {
     OK(uGDSStreamRegister(NULL));
     OK(uGDSDriverOpen());
     OK(uGDSDriverOpen()); /* idempotent */
+}
+
+/* The child's part of the fork() checks: the parent's handle and buffer refuse I/O by name and
+ * write nothing; the child opens the driver, registers a handle and the same memory afresh, and
+ * reads correctly. Returns a bit per failed check (the exit code). */
+static int forked_child(uGDSHandle_t h, uint8_t *buf, size_t len, const char *target, int direct) {
+    int bad = 0;
+    memset(buf, 0xEE, 4096);
+    ssize_t r = uGDSRead(h, buf, 4096, 16 * MiB, 0);
+    if (r != -EBADFD) bad |= 1;
+    if (!strstr(ugdsxErrorString(r), "fork()")) bad |= 2;
+    for (size_t i = 0; i < 4096; i++)
+        if (buf[i] != 0xEE) { bad |= 4; break; }
+    uint64_t cap = 0;
+    if (uGDSGetDeviceCapacity(h, &cap).err != UGDS_DRIVER_NOT_INITIALIZED) bad |= 8;
+    if (uGDSDriverOpen().err != UGDS_SUCCESS) bad |= 16;
+    int fd2 = open(target, direct ? O_RDWR : (O_RDWR | O_DIRECT));
+    uGDSDescr_t d2;
+    memset(&d2, 0, sizeof d2);
+    d2.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
+    d2.handle.fd = fd2;
+    uGDSHandle_t h3 = NULL;
+    if (fd2 < 0 || uGDSHandleRegister(&h3, &d2).err != UGDS_SUCCESS) bad |= 32;
+    if (uGDSBufRegister(buf, len, 0).err != UGDS_SUCCESS) bad |= 64;
+    if (uGDSRead(h3, buf, MiB, 16 * MiB, 0) != MiB || !matches(0x16, 16 * MiB, buf, MiB)) bad |= 128;
+    uGDSHandleDeregister(h3);
+    return bad;
 }
 
 int main(int argc, char **argv) {
@@ -256,6 +284,21 @@ int main(int argc, char **argv) {
     int untouched = 1;
     for (size_t i = 2 * MiB; i < 3 * MiB; i++) untouched &= buf[i] == 0xCD;
     CHECK(untouched, "failed calls wrote nothing into the buffer");
+
+    /* fork(): the child's read through the inherited handle fails by name (-EBADFD) and changes
+     * nothing in either process; the child registers afresh and reads; the parent carries on. */
+    memset(buf, 0x5A, 4096);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) _exit(forked_child(h, buf, len, target, direct));
+    int wstatus = 0;
+    CHECK(pid > 0 && waitpid(pid, &wstatus, 0) == pid && WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0,
+          "forked child: failed checks 0x%x (see forked_child), status %d", WEXITSTATUS(wstatus), wstatus);
+    untouched = 1;
+    for (size_t i = 0; i < 4096; i++) untouched &= buf[i] == 0x5A;
+    CHECK(untouched, "the child's read did not reach the parent's buffer");
+    RETURNS(uGDSRead(h, buf, MiB, 16 * MiB, 0), MiB);
+    CHECK(matches(0x16, 16 * MiB, buf, MiB), "the parent reads after its child exited");
 
     /* Vectored I/O: two segments out of order in memory, contiguous in the file. */
     uGDSIoSegment_t segs[2] = {{buf, 3 * MiB + 65536, 65536}, {buf, 3 * MiB, 65536}};

@@ -118,9 +118,18 @@ class IoTests(Base):
         n = 2 * self.bs
         src = ctypes.create_string_buffer(pattern(n, 4), n)
         dst = ctypes.create_string_buffer(n)
-        self.st.write(self.st.register((ctypes.addressof(src), n)), 0, n)
-        self.st.read((ctypes.addressof(dst), n), 0, n)
+        self.st.write(self.st.register_raw_unsafe(ctypes.addressof(src), n), 0, n)
+        self.st.read(self.st.register_raw_unsafe(ctypes.addressof(dst), n), 0, n)
         self.assertEqual(dst.raw, src.raw)
+
+    def test_a_raw_tuple_needs_the_unsafe_call(self) -> None:
+        dst = ctypes.create_string_buffer(self.bs)
+        for call in (lambda: self.st.register((ctypes.addressof(dst), self.bs)),
+                     lambda: self.st.read((ctypes.addressof(dst), self.bs), 0, self.bs)):
+            with self.assertRaises(ugds.InvalidArgument) as c:
+                call()
+            self.assertEqual(c.exception.arg, "buf")
+            self.assertIn("register_raw_unsafe", c.exception.reason)
 
     def test_crc32_is_zlibs(self) -> None:
         import zlib
@@ -215,6 +224,156 @@ class IoTests(Base):
         self.assertEqual(after[self.path_key] - before[self.path_key], 2)
         self.assertEqual(after["bytes"] - before["bytes"], 3 * self.bs)
         self.assertEqual(after["direct_p2p"], before["direct_p2p"])
+
+
+class FakeStorage:
+    """A torch UntypedStorage's part the binding reads, over ctypes memory that a resize
+    replaces (as torch reallocates a storage in place)."""
+
+    def __init__(self, n: int) -> None:
+        self.mem = (ctypes.c_ubyte * n)()
+
+    def data_ptr(self) -> int:
+        return ctypes.addressof(self.mem)
+
+    def nbytes(self) -> int:
+        return len(self.mem)
+
+
+class FakeTensor:
+    """A contiguous CPU uint8 torch.Tensor's part the binding reads (torch is not needed for the
+    tests): ``resize_`` reallocates the storage, ``set_`` takes another tensor's storage."""
+
+    device = type("device", (), {"type": "cpu", "index": None})()
+
+    def __init__(self, n: int) -> None:
+        self.storage, self.n = FakeStorage(n), n
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def numel(self) -> int:
+        return self.n
+
+    def element_size(self) -> int:
+        return 1
+
+    def data_ptr(self) -> int:
+        return self.storage.data_ptr()
+
+    def untyped_storage(self) -> FakeStorage:
+        return self.storage
+
+    def resize_(self, n: int) -> "FakeTensor":
+        self.storage.mem, self.n = (ctypes.c_ubyte * n)(), n
+        return self
+
+    def set_(self, other: "FakeTensor") -> "FakeTensor":
+        self.storage, self.n = other.storage, other.n
+        return self
+
+
+FakeTensor.__module__ = "torch.fake"  # what the binding recognises torch tensors by
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+class RegisteredTensorTests(Base):
+    """A registered tensor whose memory moved (resize_, set_) is refused at its next use, and
+    nothing is read into or written from either the old or the new memory."""
+
+    def tensors(self):
+        yield "fake", lambda n: FakeTensor(n), lambda t: bytes(t.storage.mem)
+        if torch is not None:
+            yield "torch", lambda n: torch.zeros(n, dtype=torch.uint8), lambda t: t.numpy().tobytes()
+
+    def check_refused(self, buf, old_bytes, after) -> None:
+        data = pattern(self.bs, 21)
+        self.st.write(data, 0, self.bs)
+        for op in (lambda: self.st.read(buf, 0, self.bs), lambda: self.st.write(buf, self.bs, self.bs),
+                   lambda: buf.copy_out(self.bs)):
+            with self.assertRaises(ugds.RegisteredMemoryChanged) as c:
+                op()
+            self.assertIn("no longer has the memory", str(c.exception))
+            self.assertTrue(c.exception.what)
+            self.assertEqual(c.exception.errno, errno.EINVAL)
+        self.assertEqual(old_bytes(), bytes(len(old_bytes())), "nothing was read into the old memory")
+        self.assertEqual(after(), bytes(len(after())), "nothing was read into the new memory")
+        self.assertEqual(self.st.read_bytes(self.bs, self.bs), bytes(self.bs), "nothing was written")
+
+    def test_a_resized_tensor_is_refused(self) -> None:
+        for name, make, contents in self.tensors():
+            with self.subTest(name):
+                t = make(2 * self.bs)
+                buf = self.st.register(t)
+                self.st.write(bytes(2 * self.bs), 0, 2 * self.bs)
+                self.assertEqual(self.st.read(buf, 0, self.bs), self.bs)
+                old = t.untyped_storage() if name == "fake" else None
+                old_mem = old.mem if old is not None else None
+                t.resize_(64 * self.bs)
+                self.check_refused(buf, (lambda: bytes(old_mem)) if old_mem is not None else (lambda: b""),
+                                   lambda: contents(t))
+
+    def test_a_tensor_set_to_other_memory_is_refused(self) -> None:
+        for name, make, contents in self.tensors():
+            with self.subTest(name):
+                t, other = make(2 * self.bs), make(2 * self.bs)
+                buf = self.st.register(t)
+                self.st.write(bytes(2 * self.bs), 0, 2 * self.bs)
+                t.set_(other) if name == "fake" else t.set_(other.untyped_storage())
+                self.check_refused(buf, lambda: contents(other), lambda: contents(t))
+
+    def test_an_unchanged_tensor_keeps_working(self) -> None:
+        t = FakeTensor(2 * self.bs)
+        buf = self.st.register(t)
+        data = pattern(2 * self.bs, 22)
+        self.st.write(data, 0, len(data))
+        self.assertEqual(self.st.read(buf, 0, len(data)), len(data))
+        self.assertEqual(bytes(t.storage.mem), data)
+
+
+@unittest.skipUnless(hasattr(os, "fork"), "no os.fork here")
+class ForkTests(Base):
+    """A child made by os.fork() that uses the parent's storage or buffer gets ForkedChild and
+    changes nothing; it opens the target afresh and reads; the parent carries on."""
+
+    def test_a_forked_child_is_refused_by_name_and_opens_afresh(self) -> None:
+        n = 4 * self.bs
+        data = pattern(n, 31)
+        self.st.write(data, 0, n)
+        mark = bytearray(b"\xaa" * n)
+        buf = self.st.register(mark)
+        self.assertEqual(self.st.read(self.st.register(bytearray(n)), 0, n), n)
+        mark[:] = b"\xaa" * n
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                try:
+                    self.st.read(buf, 0, n)
+                    code = 11
+                except ugds.ForkedChild as e:
+                    if e.object != "storage" or e.errno != errno.EBADFD or "fork()" not in str(e):
+                        code = 12
+                if code == 0 and bytes(mark) != b"\xaa" * n:
+                    code = 13
+                if code == 0:
+                    st2 = ugds.open(self.path)
+                    mine = bytearray(n)
+                    if st2.read(st2.register(mine), 0, n) != n or bytes(mine) != data:
+                        code = 14
+            except BaseException:
+                code = 15
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0, "the child's checks (see the test)")
+        self.assertEqual(bytes(mark), b"\xaa" * n, "the child's read did not reach the parent's memory")
+        self.assertEqual(self.st.read(buf, 0, n), n)
+        self.assertEqual(bytes(mark), data)
 
 
 class DmaBufTests(Base):

@@ -384,17 +384,17 @@ fn sync_during_burst() -> Result<()> {
 fn drop_in_flight() -> Result<()> {
     let (dev, st) = setup()?;
     let buf = Arc::new(st.alloc_host(64 * 4096)?);
-    let qpairs0 = dev.counters().qpairs;
+    let qpairs0 = dev.counters()?.qpairs;
     {
         let mut b = native_batch(&st, 64)?;
-        ensure_that!(dev.counters().qpairs == qpairs0 + 1, "the batch has its own queue pair");
+        ensure_that!(dev.counters()?.qpairs == qpairs0 + 1, "the batch has its own queue pair");
         let offs: Vec<u64> = (0..64u64).map(|i| i * 4096).collect();
         b.submit(&reads_4k(&buf, &offs))?;
         ensure_that!(buf.inflight() > 0, "nothing in flight right after submit");
         // Dropped with everything in flight: waits for the commands.
     }
     ensure_that!(buf.inflight() == 0, "commands still counted after the batch was dropped");
-    ensure_that!(dev.counters().qpairs == qpairs0, "a dropped batch's queue pair was not given back");
+    ensure_that!(dev.counters()?.qpairs == qpairs0, "a dropped batch's queue pair was not given back");
     let buf = Arc::try_unwrap(buf).map_err(|_| anyhow::anyhow!("the dropped batch still holds the buffer"))?;
     buf.deregister().map_err(|e| anyhow::anyhow!("deregister: {}", e.1))?;
     drop((st, dev));

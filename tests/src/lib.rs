@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod boundary;
+pub mod fork;
 pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
@@ -84,6 +85,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(sgl::tests());
     v.extend(reliability::tests());
     v.extend(batch::tests());
+    v.extend(fork::tests());
     v.extend(portable::tests());
     v.extend(volume::tests());
     v.extend(mqes::tests());

@@ -82,10 +82,10 @@ fn threads_both_ways() -> Result<()> {
     let node = bound_node(0)?;
     let dev = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
     let st = Storage::direct(&dev, 1)?;
-    let qpairs0 = dev.counters().qpairs;
+    let qpairs0 = dev.counters()?.qpairs;
     // Owned transfers go to the owned queue only.
     let mut q = st.owned_queue()?;
-    ensure_that!(dev.counters().qpairs == qpairs0 + 1, "an owned queue created no queue pair");
+    ensure_that!(dev.counters()?.qpairs == qpairs0 + 1, "an owned queue created no queue pair");
     ensure_that!(q.depth() >= 2 && q.nsid() == 1 && q.timeout() == Duration::from_secs(30), "queue settings");
     let shared0 = dev.dptr_counts();
     let probe = st.alloc_host(1 << 20)?;
@@ -97,12 +97,12 @@ fn threads_both_ways() -> Result<()> {
     ensure_that!(dev.dptr_counts() == shared0, "owned transfers went through the shared queue");
     ensure_that!(oc.prp + oc.sgl >= 2, "the owned queue counted no transfers: {oc:?}");
     drop(q);
-    ensure_that!(dev.counters().qpairs == qpairs0, "dropping an owned queue left its queue pair");
+    ensure_that!(dev.counters()?.qpairs == qpairs0, "dropping an owned queue left its queue pair");
     ensure_that!(st.path_counts().direct_host == 2, "the probe's I/Os were not counted: {:?}", st.path_counts());
     let queues: Vec<OwnedQueue> = (0..THREADS).map(|_| st.owned_queue()).collect::<ugds::Result<_>>()?;
     let qids: std::collections::BTreeSet<u16> = queues.iter().map(OwnedQueue::qid).collect();
     ensure_that!(qids.len() == THREADS as usize, "owned queues share queue ids: {qids:?}");
-    ensure_that!(dev.counters().qpairs == qpairs0 + THREADS, "{THREADS} owned queues, {:?}", dev.counters());
+    ensure_that!(dev.counters()?.qpairs == qpairs0 + THREADS, "{THREADS} owned queues, {:?}", dev.counters().ok());
     let counts = std::thread::scope(|s| -> Result<Vec<(u64, u64)>> {
         let hs: Vec<_> = queues
             .into_iter()
@@ -114,7 +114,7 @@ fn threads_both_ways() -> Result<()> {
             .collect();
         hs.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("thread panicked"))?).collect()
     })?;
-    ensure_that!(dev.counters().qpairs == qpairs0, "owned queues dropped, but {:?}", dev.counters());
+    ensure_that!(dev.counters()?.qpairs == qpairs0, "owned queues dropped, but {:?}", dev.counters().ok());
     let (owned, shared): (u64, u64) = counts.iter().fold((0, 0), |a, c| (a.0 + c.0, a.1 + c.1));
     let pc = st.path_counts();
     ensure_that!(pc.direct_host == 2 + owned + shared, "path counts {pc:?}, expected {} I/Os", 2 + owned + shared);
@@ -158,7 +158,7 @@ fn force_timeout(
     other: &Storage,
     obuf: &Buffer,
 ) -> Result<Outcome> {
-    let resets0 = dev.counters().resets;
+    let resets0 = dev.counters()?.resets;
     let mut r = read();
     let stale_first = matches!(r, Err(Error::EpochChanged { .. }));
     if stale_first {
@@ -166,7 +166,7 @@ fn force_timeout(
     }
     let timeout = matches!(r, Err(Error::Timeout { .. }));
     let released = big.inflight() == 0 && big.host_view().is_ok();
-    let reset = dev.counters().resets > resets0;
+    let reset = dev.counters()?.resets > resets0;
     obuf.host_view()?.fill(0);
     let first = other.read(obuf, 0, 8192, 4096);
     let again = other.read(obuf, 0, 8192, 4096);
@@ -191,7 +191,7 @@ fn timeout_like_shared() -> Result<()> {
     pattern::fill(44, 8192, &mut obuf.host_view()?);
     patient.write(&obuf, 0, 8192, 4096)?;
     let big = hasty.alloc_host(8 << 20)?;
-    let qpairs0 = hasty_dev.counters().qpairs;
+    let qpairs0 = hasty_dev.counters()?.qpairs;
     let mut q = hasty.owned_queue()?;
     ensure_that!(q.timeout() == Duration::from_millis(5), "the owned queue has the device's deadline");
     let small = hasty.alloc_host(4096)?;
@@ -217,7 +217,7 @@ fn timeout_like_shared() -> Result<()> {
         q.set_timeout(Duration::from_millis(5));
     }
     drop(q);
-    ensure_that!(hasty_dev.counters().qpairs == qpairs0, "dropping the owned queue left its queue pair");
+    ensure_that!(hasty_dev.counters()?.qpairs == qpairs0, "dropping the owned queue left its queue pair");
     println!("    3 forced timeouts on each of the shared and an owned queue, handled alike");
     drop((big, small, obuf, hasty, patient, hasty_dev, patient_dev));
     unbind(&addr)

@@ -57,7 +57,7 @@ fn forced_timeouts() -> Result<()> {
     pattern::fill(44, 8192, &mut buf.host_view()?);
     patient.write(&buf, 0, 8192, 4096)?;
     let obuf = ost.alloc_host(4096)?;
-    let resets0 = dev.counters().resets;
+    let resets0 = dev.counters()?.resets;
     let (mut timeouts, mut recoveries, mut epoch_errors, mut own_epoch_errors) = (0, 0, 0, 0);
     let start = Instant::now();
     for i in 0..100 {
@@ -95,7 +95,7 @@ fn forced_timeouts() -> Result<()> {
         }
         ensure_that!(*obuf.host_view()? == *buf.host_view()?, "iteration {i}: other user reads different data");
     }
-    let resets = dev.counters().resets - resets0;
+    let resets = dev.counters()?.resets - resets0;
     println!(
         "    {timeouts} forced timeouts, {recoveries} recoveries, {resets} controller resets, {epoch_errors} epoch-changed errors seen by the other user ({own_epoch_errors} by this process's patient open file), {:.1} s",
         start.elapsed().as_secs_f64()

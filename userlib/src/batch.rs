@@ -15,6 +15,7 @@ use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespa
 use crate::error::{Error, Result};
 use crate::queue::QueuePair;
 use crate::sys::req;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::Status;
@@ -99,7 +100,8 @@ impl Drop for Slot {
 pub(crate) struct QueueBatch {
     dev: Arc<Inner>,
     ns: Namespace,
-    qp: QueuePair,
+    /// Leaked in a child forked after the batch was made: its mappings are the parent's.
+    qp: ManuallyDrop<QueuePair>,
     capacity: usize,
     pending: Vec<Slot>,
     ready: Vec<IoEvent>,
@@ -126,6 +128,7 @@ impl QueueBatch {
     /// registrations on that member's controller.
     pub(crate) fn on_member(dev: &Device, ns: &Namespace, capacity: usize, member: usize) -> Result<Self> {
         let inner = dev.inner.clone();
+        inner.born.check("device")?;
         let depth = (capacity + 1).max(2) as u32;
         if depth > inner.info.max_queue_entries {
             return Err(Error::invalid("capacity", format!("at most {}", inner.info.max_queue_entries - 1)));
@@ -136,7 +139,7 @@ impl QueueBatch {
         Ok(QueueBatch {
             dev: inner,
             ns: ns.clone(),
-            qp,
+            qp: ManuallyDrop::new(qp),
             capacity,
             pending: Vec::with_capacity(capacity),
             ready: Vec::with_capacity(capacity),
@@ -328,11 +331,17 @@ impl QueueBatch {
 
 impl Drop for QueueBatch {
     fn drop(&mut self) {
+        if self.dev.born.in_child() {
+            // The parent's queue pair: no cancel (its doorbells), no delete, no unmap here.
+            return;
+        }
         if self.in_flight() > 0 {
             let _ = self.cancel();
         }
         // Nothing is in flight (or the controller was reset): give the queue pair back. The
         // module revokes our mappings of it; `qp` unmaps them after this.
         delete_queue_pair(&self.dev.fd, self.qp.qid());
+        // SAFETY: dropped once, here; `self` is going away.
+        unsafe { ManuallyDrop::drop(&mut self.qp) };
     }
 }

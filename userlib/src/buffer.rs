@@ -11,6 +11,7 @@
 
 use crate::device::Registration;
 use crate::error::{Error, Result};
+use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::mem::HostMemory;
 use std::ops::Deref;
@@ -88,6 +89,8 @@ pub struct Buffer {
     path: Path,
     storage: u64,
     lease: AtomicU32,
+    /// The fork generation it was registered in.
+    born: Born,
 }
 
 // SAFETY: the buffer's memory is touched only under its lease word (see the type's invariants):
@@ -197,7 +200,23 @@ impl std::ops::DerefMut for HostView<'_> {
 impl Buffer {
     /// A buffer over `mem` with what registering it produced, for the storage `storage`.
     pub(crate) fn new(mem: Mem, regs: Vec<Registration>, staging: Option<Staging>, path: Path, storage: u64) -> Buffer {
-        Buffer { mem, regs, staging: staging.map(Mutex::new), path, storage, lease: AtomicU32::new(0) }
+        Buffer {
+            mem,
+            regs,
+            staging: staging.map(Mutex::new),
+            path,
+            storage,
+            lease: AtomicU32::new(0),
+            born: Born::now(),
+        }
+    }
+
+    /// [`Error::ForkedChild`] in a child forked after the buffer was registered: its
+    /// registration pins the parent's pages, and memory the library allocated for it is not
+    /// inherited (`MADV_DONTFORK`).
+    #[inline]
+    pub(crate) fn alive(&self) -> Result<()> {
+        self.born.check("buffer")
     }
 
     /// Length in bytes.
@@ -278,6 +297,7 @@ impl Buffer {
 
     /// The CPU's view of a host buffer; refused while I/O on it runs, and for GPU memory.
     pub fn host_view(&self) -> Result<HostView<'_>> {
+        self.alive()?;
         let Mem::Host { ptr, len, .. } = &self.mem else {
             return Err(Error::invalid("buf", "GPU memory has no host view; use copy_out"));
         };
@@ -290,6 +310,7 @@ impl Buffer {
 
     /// Copies `src` into the buffer at `offset` (refused while I/O on it is running).
     pub fn copy_in(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.alive()?;
         let _cpu = CpuLease::new(self)?;
         self.check(offset as u64, src.len() as u64)?;
         match &self.mem {
@@ -302,6 +323,7 @@ impl Buffer {
 
     /// Copies the buffer at `offset` into `dst` (refused while I/O on it is running).
     pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.alive()?;
         let _cpu = CpuLease::new(self)?;
         self.check(offset as u64, dst.len() as u64)?;
         match &self.mem {
@@ -326,9 +348,12 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        if self.inflight() > 0 {
+        if self.inflight() > 0 || self.born.in_child() {
             // A lease was kept for good: the SSD may still access this memory. Keep it pinned
             // (registration) and mapped (memory) for the life of the process.
+            // In a forked child: the registrations are the parent's (deregistering would unpin
+            // its pages), memory the library allocated is not mapped here (MADV_DONTFORK), and
+            // GPU memory belongs to the parent's runtime. Leak the bookkeeping there too.
             std::mem::forget(std::mem::take(&mut self.regs));
             std::mem::forget(self.staging.take());
             match &mut self.mem {

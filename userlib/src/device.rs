@@ -6,6 +6,7 @@
 
 use crate::cmd::{self, Command, DptrPolicy, DsmRange};
 use crate::error::{Error, Result};
+use crate::fork::Born;
 use crate::mmio::{Doorbells, StatusView};
 #[doc(hidden)]
 pub use crate::queue::DptrCounts;
@@ -13,6 +14,7 @@ use crate::queue::QueuePair;
 pub use crate::sgl::DataPointers;
 use crate::sys::{req, DeviceFd, EventFd};
 use std::cell::Cell;
+use std::mem::ManuallyDrop;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -61,15 +63,22 @@ impl Default for DeviceOptions {
     }
 }
 
+/// An open controller's state in this process.
+///
+/// The mappings (status page, doorbells, queue pairs) are `ManuallyDrop`: in a child forked
+/// after the device was opened they are not there (ugds mappings are not inherited), so `Drop`
+/// leaks them instead of unmapping whatever the child has at those addresses since.
 #[derive(Debug)]
 pub(crate) struct Inner {
     /// Shared with every queue pair, which re-arms itself through it after a reset.
     pub(crate) fd: Arc<DeviceFd>,
     pub(crate) info: DeviceInfo,
-    pub(crate) status: StatusView,
+    pub(crate) status: ManuallyDrop<StatusView>,
     /// The doorbell page(s), shared by every queue pair of this open file.
-    pub(crate) doorbells: Arc<Doorbells>,
-    queues: Vec<QueuePair>,
+    pub(crate) doorbells: ManuallyDrop<Arc<Doorbells>>,
+    queues: ManuallyDrop<Vec<QueuePair>>,
+    /// The fork generation it was opened in.
+    pub(crate) born: Born,
     pub(crate) timeout: Duration,
     /// Largest transfer of one command.
     max_cmd_bytes: u64,
@@ -230,6 +239,7 @@ impl Device {
                       `Storage::open` (the CLI's info, read and write accept them)",
             });
         }
+        let born = crate::fork::watch()?;
         let fd = Arc::new(DeviceFd::open(path, opts.exclusive)?);
         let mut info = DeviceInfo {
             abi_version: 0,
@@ -291,9 +301,10 @@ impl Device {
             inner: Arc::new(Inner {
                 fd,
                 info,
-                status,
-                doorbells,
-                queues,
+                status: ManuallyDrop::new(status),
+                doorbells: ManuallyDrop::new(doorbells),
+                queues: ManuallyDrop::new(queues),
+                born,
                 timeout: opts.timeout,
                 max_cmd_bytes: mdts.min(MAX_CMD_BYTES),
                 dptr,
@@ -336,7 +347,7 @@ impl Device {
     #[doc(hidden)]
     pub fn dptr_counts(&self) -> DptrCounts {
         let mut c = DptrCounts::default();
-        for q in &self.inner.queues {
+        for q in self.inner.queues.iter() {
             c += q.dptr_counts();
         }
         c
@@ -356,20 +367,24 @@ impl Device {
     /// A namespace formatted with metadata or protection information is refused by name: the
     /// data path moves data blocks only (no metadata buffers, no protection fields).
     pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
+        self.inner.born.check("device")?;
         let ns = self.namespaces().into_iter().find(|n| n.info.nsid == nsid).ok_or(Error::NoNamespace(nsid))?;
         metadata_free(&ns.info)?;
         Ok(ns)
     }
 
-    /// The status page: (epoch, faulted), read together in one load.
-    pub fn status(&self) -> (u64, bool) {
+    /// The status page: (epoch, faulted), read together in one load. [`Error::ForkedChild`] in a
+    /// child forked after the device was opened (the page is not mapped there).
+    pub fn status(&self) -> Result<(u64, bool)> {
+        self.inner.born.check("device")?;
         let s = self.inner.status.state();
-        (s.epoch(), s.faulted())
+        Ok((s.epoch(), s.faulted()))
     }
 
-    /// Counters from the status page.
-    pub fn counters(&self) -> StatusPage {
-        self.inner.status.snapshot()
+    /// Counters from the status page ([`Error::ForkedChild`] as for [`Device::status`]).
+    pub fn counters(&self) -> Result<StatusPage> {
+        self.inner.born.check("device")?;
+        Ok(self.inner.status.snapshot())
     }
 
     /// Registers host memory `[addr, addr + len)` (page aligned, a multiple of 4 KiB) with the
@@ -383,6 +398,7 @@ impl Device {
         if !(addr as usize).is_multiple_of(4096) || len == 0 || !len.is_multiple_of(4096) {
             return Err(Error::invalid("addr", "address and length must be non-zero multiples of 4096"));
         }
+        self.inner.born.check("device")?;
         let mut a = RegisterHost { addr: addr as u64, len: len as u64, handle: RegistrationHandle::default() };
         self.inner.fd.ioctl(req::RegisterHost, &mut a)?;
         self.finish_registration(a.handle)
@@ -390,6 +406,7 @@ impl Device {
 
     /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
     pub(crate) fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
+        self.inner.born.check("device")?;
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
         self.inner.fd.ioctl(req::RegisterDmabuf, &mut a)?;
         self.finish_registration(a.handle)
@@ -412,6 +429,23 @@ impl Device {
         segments.truncate(n as usize);
         reg.segments = segments;
         Ok(reg)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.born.in_child() {
+            // The parent's mappings: not in this process (VM_DONTCOPY). Leak the bookkeeping;
+            // only the descriptor (the child's own reference to the open file) is closed.
+            return;
+        }
+        // SAFETY: each field is dropped once, here, and never used again (`self` is going
+        // away). Queue pairs first: they hold the doorbells too.
+        unsafe {
+            ManuallyDrop::drop(&mut self.queues);
+            ManuallyDrop::drop(&mut self.doorbells);
+            ManuallyDrop::drop(&mut self.status);
+        }
     }
 }
 
@@ -536,6 +570,8 @@ impl Namespace {
         dev_offset: u64,
         len: u64,
     ) -> std::result::Result<(), IoFailure> {
+        // The one entry of every synchronous request, shared or owned queue.
+        self.dev.born.check("device").map_err(IoFailure::done)?;
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
         lanes::run_one(write, &lane, q).map_err(|f| f.failure)
@@ -564,6 +600,7 @@ impl Namespace {
     }
 
     fn no_data(&self, cmd: Command<'_>) -> Result<()> {
+        self.dev.born.check("device")?;
         let r = self.execute(&[cmd]);
         if matches!(r, Err(Error::Timeout { .. })) {
             self.recover();
@@ -652,6 +689,11 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
+        if self.dev.born.in_child() {
+            // The parent's registration: deregistering it from here would unpin the parent's
+            // memory under its commands (the module refuses a non-opener anyway).
+            return;
+        }
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
         // SAFETY: no command names the registration any more: none is in flight (checked
         // above), and a timed-out one keeps `inflight` raised until a reset confirmed the

@@ -4,6 +4,7 @@
 //! path each worker thread has its own io_uring ring.
 
 use crate::error::{Error, Result};
+use crate::fork::Born;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,8 @@ pub struct Engine {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Jobs queued so far.
     spawned: AtomicU64,
+    /// The fork generation the threads were started in.
+    born: Born,
 }
 
 impl Engine {
@@ -46,11 +49,13 @@ impl Engine {
                 .map_err(|e| Error::Io { op: "spawning an I/O worker".into(), source: e })?;
             threads.push(t);
         }
-        Ok(Arc::new(Engine { tx: Mutex::new(Some(tx)), threads, spawned: AtomicU64::new(0) }))
+        Ok(Arc::new(Engine { tx: Mutex::new(Some(tx)), threads, spawned: AtomicU64::new(0), born: Born::now() }))
     }
 
     /// Queues `f` on a worker.
     pub fn spawn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        // A forked child has none of the workers: the job would never run.
+        self.born.check("I/O worker pool")?;
         self.spawned.fetch_add(1, Ordering::Relaxed);
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         match tx.as_ref() {
@@ -68,6 +73,15 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        if self.born.in_child() {
+            // The workers are the parent's threads, not in this process: joining one would wait
+            // for ever, and the channel's lock may have been held by one at the fork.
+            std::mem::forget(std::mem::take(&mut self.threads));
+            if let Ok(tx) = self.tx.get_mut() {
+                std::mem::forget(tx.take());
+            }
+            return;
+        }
         // Closing the channel lets each worker finish the queued jobs and exit.
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         let me = std::thread::current().id();

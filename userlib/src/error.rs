@@ -174,6 +174,14 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The object was made by the parent process before `fork()`: its queues, doorbells, rings,
+    /// connections and registrations belong to the parent, and nothing was touched. Open the
+    /// device (or file, volume, target) again in the child and register memory there.
+    #[error("this {object} was created by the parent process before fork(); open the device again in the child")]
+    ForkedChild {
+        /// What was used (`storage`, `buffer`, `device`, `batch`, `stream`, ...).
+        object: &'static str,
+    },
     /// A system call of the fallback path failed.
     #[error("{op}: {source}")]
     Io {
@@ -253,6 +261,8 @@ impl Error {
             Error::RemoteTransport { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::RemoteRejected { .. } => libc::ECONNREFUSED,
             Error::RemoteProtocol { .. } => libc::EPROTO,
+            // "File descriptor in bad state": the handle is the parent's.
+            Error::ForkedChild { .. } => libc::EBADFD,
         };
         -e
     }

@@ -7,6 +7,7 @@
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::error::{Error, Result};
+use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
 use crate::path::{DataPath, Registered};
@@ -27,8 +28,11 @@ const RING_ENTRIES: u32 = 64;
 pub const READ_LANES: usize = 8;
 
 thread_local! {
-    /// One ring per thread: rings are not shared, so there is no lock on the I/O path.
-    static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+    /// One ring per thread: rings are not shared, so there is no lock on the I/O path. With the
+    /// fork generation it was made in: the thread that forks a child is the child's only
+    /// thread, and its ring there is the parent's (the ring's memory is shared), so the child
+    /// leaks it and makes its own.
+    static RING: RefCell<Option<(IoUring, Born)>> = const { RefCell::new(None) };
 }
 
 /// Waits for `want` completions, retrying when a signal interrupts the wait.
@@ -57,6 +61,10 @@ fn abandon_ring() {
 fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> Result<R>) -> Result<R> {
     RING.with(|cell| {
         let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_some_and(|(_, born)| born.in_child()) {
+            // The parent's ring, inherited by fork: never entered, never torn down from here.
+            std::mem::forget(slot.take());
+        }
         if slot.is_none() {
             // One thread submits and reaps: tell the kernel (less task-work overhead per I/O,
             // kernel 6.1+); older kernels get a plain ring.
@@ -66,10 +74,10 @@ fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> Result<R>) -> Result<R> {
                 .build(RING_ENTRIES)
                 .or_else(|_| IoUring::new(RING_ENTRIES))
                 .map_err(|e| io_err("io_uring_setup", e))?;
-            *slot = Some(ring);
+            *slot = Some((ring, Born::now()));
         }
         match slot.as_mut() {
-            Some(ring) => f(ring),
+            Some((ring, _)) => f(ring),
             None => Err(Error::invalid("ring", "missing")),
         }
     })

@@ -31,6 +31,7 @@ pub mod error;
 pub mod fallback;
 #[cfg(feature = "fallback")]
 mod fallback_batch;
+pub(crate) mod fork;
 pub mod gpu;
 pub(crate) mod mem;
 pub(crate) mod mmio;

@@ -5,7 +5,9 @@
 //! against, so it runs on DMA memory and, in tests, on ordinary memory ([`TestMemory`]).
 
 use crate::error::{Error, Result};
+use crate::fork::Born;
 use crate::mmio::Mmap;
+use std::mem::ManuallyDrop;
 
 /// Memory holding queue entries or PRP lists, accessed one aligned field at a time.
 ///
@@ -156,18 +158,26 @@ impl QueueMemory for DeviceShared {
 /// the device may write it during a read, so slices of it are `unsafe` (the caller states that
 /// no device write runs while the slice lives); otherwise it is handed around as a pointer.
 /// It has no bus address: a registration's DMA segments come from the module.
+///
+/// The library's own DMA memory, so it is `MADV_DONTFORK`: a child made by `fork` does not
+/// inherit it, and dropped there it is leaked (nothing is mapped at its address in the child,
+/// or something else of the child's is).
 #[derive(Debug)]
 pub struct HostMemory {
-    map: Mmap,
+    map: ManuallyDrop<Mmap>,
+    born: Born,
 }
 
 impl HostMemory {
-    /// `len` zeroed bytes (`len > 0`; whole pages are mapped).
+    /// `len` zeroed bytes (`len > 0`; whole pages are mapped), not inherited by a forked child.
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
-        Ok(HostMemory { map: Mmap::anonymous(len)? })
+        let map = Mmap::anonymous(len)?;
+        // SAFETY: our own fresh mapping of `map.len()` bytes.
+        unsafe { crate::fork::dont_fork(map.ptr(), map.len()) }?;
+        Ok(HostMemory { map: ManuallyDrop::new(map), born: Born::now() })
     }
 
     /// The start address (page aligned).
@@ -178,6 +188,17 @@ impl HostMemory {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        if self.born.in_child() {
+            // Not inherited (MADV_DONTFORK): whatever the child has at this address is its own.
+            return;
+        }
+        // SAFETY: dropped once, here; `self` is going away.
+        unsafe { ManuallyDrop::drop(&mut self.map) };
     }
 }
 

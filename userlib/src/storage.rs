@@ -14,10 +14,12 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback::FileTarget;
+use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::mem::HostMemory;
 use crate::path::{DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -55,13 +57,21 @@ struct PathStats {
 }
 
 /// Where I/O goes (cuFile's file handle).
+///
+/// Bound to the process that opened it: in a child forked after that, every call that would
+/// touch the target fails with [`Error::ForkedChild`], and dropping it touches nothing of the
+/// parent's (open the target again in the child).
 #[derive(Debug)]
 pub struct Storage {
-    path: Box<dyn DataPath>,
+    /// `ManuallyDrop`: a remote target's connections are the parent's in a forked child, and
+    /// are leaked there (see `Drop`).
+    path: ManuallyDrop<Box<dyn DataPath>>,
     stats: PathStats,
     engine: OnceLock<Arc<Engine>>,
     /// Buffers remember which storage they were registered for.
     id: u64,
+    /// The fork generation it was opened in.
+    born: Born,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -82,6 +92,7 @@ impl Storage {
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
     pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+        crate::fork::watch()?;
         if path.starts_with(crate::remote::uri::SCHEME) {
             return Self::remote(&crate::remote::RemoteSpec::parse(path)?);
         }
@@ -150,19 +161,21 @@ impl Storage {
 
     /// A striped volume over the members of `spec`, each opened with `opts`.
     pub fn volume(spec: &VolumeSpec, opts: &DeviceOptions) -> Result<Arc<Storage>> {
-        Ok(Self::new(Box::new(VolumePath::open(spec, opts)?)))
+        crate::fork::watch()?;
+        Self::new(Box::new(VolumePath::open(spec, opts)?))
     }
 
     /// A namespace of an NVMe over Fabrics target, through our own NVMe/TCP or NVMe/RDMA
     /// initiator (the remote path).
     pub fn remote(spec: &crate::remote::RemoteSpec) -> Result<Arc<Storage>> {
-        Ok(Self::new(Box::new(crate::remote::RemotePath::open(spec)?)))
+        crate::fork::watch()?;
+        Self::new(Box::new(crate::remote::RemotePath::open(spec)?))
     }
 
     /// Namespace `nsid` of an open device (the direct path).
     pub fn direct(dev: &Device, nsid: u32) -> Result<Arc<Storage>> {
         let ns = dev.namespace(nsid)?;
-        Ok(Self::new(Box::new(DirectPath { ns, dev: dev.clone() })))
+        Self::new(Box::new(DirectPath { ns, dev: dev.clone() }))
     }
 
     /// A file or block device (the fallback path).
@@ -175,21 +188,36 @@ impl Storage {
                 "the file system does not support O_DIRECT; I/O goes through the page cache",
             );
         }
-        Ok(Self::new(Box::new(f)))
+        Self::new(Box::new(f))
     }
 
-    fn new(path: Box<dyn DataPath>) -> Arc<Storage> {
-        Arc::new(Storage {
-            path,
+    fn new(path: Box<dyn DataPath>) -> Result<Arc<Storage>> {
+        let born = crate::fork::watch()?;
+        Ok(Arc::new(Storage {
+            path: ManuallyDrop::new(path),
             stats: PathStats::default(),
             engine: OnceLock::new(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-        })
+            born,
+        }))
+    }
+
+    /// [`Error::ForkedChild`] in a child forked after the storage was opened: the entry check
+    /// of every call that would touch the target (one relaxed load).
+    #[inline]
+    pub(crate) fn alive(&self) -> Result<()> {
+        self.born.check("storage")
+    }
+
+    /// True in a child forked after the storage was opened (what it holds is the parent's).
+    #[cfg(feature = "fallback")]
+    pub(crate) fn in_forked_child(&self) -> bool {
+        self.born.in_child()
     }
 
     /// The path, for the layers above (batches).
     pub(crate) fn data_path(&self) -> &dyn DataPath {
-        &*self.path
+        &**self.path
     }
 
     /// Counts one finished I/O of `bytes` on `path`.
@@ -244,12 +272,16 @@ impl Storage {
 
     /// Capacity in bytes.
     pub fn capacity(&self) -> Result<u64> {
+        self.alive()?;
         self.path.capacity()
     }
 
     /// Writes `data` at `off` exactly (any size and offset) through the page cache, on the
     /// fallback path; `None` on the direct path (a namespace has no byte-granular write).
     pub fn write_bytes(&self, data: &[u8], off: u64) -> Option<Result<()>> {
+        if let Err(e) = self.alive() {
+            return Some(Err(e));
+        }
         self.path.write_bytes(data, off)
     }
 
@@ -279,6 +311,7 @@ impl Storage {
 
     /// The worker pool for batches and stream-ordered I/O (started on first use).
     pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
+        self.alive()?;
         if let Some(e) = self.engine.get() {
             return Ok(e.clone());
         }
@@ -295,6 +328,7 @@ impl Storage {
 
     /// Allocates and registers `len` bytes of page-aligned host memory.
     pub fn alloc_host(&self, len: usize) -> Result<Buffer> {
+        self.alive()?;
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
@@ -321,6 +355,7 @@ impl Storage {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
+        self.alive()?;
         // SAFETY: forwarded from the caller.
         let r = unsafe { self.path.register_host(ptr, len) }?;
         Ok(self.buffer(Mem::Host { ptr, len, own: None }, r))
@@ -331,6 +366,7 @@ impl Storage {
     /// do, unless `allow_staging` is set, in which case I/O is staged through registered host
     /// memory, still through the NVMe queues (and that choice is logged once).
     pub fn register_gpu(&self, mem: Arc<GpuMemory>, allow_staging: bool) -> Result<Buffer> {
+        self.alive()?;
         let r = self.path.register_gpu(&mem, allow_staging)?;
         if r.path != Path::DirectP2p {
             // Staged I/O: its staging chunks and copy queues exist before the first I/O (best
@@ -344,6 +380,9 @@ impl Storage {
     /// storage and holds the range, offsets and length are block multiples, the buffer offset
     /// suits the path, and the range fits the target.
     pub(crate) fn check(&self, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<()> {
+        // Before anything else: in a forked child nothing of the parent's is touched.
+        self.alive()?;
+        buf.alive()?;
         if buf.storage_id() != self.id {
             return Err(Error::invalid("buf", "registered for another storage"));
         }
@@ -390,6 +429,21 @@ impl Storage {
     /// Flushes written data (NVMe Flush when the controller has a volatile write cache, or
     /// fdatasync).
     pub fn flush(&self) -> Result<()> {
+        self.alive()?;
         self.path.flush()
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if self.born.in_child() && self.path.is_remote() {
+            // A remote target's connections (keep-alive thread, sockets, RDMA queue pairs) are
+            // the parent's: neither joined, shut down nor destroyed from a forked child. The
+            // other paths drop safely there (their device state skips the parent's mappings and
+            // registrations; descriptors are the child's own references).
+            return;
+        }
+        // SAFETY: dropped once, here; `self` is going away.
+        unsafe { ManuallyDrop::drop(&mut self.path) };
     }
 }

@@ -15,6 +15,7 @@ use crate::buffer::{Buffer, Lease, Path};
 use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback_batch::RingBatch;
+use crate::fork::Born;
 use crate::storage::Storage;
 use crate::volume_batch::VolumeQueueBatch;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +57,8 @@ pub struct StorageBatch {
     native: Option<Native>,
     /// Whether completed entries count in the storage's path counts (not the warm-up's).
     counts: bool,
+    /// The fork generation it was made in.
+    born: Born,
 }
 
 /// The queue batch behind a storage batch: a namespace's own queue pair, one on every member
@@ -140,7 +143,14 @@ impl StorageBatch {
             // batch below reports its own errors when used.
             let _ = Self::warm_up(storage, capacity);
         }
-        Ok(StorageBatch { storage: storage.clone(), capacity, state: Arc::default(), native, counts: true })
+        Ok(StorageBatch {
+            storage: storage.clone(),
+            capacity,
+            state: Arc::default(),
+            native,
+            counts: true,
+            born: Born::now(),
+        })
     }
 
     /// Once per process, runs a few reads through a throwaway batch on a queue pair:
@@ -205,6 +215,7 @@ impl StorageBatch {
 
     /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
     pub fn submit(&mut self, reqs: &[IoRequest]) -> Result<()> {
+        self.born.check("batch")?;
         let engine = self.storage.engine()?;
         let busy = self.in_flight();
         if busy + reqs.len() > self.capacity {
@@ -292,6 +303,7 @@ impl StorageBatch {
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing is
     /// running) and returns all available events.
     pub fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<IoEvent>> {
+        self.born.check("batch")?;
         let deadline = Instant::now() + timeout;
         let mut out = Vec::new();
         loop {
@@ -337,6 +349,7 @@ impl StorageBatch {
     /// Waits for every running entry (they cannot be recalled from the kernel or the SSD) and
     /// returns all events.
     pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
+        self.born.check("batch")?;
         let mut out = Vec::new();
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
@@ -362,6 +375,12 @@ impl StorageBatch {
 
 impl Drop for StorageBatch {
     fn drop(&mut self) {
+        if self.born.in_child() {
+            // A forked child: the queue pair or ring is the parent's, and the worker threads
+            // running the rest are not in this process (waiting for them would never end).
+            std::mem::forget(self.native.take());
+            return;
+        }
         let _ = self.cancel();
     }
 }

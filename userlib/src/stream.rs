@@ -121,6 +121,8 @@ struct Queue {
 pub struct CpuStream {
     shared: Arc<(Mutex<QueueDebug>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The fork generation its thread was started in.
+    born: crate::fork::Born,
 }
 
 /// `Queue` with a Debug impl that does not print closures.
@@ -135,13 +137,14 @@ impl std::fmt::Debug for QueueDebug {
 impl CpuStream {
     /// Starts the stream's thread.
     pub fn new() -> Result<Arc<CpuStream>> {
+        let born = crate::fork::watch()?;
         let shared = Arc::new((Mutex::new(QueueDebug(Queue::default())), Condvar::new()));
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ugds-cpu-stream".into())
             .spawn(move || Self::run(&s))
             .map_err(|e| Error::Io { op: "spawning the CPU stream thread".into(), source: e })?;
-        Ok(Arc::new(CpuStream { shared, thread: Some(thread) }))
+        Ok(Arc::new(CpuStream { shared, thread: Some(thread), born }))
     }
 
     fn run(shared: &(Mutex<QueueDebug>, Condvar)) {
@@ -181,6 +184,8 @@ impl CpuStream {
     }
 
     fn push(&self, j: Job) -> Result<()> {
+        // A forked child has no stream thread: the work would never run.
+        self.born.check("stream")?;
         let (m, cv) = &*self.shared;
         m.lock().unwrap_or_else(|e| e.into_inner()).0.jobs.push_back(j);
         cv.notify_all();
@@ -207,6 +212,7 @@ impl Stream for CpuStream {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.born.check("stream")?;
         let (m, cv) = &*self.shared;
         let mut q = m.lock().unwrap_or_else(|e| e.into_inner());
         while !q.0.jobs.is_empty() || q.0.running > 0 {
@@ -222,6 +228,11 @@ impl Stream for CpuStream {
 
 impl Drop for CpuStream {
     fn drop(&mut self) {
+        if self.born.in_child() {
+            // The stream's thread is the parent's: there is nothing to wait for or join here.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         let _ = self.synchronize();
         let (m, cv) = &*self.shared;
         m.lock().unwrap_or_else(|e| e.into_inner()).0.closed = true;

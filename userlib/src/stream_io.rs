@@ -123,6 +123,8 @@ pub struct StreamIo {
     /// The ring groups on a file target run on (made at the first, larger when a group is).
     #[cfg(feature = "fallback")]
     ring: Arc<Mutex<Option<RingBatch>>>,
+    /// The fork generation it was registered in.
+    born: crate::fork::Born,
 }
 
 /// One operation of a group as a job: it runs on a worker thread once the stream reaches the
@@ -162,6 +164,7 @@ fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
 impl StreamIo {
     /// Registers a stream for stream-ordered I/O.
     pub fn new(stream: Arc<dyn Stream>) -> Result<StreamIo> {
+        let born = crate::fork::watch()?;
         let word = stream.completion_word()?;
         word.store(0);
         Ok(StreamIo {
@@ -172,6 +175,7 @@ impl StreamIo {
             passed: Arc::default(),
             #[cfg(feature = "fallback")]
             ring: Arc::default(),
+            born,
         })
     }
 
@@ -192,6 +196,7 @@ impl StreamIo {
 
     /// Queues `f` on the stream after everything queued so far.
     pub fn then(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.born.check("stream")?;
         self.stream.host_fn(Box::new(f))
     }
 
@@ -200,6 +205,7 @@ impl StreamIo {
     /// that puts its operations in flight at once on a ring of this registration's own (see
     /// [`crate::fallback_batch`]); elsewhere each operation is a job of its own.
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
+        self.born.check("stream")?;
         #[cfg(feature = "fallback")]
         if storage.data_path().as_file().is_some() && !ops.is_empty() {
             return self.submit_to_ring(storage, ops);
@@ -237,6 +243,7 @@ impl StreamIo {
     /// Queues a group of jobs (the general form of [`StreamIo::submit`]: the C faces' jobs
     /// resolve their memory and choose their path when they run).
     pub fn submit_jobs(&self, engine: &Arc<Engine>, jobs: Vec<StreamJob>) -> Result<()> {
+        self.born.check("stream")?;
         if jobs.is_empty() {
             return Err(Error::invalid("ops", "empty group"));
         }
@@ -287,6 +294,7 @@ impl StreamIo {
 
     /// Waits for everything queued on the stream.
     pub fn synchronize(&self) -> Result<()> {
+        self.born.check("stream")?;
         self.stream.synchronize()
     }
 
@@ -386,6 +394,14 @@ fn run_group(s: &Arc<Storage>, engine: &Engine, ring: &Mutex<Option<RingBatch>>,
 
 impl Drop for StreamIo {
     fn drop(&mut self) {
+        if self.born.in_child() {
+            // The stream and the workers are the parent's: nothing will pass the groups here.
+            // The completion word (pinned memory of the parent's runtime) and the ring stay.
+            std::mem::forget(self.word.clone());
+            #[cfg(feature = "fallback")]
+            std::mem::forget(self.ring.clone());
+            return;
+        }
         let deadline = Instant::now() + DROP_WAIT;
         while !self.idle() {
             if Instant::now() >= deadline {

@@ -7,7 +7,7 @@ through pinned host memory). The same calls work on both::
 
     import ugds
     st = ugds.open("/dev/ugds_drv0")        # or "/data/kv.bin", "/dev/nvme1n1"
-    buf = st.register(tensor)               # torch / numpy / cupy / DLPack / buffer / (ptr, nbytes)
+    buf = st.register(tensor)               # torch / numpy / cupy / DLPack / buffer
     st.read(buf, file_offset=0, nbytes=1 << 20)
     st.path_counts()                        # {'direct_p2p': 0, 'direct_host': 0, 'direct_staged': 0, 'fallback': 1, 'remote': 0, 'remote_staged': 0, 'bytes': ...}
 

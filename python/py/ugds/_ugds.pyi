@@ -9,7 +9,7 @@ __version__: str
 
 # What ``register`` (and every ``buf`` argument) takes: a torch tensor (CPU or CUDA, contiguous),
 # a numpy / cupy array, an object with ``__dlpack__``, ``__cuda_array_interface__`` or the buffer
-# protocol, or raw ``(ptr, nbytes)`` integers (CUDA device 0 memory when CUDA says so, else host).
+# protocol. Raw ``(ptr, nbytes)`` integers only through ``Storage.register_raw_unsafe``.
 Registrable = Any
 # A CUDA stream handle (``torch.cuda.current_stream().cuda_stream``), a torch or cupy stream
 # object, or a ``CpuStream``.
@@ -49,7 +49,12 @@ class Storage:
         """Which path I/O takes, and on what, in words."""
     def register(self, obj: Registrable, allow_fallback: bool = True) -> Buffer:
         """Registers memory for I/O on this storage (see ``Registrable``). The Buffer holds the
-        object (or its buffer export) while registered."""
+        object (or its buffer export) while registered; a torch tensor resized or ``set_()``
+        since is refused at its next use (``RegisteredMemoryChanged``)."""
+    def register_raw_unsafe(self, ptr: int, nbytes: int, allow_fallback: bool = True) -> Buffer:
+        """Registers raw memory ``[ptr, ptr + nbytes)`` (CUDA device 0 memory when CUDA says so,
+        else host). Unsafe: nothing holds it or notices when it moves; the caller keeps it
+        allocated at that address until the buffer is deregistered and its I/O is over."""
     def alloc(self, nbytes: int) -> Buffer:
         """Allocates and registers page-aligned host memory."""
     def read(self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0) -> int:

@@ -121,6 +121,21 @@ class Unsupported(Error):
     fix: str
 
 
+class ForkedChild(Error, OSError):
+    """The ``object`` ("storage", "buffer", "batch", "stream", ...) was made by the parent
+    process before ``os.fork()``: its queues, rings and registrations are the parent's, and
+    nothing was touched. Open the storage (and register memory) again in the child."""
+
+    object: str
+
+
+class RegisteredMemoryChanged(Error, ValueError):
+    """A registered tensor or buffer no longer has the memory it was registered with (resized,
+    ``set_()``, reallocated): ``what`` changed. Nothing was read or written; register it again."""
+
+    what: str
+
+
 class StoreFull(Error, OSError):
     """``ugds.kv``: the store's ``what`` ("data region", "journal", "index") has no room for
     ``need`` bytes (``free`` left) and eviction is off (or cannot help)."""
@@ -153,5 +168,7 @@ __all__ = [
     "GpuError",
     "Unsupported",
     "IoError",
+    "ForkedChild",
+    "RegisteredMemoryChanged",
     "StoreFull",
 ]

@@ -65,7 +65,10 @@ impl Library {
         if fh == 0 && self.face == Face::Ugds {
             return Err(Fail::Errno(libc::EINVAL));
         }
-        self.handle(fh).ok_or(Fail::Errno(libc::EBADF))
+        let h = self.handle(fh).ok_or(Fail::Errno(libc::EBADF))?;
+        // The parent's handle in a forked child: refused by name before anything is touched.
+        h.storage.alive()?;
+        Ok(h)
     }
 
     /// `Read`/`Write`: `size` bytes between the file at `file_offset` and memory at

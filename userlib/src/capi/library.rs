@@ -106,6 +106,9 @@ pub fn code_of(e: &Error) -> uGDSOpError {
         Error::Unsupported { .. } => UGDS_IO_NOT_SUPPORTED,
         Error::Control { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => UGDS_OUT_OF_MEMORY,
         Error::Control { .. } => UGDS_NVFS_DRIVER_ERROR,
+        // The library holds nothing of this process's for the object: a child of fork() opens
+        // the driver, its handles and its buffers again (uGDS and cuFile name it so).
+        Error::ForkedChild { .. } => UGDS_DRIVER_NOT_INITIALIZED,
         _ => UGDS_INTERNAL_ERROR,
     }
 }
@@ -224,6 +227,9 @@ pub(crate) struct BufEntry {
     pub(crate) inflight: AtomicU32,
     /// RDMA memory regions made from it.
     pub(crate) rdma: AtomicU32,
+    /// The fork generation it was registered in (a forked child may register the same memory
+    /// again: the parent's entry is not the child's).
+    pub(crate) born: crate::fork::Born,
 }
 
 /// How an observed I/O was issued.
@@ -362,8 +368,14 @@ impl Library {
     /// the new handle value.
     pub fn handle_register(&self, fd: c_int) -> CResult<usize> {
         self.require_open()?;
+        // A forked child's inherited handles are the parent's: the child registers afresh.
         if self.face == Face::CuFile
-            && self.handles.read().unwrap_or_else(|e| e.into_inner()).values().any(|h| h.fd == fd)
+            && self
+                .handles
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .any(|h| h.fd == fd && !h.storage.in_forked_child())
         {
             return Err(Fail::Code(UGDS_HANDLE_ALREADY_REGISTERED));
         }
@@ -495,17 +507,27 @@ impl Library {
             export,
             inflight: AtomicU32::new(0),
             rdma: AtomicU32::new(0),
+            born: crate::fork::Born::now(),
         });
         {
             let mut bufs = self.bufs.write().unwrap_or_else(|e| e.into_inner());
-            if bufs.contains_key(&base) {
+            // An entry the parent made before fork() is not this process's registration: the
+            // child's replaces it (the parent's handles keep theirs, and refuse I/O by name).
+            if bufs.get(&base).is_some_and(|e| !e.born.in_child()) {
                 return Err(Fail::Code(UGDS_MEMORY_ALREADY_REGISTERED));
             }
             bufs.insert(base, entry.clone());
         }
-        // Register on every handle now, so I/O never makes registration calls.
-        let handles: Vec<Arc<Handle>> =
-            self.handles.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        // Register on every handle now, so I/O never makes registration calls (not on the
+        // parent's handles in a forked child: they refuse I/O by name).
+        let handles: Vec<Arc<Handle>> = self
+            .handles
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|h| !h.storage.in_forked_child())
+            .cloned()
+            .collect();
         for h in handles {
             if let Err(e) = self.registration(&h, &entry) {
                 let _ = self.buf_deregister(base);

@@ -383,6 +383,10 @@ pub fn message(code: i64) -> &'static std::ffi::CStr {
         (libc::EOPNOTSUPP, c"not supported here"),
         (libc::ENODEV, c"no such device"),
         (libc::EFAULT, c"bad address"),
+        (
+            libc::EBADFD,
+            c"the handle or buffer was registered by the parent process before fork(); open the driver and register it again in this process",
+        ),
     ];
     match errnos.iter().find(|(e, _)| *e as i64 == code) {
         Some((_, m)) => m,

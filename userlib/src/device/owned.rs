@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::queue::{DptrCounts, QueuePair};
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::time::Duration;
 
 /// A queue pair created for one owner on a namespace's controller, deleted on drop.
@@ -24,8 +25,9 @@ use std::time::Duration;
 /// the controller using it (or leaks the queue memory when even that fails).
 #[derive(Debug)]
 pub(crate) struct OwnedQueuePair {
-    /// Dropped (unmapped) before `ns`, which may hold the device's last reference.
-    qp: QueuePair,
+    /// Dropped (unmapped) before `ns`, which may hold the device's last reference; leaked in a
+    /// child forked after it was made (its mappings are the parent's, not inherited).
+    qp: ManuallyDrop<QueuePair>,
     ns: Namespace,
     /// Not `Sync` (SPDK's contract, made a type): `Cell` is `Send` and `!Sync`.
     _not_sync: PhantomData<Cell<()>>,
@@ -37,9 +39,10 @@ impl Namespace {
     /// namespace's deadline. Fails when the controller has no queue pair left.
     pub(crate) fn owned_queue(&self) -> Result<OwnedQueuePair> {
         let dev = &self.dev;
+        dev.born.check("device")?;
         let epoch = dev.status.state().epoch();
         let qp = create_queue_pair(&dev.fd, self.queue_depth(), self.interrupts(), &dev.doorbells, epoch, dev.dptr)?;
-        Ok(OwnedQueuePair { qp, ns: self.clone(), _not_sync: PhantomData })
+        Ok(OwnedQueuePair { qp: ManuallyDrop::new(qp), ns: self.clone(), _not_sync: PhantomData })
     }
 }
 
@@ -90,9 +93,15 @@ impl OwnedQueuePair {
 
 impl Drop for OwnedQueuePair {
     fn drop(&mut self) {
+        if self.ns.dev.born.in_child() {
+            // The parent's queue pair: neither deleted nor unmapped from here.
+            return;
+        }
         // Nothing is in flight (see the invariants), or stranded commands' memory is kept for
         // good: give the queue pair back. The module deletes it on the controller before freeing
         // its memory and revokes our mappings of it; `qp` unmaps them after this.
         delete_queue_pair(&self.ns.dev.fd, self.qp.qid());
+        // SAFETY: dropped once, here; `self` is going away.
+        unsafe { ManuallyDrop::drop(&mut self.qp) };
     }
 }

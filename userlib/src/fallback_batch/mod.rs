@@ -554,6 +554,13 @@ impl RingBatch {
 
 impl Drop for RingBatch {
     fn drop(&mut self) {
+        if self.storage.in_forked_child() {
+            // The parent's ring (its memory is shared with the parent) and staging: neither
+            // cancelled nor torn down from a forked child.
+            std::mem::forget(self.ring.take());
+            std::mem::forget(self.stage.take());
+            return;
+        }
         // The ring and the staging memory are dropped after this wait: nothing uses them then
         // (or the ring was leaked with its requests, and their memory with it).
         let _ = self.cancel();

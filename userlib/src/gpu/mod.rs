@@ -46,12 +46,14 @@ pub enum Vendor {
     Cpu,
 }
 
-/// Pinned (page-locked) host memory, for staging copies.
+/// Pinned (page-locked) host memory, for staging copies. The library's own DMA memory:
+/// `MADV_DONTFORK`, so a forked child does not inherit it (and leaks it when dropped there).
 #[derive(Debug)]
 pub struct PinnedHost {
     ptr: *mut u8,
     len: usize,
     owner: Arc<dyn Runtime>,
+    born: crate::fork::Born,
 }
 
 // SAFETY: the pointer is a private allocation this value owns; it is only accessed through
@@ -79,6 +81,10 @@ impl PinnedHost {
 
 impl Drop for PinnedHost {
     fn drop(&mut self) {
+        if self.born.in_child() {
+            // Not inherited, and the runtime that would free it is the parent's.
+            return;
+        }
         self.owner.free_pinned(self.ptr, self.len);
     }
 }
@@ -208,6 +214,8 @@ pub struct GpuMemory {
     len: usize,
     /// Allocated here (freed on drop), or the caller's.
     owned: bool,
+    /// The fork generation it was allocated in (a forked child never frees it).
+    born: crate::fork::Born,
 }
 
 impl Gpu {
@@ -306,8 +314,9 @@ impl Gpu {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
+        let born = crate::fork::watch()?;
         let ptr = self.rt.alloc(len)?;
-        Ok(GpuMemory { gpu: self.clone(), ptr, len, owned: true })
+        Ok(GpuMemory { gpu: self.clone(), ptr, len, owned: true, born })
     }
 
     /// Device memory the caller allocated (not freed on drop).
@@ -320,19 +329,30 @@ impl Gpu {
         if len == 0 || ptr == 0 {
             return Err(Error::invalid("len", "a null or empty range"));
         }
-        Ok(GpuMemory { gpu: self.clone(), ptr, len, owned: false })
+        Ok(GpuMemory { gpu: self.clone(), ptr, len, owned: false, born: crate::fork::watch()? })
     }
 
     /// Allocates pinned host memory.
     pub fn alloc_pinned(&self, len: usize) -> Result<PinnedHost> {
+        let born = crate::fork::watch()?;
         let ptr = self.rt.alloc_pinned(len)?;
-        Ok(PinnedHost { ptr, len, owner: self.rt.clone() })
+        let p = PinnedHost { ptr, len, owner: self.rt.clone(), born };
+        if (ptr as usize).is_multiple_of(4096) {
+            // Whole pages (staging chunks: a page-aligned allocation owns the rest of its last
+            // page). A runtime that carves small allocations out of its own pages keeps them
+            // as they are: those pages are the runtime's.
+            // SAFETY: the runtime's fresh allocation for this library (never the caller's).
+            unsafe { crate::fork::dont_fork(ptr, len.next_multiple_of(4096)) }?;
+        }
+        Ok(p)
     }
 
     /// Takes `n` staging chunks from the pool (allocating when it is short).
     pub(crate) fn take_staging(&self, n: usize) -> Result<Vec<PinnedHost>> {
         let mut out = {
             let mut pool = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+            // Chunks of the parent's, in a forked child: not inherited (dropped, they leak).
+            pool.retain(|c| !c.born.in_child());
             let keep = pool.len().saturating_sub(n);
             pool.split_off(keep)
         };
@@ -444,7 +464,7 @@ impl GpuMemory {
 
 impl Drop for GpuMemory {
     fn drop(&mut self) {
-        if self.owned {
+        if self.owned && !self.born.in_child() {
             self.gpu.rt.free(self.ptr, self.len);
         }
     }

@@ -44,6 +44,7 @@ impl Storage {
     /// volume, a file or block device (fallback path) and a remote target are refused with
     /// [`Error::Unsupported`] (their `read` and `write` work as ever).
     pub fn owned_queue(self: &Arc<Self>) -> Result<OwnedQueue> {
+        self.alive()?;
         let Some(direct) = self.path.as_direct() else {
             return Err(Error::Unsupported {
                 what: "an owned queue pair",
