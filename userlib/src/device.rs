@@ -20,6 +20,8 @@ use std::time::Duration;
 use ugds_uapi::ioctl::*;
 
 pub(crate) mod lanes;
+#[cfg(test)]
+mod mock_tests;
 mod owned;
 
 pub(crate) use owned::OwnedQueuePair;
@@ -202,6 +204,33 @@ fn optional_command(oncs: u32, bit: u32, what: &'static str) -> Result<()> {
     })
 }
 
+/// A zeroed `DeviceInfo`, for GET_INFO to fill.
+fn blank_info() -> DeviceInfo {
+    DeviceInfo {
+        abi_version: 0,
+        instance: 0,
+        serial: [0; 20],
+        model: [0; 40],
+        firmware: [0; 8],
+        vid: 0,
+        ssvid: 0,
+        cap: 0,
+        vs: 0,
+        mdts_bytes: 0,
+        doorbell_stride: 0,
+        max_qpairs: 0,
+        max_queue_entries: 0,
+        irq_vectors: 0,
+        num_namespaces: 0,
+        vwc: 0,
+        oncs: 0,
+        page_size: 0,
+        namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
+        sgls: 0,
+        reserved: 0,
+    }
+}
+
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
@@ -224,29 +253,7 @@ impl Device {
             });
         }
         let fd = DeviceFd::open(path)?;
-        let mut info = DeviceInfo {
-            abi_version: 0,
-            instance: 0,
-            serial: [0; 20],
-            model: [0; 40],
-            firmware: [0; 8],
-            vid: 0,
-            ssvid: 0,
-            cap: 0,
-            vs: 0,
-            mdts_bytes: 0,
-            doorbell_stride: 0,
-            max_qpairs: 0,
-            max_queue_entries: 0,
-            irq_vectors: 0,
-            num_namespaces: 0,
-            vwc: 0,
-            oncs: 0,
-            page_size: 0,
-            namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
-            sgls: 0,
-            reserved: 0,
-        };
+        let mut info = blank_info();
         fd.ioctl(req::GetInfo, &mut info).map_err(|e| match e {
             // The request number encodes the struct's size: a module older than ABI 3 knows
             // GET_INFO only by its smaller size, and says ENOTTY. Its version is unknown (0).

@@ -289,7 +289,7 @@ impl Storage {
         Ok(self.engine.get_or_init(|| e).clone())
     }
 
-    fn buffer(&self, mem: Mem, r: Registered) -> Buffer {
+    pub(crate) fn buffer(&self, mem: Mem, r: Registered) -> Buffer {
         Buffer::new(mem, r.regs, r.staging, r.path, self.id)
     }
 
