@@ -6,6 +6,9 @@
 
 use crate::cmd::{self, Command, DptrPolicy, DsmRange};
 use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::inflight::InFlight;
+use crate::inflight::IoResult;
 use crate::mmio::{Doorbells, StatusView};
 #[doc(hidden)]
 pub use crate::queue::DptrCounts;
@@ -512,8 +515,8 @@ impl Namespace {
     /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset`, in
     /// bursts of commands all in flight at once. The request was checked by [`crate::Storage`]
     /// (the PRP builder still refuses a range outside the registration). On a timeout the
-    /// controller is reset; when that fails the failure says the commands may still run, and
-    /// the caller must then keep the memory pinned for good.
+    /// controller is reset; when that fails the failure carries an [`InFlight`] token (the
+    /// commands may still run), and the caller must keep the memory pinned with it.
     pub(crate) fn rw(
         &self,
         write: bool,
@@ -521,7 +524,7 @@ impl Namespace {
         reg_offset: u64,
         dev_offset: u64,
         len: u64,
-    ) -> std::result::Result<(), IoFailure> {
+    ) -> IoResult<()> {
         self.rw_on(lanes::Shared(self.queue()), write, reg, reg_offset, dev_offset, len)
     }
 
@@ -534,7 +537,7 @@ impl Namespace {
         reg_offset: u64,
         dev_offset: u64,
         len: u64,
-    ) -> std::result::Result<(), IoFailure> {
+    ) -> IoResult<()> {
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
         lanes::run_one(write, &lane, q).map_err(|f| f.failure)
@@ -615,26 +618,12 @@ impl Namespace {
     }
 }
 
-/// Why [`Namespace::rw`] failed, and whether its commands may still run (a timeout the
-/// controller reset could not confirm): then the memory they name must stay pinned for good.
-#[derive(Debug)]
-pub(crate) struct IoFailure {
-    /// The error.
-    pub(crate) error: Error,
-    /// The SSD may still access the memory.
-    pub(crate) stranded: bool,
-}
-
-impl IoFailure {
-    fn done(error: Error) -> IoFailure {
-        IoFailure { error, stranded: false }
-    }
-}
-
 /// Memory the module pinned (host pages) or attached (dma-buf) for this controller's DMA: its
 /// handle and DMA segments. Deregistered on drop. It owns no memory and counts nothing: the
 /// [`crate::Buffer`] that holds it owns the memory and the lease that says whether the SSD may
-/// be using it, and never drops a registration whose commands may still run.
+/// be using it, and drops its registrations only when no lease is outstanding. A command that
+/// may still run after its I/O gave up leaves an [`InFlight`] token behind, which keeps that
+/// lease for good: so a registration is dropped only once nothing in flight names it.
 #[derive(Debug)]
 pub(crate) struct Registration {
     dev: Arc<Inner>,
@@ -652,9 +641,9 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
-        // SAFETY: no command names the registration any more: none is in flight (checked
-        // above), and a timed-out one keeps `inflight` raised until a reset confirmed the
-        // controller stopped.
+        // SAFETY: no command names the registration any more: its buffer drops it only with no
+        // I/O lease outstanding, and a command that may still run keeps its lease for good (an
+        // `InFlight` token) unless a reset confirmed the controller stopped.
         let _ = unsafe { self.dev.fd.ioctl_unchecked(req::Deregister, &mut d) };
     }
 }

@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
+use crate::inflight::Failed;
 use crate::mem::HostMemory;
 use crate::path::{DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
@@ -379,10 +380,11 @@ impl Storage {
         self.rw(true, buf, buf_offset, file_offset, len)
     }
 
-    /// Checks, leases and runs one I/O, and counts it.
+    /// Checks, leases and runs one I/O, and counts it. A failure whose data movement may still
+    /// run keeps the buffer's lease (and so its memory and registrations) for good.
     pub(crate) fn rw(&self, write: bool, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
         self.check(buf, buf_offset, file_offset, len)?;
-        let n = self.path.rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
+        let n = self.path.rw(write, Lease::new(buf)?, buf_offset, file_offset, len).map_err(Failed::into_error)?;
         self.count(buf.path(), n);
         Ok(n)
     }

@@ -2,33 +2,9 @@
 //! copy may still use stays leased for good when the ring or a copy queue is given up.
 
 use super::*;
+use crate::fallback::tests::TempFile;
 use crate::gpu::{cpu::Faulty, Gpu};
 use crate::storage_batch::{IoRequest, StorageBatch};
-use std::io::Write;
-
-/// A file of `len` bytes of the test pattern on the temporary directory's file system, removed
-/// on drop.
-struct TempFile(std::path::PathBuf);
-
-impl TempFile {
-    fn new(name: &str, len: usize) -> TempFile {
-        let p = std::env::temp_dir().join(format!("ugds-unit-{name}-{}", std::process::id()));
-        let mut data = vec![0u8; len];
-        crate::pattern::fill(1, 0, &mut data);
-        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
-        TempFile(p)
-    }
-
-    fn storage(&self) -> Arc<Storage> {
-        Storage::open(self.0.to_str().unwrap()).unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn reads(buf: &Arc<crate::Buffer>, n: u64, len: u64) -> Vec<IoRequest> {
     (0..n)
@@ -105,7 +81,7 @@ fn an_abandoned_ring_keeps_its_entries_memory_leased_for_good() {
         .iter()
         .all(|(e, _)| e.status == IoStatus::Failed && e.error.as_ref().is_some_and(|e| e.errno() == -libc::EFAULT)));
     assert_eq!((host.inflight(), gbuf.inflight()), (1, 1), "the leases are kept for good");
-    assert!(b.stage.as_ref().is_some_and(|s| s.is_poisoned()), "the slot's chunk is never reused");
+    assert!(b.stage.as_ref().is_some_and(|s| s.keeps_its_chunks()), "the slot's chunk is never reused");
     // A new ring for the next entries.
     let other = Arc::new(st.alloc_host(1 << 20).unwrap());
     b.submit(vec![entry(&other, 1 << 20, 2)]).unwrap();
