@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback::FileTarget;
 use crate::gpu::GpuMemory;
-use crate::inflight::Failed;
+use crate::inflight::{Failed, IoResult};
 use crate::mem::HostMemory;
 use crate::path::{DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
@@ -383,8 +383,21 @@ impl Storage {
     /// Checks, leases and runs one I/O, and counts it. A failure whose data movement may still
     /// run keeps the buffer's lease (and so its memory and registrations) for good.
     pub(crate) fn rw(&self, write: bool, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+        self.rw_in_flight(write, buf, buf_offset, file_offset, len).map_err(Failed::into_error)
+    }
+
+    /// [`Storage::rw`], handing a failure's [`crate::inflight::InFlight`] token to the caller
+    /// (who adds what of its own the movement may still touch).
+    pub(crate) fn rw_in_flight(
+        &self,
+        write: bool,
+        buf: &Buffer,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> IoResult<u64> {
         self.check(buf, buf_offset, file_offset, len)?;
-        let n = self.path.rw(write, Lease::new(buf)?, buf_offset, file_offset, len).map_err(Failed::into_error)?;
+        let n = self.path.rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
         self.count(buf.path(), n);
         Ok(n)
     }
