@@ -13,6 +13,7 @@ use crate::buffer::{Buffer, Lease, Path};
 use crate::cmd::{self, Command, DmaRange};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
+use crate::inflight::{InFlight, Why};
 use crate::queue::QueuePair;
 use crate::sys::req;
 use std::mem::ManuallyDrop;
@@ -89,9 +90,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         // A slot dropped with its lease still held names a command that was submitted and
         // never seen to finish (an error cut the batch short): the SSD may still use the
-        // memory, so the lease is never released.
+        // memory, so a token keeps the lease for good.
         if let Some(l) = self.lease.take() {
-            l.keep_forever();
+            InFlight::new(Why::Command).holding(l).keep();
         }
     }
 }
@@ -309,7 +310,7 @@ impl QueueBatch {
                 match (&reset, s.lease.take()) {
                     // The controller stopped: the memory is safe again.
                     (Ok(_), l) => drop(l),
-                    (Err(_), Some(l)) => l.keep_forever(),
+                    (Err(_), Some(l)) => InFlight::new(Why::Command).holding(l).keep(),
                     (Err(_), None) => {}
                 }
             }

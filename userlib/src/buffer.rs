@@ -6,8 +6,9 @@
 //! kernel on the fallback path, may read or write it now; any number at once) and the CPU lease
 //! (copies and [`HostView`]; exclusive). Taking either is one atomic step, so the CPU and the
 //! device never use the memory at once, and the count of I/O leases is the only in-flight count
-//! there is. A lease kept for good (commands that may still run after a failed reset) keeps the
-//! memory and its registration alive for good.
+//! there is. A lease kept for good by an `InFlight` token (data movement that may still run after
+//! its I/O gave up: see [`crate::in_flight_kept`]) keeps the memory and its registrations alive
+//! for good.
 
 use crate::device::Registration;
 use crate::error::{Error, Result};
@@ -143,9 +144,10 @@ impl<B: Deref<Target = Buffer>> Lease<B> {
         &self.0
     }
 
-    /// The SSD may still access the memory after its I/O failed (a timeout the controller reset
-    /// could not confirm): the lease is never released, so the buffer refuses CPU access and
-    /// deregistration, and (owning or not) never frees the memory or unpins it.
+    /// The device, the kernel or a copy engine may still access the memory after its I/O gave
+    /// up: the lease is never released, so the buffer refuses CPU access and deregistration, and
+    /// (owning or not) never frees the memory or unpins it. Called only by an `InFlight` token,
+    /// the one way the crate says "still in flight".
     pub(crate) fn keep_forever(self) {
         // Leaking is the point: the count stays held, and a `Lease<Arc<Buffer>>` keeps the
         // buffer itself alive.
@@ -401,16 +403,20 @@ mod tests {
         assert_eq!(buf.inflight(), 0);
     }
 
-    /// A lease kept for good keeps the buffer busy: no CPU access, no deregistration.
+    /// A lease kept for good by a token keeps the buffer busy: no CPU access, no
+    /// deregistration.
     #[test]
     fn a_kept_lease_is_never_released() {
+        use crate::inflight::{InFlight, Why};
         let buf = Arc::new(host(4096));
-        Lease::new(buf.clone()).unwrap().keep_forever();
+        InFlight::new(Why::Command).holding(Lease::new(buf.clone()).unwrap()).keep();
         assert_eq!(buf.inflight(), 1);
         assert!(buf.copy_in(0, &[1]).is_err());
         assert_eq!(Arc::strong_count(&buf), 2, "the kept lease holds the buffer");
         let b2 = host(4096);
-        Lease::new(&b2).unwrap().keep_forever();
+        let mut t = InFlight::new(Why::Command);
+        t.keep_lease(Lease::new(&b2).unwrap());
+        t.keep();
         let (b2, e) = *b2.deregister().unwrap_err();
         assert!(matches!(e, Error::RegistrationBusy { inflight: 1, .. }));
         drop(b2); // leaks its mapping instead of unmapping memory the SSD may write

@@ -7,6 +7,9 @@
 use crate::cmd::{self, Command, DptrPolicy, DsmRange};
 use crate::error::{Error, Result};
 use crate::fork::Born;
+#[cfg(doc)]
+use crate::inflight::InFlight;
+use crate::inflight::IoResult;
 use crate::mmio::{Doorbells, StatusView};
 #[doc(hidden)]
 pub use crate::queue::DptrCounts;
@@ -22,6 +25,8 @@ use std::time::Duration;
 use ugds_uapi::ioctl::*;
 
 pub(crate) mod lanes;
+#[cfg(test)]
+mod mock_tests;
 mod owned;
 
 pub(crate) use owned::OwnedQueuePair;
@@ -218,6 +223,33 @@ fn optional_command(oncs: u32, bit: u32, what: &'static str) -> Result<()> {
     })
 }
 
+/// A zeroed `DeviceInfo`, for GET_INFO to fill.
+fn blank_info() -> DeviceInfo {
+    DeviceInfo {
+        abi_version: 0,
+        instance: 0,
+        serial: [0; 20],
+        model: [0; 40],
+        firmware: [0; 8],
+        vid: 0,
+        ssvid: 0,
+        cap: 0,
+        vs: 0,
+        mdts_bytes: 0,
+        doorbell_stride: 0,
+        max_qpairs: 0,
+        max_queue_entries: 0,
+        irq_vectors: 0,
+        num_namespaces: 0,
+        vwc: 0,
+        oncs: 0,
+        page_size: 0,
+        namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
+        sgls: 0,
+        reserved: 0,
+    }
+}
+
 fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
@@ -241,29 +273,7 @@ impl Device {
         }
         let born = crate::fork::watch()?;
         let fd = Arc::new(DeviceFd::open(path, opts.exclusive)?);
-        let mut info = DeviceInfo {
-            abi_version: 0,
-            instance: 0,
-            serial: [0; 20],
-            model: [0; 40],
-            firmware: [0; 8],
-            vid: 0,
-            ssvid: 0,
-            cap: 0,
-            vs: 0,
-            mdts_bytes: 0,
-            doorbell_stride: 0,
-            max_qpairs: 0,
-            max_queue_entries: 0,
-            irq_vectors: 0,
-            num_namespaces: 0,
-            vwc: 0,
-            oncs: 0,
-            page_size: 0,
-            namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
-            sgls: 0,
-            reserved: 0,
-        };
+        let mut info = blank_info();
         fd.ioctl(req::GetInfo, &mut info).map_err(|e| match e {
             // The request number encodes the struct's size: a module older than ABI 3 knows
             // GET_INFO only by its smaller size, and says ENOTTY. Its version is unknown (0).
@@ -547,8 +557,8 @@ impl Namespace {
     /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset`, in
     /// bursts of commands all in flight at once. The request was checked by [`crate::Storage`]
     /// (the PRP builder still refuses a range outside the registration). On a timeout the
-    /// controller is reset; when that fails the failure says the commands may still run, and
-    /// the caller must then keep the memory pinned for good.
+    /// controller is reset; when that fails the failure carries an [`InFlight`] token (the
+    /// commands may still run), and the caller must keep the memory pinned with it.
     pub(crate) fn rw(
         &self,
         write: bool,
@@ -556,7 +566,7 @@ impl Namespace {
         reg_offset: u64,
         dev_offset: u64,
         len: u64,
-    ) -> std::result::Result<(), IoFailure> {
+    ) -> IoResult<()> {
         self.rw_on(lanes::Shared(self.queue()), write, reg, reg_offset, dev_offset, len)
     }
 
@@ -569,9 +579,9 @@ impl Namespace {
         reg_offset: u64,
         dev_offset: u64,
         len: u64,
-    ) -> std::result::Result<(), IoFailure> {
+    ) -> IoResult<()> {
         // The one entry of every synchronous request, shared or owned queue.
-        self.dev.born.check("device").map_err(IoFailure::done)?;
+        self.dev.born.check("device")?;
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
         lanes::run_one(write, &lane, q).map_err(|f| f.failure)
@@ -653,26 +663,12 @@ impl Namespace {
     }
 }
 
-/// Why [`Namespace::rw`] failed, and whether its commands may still run (a timeout the
-/// controller reset could not confirm): then the memory they name must stay pinned for good.
-#[derive(Debug)]
-pub(crate) struct IoFailure {
-    /// The error.
-    pub(crate) error: Error,
-    /// The SSD may still access the memory.
-    pub(crate) stranded: bool,
-}
-
-impl IoFailure {
-    fn done(error: Error) -> IoFailure {
-        IoFailure { error, stranded: false }
-    }
-}
-
 /// Memory the module pinned (host pages) or attached (dma-buf) for this controller's DMA: its
 /// handle and DMA segments. Deregistered on drop. It owns no memory and counts nothing: the
 /// [`crate::Buffer`] that holds it owns the memory and the lease that says whether the SSD may
-/// be using it, and never drops a registration whose commands may still run.
+/// be using it, and drops its registrations only when no lease is outstanding. A command that
+/// may still run after its I/O gave up leaves an [`InFlight`] token behind, which keeps that
+/// lease for good: so a registration is dropped only once nothing in flight names it.
 #[derive(Debug)]
 pub(crate) struct Registration {
     dev: Arc<Inner>,
@@ -695,9 +691,9 @@ impl Drop for Registration {
             return;
         }
         let mut d = Deregister { id: self.handle.id, generation: self.handle.generation };
-        // SAFETY: no command names the registration any more: none is in flight (checked
-        // above), and a timed-out one keeps `inflight` raised until a reset confirmed the
-        // controller stopped.
+        // SAFETY: no command names the registration any more: its buffer drops it only with no
+        // I/O lease outstanding, and a command that may still run keeps its lease for good (an
+        // `InFlight` token) unless a reset confirmed the controller stopped.
         let _ = unsafe { self.dev.fd.ioctl_unchecked(req::Deregister, &mut d) };
     }
 }

@@ -4,9 +4,10 @@
 //! registered host chunks, still through the queues.
 
 use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
-use crate::device::{Device, IoFailure, Namespace, Registration};
+use crate::device::{Device, Namespace, Registration};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
+use crate::inflight::{settle, IoResult};
 use crate::mem::HostMemory;
 use crate::path::{within_capacity, DataPath, Registered};
 use crate::staging::staged;
@@ -21,73 +22,51 @@ pub(crate) struct DirectPath {
 
 impl DirectPath {
     /// Stages GPU memory through the buffer's registered chunks: the copies and the SSD use
-    /// each chunk in turn (`staged` orders them), under the staging lock. The flag says whether
-    /// a timed-out command may still use the chunks.
+    /// each chunk in turn (`staged` orders them), under the staging lock.
     #[allow(clippy::too_many_arguments)]
     fn rw_staged(
         &self,
-        run: &mut impl FnMut(bool, &Registration, u64, u64, u64) -> std::result::Result<(), IoFailure>,
+        run: &mut impl FnMut(bool, &Registration, u64, u64, u64) -> IoResult<()>,
         write: bool,
         buf: &Buffer,
         g: &GpuMemory,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
-    ) -> (Result<u64>, bool) {
+    ) -> IoResult<u64> {
         let Some(stage) = buf.staging() else {
-            return (Err(Error::invalid("buf", "not registered for this path")), false);
+            return Err(Error::invalid("buf", "not registered for this path").into());
         };
         let stage = stage.lock().unwrap_or_else(|e| e.into_inner());
         let base = stage.mem.as_ptr() as u64;
         let chunks = [base as *mut u8, (base + STAGING_CHUNK as u64) as *mut u8];
         let dev_ptr = g.device_ptr() + buf_offset;
-        let mut stranded = false;
-        crate::staging::take_left_running();
         let r = staged(g.gpu(), write, dev_ptr, len as usize, Some(chunks), |p, n, at| {
-            run(write, &stage.reg, p as u64 - base, file_offset + at, n as u64).map_err(|f| {
-                stranded |= f.stranded;
-                f.error
-            })?;
-            Ok(n)
+            run(write, &stage.reg, p as u64 - base, file_offset + at, n as u64).map(|()| n)
         });
-        let copies_running = r.is_err() && crate::staging::take_left_running();
-        (r.map(|n| n as u64), stranded || copies_running)
+        r.map(|n| n as u64)
     }
 
     /// Moves `len` bytes between the leased buffer and the namespace with `run` (a namespace's
     /// shared queues, or a queue pair the caller owns), staging GPU memory that has no
-    /// registration of its own; keeps the lease for good when the commands may outlive the call.
+    /// registration of its own. When the commands or copies may outlive the call, the failure's
+    /// token keeps the lease for good (and with it the buffer's registrations and staging chunks).
     pub(crate) fn rw_with(
         &self,
-        run: &mut impl FnMut(bool, &Registration, u64, u64, u64) -> std::result::Result<(), IoFailure>,
+        run: &mut impl FnMut(bool, &Registration, u64, u64, u64) -> IoResult<()>,
         write: bool,
         lease: Lease<&Buffer>,
         buf_offset: u64,
         file_offset: u64,
         len: u64,
-    ) -> Result<u64> {
+    ) -> IoResult<u64> {
         let buf = lease.buffer();
         let r = match (buf.registration(), buf.mem()) {
-            (Some(reg), _) => match run(write, reg, buf_offset, file_offset, len) {
-                Ok(()) => Ok(len),
-                Err(f) if f.stranded => {
-                    lease.keep_forever();
-                    return Err(f.error);
-                }
-                Err(f) => Err(f.error),
-            },
-            (None, Mem::Gpu(g)) => match self.rw_staged(run, write, buf, g, buf_offset, file_offset, len) {
-                (Err(e), true) => {
-                    // The buffer owns the chunks: kept busy, it never frees or unpins them.
-                    lease.keep_forever();
-                    return Err(e);
-                }
-                (r, _) => r,
-            },
-            (None, Mem::Host { .. }) => Err(Error::invalid("buf", "not registered for this path")),
+            (Some(reg), _) => run(write, reg, buf_offset, file_offset, len).map(|()| len),
+            (None, Mem::Gpu(g)) => self.rw_staged(run, write, buf, g, buf_offset, file_offset, len),
+            (None, Mem::Host { .. }) => Err(Error::invalid("buf", "not registered for this path").into()),
         };
-        drop(lease);
-        r
+        settle(r, lease)
     }
 }
 
@@ -162,7 +141,7 @@ impl DataPath for DirectPath {
         }
     }
 
-    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> IoResult<u64> {
         self.rw_with(&mut |w, reg, ro, d, l| self.ns.rw(w, reg, ro, d, l), write, lease, buf_offset, file_offset, len)
     }
 

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
+use crate::inflight::{settle, Failed, InFlight, IoResult, Why};
 use crate::path::{DataPath, Registered};
 use crate::staging::staged;
 use io_uring::{opcode, types, IoUring};
@@ -45,27 +46,16 @@ fn enter(ring: &mut IoUring, want: usize) -> std::io::Result<usize> {
     }
 }
 
-/// Gives up this thread's ring with requests still in it: the ring is leaked (its requests may
-/// still move data, and their completions must never reach a later call), and the caller is
-/// told to keep the memory leased for good. The next I/O of the thread sets up a new ring.
-fn abandon_ring() {
-    RING.with(|cell| {
-        if let Some(ring) = cell.borrow_mut().take() {
-            std::mem::forget(ring);
-        }
-    });
-    crate::staging::note_left_running();
-}
-
-/// Runs `f` with this thread's ring, setting it up on first use.
-fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> Result<R>) -> Result<R> {
-    RING.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_some_and(|(_, born)| born.in_child()) {
+/// Runs `f` with this thread's ring, setting it up on first use. When `f` fails with requests
+/// still in the ring (its failure carries a token), the ring goes into that token instead of
+/// back to the thread: its requests may still move data, and their completions must never reach
+/// a later call. The next I/O of the thread sets up a new ring.
+fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> IoResult<R>) -> IoResult<R> {
+    let (mut ring, born) = match RING.with(|cell| cell.borrow_mut().take()) {
+        Some((ring, born)) if !born.in_child() => (ring, born),
+        inherited => {
             // The parent's ring, inherited by fork: never entered, never torn down from here.
-            std::mem::forget(slot.take());
-        }
-        if slot.is_none() {
+            std::mem::forget(inherited);
             // One thread submits and reaps: tell the kernel (less task-work overhead per I/O,
             // kernel 6.1+); older kernels get a plain ring.
             let ring = IoUring::builder()
@@ -74,13 +64,27 @@ fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> Result<R>) -> Result<R> {
                 .build(RING_ENTRIES)
                 .or_else(|_| IoUring::new(RING_ENTRIES))
                 .map_err(|e| io_err("io_uring_setup", e))?;
-            *slot = Some((ring, Born::now()));
+            (ring, Born::now())
         }
-        match slot.as_mut() {
-            Some((ring, _)) => f(ring),
-            None => Err(Error::invalid("ring", "missing")),
+    };
+    let r = f(&mut ring);
+    match r {
+        Err(mut failed) => {
+            if let Some(ring) = failed.hold_if_running(ring) {
+                RING.with(|cell| *cell.borrow_mut() = Some((ring, born)));
+            }
+            Err(failed)
         }
-    })
+        ok => {
+            RING.with(|cell| *cell.borrow_mut() = Some((ring, born)));
+            ok
+        }
+    }
+}
+
+/// The failure of a ring call that left requests in the ring (see [`with_ring`]).
+fn ring_left(e: Error) -> Failed {
+    Failed::running(e, InFlight::new(Why::Ring))
 }
 
 /// A regular file or a block device opened for the fallback path.
@@ -93,6 +97,9 @@ pub struct FileTarget {
     block_device: bool,
     /// The same file without O_DIRECT, opened at first need (writes of any size and offset).
     buffered: std::sync::OnceLock<File>,
+    /// Tests: this many of the next `io_uring_enter` calls fail (EFAULT) without submitting.
+    #[cfg(test)]
+    pub(crate) fail_enters: std::sync::atomic::AtomicU32,
 }
 
 pub(crate) fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {
@@ -133,7 +140,16 @@ impl FileTarget {
         } else if !meta.file_type().is_file() {
             return Err(Error::invalid("path", format!("{path} is neither a regular file nor a block device")));
         }
-        Ok(FileTarget { file, path: path.to_string(), direct, align, block_device, buffered: Default::default() })
+        Ok(FileTarget {
+            file,
+            path: path.to_string(),
+            direct,
+            align,
+            block_device,
+            buffered: Default::default(),
+            #[cfg(test)]
+            fail_enters: Default::default(),
+        })
     }
 
     /// Whether the file was opened with O_DIRECT (false on file systems without it).
@@ -190,6 +206,18 @@ impl FileTarget {
         f.write_all_at(data, off).map_err(|e| io_err(format!("write {} at {off}", self.path), e))
     }
 
+    /// [`enter`] on `ring`, except that tests can make it fail ([`FileTarget::fail_enters`]).
+    fn enter(&self, ring: &mut IoUring, want: usize) -> std::io::Result<usize> {
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering::Relaxed;
+            if self.fail_enters.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)).is_ok() {
+                return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+            }
+        }
+        enter(ring, want)
+    }
+
     /// Checks that the range is one a file can have (alignment was checked by the storage).
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
         if file_offset.checked_add(len).is_none_or(|e| e > i64::MAX as u64) {
@@ -204,7 +232,7 @@ impl FileTarget {
     /// # Safety
     ///
     /// `ptr..ptr+len` must be writable memory that nothing else accesses during the call.
-    pub(crate) unsafe fn read_host(&self, ptr: *mut u8, len: usize, file_offset: u64) -> Result<usize> {
+    pub(crate) unsafe fn read_host(&self, ptr: *mut u8, len: usize, file_offset: u64) -> IoResult<usize> {
         // SAFETY: forwarded from the caller.
         unsafe { self.transfer(false, ptr, len, file_offset) }
     }
@@ -214,13 +242,14 @@ impl FileTarget {
     /// # Safety
     ///
     /// `ptr..ptr+len` must be readable memory not written during the call.
-    pub(crate) unsafe fn write_host(&self, ptr: *const u8, len: usize, file_offset: u64) -> Result<usize> {
+    pub(crate) unsafe fn write_host(&self, ptr: *const u8, len: usize, file_offset: u64) -> IoResult<usize> {
         // SAFETY: forwarded from the caller.
         unsafe { self.transfer(true, ptr as *mut u8, len, file_offset) }
     }
 
-    /// Moves `len` bytes between `ptr` and the file, bouncing when `ptr` is not aligned.
-    unsafe fn transfer(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> Result<usize> {
+    /// Moves `len` bytes between `ptr` and the file, bouncing when `ptr` is not aligned. A bounce
+    /// buffer the kernel may still use goes into the failure's token.
+    unsafe fn transfer(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> IoResult<usize> {
         if !self.direct || (ptr as u64).is_multiple_of(self.align) {
             // SAFETY: forwarded from the caller.
             return unsafe { self.ring_io(write, ptr, len, off) };
@@ -230,17 +259,22 @@ impl FileTarget {
         let mut done = 0;
         while done < len {
             let n = PIECE.min(len - done);
-            // SAFETY: the caller guarantees ptr..ptr+len; the bounce buffer holds PIECE bytes.
-            let got = unsafe {
-                if write {
-                    std::ptr::copy_nonoverlapping(ptr.add(done), b, n);
+            if write {
+                // SAFETY: the caller guarantees ptr..ptr+len; the bounce buffer holds PIECE bytes.
+                unsafe { std::ptr::copy_nonoverlapping(ptr.add(done), b, n) };
+            }
+            // SAFETY: the bounce buffer holds PIECE >= n bytes, touched by nothing else.
+            let got = match unsafe { self.ring_io(write, b, n, off + done as u64) } {
+                Ok(got) => got,
+                Err(mut f) => {
+                    drop(f.hold_if_running(bounce));
+                    return Err(f);
                 }
-                let got = self.ring_io(write, b, n, off + done as u64)?;
-                if !write {
-                    std::ptr::copy_nonoverlapping(b, ptr.add(done), got);
-                }
-                got
             };
+            if !write {
+                // SAFETY: the kernel wrote `got <= n` bytes there; the caller's range holds them.
+                unsafe { std::ptr::copy_nonoverlapping(b, ptr.add(done), got) };
+            }
             done += got;
             if got < n {
                 break;
@@ -250,20 +284,13 @@ impl FileTarget {
     }
 
     /// Splits the request into pieces, all in flight at once on this thread's ring.
-    unsafe fn ring_io(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> Result<usize> {
-        // `Err((e, true))`: requests are still in the ring.
+    unsafe fn ring_io(&self, write: bool, ptr: *mut u8, len: usize, off: u64) -> IoResult<usize> {
         // SAFETY: forwarded from the caller.
-        let r = with_ring(|ring| Ok(unsafe { self.ring_rounds(ring, write, ptr, len, off) }))?;
-        r.map_err(|(e, in_flight)| {
-            if in_flight {
-                abandon_ring();
-            }
-            e
-        })
+        with_ring(|ring| unsafe { self.ring_rounds(ring, write, ptr, len, off) })
     }
 
-    /// [`FileTarget::ring_io`]'s rounds on `ring`; the flag of an error says requests are still
-    /// in the ring.
+    /// [`FileTarget::ring_io`]'s rounds on `ring`; a failure that leaves requests in the ring
+    /// carries a token ([`ring_left`]).
     ///
     /// # Safety
     ///
@@ -276,7 +303,7 @@ impl FileTarget {
         ptr: *mut u8,
         len: usize,
         off: u64,
-    ) -> std::result::Result<usize, (Error, bool)> {
+    ) -> IoResult<usize> {
         let fd = types::Fd(self.file.as_raw_fd());
         let mut done = 0usize;
         while done < len {
@@ -296,12 +323,12 @@ impl FileTarget {
                 .user_data(lens.len() as u64);
                 // SAFETY: the buffer outlives the wait below, which reaps every entry.
                 unsafe { ring.submission().push(&e) }
-                    .map_err(|_| (Error::invalid("ring", "submission queue full"), true))?;
+                    .map_err(|_| ring_left(Error::invalid("ring", "submission queue full")))?;
                 lens.push(n);
                 pos += n;
             }
-            if let Err(e) = enter(ring, lens.len()) {
-                return Err((io_err("io_uring_enter", e), true));
+            if let Err(e) = self.enter(ring, lens.len()) {
+                return Err(ring_left(io_err("io_uring_enter", e)));
             }
             let mut got = vec![0i32; lens.len()];
             let mut reaped = 0;
@@ -311,21 +338,16 @@ impl FileTarget {
                     reaped += 1;
                 }
                 if reaped < lens.len() {
-                    if let Err(e) = enter(ring, 1) {
-                        return Err((io_err("io_uring_enter", e), true));
+                    if let Err(e) = self.enter(ring, 1) {
+                        return Err(ring_left(io_err("io_uring_enter", e)));
                     }
                 }
             }
             for (i, r) in got.iter().enumerate() {
                 if *r < 0 {
                     let what = if write { "write" } else { "read" };
-                    return Err((
-                        io_err(
-                            format!("{what} {} at {}", self.path, off + done as u64),
-                            std::io::Error::from_raw_os_error(-r),
-                        ),
-                        false,
-                    ));
+                    let e = std::io::Error::from_raw_os_error(-r);
+                    return Err(io_err(format!("{what} {} at {}", self.path, off + done as u64), e).into());
                 }
                 done += *r as usize;
                 if (*r as usize) < lens[i] {
@@ -341,7 +363,7 @@ impl FileTarget {
     ///
     /// Up to [`READ_LANES`] chunks are read from disk at once; as each arrives, its copy to the
     /// device starts, and its staging chunk is read into again once that copy is done.
-    pub(crate) fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
+    pub(crate) fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> IoResult<usize> {
         let nchunks = len.div_ceil(STAGING_CHUNK);
         let lanes = nchunks.clamp(1, READ_LANES);
         let stage = gpu.take_staging(lanes)?;
@@ -349,15 +371,14 @@ impl FileTarget {
             Ok(q) => q,
             Err(e) => {
                 gpu.put_staging(stage);
-                return Err(e);
+                return Err(e.into());
             }
         };
         let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
         let mut got = vec![0usize; nchunks];
-        // Disk reads still in flight if the loop below had to give up: their chunks are never
-        // reused.
-        let mut stranded = 0usize;
-        let r = with_ring(|ring| -> Result<()> {
+        // A failure with disk reads still in flight carries a token (`ring_left`): the ring and,
+        // below, the chunks go into it.
+        let r = with_ring(|ring| -> IoResult<()> {
             let fd = types::Fd(self.file.as_raw_fd());
             let (mut next, mut inflight, mut first_err) = (0usize, 0usize, None);
             while next < nchunks || inflight > 0 {
@@ -374,20 +395,18 @@ impl FileTarget {
                         .build()
                         .user_data(next as u64);
                     // SAFETY: the staging chunk stays untouched until this entry is reaped below.
-                    unsafe { ring.submission().push(&e) }
-                        .map_err(|_| Error::invalid("ring", "submission queue full"))?;
+                    if unsafe { ring.submission().push(&e) }.is_err() {
+                        let e = Error::invalid("ring", "submission queue full");
+                        return Err(if inflight > 0 { ring_left(e) } else { e.into() });
+                    }
                     next += 1;
                     inflight += 1;
                 }
                 if inflight == 0 {
                     break;
                 }
-                match enter(ring, 1) {
-                    Ok(_) => {}
-                    Err(e) => {
-                        stranded = inflight;
-                        return Err(io_err("io_uring_enter", e));
-                    }
+                if let Err(e) = self.enter(ring, 1) {
+                    return Err(ring_left(io_err("io_uring_enter", e)));
                 }
                 let done: Vec<(u64, i32)> = ring.completion().map(|c| (c.user_data(), c.result())).collect();
                 for (k, res) in done {
@@ -415,29 +434,32 @@ impl FileTarget {
                 }
             }
             match first_err {
-                Some(e) => Err(e),
+                Some(e) => Err(e.into()),
                 None => Ok(()),
             }
         });
-        // Every disk read is reaped by now; copies may still run: wait before the chunks go
-        // back (or keep them forever if a queue cannot say it is done).
+        // Every disk read is reaped by now, unless the failure's token holds the ring; copies may
+        // still run: wait before the chunks go back (or keep them, with the queues, for good if
+        // a queue cannot say it is done).
         let waited = qs.iter_mut().all(|q| gpu.wait_copy(q.as_mut(), len).is_ok());
-        if waited && stranded == 0 {
+        let mut r = r.and_then(|()| match waited {
+            true => Ok(()),
+            false => Err(Error::Gpu { op: "staging copy", reason: "a copy queue failed".into() }.into()),
+        });
+        let spare = match &mut r {
+            Ok(()) => Some((stage, qs)),
+            Err(f) => {
+                if !waited {
+                    f.add(InFlight::new(Why::Copy));
+                }
+                f.hold_if_running((stage, qs))
+            }
+        };
+        if let Some((stage, qs)) = spare {
             qs.into_iter().for_each(|q| gpu.put_queue(q));
             gpu.put_staging(stage);
-        } else {
-            std::mem::forget(stage);
-            if stranded > 0 {
-                // Their completions must never reach a later call.
-                abandon_ring();
-            }
-            // Copies into the GPU memory may still run: the caller keeps its lease.
-            crate::staging::note_left_running();
         }
         r?;
-        if !waited {
-            return Err(Error::Gpu { op: "staging copy", reason: "a copy queue failed".into() });
-        }
         // Bytes up to the first short chunk (the end of the file).
         let mut total = 0;
         for (k, &g) in got.iter().enumerate() {
@@ -450,7 +472,7 @@ impl FileTarget {
     }
 
     /// Writes from GPU memory at `dev_ptr` through staging chunks; returns bytes written.
-    pub(crate) fn write_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> Result<usize> {
+    pub(crate) fn write_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> IoResult<usize> {
         staged(gpu, true, dev_ptr, len, None, |p, n, at| {
             // SAFETY: `staged` hands us one of its staging chunks, `n` bytes long, which no copy
             // uses until this write returns.
@@ -507,8 +529,7 @@ impl DataPath for FileTarget {
         Ok(Registered { regs: Vec::new(), staging: None, path: Path::Fallback })
     }
 
-    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
-        crate::staging::take_left_running();
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> IoResult<u64> {
         let r = match lease.buffer().mem() {
             Mem::Host { ptr, .. } => {
                 // SAFETY: the storage checked the range against the buffer, whose memory is
@@ -532,15 +553,9 @@ impl DataPath for FileTarget {
                 }
             }
         };
-        match r {
-            Ok(n) => Ok(n as u64),
-            Err(e) if crate::staging::take_left_running() => {
-                // The kernel or a copy queue may still move data into or out of the memory.
-                lease.keep_forever();
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        // The kernel or a copy queue may still move data into or out of the memory: the
+        // failure's token keeps the lease.
+        settle(r.map(|n| n as u64), lease)
     }
 
     fn flush(&self) -> Result<()> {
@@ -557,5 +572,66 @@ impl DataPath for FileTarget {
 
     fn as_file(&self) -> Option<&FileTarget> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use crate::gpu::Gpu;
+    use crate::{Error, Storage};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    /// A file of `len` bytes of the test pattern (seed 1) on the temporary directory's file
+    /// system, removed on drop.
+    pub(crate) struct TempFile(std::path::PathBuf);
+
+    impl TempFile {
+        pub(crate) fn new(name: &str, len: usize) -> TempFile {
+            let p = std::env::temp_dir().join(format!("ugds-unit-{name}-{}", std::process::id()));
+            let mut data = vec![0u8; len];
+            crate::pattern::fill(1, 0, &mut data);
+            std::fs::write(&p, &data).unwrap();
+            TempFile(p)
+        }
+
+        /// The file opened as a storage.
+        pub(crate) fn storage(&self) -> Arc<Storage> {
+            Storage::open(self.0.to_str().unwrap()).unwrap()
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// A staged GPU write whose ring is given up with its request in it (the kernel may still
+    /// read the staging chunk) keeps that chunk out of the GPU's pool, and the buffer busy:
+    /// deregistration is refused by name. The thread's next I/O runs on a new ring. (The chunk
+    /// used to go back to the pool, for the next staged I/O to overwrite.)
+    #[test]
+    fn an_abandoned_ring_keeps_a_staged_writes_chunk_and_its_buffer() {
+        let f = TempFile::new("abandon-staged", 4 << 20);
+        let st = f.storage();
+        let gpu = Gpu::cpu();
+        let gbuf = st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap();
+        let pooled = gpu.pooled_staging();
+        assert!(pooled > 0, "registration prewarms the pool");
+        let file = st.data_path().as_file().unwrap();
+        file.fail_enters.store(1, Ordering::Relaxed);
+        let e = st.write(&gbuf, 0, 0, 65536).unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{e:?}");
+        assert_eq!(gpu.pooled_staging(), pooled - 1, "the chunk the kernel may still read stays out of the pool");
+        assert_eq!(gbuf.inflight(), 1);
+        let (gbuf, e) = *gbuf.deregister().unwrap_err();
+        assert!(matches!(e, Error::RegistrationBusy { inflight: 1, .. }), "{e:?}");
+        drop(gbuf);
+        let host = st.alloc_host(65536).unwrap();
+        assert_eq!(st.read(&host, 0, 0, 65536).unwrap(), 65536);
+        let mut out = vec![0u8; 65536];
+        host.copy_out(0, &mut out).unwrap();
+        assert_eq!(crate::pattern::first_mismatch(1, 0, &out), None);
     }
 }

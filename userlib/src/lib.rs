@@ -33,6 +33,7 @@ pub mod fallback;
 mod fallback_batch;
 pub(crate) mod fork;
 pub mod gpu;
+mod inflight;
 pub(crate) mod mem;
 pub(crate) mod mmio;
 #[cfg(any(test, feature = "test-utils"))]
@@ -79,6 +80,7 @@ pub use error::{Error, Rejection, Result};
 #[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
+pub use inflight::kept as in_flight_kept;
 pub use storage::{OwnedQueue, PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};

@@ -8,6 +8,7 @@ use crate::buffer::{Buffer, Lease, Path, Staging};
 use crate::device::Registration;
 use crate::error::Result;
 use crate::gpu::GpuMemory;
+use crate::inflight::IoResult;
 use std::sync::{Arc, Mutex};
 
 /// Checks that `[file_offset, file_offset + len)` lies inside `cap` bytes of `what` (a
@@ -68,10 +69,11 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     /// impossible, stage through host memory instead of failing.
     fn register_gpu(&self, mem: &Arc<GpuMemory>, allow_staging: bool) -> Result<Registered>;
     /// Moves `len` bytes between the leased buffer at `buf_offset` and `file_offset`; returns
-    /// the bytes moved (fewer only at the end of a file). Consumes the lease: a path whose
-    /// commands may outlive the call (a timeout the controller reset could not confirm) keeps
-    /// it for good, so the memory stays pinned.
-    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64>;
+    /// the bytes moved (fewer only at the end of a file). Consumes the lease: when data movement
+    /// may outlive the call (a timeout the controller reset could not confirm, a ring given up
+    /// with requests in it, a copy queue that cannot say it is done), the failure carries an
+    /// [`crate::inflight::InFlight`] token that keeps the lease, so the memory stays pinned.
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> IoResult<u64>;
     /// Flushes written data.
     fn flush(&self) -> Result<()>;
     /// Writes `data` at `off` exactly, any size and offset, where the path has byte-granular

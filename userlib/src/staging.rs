@@ -2,41 +2,25 @@
 //! moves through two host chunks, each with its own copy queue, so the disk transfer of one
 //! chunk overlaps the copy of the other.
 
-use crate::error::Result;
 use crate::gpu::{Gpu, STAGING_CHUNK};
-use std::cell::Cell;
-
-thread_local! {
-    /// Set when an I/O of this thread failed while data movement it started may still run (a
-    /// copy queue that cannot say it is done, a kernel request never reaped): the memory it
-    /// names must then stay leased for good.
-    static LEFT_RUNNING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Records that the failing I/O of this thread left data movement running.
-pub(crate) fn note_left_running() {
-    LEFT_RUNNING.with(|c| c.set(true));
-}
-
-/// Whether the last failed I/O of this thread left data movement running (and clears it).
-pub(crate) fn take_left_running() -> bool {
-    LEFT_RUNNING.with(|c| c.replace(false))
-}
+use crate::inflight::{InFlight, IoResult, Why};
 
 /// The staging pipeline: two chunks, each with its own copy queue. For reads, the disk fills
 /// chunk k+1 while chunk k is copied to the device; for writes, the device copies chunk k+1 out
 /// while chunk k goes to disk. `disk(ptr, n, at)` moves `n` bytes between the chunk at `ptr`
 /// and the target at relative offset `at`. `chunks` are the caller's own staging chunks (each
 /// [`STAGING_CHUNK`] bytes, e.g. registered with the module); by default they come from the
-/// GPU's pinned pool.
+/// GPU's pinned pool. When `disk` or a copy leaves data movement running, the failure's token
+/// holds the pool's chunks (never returned) and the copy queues that cannot say they are done;
+/// the caller's own chunks are the caller's to keep with it.
 pub(crate) fn staged(
     gpu: &Gpu,
     write: bool,
     dev_ptr: u64,
     len: usize,
     chunks: Option<[*mut u8; 2]>,
-    mut disk: impl FnMut(*mut u8, usize, u64) -> Result<usize>,
-) -> Result<usize> {
+    mut disk: impl FnMut(*mut u8, usize, u64) -> IoResult<usize>,
+) -> IoResult<usize> {
     let nchunks = len.div_ceil(STAGING_CHUNK);
     // One chunk needs one lane (a small I/O pays for one staging buffer and one queue).
     let lanes = nchunks.clamp(1, 2);
@@ -52,11 +36,11 @@ pub(crate) fn staged(
         Ok(q) => q,
         Err(e) => {
             gpu.put_staging(pooled);
-            return Err(e);
+            return Err(e.into());
         }
     };
     let piece = |k: usize| (k * STAGING_CHUNK, STAGING_CHUNK.min(len - k * STAGING_CHUNK));
-    let mut run = |qs: &mut Vec<Box<dyn crate::gpu::CopyQueue>>| -> Result<usize> {
+    let mut run = |qs: &mut Vec<Box<dyn crate::gpu::CopyQueue>>| -> IoResult<usize> {
         let mut done = 0;
         if write {
             let (at, n) = piece(0);
@@ -94,18 +78,23 @@ pub(crate) fn staged(
         }
         Ok(done)
     };
-    let r = run(&mut qs);
-    // A failed copy queue may still be copying: only healthy ones go back to the pools.
-    if r.is_ok() {
-        qs.into_iter().for_each(|q| gpu.put_queue(q));
-        gpu.put_staging(pooled);
-    } else if qs.iter_mut().all(|q| q.wait().is_ok()) {
-        gpu.put_staging(pooled);
-    } else {
-        // A copy may still be running into or out of these chunks (ours or the caller's) and
-        // the GPU memory: never free them, and tell the caller to keep its lease.
-        std::mem::forget(pooled);
-        note_left_running();
+    match run(&mut qs) {
+        Ok(n) => {
+            qs.into_iter().for_each(|q| gpu.put_queue(q));
+            gpu.put_staging(pooled);
+            Ok(n)
+        }
+        Err(mut f) => {
+            // A failed copy queue may still be copying into or out of the chunks and the GPU
+            // memory: it is kept, never reused or destroyed.
+            if !qs.iter_mut().all(|q| q.wait().is_ok()) {
+                f.add(InFlight::new(Why::Copy).holding(qs));
+            }
+            // The pool's chunks go back only when nothing may still use them.
+            if let Some(pooled) = f.hold_if_running(pooled) {
+                gpu.put_staging(pooled);
+            }
+            Err(f)
+        }
     }
-    r
 }

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::fallback::FileTarget;
 use crate::fork::Born;
 use crate::gpu::GpuMemory;
+use crate::inflight::{Failed, IoResult};
 use crate::mem::HostMemory;
 use crate::path::{DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
@@ -322,7 +323,7 @@ impl Storage {
         Ok(self.engine.get_or_init(|| e).clone())
     }
 
-    fn buffer(&self, mem: Mem, r: Registered) -> Buffer {
+    pub(crate) fn buffer(&self, mem: Mem, r: Registered) -> Buffer {
         Buffer::new(mem, r.regs, r.staging, r.path, self.id)
     }
 
@@ -418,8 +419,22 @@ impl Storage {
         self.rw(true, buf, buf_offset, file_offset, len)
     }
 
-    /// Checks, leases and runs one I/O, and counts it.
+    /// Checks, leases and runs one I/O, and counts it. A failure whose data movement may still
+    /// run keeps the buffer's lease (and so its memory and registrations) for good.
     pub(crate) fn rw(&self, write: bool, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+        self.rw_in_flight(write, buf, buf_offset, file_offset, len).map_err(Failed::into_error)
+    }
+
+    /// [`Storage::rw`], handing a failure's [`crate::inflight::InFlight`] token to the caller
+    /// (who adds what of its own the movement may still touch).
+    pub(crate) fn rw_in_flight(
+        &self,
+        write: bool,
+        buf: &Buffer,
+        buf_offset: u64,
+        file_offset: u64,
+        len: u64,
+    ) -> IoResult<u64> {
         self.check(buf, buf_offset, file_offset, len)?;
         let n = self.path.rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
         self.count(buf.path(), n);

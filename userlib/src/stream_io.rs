@@ -21,6 +21,7 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback_batch::RingBatch;
+use crate::inflight::{InFlight, Why};
 use crate::storage::Storage;
 use crate::stream::{CompletionWord, Stream};
 use std::collections::BTreeSet;
@@ -405,8 +406,8 @@ impl Drop for StreamIo {
         let deadline = Instant::now() + DROP_WAIT;
         while !self.idle() {
             if Instant::now() >= deadline {
-                // The stream may still read the word: leave its memory allocated.
-                std::mem::forget(self.word.clone());
+                // The stream may still read the word: a token keeps its memory allocated.
+                InFlight::new(Why::Stream).holding(self.word.clone()).keep();
                 return;
             }
             std::thread::sleep(Duration::from_micros(100));

@@ -16,6 +16,7 @@ use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
+use crate::inflight::{settle, Failed, IoResult};
 use crate::path::{within_capacity, DataPath, Registered};
 use std::sync::Arc;
 
@@ -318,10 +319,10 @@ impl DataPath for VolumePath {
         Ok(Registered { regs, staging: None, path: Path::DirectP2p })
     }
 
-    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> IoResult<u64> {
         let buf = lease.buffer();
         if matches!(buf.mem(), Mem::Gpu(_)) && buf.registration().is_none() {
-            return Err(Error::invalid("buf", "GPU memory on a volume needs peer-to-peer registration"));
+            return Err(Error::invalid("buf", "GPU memory on a volume needs peer-to-peer registration").into());
         }
         // One lane per member the request touches: the calling thread keeps every member's
         // queue busy at once (no thread per member), each lane's pieces in order.
@@ -337,31 +338,24 @@ impl DataPath for VolumePath {
         let mut lane_member = Vec::new();
         for (m, extents) in per_member.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
             let Some(reg) = buf.registration_on(m) else {
-                return Err(Error::invalid("buf", "not registered on every member of the volume"));
+                return Err(Error::invalid("buf", "not registered on every member of the volume").into());
             };
             lanes.push(Lane { ns: &self.members[m].ns, reg, extents });
             lane_member.push(m);
         }
-        let mut first = None;
-        let mut stranded = false;
+        // The first member's error; tokens of every member whose commands may still run.
+        let mut first: Option<Failed> = None;
         for (r, &m) in lanes::run(write, &lanes).into_iter().zip(&lane_member) {
-            if let Err(f) = r {
-                stranded |= f.failure.stranded;
-                first.get_or_insert(Error::Member {
-                    member: self.names[m].clone(),
-                    offset: f.dev_offset,
-                    source: Box::new(f.failure.error),
-                });
+            let Err(f) = r else { continue };
+            let (member, offset) = (self.names[m].clone(), f.dev_offset);
+            let f = f.failure.map(|e| Error::Member { member, offset, source: Box::new(e) });
+            match (&mut first, f.in_flight) {
+                (None, in_flight) => first = Some(Failed { error: f.error, in_flight }),
+                (Some(fst), Some(t)) => fst.add(t),
+                (Some(_), None) => {}
             }
         }
-        match first {
-            None => Ok(len),
-            Some(e) if stranded => {
-                lease.keep_forever();
-                Err(e)
-            }
-            Some(e) => Err(e),
-        }
+        settle(first.map_or(Ok(len), Err), lease)
     }
 
     fn flush(&self) -> Result<()> {

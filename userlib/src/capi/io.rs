@@ -8,6 +8,7 @@ use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
 use crate::buffer::Buffer;
 use crate::gpu::Gpu;
+use crate::inflight::IoResult;
 use crate::storage::Storage;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -248,8 +249,20 @@ impl Library {
             // SAFETY: forwarded from the caller.
             unsafe { staged_steps(s, &bounce, bs, false, mem, addr, size, off) }
         };
-        self.put_bounce(h, bounce);
-        r
+        match r {
+            Ok(n) => {
+                self.put_bounce(h, bounce);
+                Ok(n)
+            }
+            // A GPU copy or the storage may still use the bounce buffer: its token keeps it out
+            // of the pool for good (counted by `in_flight_kept`).
+            Err(mut f) => {
+                if let Some(bounce) = f.hold_if_running(bounce) {
+                    self.put_bounce(h, bounce);
+                }
+                Err(f.into_error())
+            }
+        }
     }
 
     /// `Readv`/`Writev` (uGDS): segments in order, contiguous in the file from `file_offset`.
@@ -319,7 +332,14 @@ impl Library {
 
 /// A staged write to a file: the caller's bytes, exactly, through the page cache (host memory
 /// directly; GPU memory copied through the bounce buffer first).
-unsafe fn write_exact(s: &Storage, bounce: &Buffer, mem: &Raw, addr: usize, size: usize, off: u64) -> CResult<usize> {
+unsafe fn write_exact(
+    s: &Storage,
+    bounce: &Buffer,
+    mem: &Raw,
+    addr: usize,
+    size: usize,
+    off: u64,
+) -> IoResult<usize, Fail> {
     let stage = bounce.host_ptr().ok_or(Fail::Code(UGDS_INTERNAL_ERROR))?;
     let mut done = 0usize;
     while done < size {
@@ -351,8 +371,12 @@ unsafe fn staged_steps(
     addr: usize,
     size: usize,
     off: u64,
-) -> CResult<usize> {
+) -> IoResult<usize, Fail> {
     let stage = bounce.host_ptr().ok_or(Fail::Code(UGDS_INTERNAL_ERROR))?;
+    // The storage's I/O on the bounce buffer, its token (if any) passed up.
+    let io = |write: bool, at: u64, file_offset: u64, n: u64| {
+        s.rw_in_flight(write, bounce, at, file_offset, n).map_err(|f| f.map(Fail::Lib))
+    };
     let end = off + size as u64;
     let mut pos = off;
     let mut done = 0usize;
@@ -368,17 +392,17 @@ unsafe fn staged_steps(
                 if edge {
                     // SAFETY: `at + bs <= n <= BOUNCE`, inside the bounce buffer we own.
                     unsafe { std::ptr::write_bytes(stage.add(at), 0, bs as usize) };
-                    s.read(bounce, at as u64, a0 + at as u64, bs)?;
+                    io(false, at as u64, a0 + at as u64, bs)?;
                 }
             }
             // SAFETY: the caller's range; `hi - lo` bytes fit both sides.
             unsafe { copy(mem, false, addr + done, stage.add(lo), hi - lo) }?;
-            if s.write(bounce, 0, a0, n as u64)? != n as u64 {
-                return Err(Fail::Errno(libc::EIO));
+            if io(true, 0, a0, n as u64)? != n as u64 {
+                return Err(Fail::Errno(libc::EIO).into());
             }
             done += hi - lo;
         } else {
-            let got = s.read(bounce, 0, a0, n as u64)? as usize;
+            let got = io(false, 0, a0, n as u64)? as usize;
             let avail = got.saturating_sub(lo).min(hi - lo);
             // SAFETY: as above, `avail <= hi - lo`.
             unsafe { copy(mem, true, addr + done, stage.add(lo), avail) }?;
@@ -393,8 +417,9 @@ unsafe fn staged_steps(
 }
 
 /// Copies `len` bytes between the caller's memory at `addr` and the bounce buffer at `stage`:
-/// into the caller's memory when `to_caller`.
-unsafe fn copy(mem: &Raw, to_caller: bool, addr: usize, stage: *mut u8, len: usize) -> CResult<()> {
+/// into the caller's memory when `to_caller`. A GPU copy that fails may still run: the failure's
+/// token keeps its queue, and the caller keeps the bounce buffer with it.
+unsafe fn copy(mem: &Raw, to_caller: bool, addr: usize, stage: *mut u8, len: usize) -> IoResult<(), Fail> {
     if len == 0 {
         return Ok(());
     }
@@ -409,7 +434,8 @@ unsafe fn copy(mem: &Raw, to_caller: bool, addr: usize, stage: *mut u8, len: usi
         },
         Raw::Gpu(g) => {
             let mut q = g.take_queue()?;
-            // SAFETY: both ranges are valid for `len` bytes; `wait` returns before they may go.
+            // SAFETY: both ranges are valid for `len` bytes until `wait` returns, or for good
+            // when the copy fails (the token keeps the queue, the caller the bounce buffer).
             let r = unsafe {
                 if to_caller {
                     q.to_device(addr as u64, stage, len)
@@ -418,8 +444,7 @@ unsafe fn copy(mem: &Raw, to_caller: bool, addr: usize, stage: *mut u8, len: usi
                 }
             }
             .and_then(|_| q.wait());
-            g.put_queue(q);
-            r?;
+            g.settle_queue(r, q).map_err(|f| f.map(Fail::Lib))?;
         }
     }
     Ok(())
@@ -468,6 +493,51 @@ mod tests {
             std::fs::remove_file(&path).unwrap();
             prop_assert!(disk == model);
         }
+    }
+
+    /// A GPU copy between the caller's memory and a bounce buffer that fails (its queue cannot
+    /// say the copy is done) keeps that bounce buffer and that copy queue out of their pools, as
+    /// the staging pipeline does: the next staged I/O uses others. (Both used to go back, so the
+    /// next I/O's CPU copies into the bounce buffer raced a copy that may still run.)
+    #[test]
+    fn a_failed_gpu_copy_keeps_its_bounce_buffer_and_queue_out_of_the_pools() {
+        use crate::capi::Face;
+        use crate::gpu::cpu::Faulty;
+        use std::os::fd::AsRawFd;
+        let path = std::env::temp_dir().join(format!("ugds-copyfail-{}-{}", std::process::id(), rand_suffix()));
+        let data: Vec<u8> = (0..1 << 20).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let lib: &'static Library = Box::leak(Box::new(Library::new(Face::CuFile)));
+        let h = lib.handle_register(f.as_raw_fd()).unwrap();
+        let rt = Arc::new(Faulty::new(true, false));
+        let state = rt.state.clone();
+        let gpu = Gpu::with_runtime(rt);
+        let mem = gpu.alloc(1 << 20).unwrap();
+        let base = mem.device_ptr() as usize;
+        // SAFETY: `mem` stays allocated until after the deregistration below.
+        unsafe { lib.buf_register(base, 1 << 20, Some(gpu.clone()), false) }.unwrap();
+        let copies = || state.copies.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // Unaligned: read into a bounce buffer, then copied to the GPU memory, which fails.
+        let kept = crate::in_flight_kept();
+        // SAFETY: `[base, +100)` is registered GPU memory.
+        assert!(unsafe { lib.rw(false, h, base, 100, 7, 0) }.is_err());
+        assert!(crate::in_flight_kept() > kept, "the failure's token was kept, and counted");
+        let first = copies();
+        assert_eq!(first.len(), 1, "{first:?}");
+        state.failing.store(false, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above.
+        assert_eq!(unsafe { lib.rw(false, h, base, 100, 7, 0) }.unwrap(), 100);
+        let second = copies()[1];
+        assert_ne!(second.1, first[0].1, "the failed copy's bounce buffer was reused");
+        assert_ne!(second.0, first[0].0, "the failed copy's queue was reused");
+        let mut out = vec![0u8; 100];
+        gpu.download(&mem, 0, &mut out).unwrap();
+        assert_eq!(out, data[7..107]);
+        lib.buf_deregister(base).unwrap();
+        lib.handle_deregister(h, -1).unwrap();
+        drop(mem);
+        std::fs::remove_file(path).unwrap();
     }
 
     fn rand_suffix() -> u64 {

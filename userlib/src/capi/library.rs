@@ -51,6 +51,12 @@ impl From<Error> for Fail {
     }
 }
 
+impl From<Error> for crate::inflight::Failed<Fail> {
+    fn from(e: Error) -> Self {
+        Fail::Lib(e).into()
+    }
+}
+
 impl Fail {
     /// As a status code.
     pub fn code(&self) -> uGDSOpError {
@@ -609,14 +615,9 @@ impl Library {
         Ok(h.storage.alloc_host(BOUNCE)?)
     }
 
-    /// Returns a bounce buffer.
+    /// Returns a bounce buffer that nothing may still use (one that a failed I/O or GPU copy may
+    /// still use stays with that failure's `InFlight` token instead, never reaching the pool).
     pub(crate) fn put_bounce(&self, h: &Handle, b: Buffer) {
-        // A bounce buffer whose I/O failed with the SSD perhaps still using it keeps its lease
-        // for good: it is never reused (dropping it leaks its memory, as a busy buffer does),
-        // so the raw copies of staged I/O never touch memory the device may write.
-        if b.inflight() > 0 {
-            return;
-        }
         let mut pool = h.bounce.lock().unwrap_or_else(|e| e.into_inner());
         if pool.len() < 8 {
             pool.push(b);

@@ -9,9 +9,10 @@
 //! ([`Shared`], locked per call) or a queue pair the caller owns ([`Owned`], no lock and no
 //! atomic read-modify-write per command). The logic here is the same for both.
 
-use super::{IoFailure, Namespace, Registration};
+use super::{Namespace, Registration};
 use crate::cmd::{self, Command, DmaRange};
 use crate::error::Error;
+use crate::inflight::{Failed, InFlight, Why};
 use crate::mmio::StatusView;
 use crate::queue::{self, QueuePair, MAX_BURST, SPINS_PER_CHECK};
 use std::sync::Arc;
@@ -138,8 +139,8 @@ pub(crate) struct Lane<'a> {
 /// Why a lane failed, and at which byte of its namespace.
 #[derive(Debug)]
 pub(crate) struct LaneFailure {
-    /// The failure (and whether its commands may still run).
-    pub(crate) failure: IoFailure,
+    /// The failure (with a token when its commands may still run).
+    pub(crate) failure: Failed,
     /// The namespace byte offset of the first failed command (or of the burst that timed out).
     pub(crate) dev_offset: u64,
 }
@@ -196,8 +197,8 @@ impl<'a> State<'a> {
             let (slba, nlb) = ((e.dev_offset + done) >> shift, (chunk >> shift) as u32);
             // SAFETY: `lane.reg` is held by a buffer whose I/O lease the caller holds for the
             // call (the CPU cannot touch the memory) and keeps for good when the commands may
-            // outlive it (`IoFailure::stranded`), so the registration stays while the SSD may
-            // use it; `chunk` is exactly `nlb` blocks.
+            // outlive it (the failure's `InFlight` token), so the registration stays while the
+            // SSD may use it; `chunk` is exactly `nlb` blocks.
             let data = unsafe { DmaRange::new(&lane.reg.segments, e.reg_offset + done, chunk) };
             self.burst[n] =
                 if write { cmd::Write::new(slba, nlb, data).build() } else { cmd::Read::new(slba, nlb, data).build() };
@@ -208,33 +209,34 @@ impl<'a> State<'a> {
         n
     }
 
-    fn fail(&mut self, failure: IoFailure, dev_offset: u64) {
+    fn fail(&mut self, failure: Failed, dev_offset: u64) {
         self.n = 0;
         self.result = Some(Err(LaneFailure { failure, dev_offset }));
     }
 }
 
-/// Whether a failure may leave commands running: a timeout, a faulted controller or a completion
-/// the queue could not believe, unless a reset confirms the controller stopped (then `q`, the
-/// queue the caller was using, adopts the new epoch, as the shared path's does).
-fn failure(ns: &Namespace, q: &mut impl LaneQueue, error: Error) -> IoFailure {
+/// The failure for `error`: a timeout, a faulted controller or a completion the queue could not
+/// believe may leave commands running (an [`InFlight`] token), unless a reset confirms the
+/// controller stopped (then `q`, the queue the caller was using, adopts the new epoch, as the
+/// shared path's does).
+fn failure(ns: &Namespace, q: &mut impl LaneQueue, error: Error) -> Failed {
     match error {
         e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_)) => {
-            let stopped = ns.reset_controller();
-            if stopped {
+            if ns.reset_controller() {
                 q.qp().resync(&ns.dev.status);
+                return e.into();
             }
-            IoFailure { stranded: !stopped, error: e }
+            Failed::running(e, InFlight::new(Why::Command))
         }
-        e => IoFailure::done(e),
+        e => e.into(),
     }
 }
 
 /// Moves every lane's extents (reads into or writes from its registration), all lanes at once,
 /// each on this thread's shared queue of its controller. Returns one result per lane. After the
 /// first failure no lane starts another burst, but every burst already in flight is waited for
-/// (or declared stranded), so nothing the caller's memory is named by runs after this returns
-/// unless a failure says so.
+/// (or left in flight with a token), so nothing the caller's memory is named by runs after this
+/// returns unless a failure's token says so.
 pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure>> {
     let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
     let mut queues: Vec<Shared<'_>> = lanes.iter().map(|l| Shared(l.ns.queue())).collect();
@@ -258,7 +260,7 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
     for (l, st) in lanes.iter().zip(states.iter_mut()) {
         if !Arc::ptr_eq(&l.reg.dev, &l.ns.dev) {
             st.result = Some(Err(LaneFailure {
-                failure: IoFailure::done(Error::invalid("buf", "registered on another device")),
+                failure: Error::invalid("buf", "registered on another device").into(),
                 dev_offset: l.extents.first().map_or(0, |e| e.dev_offset),
             }));
         }
@@ -270,7 +272,7 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
         if lanes[..i].iter().any(|o| Arc::ptr_eq(&o.ns.dev, &l.ns.dev)) {
             for (l, st) in lanes.iter().zip(states.iter_mut()) {
                 st.result = Some(Err(LaneFailure {
-                    failure: IoFailure::done(Error::invalid("lanes", "two lanes on one controller")),
+                    failure: Error::invalid("lanes", "two lanes on one controller").into(),
                     dev_offset: l.extents.first().map_or(0, |e| e.dev_offset),
                 }));
             }
@@ -327,7 +329,7 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
                 if let Some((k, status)) = bad {
                     let err = Error::Nvme { op: st.burst[k].name(), slba: st.burst[k].slba(), status };
                     let off = st.dev_offsets[k];
-                    st.fail(IoFailure::done(err), off);
+                    st.fail(err.into(), off);
                     failed = true;
                 }
             } else {

@@ -4,8 +4,9 @@
 //! read-modify-write per command. The storage-level face is [`crate::OwnedQueue`].
 
 use super::lanes::Owned;
-use super::{create_queue_pair, delete_queue_pair, IoFailure, Namespace, Registration};
+use super::{create_queue_pair, delete_queue_pair, Namespace, Registration};
 use crate::error::Result;
+use crate::inflight::IoResult;
 use crate::queue::{DptrCounts, QueuePair};
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -19,9 +20,9 @@ use std::time::Duration;
 ///
 /// # Invariants
 ///
-/// Nothing is in flight on `qp` between calls unless a call's failure said its commands were
-/// stranded (a timeout the controller reset could not confirm); their memory is then kept for
-/// good by the caller, and dropping the queue pair deletes it in the module first, which stops
+/// Nothing is in flight on `qp` between calls unless a call's failure carried an `InFlight`
+/// token (a timeout the controller reset could not confirm); their memory is then kept for
+/// good with it, and dropping the queue pair deletes it in the module first, which stops
 /// the controller using it (or leaks the queue memory when even that fails).
 #[derive(Debug)]
 pub(crate) struct OwnedQueuePair {
@@ -86,7 +87,7 @@ impl OwnedQueuePair {
         reg_offset: u64,
         dev_offset: u64,
         len: u64,
-    ) -> std::result::Result<(), IoFailure> {
+    ) -> IoResult<()> {
         self.ns.rw_on(Owned(&mut self.qp), write, reg, reg_offset, dev_offset, len)
     }
 }
@@ -97,9 +98,9 @@ impl Drop for OwnedQueuePair {
             // The parent's queue pair: neither deleted nor unmapped from here.
             return;
         }
-        // Nothing is in flight (see the invariants), or stranded commands' memory is kept for
-        // good: give the queue pair back. The module deletes it on the controller before freeing
-        // its memory and revokes our mappings of it; `qp` unmaps them after this.
+        // Nothing is in flight (see the invariants), or a token keeps the memory of commands left
+        // running for good: give the queue pair back. The module deletes it on the controller
+        // before freeing its memory and revokes our mappings of it; `qp` unmaps them after this.
         delete_queue_pair(&self.ns.dev.fd, self.qp.qid());
         // SAFETY: dropped once, here; `self` is going away.
         unsafe { ManuallyDrop::drop(&mut self.qp) };

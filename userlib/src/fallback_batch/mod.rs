@@ -8,16 +8,17 @@
 //!
 //! Memory rules (DESIGN.md): every entry holds its buffer's lease until the kernel and its copy
 //! are done with the memory. When the ring must be given up with requests in it (an
-//! `io_uring_enter` error), the ring is leaked together with those entries' leases and staging
-//! memory, as the synchronous path's `abandon_ring` does; when a copy queue fails, its entries'
-//! leases and staging memory are kept for good. Dropping the batch waits for everything in
-//! flight.
+//! `io_uring_enter` error), an `InFlight` token keeps the ring, and one per entry keeps those
+//! entries' leases and staging memory, as on the synchronous path; when a copy queue fails,
+//! tokens keep the queue and its entries' leases and staging memory for good. Dropping the batch
+//! waits for everything in flight.
 
 use crate::batch::{Entry, IoEvent, IoStatus, Op};
 use crate::buffer::{Mem, Path};
 use crate::error::{Error, Result};
 use crate::fallback::{io_err, PIECE};
 use crate::gpu::STAGING_CHUNK;
+use crate::inflight::{InFlight, Why};
 use crate::mem::HostMemory;
 use crate::storage::Storage;
 use io_uring::{opcode, types, IoUring};
@@ -194,7 +195,7 @@ impl RingBatch {
             let (cookie, path) = (e.cookie, e.lease.buffer().path());
             match self.start(idx, e) {
                 Ok(()) => {}
-                Err(err) if self.reqs[idx].is_some() => self.finish(idx, Err(err), false),
+                Err(err) if self.reqs[idx].is_some() => self.finish(idx, Err(err), None),
                 // Refused before it held anything (its lease went with it).
                 Err(err) => {
                     self.free.push(idx);
@@ -261,27 +262,26 @@ impl RingBatch {
         unsafe { st.copy(idx, s, to_host, dev, len) }
     }
 
-    /// Ends entry `idx` with `outcome`. `leak`: the kernel or a copy may still use its memory,
-    /// so its lease and staging memory are kept for good.
-    fn finish(&mut self, idx: usize, outcome: Result<u64>, leak: bool) {
+    /// Ends entry `idx` with `outcome`. With a token (`in_flight`), the kernel or a copy may
+    /// still use its memory: the token keeps its lease and staging or bounce memory for good.
+    fn finish(&mut self, idx: usize, outcome: Result<u64>, mut in_flight: Option<InFlight>) {
         let Some(r) = self.reqs[idx].take() else { return };
         self.free.push(idx);
         let (cookie, path) = (r.e.cookie, r.e.lease.buffer().path());
-        match r.via {
-            Via::Staged(stage) => {
+        match (r.via, in_flight.as_mut()) {
+            (Via::Staged(stage), t) => {
                 if let Some(st) = self.stage.as_mut() {
-                    st.release(stage, leak);
+                    st.release(stage, t);
                 }
             }
-            Via::Bounce(b) if leak => std::mem::forget(b),
-            Via::Bounce(_) | Via::Host => {}
+            (Via::Bounce(b), Some(t)) => t.hold(b),
+            (Via::Bounce(_) | Via::Host, _) => {}
         }
-        if leak {
-            r.e.lease.keep_forever();
-        } else {
+        match in_flight {
+            Some(t) => t.holding(r.e.lease).keep(),
             // The entry lets go of its buffer before it counts as finished: whoever waits for
             // it may deregister the buffer at once.
-            drop(r.e);
+            None => drop(r.e),
         }
         let ev = match outcome {
             Ok(bytes) => IoEvent { cookie, status: IoStatus::Complete, bytes, error: None },
@@ -303,7 +303,7 @@ impl RingBatch {
                     let msg = e.to_string();
                     while let Some(idx) = self.waiting.pop_front() {
                         let err = Error::invalid("ring", format!("a new ring after a failed one: {msg}"));
-                        self.finish(idx, Err(err), false);
+                        self.finish(idx, Err(err), None);
                     }
                     return;
                 }
@@ -413,8 +413,14 @@ impl RingBatch {
         let Some(st) = self.stage.as_mut() else { return };
         let mut failed = Vec::new();
         st.flush(&mut failed);
-        for (idx, reason, may_run) in failed {
-            self.finish(idx, Err(Error::Gpu { op: "staging copy", reason }), may_run);
+        self.copies_failed(failed);
+    }
+
+    /// Ends the entries whose copies failed, each with its reason and, when its copy may still
+    /// run, a token.
+    fn copies_failed(&mut self, failed: Vec<(usize, String, Option<InFlight>)>) {
+        for (idx, reason, in_flight) in failed {
+            self.finish(idx, Err(Error::Gpu { op: "staging copy", reason }), in_flight);
         }
     }
 
@@ -422,7 +428,7 @@ impl RingBatch {
     fn disk_done(&mut self, idx: usize) {
         let Some(r) = self.reqs[idx].as_mut() else { return };
         if let Some(e) = r.error.take() {
-            return self.finish(idx, Err(e), false);
+            return self.finish(idx, Err(e), None);
         }
         let bytes = r.bytes();
         let read = r.e.op == Op::Read;
@@ -433,16 +439,16 @@ impl RingBatch {
                 unsafe {
                     std::ptr::copy_nonoverlapping(b.as_ptr(), ptr.wrapping_add(r.e.buf_offset as usize), bytes as usize)
                 };
-                self.finish(idx, Ok(bytes), false)
+                self.finish(idx, Ok(bytes), None)
             }
             (Via::Staged(_), Mem::Gpu(g)) if read && bytes > 0 => {
                 r.phase = Phase::ToDevice;
                 let dev = g.device_ptr() + r.e.buf_offset;
                 if let Err(e) = self.copy(idx, false, dev, bytes as usize) {
-                    self.finish(idx, Err(e), false);
+                    self.finish(idx, Err(e), None);
                 }
             }
-            _ => self.finish(idx, Ok(bytes), false),
+            _ => self.finish(idx, Ok(bytes), None),
         }
     }
 
@@ -459,12 +465,10 @@ impl RingBatch {
                 self.waiting.push_back(idx);
             } else {
                 let bytes = r.bytes();
-                self.finish(idx, Ok(bytes), false);
+                self.finish(idx, Ok(bytes), None);
             }
         }
-        for (idx, reason) in failed {
-            self.finish(idx, Err(Error::Gpu { op: "staging copy", reason }), true);
-        }
+        self.copies_failed(failed);
         busy
     }
 
@@ -472,14 +476,14 @@ impl RingBatch {
     /// requests may still move data); the others carry on on a new ring.
     fn abandon(&mut self, e: std::io::Error) {
         if let Some(ring) = self.ring.take() {
-            std::mem::forget(ring);
+            InFlight::new(Why::Ring).holding(ring).keep();
         }
         self.in_ring = 0;
         for idx in 0..self.reqs.len() {
             if self.reqs[idx].as_ref().is_some_and(|r| r.in_ring > 0) {
                 let os = e.raw_os_error().map(std::io::Error::from_raw_os_error);
                 let err = io_err("io_uring_enter", os.unwrap_or_else(|| std::io::Error::new(e.kind(), e.to_string())));
-                self.finish(idx, Err(err), true);
+                self.finish(idx, Err(err), Some(InFlight::new(Why::Ring)));
             }
         }
     }

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{CopyQueue, Gpu, PinnedHost, ToDevice, STAGING_CHUNK};
+use crate::inflight::{InFlight, Why};
 use std::sync::Arc;
 
 /// GPU entries up to this size stage through a slot; larger ones (up to a whole chunk) take a
@@ -42,14 +43,15 @@ pub(super) struct Staging {
     /// (entry, device address, staging address, bytes). The staging address is kept as a
     /// number so the batch stays `Send`; it points into `chunks` or an entry's chunk.
     pending: Vec<(usize, u64, usize, usize)>,
-    /// A copy queue failed while its copies may still run: the chunks are never freed.
-    poisoned: bool,
+    /// Set when a slot's memory may still be used by the kernel or a copy (the slot's entry
+    /// failed with a token): the chunks then go into this token when the staging is dropped.
+    kept: Option<InFlight>,
 }
 
 impl Staging {
     /// Staging for `gpu`; nothing is taken until the first entry.
     pub(super) fn new(gpu: Arc<Gpu>) -> Staging {
-        Staging { gpu, chunks: Vec::new(), free: Vec::new(), lanes: Vec::new(), pending: Vec::new(), poisoned: false }
+        Staging { gpu, chunks: Vec::new(), free: Vec::new(), lanes: Vec::new(), pending: Vec::new(), kept: None }
     }
 
     /// Staging memory for an entry of `len` bytes (at most a staging chunk).
@@ -75,14 +77,18 @@ impl Staging {
         }
     }
 
-    /// Takes `s` back; `leak`: the kernel or a copy may still use it, so it is never reused.
-    pub(super) fn release(&mut self, s: Stage, leak: bool) {
-        match s {
-            Stage::Slot(n) if !leak => self.free.push(n),
-            // Its chunk holds other slots: keep them all.
-            Stage::Slot(_) => self.poisoned = true,
-            Stage::Chunk(c) if !leak => self.gpu.put_staging(vec![c]),
-            Stage::Chunk(c) => std::mem::forget(c),
+    /// Takes `s` back; with its entry's token (`in_flight`), the kernel or a copy may still use
+    /// it, so it is never reused: a chunk goes into the token, a slot keeps its whole chunk (which
+    /// holds other slots) for good.
+    pub(super) fn release(&mut self, s: Stage, in_flight: Option<&mut InFlight>) {
+        match (s, in_flight) {
+            (Stage::Slot(n), None) => self.free.push(n),
+            (Stage::Slot(_), Some(t)) => {
+                let why = t.why();
+                self.kept.get_or_insert_with(|| InFlight::new(why));
+            }
+            (Stage::Chunk(c), None) => self.gpu.put_staging(vec![c]),
+            (Stage::Chunk(c), Some(t)) => t.hold(c),
         }
     }
 
@@ -112,11 +118,11 @@ impl Staging {
     }
 
     /// Starts the copies to the device that [`Staging::copy`] deferred, on one lane. Entries
-    /// that failed go to `failed` with the reason and whether their copies may still run: when
-    /// the call fails, those copies and the lane's earlier ones may have started (the lane is
-    /// never used again and their memory must be kept for good); when no lane could be had,
-    /// none started.
-    pub(super) fn flush(&mut self, failed: &mut Vec<(usize, String, bool)>) {
+    /// that failed go to `failed` with the reason and, when their copies may still run, a
+    /// token: when the call fails, those copies and the lane's earlier ones may have started
+    /// (the lane is never used again and their memory must be kept for good); when no lane
+    /// could be had, none started.
+    pub(super) fn flush(&mut self, failed: &mut Vec<(usize, String, Option<InFlight>)>) {
         if self.pending.is_empty() {
             return;
         }
@@ -124,7 +130,7 @@ impl Staging {
             Ok(lane) => lane,
             Err(e) => {
                 // Nothing started.
-                failed.extend(self.pending.drain(..).map(|(id, ..)| (id, e.to_string(), false)));
+                failed.extend(self.pending.drain(..).map(|(id, ..)| (id, e.to_string(), None)));
                 return;
             }
         };
@@ -136,16 +142,16 @@ impl Staging {
         // its entry, untouched until the lane reports it, into device memory that stays
         // allocated as long.
         if let Err(e) = unsafe { l.q.to_device_many(&copies) } {
-            failed.extend(self.abandon_lane(lane).into_iter().map(|id| (id, e.to_string(), true)));
+            self.abandon_lane(lane, &e, failed);
         }
     }
 
-    /// Takes lane `i` out of use for good after its queue failed (its copies may still run, so
-    /// the queue is never destroyed); returns the entries that were on it.
-    fn abandon_lane(&mut self, i: usize) -> Vec<usize> {
+    /// Takes lane `i` out of use for good after its queue failed with `e` (its copies may still
+    /// run, so a token keeps the queue); its entries go to `failed`, each with a token.
+    fn abandon_lane(&mut self, i: usize, e: &Error, failed: &mut Vec<(usize, String, Option<InFlight>)>) {
         let lane = self.lanes.swap_remove(i);
-        std::mem::forget(lane.q);
-        lane.ids
+        InFlight::new(Why::Copy).holding(lane.q).keep();
+        failed.extend(lane.ids.into_iter().map(|id| (id, e.to_string(), Some(InFlight::new(Why::Copy)))));
     }
 
     /// The lane for the next copy: an idle one, a new one while fewer than [`LANES`], else the
@@ -163,8 +169,8 @@ impl Staging {
 
     /// Polls the lanes without waiting: entries whose copies are done go to `done`; those of a
     /// lane that failed (its copies may still run: the lane is never used again) go to
-    /// `failed` with the reason. True while copies still run.
-    pub(super) fn poll(&mut self, done: &mut Vec<usize>, failed: &mut Vec<(usize, String)>) -> bool {
+    /// `failed` with the reason and a token. True while copies still run.
+    pub(super) fn poll(&mut self, done: &mut Vec<usize>, failed: &mut Vec<(usize, String, Option<InFlight>)>) -> bool {
         let mut busy = false;
         let mut i = 0;
         while i < self.lanes.len() {
@@ -176,7 +182,7 @@ impl Staging {
                 Ok(true) => done.append(&mut self.lanes[i].ids),
                 Ok(false) => busy = true,
                 Err(e) => {
-                    failed.extend(self.abandon_lane(i).into_iter().map(|id| (id, e.to_string())));
+                    self.abandon_lane(i, &e, failed);
                     continue;
                 }
             }
@@ -185,10 +191,11 @@ impl Staging {
         busy
     }
 
-    /// Whether a failed copy or ring left memory in use: the chunks are then never freed.
+    /// Whether a failed copy or ring left memory of a slot in use: the chunks are then kept for
+    /// good.
     #[cfg(test)]
-    pub(super) fn is_poisoned(&self) -> bool {
-        self.poisoned
+    pub(super) fn keeps_its_chunks(&self) -> bool {
+        self.kept.is_some()
     }
 
     /// Whether this stages memory of `gpu`.
@@ -201,10 +208,9 @@ impl Drop for Staging {
     fn drop(&mut self) {
         // The batch waited for its entries before dropping this.
         let chunks = std::mem::take(&mut self.chunks);
-        if self.poisoned {
-            std::mem::forget(chunks);
-        } else {
-            self.gpu.put_staging(chunks);
+        match self.kept.take() {
+            Some(t) => t.holding(chunks).keep(),
+            None => self.gpu.put_staging(chunks),
         }
         for l in self.lanes.drain(..) {
             self.gpu.put_queue(l.q);

@@ -2,34 +2,9 @@
 //! copy may still use stays leased for good when the ring or a copy queue is given up.
 
 use super::*;
-use crate::gpu::{cpu::Cpu, CopyQueue, Gpu, Runtime, Vendor};
+use crate::fallback::tests::TempFile;
+use crate::gpu::{cpu::Faulty, Gpu};
 use crate::storage_batch::{IoRequest, StorageBatch};
-use std::io::Write;
-use std::os::fd::OwnedFd;
-
-/// A file of `len` bytes of the test pattern on the temporary directory's file system, removed
-/// on drop.
-struct TempFile(std::path::PathBuf);
-
-impl TempFile {
-    fn new(name: &str, len: usize) -> TempFile {
-        let p = std::env::temp_dir().join(format!("ugds-unit-{name}-{}", std::process::id()));
-        let mut data = vec![0u8; len];
-        crate::pattern::fill(1, 0, &mut data);
-        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
-        TempFile(p)
-    }
-
-    fn storage(&self) -> Arc<Storage> {
-        Storage::open(self.0.to_str().unwrap()).unwrap()
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 fn reads(buf: &Arc<crate::Buffer>, n: u64, len: u64) -> Vec<IoRequest> {
     (0..n)
@@ -106,7 +81,7 @@ fn an_abandoned_ring_keeps_its_entries_memory_leased_for_good() {
         .iter()
         .all(|(e, _)| e.status == IoStatus::Failed && e.error.as_ref().is_some_and(|e| e.errno() == -libc::EFAULT)));
     assert_eq!((host.inflight(), gbuf.inflight()), (1, 1), "the leases are kept for good");
-    assert!(b.stage.as_ref().is_some_and(|s| s.is_poisoned()), "the slot's chunk is never reused");
+    assert!(b.stage.as_ref().is_some_and(|s| s.keeps_its_chunks()), "the slot's chunk is never reused");
     // A new ring for the next entries.
     let other = Arc::new(st.alloc_host(1 << 20).unwrap());
     b.submit(vec![entry(&other, 1 << 20, 2)]).unwrap();
@@ -115,75 +90,13 @@ fn an_abandoned_ring_keeps_its_entries_memory_leased_for_good() {
     assert_eq!(other.inflight(), 0);
 }
 
-/// The CPU stand-in, except that its copy queues fail when polled, or (`no_pinned`) it has no
-/// pinned memory to give.
-#[derive(Debug, Default)]
-struct BrokenCopies(Cpu, bool);
-
-#[derive(Debug)]
-struct BrokenQueue;
-
-impl CopyQueue for BrokenQueue {
-    unsafe fn to_device(&mut self, _dst: u64, _src: *const u8, _len: usize) -> Result<()> {
-        Ok(())
-    }
-    unsafe fn to_host(&mut self, _dst: *mut u8, _src: u64, _len: usize) -> Result<()> {
-        Ok(())
-    }
-    fn wait(&mut self) -> Result<()> {
-        Err(Error::Gpu { op: "wait", reason: "broken on purpose".into() })
-    }
-    fn poll(&mut self) -> Result<bool> {
-        Err(Error::Gpu { op: "poll", reason: "broken on purpose".into() })
-    }
-}
-
-impl Runtime for BrokenCopies {
-    fn vendor(&self) -> Vendor {
-        Vendor::Cpu
-    }
-    fn device_name(&self) -> String {
-        "broken copies".into()
-    }
-    fn alloc(&self, len: usize) -> Result<u64> {
-        self.0.alloc(len)
-    }
-    fn free(&self, ptr: u64, len: usize) {
-        self.0.free(ptr, len)
-    }
-    fn is_device_memory(&self, ptr: u64) -> bool {
-        self.0.is_device_memory(ptr)
-    }
-    fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
-        if self.1 {
-            return Err(Error::Gpu { op: "alloc_pinned", reason: "none on purpose".into() });
-        }
-        self.0.alloc_pinned(len)
-    }
-    fn free_pinned(&self, ptr: *mut u8, len: usize) {
-        self.0.free_pinned(ptr, len)
-    }
-    fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(BrokenQueue))
-    }
-    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
-        self.0.export_dmabuf(ptr, len)
-    }
-    fn dmabuf_support(&self) -> std::result::Result<(), String> {
-        self.0.dmabuf_support()
-    }
-    fn new_stream(&self) -> Result<Arc<dyn crate::Stream>> {
-        self.0.new_stream()
-    }
-}
-
 /// A copy queue that cannot say its copies are done fails its entries, which keep their leases
 /// for good; host entries of the same batch are not affected.
 #[test]
 fn a_failed_copy_queue_keeps_its_entries_memory_leased_for_good() {
     let f = TempFile::new("copyfail", 4 << 20);
     let st = f.storage();
-    let gpu = Gpu::with_runtime(Arc::new(BrokenCopies(Cpu::default(), false)));
+    let gpu = Gpu::with_runtime(Arc::new(Faulty::new(true, false)));
     let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap());
     let host = Arc::new(st.alloc_host(1 << 20).unwrap());
     let mut b = StorageBatch::new(&st, 8).unwrap();
@@ -251,7 +164,7 @@ fn stream_groups_on_a_file_are_one_job_each() {
 fn entries_without_staging_memory_fail_and_free_their_place() {
     let f = TempFile::new("nopinned", 4 << 20);
     let st = f.storage();
-    let gpu = Gpu::with_runtime(Arc::new(BrokenCopies(Cpu::default(), true)));
+    let gpu = Gpu::with_runtime(Arc::new(Faulty::new(true, true)));
     let gbuf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap());
     let host = Arc::new(st.alloc_host(1 << 20).unwrap());
     let mut b = StorageBatch::new(&st, 4).unwrap();

@@ -188,3 +188,124 @@ impl CopyQueue for MemcpyQueue {
         Ok(())
     }
 }
+
+/// The CPU stand-in with copy queues that can be made to fail, for tests: while
+/// [`FaultState::failing`] is set, a queue's `wait` and `poll` fail (its copies count as perhaps
+/// still running); while [`FaultState::no_pinned`] is set, there is no pinned memory to give.
+/// Every copy is recorded as (queue number, host address).
+#[cfg(all(test, feature = "fallback"))]
+#[derive(Debug, Default)]
+pub(crate) struct Faulty {
+    cpu: Cpu,
+    /// What the test sets and reads.
+    pub(crate) state: Arc<FaultState>,
+}
+
+/// The switches and the record of a [`Faulty`] runtime.
+#[cfg(all(test, feature = "fallback"))]
+#[derive(Debug, Default)]
+pub(crate) struct FaultState {
+    /// Copy queues fail their `wait` and `poll`.
+    pub(crate) failing: std::sync::atomic::AtomicBool,
+    /// `alloc_pinned` fails.
+    pub(crate) no_pinned: std::sync::atomic::AtomicBool,
+    /// Every copy started: (queue number, host address).
+    pub(crate) copies: Mutex<Vec<(usize, usize)>>,
+    queues: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(all(test, feature = "fallback"))]
+impl Faulty {
+    /// A runtime whose queues fail (`failing`) or that has no pinned memory (`no_pinned`).
+    pub(crate) fn new(failing: bool, no_pinned: bool) -> Faulty {
+        let f = Faulty::default();
+        f.state.failing.store(failing, std::sync::atomic::Ordering::Relaxed);
+        f.state.no_pinned.store(no_pinned, std::sync::atomic::Ordering::Relaxed);
+        f
+    }
+}
+
+#[cfg(all(test, feature = "fallback"))]
+#[derive(Debug)]
+struct FaultyQueue {
+    n: usize,
+    state: Arc<FaultState>,
+}
+
+#[cfg(all(test, feature = "fallback"))]
+impl FaultyQueue {
+    fn record(&self, host: *const u8) {
+        self.state.copies.lock().unwrap_or_else(|e| e.into_inner()).push((self.n, host as usize));
+    }
+
+    fn check(&self, op: &'static str) -> Result<()> {
+        if self.state.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Gpu { op, reason: "broken on purpose".into() });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, feature = "fallback"))]
+impl CopyQueue for FaultyQueue {
+    unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        self.record(src);
+        // SAFETY: forwarded from the caller.
+        unsafe { MemcpyQueue.to_device(dst, src, len) }
+    }
+
+    unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        self.record(dst);
+        // SAFETY: forwarded from the caller.
+        unsafe { MemcpyQueue.to_host(dst, src, len) }
+    }
+
+    fn wait(&mut self) -> Result<()> {
+        self.check("wait")
+    }
+
+    fn poll(&mut self) -> Result<bool> {
+        self.check("poll").map(|()| true)
+    }
+}
+
+#[cfg(all(test, feature = "fallback"))]
+impl Runtime for Faulty {
+    fn vendor(&self) -> Vendor {
+        Vendor::Cpu
+    }
+    fn device_name(&self) -> String {
+        "CPU stand-in with failing copies".into()
+    }
+    fn alloc(&self, len: usize) -> Result<u64> {
+        self.cpu.alloc(len)
+    }
+    fn free(&self, ptr: u64, len: usize) {
+        self.cpu.free(ptr, len)
+    }
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        self.cpu.is_device_memory(ptr)
+    }
+    fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
+        if self.state.no_pinned.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Gpu { op: "alloc_pinned", reason: "none on purpose".into() });
+        }
+        self.cpu.alloc_pinned(len)
+    }
+    fn free_pinned(&self, ptr: *mut u8, len: usize) {
+        self.cpu.free_pinned(ptr, len)
+    }
+    fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
+        let n = self.state.queues.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Box::new(FaultyQueue { n, state: self.state.clone() }))
+    }
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
+        self.cpu.export_dmabuf(ptr, len)
+    }
+    fn dmabuf_support(&self) -> std::result::Result<(), String> {
+        self.cpu.dmabuf_support()
+    }
+    fn new_stream(&self) -> Result<Arc<dyn Stream>> {
+        self.cpu.new_stream()
+    }
+}

@@ -31,6 +31,7 @@ pub mod cuda {
 pub mod hip;
 
 use crate::error::{Error, Result};
+use crate::inflight::{Failed, InFlight, IoResult, Why};
 use crate::stream::Stream;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -362,6 +363,18 @@ impl Gpu {
         Ok(out)
     }
 
+    /// Staging chunks in the pool now (tests).
+    #[cfg(all(test, feature = "fallback"))]
+    pub(crate) fn pooled_staging(&self) -> usize {
+        self.staging.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Copy queues in the pool now (tests).
+    #[cfg(all(test, feature = "fallback"))]
+    fn pooled_queues(&self) -> usize {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Gives staging chunks back.
     pub(crate) fn put_staging(&self, bufs: Vec<PinnedHost>) {
         self.staging.lock().unwrap_or_else(|e| e.into_inner()).extend(bufs);
@@ -403,10 +416,36 @@ impl Gpu {
         // SAFETY: `stage` is a fresh allocation of at least src.len() bytes owned here.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), stage.as_ptr(), src.len()) };
         let mut q = self.take_queue()?;
-        // SAFETY: `stage` lives until after `wait`; the range was checked against `dst`.
+        // SAFETY: `stage` lives until after `wait` (or for good, with a failed copy); the range
+        // was checked against `dst`.
         let r = unsafe { q.to_device(dst.ptr + offset as u64, stage.as_ptr(), src.len()) }.and_then(|_| q.wait());
-        self.put_queue(q);
-        r
+        self.copied(r, q, stage).map(drop)
+    }
+
+    /// Ends a copy through `q` and `stage` with its result `r`: on success the queue goes back
+    /// to the pool and the stage to the caller; after a failure the copy may still run, so a
+    /// token keeps both (the queue is never reused, the memory never freed).
+    fn copied(&self, r: Result<()>, q: Box<dyn CopyQueue>, stage: PinnedHost) -> Result<PinnedHost> {
+        match self.settle_queue(r, q) {
+            Ok(()) => Ok(stage),
+            Err(mut f) => {
+                drop(f.hold_if_running(stage));
+                Err(f.into_error())
+            }
+        }
+    }
+
+    /// Ends copies on `q` with their result `r` (of starting them and waiting): on success the
+    /// queue goes back to the pool; after a failure its copies may still run, so the failure's
+    /// token keeps it (never reused or destroyed).
+    pub(crate) fn settle_queue(&self, r: Result<()>, q: Box<dyn CopyQueue>) -> IoResult<()> {
+        match r {
+            Ok(()) => {
+                self.put_queue(q);
+                Ok(())
+            }
+            Err(e) => Err(Failed::running(e, InFlight::new(Why::Copy).holding(q))),
+        }
     }
 
     /// Copies device memory to host bytes and waits (tests, examples).
@@ -414,10 +453,10 @@ impl Gpu {
         src.check(offset, dst.len())?;
         let stage = self.alloc_pinned(dst.len().max(1))?;
         let mut q = self.take_queue()?;
-        // SAFETY: `stage` lives until after `wait`; the range was checked against `src`.
+        // SAFETY: `stage` lives until after `wait` (or for good, with a failed copy); the range
+        // was checked against `src`.
         let r = unsafe { q.to_host(stage.as_ptr(), src.ptr + offset as u64, dst.len()) }.and_then(|_| q.wait());
-        self.put_queue(q);
-        r?;
+        let stage = self.copied(r, q, stage)?;
         // SAFETY: the copy into `stage` completed (wait returned Ok); it holds dst.len() bytes.
         unsafe { std::ptr::copy_nonoverlapping(stage.as_ptr(), dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -467,5 +506,35 @@ impl Drop for GpuMemory {
         if self.owned && !self.born.in_child() {
             self.gpu.rt.free(self.ptr, self.len);
         }
+    }
+}
+
+#[cfg(all(test, feature = "fallback"))]
+mod tests {
+    use super::*;
+    use crate::gpu::cpu::Faulty;
+    use std::sync::atomic::Ordering;
+
+    /// An upload or download whose copy fails keeps its copy queue out of the pool (its copy
+    /// may still run); once copies work again, the next one takes a new queue and works. (The
+    /// failed queue used to go back to the pool, and its pinned stage was freed.)
+    #[test]
+    fn a_failed_upload_or_download_keeps_its_queue_out_of_the_pool() {
+        let rt = Arc::new(Faulty::new(true, false));
+        let state = rt.state.clone();
+        let gpu = Gpu::with_runtime(rt);
+        let mem = gpu.alloc(4096).unwrap();
+        gpu.prewarm(0, 1).unwrap();
+        assert!(gpu.upload(&mem, 0, &[7; 64]).is_err());
+        assert_eq!(gpu.pooled_queues(), 0, "the failed upload's queue went back to the pool");
+        gpu.prewarm(0, 1).unwrap();
+        assert!(gpu.download(&mem, 0, &mut [0; 64]).is_err());
+        assert_eq!(gpu.pooled_queues(), 0, "the failed download's queue went back to the pool");
+        state.failing.store(false, Ordering::Relaxed);
+        gpu.upload(&mem, 0, &[9; 64]).unwrap();
+        let mut out = [0u8; 64];
+        gpu.download(&mem, 0, &mut out).unwrap();
+        assert_eq!(out, [9; 64]);
+        assert_eq!(gpu.pooled_queues(), 1);
     }
 }

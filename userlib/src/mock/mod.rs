@@ -205,12 +205,31 @@ pub struct MockQueue {
     pub qp: QueuePair,
     /// The status page (epoch 1, not faulted, until the test changes it).
     pub status: StatusView,
+    doorbells: Arc<Doorbells>,
+    dev: MockDevice,
+}
+
+/// The device side of a [`MockQueue`]: the model, its thread and the host memory it moves
+/// data to and from. Stops the thread on drop.
+pub(crate) struct MockDevice {
     model: Arc<Mutex<Model>>,
     host: DeviceShared,
     segments: Vec<Segment>,
     block_size: u32,
     stop: Arc<AtomicBool>,
     device: Option<JoinHandle<()>>,
+}
+
+impl MockDevice {
+    /// The DMA segments of the mock's host memory.
+    pub(crate) fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    /// Bytes of host memory.
+    pub(crate) fn host_len(&self) -> usize {
+        self.host.len()
+    }
 }
 
 impl std::fmt::Debug for MockQueue {
@@ -294,11 +313,19 @@ impl MockQueue {
             let (m, s) = (model.clone(), stop.clone());
             Some(std::thread::spawn(move || run(&m, &s)))
         };
-        Ok(MockQueue { qp, status, model, host, segments: layout.segments(), block_size: cfg.block_size, stop, device })
+        let dev = MockDevice { model, host, segments: layout.segments(), block_size: cfg.block_size, stop, device };
+        Ok(MockQueue { qp, status, doorbells, dev })
+    }
+
+    /// The queue pair, its status page and doorbells, and the device side, apart (for a test
+    /// [`crate::Device`] over them).
+    #[cfg(test)]
+    pub(crate) fn into_parts(self) -> (QueuePair, StatusView, Arc<Doorbells>, MockDevice) {
+        (self.qp, self.status, self.doorbells, self.dev)
     }
 
     fn model(&self) -> MutexGuard<'_, Model> {
-        self.model.lock().unwrap_or_else(|p| p.into_inner())
+        self.dev.model.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Runs the device once: fetches everything submitted so far and posts what completions
@@ -311,23 +338,23 @@ impl MockQueue {
 
     /// The DMA segments of the mock's host memory (for [`crate::cmd::DmaRange::new`]).
     pub fn segments(&self) -> &[Segment] {
-        &self.segments
+        self.dev.segments()
     }
 
     /// Bytes of host memory.
     pub fn host_len(&self) -> usize {
-        self.host.len()
+        self.dev.host_len()
     }
 
     /// The namespace's block size.
     pub fn block_size(&self) -> u32 {
-        self.block_size
+        self.dev.block_size
     }
 
     /// Copies `data` into host memory at `off` (dword aligned, a whole number of dwords).
     pub fn host_write(&self, off: usize, data: &[u8]) {
         for (i, w) in data.chunks_exact(4).enumerate() {
-            self.host.store32(off + 4 * i, u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+            self.dev.host.store32(off + 4 * i, u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
         }
     }
 
@@ -338,20 +365,21 @@ impl MockQueue {
 
     /// Copies `len` bytes of host memory at `off` (dword aligned, a whole number of dwords).
     pub fn host_read(&self, off: usize, len: usize) -> Vec<u8> {
-        (0..len / 4).flat_map(|i| self.host.load32(off + 4 * i).to_le_bytes()).collect()
+        (0..len / 4).flat_map(|i| self.dev.host.load32(off + 4 * i).to_le_bytes()).collect()
     }
 
     /// The namespace's data: `blocks` blocks at `lba` (empty on a null device).
     pub fn backing(&self, lba: u64, blocks: u64) -> Vec<u8> {
         let m = self.model();
-        let (a, b) = ((lba * self.block_size as u64) as usize, ((lba + blocks) * self.block_size as u64) as usize);
+        let bs = self.dev.block_size as u64;
+        let (a, b) = ((lba * bs) as usize, ((lba + blocks) * bs) as usize);
         m.backing.get(a..b).map(<[u8]>::to_vec).unwrap_or_default()
     }
 
     /// Overwrites the namespace's data at block `lba`.
     pub fn set_backing(&self, lba: u64, data: &[u8]) {
         let mut m = self.model();
-        let a = (lba * self.block_size as u64) as usize;
+        let a = (lba * self.dev.block_size as u64) as usize;
         if let Some(dst) = m.backing.get_mut(a..a + data.len()) {
             dst.copy_from_slice(data);
         }
@@ -401,7 +429,7 @@ fn run(model: &Mutex<Model>, stop: &AtomicBool) {
     }
 }
 
-impl Drop for MockQueue {
+impl Drop for MockDevice {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(d) = self.device.take() {

@@ -30,6 +30,7 @@ mod tests;
 use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
+use crate::inflight::{settle, IoResult};
 use crate::path::{within_capacity, DataPath, Registered};
 use fabrics::{Controller, NsInfo};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -306,10 +307,9 @@ impl DataPath for RemotePath {
         Ok(staged)
     }
 
-    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
-        crate::staging::take_left_running();
+    fn rw(&self, write: bool, lease: Lease<&Buffer>, buf_offset: u64, file_offset: u64, len: u64) -> IoResult<u64> {
         let n = len as usize;
-        let r = match lease.buffer().mem() {
+        let r: IoResult<()> = match lease.buffer().mem() {
             Mem::Host { ptr, .. } => {
                 // SAFETY: the storage checked `[buf_offset, +len)` against the buffer, whose
                 // memory stays mapped while it lives; the lease keeps every CPU reference out
@@ -322,12 +322,12 @@ impl DataPath for RemotePath {
                     // SAFETY: as above; nothing else reads or writes it during the call.
                     HostSlice::In(unsafe { std::slice::from_raw_parts_mut(p, n) })
                 };
-                self.rw_host(s, file_offset)
+                self.rw_host(s, file_offset).map_err(Into::into)
             }
             Mem::Gpu(g) if lease.buffer().path() == Path::Remote => {
                 // The NIC registered this memory's dma-buf: it moves the data itself.
                 let fd = g.export_dmabuf()?;
-                self.rw_dmabuf(write, fd.as_fd(), buf_offset, len, file_offset)
+                self.rw_dmabuf(write, fd.as_fd(), buf_offset, len, file_offset).map_err(Into::into)
             }
             Mem::Gpu(g) => crate::staging::staged(g.gpu(), write, g.device_ptr() + buf_offset, n, None, |p, k, at| {
                 // SAFETY: `staged` hands us one of its staging chunks, `k` bytes long, which no
@@ -339,19 +339,12 @@ impl DataPath for RemotePath {
                         HostSlice::In(std::slice::from_raw_parts_mut(p, k))
                     }
                 };
-                self.rw_host(s, file_offset + at).map(|()| k)
+                Ok(self.rw_host(s, file_offset + at).map(|()| k)?)
             })
             .map(|_| ()),
         };
-        match r {
-            Ok(()) => Ok(len),
-            Err(e) if crate::staging::take_left_running() => {
-                // A copy queue may still move data into or out of the GPU memory.
-                lease.keep_forever();
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        // A copy queue may still move data into or out of the GPU memory: its token keeps the lease.
+        settle(r.map(|()| len), lease)
     }
 
     fn flush(&self) -> Result<()> {

@@ -6,6 +6,7 @@ use super::Storage;
 use crate::buffer::{Buffer, Lease, Path};
 use crate::device::OwnedQueuePair;
 use crate::error::{Error, Result};
+use crate::inflight::Failed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,14 +120,16 @@ impl OwnedQueue {
             return Err(Error::invalid("queue", "not on the direct path"));
         };
         let qp = &mut self.qp;
-        let n = direct.rw_with(
-            &mut |w, reg, reg_offset, dev_offset, l| qp.rw(w, reg, reg_offset, dev_offset, l),
-            write,
-            Lease::new(buf)?,
-            buf_offset,
-            file_offset,
-            len,
-        )?;
+        let n = direct
+            .rw_with(
+                &mut |w, reg, reg_offset, dev_offset, l| qp.rw(w, reg, reg_offset, dev_offset, l),
+                write,
+                Lease::new(buf)?,
+                buf_offset,
+                file_offset,
+                len,
+            )
+            .map_err(Failed::into_error)?;
         let slot = match buf.path() {
             Path::DirectP2p => 0,
             Path::DirectHost => 1,
