@@ -280,6 +280,9 @@ fn run(cli: Cli) -> Res<()> {
                 return Err(format!("{} holds fewer than --len {len} bytes", from.unwrap_or_default()).into());
             }
             let s = open_target(&t, DeviceOptions { queues: 1, ..Default::default() })?;
+            // The whole range is checked before the first chunk goes out: a bad length or
+            // offset is refused with the target unchanged (each chunk alone may look fine).
+            s.check_range(offset, len)?;
             let buf = s.alloc_host(CHUNK.min(len).max(1) as usize)?;
             let start = Instant::now();
             let mut done = 0;
@@ -305,6 +308,7 @@ fn run(cli: Cli) -> Res<()> {
             if offset.checked_add(len).is_none_or(|e| e > cap) {
                 return Err(format!("[{offset}, +{len}) runs past the end of {} ({cap} bytes)", t.dev).into());
             }
+            s.check_range(offset, len)?;
             let mut out = match &to {
                 Some(p) => Some(std::fs::File::create(p)?),
                 None => None,

@@ -348,6 +348,25 @@ impl Storage {
             return Err(Error::invalid("buf", "registered for another storage"));
         }
         buf.check(buf_offset, len)?;
+        self.check_blocks(file_offset, len)?;
+        let a = self.path.buffer_alignment();
+        if !buf_offset.is_multiple_of(a) {
+            return Err(Error::invalid("buf_offset", format!("must be a multiple of {a} on this path")));
+        }
+        self.path.check_extent(file_offset, len)
+    }
+
+    /// The part of the request check that is about the target alone: the length is non-zero,
+    /// offset and length are block multiples, and the range fits the target. A caller that
+    /// moves one range in several I/Os (the CLI's 8 MiB chunks) checks the whole range with it
+    /// first, so a bad range is refused before anything is written.
+    pub fn check_range(&self, file_offset: u64, len: u64) -> Result<()> {
+        self.check_blocks(file_offset, len)?;
+        self.path.check_extent(file_offset, len)
+    }
+
+    /// A non-zero length; offset and length block multiples.
+    fn check_blocks(&self, file_offset: u64, len: u64) -> Result<()> {
         let bs = self.block_size();
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
@@ -361,11 +380,7 @@ impl Storage {
                 format!("{file_offset} is not a multiple of the {bs}-byte block size"),
             ));
         }
-        let a = self.path.buffer_alignment();
-        if !buf_offset.is_multiple_of(a) {
-            return Err(Error::invalid("buf_offset", format!("must be a multiple of {a} on this path")));
-        }
-        self.path.check_extent(file_offset, len)
+        Ok(())
     }
 
     /// Reads `len` bytes at `file_offset` into `buf` at `buf_offset`; returns the bytes read
