@@ -22,6 +22,23 @@ fn size(s: &str) -> Result<u64, String> {
     ugds::units::parse(s)
 }
 
+/// A size as [`size`] parses it, refusing 0 (an I/O size: offsets are computed modulo it).
+fn nonzero_size(s: &str) -> Result<u64, String> {
+    match ugds::units::parse(s)? {
+        0 => Err("must be non-zero".into()),
+        n => Ok(n),
+    }
+}
+
+/// A duration in seconds: finite, positive and one a `Duration` holds.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("bad number of seconds {s:?}: {e}"))?;
+    if !(v.is_finite() && v > 0.0) || Duration::try_from_secs_f64(v).is_err() {
+        return Err(format!("{s} is not a positive, finite number of seconds"));
+    }
+    Ok(v)
+}
+
 #[derive(Args)]
 struct Target {
     /// The target: a ugds node (/dev/ugds_drvN), a striped volume
@@ -88,7 +105,7 @@ enum Cmd {
         #[command(flatten)]
         t: Target,
         /// I/O size.
-        #[arg(long, value_parser = size, default_value = "4K")]
+        #[arg(long, value_parser = nonzero_size, default_value = "4K")]
         size: u64,
         /// Threads (each runs one synchronous I/O at a time; the device gets a shared queue pair
         /// per thread, or with `--queue owned` each thread creates one of its own).
@@ -98,7 +115,7 @@ enum Cmd {
         #[arg(long, default_value = "read")]
         rw: String,
         /// Seconds to run.
-        #[arg(long, default_value_t = 5.0)]
+        #[arg(long, value_parser = seconds, default_value_t = 5.0)]
         seconds: f64,
         /// Working set (random offsets within it).
         #[arg(long, value_parser = size, default_value = "1G")]
@@ -126,13 +143,13 @@ enum Cmd {
         #[arg(long, value_parser = size, default_value = "2G")]
         file_size: u64,
         /// I/O sizes.
-        #[arg(long, value_parser = size, value_delimiter = ',', default_value = "4K,64K,1M,4M,16M")]
+        #[arg(long, value_parser = nonzero_size, value_delimiter = ',', default_value = "4K,64K,1M,4M,16M")]
         sizes: Vec<u64>,
         /// Thread counts.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         threads: Vec<usize>,
         /// Seconds per measurement.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, value_parser = seconds, default_value_t = 1.0)]
         seconds: f64,
         /// Use the CPU stand-in runtime instead of CUDA.
         #[arg(long)]
@@ -376,7 +393,8 @@ fn batch_loop(
     is_write: &dyn Fn(u64) -> bool,
     lat: &mut Vec<u32>,
 ) -> Res<()> {
-    let buf = Arc::new(st.alloc_host(size as usize * depth)?);
+    let total = usize::try_from(size).ok().and_then(|s| s.checked_mul(depth)).ok_or("--size x --depth overflows")?;
+    let buf = Arc::new(st.alloc_host(total)?);
     let mut b = StorageBatch::new(st, depth)?;
     let mut sent = vec![Instant::now(); depth];
     let make = |slot: usize, next: &mut dyn FnMut() -> u64| {

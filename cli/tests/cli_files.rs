@@ -64,3 +64,25 @@ fn a_write_with_a_bad_length_is_refused_before_any_byte_is_written() {
     std::fs::remove_file(&from).unwrap();
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn bench_refuses_a_zero_size_and_bad_seconds_by_name() {
+    let path =
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-badbench-{}.bin", std::process::id()));
+    std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+    let p = path.to_str().unwrap();
+    let (ok, out) = ugds(&["bench", p, "--size", "0", "--seconds", "0.1"]);
+    assert!(!ok && out.contains("--size") && out.contains("non-zero"), "{out}");
+    for bad in ["-1", "nan", "inf", "0", "1e300"] {
+        let (ok, out) = ugds(&["bench", p, &format!("--seconds={bad}")]);
+        assert!(!ok && out.contains("--seconds") && !out.contains("panicked"), "{bad}: {out}");
+    }
+    let (ok, out) = ugds(&["bench-gpu", "--file", p, "--cpu", "--sizes", "4K,0"]);
+    assert!(!ok && out.contains("--sizes") && out.contains("non-zero"), "{out}");
+    let (ok, out) = ugds(&["bench-gpu", "--file", p, "--cpu", "--seconds=-2"]);
+    assert!(!ok && out.contains("--seconds") && !out.contains("panicked"), "{out}");
+    // A good short run still works.
+    let (ok, out) = ugds(&["bench", p, "--size", "4K", "--seconds", "0.05", "--span", "1M"]);
+    assert!(ok && out.contains("IOPS"), "{out}");
+    std::fs::remove_file(&path).unwrap();
+}
