@@ -241,14 +241,14 @@ impl DataPath for RemotePath {
             c.cntlid,
             c.model,
             c.serial,
-            self.ns.blocks * self.ns.block_size,
+            self.ns.bytes,
             self.ns.block_size,
             self.reconnects.load(Ordering::Relaxed)
         )
     }
 
     fn capacity(&self) -> Result<u64> {
-        Ok(self.ns.blocks * self.ns.block_size)
+        Ok(self.ns.bytes)
     }
 
     fn block_size(&self) -> u64 {
@@ -260,7 +260,7 @@ impl DataPath for RemotePath {
     }
 
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
-        within_capacity(file_offset, len, self.ns.blocks * self.ns.block_size, "namespace")
+        within_capacity(file_offset, len, self.ns.bytes, "namespace")
     }
 
     fn is_direct(&self) -> bool {
