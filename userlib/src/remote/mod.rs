@@ -194,7 +194,7 @@ impl RemotePath {
         let pieces = (0..len)
             .step_by(piece as usize)
             // CAST: a piece is at most 1 MiB.
-            .map(|o| Data::DmaBuf { fd, offset: at + o, len: piece.min(len - o) as usize })
+            .map(|o| Data::DmaBuf { fd, offset: at + o, len: piece.min(len - o) as usize, write })
             .collect();
         self.rw_pieces(write, pieces, file_offset)
     }
