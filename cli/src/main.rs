@@ -42,7 +42,8 @@ fn seconds(s: &str) -> Result<f64, String> {
 #[derive(Args)]
 struct Target {
     /// The target: a ugds node (/dev/ugds_drvN), a striped volume
-    /// (stripe:[CHUNK:]/dev/ugds_drv0,/dev/ugds_drv1,...), a file or a block device.
+    /// (stripe:[CHUNK:]/dev/ugds_drv0,/dev/ugds_drv1,..., or a descriptor file NAME.ugds-volume),
+    /// a file or a block device.
     dev: String,
     /// Namespace id.
     #[arg(long, default_value_t = 1)]
@@ -55,7 +56,7 @@ enum Cmd {
     /// target (a ugds node or a volume), its members against one GPU, warning for any member
     /// across the inter-socket link.
     Placement {
-        /// A ugds node or a striped volume (spec or descriptor file).
+        /// A ugds node or a striped volume (spec, or descriptor file `*.ugds-volume`).
         target: Option<String>,
         /// The GPU: an index (in PCI order) or a PCI address (default: every GPU).
         #[arg(long)]
@@ -593,7 +594,7 @@ fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
     let members: Option<Vec<String>> = match target {
         None => None,
         Some(t) if ugds::device::is_ugds_node(t) => Some(vec![t.to_string()]),
-        Some(t) => match ugds::VolumeSpec::read_descriptor(t)? {
+        Some(t) => match ugds::VolumeSpec::descriptor_target(t, t)? {
             Some(spec) => Some(spec.members),
             None => Some(ugds::VolumeSpec::parse(t)?.members),
         },
