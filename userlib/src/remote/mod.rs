@@ -24,6 +24,9 @@ mod verbs;
 
 #[cfg(test)]
 mod fake;
+#[cfg(any(test, feature = "test-utils"))]
+#[doc(hidden)]
+pub mod harness;
 #[cfg(test)]
 mod tests;
 

@@ -282,7 +282,7 @@ fn prepare<'a>(
 
 /// Sends every command (up to `depth - 1` in flight, each capsule slot reused only after both
 /// its SEND and its response completed) and collects the responses.
-fn drive<W: Wire>(
+pub(super) fn drive<W: Wire>(
     ep: &W,
     cmds: &[(Sqe, Option<IbvSge>)],
     depth: usize,

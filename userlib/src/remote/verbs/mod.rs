@@ -26,7 +26,7 @@
 
 mod sys;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) use sys::WC_SEND;
 use sys::*;
 pub(crate) use sys::{wc_status, IbvSge, IbvWc, WC_RECV, WC_SUCCESS};
