@@ -345,6 +345,25 @@ mod tests {
         assert!(matches!(e, Err(crate::Error::RemoteTransport { .. })), "{e:?}");
     }
 
+    /// What the `tcp` target's data check needs three PDUs in a row to reach (its 90-second runs
+    /// did not, with this check removed): data that overlaps what came before, then a
+    /// successful response, would leave a hole at the end of the read.
+    #[test]
+    fn c2h_data_that_overlaps_what_came_before_is_refused_by_name() {
+        let mut s = IcPdu::new(pdu_type::IC_RESP, 0, 0, 4096).as_bytes().to_vec();
+        s.extend(data_pdu(pdu_type::C2H_DATA, 0, 0, 0, 512));
+        s.extend([1u8; 512]);
+        s.extend(data_pdu(pdu_type::C2H_DATA, 0, 0, 256, 512));
+        s.extend([2u8; 512]);
+        s.extend(resp(0));
+        let mut cmds = [HarnessData::In(vec![0; 1024])];
+        let e = tcp_exchange(s, 0, 8, &mut cmds);
+        assert!(
+            matches!(&e, Err(crate::Error::RemoteProtocol { reason, .. }) if reason.contains("C2HData [256, +512)")),
+            "{e:?}"
+        );
+    }
+
     #[cfg(feature = "rdma")]
     #[test]
     fn an_honest_rdma_target_completes_every_command() {
