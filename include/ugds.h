@@ -422,8 +422,9 @@ uGDSError_t uGDSHandleRegister(uGDSHandle_t *fh, struct uGDSDescr_t *descr);
 
 /**
  * Registers a target by name (our extension): a ugds node, a striped volume
- * `stripe:[CHUNK:]NODE,NODE,...`, a volume descriptor file, a regular file or a block device,
- * opened as the Rust `Storage::open` opens it. The handle's descriptor (`*(int *)fh`) is -1.
+ * `stripe:[CHUNK:]NODE,NODE,...`, a volume descriptor file `*.ugds-volume`, a regular file or
+ * a block device, opened as the Rust `Storage::open` opens it. The handle's descriptor
+ * (`*(int *)fh`) is -1.
  * `UGDS_INVALID_VALUE` for NULL pointers or a name that is not UTF-8; an unopenable target
  * gives the library's error (`ugdsxErrorString` names it).
  *

@@ -22,10 +22,28 @@ fn size(s: &str) -> Result<u64, String> {
     ugds::units::parse(s)
 }
 
+/// A size as [`size`] parses it, refusing 0 (an I/O size: offsets are computed modulo it).
+fn nonzero_size(s: &str) -> Result<u64, String> {
+    match ugds::units::parse(s)? {
+        0 => Err("must be non-zero".into()),
+        n => Ok(n),
+    }
+}
+
+/// A duration in seconds: finite, positive and one a `Duration` holds.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|e| format!("bad number of seconds {s:?}: {e}"))?;
+    if !(v.is_finite() && v > 0.0) || Duration::try_from_secs_f64(v).is_err() {
+        return Err(format!("{s} is not a positive, finite number of seconds"));
+    }
+    Ok(v)
+}
+
 #[derive(Args)]
 struct Target {
     /// The target: a ugds node (/dev/ugds_drvN), a striped volume
-    /// (stripe:[CHUNK:]/dev/ugds_drv0,/dev/ugds_drv1,...), a file or a block device.
+    /// (stripe:[CHUNK:]/dev/ugds_drv0,/dev/ugds_drv1,..., or a descriptor file NAME.ugds-volume),
+    /// a file or a block device.
     dev: String,
     /// Namespace id.
     #[arg(long, default_value_t = 1)]
@@ -38,7 +56,7 @@ enum Cmd {
     /// target (a ugds node or a volume), its members against one GPU, warning for any member
     /// across the inter-socket link.
     Placement {
-        /// A ugds node or a striped volume (spec or descriptor file).
+        /// A ugds node or a striped volume (spec, or descriptor file `*.ugds-volume`).
         target: Option<String>,
         /// The GPU: an index (in PCI order) or a PCI address (default: every GPU).
         #[arg(long)]
@@ -88,7 +106,7 @@ enum Cmd {
         #[command(flatten)]
         t: Target,
         /// I/O size.
-        #[arg(long, value_parser = size, default_value = "4K")]
+        #[arg(long, value_parser = nonzero_size, default_value = "4K")]
         size: u64,
         /// Threads (each runs one synchronous I/O at a time; the device gets a shared queue pair
         /// per thread, or with `--queue owned` each thread creates one of its own).
@@ -98,7 +116,7 @@ enum Cmd {
         #[arg(long, default_value = "read")]
         rw: String,
         /// Seconds to run.
-        #[arg(long, default_value_t = 5.0)]
+        #[arg(long, value_parser = seconds, default_value_t = 5.0)]
         seconds: f64,
         /// Working set (random offsets within it).
         #[arg(long, value_parser = size, default_value = "1G")]
@@ -126,13 +144,13 @@ enum Cmd {
         #[arg(long, value_parser = size, default_value = "2G")]
         file_size: u64,
         /// I/O sizes.
-        #[arg(long, value_parser = size, value_delimiter = ',', default_value = "4K,64K,1M,4M,16M")]
+        #[arg(long, value_parser = nonzero_size, value_delimiter = ',', default_value = "4K,64K,1M,4M,16M")]
         sizes: Vec<u64>,
         /// Thread counts.
         #[arg(long, value_delimiter = ',', default_value = "1,8")]
         threads: Vec<usize>,
         /// Seconds per measurement.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, value_parser = seconds, default_value_t = 1.0)]
         seconds: f64,
         /// Use the CPU stand-in runtime instead of CUDA.
         #[arg(long)]
@@ -280,6 +298,9 @@ fn run(cli: Cli) -> Res<()> {
                 return Err(format!("{} holds fewer than --len {len} bytes", from.unwrap_or_default()).into());
             }
             let s = open_target(&t, DeviceOptions { queues: 1, ..Default::default() })?;
+            // The whole range is checked before the first chunk goes out: a bad length or
+            // offset is refused with the target unchanged (each chunk alone may look fine).
+            s.check_range(offset, len)?;
             let buf = s.alloc_host(CHUNK.min(len).max(1) as usize)?;
             let start = Instant::now();
             let mut done = 0;
@@ -305,6 +326,7 @@ fn run(cli: Cli) -> Res<()> {
             if offset.checked_add(len).is_none_or(|e| e > cap) {
                 return Err(format!("[{offset}, +{len}) runs past the end of {} ({cap} bytes)", t.dev).into());
             }
+            s.check_range(offset, len)?;
             let mut out = match &to {
                 Some(p) => Some(std::fs::File::create(p)?),
                 None => None,
@@ -372,7 +394,8 @@ fn batch_loop(
     is_write: &dyn Fn(u64) -> bool,
     lat: &mut Vec<u32>,
 ) -> Res<()> {
-    let buf = Arc::new(st.alloc_host(size as usize * depth)?);
+    let total = usize::try_from(size).ok().and_then(|s| s.checked_mul(depth)).ok_or("--size x --depth overflows")?;
+    let buf = Arc::new(st.alloc_host(total)?);
     let mut b = StorageBatch::new(st, depth)?;
     let mut sent = vec![Instant::now(); depth];
     let make = |slot: usize, next: &mut dyn FnMut() -> u64| {
@@ -571,7 +594,7 @@ fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
     let members: Option<Vec<String>> = match target {
         None => None,
         Some(t) if ugds::device::is_ugds_node(t) => Some(vec![t.to_string()]),
-        Some(t) => match ugds::VolumeSpec::read_descriptor(t)? {
+        Some(t) => match ugds::VolumeSpec::descriptor_target(t, t)? {
             Some(spec) => Some(spec.members),
             None => Some(ugds::VolumeSpec::parse(t)?.members),
         },

@@ -5,11 +5,11 @@
  *
  * TARGET is a ugds node /dev/ugds_drvN (direct path: the caller prepared [16 MiB, +1 MiB) with
  * pattern seed 0x16 through the kernel driver and checks [8 MiB, +2 MiB) for seed 0x8
- * afterwards), a ugds volume descriptor file (a striped volume: the caller prepares and checks
- * the same ranges through the volume), or a regular file of at least 64 MiB (fallback path:
- * this program prepares and checks those ranges itself), or, with UGDS_TEST_NVMEOF=1, a namespace
- * of the kernel's NVMe over Fabrics initiator (/dev/nvmeXnY; registered through uGDS's NVMe-oF
- * functions, prepared and checked as a file). Prints one line per failed check and
+ * afterwards), a ugds volume descriptor file NAME.ugds-volume (a striped volume: the caller
+ * prepares and checks the same ranges through the volume), or a regular file of at least 64 MiB
+ * (fallback path: this program prepares and checks those ranges itself), or, with
+ * UGDS_TEST_NVMEOF=1, a namespace of the kernel's NVMe over Fabrics initiator (/dev/nvmeXnY;
+ * registered through uGDS's NVMe-oF functions, prepared and checked as a file). Prints one line per failed check and
  * `C-SUITE passed=N failed=M`; the number of checks does not depend on timing.
  */
 #define _GNU_SOURCE
@@ -139,12 +139,9 @@ int main(int argc, char **argv) {
     int nvmeof = nv && strcmp(nv, "1") == 0;
     struct stat sb;
     int direct = stat(target, &sb) == 0 && S_ISCHR(sb.st_mode); /* a ugds node */
-    if (!direct && S_ISREG(sb.st_mode) && sb.st_size < 4096) { /* a volume descriptor? */
-        char head[16] = {0};
-        FILE *f = fopen(target, "r");
-        direct = f && fread(head, 1, 14, f) == 14 && memcmp(head, "# ugds volume\n", 14) == 0;
-        if (f) fclose(f);
-    }
+    size_t tlen = strlen(target), slen = strlen(".ugds-volume");
+    if (!direct && S_ISREG(sb.st_mode) && tlen > slen && strcmp(target + tlen - slen, ".ugds-volume") == 0)
+        direct = 1; /* a volume descriptor: recognised by its name, as the library does */
     int fd = open(target, direct ? O_RDWR : (O_RDWR | O_DIRECT));
     if (fd < 0) {
         perror(target);

@@ -194,7 +194,7 @@ fn md_cross_check() -> Result<()> {
 fn descriptor_faces() -> Result<()> {
     use ugds::capi::{Face, Library};
     let bin = std::env::var("UGDS_C_SUITE").context("UGDS_C_SUITE is not set (run through cargo xtask test)")?;
-    let desc = "/tmp/ugds-volume-descriptor";
+    let desc = "/tmp/vm-volume.ugds-volume";
     std::fs::write(desc, VolumeSpec::parse(&spec()?)?.descriptor())?;
     let text = std::fs::read(desc)?;
     let st = Storage::open(desc)?;

@@ -69,6 +69,9 @@ pub mod test_utils {
     pub use crate::mmio::StatusView;
     pub use crate::mock::{Behaviour, Fault, HostileCqe, MockConfig, MockQueue, MockStats};
     pub use crate::queue::{Completion, Completions, QueuePair, Submission, MAX_BURST};
+    #[cfg(feature = "rdma")]
+    pub use crate::remote::harness::{rdma_drive, RdmaEvent};
+    pub use crate::remote::harness::{tcp_exchange, HarnessData, HarnessDone};
     pub use crate::ring::cq::Cq;
     pub use crate::ring::sq::{Sq, SqSlot};
 }

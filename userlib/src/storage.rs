@@ -80,9 +80,10 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 impl Storage {
     /// Opens `path`: a ugds node (`/dev/ugds_drvN`, recognised by its sysfs class: see
     /// [`crate::device::is_ugds_node`]) takes the direct path on namespace 1; a striped volume
-    /// (`stripe:[CHUNK:]NODE,NODE,...`, or a volume descriptor file holding that line: see
-    /// [`VolumeSpec`] and [`VolumeSpec::read_descriptor`]) the direct path on every member; a
-    /// regular file or a block device takes the fallback path; an NVMe over Fabrics target
+    /// (`stripe:[CHUNK:]NODE,NODE,...`, or a volume descriptor file holding that line, named
+    /// `*.ugds-volume`: see [`VolumeSpec::descriptor_target`]; [`Storage::open_volume`] opens a
+    /// descriptor of any name) the direct path on every member; a regular file of any other
+    /// name (whatever it holds) or a block device takes the fallback path; an NVMe over Fabrics target
     /// (`nvmeof://tcp/HOST:PORT/SUBSYSNQN?nsid=N`, or `nvmeof://rdma/...`, see
     /// [`crate::remote::RemoteSpec`]) the remote path (`nsid` comes from the URI), and so does a
     /// namespace of the kernel's NVMe/TCP or NVMe/RDMA initiator (`/dev/nvmeXnY`: its target is
@@ -101,7 +102,7 @@ impl Storage {
             let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
             return Self::volume(&spec, &DeviceOptions::default());
         }
-        if let Some(spec) = VolumeSpec::read_descriptor(path)? {
+        if let Some(spec) = VolumeSpec::descriptor_target(path, path)? {
             return Self::volume(&VolumeSpec { nsid, ..spec }, &DeviceOptions::default());
         }
         if crate::device::is_ugds_node(path) {
@@ -158,6 +159,13 @@ impl Storage {
     /// Which path I/O on this storage takes, and on what, in words.
     pub fn describe(&self) -> String {
         self.path.describe()
+    }
+
+    /// The striped volume that the descriptor file at `path` describes (any name; see
+    /// [`VolumeSpec::read_descriptor`]), each member opened with `opts`. A file that is no
+    /// descriptor is an error, never opened as a file.
+    pub fn open_volume(path: impl AsRef<std::path::Path>, opts: &DeviceOptions) -> Result<Arc<Storage>> {
+        Self::volume(&VolumeSpec::read_descriptor(path)?, opts)
     }
 
     /// A striped volume over the members of `spec`, each opened with `opts`.
@@ -388,6 +396,25 @@ impl Storage {
             return Err(Error::invalid("buf", "registered for another storage"));
         }
         buf.check(buf_offset, len)?;
+        self.check_blocks(file_offset, len)?;
+        let a = self.path.buffer_alignment();
+        if !buf_offset.is_multiple_of(a) {
+            return Err(Error::invalid("buf_offset", format!("must be a multiple of {a} on this path")));
+        }
+        self.path.check_extent(file_offset, len)
+    }
+
+    /// The part of the request check that is about the target alone: the length is non-zero,
+    /// offset and length are block multiples, and the range fits the target. A caller that
+    /// moves one range in several I/Os (the CLI's 8 MiB chunks) checks the whole range with it
+    /// first, so a bad range is refused before anything is written.
+    pub fn check_range(&self, file_offset: u64, len: u64) -> Result<()> {
+        self.check_blocks(file_offset, len)?;
+        self.path.check_extent(file_offset, len)
+    }
+
+    /// A non-zero length; offset and length block multiples.
+    fn check_blocks(&self, file_offset: u64, len: u64) -> Result<()> {
         let bs = self.block_size();
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
@@ -401,11 +428,7 @@ impl Storage {
                 format!("{file_offset} is not a multiple of the {bs}-byte block size"),
             ));
         }
-        let a = self.path.buffer_alignment();
-        if !buf_offset.is_multiple_of(a) {
-            return Err(Error::invalid("buf_offset", format!("must be a multiple of {a} on this path")));
-        }
-        self.path.check_extent(file_offset, len)
+        Ok(())
     }
 
     /// Reads `len` bytes at `file_offset` into `buf` at `buf_offset`; returns the bytes read

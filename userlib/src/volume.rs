@@ -105,55 +105,97 @@ impl VolumeSpec {
 /// The first line of a volume descriptor file.
 pub const DESCRIPTOR_MAGIC: &str = "# ugds volume";
 
+/// How a volume descriptor file's name ends: a target name ending so is opened as a volume
+/// descriptor (and nothing else); a file of any other name is ordinary data, whatever it
+/// holds. [`crate::Storage::open_volume`] opens a descriptor of any name.
+pub const DESCRIPTOR_SUFFIX: &str = ".ugds-volume";
+
 /// Descriptor files are small text files; anything larger is ordinary data.
 const DESCRIPTOR_MAX_BYTES: u64 = 4096;
 
 impl VolumeSpec {
-    /// Reads a volume descriptor file: a regular file of at most 4 KiB whose first line is
-    /// exactly `# ugds volume`, then one `stripe:[CHUNK:]NODE,...` line (blank lines and lines
-    /// starting with `#` are ignored), owned by root or by this process's user and writable by
-    /// its owner only (anything else is an ordinary file). It lets programs that only open paths (cuFile and uGDS
-    /// programs registering a descriptor) reach a volume. `Ok(None)` when `path` is not a
-    /// descriptor (any other file, a device, a missing path); an error when it is one that
-    /// does not parse.
-    pub fn read_descriptor(path: impl AsRef<std::path::Path>) -> Result<Option<VolumeSpec>> {
+    /// Whether the target name `name` is a volume descriptor's: its last component ends with
+    /// [`DESCRIPTOR_SUFFIX`] (and is more than that).
+    pub fn is_descriptor_name(name: impl AsRef<std::path::Path>) -> bool {
+        name.as_ref()
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.len() > DESCRIPTOR_SUFFIX.len() && n.ends_with(DESCRIPTOR_SUFFIX))
+    }
+
+    /// The one rule every face follows to tell a volume descriptor from a file: a target named
+    /// `name` is a descriptor when [`VolumeSpec::is_descriptor_name`] says so, and then must be
+    /// one ([`VolumeSpec::read_descriptor`] on `read_from`, the same file, e.g. through
+    /// `/proc/self/fd/N`); any other name is `Ok(None)`, whatever the file holds.
+    pub fn descriptor_target(
+        name: impl AsRef<std::path::Path>,
+        read_from: impl AsRef<std::path::Path>,
+    ) -> Result<Option<VolumeSpec>> {
+        if !Self::is_descriptor_name(&name) {
+            return Ok(None);
+        }
+        Self::read_descriptor(read_from).map(Some)
+    }
+
+    /// Reads a volume descriptor file, whatever its name: a regular file of at most 4 KiB whose
+    /// first line is exactly `# ugds volume`, then one `stripe:[CHUNK:]NODE,...` line (blank
+    /// lines and lines starting with `#` are ignored), owned by root or by this process's user
+    /// and writable by its owner only. It lets programs that only open paths (cuFile and uGDS
+    /// programs registering a descriptor) reach a volume, when the file's name ends with
+    /// [`DESCRIPTOR_SUFFIX`] (see [`VolumeSpec::descriptor_target`]). A file that is not such a
+    /// descriptor is an error that says what is wrong with it.
+    pub fn read_descriptor(path: impl AsRef<std::path::Path>) -> Result<VolumeSpec> {
         use std::io::Read;
         use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let path = path.as_ref();
+        let not = |why: String| {
+            Error::invalid("volume", format!("{} is not a ugds volume descriptor: {why}", path.display()))
+        };
         // One open, then everything from that handle: the file cannot be swapped between the
         // checks and the read; O_NONBLOCK keeps a FIFO from blocking the open.
-        let Ok(file) = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
             .open(path)
-        else {
-            return Ok(None);
-        };
-        let Ok(meta) = file.metadata() else { return Ok(None) };
-        if !meta.is_file() || meta.len() > DESCRIPTOR_MAX_BYTES || meta.len() < DESCRIPTOR_MAGIC.len() as u64 {
-            return Ok(None);
+            .map_err(|source| Error::Open { path: path.display().to_string(), source })?;
+        let meta = file.metadata().map_err(|source| Error::Open { path: path.display().to_string(), source })?;
+        if !meta.is_file() {
+            return Err(not("not a regular file".into()));
+        }
+        if meta.len() > DESCRIPTOR_MAX_BYTES {
+            return Err(not(format!("{} bytes, more than a descriptor's {DESCRIPTOR_MAX_BYTES}", meta.len())));
         }
         // Only a file its owner alone can change, owned by root or by this user, redirects I/O
-        // to raw namespaces: a descriptor planted by someone else is ordinary data.
+        // to raw namespaces.
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
-        if meta.mode() & 0o022 != 0 || (meta.uid() != 0 && meta.uid() != me) {
-            return Ok(None);
+        if meta.mode() & 0o022 != 0 {
+            return Err(not(format!(
+                "its mode {:o} lets others than its owner write it (a descriptor must be writable by its owner only)",
+                meta.mode() & 0o7777
+            )));
+        }
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(not(format!(
+                "it is owned by user {}, neither root nor this process's user ({me})",
+                meta.uid()
+            )));
         }
         let mut text = Vec::with_capacity(meta.len() as usize);
-        if file.take(DESCRIPTOR_MAX_BYTES + 1).read_to_end(&mut text).is_err()
-            || text.len() as u64 > DESCRIPTOR_MAX_BYTES
-        {
-            return Ok(None);
+        file.take(DESCRIPTOR_MAX_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(|source| Error::Open { path: path.display().to_string(), source })?;
+        if text.len() as u64 > DESCRIPTOR_MAX_BYTES {
+            return Err(not(format!("more than a descriptor's {DESCRIPTOR_MAX_BYTES} bytes")));
         }
-        let Ok(text) = std::str::from_utf8(&text) else { return Ok(None) };
+        let text = std::str::from_utf8(&text).map_err(|_| not("not UTF-8 text".into()))?;
         let mut lines = text.lines();
         if lines.next().map(str::trim_end) != Some(DESCRIPTOR_MAGIC) {
-            return Ok(None);
+            return Err(not(format!("its first line is not `{DESCRIPTOR_MAGIC}`")));
         }
         let specs: Vec<&str> = lines.map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
         match specs.as_slice() {
-            [one] => Self::parse(one).map(Some),
+            [one] => Self::parse(one),
             _ => Err(Error::invalid(
                 "volume",
                 format!(
@@ -423,29 +465,59 @@ mod tests {
         let spec = VolumeSpec::parse("stripe:256K:/dev/ugds_drv0,/dev/ugds_drv1").unwrap();
         let good = dir.join("good");
         std::fs::write(&good, spec.descriptor()).unwrap();
-        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), Some(spec.clone()));
+        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), spec);
         // Comments and blank lines are ignored.
         std::fs::write(&good, format!("{DESCRIPTOR_MAGIC}\n\n# two SSDs\n  {}  \n", spec.to_spec_string())).unwrap();
-        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), Some(spec));
-        // Writable by others: an ordinary file, whatever it says.
+        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), spec);
+        let refused = |p: &std::path::Path, why: &str| match VolumeSpec::read_descriptor(p) {
+            Err(Error::InvalidArgument { arg: "volume", reason }) => {
+                assert!(reason.contains(why), "{}: {reason}", p.display())
+            }
+            other => panic!("{}: {other:?}", p.display()),
+        };
+        // Writable by others: refused, whatever it says.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert_eq!(VolumeSpec::read_descriptor(&good).unwrap(), None);
+        refused(&good, "writable by its owner only");
         std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(VolumeSpec::read_descriptor(&good).unwrap().is_some());
+        assert!(VolumeSpec::read_descriptor(&good).is_ok());
         // Not descriptors: other text, a large file, a directory, a missing path.
         let other = dir.join("other");
         std::fs::write(&other, "stripe:/dev/ugds_drv0\n").unwrap();
-        assert_eq!(VolumeSpec::read_descriptor(&other).unwrap(), None);
+        refused(&other, "first line");
         std::fs::write(&other, format!("{DESCRIPTOR_MAGIC}\n{}", "x".repeat(5000))).unwrap();
-        assert_eq!(VolumeSpec::read_descriptor(&other).unwrap(), None);
-        assert_eq!(VolumeSpec::read_descriptor(&dir).unwrap(), None);
-        assert_eq!(VolumeSpec::read_descriptor(dir.join("missing")).unwrap(), None);
+        refused(&other, "bytes");
+        refused(&dir, "not a regular file");
+        assert!(matches!(VolumeSpec::read_descriptor(dir.join("missing")), Err(Error::Open { .. })));
         // Descriptors that do not parse: named errors.
         for bad in ["", "stripe:/dev/a\nstripe:/dev/b\n", "stripe:3000:/dev/a\n"] {
             std::fs::write(&other, format!("{DESCRIPTOR_MAGIC}\n{bad}")).unwrap();
             assert!(matches!(VolumeSpec::read_descriptor(&other), Err(Error::InvalidArgument { .. })), "{bad:?}");
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn only_a_descriptor_name_makes_a_target_a_volume() {
+        let dir = std::env::temp_dir().join(format!("ugds-vol-name-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let spec = VolumeSpec::parse("stripe:/dev/ugds_drv0,/dev/ugds_drv1").unwrap();
+        // The same bytes under a plain name: ordinary data.
+        let plain = dir.join("cache-block");
+        std::fs::write(&plain, spec.descriptor()).unwrap();
+        assert_eq!(VolumeSpec::descriptor_target(&plain, &plain).unwrap(), None);
+        let named = dir.join(format!("vol0{DESCRIPTOR_SUFFIX}"));
+        std::fs::write(&named, spec.descriptor()).unwrap();
+        assert_eq!(VolumeSpec::descriptor_target(&named, &named).unwrap(), Some(spec.clone()));
+        // Read through another path of the same file (what the C faces do through /proc).
+        assert_eq!(VolumeSpec::descriptor_target(&named, &plain).unwrap(), Some(spec));
+        // A descriptor's name on something else: an error, never the file's bytes.
+        let wrong = dir.join(format!("data{DESCRIPTOR_SUFFIX}"));
+        std::fs::write(&wrong, "not a descriptor\n").unwrap();
+        assert!(matches!(VolumeSpec::descriptor_target(&wrong, &wrong), Err(Error::InvalidArgument { .. })));
+        assert!(!VolumeSpec::is_descriptor_name(DESCRIPTOR_SUFFIX));
+        assert!(!VolumeSpec::is_descriptor_name(format!("/x{DESCRIPTOR_SUFFIX}/y")));
+        assert!(!VolumeSpec::is_descriptor_name("stripe:/dev/ugds_drv0"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -225,3 +225,39 @@ fn concurrent_unaligned_writers_keep_each_others_bytes() {
     assert_eq!(&disk[..100], &(0..100).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>()[..]);
     std::fs::remove_file(path).unwrap();
 }
+
+/// A descriptor's first line in a file a root service wrote for a client (a cache block) does
+/// not turn its handle into raw I/O on the named devices: the handle reads the file's bytes.
+#[test]
+fn a_file_whose_first_line_is_a_volume_descriptors_is_a_file_handle() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let member = dir.join(format!("desc-member-{}", std::process::id()));
+    std::fs::write(&member, vec![0u8; 4096]).unwrap();
+    let path = dir.join(format!("desc-plain-{}.bin", std::process::id()));
+    let mut data = format!("# ugds volume\nstripe:{}\n", member.display()).into_bytes();
+    data.resize(4096, b'\n');
+    std::fs::write(&path, &data).unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let lib = leak_lib(Face::CuFile);
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    assert!(lib.handle(h).unwrap().storage.describe().contains("fallback path"));
+    let mut back = vec![0u8; 4096];
+    // SAFETY: `back` holds 4096 bytes.
+    let n = unsafe { lib.rw(false, h, back.as_mut_ptr() as usize, 4096, 0, 0) };
+    assert_eq!(n.map_err(|e| e.ret()), Ok(4096));
+    assert!(back == data, "the handle read other bytes than the file's");
+    lib.handle_deregister(h, -1).unwrap();
+    assert!(std::fs::read(&path).unwrap() == data);
+    std::fs::remove_file(&path).unwrap();
+    // The same bytes in a file named as a descriptor: the handle is the volume (whose member,
+    // a regular file here, is refused by name), also once the file is unlinked.
+    let named = dir.join(format!("desc-{}{}", std::process::id(), ugds::volume::DESCRIPTOR_SUFFIX));
+    std::fs::write(&named, &data).unwrap();
+    let f = std::fs::File::open(&named).unwrap();
+    let is_member_error = |r: Result<usize, ugds::capi::Fail>| matches!(&r, Err(ugds::capi::Fail::Lib(ugds::Error::NotUgdsNode { path, .. })) if std::path::Path::new(path) == member);
+    assert!(is_member_error(lib.handle_register(f.as_raw_fd())));
+    std::fs::remove_file(&named).unwrap();
+    assert!(is_member_error(lib.handle_register(f.as_raw_fd())), "an unlinked descriptor is still one");
+    std::fs::remove_file(&member).unwrap();
+}

@@ -232,3 +232,69 @@ fn stream_groups_and_writes_follow_stream_order() {
     assert_eq!(pattern::first_mismatch(SEED, 0, &out), None);
     assert_eq!(ops[3].args.result(), 65536);
 }
+
+/// A directory of its own in the temporary directory, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("ugds-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A descriptor's text naming `member` (padded with blank lines to one 4 KiB block, which a
+/// descriptor may hold), as a root service might write a client's bytes into a file.
+fn descriptor_bytes(member: &std::path::Path) -> Vec<u8> {
+    let mut b = format!("# ugds volume\nstripe:{}\n", member.display()).into_bytes();
+    b.resize(4096, b'\n');
+    b
+}
+
+#[test]
+fn a_plain_file_whose_first_line_is_a_volume_descriptors_opens_as_a_file() {
+    let dir = TempDir::new("desc-plain");
+    let member = dir.0.join("member");
+    std::fs::write(&member, vec![0u8; 4096]).unwrap();
+    let plain = dir.0.join("kv-block-17.bin");
+    let data = descriptor_bytes(&member);
+    std::fs::write(&plain, &data).unwrap();
+    let st = Storage::open(plain.to_str().unwrap()).unwrap();
+    assert!(st.describe().contains("fallback path"), "{}", st.describe());
+    let buf = st.alloc_host(4096).unwrap();
+    assert_eq!(st.read(&buf, 0, 0, 4096).unwrap(), 4096);
+    assert!(*buf.host_view().unwrap() == data[..], "the file's own bytes, not a volume's");
+    assert!(std::fs::read(&plain).unwrap() == data);
+}
+
+#[test]
+fn a_volume_descriptor_opens_by_its_name_or_by_the_explicit_call() {
+    let dir = TempDir::new("desc-named");
+    // Regular files as members: opening the volume fails on the first member, by name, which
+    // shows the target was taken for a volume (the host has no ugds node).
+    let member = dir.0.join("member");
+    std::fs::write(&member, vec![0u8; 4096]).unwrap();
+    let data = descriptor_bytes(&member);
+    let is_member_error = |r: ugds::Result<Arc<Storage>>| matches!(&r, Err(Error::NotUgdsNode { path, .. }) if std::path::Path::new(path) == member);
+    let named = dir.0.join(format!("vol0{}", ugds::volume::DESCRIPTOR_SUFFIX));
+    std::fs::write(&named, &data).unwrap();
+    assert!(is_member_error(Storage::open(named.to_str().unwrap())), "the suffix names a volume");
+    let plain = dir.0.join("vol0");
+    std::fs::write(&plain, &data).unwrap();
+    assert!(is_member_error(Storage::open_volume(&plain, &Default::default())), "so does open_volume");
+    // The explicit ways refuse what is no descriptor, by name, and leave it alone.
+    let not = dir.0.join(format!("data{}", ugds::volume::DESCRIPTOR_SUFFIX));
+    std::fs::write(&not, vec![7u8; 4096]).unwrap();
+    assert_eq!(invalid_arg(Storage::open(not.to_str().unwrap()).unwrap_err()), "volume");
+    let big = TempFile::new("desc-big", 1 << 20, SEED);
+    assert_eq!(invalid_arg(Storage::open_volume(big.path(), &Default::default()).unwrap_err()), "volume");
+    assert!(std::fs::read(&not).unwrap() == vec![7u8; 4096]);
+    assert!(std::fs::read(&named).unwrap() == data && std::fs::read(&plain).unwrap() == data);
+}

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The targets, in the order they run.
-pub const TARGETS: [&str; 3] = ["ring", "capi", "ioctl"];
+pub const TARGETS: [&str; 5] = ["ring", "capi", "ioctl", "tcp", "rdma"];
 
 /// The toolchain cargo-fuzz builds with (it needs `-Zsanitizer`).
 const TOOLCHAIN: &str = "+nightly";

@@ -178,8 +178,8 @@ enum Cmd {
     /// Builds the Python package (python/) into target/wheels/ugds-*.whl with maturin (from PyPI,
     /// into target/pyenv): one abi3 wheel for CPython >= 3.9, no CUDA dependency.
     Wheel,
-    /// Builds the coverage-guided fuzz targets (fuzz/: ring, capi, ioctl; cargo-fuzz on the
-    /// nightly toolchain) and runs each; prints executions and findings, fails on a crash.
+    /// Builds the coverage-guided fuzz targets (fuzz/: ring, capi, ioctl, tcp, rdma; cargo-fuzz
+    /// on the nightly toolchain) and runs each; prints executions and findings, fails on a crash.
     Fuzz {
         /// Seconds per target.
         #[arg(long, default_value_t = 30)]

@@ -390,8 +390,8 @@ impl Library {
     }
 
     /// `ugdsxHandleRegisterTarget`: opens a target by name, as [`Storage::open`] does (a ugds
-    /// node, a striped volume `stripe:...`, a volume descriptor file, a file or a block
-    /// device). The handle's descriptor (`*(int *)fh`) is -1: the library opened the target.
+    /// node, a striped volume `stripe:...`, a volume descriptor file `*.ugds-volume`, a file
+    /// or a block device). The handle's descriptor (`*(int *)fh`) is -1: the library opened the target.
     pub fn handle_register_target(&self, target: &str) -> CResult<usize> {
         self.require_open()?;
         let storage = Storage::open(target)?;
@@ -656,9 +656,11 @@ fn open_fd(fd: c_int) -> CResult<Arc<Storage>> {
     if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
         return Ok(Storage::open(&path)?);
     }
-    // A volume descriptor file (read through the caller's descriptor, so a renamed or unlinked
-    // file still counts): the handle's I/O goes to the volume, never to the file's bytes.
-    if let Some(spec) = crate::volume::VolumeSpec::read_descriptor(format!("/proc/self/fd/{fd}"))? {
+    // A volume descriptor file, by the name the caller opened (`*.ugds-volume`; a file of any
+    // other name is a file, whatever it holds), read through the caller's descriptor (the file
+    // the name led to): the handle's I/O goes to the volume, never to the file's bytes.
+    let name = descriptor_name(fd, &path);
+    if let Some(spec) = crate::volume::VolumeSpec::descriptor_target(name, format!("/proc/self/fd/{fd}"))? {
         return Ok(Storage::volume(&spec, &crate::device::DeviceOptions::default())?);
     }
     // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
@@ -674,6 +676,20 @@ fn open_fd(fd: c_int) -> CResult<Arc<Storage>> {
         Ok(f) => Ok(Storage::file(f)?),
         Err(Error::InvalidArgument { .. }) => Err(Fail::Code(UGDS_INVALID_FILE_TYPE)),
         Err(e) => Err(Fail::Lib(e)),
+    }
+}
+
+/// The name of the file behind `fd`, whose /proc link reads `link`: the link, less the
+/// " (deleted)" the kernel appends once the file has no name left (so an unlinked descriptor
+/// file still counts as one).
+fn descriptor_name(fd: c_int, link: &str) -> &str {
+    // SAFETY: fstat fills the struct we pass; an invalid descriptor returns -1.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let unlinked = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_nlink == 0;
+    match link.strip_suffix(" (deleted)") {
+        Some(name) if unlinked => name,
+        _ => link,
     }
 }
 

@@ -38,6 +38,8 @@ pub(crate) struct NsInfo {
     pub(crate) nsid: u32,
     pub(crate) block_size: u64,
     pub(crate) blocks: u64,
+    /// `blocks * block_size`, which [`Controller::namespace`] checked fits a u64.
+    pub(crate) bytes: u64,
 }
 
 /// An I/O queue of some transport.
@@ -255,7 +257,16 @@ impl Controller {
                 fix: "format the target's namespace with 512..65536-byte blocks and no metadata",
             });
         }
-        Ok(NsInfo { nsid, block_size: 1 << shift, blocks: id.size_lbas() })
+        let (block_size, blocks) = (1u64 << shift, id.size_lbas());
+        // The target says how large the namespace is: a size past u64 is its error, not a
+        // capacity that wraps.
+        let bytes = blocks.checked_mul(block_size).ok_or_else(|| Error::RemoteProtocol {
+            target: self.target.clone(),
+            reason: format!(
+                "namespace {nsid} is {blocks} blocks of {block_size} bytes (NSZE), a size that overflows 64 bits"
+            ),
+        })?;
+        Ok(NsInfo { nsid, block_size, blocks, bytes })
     }
 
     /// Sends Keep Alive every third of the timeout until the controller is dropped.

@@ -44,6 +44,9 @@ pub(crate) struct FakeConfig {
     /// MDTS as a power of two of 4 KiB (0: none).
     pub(crate) mdts: u8,
     pub(crate) garbage: Option<Garbage>,
+    /// NSZE reported for namespace 1 in place of `blocks` (a hostile target's size; the disk
+    /// stays `blocks` long).
+    pub(crate) nsze: Option<u64>,
 }
 
 impl Default for FakeConfig {
@@ -60,6 +63,7 @@ impl Default for FakeConfig {
             cpda: 0,
             mdts: 0,
             garbage: None,
+            nsze: None,
         }
     }
 }
@@ -315,8 +319,9 @@ impl Conn {
                         let ioccsz = ((self.cfg.in_capsule + 64) / 16) as u32;
                         id[1792..1796].copy_from_slice(&ioccsz.to_le_bytes());
                     } else if sqe.nsid() == 1 {
-                        id[..8].copy_from_slice(&(self.cfg.blocks as u64).to_le_bytes());
-                        id[8..16].copy_from_slice(&(self.cfg.blocks as u64).to_le_bytes());
+                        let nsze = self.cfg.nsze.unwrap_or(self.cfg.blocks as u64);
+                        id[..8].copy_from_slice(&nsze.to_le_bytes());
+                        id[8..16].copy_from_slice(&nsze.to_le_bytes());
                         id[130] = self.cfg.block_size.trailing_zeros() as u8;
                     }
                     self.c2h(cid, &id)?;

@@ -24,6 +24,9 @@ mod verbs;
 
 #[cfg(test)]
 mod fake;
+#[cfg(any(test, feature = "test-utils"))]
+#[doc(hidden)]
+pub mod harness;
 #[cfg(test)]
 mod tests;
 
@@ -195,7 +198,7 @@ impl RemotePath {
         let pieces = (0..len)
             .step_by(piece as usize)
             // CAST: a piece is at most 1 MiB.
-            .map(|o| Data::DmaBuf { fd, offset: at + o, len: piece.min(len - o) as usize })
+            .map(|o| Data::DmaBuf { fd, offset: at + o, len: piece.min(len - o) as usize, write })
             .collect();
         self.rw_pieces(write, pieces, file_offset)
     }
@@ -242,14 +245,14 @@ impl DataPath for RemotePath {
             c.cntlid,
             c.model,
             c.serial,
-            self.ns.blocks * self.ns.block_size,
+            self.ns.bytes,
             self.ns.block_size,
             self.reconnects.load(Ordering::Relaxed)
         )
     }
 
     fn capacity(&self) -> Result<u64> {
-        Ok(self.ns.blocks * self.ns.block_size)
+        Ok(self.ns.bytes)
     }
 
     fn block_size(&self) -> u64 {
@@ -261,7 +264,7 @@ impl DataPath for RemotePath {
     }
 
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
-        within_capacity(file_offset, len, self.ns.blocks * self.ns.block_size, "namespace")
+        within_capacity(file_offset, len, self.ns.bytes, "namespace")
     }
 
     fn is_direct(&self) -> bool {

@@ -79,9 +79,14 @@ impl TcpQueue {
     /// Connects queue `qid` (`depth` entries) to `target` (`HOST:PORT`); the Connect data
     /// (1 KiB) goes in its capsule.
     pub(crate) fn connect(target: &str, qid: u16, depth: u16, timeout: Duration) -> Result<TcpQueue> {
-        let conn = Conn::connect(target, timeout)?;
+        Ok(Self::over(Conn::connect(target, timeout)?, qid, depth))
+    }
+
+    /// Queue `qid` (`depth` entries) on an initialised connection, ready for its Fabrics
+    /// Connect command.
+    pub(crate) fn over(conn: Conn, qid: u16, depth: u16) -> TcpQueue {
         let in_capsule = std::mem::size_of::<ugds_uapi::tcp::ConnectData>();
-        Ok(TcpQueue { conn, qid, depth: usize::from(depth), in_capsule })
+        TcpQueue { conn, qid, depth: usize::from(depth), in_capsule }
     }
 
     /// Sends one command capsule.

@@ -17,7 +17,7 @@
 
 use super::transport::{result_of, set_psdt_sgl, Cmd, Data, Done, FabricsQueue};
 use super::uri::RemoteSpec;
-use super::verbs::{self, CmError, Endpoint, IbvSge, IbvWc, Mr, CAPSULE, RESPONSE, WC_RECV, WC_SUCCESS};
+use super::verbs::{self, CmError, Endpoint, IbvSge, IbvWc, Mr, TargetAccess, CAPSULE, RESPONSE, WC_RECV, WC_SUCCESS};
 use crate::error::{Error, Rejection, Result};
 use std::net::ToSocketAddrs;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -202,7 +202,23 @@ impl FabricsQueue for RdmaQueue {
     }
 
     fn probe_dmabuf(&self, fd: BorrowedFd<'_>, len: usize) -> std::io::Result<()> {
-        self.ep.register_dmabuf(fd.as_raw_fd(), 0, len, 0).map(drop)
+        // Both ways the memory's I/Os will register it.
+        for access in [TargetAccess::Read, TargetAccess::Write] {
+            drop(self.ep.register_dmabuf(fd.as_raw_fd(), 0, len, 0, access)?);
+        }
+        Ok(())
+    }
+}
+
+/// What the target may do to a command's memory: read it for a write to the target, write it
+/// for a read from the target; `None` without data.
+fn target_access(data: &Data<'_>) -> Option<TargetAccess> {
+    match data {
+        Data::None => None,
+        Data::Out(_) => Some(TargetAccess::Read),
+        Data::In(_) => Some(TargetAccess::Write),
+        Data::DmaBuf { write: true, .. } => Some(TargetAccess::Read),
+        Data::DmaBuf { write: false, .. } => Some(TargetAccess::Write),
     }
 }
 
@@ -228,12 +244,13 @@ fn prepare<'a>(
         source,
     };
     let write = matches!(c.data, Data::Out(_));
-    let mr = match &mut c.data {
-        Data::None => None,
-        Data::Out(b) => Some(ep.register(b).map_err(reg_error)?),
-        Data::In(b) => Some(ep.register_mut(b).map_err(reg_error)?),
-        Data::DmaBuf { fd, offset, len, .. } => {
-            Some(ep.register_dmabuf(fd.as_raw_fd(), *offset, *len, *offset).map_err(|source| {
+    let access = target_access(&c.data);
+    let mr = match (&mut c.data, access) {
+        (Data::None, _) | (_, None) => None,
+        (Data::Out(b), _) => Some(ep.register(b).map_err(reg_error)?),
+        (Data::In(b), _) => Some(ep.register_mut(b).map_err(reg_error)?),
+        (Data::DmaBuf { fd, offset, len, .. }, Some(access)) => {
+            Some(ep.register_dmabuf(fd.as_raw_fd(), *offset, *len, *offset, access).map_err(|source| {
                 Error::RemoteTransport {
                     target: target.to_string(),
                     op: "registering GPU memory with the RDMA device (ibv_reg_dmabuf_mr)".into(),
@@ -265,7 +282,7 @@ fn prepare<'a>(
 
 /// Sends every command (up to `depth - 1` in flight, each capsule slot reused only after both
 /// its SEND and its response completed) and collects the responses.
-fn drive<W: Wire>(
+pub(super) fn drive<W: Wire>(
     ep: &W,
     cmds: &[(Sqe, Option<IbvSge>)],
     depth: usize,
@@ -374,6 +391,19 @@ mod tests {
         let mut s = RemoteSpec::parse("nvmeof://rdma/10.0.0.2/nqn.2024-01.io.ugds:x?nsid=1").unwrap();
         s.transport = Transport::Rdma;
         s
+    }
+
+    #[test]
+    fn each_commands_memory_is_registered_for_its_direction_only() {
+        let fd = std::io::stdin();
+        let fd = std::os::fd::AsFd::as_fd(&fd);
+        let mut mem = [0u8; 8];
+        assert_eq!(target_access(&Data::None), None);
+        assert_eq!(target_access(&Data::Out(&[1, 2, 3])), Some(TargetAccess::Read));
+        assert_eq!(target_access(&Data::In(&mut mem)), Some(TargetAccess::Write));
+        let dmabuf = |write| Data::DmaBuf { fd, offset: 4096, len: 4096, write };
+        assert_eq!(target_access(&dmabuf(true)), Some(TargetAccess::Read));
+        assert_eq!(target_access(&dmabuf(false)), Some(TargetAccess::Write));
     }
 
     #[test]

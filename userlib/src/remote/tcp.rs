@@ -32,10 +32,23 @@ pub(crate) enum Pdu {
     R2t(DataPdu),
 }
 
+/// The byte stream a connection runs on: a TCP socket, or a scripted target in the harnesses
+/// (`remote::harness`, the fuzz targets).
+pub(crate) trait ByteStream: Read + Write + Send + std::fmt::Debug {
+    /// Closes both directions (best effort): the peer sees the connection end.
+    fn close(&self);
+}
+
+impl ByteStream for TcpStream {
+    fn close(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// An open, initialised connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    sock: TcpStream,
+    sock: Box<dyn ByteStream>,
     /// `HOST:PORT`, for messages.
     pub(crate) target: String,
     /// Data in H2C PDUs and capsules starts at a multiple of this (CPDA).
@@ -69,6 +82,12 @@ impl Conn {
             s.set_write_timeout(Some(timeout))
         };
         setup(&sock).map_err(unreachable)?;
+        Self::over(Box::new(sock), target)
+    }
+
+    /// Exchanges ICReq/ICResp over `sock`, a connected stream to `target` (`HOST:PORT`, for
+    /// messages); the stream bounds its own reads and writes.
+    pub(crate) fn over(sock: Box<dyn ByteStream>, target: &str) -> Result<Conn> {
         let mut c = Conn { sock, target: target.to_string(), data_align: 4, max_h2c: 0, broken: false };
         c.initialise()?;
         Ok(c)
@@ -133,7 +152,7 @@ impl Conn {
 
     fn fail(&mut self) {
         self.broken = true;
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.sock.close();
     }
 
     fn io_error(&mut self, op: &str, e: std::io::Error) -> Error {

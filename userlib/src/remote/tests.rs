@@ -120,6 +120,22 @@ fn missing_namespace_is_named() {
 }
 
 #[test]
+fn a_namespace_size_that_overflows_is_a_protocol_error() {
+    // 2^55 blocks of 4 KiB: 2^67 bytes, past u64.
+    let cfg = FakeConfig { block_size: 4096, blocks: 16, nsze: Some(1 << 55), ..Default::default() };
+    let fake = Fake::start(cfg.clone());
+    let e = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap_err();
+    assert!(
+        matches!(&e, Error::RemoteProtocol { reason, .. } if reason.contains("namespace 1") && reason.contains("overflows")),
+        "{e}"
+    );
+    // The largest size that fits still opens, and its capacity is exact.
+    let fake = Fake::start(FakeConfig { nsze: Some(u64::MAX / 4096), ..cfg.clone() });
+    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    assert_eq!(st.capacity().unwrap(), u64::MAX / 4096 * 4096);
+}
+
+#[test]
 fn closed_port_is_unreachable_quickly() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();

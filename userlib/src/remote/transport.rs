@@ -29,6 +29,8 @@ pub(crate) enum Data<'a> {
         offset: u64,
         /// Bytes.
         len: usize,
+        /// The data goes to the controller (a write); else it comes from it.
+        write: bool,
     },
 }
 

@@ -26,7 +26,7 @@
 
 mod sys;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) use sys::WC_SEND;
 use sys::*;
 pub(crate) use sys::{wc_status, IbvSge, IbvWc, WC_RECV, WC_SUCCESS};
@@ -54,6 +54,28 @@ pub(crate) enum CmError {
 pub(crate) const CAPSULE: usize = 64;
 /// Bytes of one response slot: the CQE.
 pub(crate) const RESPONSE: usize = 16;
+
+/// What the target may do to memory registered for one command: never more than the
+/// command's direction needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TargetAccess {
+    /// The target RDMA-reads the memory (a write to the target; our SENDs read it too, which
+    /// needs no flag).
+    Read,
+    /// The target RDMA-writes the memory (a read from the target).
+    Write,
+}
+
+impl TargetAccess {
+    /// The `ibv_access_flags` of a registration for this access.
+    pub(crate) fn flags(self) -> c_int {
+        match self {
+            TargetAccess::Read => ACCESS_REMOTE_READ,
+            // Verbs refuses REMOTE_WRITE without LOCAL_WRITE.
+            TargetAccess::Write => ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+        }
+    }
+}
 
 /// A registration of memory that outlives `'a`, with the PD of an endpoint that outlives `'a`
 /// (so it is deregistered before that PD is freed).
@@ -341,16 +363,16 @@ impl Endpoint {
     /// Registers `mem` with this endpoint's PD for the target to read (and for local SENDs):
     /// never for writing, as `mem` is shared.
     pub(crate) fn register<'a>(&'a self, mem: &'a [u8]) -> std::io::Result<Mr<'a>> {
+        let access = TargetAccess::Read.flags();
         // SAFETY: `pd` is live; `mem` stays borrowed (and so mapped) while the Mr lives, and the
         // access flags let no one write it through the registration.
-        let mr =
-            unsafe { (self.lib.reg_mr)(self.pd, mem.as_ptr().cast_mut().cast(), mem.len().max(1), ACCESS_REMOTE_READ) };
+        let mr = unsafe { (self.lib.reg_mr)(self.pd, mem.as_ptr().cast_mut().cast(), mem.len().max(1), access) };
         self.wrap(mr, mem.as_ptr() as u64)
     }
 
-    /// Registers `mem` for the target to write into (and read).
+    /// Registers `mem` for the target to write into.
     pub(crate) fn register_mut<'a>(&'a self, mem: &'a mut [u8]) -> std::io::Result<Mr<'a>> {
-        let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+        let access = TargetAccess::Write.flags();
         // SAFETY: `pd` is live; `mem` is borrowed exclusively for the Mr's lifetime, so the
         // NIC's writes race with no Rust reference.
         let mr = unsafe { (self.lib.reg_mr)(self.pd, mem.as_mut_ptr().cast(), mem.len().max(1), access) };
@@ -358,15 +380,22 @@ impl Endpoint {
     }
 
     /// Registers `len` bytes at `offset` of dma-buf `fd` (GPU memory) at I/O virtual address
-    /// `iova`, for remote reads and writes.
-    pub(crate) fn register_dmabuf(&self, fd: c_int, offset: u64, len: usize, iova: u64) -> std::io::Result<Mr<'_>> {
+    /// `iova`, for the target to `access`.
+    pub(crate) fn register_dmabuf(
+        &self,
+        fd: c_int,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: TargetAccess,
+    ) -> std::io::Result<Mr<'_>> {
         let Some(f) = self.lib.reg_dmabuf_mr else {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
                 "this libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34 or newer has it)",
             ));
         };
-        let access = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ;
+        let access = access.flags();
         // SAFETY: `pd` is live; the kernel checks `fd` and the range against the dma-buf and
         // takes its own reference, so no host memory of ours is named.
         let mr = unsafe { f(self.pd, offset, len, iova, fd, access) };
@@ -601,3 +630,17 @@ impl Drop for Endpoint {
 
 #[cfg(test)]
 mod layout_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_gives_the_target_only_its_directions_access() {
+        // A write to the target: it reads our memory, and may not write it.
+        assert_eq!(TargetAccess::Read.flags(), ACCESS_REMOTE_READ);
+        // A read from the target: it writes our memory (REMOTE_WRITE needs LOCAL_WRITE), and
+        // may not read what else the memory holds.
+        assert_eq!(TargetAccess::Write.flags(), ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE);
+    }
+}

@@ -61,9 +61,10 @@ pub(crate) struct IbvWc {
     pub(super) dlid_path_bits: u8,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-utils"))]
 impl IbvWc {
-    /// A completion with these fields, the rest zero (host tests of the command loop).
+    /// A completion with these fields, the rest zero (host tests and harnesses of the command
+    /// loop).
     pub(crate) fn new(wr_id: u64, status: u32, opcode: u32, byte_len: u32) -> IbvWc {
         IbvWc { wr_id, status, opcode, byte_len, ..Default::default() }
     }
@@ -192,7 +193,7 @@ pub(crate) const ACCESS_REMOTE_READ: c_int = 4;
 /// `IBV_WC_SUCCESS`.
 pub(crate) const WC_SUCCESS: u32 = 0;
 /// `IBV_WC_SEND`: the opcode of a SEND's completion.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) const WC_SEND: u32 = 0;
 /// `IBV_WC_RECV`: set in the opcode of every receive completion.
 pub(crate) const WC_RECV: u32 = 1 << 7;
