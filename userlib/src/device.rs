@@ -190,8 +190,15 @@ pub fn describe_path(path: impl AsRef<std::path::Path>) -> String {
     }
 }
 
-/// Refuses a namespace whose blocks carry metadata or protection information.
-fn metadata_free(info: &NamespaceInfo) -> Result<()> {
+/// Refuses a namespace whose blocks carry metadata or protection information, or whose size in
+/// bytes does not fit 64 bits (a controller reporting nonsense: every range check would wrap).
+fn usable_namespace(info: &NamespaceInfo) -> Result<()> {
+    if info.size_lbas.checked_mul(1u64 << info.lba_shift.min(63)).is_none() {
+        return Err(Error::DeviceProtocol(format!(
+            "namespace {}: {} blocks of 2^{} bytes overflow 64 bits",
+            info.nsid, info.size_lbas, info.lba_shift
+        )));
+    }
     if info.metadata_bytes == 0 && info.pi_type == 0 {
         return Ok(());
     }
@@ -379,7 +386,7 @@ impl Device {
     pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
         self.inner.born.check("device")?;
         let ns = self.namespaces().into_iter().find(|n| n.info.nsid == nsid).ok_or(Error::NoNamespace(nsid))?;
-        metadata_free(&ns.info)?;
+        usable_namespace(&ns.info)?;
         Ok(ns)
     }
 
@@ -706,14 +713,18 @@ mod tests {
     /// regular file, a directory, another driver's character device, or a link to one.
     #[test]
     fn namespaces_with_metadata_are_refused_by_name() {
-        use super::metadata_free;
+        use super::usable_namespace;
         use ugds_uapi::ioctl::NamespaceInfo;
         let plain = NamespaceInfo { nsid: 1, lba_shift: 12, size_lbas: 8, ..Default::default() };
-        assert!(metadata_free(&plain).is_ok());
+        assert!(usable_namespace(&plain).is_ok());
         let md = NamespaceInfo { metadata_bytes: 8, ..plain };
-        let e = metadata_free(&md).unwrap_err().to_string();
+        let e = usable_namespace(&md).unwrap_err().to_string();
         assert!(e.contains("8 bytes of metadata") && e.contains("nvme format"), "{e}");
-        assert!(metadata_free(&NamespaceInfo { pi_type: 1, ..plain }).is_err());
+        assert!(usable_namespace(&NamespaceInfo { pi_type: 1, ..plain }).is_err());
+        // A size whose bytes overflow 64 bits is a protocol error, not a capacity that wrapped.
+        let huge = NamespaceInfo { size_lbas: 1 << 53, ..plain };
+        assert!(matches!(usable_namespace(&huge), Err(crate::Error::DeviceProtocol(_))));
+        assert!(usable_namespace(&NamespaceInfo { size_lbas: (1 << 52) - 1, ..plain }).is_ok());
     }
 
     #[test]
