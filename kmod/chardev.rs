@@ -280,15 +280,19 @@ fn create_qpair(c: &Controller, handle: FileHandle, a: &mut CreateQpair) -> Resu
 /// old epoch is left to write its tail.
 fn rearm_qpair(c: &Controller, handle: FileHandle, qid: u32) -> Result {
     let mut inner = c.inner.lock();
-    if inner.faulted || inner.hw.is_none() {
-        return Err(if inner.hw.is_none() { ENODEV } else { EIO });
+    if inner.hw.is_none() {
+        return Err(ENODEV);
+    }
+    if inner.faulted {
+        return Err(EIO);
     }
     let slot = inner.qpairs.find_index(|q| q.qid as u32 == qid && q.owner == handle).ok_or(ENOENT)?;
     if inner.qpairs.get(slot).is_some_and(|q| q.armed) {
         return Ok(());
     }
     let mut qp = inner.qpairs.take(slot).ok_or(ENOENT)?;
-    let r = c.arm_locked(&mut inner, &mut qp);
+    // Whatever its owner wrote since the reset goes: the re-created queue starts empty.
+    let r = qp.clear_all().map_err(|e| (e, true)).and_then(|()| c.arm_locked(&mut inner, &mut qp));
     match r {
         Err((e, false)) => {
             pr_err!("{}: controller wedged re-arming qid {}: its memory stays allocated\n", c.pdev.name(), qid);
@@ -341,16 +345,20 @@ fn insert_registration(c: &Controller, handle: FileHandle, backing: Backing) -> 
     if inner.hw.is_none() {
         return Err(ENODEV);
     }
-    // The id is the slot the registration will take plus one (looked up in constant time).
+    // Reserved first, so the insert below cannot fail and drop the registration under the lock.
     inner.regs.reserve_one()?;
-    let slot = inner.regs.first_free().ok_or(ENOSPC)?;
-    let id = u32::try_from(slot + 1).map_err(|_| ENOSPC)?;
     let generation = inner.next_generation;
     inner.next_generation = inner.next_generation.checked_add(1).unwrap_or(1);
     let reg = Registration { owner: handle, generation, backing };
     let nsegs = reg.segments().len() as u32;
-    // Cannot fail and lands in `slot`: reserved above, under the lock.
-    inner.regs.insert(reg)?;
+    // The id is the slot plus one (looked up in constant time).
+    let slot = inner.regs.insert(reg)?;
+    let Ok(id) = u32::try_from(slot + 1) else {
+        let r = inner.regs.take(slot);
+        drop(inner);
+        drop(r);
+        return Err(ENOSPC);
+    };
     c.publish(&inner);
     Ok(RegistrationHandle { id, generation, nsegs, reserved: 0 })
 }

@@ -191,13 +191,12 @@ impl Controller {
         Ok(())
     }
 
-    /// Creates queue pair `qp` on the controller (zeroed first) and marks it armed. When that
-    /// fails in a way that leaves the controller possibly owning its memory, the controller is
-    /// reset (or, failing that, disabled), and the caller learns whether the memory is now safe
-    /// to free (`Err((e, safe))`).
+    /// Creates queue pair `qp` on the controller and marks it armed; its memory must be zeroed
+    /// (fresh, or cleared by the caller). When that fails in a way that leaves the controller
+    /// possibly owning its memory, the controller is reset (or, failing that, disabled), and the
+    /// caller learns whether the memory is now safe to free (`Err((e, safe))`).
     pub(crate) fn arm_locked(&self, inner: &mut Inner, qp: &mut Qpair) -> core::result::Result<(), (Error, bool)> {
         let Some(hw) = inner.hw.as_mut() else { return Err((ENODEV, true)) };
-        qp.clear_all().map_err(|e| (e, true))?;
         match qp.create_on_device(&hw.bar, &mut hw.admin) {
             Ok(()) => {
                 qp.armed = true;

@@ -34,11 +34,6 @@ impl<T> Table<T> {
         Ok(self.slots.len() - 1)
     }
 
-    /// The index the next [`Table::insert`] uses when a slot is free.
-    pub(crate) fn first_free(&self) -> Option<usize> {
-        self.slots.iter().position(|s| s.is_none())
-    }
-
     /// The slot of the first entry matching `pred`.
     pub(crate) fn find_index(&self, mut pred: impl FnMut(&T) -> bool) -> Option<usize> {
         self.slots.iter().position(|s| s.as_ref().is_some_and(&mut pred))

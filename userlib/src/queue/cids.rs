@@ -13,8 +13,8 @@ const BUSY_NEVER: u32 = 3;
 ///
 /// # Invariants
 ///
-/// `free[..nfree]` are exactly the ids whose state is `FREE`, each once; `state.len() ==
-/// free.len() <= 65536`.
+/// `free[..nfree]` are exactly the ids whose state is `FREE`, each once; `free.len() + 1 ==
+/// state.len() <= 65536` (id 0 is never on the stack).
 pub(crate) struct Cids {
     free: Box<[u16]>,
     nfree: usize,
@@ -34,16 +34,13 @@ impl Cids {
     /// (`n - 1` ids are as many as a queue of depth `n` holds at once).
     pub(crate) fn new(n: u32) -> Self {
         let n = n.clamp(1, 65536);
-        // CAST: ids below n <= 65536 fit u16.
-        let mut free: Box<[u16]> = (0..n).rev().map(|i| i as u16).collect();
-        // Slot 0 of the stack holds id n-1... down to id 0 on top: drop id 0 from the stack.
-        let nfree = n as usize - 1;
-        free[nfree] = 0;
+        // CAST: ids below n <= 65536 fit u16. Id 1 ends up on top of the stack.
+        let free: Box<[u16]> = (1..n).rev().map(|i| i as u16).collect();
         let mut state = vec![FREE; n as usize].into_boxed_slice();
         // Id 0 is never free, never in flight: completions for it are strays.
         state[0] = BUSY_NEVER;
         // INVARIANT: every id but 0 free and on the stack once.
-        Cids { free, nfree, state }
+        Cids { nfree: free.len(), free, state }
     }
 
     /// Free ids.

@@ -56,8 +56,6 @@ pub struct Rings {
     armed: bool,
     /// Polls that found nothing since the epoch was last read.
     idle: u32,
-    /// Completions for command id 0 (zeroed slots run through a stray tail write), ignored.
-    strays: u64,
     /// Transfers written, by data pointer.
     dptr: DptrCounts,
 }
@@ -189,7 +187,6 @@ impl QueuePair {
                 broken: false,
                 armed: true,
                 idle: 0,
-                strays: 0,
                 dptr: DptrCounts::default(),
             }),
         })

@@ -58,13 +58,12 @@ impl Violation {
 /// Command id 0 is never handed out: an entry for it is the controller running a zeroed slot
 /// (an SQ entry the library disarmed after it completed) because something else wrote this
 /// queue's tail doorbell (another process of the controller's trust domain, or a stale tail
-/// after a reset). It is consumed, counted and otherwise ignored (`Ok(None)`), its SQ head too.
+/// after a reset). It is consumed and otherwise ignored (`Ok(None)`), its SQ head too.
 #[inline(always)]
 fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<Option<Reaped>, Violation>> {
     let e = r.cq.pop(&qp.cq_mem)?;
     let cid = e.cid;
     if cid == 0 {
-        r.strays += 1;
         return Some(Ok(None));
     }
     let ok = if hand_out { r.cids.in_flight(cid) && r.cids.release(cid) } else { r.cids.complete(cid, e.status) };
