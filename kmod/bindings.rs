@@ -13,4 +13,10 @@
     unsafe_op_in_unsafe_fn
 )]
 
+// bindgen_parameters blocklists these as rust/'s bindgen run does; 7.3's headers use them in
+// signatures the module binds.
+type __kernel_size_t = usize;
+type __kernel_ssize_t = isize;
+type __kernel_ptrdiff_t = isize;
+
 include!("bindings_generated.rs");

@@ -27,3 +27,16 @@
 	!IS_ENABLED(CONFIG_EVENTFD) || !defined(CONFIG_NEED_SG_DMA_LENGTH)
 #error "ugds needs an x86-64 kernel with CONFIG_PCI_MSI, CONFIG_DMA_SHARED_BUFFER, CONFIG_EVENTFD and CONFIG_NEED_SG_DMA_LENGTH"
 #endif
+
+/*
+ * VMA flag values as constants bindgen can read: 7.3 defines VM_* through INIT_VM_FLAG(), an
+ * expression bindgen cannot evaluate (the kernel's own bindings do the same, RUST_CONST_HELPER_).
+ */
+const vm_flags_t UGDS_VM_WRITE = VM_WRITE;
+const vm_flags_t UGDS_VM_SHARED = VM_SHARED;
+const vm_flags_t UGDS_VM_MAYWRITE = VM_MAYWRITE;
+const vm_flags_t UGDS_VM_IO = VM_IO;
+const vm_flags_t UGDS_VM_PFNMAP = VM_PFNMAP;
+const vm_flags_t UGDS_VM_DONTEXPAND = VM_DONTEXPAND;
+const vm_flags_t UGDS_VM_DONTCOPY = VM_DONTCOPY;
+const vm_flags_t UGDS_VM_DONTDUMP = VM_DONTDUMP;

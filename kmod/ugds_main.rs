@@ -31,12 +31,44 @@ use shim::chrdev;
 use shim::pci;
 use uapi::regs::{Cap, Vs, REG_CAP, REG_DOORBELL_BASE, REG_VS};
 
+// `module!`'s keys differ by series: `author` on 6.12, `authors` later.
+#[cfg(ugds_linux_6_12)]
 module! {
     type: UgdsModule,
     name: "ugds",
     author: "ugds developers",
     description: "User-space GPU Direct Storage: NVMe queues for user space",
     license: "GPL",
+}
+#[cfg(not(ugds_linux_6_12))]
+module! {
+    type: UgdsModule,
+    name: "ugds",
+    authors: ["ugds developers"],
+    description: "User-space GPU Direct Storage: NVMe queues for user space",
+    license: "GPL",
+}
+/// This module, as 6.12's `module!` names it (later series make it an associated constant).
+#[cfg(not(ugds_linux_6_12))]
+static THIS_MODULE: kernel::ThisModule = <UgdsModule as kernel::ModuleMetadata>::THIS_MODULE;
+
+/// The kernel configuration this module was built against (Kbuild's `UGDS_KCONFIG`), as a
+/// `.modinfo` entry that `ugds-kmod check` compares with the running kernel's.
+const KCONFIG_ENTRY: &str = concat!("ugds_kconfig=", env!("UGDS_KCONFIG"), "\0");
+#[link_section = ".modinfo"]
+#[used]
+static KCONFIG: [u8; KCONFIG_ENTRY.len()] = modinfo_entry(KCONFIG_ENTRY);
+
+/// The bytes of a `.modinfo` entry (`key=value\0`).
+const fn modinfo_entry<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < N {
+        out[i] = b[i];
+        i += 1;
+    }
+    out
 }
 
 /// PCI class code of an NVM Express controller (mass storage, NVM, NVMe).
@@ -203,7 +235,7 @@ impl pci::Driver for NvmeDriver {
             }
         };
         info.instance = instance.0;
-        let node_name = match CString::try_from_fmt(kernel::fmt!("ugds_drv{}", instance.0)) {
+        let node_name = match CString::try_from_fmt(format_args!("ugds_drv{}", instance.0)) {
             Ok(n) => n,
             Err(e) => {
                 let _ = ctrl::disable(&bar, cap);

@@ -141,8 +141,18 @@ impl Class {
     pub(crate) const fn new<const MODE: u16>(name: &'static CStr) -> Self {
         // SAFETY: all-zero is a valid `struct class` (null pointers, no callbacks).
         let zero: bindings::class = unsafe { core::mem::zeroed() };
-        Class(bindings::class { name: name.as_char_ptr().cast(), devnode: Some(devnode_cb::<MODE>), ..zero })
+        Class(bindings::class { name: cstr_ptr(name).cast(), devnode: Some(devnode_cb::<MODE>), ..zero })
     }
+}
+
+/// A C string's address in a constant (6.12's `kernel::str::CStr` has a `const` `as_char_ptr`;
+/// later series use `core::ffi::CStr`, whose `as_ptr` is `const`).
+const fn cstr_ptr(s: &'static CStr) -> *const u8 {
+    #[cfg(ugds_linux_6_12)]
+    let p = s.as_char_ptr();
+    #[cfg(not(ugds_linux_6_12))]
+    let p = s.as_ptr().cast::<u8>();
+    p
 }
 
 /// The class's `devnode` callback: keeps the device's own name and sets the node's mode.
@@ -331,12 +341,28 @@ struct Open<T: FileOps> {
 /// `O_EXCL` (bindgen, from the target kernel's headers).
 const O_EXCL: u32 = bindings::O_EXCL as u32;
 
+/// The inode's `i_cdev` (an anonymous union's member: the union's bindgen name follows the
+/// struct's layout, `__bindgen_anon_4` on 6.12 and `__bindgen_anon_5` on 7.3).
+///
+/// # Safety
+///
+/// `inode` points to a live character-device inode.
+unsafe fn inode_cdev(inode: *mut bindings::inode) -> *mut bindings::cdev {
+    #[cfg(ugds_linux_6_12)]
+    // SAFETY: `inode` is live (contract).
+    let c = unsafe { (*inode).__bindgen_anon_4.i_cdev };
+    #[cfg(not(ugds_linux_6_12))]
+    // SAFETY: as above.
+    let c = unsafe { (*inode).__bindgen_anon_5.i_cdev };
+    c
+}
+
 unsafe extern "C" fn open_cb<T: FileOps>(inode: *mut bindings::inode, file: *mut bindings::file) -> kernel::ffi::c_int {
     // SAFETY: `chrdev_open` set the inode's `i_cdev` to the cdev it found for the inode's number
     // and holds a reference on that cdev for this call (and the file's life). Only cdevs of
     // `Registration<T>` use these fops; each is the first field of a `Slot<T>`, which the cdev
     // keeps alive through its reference on the slot's device.
-    let slot = unsafe { &*((*inode).__bindgen_anon_4.i_cdev as *const Slot<T>) };
+    let slot = unsafe { &*(inode_cdev(inode) as *const Slot<T>) };
     // SAFETY: the VFS passes a live file.
     let (mapping, flags) = unsafe { ((*file).f_mapping, (*file).f_flags) };
     let handle = FileHandle { id: NEXT_FILE_ID.fetch_add(1, Ordering::Relaxed), mapping };

@@ -3,7 +3,6 @@
 
 use crate::bindings;
 use kernel::prelude::*;
-use kernel::time::Ktime;
 
 /// TASK_UNINTERRUPTIBLE, from the target kernel's headers (bindgen).
 const TASK_UNINTERRUPTIBLE: u32 = bindings::TASK_UNINTERRUPTIBLE;
@@ -37,16 +36,23 @@ pub(crate) fn read_poll_timeout<T>(
     sleep_us: u32,
     timeout_us: u64,
 ) -> Result<T> {
-    let start = Ktime::ktime_get();
+    let start = monotonic_ns();
     let limit_ns = i64::try_from(timeout_us.saturating_mul(1000)).unwrap_or(i64::MAX);
     loop {
         let v = op()?;
         if cond(&v) {
             return Ok(v);
         }
-        if (Ktime::ktime_get() - start).to_ns() > limit_ns {
+        if monotonic_ns().saturating_sub(start) > limit_ns {
             return Err(crate::errno::etimedout());
         }
         fsleep(sleep_us);
     }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (C's `ktime_get`, exported on every series, where the
+/// `kernel` crate's clock type differs: `Ktime` on 6.12, `Instant<Monotonic>` later).
+fn monotonic_ns() -> i64 {
+    // SAFETY: no precondition; `ktime_get` reads the monotonic clock from any context.
+    unsafe { bindings::ktime_get() }
 }

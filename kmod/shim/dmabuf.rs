@@ -34,8 +34,13 @@ struct AttachOps(bindings::dma_buf_attach_ops);
 // SAFETY: read-only after construction; the C side only reads it.
 unsafe impl Sync for AttachOps {}
 
+// The callback's field is `move_notify` up to 6.x and `invalidate_mappings` on 7.3.
+#[cfg(ugds_linux_6_12)]
 static ATTACH_OPS: AttachOps =
     AttachOps(bindings::dma_buf_attach_ops { allow_peer2peer: true, move_notify: Some(move_notify) });
+#[cfg(not(ugds_linux_6_12))]
+static ATTACH_OPS: AttachOps =
+    AttachOps(bindings::dma_buf_attach_ops { allow_peer2peer: true, invalidate_mappings: Some(move_notify) });
 
 /// A dma-buf attached, pinned and mapped for one device.
 ///

@@ -8,15 +8,32 @@ use crate::bindings;
 use core::ptr::NonNull;
 use kernel::prelude::*;
 
-/// VMA flag bits, from the target kernel's include/linux/mm.h (bindgen).
-const VM_WRITE: u64 = bindings::VM_WRITE as u64;
-const VM_SHARED: u64 = bindings::VM_SHARED as u64;
-const VM_MAYWRITE: u64 = bindings::VM_MAYWRITE as u64;
-const VM_IO: u64 = bindings::VM_IO as u64;
-const VM_PFNMAP: u64 = bindings::VM_PFNMAP as u64;
-const VM_DONTEXPAND: u64 = bindings::VM_DONTEXPAND as u64;
-const VM_DONTCOPY: u64 = bindings::VM_DONTCOPY as u64;
-const VM_DONTDUMP: u64 = bindings::VM_DONTDUMP as u64;
+/// VMA flag bits, from the target kernel's include/linux/mm.h (bindgen, through the constants
+/// of bindings_helper.h).
+const VM_WRITE: u64 = bindings::UGDS_VM_WRITE as u64;
+const VM_SHARED: u64 = bindings::UGDS_VM_SHARED as u64;
+const VM_MAYWRITE: u64 = bindings::UGDS_VM_MAYWRITE as u64;
+const VM_IO: u64 = bindings::UGDS_VM_IO as u64;
+const VM_PFNMAP: u64 = bindings::UGDS_VM_PFNMAP as u64;
+const VM_DONTEXPAND: u64 = bindings::UGDS_VM_DONTEXPAND as u64;
+const VM_DONTCOPY: u64 = bindings::UGDS_VM_DONTCOPY as u64;
+const VM_DONTDUMP: u64 = bindings::UGDS_VM_DONTDUMP as u64;
+
+/// The `vm_flags` word of a VMA. Its union member is `__vm_flags` on 6.12 and `vm_flags` on 7.3
+/// (where the other member became the `vma_flags_t` bitmap; word 0 is the same bits).
+///
+/// # Safety
+///
+/// `vma` points to a live VMA.
+unsafe fn vm_flags_word(vma: *mut bindings::vm_area_struct) -> *mut bindings::vm_flags_t {
+    #[cfg(ugds_linux_6_12)]
+    // SAFETY: `vma` is live (contract); taking a field's address reads nothing.
+    let p = unsafe { core::ptr::addr_of_mut!((*vma).__bindgen_anon_2.__vm_flags) };
+    #[cfg(not(ugds_linux_6_12))]
+    // SAFETY: as above.
+    let p = unsafe { core::ptr::addr_of_mut!((*vma).__bindgen_anon_2.vm_flags) };
+    p
+}
 
 /// Page shift of `vm_pgoff`.
 const PAGE_SHIFT: u32 = kernel::page::PAGE_SHIFT as u32;
@@ -51,7 +68,7 @@ impl Vma {
 
     fn flags(&self) -> u64 {
         // SAFETY: the VMA is live and unshared (invariant).
-        unsafe { (*self.raw()).__bindgen_anon_2.__vm_flags as u64 }
+        unsafe { *vm_flags_word(self.raw()) as u64 }
     }
 
     /// Length in bytes.
@@ -85,7 +102,7 @@ impl Vma {
         // needs no VMA lock: exactly the case the kernel's own `__vm_flags_mod` (a plain update
         // through `vm_flags_init`) is for; `vm_flags_clear` would only add the per-VMA write
         // lock that an unreachable VMA does not need.
-        unsafe { (*self.raw()).__bindgen_anon_2.__vm_flags &= !(VM_MAYWRITE as bindings::vm_flags_t) };
+        unsafe { *vm_flags_word(self.raw()) &= !(VM_MAYWRITE as bindings::vm_flags_t) };
     }
 
     /// Sets the VMA up to be filled at fault time by `ops` (whose `fault` inserts its pages
@@ -102,7 +119,7 @@ impl Vma {
         // plain update is what `vm_flags_init` does for such a VMA. `ops` is a static that
         // outlives every VMA.
         unsafe {
-            (*raw).__bindgen_anon_2.__vm_flags |= (VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTCOPY | VM_DONTDUMP)
+            *vm_flags_word(raw) |= (VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTCOPY | VM_DONTDUMP)
                 as bindings::vm_flags_t;
             (*raw).vm_ops = ops.as_raw();
             // CAST: a tag, never dereferenced.

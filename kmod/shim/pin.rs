@@ -41,7 +41,7 @@ impl PinnedUserMemory {
     pub(crate) fn pin(dev: &Device, addr: u64, len: u64) -> Result<Self> {
         let npages = (len / 4096) as usize;
         let nr = i32::try_from(npages).map_err(|_| EINVAL)?;
-        let mut pages: KVVec<*mut bindings::page> = KVVec::with_capacity(npages, GFP_KERNEL)?;
+        let mut pages: KVVec<*mut bindings::page> = KVVec::from_elem(core::ptr::null_mut(), npages, GFP_KERNEL)?;
         // SAFETY: `pages` has room for `npages` pointers; the range is user memory of the
         // current process (validated page-aligned by the caller; the core checks access).
         let got =
@@ -49,8 +49,6 @@ impl PinnedUserMemory {
         if got < 0 {
             return Err(Error::from_errno(got));
         }
-        // SAFETY: the core initialised the first `got` entries.
-        unsafe { pages.set_len(got as usize) };
         if got as usize != npages {
             // SAFETY: exactly these `got` pages were pinned above.
             unsafe { bindings::unpin_user_pages(pages.as_mut_ptr(), got as _) };

@@ -39,10 +39,35 @@ impl Iterator for DmaSegments<'_> {
         // SAFETY: `sg` is a mapped entry of a live, mapped table (invariant).
         let seg = unsafe { ((*self.sg).dma_address, (*self.sg).dma_length as u64) };
         self.left -= 1;
-        // SAFETY: `sg` is an entry of that table; `sg_next` returns the next entry (following
-        // a chain link) or null at the end.
+        // SAFETY: `sg` is an entry of that table.
         // INVARIANT: one entry consumed, `left` counts down with it.
-        self.sg = unsafe { bindings::sg_next(self.sg) };
+        self.sg = unsafe { sg_next(self.sg) };
         Some(seg)
+    }
+}
+
+/// The entry after `sg`, following a chain link, or null after the last entry: C's `sg_next`
+/// (exported on 6.12, a static inline on 7.3), from the `page_link` bits of the target kernel's
+/// include/linux/scatterlist.h.
+///
+/// # Safety
+///
+/// `sg` is an entry of a live scatterlist table.
+unsafe fn sg_next(sg: *mut bindings::scatterlist) -> *mut bindings::scatterlist {
+    let (chain, end) = (bindings::SG_CHAIN as usize, bindings::SG_END as usize);
+    // SAFETY: `sg` is a live entry (contract).
+    if unsafe { (*sg).page_link } as usize & end != 0 {
+        return core::ptr::null_mut();
+    }
+    // SAFETY: an entry that is not the last is followed by another entry or a chain link in
+    // the same array.
+    let next = unsafe { sg.add(1) };
+    // SAFETY: `next` is an entry of the array (above).
+    let link = unsafe { (*next).page_link } as usize;
+    if link & chain != 0 {
+        // CAST: a chain link's `page_link` is the next array's address with the flag bits set.
+        (link & !(chain | end)) as *mut bindings::scatterlist
+    } else {
+        next
     }
 }

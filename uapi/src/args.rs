@@ -120,10 +120,10 @@ impl RegisterHost {
     /// page-aligned (`EINVAL`); `addr + len` must not wrap (`EOVERFLOW`) nor pass
     /// `limits.user_end` (`EFAULT`). The output `handle` is ignored.
     pub const fn check(&self, limits: &Limits) -> Result<HostRange, ArgError> {
-        if self.len == 0 || !self.len.is_multiple_of(REG_PAGE) || self.len > MAX_HOST_REGISTRATION {
+        if self.len == 0 || self.len % REG_PAGE != 0 || self.len > MAX_HOST_REGISTRATION {
             return Err(ArgError::Invalid("len"));
         }
-        if !self.addr.is_multiple_of(REG_PAGE) {
+        if self.addr % REG_PAGE != 0 {
             return Err(ArgError::Invalid("addr"));
         }
         let Some(end) = self.addr.checked_add(self.len) else { return Err(ArgError::Overflow) };
@@ -159,10 +159,10 @@ impl RegisterDmabuf {
         if self.reserved != 0 {
             return Err(ArgError::Invalid("reserved"));
         }
-        if self.len == 0 || !self.len.is_multiple_of(REG_PAGE) {
+        if self.len == 0 || self.len % REG_PAGE != 0 {
             return Err(ArgError::Invalid("len"));
         }
-        if !self.offset.is_multiple_of(REG_PAGE) {
+        if self.offset % REG_PAGE != 0 {
             return Err(ArgError::Invalid("offset"));
         }
         if self.offset.checked_add(self.len).is_none() {

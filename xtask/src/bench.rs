@@ -29,8 +29,8 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
     let root = toolchain::workspace_root();
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     toolchain::setup_and_build_release(&["-p", "ugds", "--features", "test-utils", "--example", "datapath_cost"])?;
-    let k = kernel::ensure(kernel::Flavour::Normal)?;
-    let ko = kmod::build_for_test_kernel(&k)?;
+    let k = kernel::Choice::Test612.ensure()?;
+    let ko = kmod::build_for(&k)?;
     let cli = root.join("target/release/ugds");
     let me = std::env::current_exe()?;
     let cfg = vm::VmConfig {

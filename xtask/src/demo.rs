@@ -27,8 +27,8 @@ pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
     if let Some(dev) = device {
         return guest(&cli.display().to_string(), &dev, seconds);
     }
-    let k = kernel::ensure(kernel::Flavour::Normal)?;
-    let ko = kmod::build_for_test_kernel(&k)?;
+    let k = kernel::Choice::Test612.ensure()?;
+    let ko = kmod::build_for(&k)?;
     eprintln!("demo: built in {:.0?}; booting the VM with a 1 GiB emulated NVMe SSD", t.elapsed());
     let cfg = vm::VmConfig {
         nvme: vec!["size=1G,lbs=4096".parse()?],

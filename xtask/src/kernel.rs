@@ -46,6 +46,46 @@ impl TestKernel {
     }
 }
 
+/// The kernels a VM can boot, by name (`--kernel NAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Choice {
+    /// The test kernel built from Debian's linux-source-6.12 with ci/kernel.fragment.
+    #[default]
+    #[value(name = "6.12")]
+    Test612,
+    /// The same with KASAN, lockdep and atomic-sleep checks.
+    #[value(name = "6.12-debug")]
+    Test612Debug,
+    /// Debian 13's stock 7.3 kernel (trixie-backports), unmodified, in a Debian root.
+    #[value(name = "debian-7.3")]
+    Debian73,
+}
+
+impl Choice {
+    /// `--debug-kernel` is the older spelling of `--kernel 6.12-debug`.
+    pub fn with_debug(self, debug: bool) -> Choice {
+        if debug {
+            Choice::Test612Debug
+        } else {
+            self
+        }
+    }
+
+    /// Whether this is a debug (KASAN) kernel: needs more memory and time.
+    pub fn is_debug(self) -> bool {
+        self == Choice::Test612Debug
+    }
+
+    /// The kernel, built or fetched unless the cache holds it.
+    pub fn ensure(self) -> Result<crate::vm::Guest> {
+        Ok(match self {
+            Choice::Test612 => crate::vm::Guest::Built(ensure(Flavour::Normal)?),
+            Choice::Test612Debug => crate::vm::Guest::Built(ensure(Flavour::Debug)?),
+            Choice::Debian73 => crate::vm::Guest::Stock(crate::stock::ensure()?),
+        })
+    }
+}
+
 /// Which configuration to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flavour {

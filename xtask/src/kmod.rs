@@ -42,6 +42,15 @@ pub fn build(kdir: &Path, rustc: &Path) -> Result<PathBuf> {
     Ok(ko)
 }
 
+/// Builds `ugds.ko` for a guest kernel: against the test kernel's build folder, or inside a stock
+/// kernel's root by `ugds-kmod` (which checks it against that kernel).
+pub fn build_for(guest: &crate::vm::Guest) -> Result<PathBuf> {
+    match guest {
+        crate::vm::Guest::Built(k) => build_for_test_kernel(k),
+        crate::vm::Guest::Stock(k) => k.build_module(),
+    }
+}
+
 /// Builds `ugds.ko` for the cached test kernel.
 pub fn build_for_test_kernel(k: &crate::kernel::TestKernel) -> Result<PathBuf> {
     build(&k.build, Path::new(KERNEL_RUSTC))

@@ -16,6 +16,7 @@ mod install;
 mod kernel;
 mod kmod;
 mod soname;
+mod stock;
 mod suite;
 mod toolchain;
 mod vm;
@@ -54,9 +55,12 @@ enum Cmd {
         /// Kill the guest after this many seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
-        /// Use the debug kernel flavour.
+        /// Use the debug kernel flavour (same as `--kernel 6.12-debug`).
         #[arg(long)]
         debug_kernel: bool,
+        /// The kernel to boot.
+        #[arg(long, value_enum, default_value = "6.12")]
+        kernel: kernel::Choice,
         /// The command to run in the guest, with its arguments.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -203,9 +207,13 @@ enum Cmd {
         /// Run every VM variant with the guest IOMMU on (translating, strict).
         #[arg(long)]
         iommu: bool,
-        /// Use the debug kernel flavour (KASAN, lockdep, DEBUG_ATOMIC_SLEEP).
+        /// Use the debug kernel flavour (KASAN, lockdep, DEBUG_ATOMIC_SLEEP; same as
+        /// `--kernel 6.12-debug`).
         #[arg(long)]
         debug_kernel: bool,
+        /// The kernel the VM suite boots.
+        #[arg(long, value_enum, default_value = "6.12")]
+        kernel: kernel::Choice,
         /// Skip the second pass with the guest IOMMU on.
         #[arg(long)]
         quick: bool,
@@ -242,10 +250,9 @@ fn real_main() -> Result<()> {
             let k = kernel::ensure(flavour)?;
             println!("{}", k.bzimage().display());
         }
-        Cmd::Vm { nvme, iommu, bind, mem, timeout, debug_kernel, cmd } => {
-            let flavour = if debug_kernel { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
-            let k = kernel::ensure(flavour)?;
-            let bind_module = if bind { Some(kmod::build_for_test_kernel(&k)?) } else { None };
+        Cmd::Vm { nvme, iommu, bind, mem, timeout, debug_kernel, kernel, cmd } => {
+            let k = kernel.with_debug(debug_kernel).ensure()?;
+            let bind_module = if bind { Some(kmod::build_for(&k)?) } else { None };
             let nvme = if nvme.is_empty() { vec![vm::NvmeSpec::default()] } else { nvme };
             let cfg = vm::VmConfig {
                 nvme,
@@ -309,8 +316,9 @@ fn real_main() -> Result<()> {
             cost::run()?;
         }
         Cmd::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref())?,
-        Cmd::Test { host_only, filter, iommu, debug_kernel, quick } => {
-            let summary = suite::run(&suite::Plan { host_only, filter, iommu, debug_kernel, quick })?;
+        Cmd::Test { host_only, filter, iommu, debug_kernel, kernel, quick } => {
+            let kernel = kernel.with_debug(debug_kernel);
+            let summary = suite::run(&suite::Plan { host_only, filter, iommu, kernel, quick })?;
             println!("{} passed, {} failed", summary.passed, summary.failed);
             if summary.failed > 0 {
                 std::process::exit(1);

@@ -90,8 +90,8 @@ pub struct Plan {
     pub filter: Option<String>,
     /// Every VM variant with the guest IOMMU on.
     pub iommu: bool,
-    /// The debug kernel flavour (KASAN, lockdep, atomic-sleep checks).
-    pub debug_kernel: bool,
+    /// The kernel the VM suite boots.
+    pub kernel: kernel::Choice,
     /// Skip the second, IOMMU-on pass over the variants.
     pub quick: bool,
 }
@@ -137,13 +137,23 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         return Ok(total);
     }
     let t = Instant::now();
-    let flavour = if plan.debug_kernel { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
-    let k = kernel::ensure(flavour)?;
-    eprintln!("phase test kernel: {:.0?}", t.elapsed());
+    let k = plan.kernel.ensure()?;
+    eprintln!("phase test kernel ({:?}): {:.0?}", plan.kernel, t.elapsed());
     let t = Instant::now();
-    let ko = kmod::build_for_test_kernel(&k)?;
+    let ko = kmod::build_for(&k)?;
     let suite = build_suite()?;
     eprintln!("phase build module and suite: {:.0?}", t.elapsed());
+    if let vm::Guest::Stock(stock) = &k {
+        if filter.is_none_or(|f| "stock_kernel_checks".contains(f)) {
+            let t = Instant::now();
+            // The 6.12 test kernel's module, when one was built here: another release.
+            let other = toolchain::workspace_root().join("kmod/ugds.ko");
+            let s = crate::stock::refusal_tests(stock, &ko, other.exists().then_some(other.as_path()));
+            total.passed += s.passed;
+            total.failed += s.failed;
+            eprintln!("phase stock kernel checks: {} passed, {} failed in {:.0?}", s.passed, s.failed, t.elapsed());
+        }
+    }
     let xtask = std::env::current_exe()?;
     // With a filter, only the variants that have a matching test boot.
     let variants = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
@@ -173,16 +183,18 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             iommu: *iommu,
             bind_module: None,
             // KASAN's shadow memory needs more guest memory.
-            mem: if plan.debug_kernel { "2G".into() } else { "1G".into() },
-            timeout: Duration::from_secs(if plan.debug_kernel { 3600 } else { 1200 }),
-            env: vec![
+            mem: if plan.kernel.is_debug() { "2G".into() } else { "1G".into() },
+            timeout: Duration::from_secs(if plan.kernel.is_debug() { 3600 } else { 1200 }),
+            env: [
                 ("UGDS_XTASK".into(), xtask.display().to_string()),
                 ("UGDS_KMOD".into(), ko.display().to_string()),
                 ("UGDS_CLI".into(), toolchain::workspace_root().join("target/debug/ugds").display().to_string()),
                 ("UGDS_C_SUITE".into(), c_dir.join("ugds_test").display().to_string()),
-                // Modules of the test kernel's build the tests load themselves (nvmet, nvme-tcp).
-                ("UGDS_KERNEL_BUILD".into(), k.build.display().to_string()),
-            ],
+            ]
+            .into_iter()
+            // Where the tests find the kernel's modules they load themselves (nvmet, nvme-tcp).
+            .chain(k.suite_env())
+            .collect(),
             cmd,
         };
         eprintln!("phase VM variant {label}: booting");

@@ -7,6 +7,7 @@
 //! console as a marker line. A watchdog kills a guest that outlives the timeout.
 
 use crate::kernel::TestKernel;
+use crate::stock::StockKernel;
 use crate::toolchain;
 use anyhow::{bail, Context, Result};
 use std::fmt::Write as _;
@@ -139,12 +140,82 @@ pub struct VmConfig {
     pub cmd: Vec<String>,
 }
 
+/// The kernel a VM boots and where its modules come from.
+#[derive(Debug, Clone)]
+pub enum Guest {
+    /// The test kernel built here (`cargo xtask kernel`): modules from its build folder.
+    Built(TestKernel),
+    /// A distribution's kernel, unmodified, installed in a root (`--kernel debian-7.3`):
+    /// modules through `modprobe -d ROOT`, also for the kernel's own module requests.
+    Stock(StockKernel),
+}
+
+impl Guest {
+    fn image(&self) -> PathBuf {
+        match self {
+            Guest::Built(k) => k.bzimage(),
+            Guest::Stock(k) => k.image(),
+        }
+    }
+
+    /// Modules the initramfs must load before it can mount the host (9p), decompressed into
+    /// it, in load order: the test kernel builds them in; Debian ships them as modules.
+    fn early_modules(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let Guest::Stock(k) = self else { return Ok(Vec::new()) };
+        let mut v = Vec::new();
+        for rel in ["fs/netfs/netfs", "net/9p/9pnet", "net/9p/9pnet_virtio", "fs/9p/9p"] {
+            let p = k.modules_dir().join(format!("kernel/{rel}.ko.xz"));
+            let out =
+                Command::new("xz").arg("-dc").arg(&p).output().with_context(|| format!("xz -dc {}", p.display()))?;
+            if !out.status.success() {
+                bail!("decompressing {} failed", p.display());
+            }
+            // Numbered: the init loads them in glob order.
+            let name = rel.rsplit('/').next().unwrap_or(rel);
+            v.push((format!("{}-{name}.ko", v.len()), out.stdout));
+        }
+        Ok(v)
+    }
+
+    /// Shell lines of the guest's init that load the kernel's NVMe driver (after /host is up).
+    fn load_nvme_lines(&self) -> String {
+        match self {
+            Guest::Built(k) => k
+                .nvme_modules()
+                .iter()
+                .map(|m| format!("insmod /host{} || fail 'loading {}'\n", m.display(), m.display()))
+                .collect(),
+            Guest::Stock(k) => {
+                // The cache path has no quote or space (it is ours); it sits inside printf's
+                // single-quoted format below.
+                let root = k.root.display();
+                // The kernel's own module requests (a configfs mount, a dummy link, md's raid
+                // personalities) go through the root's modules too.
+                format!(
+                    "printf '#!/bin/busybox sh\\nexec chroot /host /sbin/modprobe -d {root} \"$@\"\\n' > /bin/ugds-modprobe\n\
+                     chmod 755 /bin/ugds-modprobe\n\
+                     echo /bin/ugds-modprobe > /proc/sys/kernel/modprobe\n\
+                     chroot /host /sbin/modprobe -d {root} nvme || fail \"loading nvme from {root}\"\n"
+                )
+            }
+        }
+    }
+
+    /// Environment for the VM suite: where the tests find the kernel's other modules.
+    pub fn suite_env(&self) -> Vec<(String, String)> {
+        match self {
+            Guest::Built(k) => vec![("UGDS_KERNEL_BUILD".into(), k.build.display().to_string())],
+            Guest::Stock(k) => vec![("UGDS_MODULE_ROOT".into(), k.root.display().to_string())],
+        }
+    }
+}
+
 /// Quotes a string for the guest's sh.
 pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-fn guest_init(cfg: &VmConfig, kernel: &TestKernel, xtask: &Path) -> Result<String> {
+fn guest_init(cfg: &VmConfig, kernel: &Guest, xtask: &Path) -> Result<String> {
     let cwd = std::env::current_dir()?;
     let mut s = String::new();
     s.push_str(
@@ -154,6 +225,7 @@ export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+for m in /early/*.ko; do [ -e "$m" ] && insmod "$m"; done
 mkdir -p /host
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose host /host; then
   echo "ugds-vm: mounting the host file system failed"; echo UGDS-VM-EXIT=125; reboot -f
@@ -175,9 +247,7 @@ mount -t sysfs sys /host/sys
 fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
 "#,
     );
-    for m in kernel.nvme_modules() {
-        writeln!(s, "insmod /host{} || fail 'loading {}'", m.display(), m.display())?;
-    }
+    s.push_str(&kernel.load_nvme_lines());
     // Wait for the kernel driver to finish probing every controller.
     let want = cfg.nvme.len();
     writeln!(
@@ -208,10 +278,13 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
     Ok(s)
 }
 
-fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
+fn make_initramfs(dir: &Path, init: &str, early: &[(String, Vec<u8>)]) -> Result<PathBuf> {
     let root = dir.join("initramfs");
-    for d in ["bin", "proc", "sys", "dev", "host", "hosttmp", "tmp"] {
+    for d in ["bin", "proc", "sys", "dev", "host", "hosttmp", "tmp", "early"] {
         fs::create_dir_all(root.join(d))?;
+    }
+    for (name, bytes) in early {
+        fs::write(root.join("early").join(name), bytes)?;
     }
     let busybox = Path::new("/bin/busybox");
     if !busybox.exists() {
@@ -232,8 +305,11 @@ fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
         .context("running cpio (apt-get install cpio)")?;
     {
         let mut stdin = child.stdin.take().context("cpio stdin")?;
-        for e in ["bin", "bin/busybox", "proc", "sys", "dev", "host", "tmp", "init"] {
+        for e in ["bin", "bin/busybox", "proc", "sys", "dev", "host", "tmp", "init", "early"] {
             writeln!(stdin, "{e}")?;
+        }
+        for (name, _) in early {
+            writeln!(stdin, "early/{name}")?;
         }
     }
     if !child.wait()?.success() {
@@ -242,7 +318,7 @@ fn make_initramfs(dir: &Path, init: &str) -> Result<PathBuf> {
     Ok(cpio)
 }
 
-fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> Result<Vec<String>> {
+fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Result<Vec<String>> {
     let mut a: Vec<String> = [
         "-machine",
         "q35",
@@ -271,7 +347,7 @@ fn qemu_args(cfg: &VmConfig, kernel: &TestKernel, dir: &Path, initrd: &Path) -> 
         a.extend(["-device".into(), "intel-iommu".into()]);
         append.push_str(" intel_iommu=on iommu.strict=1");
     }
-    a.extend(["-kernel".into(), kernel.bzimage().display().to_string()]);
+    a.extend(["-kernel".into(), kernel.image().display().to_string()]);
     a.extend(["-initrd".into(), initrd.display().to_string()]);
     a.extend(["-append".into(), append]);
     a.extend(["-virtfs".into(), "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap".into()]);
@@ -380,14 +456,14 @@ pub struct VmOutcome {
 
 /// Boots the VM, runs the command, and returns its exit code and output. With `echo`, guest
 /// output is also printed as it arrives.
-pub fn run(cfg: &VmConfig, kernel: &TestKernel, echo: bool) -> Result<VmOutcome> {
+pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
     if cfg.cmd.is_empty() {
         bail!("no command given: cargo xtask vm [OPTIONS] -- CMD ARGS...");
     }
     let tmp = TempDir::new("ugds-vm")?;
     let xtask = std::env::current_exe()?;
     let init = guest_init(cfg, kernel, &xtask)?;
-    let initrd = make_initramfs(tmp.path(), &init)?;
+    let initrd = make_initramfs(tmp.path(), &init, &kernel.early_modules()?)?;
     let args = qemu_args(cfg, kernel, tmp.path(), &initrd)?;
     let qemu = qemu_for(cfg, &toolchain::cache_dir())?;
     let mut child = qemu

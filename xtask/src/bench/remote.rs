@@ -116,7 +116,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     let t = Instant::now();
     let root = toolchain::workspace_root();
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
-    let k = kernel::ensure(kernel::Flavour::Normal)?;
+    let k = kernel::Choice::Test612.ensure()?;
     let cli = root.join("target/release/ugds");
     let me = std::env::current_exe()?;
     let spec = format!("size={}M,lbs=4096,backend={},serial=rbench0", DISK_BYTES >> 20, grid.backend);
@@ -129,7 +129,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
         bind_module: None,
         mem: "3G".into(),
         timeout: Duration::from_secs((estimate * 3).max(1800)),
-        env: vec![("UGDS_KERNEL_BUILD".into(), k.build.display().to_string())],
+        env: k.suite_env(),
         cmd: vec![
             me.display().to_string(),
             "bench-remote-guest".into(),

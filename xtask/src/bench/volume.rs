@@ -115,8 +115,8 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     let t = Instant::now();
     let root = toolchain::workspace_root();
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
-    let k = kernel::ensure(kernel::Flavour::Normal)?;
-    let ko = kmod::build_for_test_kernel(&k)?;
+    let k = kernel::Choice::Test612.ensure()?;
+    let ko = kmod::build_for(&k)?;
     let cli = root.join("target/release/ugds");
     let me = std::env::current_exe()?;
     let mut nvme = Vec::new();
