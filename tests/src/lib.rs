@@ -117,13 +117,28 @@ pub fn xtask(args: &[&str]) -> Result<(bool, String)> {
     Ok((out.status.success(), text))
 }
 
-/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded.
+/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded, through `ugds-kmod load`: the module is
+/// checked against the running kernel (vermagic, configuration, every imported symbol against
+/// /proc/kallsyms) before it is inserted, as on a user's machine. On a stock kernel the tool runs
+/// inside the kernel's Debian root (`$UGDS_MODULE_ROOT`, where it is installed and the module was
+/// built); on the test kernel, from this checkout against its build folder.
 pub fn load_module() -> Result<()> {
     if Path::new("/sys/module/ugds").exists() {
         return Ok(());
     }
     let ko = std::env::var("UGDS_KMOD").context("UGDS_KMOD is not set")?;
-    sh(&format!("insmod {ko}")).map(|_| ())
+    let release = sh("uname -r")?.trim().to_string();
+    if let Ok(root) = std::env::var("UGDS_MODULE_ROOT") {
+        let inside = ko.strip_prefix(root.trim_end_matches('/')).with_context(|| format!("{ko} is not in {root}"))?;
+        if !Path::new(&format!("{root}/proc/self")).exists() {
+            sh(&format!("mount -t proc proc {root}/proc"))?;
+        }
+        sh(&format!("chroot {root} /usr/local/sbin/ugds-kmod load --release {release} {inside}")).map(|_| ())
+    } else {
+        let build = std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD is not set")?;
+        let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kmod/ugds-kmod");
+        sh(&format!("{} load --release {release} --headers {build} {ko}", tool.display())).map(|_| ())
+    }
 }
 
 /// Unloads ugds.ko if loaded.

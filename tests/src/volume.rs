@@ -142,6 +142,8 @@ fn md_build(members: &[String]) -> Result<()> {
     // Members of unequal size make md's RAID0 multi-zone, which the kernel refuses to run
     // without a layout for the zones past the first (Linux 5.4+); the layout does not change
     // zone 0, which is all the volume uses.
+    // Built in on the test kernel, a module on Debian's.
+    crate::remote::insmod("drivers/md/raid0.ko", "raid0")?;
     sh("echo 2 > /sys/module/raid0/parameters/default_layout")?;
     sh(&format!(
         "mdadm --build /dev/md0 --level=0 --chunk={} --raid-devices={} {} 2>&1",

@@ -204,6 +204,7 @@ pub fn install(prefix: &Path) -> Result<()> {
             env!("CARGO_PKG_VERSION")
         ),
     )?;
+    crate::install::install_kmod_tool(&prefix)?;
     check_install(&prefix)?;
     println!(
         "installed libugds.so.{version}, libugds.a, libcufile_ugds.so.{version}, {DROPIN_DIR}/libcufile.so.0, ugds.h \

@@ -1,7 +1,7 @@
 //! `cargo xtask install`: build kmod/ against the running kernel's build tree and load it,
 //! refusing with a clear message when that cannot work.
 
-use crate::{kmod, toolchain};
+use crate::toolchain;
 use anyhow::{bail, Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -65,53 +65,72 @@ fn matching_rustc(want: u32) -> Result<PathBuf> {
     )
 }
 
-/// Checks a kernel build tree can build Rust modules; returns the rustc to use.
-pub fn check_kdir(kdir: &Path) -> Result<PathBuf> {
-    let config = fs::read_to_string(kdir.join(".config")).with_context(|| {
-        format!(
-            "{} has no .config: is it a kernel build tree? (install the kernel headers package or pass --kdir)",
-            kdir.display()
-        )
-    })?;
-    if config_value(&config, "CONFIG_RUST").as_deref() != Some("y") {
-        bail!(
-            "the kernel at {} was built without CONFIG_RUST, so it cannot load Rust modules. \
-             Use the test kernel (`cargo xtask kernel`, then `cargo xtask vm --bind`), or build and boot a kernel with CONFIG_RUST=y.",
-            kdir.display()
-        );
-    }
-    let want: u32 = config_value(&config, "CONFIG_RUSTC_VERSION")
-        .and_then(|v| v.parse().ok())
-        .context("the kernel config has CONFIG_RUST=y but no CONFIG_RUSTC_VERSION")?;
-    let rustc = matching_rustc(want)?;
-    let meta = kdir.join("rust/libkernel.rmeta");
-    if !meta.exists() {
-        bail!(
-            "{} lacks the kernel crate's Rust metadata ({}): out-of-tree Rust modules need a build tree from a full `make` with CONFIG_RUST=y \
-             (Debian's linux-headers packages do not ship it). Point --kdir at such a tree.",
-            kdir.display(),
-            meta.display()
-        );
-    }
-    Ok(rustc)
+/// The kernel's CONFIG_RUSTC_VERSION from a headers or build tree, when it has one.
+fn kernel_rustc_code(kdir: &Path) -> Option<u32> {
+    let config = fs::read_to_string(kdir.join(".config")).ok()?;
+    config_value(&config, "CONFIG_RUSTC_VERSION")?.parse().ok()
 }
 
-/// Builds and loads ugds.ko for the running kernel (or `kdir`).
-pub fn install(kdir: Option<PathBuf>) -> Result<()> {
-    let kdir = match kdir {
-        Some(k) => k,
-        None => {
-            let release = toolchain::output(Command::new("uname").arg("-r"))?;
-            PathBuf::from(format!("/lib/modules/{release}/build"))
+/// Installs `ugds-kmod` as `ROOT/sbin/ugds-kmod` and the sources it builds (`kmod/`, `uapi/`:
+/// what git tracks plus untracked files it does not ignore) under `ROOT/share/ugds/src`, where the
+/// tool looks for them: the module can then be built on that machine without cargo.
+pub fn install_kmod_tool(root: &Path) -> Result<()> {
+    let ws = toolchain::workspace_root();
+    let files = toolchain::output(Command::new("git").current_dir(&ws).args([
+        "ls-files",
+        "-co",
+        "--exclude-standard",
+        "kmod",
+        "uapi",
+    ]))?;
+    let dest = root.join("share/ugds/src");
+    let _ = fs::remove_dir_all(&dest);
+    for f in files.lines().filter(|f| !f.is_empty()) {
+        let from = ws.join(f);
+        if !from.is_file() {
+            continue; // deleted in the work tree
         }
-    };
-    let rustc = check_kdir(&kdir)?;
-    let ko = kmod::build(&kdir, &rustc)?;
+        let to = dest.join(f);
+        fs::create_dir_all(to.parent().context("no parent")?)?;
+        fs::copy(&from, &to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    let tool = root.join("sbin/ugds-kmod");
+    fs::create_dir_all(tool.parent().context("no parent")?)?;
+    let _ = fs::remove_file(&tool);
+    fs::copy(ws.join("kmod/ugds-kmod"), &tool).with_context(|| format!("installing {}", tool.display()))?;
+    Ok(())
+}
+
+/// The `ugds-kmod` command of this checkout.
+pub fn ugds_kmod() -> Command {
+    Command::new(toolchain::workspace_root().join("kmod/ugds-kmod"))
+}
+
+/// Builds, checks and installs ugds.ko for the running kernel (or the build tree `kdir`) with
+/// `kmod/ugds-kmod install` — which also serves stock distribution kernels, rebuilding their
+/// Rust metadata — then (re)loads it.
+pub fn install(kdir: Option<PathBuf>) -> Result<()> {
+    let release = toolchain::output(Command::new("uname").arg("-r"))?;
+    let mut cmd = ugds_kmod();
+    cmd.arg("install");
+    let headers = kdir.clone().unwrap_or_else(|| PathBuf::from(format!("/lib/modules/{release}/build")));
+    if let Some(k) = &kdir {
+        cmd.arg("--headers").arg(k);
+    }
+    // A rustup toolchain of the kernel's exact version, when PATH's rustc is another one.
+    if std::env::var_os("RUSTC").is_none() {
+        if let Some(want) = kernel_rustc_code(&headers) {
+            if let Ok(r) = matching_rustc(want) {
+                cmd.env("RUSTC", r);
+            }
+        }
+    }
+    toolchain::run(&mut cmd).context("ugds-kmod install")?;
     if Path::new("/sys/module/ugds").exists() {
         toolchain::run(Command::new("rmmod").arg("ugds")).context("unloading the old ugds module")?;
     }
-    toolchain::run(Command::new("insmod").arg(&ko)).context("loading ugds.ko (see dmesg)")?;
-    println!("loaded {}", ko.display());
+    toolchain::run(Command::new("modprobe").arg("ugds")).context("loading ugds.ko (see dmesg)")?;
+    println!("loaded ugds for {release}");
     Ok(())
 }
 
@@ -133,14 +152,78 @@ mod tests {
     fn refuses_a_tree_without_rust() {
         let dir = std::env::temp_dir().join(format!("ugds-kdir-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("Makefile"), "").unwrap();
+        let run = |args: &[&str]| {
+            let out = ugds_kmod().args(args).arg("--headers").arg(&dir).output().unwrap();
+            (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        };
         fs::write(dir.join(".config"), "CONFIG_64BIT=y\n# CONFIG_RUST is not set\n").unwrap();
-        let err = check_kdir(&dir).unwrap_err().to_string();
-        assert!(err.contains("without CONFIG_RUST"), "{err}");
-        fs::write(dir.join(".config"), "CONFIG_RUST=y\nCONFIG_RUSTC_VERSION=100\n").unwrap();
-        let err = check_kdir(&dir).unwrap_err().to_string();
-        assert!(err.contains("no matching rustc"), "{err}");
+        let (code, err) = run(&["build", "--release", "7.3.0-test"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("without CONFIG_RUST") && err.contains("bindeb-pkg"), "{err}");
+        fs::write(dir.join(".config"), "CONFIG_RUST=y\n").unwrap();
+        let (code, err) = run(&["build", "--release", "5.10.0-test"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("supports 6.12 7.3"), "{err}");
+        fs::write(dir.join(".config"), "CONFIG_RUST=y\nCONFIG_RUSTC_VERSION_TEXT=\"rustc 0.1.0 (x)\"\n").unwrap();
+        let (code, err) = run(&["build", "--release", "7.3.0-test"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("the same compiler") || err.contains("no rustc"), "{err}");
+        let (code, err) = run(&["check", "--release", "7.3.0-test", "/nonexistent/ugds.ko"]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("no module at"), "{err}");
         let _ = fs::remove_dir_all(&dir);
-        let err = check_kdir(Path::new("/nonexistent")).unwrap_err().to_string();
-        assert!(err.contains("no .config"), "{err}");
+    }
+
+    /// The quick first check: a rustc whose version text matches the kernel's but that is not
+    /// the kernel's compiler (here: this machine's, against the crate hash of Debian's 7.3.4
+    /// kernel) is refused before any metadata is rebuilt.
+    #[test]
+    fn another_compiler_is_refused_by_the_crate_hash() {
+        let dir = std::env::temp_dir().join(format!("ugds-kdir-hash-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("Makefile"), "").unwrap();
+        let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+        let version = String::from_utf8(Command::new(&rustc).arg("--version").output().unwrap().stdout).unwrap();
+        fs::write(
+            dir.join(".config"),
+            format!(
+                "CONFIG_RUST=y\nCONFIG_RUSTC_VERSION_TEXT=\"{}\"\nCONFIG_CC_VERSION_TEXT=\"gcc (Debian) 12\"\n",
+                version.trim()
+            ),
+        )
+        .unwrap();
+        fs::write(
+            dir.join("Module.symvers"),
+            "0x00000000\t_RNvMs1_NtNtCsb5MLIFMWygY_6kernel5alloc9allocatorNtB5_7Vmalloc7to_page\tvmlinux\tEXPORT_SYMBOL_GPL\t\n",
+        )
+        .unwrap();
+        let out = ugds_kmod()
+            .args(["prepare", "--release", "7.3.4-test", "--headers"])
+            .arg(&dir)
+            .arg("--cache")
+            .arg(dir.join("cache"))
+            .env("RUSTC", &rustc)
+            .env("BINDGEN", "true")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert!(err.contains("Csb5MLIFMWygY_6kernel") && err.contains("not the compiler"), "{err}");
+        assert!(!dir.join("cache").exists(), "nothing may be rebuilt after the refusal");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_tool_and_kbuild_support_the_same_series() {
+        let root = toolchain::workspace_root();
+        let tool = fs::read_to_string(root.join("kmod/ugds-kmod")).unwrap();
+        let kbuild = fs::read_to_string(root.join("kmod/Kbuild")).unwrap();
+        let list = |text: &str, key: &str| {
+            text.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim().trim_matches('"').to_string())
+        };
+        let series = list(&tool, "supported_series=").unwrap();
+        assert_eq!(Some(series.clone()), list(&kbuild, "ugds_kernels :="), "ugds-kmod and Kbuild disagree");
+        assert_eq!(series, "6.12 7.3");
     }
 }

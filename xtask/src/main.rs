@@ -200,6 +200,9 @@ enum Cmd {
         /// Only host tests.
         #[arg(long)]
         host_only: bool,
+        /// Only the VM suite (for a second kernel: the host phases do not depend on it).
+        #[arg(long, conflicts_with = "host_only")]
+        vm_only: bool,
         /// Only run VM tests whose name contains this (skips the host phases and the variants
         /// without a matching test).
         #[arg(long)]
@@ -316,9 +319,9 @@ fn real_main() -> Result<()> {
             cost::run()?;
         }
         Cmd::Fuzz { seconds, target } => fuzz::run(seconds, target.as_deref())?,
-        Cmd::Test { host_only, filter, iommu, debug_kernel, kernel, quick } => {
+        Cmd::Test { host_only, vm_only, filter, iommu, debug_kernel, kernel, quick } => {
             let kernel = kernel.with_debug(debug_kernel);
-            let summary = suite::run(&suite::Plan { host_only, filter, iommu, kernel, quick })?;
+            let summary = suite::run(&suite::Plan { host_only, vm_only, filter, iommu, kernel, quick })?;
             println!("{} passed, {} failed", summary.passed, summary.failed);
             if summary.failed > 0 {
                 std::process::exit(1);

@@ -21,10 +21,8 @@ pub const RELEASE: &str = "7.3.4+deb13-amd64";
 /// Its package version (linux-image, linux-headers and linux-source share it).
 const PACKAGE_VERSION: &str = "7.3.4-1~bpo13+1";
 const MIRROR: &str = "http://deb.debian.org/debian";
-/// Where the installed layout puts the tool and the sources inside the root (as `cargo xtask
-/// install` does under a prefix).
+/// Where the installed layout puts the tool inside the root (prefix /usr/local).
 const TOOL_IN_ROOT: &str = "usr/local/sbin/ugds-kmod";
-const SRC_IN_ROOT: &str = "usr/local/share/ugds/src";
 
 /// A Debian root holding Debian's kernel, ready to boot and to build ugds.ko for.
 #[derive(Debug, Clone)]
@@ -110,32 +108,10 @@ fn in_root_ok(root: &Path, cmd: &[&str], what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Copies `kmod/ugds-kmod` and the sources it builds (`kmod/`, `uapi/`, as git tracks them plus
-/// untracked files that are not ignored) into the root's installed layout.
+/// Installs `ugds-kmod` and the sources it builds into the root's `/usr/local`, as
+/// `cargo xtask install-lib --prefix /usr/local` would on that machine.
 fn install_tool(root: &Path) -> Result<()> {
-    let ws = toolchain::workspace_root();
-    let files = toolchain::output(Command::new("git").current_dir(&ws).args([
-        "ls-files",
-        "-co",
-        "--exclude-standard",
-        "kmod",
-        "uapi",
-    ]))?;
-    let dest = root.join(SRC_IN_ROOT);
-    let _ = fs::remove_dir_all(&dest);
-    for f in files.lines().filter(|f| !f.is_empty()) {
-        let from = ws.join(f);
-        if !from.is_file() {
-            continue; // deleted in the work tree
-        }
-        let to = dest.join(f);
-        fs::create_dir_all(to.parent().context("no parent")?)?;
-        fs::copy(&from, &to).with_context(|| format!("copying {}", from.display()))?;
-    }
-    let tool = root.join(TOOL_IN_ROOT);
-    fs::create_dir_all(tool.parent().context("no parent")?)?;
-    fs::copy(ws.join("kmod/ugds-kmod"), &tool)?;
-    Ok(())
+    crate::install::install_kmod_tool(&root.join("usr/local"))
 }
 
 /// The packages of the root besides the base system: the kernel (what a user has installed),
@@ -245,8 +221,10 @@ pub fn refusal_tests(k: &StockKernel, good_ko: &Path, other_ko: Option<&Path>) -
         (|| {
             let cfg = k.root.join("tmp/ugds-wrong.config");
             let mut text = fs::read_to_string(k.root.join(format!("usr/src/linux-headers-{}/.config", k.release)))?;
-            // One option that changes struct layouts the module uses (task_struct, mm_struct, ...).
-            let (from, to) = ("CONFIG_NR_CPUS=8192", "CONFIG_NR_CPUS=64");
+            // One option that changes the layout of structures the module touches (mm_struct's
+            // owner, the page counters) and survives olddefconfig (NR_CPUS does not: MAXSMP
+            // pins it).
+            let (from, to) = ("CONFIG_MEMCG=y", "# CONFIG_MEMCG is not set");
             if !text.contains(from) {
                 bail!("the kernel's configuration has no {from}: pick another option to change");
             }

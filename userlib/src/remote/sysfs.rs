@@ -27,21 +27,36 @@ pub(crate) fn is_kernel_fabrics_namespace(dev: &str) -> bool {
     fabrics_transport(Path::new("/sys/class/block"), name).is_some()
 }
 
+/// The sysfs folder of the controller behind block device `name`: its `device`, or, for the
+/// head node of a multipath subsystem (CONFIG_NVME_MULTIPATH, as Debian builds it: `device` is
+/// then the subsystem, without `transport`), the `device` of its first path in `multipath/`.
+fn controller_dir(sys: &Path, name: &str) -> Option<std::path::PathBuf> {
+    let ns = sys.join(name);
+    let direct = ns.join("device");
+    if direct.join("transport").exists() {
+        return Some(direct);
+    }
+    let mut paths: Vec<_> =
+        std::fs::read_dir(ns.join("multipath")).ok()?.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    paths.sort();
+    paths.into_iter().map(|p| p.join("device")).find(|c| c.join("transport").exists())
+}
+
 /// The transport of block device `name`'s NVMe controller when it is a fabric (not PCIe).
 #[cfg(any(feature = "fallback", test))]
 fn fabrics_transport(sys: &Path, name: &str) -> Option<String> {
     if !name.starts_with("nvme") {
         return None;
     }
-    let t = std::fs::read_to_string(sys.join(name).join("device/transport")).ok()?;
+    let t = std::fs::read_to_string(controller_dir(sys, name)?.join("transport")).ok()?;
     let t = t.trim();
     (!t.is_empty() && t != "pcie").then(|| t.to_string())
 }
 
-/// Reads `sys/NAME/nsid` and the controller attributes in `sys/NAME/device/`.
+/// Reads `sys/NAME/nsid` and the attributes of the controller behind it ([`controller_dir`]).
 fn spec_from_sysfs(sys: &Path, name: &str) -> Option<Result<RemoteSpec>> {
     let ns = sys.join(name);
-    let ctrl = ns.join("device");
+    let ctrl = controller_dir(sys, name)?;
     let read = |p: &Path| std::fs::read_to_string(p).map(|s| s.trim().to_string());
     let transport = Transport::from_name(&read(&ctrl.join("transport")).ok()?)?;
     let bad = |what: &str, v: &str| Error::DeviceProtocol(format!("{name}: the kernel's {what} {v:?} makes no sense"));
@@ -97,6 +112,26 @@ mod tests {
         assert_eq!(s.subsysnqn, "nqn.2024-01.io.ugds:remote");
         assert_eq!(s.host_nqn(), "nqn.2014-08.org.nvmexpress:uuid:abc");
         assert_eq!(s.hostid.unwrap()[0], 0x01);
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// With CONFIG_NVME_MULTIPATH (Debian's kernels) `/dev/nvmeXnY` is the subsystem's head
+    /// node: its `device` is the subsystem (no `transport`), and the controller is behind the
+    /// path devices listed in `multipath/`.
+    #[test]
+    fn reads_a_multipath_head_namespace() {
+        let root = fake_sysfs("tcp", "traddr=10.1.2.3,trsvcid=4421");
+        let head = root.join("nvme3n2");
+        // Move the controller behind a path node, as the kernel lays it out.
+        let path = root.join("nvme3c3n2");
+        std::fs::create_dir_all(&path).unwrap();
+        std::fs::rename(head.join("device"), path.join("device")).unwrap();
+        std::fs::create_dir_all(head.join("device")).unwrap(); // the subsystem: no transport
+        std::fs::create_dir_all(head.join("multipath")).unwrap();
+        std::os::unix::fs::symlink(&path, head.join("multipath/nvme3c3n2")).unwrap();
+        assert_eq!(fabrics_transport(&root, "nvme3n2").as_deref(), Some("tcp"));
+        let s = spec_from_sysfs(&root, "nvme3n2").unwrap().unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.nsid), ("10.1.2.3", 4421, 2));
         let _ = std::fs::remove_dir_all(root);
     }
 
