@@ -117,8 +117,8 @@ pub fn xtask(args: &[&str]) -> Result<(bool, String)> {
     Ok((out.status.success(), text))
 }
 
-/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded, through `ugds-kmod load`: the module is
-/// checked against the running kernel (vermagic, configuration, every imported symbol against
+/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded; the first time through `ugds-kmod load`: the
+/// module is checked against the running kernel (vermagic, configuration, every imported symbol against
 /// /proc/kallsyms) before it is inserted, as on a user's machine. On a stock kernel the tool runs
 /// inside the kernel's Debian root (`$UGDS_MODULE_ROOT`, where it is installed and the module was
 /// built); on the test kernel, from this checkout against its build folder.
@@ -127,18 +127,27 @@ pub fn load_module() -> Result<()> {
         return Ok(());
     }
     let ko = std::env::var("UGDS_KMOD").context("UGDS_KMOD is not set")?;
+    // The check reads every kernel symbol: once per suite run is enough for one module file
+    // (kmod_load_unload_50 loads it 50 times).
+    static CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if CHECKED.load(std::sync::atomic::Ordering::Relaxed) {
+        return sh(&format!("insmod {ko}")).map(|_| ());
+    }
     let release = sh("uname -r")?.trim().to_string();
     if let Ok(root) = std::env::var("UGDS_MODULE_ROOT") {
         let inside = ko.strip_prefix(root.trim_end_matches('/')).with_context(|| format!("{ko} is not in {root}"))?;
+        // The root reaches the guest read-only: give the tool its /proc (kallsyms) and a /tmp.
         if !Path::new(&format!("{root}/proc/self")).exists() {
-            sh(&format!("mount -t proc proc {root}/proc"))?;
+            sh(&format!("mount -t proc proc {root}/proc && mount -t tmpfs tmp {root}/tmp"))?;
         }
-        sh(&format!("chroot {root} /usr/local/sbin/ugds-kmod load --release {release} {inside}")).map(|_| ())
+        sh(&format!("chroot {root} /usr/local/sbin/ugds-kmod load --release {release} {inside}"))?;
     } else {
         let build = std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD is not set")?;
         let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kmod/ugds-kmod");
-        sh(&format!("{} load --release {release} --headers {build} {ko}", tool.display())).map(|_| ())
+        sh(&format!("{} load --release {release} --headers {build} {ko}", tool.display()))?;
     }
+    CHECKED.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 /// Unloads ugds.ko if loaded.

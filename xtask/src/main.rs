@@ -31,11 +31,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build the Rust-enabled test kernel (cached outside the repository).
+    /// Build the Rust-enabled test kernel, or fetch a stock one into its Debian root (cached
+    /// outside the repository); prints the kernel image's path.
     Kernel {
         /// Build the debug flavour (KASAN, lockdep, atomic-sleep checks).
         #[arg(long)]
         debug: bool,
+        /// Which kernel.
+        #[arg(long, value_enum, default_value = "6.12")]
+        kernel: kernel::Choice,
     },
     /// Boot the test kernel with emulated NVMe controllers and run CMD as root in the guest.
     Vm {
@@ -248,10 +252,9 @@ fn main() {
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Kernel { debug } => {
-            let flavour = if debug { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
-            let k = kernel::ensure(flavour)?;
-            println!("{}", k.bzimage().display());
+        Cmd::Kernel { debug, kernel } => {
+            let k = kernel.with_debug(debug).ensure()?;
+            println!("{}", k.image().display());
         }
         Cmd::Vm { nvme, iommu, bind, mem, timeout, debug_kernel, kernel, cmd } => {
             let k = kernel.with_debug(debug_kernel).ensure()?;

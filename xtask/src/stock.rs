@@ -164,7 +164,10 @@ pub fn ensure() -> Result<StockKernel> {
     for p in ["linux-image", "linux-headers"] {
         pkgs.push(format!("{p}-{RELEASE}={PACKAGE_VERSION}"));
     }
-    let mut cmd: Vec<&str> = vec!["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q"];
+    // From backports as a user installs it (`-t`: its linux-base and other dependencies too).
+    let backports = format!("{SUITE}-backports");
+    let mut cmd: Vec<&str> =
+        vec!["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q", "-t", &backports];
     cmd.extend(pkgs.iter().map(String::as_str));
     eprintln!("stock kernel: installing {}", pkgs.join(" "));
     in_root_ok(&root, &cmd, "installing the kernel packages")?;
