@@ -105,7 +105,30 @@ impl AdminQueue {
     ///
     /// Errors: `ETIMEDOUT` (the queue is then broken until a reset), `EIO` for a completion
     /// with an error status (logged by name).
-    pub(crate) fn submit(&mut self, bar: &Bar0, mut sqe: Sqe, timeout_ms: u32) -> Result<Cqe> {
+    pub(crate) fn submit(&mut self, bar: &Bar0, sqe: Sqe, timeout_ms: u32) -> Result<Cqe> {
+        let opcode = sqe.opcode();
+        let cqe = self.submit_raw(bar, sqe, timeout_ms)?;
+        let st = cqe.status();
+        if !st.is_success() {
+            pr_err!(
+                "admin opcode {:#04x} failed: {} (SCT {:#x} SC {:#04x})\n",
+                opcode,
+                st.name().unwrap_or("unknown status"),
+                st.sct.bits(),
+                st.sc
+            );
+            return Err(EIO);
+        }
+        Ok(cqe)
+    }
+
+    /// Submits one command and polls for its completion for at most `timeout_ms`; the
+    /// completion comes back whatever its status (the caller decides what an error status
+    /// means: the pass-through hands it to user space).
+    ///
+    /// Errors: `EIO` while the queue is broken, `ETIMEDOUT` (the queue is then broken until a
+    /// reset, and the controller may still run the command: its memory must stay).
+    pub(crate) fn submit_raw(&mut self, bar: &Bar0, mut sqe: Sqe, timeout_ms: u32) -> Result<Cqe> {
         if self.broken {
             return Err(EIO);
         }
@@ -144,17 +167,6 @@ impl AdminQueue {
         // Completed: the controller fetched the entry, so a replay through a stray tail write
         // now finds nothing to run.
         self.sq.write(slot, &Sqe::default())?;
-        let st = cqe.status();
-        if !st.is_success() {
-            pr_err!(
-                "admin opcode {:#04x} failed: {} (SCT {:#x} SC {:#04x})\n",
-                sqe.opcode(),
-                st.name().unwrap_or("unknown status"),
-                st.sct.bits(),
-                st.sc
-            );
-            return Err(EIO);
-        }
         Ok(cqe)
     }
 
@@ -181,5 +193,74 @@ impl AdminQueue {
             return Ok(None);
         }
         Ok(Some(cqe))
+    }
+}
+
+/// Bytes of one PRP page (CC.MPS = 0).
+const PAGE: usize = 4096;
+/// 64-bit entries in one page.
+const ENTRIES_PER_PAGE: usize = PAGE / 8;
+
+/// The memory of one pass-through command (`ADMIN_CMD`): `n` data pages followed by one guard
+/// page holding a PRP list, all in one coherent allocation owned by the module.
+///
+/// PRP1 names data page 0. PRP2 names data page 1 when the transfer is exactly two pages, and
+/// the guard page otherwise. The guard page's entries name the data pages 1, 2, ..., n-1, 0, 1,
+/// ... in turn, and its last entry (the one a controller follows to a next list page) names
+/// the guard page itself. So whatever transfer length a controller derives from the command (a
+/// Get Features of a vendor feature may carry more data than the caller asked for), every
+/// address it can reach through PRP1, PRP2 and the lists lies in this allocation: a page it
+/// treats as data is ours, a list it follows is ours.
+///
+/// # Invariants
+///
+/// `mem` holds `(n + 1) * ENTRIES_PER_PAGE` entries, `n >= 1`; the guard page (page `n`) holds
+/// the list described above from `new` on (the controller may overwrite it only where it
+/// takes it for data, which the command's own transfer length decides).
+pub(crate) struct PassthruBuffer {
+    mem: CoherentAllocation<u64>,
+    pages: usize,
+}
+
+impl PassthruBuffer {
+    /// Allocates (zeroed) room for a transfer of `len` bytes (at least one page) and writes the
+    /// guard list.
+    pub(crate) fn new(dev: &Device, len: u32) -> Result<Self> {
+        // CAST: u32 to usize widens on x86-64.
+        let pages = (len as usize).div_ceil(PAGE).max(1);
+        let mem = CoherentAllocation::alloc_coherent(dev, (pages + 1) * ENTRIES_PER_PAGE)?;
+        let base = mem.dma_handle();
+        let guard = pages * ENTRIES_PER_PAGE;
+        for i in 0..ENTRIES_PER_PAGE - 1 {
+            // CAST: page indexes below 17 (MAX_ADMIN_DATA / PAGE + 1) as u64.
+            let page = ((1 + i) % pages) as u64;
+            mem.write(guard + i, &(base + page * PAGE as u64).to_le())?;
+        }
+        let guard_addr = base + (pages * PAGE) as u64;
+        mem.write(guard + ENTRIES_PER_PAGE - 1, &guard_addr.to_le())?;
+        Ok(PassthruBuffer { mem, pages })
+    }
+
+    /// PRP1 and PRP2 for the command.
+    pub(crate) fn prps(&self) -> (DmaAddress, DmaAddress) {
+        let base = self.mem.dma_handle();
+        let prp2 = if self.pages == 2 { PAGE } else { self.pages * PAGE };
+        (base, base + prp2 as u64)
+    }
+
+    /// The first `len` bytes of the data pages (at most what [`PassthruBuffer::new`] was given
+    /// room for), as the controller left them.
+    pub(crate) fn copy_out(&self, len: usize) -> Result<KVVec<u8>> {
+        if len > self.pages * PAGE {
+            return Err(EINVAL);
+        }
+        let mut out = KVVec::with_capacity(len, GFP_KERNEL)?;
+        for i in 0..len.div_ceil(8) {
+            // Bytes as the controller wrote them: native order of the element read back.
+            let bytes = self.mem.read(i)?.to_ne_bytes();
+            let take = (len - i * 8).min(8);
+            out.extend_from_slice(&bytes[..take], GFP_KERNEL)?;
+        }
+        Ok(out)
     }
 }
