@@ -11,6 +11,7 @@
 use crate::shim::delay::read_poll_timeout;
 use crate::shim::dma::{CoherentAllocation, DmaAddress};
 use crate::shim::pci::Device;
+use crate::uapi::args::{admin_data_pages, admin_guard_entry, admin_page_of, ADMIN_PAGE, PRP_ENTRIES};
 use crate::uapi::identify::{IdentifyController, IdentifyNamespace};
 use crate::uapi::queue::{Cqe, Sqe};
 use crate::uapi::regs::{cq_head_doorbell, sq_tail_doorbell};
@@ -196,70 +197,66 @@ impl AdminQueue {
     }
 }
 
-/// Bytes of one PRP page (CC.MPS = 0).
-const PAGE: usize = 4096;
-/// 64-bit entries in one page.
-const ENTRIES_PER_PAGE: usize = PAGE / 8;
-
 /// The memory of one pass-through command (`ADMIN_CMD`): `n` data pages followed by one guard
-/// page holding a PRP list, all in one coherent allocation owned by the module.
+/// page holding a PRP list, all in one coherent allocation owned by the module (the layout:
+/// uapi `args::admin_data_pages`, `admin_guard_entry`, `admin_page_of`, host-tested there
+/// against a model of a controller's PRP walk).
 ///
-/// PRP1 names data page 0. PRP2 names data page 1 when the transfer is exactly two pages, and
-/// the guard page otherwise. The guard page's entries name the data pages 1, 2, ..., n-1, 0, 1,
-/// ... in turn, and its last entry (the one a controller follows to a next list page) names
-/// the guard page itself. So whatever transfer length a controller derives from the command (a
-/// Get Features of a vendor feature may carry more data than the caller asked for), every
-/// address it can reach through PRP1, PRP2 and the lists lies in this allocation: a page it
-/// treats as data is ours, a list it follows is ours.
+/// PRP1 names data page 0 and PRP2 the guard page. The guard page's entries name the data pages
+/// 1, 2, ..., n-1, 0, 1, ... in turn, and its last entry (the one a controller follows to a next
+/// list page) names the guard page itself. So whatever transfer length a controller derives
+/// from the command (a Get Features of a vendor feature may carry more data than the caller
+/// asked for), every address it can reach through PRP1, PRP2 and the lists lies in this
+/// allocation: a page it treats as data is ours, a list it follows is ours. (A two-page
+/// transfer puts its second page in the guard page, which it then does not read as a list.)
 ///
 /// # Invariants
 ///
-/// `mem` holds `(n + 1) * ENTRIES_PER_PAGE` entries, `n >= 1`; the guard page (page `n`) holds
-/// the list described above from `new` on (the controller may overwrite it only where it
-/// takes it for data, which the command's own transfer length decides).
+/// `mem` holds `(n + 1) * PRP_ENTRIES` entries, `n = admin_data_pages(len) >= 1`; the guard
+/// page (page `n`) holds the list described above from `new` on, until a command that takes
+/// it for data (a transfer of two pages) writes it.
 pub(crate) struct PassthruBuffer {
     mem: CoherentAllocation<u64>,
-    pages: usize,
+    len: u32,
 }
 
 impl PassthruBuffer {
     /// Allocates (zeroed) room for a transfer of `len` bytes (at least one page) and writes the
     /// guard list.
     pub(crate) fn new(dev: &Device, len: u32) -> Result<Self> {
-        // CAST: u32 to usize widens on x86-64.
-        let pages = (len as usize).div_ceil(PAGE).max(1);
-        let mem = CoherentAllocation::alloc_coherent(dev, (pages + 1) * ENTRIES_PER_PAGE)?;
+        let pages = admin_data_pages(len);
+        let mem = CoherentAllocation::alloc_coherent(dev, (pages + 1) * PRP_ENTRIES)?;
         let base = mem.dma_handle();
-        let guard = pages * ENTRIES_PER_PAGE;
-        for i in 0..ENTRIES_PER_PAGE - 1 {
-            // CAST: page indexes below 17 (MAX_ADMIN_DATA / PAGE + 1) as u64.
-            let page = ((1 + i) % pages) as u64;
-            mem.write(guard + i, &(base + page * PAGE as u64).to_le())?;
+        for i in 0..PRP_ENTRIES {
+            // CAST: page indexes below 18 (MAX_ADMIN_DATA / ADMIN_PAGE + 2) as u64.
+            let page = admin_guard_entry(pages, i) as u64;
+            mem.write(pages * PRP_ENTRIES + i, &(base + page * ADMIN_PAGE as u64).to_le())?;
         }
-        let guard_addr = base + (pages * PAGE) as u64;
-        mem.write(guard + ENTRIES_PER_PAGE - 1, &guard_addr.to_le())?;
-        Ok(PassthruBuffer { mem, pages })
+        Ok(PassthruBuffer { mem, len })
     }
 
     /// PRP1 and PRP2 for the command.
     pub(crate) fn prps(&self) -> (DmaAddress, DmaAddress) {
         let base = self.mem.dma_handle();
-        let prp2 = if self.pages == 2 { PAGE } else { self.pages * PAGE };
-        (base, base + prp2 as u64)
+        // CAST: page indexes below 18 as u64.
+        (base, base + (admin_data_pages(self.len) * ADMIN_PAGE) as u64)
     }
 
-    /// The first `len` bytes of the data pages (at most what [`PassthruBuffer::new`] was given
-    /// room for), as the controller left them.
-    pub(crate) fn copy_out(&self, len: usize) -> Result<KVVec<u8>> {
-        if len > self.pages * PAGE {
-            return Err(EINVAL);
-        }
+    /// The `len` bytes of the transfer (`len` as given to [`PassthruBuffer::new`]), as the
+    /// controller left them, gathered from the pages they land in.
+    pub(crate) fn copy_out(&self) -> Result<KVVec<u8>> {
+        // CAST: u32 to usize widens on x86-64.
+        let len = self.len as usize;
         let mut out = KVVec::with_capacity(len, GFP_KERNEL)?;
-        for i in 0..len.div_ceil(8) {
+        let mut off = 0;
+        while off < len {
+            let page = admin_page_of(self.len, off / ADMIN_PAGE);
+            let index = page * PRP_ENTRIES + (off % ADMIN_PAGE) / 8;
             // Bytes as the controller wrote them: native order of the element read back.
-            let bytes = self.mem.read(i)?.to_ne_bytes();
-            let take = (len - i * 8).min(8);
+            let bytes = self.mem.read(index)?.to_ne_bytes();
+            let take = (len - off).min(8);
             out.extend_from_slice(&bytes[..take], GFP_KERNEL)?;
+            off += 8;
         }
         Ok(out)
     }

@@ -456,8 +456,7 @@ fn admin_cmd(c: &Controller, a: &mut AdminCommand) -> Result {
     a.result = cqe.dw0();
     a.status = cqe.status().to_field() as u32;
     if a.status == 0 && req.len > 0 {
-        // CAST: u32 to usize widens on x86-64.
-        let out = buf.copy_out(req.len as usize)?;
+        let out = buf.copy_out()?;
         write_slice(req.data as usize, &out)?;
     }
     Ok(())

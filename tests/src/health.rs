@@ -191,9 +191,10 @@ fn bad_arguments() -> Result<()> {
         Err(ugds::Error::InvalidArgument { .. }) => {}
         other => bail!("the library's 6-byte log read: {other:?}"),
     }
-    // The controller is still fine.
+    // The controller is still fine, never reset (the library's open added its queue pair).
     ensure_that!(dev.smart_log()?.composite_temperature() > 0, "no temperature after the refusals");
-    ensure_that!(snapshot(&raw.status()?) == before, "the status page changed");
+    let s = raw.status()?;
+    ensure_that!((s.state, s.resets) == (before.0, before.1), "the controller's state changed: {s:?}");
     Ok(())
 }
 
@@ -267,7 +268,7 @@ fn cli_json() -> Result<()> {
         for sub in ["id-ctrl", "id-ns", "smart-log", "error-log", "fw-log"] {
             let out = std::process::Command::new(&bin).args([sub, &node]).output()?;
             let o = String::from_utf8_lossy(&out.stdout);
-            ensure_that!(out.status.success() && o.lines().count() >= 3, "ugds {sub} {node}: {o}");
+            ensure_that!(out.status.success() && o.contains(": "), "ugds {sub} {node}: {o}");
         }
         ensure_that!(crate::sh(&format!("{bin} smart-log {node}"))?.contains("temperature"), "no temperature line");
     }

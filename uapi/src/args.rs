@@ -332,3 +332,50 @@ impl AdminRequest {
         s
     }
 }
+
+/// Bytes of one page of an `ADMIN_CMD` transfer buffer (CC.MPS = 0: 4 KiB controller pages).
+pub const ADMIN_PAGE: usize = 4096;
+
+/// Entries of a PRP list page.
+pub const PRP_ENTRIES: usize = ADMIN_PAGE / 8;
+
+/// Data pages of the module's buffer for an `ADMIN_CMD` of `len` bytes: at least one. The
+/// buffer has one more page, the guard page, right after them (page index `admin_data_pages`).
+pub const fn admin_data_pages(len: u32) -> usize {
+    // CAST: u32 to usize widens on every target the module builds for.
+    let p = (len as usize).div_ceil(ADMIN_PAGE);
+    if p == 0 {
+        1
+    } else {
+        p
+    }
+}
+
+/// Where page `k` of a transfer of exactly `len` bytes lands in the module's buffer, PRP1 naming
+/// page 0 and PRP2 the guard page (always): page 0 first; for a transfer of two pages the
+/// controller takes PRP2 for the second data page, so the guard page; for a longer one it
+/// follows PRP2 as a list, whose entry `k - 1` names data page `k`.
+pub const fn admin_page_of(len: u32, k: usize) -> usize {
+    let pages = admin_data_pages(len);
+    if k == 0 {
+        0
+    } else if pages <= 2 {
+        pages
+    } else {
+        k
+    }
+}
+
+/// The page entry `i` of the guard page's PRP list names: the data pages 1, 2, ..., `pages - 1`,
+/// 0, 1, ... in turn, and for the last entry (the one a controller follows to the next list
+/// page) the guard page itself. PRP1 names page 0 and PRP2 the guard page, so whatever transfer
+/// length a controller derives from the command (more than the buffer holds, for a feature
+/// whose data it sizes itself), every address it reaches lies in the buffer: a page it takes
+/// for data is one of the buffer's, a list it follows is the guard page.
+pub const fn admin_guard_entry(pages: usize, i: usize) -> usize {
+    if i == PRP_ENTRIES - 1 {
+        pages
+    } else {
+        (1 + i) % pages
+    }
+}

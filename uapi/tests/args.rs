@@ -214,3 +214,78 @@ fn dwords(s: &ugds_uapi::queue::Sqe) -> [u32; 16] {
     let b = s.as_bytes();
     std::array::from_fn(|i| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()))
 }
+
+/// The module's `ADMIN_CMD` buffer for `len` bytes: `pages` data pages and the guard page, each
+/// page a list of the page indexes its entries name (as PRP entries, page index times 4096).
+fn admin_buffer(len: u32) -> Vec<[usize; PRP_ENTRIES]> {
+    let pages = admin_data_pages(len);
+    let mut mem = vec![[0usize; PRP_ENTRIES]; pages + 1];
+    for (i, e) in mem[pages].iter_mut().enumerate() {
+        *e = admin_guard_entry(pages, i);
+    }
+    mem
+}
+
+/// A controller's walk of PRP1 (page 0) and PRP2 (the guard page) for a transfer of `bytes`
+/// (base spec 2.0, 4.1.1: PRP2 is the second data page for two pages, else a list pointer; the
+/// last entry of a list page points to the next list when more entries are needed, and is the
+/// last data page otherwise). Returns the pages it writes data to, in order, and every page it
+/// reads as a list, each with its step in the walk.
+/// (page, step of the walk) pairs.
+type Steps = Vec<(usize, usize)>;
+
+fn prp_walk(mem: &[[usize; PRP_ENTRIES]], bytes: usize) -> (Steps, Steps) {
+    let guard = mem.len() - 1;
+    let need = bytes.div_ceil(ADMIN_PAGE);
+    let mut step = 0;
+    let mut data = vec![(0, step)];
+    let mut lists = Vec::new();
+    if need == 2 {
+        data.push((guard, 1));
+    } else if need > 2 {
+        let mut list = guard;
+        let mut i = 0;
+        lists.push((list, step));
+        while data.len() < need {
+            step += 1;
+            let left = need - data.len();
+            let e = mem[list][i];
+            if i == PRP_ENTRIES - 1 && left > 1 {
+                list = e;
+                lists.push((list, step));
+                i = 0;
+                continue;
+            }
+            data.push((e, step));
+            i += 1;
+        }
+    }
+    (data, lists)
+}
+
+#[test]
+fn admin_buffer_keeps_every_prp_the_controller_can_derive_inside_it() {
+    for len in [0u32, 4, 512, 4096, 4100, 8192, 8196, 12288, 16384, 65532, MAX_ADMIN_DATA] {
+        let mem = admin_buffer(len);
+        let pages = mem.len();
+        // Whatever length the controller derives, up to far past the buffer (4 MiB: several
+        // trips through the self-chained list), it reaches only the buffer's pages.
+        for bytes in (1..=4 << 20).step_by(4096 - 4) {
+            let (data, lists) = prp_walk(&mem, bytes);
+            assert!(data.iter().chain(&lists).all(|&(p, _)| p < pages), "len {len}, transfer {bytes}");
+            // A page it writes as data is never read as a list afterwards (the guard page is
+            // written only as the very last page of a long walk, or in a two-page transfer).
+            for &(p, at) in &data {
+                assert!(!lists.iter().any(|&(l, when)| l == p && when > at), "len {len}, transfer {bytes}: page {p}");
+            }
+        }
+        // The exact transfer lands where the copy-out reads it, each page once.
+        let data: Vec<usize> = prp_walk(&mem, len.max(1) as usize).0.into_iter().map(|(p, _)| p).collect();
+        let want: Vec<usize> = (0..data.len()).map(|k| admin_page_of(len, k)).collect();
+        assert_eq!(data, want, "len {len}");
+        let mut uniq = data.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(uniq.len(), data.len(), "len {len}: a page used twice");
+    }
+}
