@@ -21,6 +21,8 @@ pub fn tests() -> Vec<Test> {
         Test { name: "health_admin_bad_arguments_refused", variant: V, run: bad_arguments },
         Test { name: "health_cli_json_matches_qemu", variant: V, run: cli_json },
         Test { name: "health_admin_non_opener_refused", variant: V, run: non_opener },
+        // Controller 0 there has MDTS 2 (16 KiB transfers).
+        Test { name: "health_admin_bound_follows_small_mdts", variant: "two-controllers", run: small_mdts },
     ]
 }
 
@@ -191,6 +193,9 @@ fn bad_arguments() -> Result<()> {
         Err(ugds::Error::InvalidArgument { .. }) => {}
         other => bail!("the library's 6-byte log read: {other:?}"),
     }
+    // Get Features with data: Timestamp (FID 0Eh) transfers 8 bytes.
+    let mut ts = [0u8; 8];
+    dev.get_features(0x0E, 0, 0, &mut ts).context("Get Features Timestamp")?;
     // The controller is still fine, never reset (the library's open added its queue pair).
     ensure_that!(dev.smart_log()?.composite_temperature() > 0, "no temperature after the refusals");
     let s = raw.status()?;
@@ -320,5 +325,35 @@ fn non_opener() -> Result<()> {
     ioctl_raw(raw.fd(), IOCTL_ADMIN_CMD, &mut a).context("the parent's identify after the child")?;
     ensure_that!(&data[4..12] == b"ugds0000", "the parent's identify");
     ensure_that!(ugds::health::ascii(&dev.identify_controller()?.sn) == "ugds0000", "the library's identify");
+    Ok(())
+}
+
+/// On a controller whose MDTS is 16 KiB, one admin transfer is at most 16 KiB (not 64): a log
+/// read of 16 KiB passes, one dword more is `EINVAL`; the library's error log and id-ctrl work.
+fn small_mdts() -> Result<()> {
+    let node = bound_node(0)?;
+    let raw = RawDev::open(&node)?;
+    ensure_that!(raw.info.mdts_bytes == 16 << 10, "MDTS {} bytes, the variant asks for 16 KiB", raw.info.mdts_bytes);
+    let bound = admin_data_bound(raw.info.mdts_bytes) as usize;
+    ensure_that!(bound == 16 << 10, "bound {bound}");
+    let mut big = vec![0x3Cu8; bound + 4];
+    let smart = u32::from(lid::SMART);
+    let mut a = cmd(0x02, NSID_ALL, smart, &mut big);
+    match ioctl_raw(raw.fd(), IOCTL_ADMIN_CMD, &mut a) {
+        Err(e) if errno_of(&e) == libc::EINVAL => {}
+        other => bail!("a log read of MDTS + 4 bytes: {other:?}, want EINVAL"),
+    }
+    ensure_that!(big.iter().all(|&b| b == 0x3C), "the refused read wrote the buffer");
+    let mut a = cmd(0x02, NSID_ALL, smart, &mut big[..bound]);
+    ioctl_raw(raw.fd(), IOCTL_ADMIN_CMD, &mut a).context("a log read of MDTS bytes")?;
+    ensure_that!(a.status == 0, "status {:#x}", a.status);
+    let k = u16::from_le_bytes([big[1], big[2]]);
+    ensure_that!((273..=373).contains(&k), "SMART composite temperature {k} K");
+    let dev = ugds::Device::open_with(&node, ugds::DeviceOptions { queues: 1, depth: 2, ..Default::default() })?;
+    ensure_that!(dev.admin_data_bound() == bound, "the library's bound {}", dev.admin_data_bound());
+    ensure_that!(dev.identify_controller()?.mdts == 2, "Identify MDTS");
+    ensure_that!(!dev.error_log()?.is_empty(), "an empty error log");
+    let c = cli(&["id-ctrl", &node, "--json"])?;
+    ensure_that!(num(&c, "mdts")? == 2, "id-ctrl mdts {:?}", c["mdts"]);
     Ok(())
 }
