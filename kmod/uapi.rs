@@ -18,7 +18,7 @@ pub(crate) mod status;
 use crate::shim::Plain;
 use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
 use ioctl::{
-    CreateQpair, DeleteQpair, Deregister, DeviceInfo, GetSegments, RegisterDmabuf, RegisterHost, Segment, SetEventfd,
+    AdminCommand, CreateQpair, DeleteQpair, Deregister, DeviceInfo, GetSegments, RegisterDmabuf, RegisterHost, Segment, SetEventfd,
     StatusPage,
 };
 use queue::{Cqe, Sqe};
@@ -35,6 +35,7 @@ macro_rules! plain {
 }
 
 plain!(
+    AdminCommand,
     DeviceInfo,
     CreateQpair,
     DeleteQpair,

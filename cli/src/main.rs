@@ -52,6 +52,9 @@ struct Target {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Controller health: id-ctrl, id-ns, smart-log, error-log, fw-log (cli/src/health.rs).
+    #[command(flatten)]
+    Health(health::HealthCmd),
     /// Where SSDs sit relative to GPUs (same PCIe switch, root complex, NUMA node); with a
     /// target (a ugds node or a volume), its members against one GPU, warning for any member
     /// across the inter-socket link.
@@ -185,6 +188,7 @@ impl QueueMode {
 
 mod gpu_bench;
 mod gpu_breakdown;
+mod health;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -201,6 +205,7 @@ const CHUNK: u64 = 8 << 20;
 
 fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
+        Cmd::Health(h) => health::run(h, cli.json)?,
         Cmd::Placement { target, gpu } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Doctor => {
             let findings = ugds::doctor::diagnose();

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod boundary;
 pub mod fork;
 pub mod foundation;
+pub mod health;
 pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
@@ -80,6 +81,7 @@ pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
     v.extend(boundary::tests());
+    v.extend(health::tests());
     v.extend(userlib::tests());
     v.extend(owned::tests());
     v.extend(sgl::tests());

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use ugds_uapi::ioctl::*;
 
+mod admin;
 pub(crate) mod lanes;
 #[cfg(test)]
 mod mock_tests;

@@ -33,6 +33,7 @@ pub mod fallback;
 mod fallback_batch;
 pub(crate) mod fork;
 pub mod gpu;
+pub mod health;
 mod inflight;
 pub(crate) mod mem;
 pub(crate) mod mmio;
