@@ -2,6 +2,7 @@
 //! before anything changes; each failure has its own documented errno (uapi `ioctl` docs).
 
 use crate::device::Controller;
+use crate::openers::{list_openers, OpenRecord};
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
 use crate::shim::chrdev::{FileHandle, FileOps, FopsTable, VmOpsTable};
@@ -9,7 +10,7 @@ use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::irq::EventfdIrq;
 use crate::shim::mm::{Fault, Vma};
 use crate::shim::pin::PinnedUserMemory;
-use crate::shim::task::MmGrab;
+use crate::shim::task::{current_tgid, MmGrab};
 use crate::shim::uaccess::{read_arg, write_arg, write_slice};
 use crate::uapi::args::{ArgError, EventfdAction, Limits};
 use crate::uapi::ioctl::*;
@@ -68,7 +69,7 @@ impl FileOps for Chardev {
         if inner.exclusive || (exclusive && inner.files.len() > 0) {
             return Err(EBUSY);
         }
-        inner.files.insert(handle)?;
+        inner.files.insert(OpenRecord { handle, tgid: current_tgid(), exclusive })?;
         inner.exclusive = exclusive;
         Ok(file)
     }
@@ -143,6 +144,7 @@ impl FileOps for Chardev {
                 c.publish(&inner);
                 r.map(|_| 0)
             }
+            IOCTL_LIST_OPENERS => list_openers(c, arg),
             _ => Err(ENOTTY),
         }
     }

@@ -11,7 +11,8 @@
 //! module afterwards, not here.
 
 use super::ioctl::{
-    errno, CreateQpair, DeleteQpair, GetSegments, RegisterDmabuf, RegisterHost, SetEventfd, QPAIR_FLAG_IRQ,
+    errno, CreateQpair, DeleteQpair, GetSegments, ListOpeners, RegisterDmabuf, RegisterHost, SetEventfd, MAX_OPENERS,
+    QPAIR_FLAG_IRQ,
 };
 
 /// The page size of every registration: addresses, offsets and lengths are multiples of it.
@@ -225,5 +226,17 @@ impl SetEventfd {
             fd if fd >= 0 => Ok(EventfdAction::Attach(fd)),
             _ => Err(ArgError::BadFd),
         }
+    }
+}
+
+impl ListOpeners {
+    /// `capacity` at most [`MAX_OPENERS`] (`EINVAL`), returned as the number of entries the
+    /// caller has room for. Whether `openers` is writable is the copy's business (`EFAULT`).
+    pub const fn check(&self) -> Result<usize, ArgError> {
+        if self.capacity > MAX_OPENERS {
+            return Err(ArgError::Invalid("capacity"));
+        }
+        // CAST: u32 to usize widens on every target the module builds for.
+        Ok(self.capacity as usize)
     }
 }

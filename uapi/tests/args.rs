@@ -113,3 +113,12 @@ fn every_refusal_has_the_documented_errno() {
     assert_eq!(ArgError::Fault.errno(), errno::EFAULT);
     assert_eq!(ArgError::BadFd.errno(), errno::EBADF);
 }
+
+#[test]
+fn list_openers_capacity_is_bounded() {
+    let l = |capacity| ListOpeners { capacity, count: 7, openers: 0x1000 };
+    assert_eq!(l(0).check(), Ok(0));
+    assert_eq!(l(MAX_OPENERS).check(), Ok(MAX_OPENERS as usize));
+    assert_eq!(l(MAX_OPENERS + 1).check(), Err(ArgError::Invalid("capacity")));
+    assert_eq!(l(u32::MAX).check().map_err(|e| e.errno()), Err(errno::EINVAL));
+}
