@@ -12,6 +12,7 @@ pub mod foundation;
 pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
+pub mod ops;
 pub mod owned;
 pub mod portable;
 pub mod python;
@@ -58,6 +59,7 @@ pub const VARIANTS: &[Variant] = &[
     // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface
     // and over NVMe/RDMA on soft-RoCE (rdma_rxe on a dummy interface).
     Variant { name: "remote", nvme: remote::NVME, iommu: false },
+    Variant { name: "ops", nvme: ops::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -89,6 +91,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(portable::tests());
     v.extend(volume::tests());
     v.extend(mqes::tests());
+    v.extend(ops::tests());
     v.extend(python::tests());
     v.extend(remote::tests());
     v.extend(remote_rdma::tests());
