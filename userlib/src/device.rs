@@ -293,7 +293,7 @@ impl Device {
             return Err(Error::NotUgdsNode {
                 path: path.to_string(),
                 what: describe_path(path),
-                fix: "bind a controller to ugds (`cargo xtask bind /dev/nvmeX`, which prints its node \
+                fix: "bind a controller to ugds (`ugds bind /dev/nvmeX`, which prints its node \
                       /dev/ugds_drvN); files and block devices take the fallback path through \
                       `Storage::open` (the CLI's info, read and write accept them)",
             });

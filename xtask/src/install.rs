@@ -96,8 +96,15 @@ pub fn check_kdir(kdir: &Path) -> Result<PathBuf> {
     Ok(rustc)
 }
 
-/// Builds and loads ugds.ko for the running kernel (or `kdir`).
-pub fn install(kdir: Option<PathBuf>) -> Result<()> {
+/// The release (`6.12.9-amd64`) of a kernel build tree.
+fn release_of(kdir: &Path) -> Result<String> {
+    let p = kdir.join("include/config/kernel.release");
+    Ok(fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?.trim().to_string())
+}
+
+/// Builds ugds.ko for the running kernel (or `kdir`) and installs it with the CLI and the files
+/// of `dist/` (see [`crate::dist`]); loads it unless staging into `destdir`.
+pub fn install(kdir: Option<PathBuf>, prefix: &Path, destdir: Option<&Path>) -> Result<()> {
     let kdir = match kdir {
         Some(k) => k,
         None => {
@@ -107,6 +114,18 @@ pub fn install(kdir: Option<PathBuf>) -> Result<()> {
     };
     let rustc = check_kdir(&kdir)?;
     let ko = kmod::build(&kdir, &rustc)?;
+    let layout =
+        crate::dist::Layout { destdir: destdir.unwrap_or(Path::new("/")).to_path_buf(), prefix: prefix.into() };
+    let mut installed = vec![crate::dist::install_module(&layout, &ko, &release_of(&kdir)?)?];
+    installed.push(crate::dist::install_cli(&layout)?);
+    installed.extend(crate::dist::install_files(&layout)?);
+    for p in &installed {
+        println!("installed {}", p.display());
+    }
+    if destdir.is_some() {
+        return Ok(());
+    }
+    println!("boot-time binding: list controllers in /etc/ugds/bind.conf (see bind.conf.example), then `systemctl enable ugds-bind.service`");
     if Path::new("/sys/module/ugds").exists() {
         toolchain::run(Command::new("rmmod").arg("ugds")).context("unloading the old ugds module")?;
     }

@@ -132,4 +132,11 @@ impl Fake {
     pub(super) fn override_of(&self, addr: &str) -> String {
         fs::read_to_string(self.pci_dir(addr).join("driver_override")).unwrap()
     }
+
+    /// Puts `addr` in IOMMU group `group` whose domain type is `domain`.
+    pub(super) fn iommu_group(&self, addr: &str, group: &str, domain: &str) {
+        let g = self.sys().join("kernel/iommu_groups").join(group);
+        write(&g.join("type"), &format!("{domain}\n"));
+        link(&g, &self.pci_dir(addr).join("iommu_group"));
+    }
 }

@@ -9,9 +9,11 @@
 //! (model, serial and namespaces of a controller bound to ugds) comes from
 //! [`crate::device::Control`].
 
+mod access;
 mod bind;
 mod list;
 
+pub use access::Iommu;
 pub use bind::{describe_refused, md_build_line, select, volume_spec, Bound, Candidate, Refused, Released, Selection};
 pub use list::{md_arrays, ControllerEntry, MdArray, NamespaceEntry, VolumeFile, VOLUME_DIR};
 
@@ -140,6 +142,21 @@ pub enum SysfsError {
         addr: String,
         /// Why.
         source: Box<SysfsError>,
+    },
+    /// Group access to a node was asked for, but the controller's DMA is not translated by an
+    /// IOMMU: any member of the group could point the SSD's DMA at any physical memory.
+    #[error(
+        "refusing group access to {node} ({addr}): {found}; without a translating IOMMU any opener can make \
+         the SSD read or write any physical memory, so the node stays root's (mode 0600). Boot with the IOMMU \
+         on and translating (intel_iommu=on or amd_iommu=on, without iommu=pt), or leave out `group`"
+    )]
+    GroupAccessWithoutIommu {
+        /// The node.
+        node: String,
+        /// Its controller.
+        addr: String,
+        /// What the IOMMU state is.
+        found: String,
     },
     /// The nodes do not make a volume.
     #[error("{spec} is not a volume: {source}")]

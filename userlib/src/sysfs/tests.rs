@@ -202,3 +202,19 @@ fn info_from_the_module_fills_identity_and_namespaces() {
 fn blank() -> ugds_uapi::ioctl::DeviceInfo {
     crate::device::blank_info()
 }
+
+#[test]
+fn group_access_needs_a_translating_iommu() {
+    let f = two();
+    let h = f.host();
+    let err = h.check_group_access("/dev/ugds_drv0", A).unwrap_err();
+    assert!(matches!(err, SysfsError::GroupAccessWithoutIommu { .. }), "{err}");
+    assert!(err.to_string().contains("no IOMMU group"), "{err}");
+    f.iommu_group(A, "7", "identity");
+    let err = h.check_group_access("/dev/ugds_drv0", A).unwrap_err().to_string();
+    assert!(err.contains("IOMMU group 7 is identity, which does not translate"), "{err}");
+    assert_eq!(h.iommu(A), Iommu::Passthrough { group: "7".into(), domain: "identity".into() });
+    f.iommu_group(B, "8", "DMA-FQ");
+    assert!(h.check_group_access("/dev/ugds_drv1", B).is_ok());
+    assert_eq!(h.controllers().unwrap()[1].iommu_group.as_deref(), Some("8"));
+}
