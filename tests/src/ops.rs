@@ -23,6 +23,8 @@ pub fn tests() -> Vec<Test> {
         Test { name: "ops_cli_list_json_matches_the_controllers", variant: V, run: list_json },
         Test { name: "ops_cli_status_counts_this_process", variant: V, run: status_counts },
         Test { name: "ops_cli_unbind_gives_back_to_nvme", variant: V, run: unbind_all },
+        Test { name: "ops_cli_boot_config_by_serial_refuses_group_without_iommu", variant: V, run: boot_config },
+        Test { name: "ops_cli_group_access_with_iommu", variant: "iommu", run: group_with_iommu },
     ]
 }
 
@@ -261,4 +263,74 @@ fn unbind_all() -> Result<()> {
     let (ok, _, err) = ugds(&["unbind", "--all"])?;
     ensure_that!(!ok && err.contains("no controller is bound to ugds"), "a second unbind --all: {err}");
     Ok(())
+}
+
+/// The mode bits and group of a node.
+fn mode_and_group(node: &str) -> Result<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(node)?;
+    Ok((m.mode() & 0o777, m.gid()))
+}
+
+/// `ugds bind --config` binds the configured controller found by its serial; the file's group is
+/// refused by name without an IOMMU (the VM has none here), the node staying root's (0600); a
+/// bad line is refused with its number and binds nothing; `ugds unbind --config` gives it back.
+fn boot_config() -> Result<()> {
+    let c = all_on_nvme()?;
+    let conf = "/tmp/ops-bind.conf";
+    std::fs::write(conf, "# test\nserial=UGDSOPS1B\nbogus line\n")?;
+    let (ok, _, err) = ugds(&["bind", "--config", conf])?;
+    ensure_that!(!ok && err.contains("line 3"), "a bad line: {err}");
+    ensure_that!(driver_of(&c[1]).as_deref() == Some("nvme"), "a bad file bound {}", c[1]);
+    std::fs::write(conf, "serial=UGDSOPS1B  # the second one\ngroup=disk\n")?;
+    let (ok, out, err) = ugds(&["bind", "--config", conf])?;
+    ensure_that!(!ok, "group access without an IOMMU was not refused: {out}");
+    ensure_that!(err.contains("refusing group access") && err.contains("no IOMMU group"), "refusal: {err}");
+    ensure_that!(driver_of(&c[1]).as_deref() == Some("ugds"), "{} not bound by --config: {out}{err}", c[1]);
+    ensure_that!(driver_of(&c[0]).as_deref() == Some("nvme"), "{} bound though not configured", c[0]);
+    let node = out.split_whitespace().find(|w| w.starts_with("/dev/ugds_drv")).context("no node printed")?.to_string();
+    ensure_that!(mode_and_group(&node)? == (0o600, 0), "{node} is not root's 0600 after a refusal");
+    let (ok, _, err) = ugds(&["access", "--config", conf, &node])?;
+    ensure_that!(!ok && err.contains("refusing group access"), "ugds access without an IOMMU: {err}");
+    let (ok, out, err) = ugds(&["unbind", "--config", conf])?;
+    ensure_that!(ok && out.contains("given back to nvme"), "unbind --config: {out}{err}");
+    ensure_that!(driver_of(&c[1]).as_deref() == Some("nvme"), "{} not given back", c[1]);
+    Ok(())
+}
+
+/// With the IOMMU translating, `ugds access` gives the node to the configured group, mode 0660,
+/// and a process of that group (not root) can open it.
+fn group_with_iommu() -> Result<()> {
+    load_module()?;
+    let addr = nvme_controllers()?.first().cloned().context("no controller")?;
+    let conf = "/tmp/ops-iommu.conf";
+    std::fs::write(conf, format!("{addr}\ngroup=disk\n"))?;
+    let (ok, out, err) = ugds(&["bind", "--config", conf])?;
+    ensure_that!(ok, "bind --config with the IOMMU on: {out}{err}");
+    let node = out.split_whitespace().find(|w| w.starts_with("/dev/ugds_drv")).context("no node printed")?.to_string();
+    ensure_that!(out.contains(&format!("{node}: group disk, mode 0660")), "no access line: {out}");
+    ensure_that!(mode_and_group(&node)? == (0o660, 6), "{node}: mode and group {:?}", mode_and_group(&node)?);
+    // Not root, in group disk: the open succeeds (uid 65534, gid 6).
+    let (ok, _, err) = ugds_as(65534, 6, &["status", "--json", &node])?;
+    ensure_that!(ok, "a member of the group cannot read {node}: {err}");
+    let (ok, _, _) = ugds_as(65534, 65534, &["status", "--json", &node])?;
+    ensure_that!(!ok, "a process outside the group opened {node}");
+    let (ok, out, err) = ugds(&["unbind", &addr])?;
+    ensure_that!(ok, "unbind: {out}{err}");
+    Ok(())
+}
+
+/// Runs the CLI as `uid`:`gid` with no supplementary groups (through util-linux `setpriv`).
+fn ugds_as(uid: u32, gid: u32, args: &[&str]) -> Result<(bool, String, String)> {
+    let bin = std::env::var("UGDS_CLI").context("UGDS_CLI not set")?;
+    let out = Command::new("setpriv")
+        .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), bin])
+        .args(args)
+        .output()
+        .context("running setpriv")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
 }
