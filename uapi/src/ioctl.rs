@@ -438,8 +438,8 @@ pub const IOCTL_REARM_QPAIR: u32 = ioc(IOC_WRITE, 0x09, core::mem::size_of::<Del
 )]
 #[repr(C)]
 pub struct Opener {
-    /// The opening process's id (its thread group id), as seen from the pid namespace of the
-    /// process that opened the file; 0 when that process has exited.
+    /// The id (thread group id) of the process that opened the file, read at open, as seen from
+    /// that process's own pid namespace (once it has exited, the number may be another's).
     pub tgid: u32,
     /// [`OPENER_EXCLUSIVE`] when opened with `O_EXCL`.
     pub flags: u32,

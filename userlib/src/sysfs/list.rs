@@ -197,11 +197,6 @@ impl Host {
         }
         Ok(out)
     }
-
-    /// The sysfs directory of the PCI device `addr` (for callers that read more of it).
-    pub fn pci_dir(&self, addr: &str) -> PathBuf {
-        self.pci_path(addr)
-    }
 }
 
 /// True when the volume member `m` (a node path or name) is one of `nodes` (paths under `dev`).
