@@ -4,7 +4,9 @@
 //! counting the queue pairs and pinned bytes this very process made, `ugds unbind`.
 
 use crate::raw::{HostBuf, RawDev};
-use crate::{driver_of, ensure_that, load_module, namespace_block_device, nvme_controllers, sh, Test};
+use crate::{
+    driver_of, ensure_that, load_module, namespace_block_device, namespace_device, nvme_controllers, sh, Test,
+};
 use anyhow::{Context, Result};
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -58,30 +60,6 @@ fn all_on_nvme() -> Result<Vec<String>> {
     Ok(ctrls)
 }
 
-/// The block device of namespace `nsid` of `addr` while nvme drives it, found by its `nsid`
-/// attribute (the kernel may number the disks after namespace heads it has not released yet, so
-/// the name says nothing), waiting up to 20 s.
-fn namespace_of(addr: &str, nsid: u32) -> Result<String> {
-    namespace_block_device(addr)?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let ctrl = crate::nvme_name(addr)?;
-        let dir = format!("/sys/bus/pci/devices/{addr}/nvme/{ctrl}");
-        let found = std::fs::read_dir(&dir)?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|n| {
-                n.starts_with(&format!("{ctrl}n"))
-                    && std::fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == nsid.to_string())
-            });
-        if let Some(n) = found.filter(|n| std::path::Path::new(&format!("/dev/{n}")).exists()) {
-            return Ok(format!("/dev/{n}"));
-        }
-        ensure_that!(std::time::Instant::now() < deadline, "{addr}: no block device for namespace {nsid} in 20 s");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
 /// A refused bind exits non-zero, says why, and leaves the controller (and `driver_override`)
 /// as it was.
 fn refused(target: &str, addr: &str, why: &str) -> Result<()> {
@@ -123,7 +101,7 @@ fn bind_refusals() -> Result<()> {
     let _ = holder.wait();
     r?;
     // A member of an md array.
-    let (ns1, ns1b) = (namespace_of(&c[1], 1)?, namespace_of(&c[1], 2)?);
+    let (ns1, ns1b) = (namespace_device(&c[1], 1)?, namespace_device(&c[1], 2)?);
     sh(&format!("mdadm --build /dev/md9 --level=0 --chunk=64 --raid-devices=2 {ns1} {ns1b} 2>&1"))?;
     let listed = ugds_json(&["list", "--json"]);
     let r = refused(&c[1], &c[1], "is held by md9");
