@@ -246,6 +246,20 @@ fn status_counts() -> Result<()> {
     drop((_q1, _q2));
     drop(dev);
     ensure_that!(my_entry(&node)?.is_none(), "this process is still listed after closing {node}");
+    // A reset shows as one timeout (a reset begun), one reset completed and an epoch two ahead.
+    let figures = |v: &Value| -> Result<[u64; 3]> {
+        let n = &v["nodes"][0];
+        let get = |k: &str| n[k].as_u64().with_context(|| format!("no {k} in {v}"));
+        Ok([get("timeouts")?, get("resets")?, get("epoch")?])
+    };
+    let before = figures(&ugds_json(&["status", "--json", &node])?)?;
+    RawDev::open(&node)?.reset()?;
+    let after = ugds_json(&["status", "--json", &node])?;
+    let want = [before[0] + 1, before[1] + 1, before[2] + 2];
+    ensure_that!(
+        figures(&after)? == want && after["nodes"][0]["state"] == "ok",
+        "after a reset: {after}, before {before:?}"
+    );
     // A target that is no ugds node is named.
     let (ok, _, err) = ugds(&["status", "/dev/null"])?;
     ensure_that!(!ok && err.contains("not a ugds node"), "status of /dev/null: {err}");
