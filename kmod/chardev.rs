@@ -4,6 +4,7 @@
 use crate::admin::PassthruBuffer;
 use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
 use crate::device::Controller;
+use crate::openers::{list_openers, OpenRecord};
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
 use crate::shim::chrdev::{FileHandle, FileOps, FopsTable, VmOpsTable};
@@ -11,7 +12,7 @@ use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::irq::EventfdIrq;
 use crate::shim::mm::{Fault, Vma};
 use crate::shim::pin::PinnedUserMemory;
-use crate::shim::task::MmGrab;
+use crate::shim::task::{current_tgid, MmGrab};
 use crate::shim::uaccess::{read_arg, write_arg, write_slice};
 use crate::uapi::args::{ArgError, EventfdAction, Limits};
 use crate::uapi::ioctl::*;
@@ -70,7 +71,7 @@ impl FileOps for Chardev {
         if inner.exclusive || (exclusive && inner.files.len() > 0) {
             return Err(EBUSY);
         }
-        inner.files.insert(handle)?;
+        inner.files.insert(OpenRecord { handle, tgid: current_tgid(), exclusive })?;
         inner.exclusive = exclusive;
         Ok(file)
     }
@@ -151,6 +152,7 @@ impl FileOps for Chardev {
                 c.publish(&inner);
                 r.map(|_| 0)
             }
+            IOCTL_LIST_OPENERS => list_openers(c, arg),
             _ => Err(ENOTTY),
         }
     }

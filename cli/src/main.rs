@@ -138,6 +138,8 @@ enum Cmd {
     },
     /// What decides the I/O path on this machine, each finding with a verdict and the fix.
     Doctor,
+    #[command(flatten)]
+    Ops(ops::OpsCmd),
     /// The fallback path into GPU memory vs pread(O_DIRECT)+copy vs the disk alone.
     BenchGpu {
         /// The file to read (created with a pattern when missing or short).
@@ -189,6 +191,7 @@ impl QueueMode {
 mod gpu_bench;
 mod gpu_breakdown;
 mod health;
+mod ops;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -206,6 +209,7 @@ const CHUNK: u64 = 8 << 20;
 fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
         Cmd::Health(h) => health::run(h, cli.json)?,
+        Cmd::Ops(c) => ops::run(c, cli.json)?,
         Cmd::Placement { target, gpu } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Doctor => {
             let findings = ugds::doctor::diagnose();

@@ -13,6 +13,7 @@ pub mod health;
 pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
+pub mod ops;
 pub mod owned;
 pub mod portable;
 pub mod python;
@@ -59,6 +60,7 @@ pub const VARIANTS: &[Variant] = &[
     // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface
     // and over NVMe/RDMA on soft-RoCE (rdma_rxe on a dummy interface).
     Variant { name: "remote", nvme: remote::NVME, iommu: false },
+    Variant { name: "ops", nvme: ops::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -91,6 +93,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(portable::tests());
     v.extend(volume::tests());
     v.extend(mqes::tests());
+    v.extend(ops::tests());
     v.extend(python::tests());
     v.extend(remote::tests());
     v.extend(remote_rdma::tests());
@@ -189,11 +192,18 @@ pub fn nvme_name(addr: &str) -> Result<String> {
 }
 
 /// The block device of namespace 1 of the controller at `addr` once the kernel nvme driver has
-/// probed it, waiting up to 20 s. Found through sysfs (the controller's `nvmeXnY` children and
-/// their `nsid`), not by assuming `nvmeXn1`: the kernel numbers a namespace after its subsystem's
-/// namespace heads, so a head not yet released makes the new disk `nvmeXn2`.
+/// probed it, waiting up to 20 s (see [`namespace_device`]).
 pub fn namespace_block_device(addr: &str) -> Result<String> {
+    namespace_device(addr, 1)
+}
+
+/// The block device of namespace `nsid` of the controller at `addr` once the kernel nvme driver
+/// has probed it, waiting up to 20 s. Found through sysfs (the controller's `nvmeXnY` children
+/// and their `nsid`), not by assuming `nvmeXnN`: the kernel numbers a namespace after its
+/// subsystem's namespace heads, so a head not yet released makes the new disk `nvmeXn2`.
+pub fn namespace_device(addr: &str, nsid: u32) -> Result<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let want = nsid.to_string();
     loop {
         if let Ok(ctrl) = nvme_name(addr) {
             let dir = format!("/sys/bus/pci/devices/{addr}/nvme/{ctrl}");
@@ -201,7 +211,7 @@ pub fn namespace_block_device(addr: &str) -> Result<String> {
                 d.filter_map(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .filter(|n| n.starts_with(&format!("{ctrl}n")))
-                    .find(|n| fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == "1"))
+                    .find(|n| fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == want))
             });
             if let Some(n) = found {
                 let dev = format!("/dev/{n}");
@@ -211,7 +221,7 @@ pub fn namespace_block_device(addr: &str) -> Result<String> {
             }
         }
         if std::time::Instant::now() > deadline {
-            bail!("{addr}: no block device for namespace 1 within 20 s of the nvme driver binding");
+            bail!("{addr}: no block device for namespace {nsid} within 20 s of the nvme driver binding");
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

@@ -11,8 +11,8 @@
 //! module afterwards, not here.
 
 use super::ioctl::{
-    admin_allowed, errno, AdminCommand, CreateQpair, DeleteQpair, GetSegments, RegisterDmabuf, RegisterHost,
-    SetEventfd, MAX_ADMIN_DATA, QPAIR_FLAG_IRQ,
+    admin_allowed, errno, AdminCommand, CreateQpair, DeleteQpair, GetSegments, ListOpeners, RegisterDmabuf,
+    RegisterHost, SetEventfd, MAX_ADMIN_DATA, MAX_OPENERS, QPAIR_FLAG_IRQ,
 };
 use super::queue::{admin, Sqe};
 
@@ -377,5 +377,17 @@ pub const fn admin_guard_entry(pages: usize, i: usize) -> usize {
         pages
     } else {
         (1 + i) % pages
+    }
+}
+
+impl ListOpeners {
+    /// `capacity` at most [`MAX_OPENERS`] (`EINVAL`), returned as the number of entries the
+    /// caller has room for. Whether `openers` is writable is the copy's business (`EFAULT`).
+    pub const fn check(&self) -> Result<usize, ArgError> {
+        if self.capacity > MAX_OPENERS {
+            return Err(ArgError::Invalid("capacity"));
+        }
+        // CAST: u32 to usize widens on every target the module builds for.
+        Ok(self.capacity as usize)
     }
 }

@@ -372,9 +372,14 @@ pub struct StatusPage {
     pub qpairs: u64,
     /// Controller resets since probe.
     pub resets: u64,
+    /// Timeouts since probe: resets begun, whether they completed or not. Each follows a
+    /// command that timed out or failed uncleanly: an I/O command of user space (the library
+    /// asks for `IOCTL_RESET` then, and only then; a reset asked for by hand counts too) or an
+    /// admin command of the module (creating or deleting a queue pair); ABI 5.
+    pub timeouts: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<StatusPage>() == 48);
+const _: () = assert!(core::mem::size_of::<StatusPage>() == 56);
 const _: () = assert!(core::mem::offset_of!(StatusPage, state) == 8);
 
 /// [`StatusPage::state`]: bit 0 is set while the controller is faulted (a reset is needed or in
@@ -497,6 +502,62 @@ const _: () = assert!(core::mem::offset_of!(AdminCommand, data_len) == 32);
 const _: () = assert!(core::mem::offset_of!(AdminCommand, data) == 40);
 const _: () = assert!(core::mem::offset_of!(AdminCommand, result) == 48);
 const _: () = assert!(core::mem::offset_of!(AdminCommand, status) == 52);
+
+/// One open file of a controller, as [`IOCTL_LIST_OPENERS`] reports it (ABI 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
+)]
+#[repr(C)]
+pub struct Opener {
+    /// The id (thread group id) of the process that opened the file, read at open, as seen from
+    /// that process's own pid namespace (once it has exited, the number may be another's).
+    pub tgid: u32,
+    /// [`OPENER_EXCLUSIVE`] when opened with `O_EXCL`.
+    pub flags: u32,
+    /// Live I/O queue pairs this file created.
+    pub qpairs: u32,
+    /// Live registrations this file made.
+    pub registrations: u32,
+    /// Bytes of host memory this file pinned (its host registrations).
+    pub pinned_bytes: u64,
+    /// Bytes of dma-buf memory (GPU memory, udmabuf, dma-heap) this file mapped for the controller.
+    pub dmabuf_bytes: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Opener>() == 32);
+const _: () = assert!(core::mem::offset_of!(Opener, pinned_bytes) == 16);
+
+/// [`Opener::flags`]: the file holds the controller exclusively.
+pub const OPENER_EXCLUSIVE: u32 = 1 << 0;
+
+/// `LIST_OPENERS` argument: copy up to `capacity` [`Opener`]s to `openers`; `count` comes back
+/// as the number of open files (which may exceed `capacity`: call again with more room). The
+/// ioctl returns how many it copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
+)]
+#[repr(C)]
+pub struct ListOpeners {
+    /// In: room in `openers`, at most [`MAX_OPENERS`].
+    pub capacity: u32,
+    /// Out: open files of the controller (the caller's own included).
+    pub count: u32,
+    /// In: user pointer to `capacity` [`Opener`]s (may be 0 when `capacity` is 0).
+    pub openers: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ListOpeners>() == 16);
+
+/// Most openers one `LIST_OPENERS` call copies.
+pub const MAX_OPENERS: u32 = 4096;
+
+/// Request: list the controller's open files with what each owns ([`ListOpeners`]); any opener
+/// of the node may ask (ABI 5).
+pub const IOCTL_LIST_OPENERS: u32 = ioc(IOC_READ | IOC_WRITE, 0x0A, core::mem::size_of::<ListOpeners>());
 
 /// mmap region kinds, encoded in the offset by [`mmap_offset`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

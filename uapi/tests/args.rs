@@ -289,3 +289,12 @@ fn admin_buffer_keeps_every_prp_the_controller_can_derive_inside_it() {
         assert_eq!(uniq.len(), data.len(), "len {len}: a page used twice");
     }
 }
+
+#[test]
+fn list_openers_capacity_is_bounded() {
+    let l = |capacity| ListOpeners { capacity, count: 7, openers: 0x1000 };
+    assert_eq!(l(0).check(), Ok(0));
+    assert_eq!(l(MAX_OPENERS).check(), Ok(MAX_OPENERS as usize));
+    assert_eq!(l(MAX_OPENERS + 1).check(), Err(ArgError::Invalid("capacity")));
+    assert_eq!(l(u32::MAX).check().map_err(|e| e.errno()), Err(errno::EINVAL));
+}

@@ -53,6 +53,7 @@ pub mod storage_batch;
 pub mod stream;
 pub mod stream_io;
 pub(crate) mod sys;
+pub mod sysfs;
 pub mod units;
 pub mod volume;
 mod volume_batch;

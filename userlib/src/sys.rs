@@ -34,6 +34,8 @@ unsafe impl IoctlArg for ugds_uapi::ioctl::Deregister {}
 unsafe impl IoctlArg for ugds_uapi::ioctl::SetEventfd {}
 // SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::AdminCommand {}
+// SAFETY: see above.
+unsafe impl IoctlArg for ugds_uapi::ioctl::ListOpeners {}
 // SAFETY: zero-sized: the kernel reads nothing through the pointer (the request's size is 0).
 unsafe impl IoctlArg for () {}
 
@@ -151,6 +153,15 @@ pub mod req {
         /// With a non-zero `data_len`, `data` must point to `data_len` writable bytes that
         /// nothing else references during the call.
         AdminCmd, abi::IOCTL_ADMIN_CMD, abi::AdminCommand, unsafe
+    );
+    request!(
+        /// Copy the controller's open files (who opened each, what it owns) to `openers`.
+        ///
+        /// # Safety
+        ///
+        /// `openers` must point to `capacity` writable [`abi::Opener`]s that nothing else
+        /// references during the call.
+        ListOpeners, abi::IOCTL_LIST_OPENERS, abi::ListOpeners, unsafe
     );
 }
 

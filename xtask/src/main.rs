@@ -11,6 +11,7 @@ mod bind;
 mod clib;
 mod cost;
 mod demo;
+mod dist;
 mod fuzz;
 mod install;
 mod kernel;
@@ -69,11 +70,20 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Build kmod/ against the running kernel (or --kdir) and load it.
+    /// Build kmod/ against the running kernel (or --kdir) and load it; install it for modprobe,
+    /// the `ugds` CLI under PREFIX, the boot-time binding unit, the udev rule, an example
+    /// /etc/ugds/bind.conf and the operations guide (docs/operations.md).
     Install {
         /// Kernel build tree (default: /lib/modules/$(uname -r)/build).
         #[arg(long)]
         kdir: Option<PathBuf>,
+        /// Installation prefix of the CLI, the systemd unit and the guide.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+        /// Stage every file under this directory instead of the machine (packaging): nothing is
+        /// loaded and depmod does not run.
+        #[arg(long)]
+        destdir: Option<PathBuf>,
     },
     /// Give NVMe controllers (/dev/nvmeX, /dev/nvmeXnY or PCI addresses) to ugds; with several,
     /// prints the volume spec naming them in order.
@@ -272,7 +282,7 @@ fn real_main() -> Result<()> {
             let out = vm::run(&cfg, &k, true)?;
             std::process::exit(out.code);
         }
-        Cmd::Install { kdir } => install::install(kdir)?,
+        Cmd::Install { kdir, prefix, destdir } => install::install(kdir, &prefix, destdir.as_deref())?,
         Cmd::Bind(Controllers { targets, all, chunk }) => {
             let (bound, refused) = bind::bind_many(&targets, all)?;
             for b in &bound {
