@@ -18,7 +18,8 @@ const X86_64_USER_END: u64 = 0x7FFF_FFFF_F000;
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else { return };
     let Some((limits, arg)) = limits(rest) else { return };
-    match which % 8 {
+    match which % 9 {
+        8 => list_openers(arg),
         0 => create_qpair(arg, &limits),
         1 => delete_qpair(arg),
         2 => register_host(arg, &limits),
@@ -130,6 +131,14 @@ fn set_eventfd(b: &[u8]) {
         Ok(EventfdAction::Detach) => assert_eq!(a.fd, -1),
         Ok(EventfdAction::Attach(fd)) => assert!(fd >= 0 && fd == a.fd),
         Err(e) => assert!(a.fd < -1 && e.errno() == ioctl::errno::EBADF),
+    }
+}
+
+fn list_openers(b: &[u8]) {
+    let Ok((a, _)) = ListOpeners::read_from_prefix(b) else { return };
+    match a.check() {
+        Ok(room) => assert!(room as u64 == u64::from(a.capacity) && a.capacity <= MAX_OPENERS),
+        Err(e) => assert!(a.capacity > MAX_OPENERS && e.errno() == ioctl::errno::EINVAL),
     }
 }
 
