@@ -18,7 +18,7 @@ const X86_64_USER_END: u64 = 0x7FFF_FFFF_F000;
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else { return };
     let Some((limits, arg)) = limits(rest) else { return };
-    match which % 9 {
+    match which % 10 {
         0 => create_qpair(arg, &limits),
         1 => delete_qpair(arg),
         2 => register_host(arg, &limits),
@@ -27,6 +27,7 @@ fuzz_target!(|data: &[u8]| {
         5 => set_eventfd(arg),
         6 => mmap_offset_roundtrip(arg),
         7 => admin_cmd(arg, &limits),
+        8 => list_openers(arg),
         _ => register_host(arg, &Limits { user_end: X86_64_USER_END, ..limits }),
     }
 });
@@ -131,6 +132,14 @@ fn set_eventfd(b: &[u8]) {
         Ok(EventfdAction::Detach) => assert_eq!(a.fd, -1),
         Ok(EventfdAction::Attach(fd)) => assert!(fd >= 0 && fd == a.fd),
         Err(e) => assert!(a.fd < -1 && e.errno() == ioctl::errno::EBADF),
+    }
+}
+
+fn list_openers(b: &[u8]) {
+    let Ok((a, _)) = ListOpeners::read_from_prefix(b) else { return };
+    match a.check() {
+        Ok(room) => assert!(room as u64 == u64::from(a.capacity) && a.capacity <= MAX_OPENERS),
+        Err(e) => assert!(a.capacity > MAX_OPENERS && e.errno() == ioctl::errno::EINVAL),
     }
 }
 
