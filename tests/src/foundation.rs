@@ -15,7 +15,38 @@ pub fn tests() -> Vec<Test> {
         Test { name: "bind_refuses_mounted_namespace", variant: "two-controllers", run: refuses_mounted },
         Test { name: "bind_refuses_open_namespace", variant: "two-controllers", run: refuses_open },
         Test { name: "module_unload_releases_bound_controller", variant: "two-controllers", run: unload_while_bound },
+        // The same binding and refusals where the kernel shows namespaces through multipath
+        // heads (Debian's kernel, namespaces that say they may be shared).
+        Test { name: "multipath_heads_name_their_controller", variant: MP, run: multipath_layout },
+        Test { name: "multipath_bind_through_a_head_keeps_data", variant: MP, run: bind_roundtrip },
+        Test { name: "multipath_bind_refuses_mounted_head", variant: MP, run: refuses_mounted },
+        Test { name: "multipath_bind_refuses_open_head", variant: MP, run: refuses_open },
     ]
+}
+
+/// The variant whose namespaces say they may be shared: `two-controllers`' geometry, so the
+/// same tests run on both.
+const MP: &str = "multipath";
+
+/// Where the kernel has NVMe multipath on, each namespace is a head under its subsystem with a
+/// path per controller, and the head still names its controller (bind and the refusals rely on
+/// it). A kernel without multipath shows the plain layout, which must resolve too.
+fn multipath_layout() -> Result<()> {
+    let host = ugds::sysfs::Host::system();
+    let on = fs::read_to_string("/sys/module/nvme_core/parameters/multipath").is_ok_and(|s| s.trim() == "Y");
+    // Debian's kernel (the stock guest: UGDS_MODULE_ROOT set) has it; the test kernel has not.
+    let stock = std::env::var_os("UGDS_MODULE_ROOT").is_some();
+    ensure_that!(on == stock, "NVMe multipath is {} on this kernel", if on { "on" } else { "off" });
+    for addr in nvme_controllers()? {
+        let dev = crate::namespace_block_device(&addr)?;
+        let name = dev.trim_start_matches("/dev/");
+        let real = fs::canonicalize(format!("/sys/class/block/{name}"))?;
+        let head = real.components().any(|c| c.as_os_str().to_string_lossy().starts_with("nvme-subsys"));
+        ensure_that!(head == on, "{dev} lies at {} (multipath {on})", real.display());
+        ensure_that!(host.resolve(&dev)? == addr, "{dev} does not resolve to {addr}");
+        ensure_that!(host.block_devices(&addr).iter().any(|b| b == name), "{dev} is not among {addr}'s block devices");
+    }
+    Ok(())
 }
 
 fn block_attr(dev: &str, attr: &str) -> Result<u64> {

@@ -45,6 +45,11 @@ pub struct Variant {
 /// Every VM variant the suite uses.
 pub const VARIANTS: &[Variant] = &[
     Variant { name: "two-controllers", nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"], iommu: false },
+    Variant {
+        name: "multipath",
+        nvme: &["size=256M,lbs=4096,mdts=2,shared=on", "size=128M,ns=2,shared=on"],
+        iommu: false,
+    },
     Variant { name: "userlib", nvme: userlib::NVME, iommu: false },
     Variant { name: "iommu", nvme: &["size=64M"], iommu: true },
     Variant { name: "batch", nvme: batch::NVME, iommu: false },
@@ -198,26 +203,25 @@ pub fn namespace_block_device(addr: &str) -> Result<String> {
 }
 
 /// The block device of namespace `nsid` of the controller at `addr` once the kernel nvme driver
-/// has probed it, waiting up to 20 s. Found through sysfs (the controller's `nvmeXnY` children
-/// and their `nsid`), not by assuming `nvmeXnN`: the kernel numbers a namespace after its
-/// subsystem's namespace heads, so a head not yet released makes the new disk `nvmeXn2`.
+/// has probed it, waiting up to 20 s. Found through sysfs (the controller's block devices, as
+/// [`ugds::sysfs::Host::block_devices`] sees them, and their `nsid`), not by assuming `nvmeXnN`:
+/// the kernel numbers a namespace after its subsystem's namespace heads, so a head not yet
+/// released makes the new disk `nvmeXn2`.
 pub fn namespace_device(addr: &str, nsid: u32) -> Result<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let want = nsid.to_string();
+    let host = ugds::sysfs::Host::system();
     loop {
-        if let Ok(ctrl) = nvme_name(addr) {
-            let dir = format!("/sys/bus/pci/devices/{addr}/nvme/{ctrl}");
-            let found = fs::read_dir(&dir).ok().and_then(|d| {
-                d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with(&format!("{ctrl}n")))
-                    .find(|n| fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == want))
-            });
-            if let Some(n) = found {
-                let dev = format!("/dev/{n}");
-                if std::path::Path::new(&dev).exists() {
-                    return Ok(dev);
-                }
+        // The library's view of a controller's disks: its own, or the multipath heads it is a
+        // path of.
+        let found = host
+            .block_devices(addr)
+            .into_iter()
+            .find(|n| fs::read_to_string(format!("/sys/class/block/{n}/nsid")).is_ok_and(|s| s.trim() == want));
+        if let Some(n) = found {
+            let dev = format!("/dev/{n}");
+            if std::path::Path::new(&dev).exists() {
+                return Ok(dev);
             }
         }
         if std::time::Instant::now() > deadline {

@@ -44,7 +44,7 @@ enum Cmd {
     },
     /// Boot the test kernel with emulated NVMe controllers and run CMD as root in the guest.
     Vm {
-        /// An emulated controller: size=1G,lbs=4096,mdts=N,qpairs=N,mqes=N,ns=N,throttle_iops=N,serial=S
+        /// An emulated controller: size=1G,lbs=4096,mdts=N,qpairs=N,mqes=N,ns=N,throttle_iops=N,serial=S,shared=on|off
         /// (repeat for more controllers).
         #[arg(long = "nvme", value_name = "SPEC")]
         nvme: Vec<vm::NvmeSpec>,

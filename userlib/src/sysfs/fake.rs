@@ -91,6 +91,42 @@ impl Fake {
         link(&d, &self.sys().join("class/block").join(blk));
     }
 
+    /// Namespace `nsid` of subsystem `subsys` as a kernel with CONFIG_NVME_MULTIPATH shows it:
+    /// the head disk `head` (device number `dev`) under the subsystem, and one hidden path
+    /// disk `nvmeScCnH` per controller `(addr, ctrl)` of `paths`, listed in the head's
+    /// `multipath/`.
+    pub(super) fn multipath_namespace(&self, subsys: &str, head: &str, nsid: u32, dev: &str, paths: &[(&str, &str)]) {
+        let h = self.sys().join("devices/virtual/nvme-subsystem").join(subsys).join(head);
+        write(&h.join("nsid"), &format!("{nsid}\n"));
+        write(&h.join("size"), "131072\n");
+        write(&h.join("queue/logical_block_size"), "512\n");
+        write(&h.join("dev"), &format!("{dev}\n"));
+        write(&h.join("hidden"), "0\n");
+        fs::create_dir_all(h.join("holders")).unwrap();
+        link(&h, &self.sys().join("class/block").join(head));
+        for (addr, ctrl) in paths {
+            let c: u32 = ctrl.trim_start_matches("nvme").parse().unwrap();
+            // The kernel names a path after the head: nvme<subsystem>c<controller>n<head>.
+            let (subsys_part, head_part) = head.rsplit_once('n').unwrap();
+            let name = format!("{subsys_part}c{c}n{head_part}");
+            let d = self.pci_dir(addr).join("nvme").join(ctrl).join(&name);
+            write(&d.join("nsid"), &format!("{nsid}\n"));
+            write(&d.join("size"), "131072\n");
+            write(&d.join("hidden"), "1\n");
+            link(&d, &self.sys().join("class/block").join(&name));
+            link(&d, &h.join("multipath").join(&name));
+        }
+    }
+
+    /// Partition `part` (device number `dev`) of block device `disk`, inside its folder.
+    pub(super) fn partition(&self, disk: &str, part: &str, dev: &str) {
+        let d = fs::canonicalize(self.sys().join("class/block").join(disk)).unwrap().join(part);
+        write(&d.join("dev"), &format!("{dev}\n"));
+        write(&d.join("partition"), "1\n");
+        fs::create_dir_all(d.join("holders")).unwrap();
+        link(&d, &self.sys().join("class/block").join(part));
+    }
+
     /// A mount of device `dev` (`MAJ:MIN`) on `on`.
     pub(super) fn mount(&self, dev: &str, on: &str) {
         let p = self.root().join("proc/self/mountinfo");

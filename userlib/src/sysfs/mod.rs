@@ -48,6 +48,15 @@ pub enum SysfsError {
         /// The target as given.
         target: String,
     },
+    /// A namespace several controllers reach (a multipath head over two ports): which
+    /// controller it names is ambiguous.
+    #[error("{target} is a namespace shared by the controllers {}: name one of them (a PCI address or /dev/nvmeX)", .controllers.join(", "))]
+    SharedNamespace {
+        /// The target as given.
+        target: String,
+        /// The controllers behind it, in PCI order.
+        controllers: Vec<String>,
+    },
     /// The PCI device is not an NVMe controller.
     #[error("{target} ({addr}) is not an NVMe controller (class {class})")]
     NotNvme {
@@ -199,6 +208,12 @@ fn basename_of_link(p: &Path) -> Option<String> {
     Some(real.file_name()?.to_string_lossy().into_owned())
 }
 
+/// The last component of `p` that is a PCI address: the device nearest to `p` on its bus path
+/// (a controller behind a bridge, not the bridge).
+fn innermost_pci_address(p: &Path) -> Option<String> {
+    p.components().rev().map(|c| c.as_os_str().to_string_lossy()).find(|c| is_pci_address(c)).map(|c| c.into_owned())
+}
+
 /// The entries of a directory by name (none when it is missing), sorted.
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
@@ -298,19 +313,12 @@ impl Host {
         } else if !name.contains('/') && self.sys.join("class/nvme").join(name).exists() {
             self.sys.join("class/nvme").join(name).join("device")
         } else if !name.contains('/') && self.sys.join("class/block").join(name).exists() {
-            // A namespace or partition: walk up to the controller's PCI device.
-            let mut p = fs::canonicalize(self.sys.join("class/block").join(name))
-                .map_err(|source| SysfsError::Read { path: target.into(), source })?;
-            loop {
-                if let Some(n) = p.file_name().map(|n| n.to_string_lossy().into_owned()) {
-                    if is_pci_address(&n) {
-                        return Ok(n);
-                    }
-                }
-                if !p.pop() {
-                    return Err(SysfsError::NotOnPci { target: target.into() });
-                }
-            }
+            let mut ctrls = self.block_controllers(name);
+            return match ctrls.len() {
+                0 => Err(SysfsError::NotOnPci { target: target.into() }),
+                1 => Ok(ctrls.remove(0)),
+                _ => Err(SysfsError::SharedNamespace { target: target.into(), controllers: ctrls }),
+            };
         } else {
             return Err(SysfsError::NoSuchTarget { target: target.into() });
         };
@@ -333,17 +341,49 @@ impl Host {
         Ok(v)
     }
 
-    /// Block devices (namespaces and partitions) of the controller at `addr`.
+    /// Block devices (namespaces and partitions) of the controller at `addr`: those under its
+    /// PCI device and the multipath heads (with their partitions) one of whose paths it is;
+    /// not the hidden path disks, which have no device node.
     pub fn block_devices(&self, addr: &str) -> Vec<String> {
-        let mut out: Vec<String> = names_in(&self.sys.join("class/block"))
+        let class = self.sys.join("class/block");
+        let mut out: Vec<String> = names_in(&class)
             .into_iter()
-            .filter(|b| {
-                fs::canonicalize(self.sys.join("class/block").join(b))
-                    .is_ok_and(|real| real.components().any(|c| c.as_os_str() == addr))
-            })
+            .filter(|b| attr(class.join(b).join("hidden")).is_none_or(|h| h != "1"))
+            .filter(|b| self.block_controllers(b).iter().any(|a| a == addr))
             .collect();
         out.sort();
         out
+    }
+
+    /// The controllers (PCI addresses, sorted) behind block device `name`: the one its sysfs
+    /// folder lies under or, for a multipath head (CONFIG_NVME_MULTIPATH: the disk lives under
+    /// its subsystem, and its `multipath/` links one path disk per controller) or a partition of
+    /// one, those of its paths.
+    fn block_controllers(&self, name: &str) -> Vec<String> {
+        let Ok(real) = fs::canonicalize(self.sys.join("class/block").join(name)) else { return Vec::new() };
+        if let Some(addr) = innermost_pci_address(&real) {
+            return vec![addr];
+        }
+        // The walk stays inside sysfs, compared as resolved paths.
+        let sys = fs::canonicalize(&self.sys).unwrap_or_else(|_| self.sys.clone());
+        let mut dir = real.as_path();
+        loop {
+            let paths = dir.join("multipath");
+            if paths.is_dir() {
+                let mut v: Vec<String> = names_in(&paths)
+                    .iter()
+                    .filter_map(|p| fs::canonicalize(paths.join(p)).ok())
+                    .filter_map(|p| innermost_pci_address(&p))
+                    .collect();
+                v.sort();
+                v.dedup();
+                return v;
+            }
+            match dir.parent() {
+                Some(up) if up.starts_with(&sys) && up != sys => dir = up,
+                _ => return Vec::new(),
+            }
+        }
     }
 
     /// The kernel nvme driver's controller devices of `addr` (`nvmeX`).

@@ -102,6 +102,45 @@ fn a_mounted_namespace_refuses_bind_and_changes_nothing() {
     assert_eq!(h.users(A).unwrap(), ["/dev/nvme0n1 holds the root file system"]);
 }
 
+/// Two controllers whose namespaces a multipath kernel shows through heads: `nvme0n1` on A
+/// alone, `nvme1n1` shared by A and B (a dual-port SSD seen through both ports).
+fn multipath() -> Fake {
+    let f = Fake::new();
+    f.driver("ugds");
+    for (i, addr) in [A, B].iter().enumerate() {
+        f.pci(addr, CLASS_NVME, Some("nvme"));
+        f.nvme_ctrl(addr, &format!("nvme{i}"), &format!("SERIAL{i}"), &format!("250:{i}"));
+    }
+    f.multipath_namespace("nvme-subsys0", "nvme0n1", 1, "259:0", &[(A, "nvme0")]);
+    f.multipath_namespace("nvme-subsys1", "nvme1n1", 1, "259:2", &[(A, "nvme0"), (B, "nvme1")]);
+    f
+}
+
+#[test]
+fn multipath_heads_resolve_and_count_as_users() {
+    let f = multipath();
+    let h = f.host();
+    // A head resolves through its one path; a head with paths on two controllers is ambiguous.
+    assert_eq!(h.resolve("/dev/nvme0n1").unwrap(), A);
+    let err = h.resolve("/dev/nvme1n1").unwrap_err();
+    assert!(matches!(err, SysfsError::SharedNamespace { ref controllers, .. } if controllers == &[A, B]), "{err}");
+    // The heads, not the hidden path disks, are the controller's block devices.
+    assert_eq!(h.block_devices(A), ["nvme0n1", "nvme1n1"]);
+    assert_eq!(h.block_devices(B), ["nvme1n1"]);
+    assert_eq!(h.first_namespace(A).unwrap(), h.dev.join("nvme0n1").display().to_string());
+    // A mounted partition of a head refuses bind of every controller under it.
+    f.partition("nvme1n1", "nvme1n1p1", "259:3");
+    f.mount("259:3", "/data");
+    for addr in [A, B] {
+        assert_eq!(h.users(addr).unwrap(), ["/dev/nvme1n1p1 is mounted on /data"], "{addr}");
+        assert!(matches!(h.bind(addr), Err(SysfsError::InUse { .. })), "{addr}");
+        assert_eq!(f.override_of(addr), "(null)\n", "a refused bind wrote driver_override");
+    }
+    // A head held by md refuses too.
+    f.md("md0", &["nvme0n1"]);
+    assert!(h.users(A).unwrap().contains(&"/dev/nvme0n1 is held by md0".to_string()));
+}
+
 #[test]
 fn md_membership_and_swap_refuse_bind() {
     let f = two();
