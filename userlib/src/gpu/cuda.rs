@@ -10,6 +10,12 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
+mod ctx;
+pub use ctx::{
+    context_of_stream, current_context_id, current_gpu, current_runtime, device_gpu, device_runtime, gpu_of_pointer,
+    place_of_pointer, stream_runtime, wrap_stream, CallerContext, Ctx, PointerPlace,
+};
+
 /// Turns a driver status into a result naming the call and the status.
 fn check(op: &'static str, r: cu::CUresult) -> Result<()> {
     if r == cu::CUresult::CUDA_SUCCESS {
@@ -34,87 +40,26 @@ pub fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { cu::is_culib_present() })
 }
 
-/// The calling thread's current CUDA context, put back when this is dropped. The C faces take
-/// one at every entry that may bind a context of ours on the caller's thread, so the
-/// application's own current context (say, device 3's) is the same after the call.
-pub struct CallerContext(Option<cu::CUcontext>);
-
-impl CallerContext {
-    /// Records the current context (nothing when the CUDA driver is absent or not loaded).
-    pub fn keep() -> CallerContext {
-        if !driver_present() {
-            return CallerContext(None);
-        }
-        let mut c: cu::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes the thread's current context (or null) into a local.
-        let ok = unsafe { cu::cuCtxGetCurrent(&mut c) } == cu::CUresult::CUDA_SUCCESS;
-        CallerContext(ok.then_some(c))
-    }
-}
-
-impl Drop for CallerContext {
-    fn drop(&mut self) {
-        if let Some(c) = self.0 {
-            // SAFETY: the context the thread had on entry (or null: none), restored as it was.
-            unsafe { cu::cuCtxSetCurrent(c) };
-        }
-    }
-}
-
-/// A retained primary context, released when the last user drops it.
-#[derive(Debug)]
-pub struct Ctx {
-    dev: cu::CUdevice,
-    ctx: cu::CUcontext,
-}
-
-// SAFETY: a CUcontext may be made current on any thread; every use binds it first.
-unsafe impl Send for Ctx {}
-// SAFETY: as above; the driver API is thread-safe.
-unsafe impl Sync for Ctx {}
-
-impl Ctx {
-    /// Makes the context current on this thread (cheap; every call does it).
-    pub fn bind(&self) -> Result<()> {
-        // SAFETY: ctx is a retained primary context.
-        check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(self.ctx) })
-    }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        // SAFETY: releases the reference retained in `Cuda::new`.
-        unsafe { cu::cuDevicePrimaryCtxRelease_v2(self.dev) };
-    }
-}
-
-/// A CUDA device (its primary context) as a [`Runtime`].
-#[derive(Debug)]
+/// A CUDA context (a device's primary context, or one the application created) as a
+/// [`Runtime`]: everything it does binds that context first.
+#[derive(Debug, Clone)]
 pub struct Cuda {
     c: Arc<Ctx>,
 }
 
 impl Cuda {
-    /// Retains the primary context of device `ordinal`.
+    /// Retains the primary context of device `ordinal` and makes it current. Most callers want
+    /// [`device_gpu`], [`current_gpu`] or [`gpu_of_pointer`] instead: one [`crate::Gpu`] per
+    /// context in the process.
     pub fn new(ordinal: i32) -> Result<Cuda> {
-        if !driver_present() {
-            return Err(Error::Unsupported {
-                what: "CUDA",
-                why: "the CUDA driver library (libcuda.so) is not installed".into(),
-                fix: "install the NVIDIA driver, or use the CPU runtime",
-            });
-        }
-        let mut dev = 0;
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: plain driver calls with out-pointers to locals.
-        unsafe {
-            check("cuInit", cu::cuInit(0))?;
-            check("cuDeviceGet", cu::cuDeviceGet(&mut dev, ordinal))?;
-            check("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        }
-        let c = Cuda { c: Arc::new(Ctx { dev, ctx }) };
+        let c = Cuda::from_ctx(Arc::new(Ctx::primary(ordinal)?));
         c.bind()?;
         Ok(c)
+    }
+
+    /// The runtime of a context.
+    pub(crate) fn from_ctx(c: Arc<Ctx>) -> Cuda {
+        Cuda { c }
     }
 
     /// Makes the context current on this thread.
@@ -131,7 +76,7 @@ impl Cuda {
     pub fn attribute(&self, a: cu::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
         // SAFETY: out-pointer to a local.
-        check("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut v, a, self.c.dev) })?;
+        check("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut v, a, self.c.dev()) })?;
         Ok(v)
     }
 
@@ -147,7 +92,7 @@ impl Cuda {
     pub fn pci_bus_id(&self) -> Result<String> {
         let mut buf = [0 as std::ffi::c_char; 32];
         // SAFETY: the buffer's length is passed.
-        check("cuDeviceGetPCIBusId", unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, self.c.dev) })?;
+        check("cuDeviceGetPCIBusId", unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, self.c.dev()) })?;
         // SAFETY: the driver NUL-terminates within the length.
         Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_lowercase())
     }
@@ -156,7 +101,8 @@ impl Cuda {
     ///
     /// # Safety
     ///
-    /// `raw` must be a stream of this device's primary context that outlives the result.
+    /// `raw` must be a stream of this context (or a default-stream value, used with this
+    /// context current) that outlives the result.
     pub unsafe fn wrap_stream(&self, raw: usize) -> Arc<CudaStream> {
         Arc::new(CudaStream { cuda: self.c.clone(), raw: raw as cu::CUstream, owned: false })
     }
@@ -181,7 +127,7 @@ impl Runtime for Cuda {
     fn device_name(&self) -> String {
         let mut buf = [0 as std::ffi::c_char; 128];
         // SAFETY: the buffer's length is passed; the driver NUL-terminates.
-        if unsafe { cu::cuDeviceGetName(buf.as_mut_ptr(), 128, self.c.dev) } != cu::CUresult::CUDA_SUCCESS {
+        if unsafe { cu::cuDeviceGetName(buf.as_mut_ptr(), 128, self.c.dev()) } != cu::CUresult::CUDA_SUCCESS {
             return "unknown CUDA device".into();
         }
         // SAFETY: NUL-terminated by the driver.
@@ -204,14 +150,13 @@ impl Runtime for Cuda {
     }
 
     fn is_device_memory(&self, ptr: u64) -> bool {
-        if self.bind().is_err() {
-            return false;
+        // Device memory of this context; memory the driver names no context for (the virtual
+        // memory API) belongs to its device's primary context.
+        match place_of_pointer(ptr) {
+            Ok(PointerPlace::Device { context: 0, device }) => self.c.is_primary() && device == self.c.device(),
+            Ok(PointerPlace::Device { context, .. }) => context == self.c.raw(),
+            _ => false,
         }
-        let mut ty: u32 = 0;
-        let attr = cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
-        // SAFETY: MEMORY_TYPE writes an unsigned int; unknown pointers return an error.
-        let r = unsafe { cu::cuPointerGetAttribute(&mut ty as *mut u32 as *mut c_void, attr, ptr) };
-        r == cu::CUresult::CUDA_SUCCESS && ty == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {

@@ -50,7 +50,7 @@
 //! as any memory object), and whether the amdgpu kernel driver exports VRAM dma-bufs that an
 //! NVMe device can map peer-to-peer.
 
-use super::{CopyQueue, Runtime, Vendor};
+use super::{CopyQueue, Gpu, Runtime, Vendor};
 use crate::dl::Library;
 use crate::error::{Error, Result};
 use crate::stream::{CompletionWord, HostFn, Stream};
@@ -159,6 +159,9 @@ pub struct Api {
     /// hipMemRangeHandleType handleType, unsigned long long flags)`; absent in older runtimes.
     mem_get_handle_for_address_range:
         Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, c_ulonglong) -> HipError>,
+    /// `hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device)`; absent in
+    /// older runtimes.
+    stream_get_device: Option<unsafe extern "C" fn(HipStreamT, *mut c_int) -> HipError>,
 }
 
 // SAFETY: the struct holds function pointers into a library that is never unloaded, and a
@@ -191,8 +194,13 @@ impl Api {
                 c"hipMemGetHandleForAddressRange",
             )
         };
+        // SAFETY: `hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device)`
+        // (optional: ROCm 5.6+); the library is never closed once resolved.
+        let stream_get_device =
+            unsafe { lib.function::<unsafe extern "C" fn(HipStreamT, *mut c_int) -> HipError>(c"hipStreamGetDevice") };
         Ok(Api {
             path: path.to_string(),
+            stream_get_device,
             init: required!(lib, c"hipInit", unsafe extern "C" fn(c_uint) -> HipError),
             runtime_get_version: required!(lib, c"hipRuntimeGetVersion", unsafe extern "C" fn(*mut c_int) -> HipError),
             get_device_count: required!(lib, c"hipGetDeviceCount", unsafe extern "C" fn(*mut c_int) -> HipError),
@@ -345,8 +353,52 @@ impl Dev {
     }
 }
 
+/// Every HIP device's [`Gpu`] so far, by ordinal (one staging pool and one identity per device).
+static DEVICES: Mutex<Vec<(i32, Hip, Arc<Gpu>)>> = Mutex::new(Vec::new());
+
+/// Device `ordinal` of the HIP runtime with its [`Gpu`] (one per device in the process).
+pub fn device_runtime(ordinal: i32) -> Result<(Hip, Arc<Gpu>)> {
+    let mut all = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, h, g)) = all.iter().find(|(o, _, _)| *o == ordinal) {
+        return Ok((h.clone(), g.clone()));
+    }
+    let h = Hip::new(ordinal)?;
+    let g = Gpu::with_runtime(Arc::new(h.clone()));
+    all.push((ordinal, h.clone(), g.clone()));
+    Ok((h, g))
+}
+
+/// The [`Gpu`] of HIP device `ordinal`.
+pub fn device_gpu(ordinal: i32) -> Result<Arc<Gpu>> {
+    device_runtime(ordinal).map(|(_, g)| g)
+}
+
+/// The [`Gpu`] whose device memory `ptr` is, on whichever HIP device holds it; `None` for
+/// memory that is not HIP device memory, or when no HIP runtime loads.
+pub fn gpu_of_pointer(ptr: u64) -> Result<Option<Arc<Gpu>>> {
+    if ptr == 0 || !runtime_present() {
+        return Ok(None);
+    }
+    let (h0, _) = device_runtime(0)?;
+    match h0.device_of(ptr) {
+        Some(d) => Ok(Some(device_gpu(d)?)),
+        None => Ok(None),
+    }
+}
+
+/// The HIP device a stream belongs to (`hipStreamGetDevice`), with its runtime; `None` where
+/// the runtime lacks the call (the caller decides by the memory then).
+pub fn stream_runtime(stream: usize) -> Result<Option<(Hip, Arc<Gpu>)>> {
+    let (h0, _) = device_runtime(0)?;
+    let Some(get) = h0.d.api.stream_get_device else { return Ok(None) };
+    let mut dev: c_int = -1;
+    // SAFETY: the caller's stream handle (or a default-stream value); out-pointer to a local.
+    h0.d.api.check("hipStreamGetDevice", unsafe { get(stream as HipStreamT, &mut dev) })?;
+    device_runtime(dev).map(Some)
+}
+
 /// A HIP device as a [`Runtime`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Hip {
     d: Arc<Dev>,
 }
@@ -378,6 +430,30 @@ impl Hip {
         let h = Hip { d: Arc::new(Dev { api, ordinal, version, device_type }) };
         h.d.bind()?;
         Ok(h)
+    }
+
+    /// The device whose (unmanaged) device memory `ptr` is, on any device of this runtime.
+    pub fn device_of(&self, ptr: u64) -> Option<i32> {
+        if ptr == 0 {
+            return None;
+        }
+        let mut a = PointerAttribute {
+            memory_type: -1,
+            device: -1,
+            device_pointer: std::ptr::null_mut(),
+            host_pointer: std::ptr::null_mut(),
+            is_managed: 0,
+            allocation_flags: 0,
+        };
+        // SAFETY: `a` is a hipPointerAttribute_t the runtime fills; any pointer value may be
+        // asked about (unknown ones give an error, or hipMemoryTypeUnregistered in ROCm 6).
+        let r = unsafe { (self.d.api.pointer_get_attributes)(&mut a, ptr as *const c_void) };
+        (r == HIP_SUCCESS && a.memory_type == self.d.device_type && a.is_managed == 0).then_some(a.device)
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.d.ordinal
     }
 
     /// The runtime's version (`major * 10_000_000 + minor * 100_000 + patch`).
@@ -454,21 +530,7 @@ impl Runtime for Hip {
     }
 
     fn is_device_memory(&self, ptr: u64) -> bool {
-        if ptr == 0 || self.d.bind().is_err() {
-            return false;
-        }
-        let mut a = PointerAttribute {
-            memory_type: -1,
-            device: -1,
-            device_pointer: std::ptr::null_mut(),
-            host_pointer: std::ptr::null_mut(),
-            is_managed: 0,
-            allocation_flags: 0,
-        };
-        // SAFETY: `a` is a hipPointerAttribute_t the runtime fills; any pointer value may be
-        // asked about (unknown ones give an error, or hipMemoryTypeUnregistered in ROCm 6).
-        let r = unsafe { (self.d.api.pointer_get_attributes)(&mut a, ptr as *const c_void) };
-        r == HIP_SUCCESS && a.memory_type == self.d.device_type && a.device == self.d.ordinal && a.is_managed == 0
+        self.device_of(ptr) == Some(self.d.ordinal)
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
