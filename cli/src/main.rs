@@ -58,9 +58,14 @@ enum Cmd {
     Placement {
         /// A ugds node or a striped volume (spec, or descriptor file `*.ugds-volume`).
         target: Option<String>,
-        /// The GPU: an index (in PCI order) or a PCI address (default: every GPU).
+        /// The GPU: an index (in PCI order) or a PCI address (default: every GPU; with
+        /// `--nearest`, this process's CUDA device).
         #[arg(long)]
         gpu: Option<String>,
+        /// Print the target's members (or, without a target, the controllers bound to ugds) for
+        /// one GPU, nearest first, one node a line.
+        #[arg(long)]
+        nearest: bool,
     },
     /// Controller, namespaces and limits.
     Info {
@@ -201,7 +206,8 @@ const CHUNK: u64 = 8 << 20;
 
 fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
-        Cmd::Placement { target, gpu } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
+        Cmd::Placement { target, gpu, nearest: true } => nearest(target.as_deref(), gpu.as_deref(), cli.json)?,
+        Cmd::Placement { target, gpu, nearest: false } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Doctor => {
             let findings = ugds::doctor::diagnose();
             for f in &findings {
@@ -575,6 +581,37 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
             "ugds bench {rw} {size} B x {threads} thread(s) x depth {depth} ({} queues): {} I/Os, {iops:.0} IOPS, {gibs:.3} GiB/s, p50 {:.1} us, p99 {:.1} us, {mode}: {cpu_us:.1} us CPU per I/O (device open {:.1} ms); paths: {} direct into host memory, {} fallback, {} remote ({})",
             if depth > 1 { "batch" } else { queue.name() }, all.len(), pct(0.5), pct(0.99), open_time.as_secs_f64() * 1e3, c.direct_host, c.fallback, c.remote, st.describe()
         );
+    }
+    Ok(())
+}
+
+/// `ugds placement --nearest`: the target's members, or the bound controllers, nearest first for
+/// one GPU (`--gpu`, else the calling thread's CUDA device).
+fn nearest(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
+    use ugds::placement::{resolve_gpu, thread_gpu, Topology};
+    let topo = Topology::default();
+    let g = match gpu {
+        Some(g) => resolve_gpu(&topo, g)?,
+        None => thread_gpu()?,
+    };
+    let nodes = match target {
+        None => topo.bound_nodes(),
+        Some(t) if ugds::device::is_ugds_node(t) => vec![t.to_string()],
+        Some(t) => match ugds::VolumeSpec::descriptor_target(t, t)? {
+            Some(spec) => spec.members,
+            None => ugds::VolumeSpec::parse(t)?.members,
+        },
+    };
+    for (node, p) in topo.nearest(&g, &nodes)? {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"node": node, "gpu": p.gpu, "ssd": p.ssd,
+                    "proximity": format!("{:?}", p.proximity), "warning": p.warning()})
+            );
+        } else {
+            println!("{node}\t{}\t{}", p.ssd, p.proximity.describe());
+        }
     }
     Ok(())
 }

@@ -172,10 +172,51 @@ impl Topology {
             .ok_or_else(|| Error::invalid("node", format!("{node} has no PCI device")))
     }
 
+    /// The SSD controllers `ssds` (PCI addresses) against `gpu`, nearest first; SSDs equally
+    /// near keep their order (a volume's member order).
+    pub fn nearest_pci(&self, gpu: &str, ssds: &[String]) -> Result<Vec<Placement>> {
+        let mut v = ssds.iter().map(|s| self.placement(gpu, s)).collect::<Result<Vec<_>>>()?;
+        v.sort_by_key(|p| p.proximity);
+        Ok(v)
+    }
+
+    /// The ugds nodes `nodes` (a volume's members, or [`Topology::bound_nodes`]) against `gpu`,
+    /// nearest first, each with its placement.
+    pub fn nearest(&self, gpu: &str, nodes: &[String]) -> Result<Vec<(String, Placement)>> {
+        let mut v = nodes
+            .iter()
+            .map(|n| Ok((n.clone(), self.placement(gpu, &self.pci_of_node(n)?)?)))
+            .collect::<Result<Vec<_>>>()?;
+        v.sort_by_key(|(_, p)| p.proximity);
+        Ok(v)
+    }
+
+    /// The controllers bound to ugds here, as their nodes (`/dev/<name>` for each entry of the
+    /// sysfs class `ugds_drv`), in name order.
+    pub fn bound_nodes(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.sys.join("class/ugds_drv")) else { return Vec::new() };
+        let mut v: Vec<String> = rd.flatten().map(|e| format!("/dev/{}", e.file_name().to_string_lossy())).collect();
+        v.sort();
+        v
+    }
+
     /// The placement of each member (ugds nodes) of a volume meant to serve `gpu`.
     pub fn for_volume(&self, gpu: &str, members: &[String]) -> Result<Vec<Placement>> {
         members.iter().map(|m| self.placement(gpu, &self.pci_of_node(m)?)).collect()
     }
+}
+
+/// The PCI address of the calling thread's GPU: the device of its current CUDA context (what
+/// `cudaSetDevice` made current on this thread), device 0 when it has none.
+pub fn thread_gpu() -> Result<String> {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::cuda::current_runtime()?.0.pci_bus_id();
+    #[cfg(not(feature = "cuda"))]
+    Err(Error::Unsupported {
+        what: "the calling thread's GPU",
+        why: "this build of ugds has no CUDA backend".into(),
+        fix: "build the ugds crate with its `cuda` feature (on by default), or name the GPU",
+    })
 }
 
 /// Resolves a GPU named by PCI address or by index into [`Topology::gpus`].
@@ -244,6 +285,19 @@ mod tests {
         assert!(matches!(resolve_gpu(&t, "3"), Err(Error::InvalidArgument { arg: "gpu", .. })));
         assert!(matches!(resolve_gpu(&t, "0000:99:00.0"), Err(Error::InvalidArgument { arg: "gpu", .. })));
         assert!(matches!(t.placement("0000:03:00.0", "0000:99:00.0"), Err(Error::Open { .. })));
+        // Nearest first, whatever order the members come in; ties keep the given order.
+        let order = |v: &[&str]| -> Vec<String> {
+            let v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+            t.nearest_pci("0000:03:00.0", &v).unwrap().into_iter().map(|p| p.ssd).collect()
+        };
+        assert_eq!(
+            order(&["0000:41:00.0", "0000:05:00.0", "0000:04:00.0"]),
+            ["0000:04:00.0", "0000:05:00.0", "0000:41:00.0"]
+        );
+        assert_eq!(order(&["0000:05:00.0", "0000:04:00.0"]), ["0000:04:00.0", "0000:05:00.0"]);
+        std::fs::create_dir_all(root.join("class/ugds_drv/ugds_drv1")).unwrap();
+        std::fs::create_dir_all(root.join("class/ugds_drv/ugds_drv0")).unwrap();
+        assert_eq!(t.bound_nodes(), ["/dev/ugds_drv0", "/dev/ugds_drv1"]);
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

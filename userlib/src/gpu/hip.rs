@@ -379,7 +379,8 @@ pub fn gpu_of_pointer(ptr: u64) -> Result<Option<Arc<Gpu>>> {
     if ptr == 0 || !runtime_present() {
         return Ok(None);
     }
-    let (h0, _) = device_runtime(0)?;
+    // A HIP library without a device (an NVIDIA machine's, say) holds no memory.
+    let Ok((h0, _)) = device_runtime(0) else { return Ok(None) };
     match h0.device_of(ptr) {
         Some(d) => Ok(Some(device_gpu(d)?)),
         None => Ok(None),
