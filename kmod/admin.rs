@@ -11,6 +11,7 @@
 use crate::shim::delay::read_poll_timeout;
 use crate::shim::dma::{CoherentAllocation, DmaAddress};
 use crate::shim::pci::Device;
+use crate::uapi::args::{admin_data_pages, admin_guard_entry, admin_page_of, ADMIN_PAGE, PRP_ENTRIES};
 use crate::uapi::identify::{IdentifyController, IdentifyNamespace};
 use crate::uapi::queue::{Cqe, Sqe};
 use crate::uapi::regs::{cq_head_doorbell, sq_tail_doorbell};
@@ -105,7 +106,30 @@ impl AdminQueue {
     ///
     /// Errors: `ETIMEDOUT` (the queue is then broken until a reset), `EIO` for a completion
     /// with an error status (logged by name).
-    pub(crate) fn submit(&mut self, bar: &Bar0, mut sqe: Sqe, timeout_ms: u32) -> Result<Cqe> {
+    pub(crate) fn submit(&mut self, bar: &Bar0, sqe: Sqe, timeout_ms: u32) -> Result<Cqe> {
+        let opcode = sqe.opcode();
+        let cqe = self.submit_raw(bar, sqe, timeout_ms)?;
+        let st = cqe.status();
+        if !st.is_success() {
+            pr_err!(
+                "admin opcode {:#04x} failed: {} (SCT {:#x} SC {:#04x})\n",
+                opcode,
+                st.name().unwrap_or("unknown status"),
+                st.sct.bits(),
+                st.sc
+            );
+            return Err(EIO);
+        }
+        Ok(cqe)
+    }
+
+    /// Submits one command and polls for its completion for at most `timeout_ms`; the
+    /// completion comes back whatever its status (the caller decides what an error status
+    /// means: the pass-through hands it to user space).
+    ///
+    /// Errors: `EIO` while the queue is broken, `ETIMEDOUT` (the queue is then broken until a
+    /// reset, and the controller may still run the command: its memory must stay).
+    pub(crate) fn submit_raw(&mut self, bar: &Bar0, mut sqe: Sqe, timeout_ms: u32) -> Result<Cqe> {
         if self.broken {
             return Err(EIO);
         }
@@ -144,17 +168,6 @@ impl AdminQueue {
         // Completed: the controller fetched the entry, so a replay through a stray tail write
         // now finds nothing to run.
         self.sq.write(slot, &Sqe::default())?;
-        let st = cqe.status();
-        if !st.is_success() {
-            pr_err!(
-                "admin opcode {:#04x} failed: {} (SCT {:#x} SC {:#04x})\n",
-                sqe.opcode(),
-                st.name().unwrap_or("unknown status"),
-                st.sct.bits(),
-                st.sc
-            );
-            return Err(EIO);
-        }
         Ok(cqe)
     }
 
@@ -181,5 +194,70 @@ impl AdminQueue {
             return Ok(None);
         }
         Ok(Some(cqe))
+    }
+}
+
+/// The memory of one pass-through command (`ADMIN_CMD`): `n` data pages followed by one guard
+/// page holding a PRP list, all in one coherent allocation owned by the module (the layout:
+/// uapi `args::admin_data_pages`, `admin_guard_entry`, `admin_page_of`, host-tested there
+/// against a model of a controller's PRP walk).
+///
+/// PRP1 names data page 0 and PRP2 the guard page. The guard page's entries name the data pages
+/// 1, 2, ..., n-1, 0, 1, ... in turn, and its last entry (the one a controller follows to a next
+/// list page) names the guard page itself. So whatever transfer length a controller derives
+/// from the command (a Get Features of a vendor feature may carry more data than the caller
+/// asked for), every address it can reach through PRP1, PRP2 and the lists lies in this
+/// allocation: a page it treats as data is ours, a list it follows is ours. (A two-page
+/// transfer puts its second page in the guard page, which it then does not read as a list.)
+///
+/// # Invariants
+///
+/// `mem` holds `(n + 1) * PRP_ENTRIES` entries, `n = admin_data_pages(len) >= 1`; the guard
+/// page (page `n`) holds the list described above from `new` on, until a command that takes
+/// it for data (a transfer of two pages) writes it.
+pub(crate) struct PassthruBuffer {
+    mem: CoherentAllocation<u64>,
+    len: u32,
+}
+
+impl PassthruBuffer {
+    /// Allocates (zeroed) room for a transfer of `len` bytes (at least one page) and writes the
+    /// guard list.
+    pub(crate) fn new(dev: &Device, len: u32) -> Result<Self> {
+        let pages = admin_data_pages(len);
+        let mem = CoherentAllocation::alloc_coherent(dev, (pages + 1) * PRP_ENTRIES)?;
+        let base = mem.dma_handle();
+        for i in 0..PRP_ENTRIES {
+            // CAST: page indexes below 18 (MAX_ADMIN_DATA / ADMIN_PAGE + 2) as u64.
+            let page = admin_guard_entry(pages, i) as u64;
+            mem.write(pages * PRP_ENTRIES + i, &(base + page * ADMIN_PAGE as u64).to_le())?;
+        }
+        Ok(PassthruBuffer { mem, len })
+    }
+
+    /// PRP1 and PRP2 for the command.
+    pub(crate) fn prps(&self) -> (DmaAddress, DmaAddress) {
+        let base = self.mem.dma_handle();
+        // CAST: page indexes below 18 as u64.
+        (base, base + (admin_data_pages(self.len) * ADMIN_PAGE) as u64)
+    }
+
+    /// The `len` bytes of the transfer (`len` as given to [`PassthruBuffer::new`]), as the
+    /// controller left them, gathered from the pages they land in.
+    pub(crate) fn copy_out(&self) -> Result<KVVec<u8>> {
+        // CAST: u32 to usize widens on x86-64.
+        let len = self.len as usize;
+        let mut out = KVVec::with_capacity(len, GFP_KERNEL)?;
+        let mut off = 0;
+        while off < len {
+            let page = admin_page_of(self.len, off / ADMIN_PAGE);
+            let index = page * PRP_ENTRIES + (off % ADMIN_PAGE) / 8;
+            // Bytes as the controller wrote them: native order of the element read back.
+            let bytes = self.mem.read(index)?.to_ne_bytes();
+            let take = (len - off).min(8);
+            out.extend_from_slice(&bytes[..take], GFP_KERNEL)?;
+            off += 8;
+        }
+        Ok(out)
     }
 }

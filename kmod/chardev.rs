@@ -1,7 +1,10 @@
 //! `/dev/ugds_drvN`: open, release, the ioctls and mmap of the uapi ABI. Every argument is validated
 //! before anything changes; each failure has its own documented errno (uapi `ioctl` docs).
 
+use crate::admin::PassthruBuffer;
+use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
 use crate::device::Controller;
+use crate::openers::{list_openers, OpenRecord};
 use crate::qpair::Qpair;
 use crate::registry::{Backing, Registration};
 use crate::shim::chrdev::{FileHandle, FileOps, FopsTable, VmOpsTable};
@@ -9,7 +12,7 @@ use crate::shim::dmabuf::DmabufMapping;
 use crate::shim::irq::EventfdIrq;
 use crate::shim::mm::{Fault, Vma};
 use crate::shim::pin::PinnedUserMemory;
-use crate::shim::task::MmGrab;
+use crate::shim::task::{current_tgid, MmGrab};
 use crate::shim::uaccess::{read_arg, write_arg, write_slice};
 use crate::uapi::args::{ArgError, EventfdAction, Limits};
 use crate::uapi::ioctl::*;
@@ -68,7 +71,7 @@ impl FileOps for Chardev {
         if inner.exclusive || (exclusive && inner.files.len() > 0) {
             return Err(EBUSY);
         }
-        inner.files.insert(handle)?;
+        inner.files.insert(OpenRecord { handle, tgid: current_tgid(), exclusive })?;
         inner.exclusive = exclusive;
         Ok(file)
     }
@@ -137,12 +140,19 @@ impl FileOps for Chardev {
                 let a: SetEventfd = read_arg(arg)?;
                 set_eventfd(c, handle, &a).map(|_| 0)
             }
+            IOCTL_ADMIN_CMD => {
+                let mut a: AdminCommand = read_arg(arg)?;
+                admin_cmd(c, &mut a)?;
+                write_arg(arg, &a)?;
+                Ok(0)
+            }
             IOCTL_RESET => {
                 let mut inner = c.inner.lock();
                 let r = c.reset_locked(&mut inner);
                 c.publish(&inner);
                 r.map(|_| 0)
             }
+            IOCTL_LIST_OPENERS => list_openers(c, arg),
             _ => Err(ENOTTY),
         }
     }
@@ -406,6 +416,51 @@ fn deregister(c: &Controller, handle: FileHandle, id: u32, generation: u32) -> R
     c.publish(&inner);
     drop(inner);
     drop(r);
+    Ok(())
+}
+
+/// Runs one allowed admin command for the caller (`ADMIN_CMD`): checked (opcode first) before
+/// anything else happens, built by the module, transferred into a [`PassthruBuffer`] of the
+/// module's, serialised with the driver's own admin commands by the controller mutex, and the
+/// data copied to the caller after the mutex is released (a copy to user space may fault and
+/// take `mmap_lock`, which a page fault on our mappings holds while it takes the mutex).
+fn admin_cmd(c: &Controller, a: &mut AdminCommand) -> Result {
+    let req = a.check(&limits(c), c.info.mdts_bytes).map_err(arg_error)?;
+    let buf = PassthruBuffer::new(&c.pdev, req.len)?;
+    let (prp1, prp2) = buf.prps();
+    let mut inner = c.inner.lock();
+    if inner.faulted {
+        return Err(EIO);
+    }
+    let hw = inner.hw.as_mut().ok_or(ENODEV)?;
+    if hw.admin.is_broken() {
+        return Err(EIO);
+    }
+    let cqe = match hw.admin.submit_raw(&hw.bar, req.sqe(prp1, prp2), ADMIN_TIMEOUT_MS) {
+        Ok(cqe) => cqe,
+        Err(e) => {
+            // Timed out (or failed after the entry went into the SQ): the controller may still
+            // run the command and write `buf`, which goes only once a reset (or a disable)
+            // confirmed it stopped.
+            pr_err!("{}: admin pass-through failed ({:?}): resetting the controller\n", c.pdev.name(), e);
+            let safe = c.reset_locked(&mut inner).is_ok()
+                || inner.hw.as_ref().is_some_and(|hw| ctrl::disable(&hw.bar, c.cap).is_ok());
+            if !safe {
+                inner.faulted = true;
+                pr_err!("{}: controller wedged: the pass-through buffer stays allocated\n", c.pdev.name());
+                core::mem::forget(buf);
+            }
+            c.publish(&inner);
+            return Err(e);
+        }
+    };
+    drop(inner);
+    a.result = cqe.dw0();
+    a.status = cqe.status().to_field() as u32;
+    if a.status == 0 && req.len > 0 {
+        let out = buf.copy_out()?;
+        write_slice(req.data as usize, &out)?;
+    }
     Ok(())
 }
 

@@ -9,6 +9,7 @@
 use crate::admin::AdminQueue;
 use crate::ctrl::{self, ADMIN_TIMEOUT_MS};
 use crate::qpair::Qpair;
+use crate::openers::OpenRecord;
 use crate::registry::Registration;
 use crate::shim::chrdev::FileHandle;
 use crate::shim::dma::{dma_write, CoherentAllocation};
@@ -60,8 +61,8 @@ pub(crate) struct Inner {
     pub(crate) qpairs: Table<Qpair>,
     /// Live registrations of every open file.
     pub(crate) regs: Table<Registration>,
-    /// Open files (for revoking their mappings on unbind).
-    pub(crate) files: Table<FileHandle>,
+    /// Open files (for revoking their mappings on unbind, and LIST_OPENERS).
+    pub(crate) files: Table<OpenRecord>,
     /// An open file holds the controller exclusively (`O_EXCL`): no other open succeeds.
     pub(crate) exclusive: bool,
     /// Next registration generation (never 0).
@@ -70,6 +71,8 @@ pub(crate) struct Inner {
     pub(crate) epoch: u64,
     /// Resets since probe.
     pub(crate) resets: u64,
+    /// Timeouts that forced a reset since probe (every call of `reset_locked` starts with one).
+    pub(crate) timeouts: u64,
 }
 
 /// The doorbell range user space may map (from BAR0 offset 0x1000).
@@ -119,6 +122,7 @@ impl Controller {
             next_generation: 1,
             epoch: 1,
             resets: 0,
+            timeouts: 0,
         };
         let c = Arc::pin_init(
             pin_init!(Controller {
@@ -147,6 +151,7 @@ impl Controller {
         let _ = dma_write!(s[0].registrations = inner.regs.len() as u64);
         let _ = dma_write!(s[0].qpairs = inner.qpairs.len() as u64);
         let _ = dma_write!(s[0].resets = inner.resets);
+        let _ = dma_write!(s[0].timeouts = inner.timeouts);
         // Epoch and fault flag in one aligned word, one store: a reader sees both as of one
         // publication (two fields could pair a new epoch with an old fault flag).
         let state = ControllerState::new(inner.epoch, inner.faulted || inner.hw.is_none());
@@ -168,6 +173,7 @@ impl Controller {
         }
         inner.faulted = true;
         inner.epoch += 1;
+        inner.timeouts += 1;
         self.publish(inner);
         let Some(hw) = inner.hw.as_mut() else { return Err(ENODEV) };
         if let Err(e) = ctrl::disable(&hw.bar, self.cap) {
@@ -265,7 +271,7 @@ impl Controller {
             core::mem::forget(regs);
             None
         };
-        let _ = inner.files.remove_first(|f| *f == handle);
+        let _ = inner.files.remove_first(|f| f.handle == handle);
         self.publish(&inner);
         // Registrations go after the mutex: returning their memory charge takes the owner's
         // mmap_lock, which a page fault holds while it waits for this mutex.
@@ -277,7 +283,7 @@ impl Controller {
     pub(crate) fn shutdown(&self) {
         let mut inner = self.inner.lock();
         for f in inner.files.iter() {
-            f.zap(0, 0);
+            f.handle.zap(0, 0);
         }
         let stopped = match inner.hw.as_ref() {
             Some(hw) => ctrl::disable(&hw.bar, self.cap).is_ok(),

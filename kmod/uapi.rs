@@ -18,8 +18,8 @@ pub(crate) mod status;
 use crate::shim::Plain;
 use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
 use ioctl::{
-    CreateQpair, DeleteQpair, Deregister, DeviceInfo, GetSegments, RegisterDmabuf, RegisterHost, Segment, SetEventfd,
-    StatusPage,
+    AdminCommand, CreateQpair, DeleteQpair, Deregister, DeviceInfo, GetSegments, ListOpeners, Opener, RegisterDmabuf,
+    RegisterHost, Segment, SetEventfd, StatusPage,
 };
 use queue::{Cqe, Sqe};
 
@@ -35,6 +35,7 @@ macro_rules! plain {
 }
 
 plain!(
+    AdminCommand,
     DeviceInfo,
     CreateQpair,
     DeleteQpair,
@@ -44,6 +45,8 @@ plain!(
     Deregister,
     Segment,
     SetEventfd,
+    ListOpeners,
+    Opener,
     StatusPage,
     Sqe,
     Cqe,

@@ -19,6 +19,7 @@ mod chardev;
 mod ctrl;
 mod device;
 mod errno;
+mod openers;
 mod qpair;
 mod registry;
 mod shim;

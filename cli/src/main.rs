@@ -52,6 +52,9 @@ struct Target {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Controller health: id-ctrl, id-ns, smart-log, error-log, fw-log (cli/src/health.rs).
+    #[command(flatten)]
+    Health(health::HealthCmd),
     /// Where SSDs sit relative to GPUs (same PCIe switch, root complex, NUMA node); with a
     /// target (a ugds node or a volume), its members against one GPU, warning for any member
     /// across the inter-socket link.
@@ -140,6 +143,8 @@ enum Cmd {
     },
     /// What decides the I/O path on this machine, each finding with a verdict and the fix.
     Doctor,
+    #[command(flatten)]
+    Ops(ops::OpsCmd),
     /// The fallback path into GPU memory vs pread(O_DIRECT)+copy vs the disk alone.
     BenchGpu {
         /// The file to read (created with a pattern when missing or short).
@@ -190,6 +195,8 @@ impl QueueMode {
 
 mod gpu_bench;
 mod gpu_breakdown;
+mod health;
+mod ops;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -206,6 +213,8 @@ const CHUNK: u64 = 8 << 20;
 
 fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
+        Cmd::Health(h) => health::run(h, cli.json)?,
+        Cmd::Ops(c) => ops::run(c, cli.json)?,
         Cmd::Placement { target, gpu, nearest: true } => nearest(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Placement { target, gpu, nearest: false } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Doctor => {

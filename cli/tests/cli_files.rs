@@ -35,7 +35,7 @@ fn a_wrong_target_is_named_with_what_it_is_and_what_to_do() {
     let (ok, out) = ugds(&["info", "/dev/null"]);
     assert!(!ok && out.contains("/dev/null is a character device") && out.contains("ugds_drv"), "{out}");
     let (ok, out) = ugds(&["bench", "/dev/null"]);
-    assert!(!ok && out.contains("not a ugds node") && out.contains("cargo xtask bind"), "{out}");
+    assert!(!ok && out.contains("not a ugds node") && out.contains("ugds bind"), "{out}");
     let (ok, out) = ugds(&["info", "/nonexistent/x"]);
     assert!(!ok && out.contains("/nonexistent/x"), "{out}");
 }

@@ -18,7 +18,7 @@ const X86_64_USER_END: u64 = 0x7FFF_FFFF_F000;
 fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else { return };
     let Some((limits, arg)) = limits(rest) else { return };
-    match which % 8 {
+    match which % 10 {
         0 => create_qpair(arg, &limits),
         1 => delete_qpair(arg),
         2 => register_host(arg, &limits),
@@ -26,6 +26,8 @@ fuzz_target!(|data: &[u8]| {
         4 => get_segments(arg),
         5 => set_eventfd(arg),
         6 => mmap_offset_roundtrip(arg),
+        7 => admin_cmd(arg, &limits),
+        8 => list_openers(arg),
         _ => register_host(arg, &Limits { user_end: X86_64_USER_END, ..limits }),
     }
 });
@@ -133,11 +135,64 @@ fn set_eventfd(b: &[u8]) {
     }
 }
 
+fn list_openers(b: &[u8]) {
+    let Ok((a, _)) = ListOpeners::read_from_prefix(b) else { return };
+    match a.check() {
+        Ok(room) => assert!(room as u64 == u64::from(a.capacity) && a.capacity <= MAX_OPENERS),
+        Err(e) => assert!(a.capacity > MAX_OPENERS && e.errno() == ioctl::errno::EINVAL),
+    }
+}
+
 /// mmap offsets: whatever parses names a kind and queue id that encode back to the same offset.
 fn mmap_offset_roundtrip(b: &[u8]) {
     let Ok((off, _)) = u64::read_from_prefix(b) else { return };
     if let Some((kind, qid)) = parse_mmap_offset(off) {
         assert_eq!(mmap_offset(kind, qid), off);
         assert_eq!(off % 4096, 0);
+    }
+}
+
+/// `ADMIN_CMD`: the struct, then one byte for the controller's MDTS exponent (0: no limit).
+fn admin_cmd(b: &[u8], limits: &Limits) {
+    let Ok((a, rest)) = AdminCommand::read_from_prefix(b) else { return };
+    let mdts = rest.first().map_or(0, |&m| if m == 0 { 0 } else { 4096u32 << (m % 8) });
+    let got = a.check(limits, mdts);
+    let bound = if mdts != 0 && mdts < MAX_ADMIN_DATA { mdts } else { MAX_ADMIN_DATA };
+    let len = u128::from(a.data_len);
+    let bad_len = len % 4 != 0
+        || match a.opcode {
+            0x06 => len != 4096,
+            0x02 => len < 4 || len > u128::from(bound),
+            _ => len > 4096,
+        };
+    let end = u128::from(a.data) + len;
+    let want = if !matches!(a.opcode, 0x02 | 0x06 | 0x0A) {
+        Err(ioctl::errno::EACCES)
+    } else if a.flags != 0 || a.reserved0 != 0 || a.reserved1 != 0 || bad_len {
+        Err(ioctl::errno::EINVAL)
+    } else if len > 0 && end > u128::from(u64::MAX) {
+        Err(ioctl::errno::EOVERFLOW)
+    } else if len > 0 && end > u128::from(limits.user_end) {
+        Err(ioctl::errno::EFAULT)
+    } else {
+        Ok(())
+    };
+    assert_eq!(got.map(|_| ()).map_err(ArgError::errno), want, "{a:?} {limits:?} {mdts}");
+    let Ok(r) = got else { return };
+    assert_eq!((r.opcode, r.nsid, r.len, r.data), (a.opcode, a.nsid, a.data_len, a.data));
+    if a.opcode == 0x02 {
+        // NUMD (zero-based dwords) from the length, RAE set, the rest of CDW10/11 kept.
+        let numd = (r.cdw[0] >> 16) | (r.cdw[1] & 0xFFFF) << 16;
+        assert_eq!(u128::from(numd) + 1, len / 4);
+        assert_eq!(r.cdw[0] & 0x7FFF, a.cdw[0] & 0x7FFF);
+        assert_ne!(r.cdw[0] & LOG_PAGE_RAE, 0);
+        assert_eq!((r.cdw[1] >> 16, &r.cdw[2..]), (a.cdw[1] >> 16, &a.cdw[2..]));
+    } else {
+        assert_eq!(r.cdw, a.cdw);
+    }
+    // Every page of the transfer lands inside the module's buffer (data pages + guard page).
+    let pages = admin_data_pages(r.len);
+    for k in 0..(r.len as usize).div_ceil(ADMIN_PAGE) {
+        assert!(admin_page_of(r.len, k) <= pages);
     }
 }

@@ -124,3 +124,15 @@ impl Drop for LockedCharge {
         unsafe { bindings::account_locked_vm(self.mm.mm.as_ptr(), self.pages as _, false) };
     }
 }
+
+/// The calling process's id (its thread group id, `PIDTYPE_TGID`) in its own pid namespace,
+/// through the exported `__task_pid_nr_ns` (never a `task_struct` field: see the module docs);
+/// 0 if it has none (an exiting task).
+pub(crate) fn current_tgid() -> u32 {
+    // SAFETY: the current task is live for this call; `__task_pid_nr_ns` takes the RCU read lock
+    // itself, and a null namespace means the caller's active one.
+    let nr = unsafe {
+        bindings::__task_pid_nr_ns(current_task(), bindings::pid_type_PIDTYPE_TGID, core::ptr::null_mut())
+    };
+    u32::try_from(nr).unwrap_or(0)
+}

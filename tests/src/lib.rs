@@ -9,9 +9,11 @@ pub mod batch;
 pub mod boundary;
 pub mod fork;
 pub mod foundation;
+pub mod health;
 pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
+pub mod ops;
 pub mod owned;
 pub mod portable;
 pub mod python;
@@ -58,6 +60,7 @@ pub const VARIANTS: &[Variant] = &[
     // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface
     // and over NVMe/RDMA on soft-RoCE (rdma_rxe on a dummy interface).
     Variant { name: "remote", nvme: remote::NVME, iommu: false },
+    Variant { name: "ops", nvme: ops::NVME, iommu: false },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -80,6 +83,7 @@ pub fn all_tests() -> Vec<Test> {
     let mut v = foundation::tests();
     v.extend(kmod::tests());
     v.extend(boundary::tests());
+    v.extend(health::tests());
     v.extend(userlib::tests());
     v.extend(owned::tests());
     v.extend(sgl::tests());
@@ -89,6 +93,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(portable::tests());
     v.extend(volume::tests());
     v.extend(mqes::tests());
+    v.extend(ops::tests());
     v.extend(python::tests());
     v.extend(remote::tests());
     v.extend(remote_rdma::tests());
@@ -117,8 +122,8 @@ pub fn xtask(args: &[&str]) -> Result<(bool, String)> {
     Ok((out.status.success(), text))
 }
 
-/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded, through `ugds-kmod load`: the module is
-/// checked against the running kernel (vermagic, configuration, every imported symbol against
+/// Loads ugds.ko (`$UGDS_KMOD`) unless it is loaded; the first time through `ugds-kmod load`: the
+/// module is checked against the running kernel (vermagic, configuration, every imported symbol against
 /// /proc/kallsyms) before it is inserted, as on a user's machine. On a stock kernel the tool runs
 /// inside the kernel's Debian root (`$UGDS_MODULE_ROOT`, where it is installed and the module was
 /// built); on the test kernel, from this checkout against its build folder.
@@ -127,18 +132,27 @@ pub fn load_module() -> Result<()> {
         return Ok(());
     }
     let ko = std::env::var("UGDS_KMOD").context("UGDS_KMOD is not set")?;
+    // The check reads every kernel symbol: once per suite run is enough for one module file
+    // (kmod_load_unload_50 loads it 50 times).
+    static CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if CHECKED.load(std::sync::atomic::Ordering::Relaxed) {
+        return sh(&format!("insmod {ko}")).map(|_| ());
+    }
     let release = sh("uname -r")?.trim().to_string();
     if let Ok(root) = std::env::var("UGDS_MODULE_ROOT") {
         let inside = ko.strip_prefix(root.trim_end_matches('/')).with_context(|| format!("{ko} is not in {root}"))?;
+        // The root reaches the guest read-only: give the tool its /proc (kallsyms) and a /tmp.
         if !Path::new(&format!("{root}/proc/self")).exists() {
-            sh(&format!("mount -t proc proc {root}/proc"))?;
+            sh(&format!("mount -t proc proc {root}/proc && mount -t tmpfs tmp {root}/tmp"))?;
         }
-        sh(&format!("chroot {root} /usr/local/sbin/ugds-kmod load --release {release} {inside}")).map(|_| ())
+        sh(&format!("chroot {root} /usr/local/sbin/ugds-kmod load --release {release} {inside}"))?;
     } else {
         let build = std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD is not set")?;
         let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("../kmod/ugds-kmod");
-        sh(&format!("{} load --release {release} --headers {build} {ko}", tool.display())).map(|_| ())
+        sh(&format!("{} load --release {release} --headers {build} {ko}", tool.display()))?;
     }
+    CHECKED.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 /// Unloads ugds.ko if loaded.
@@ -178,11 +192,18 @@ pub fn nvme_name(addr: &str) -> Result<String> {
 }
 
 /// The block device of namespace 1 of the controller at `addr` once the kernel nvme driver has
-/// probed it, waiting up to 20 s. Found through sysfs (the controller's `nvmeXnY` children and
-/// their `nsid`), not by assuming `nvmeXn1`: the kernel numbers a namespace after its subsystem's
-/// namespace heads, so a head not yet released makes the new disk `nvmeXn2`.
+/// probed it, waiting up to 20 s (see [`namespace_device`]).
 pub fn namespace_block_device(addr: &str) -> Result<String> {
+    namespace_device(addr, 1)
+}
+
+/// The block device of namespace `nsid` of the controller at `addr` once the kernel nvme driver
+/// has probed it, waiting up to 20 s. Found through sysfs (the controller's `nvmeXnY` children
+/// and their `nsid`), not by assuming `nvmeXnN`: the kernel numbers a namespace after its
+/// subsystem's namespace heads, so a head not yet released makes the new disk `nvmeXn2`.
+pub fn namespace_device(addr: &str, nsid: u32) -> Result<String> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let want = nsid.to_string();
     loop {
         if let Ok(ctrl) = nvme_name(addr) {
             let dir = format!("/sys/bus/pci/devices/{addr}/nvme/{ctrl}");
@@ -190,7 +211,7 @@ pub fn namespace_block_device(addr: &str) -> Result<String> {
                 d.filter_map(|e| e.ok())
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .filter(|n| n.starts_with(&format!("{ctrl}n")))
-                    .find(|n| fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == "1"))
+                    .find(|n| fs::read_to_string(format!("{dir}/{n}/nsid")).is_ok_and(|s| s.trim() == want))
             });
             if let Some(n) = found {
                 let dev = format!("/dev/{n}");
@@ -200,7 +221,7 @@ pub fn namespace_block_device(addr: &str) -> Result<String> {
             }
         }
         if std::time::Instant::now() > deadline {
-            bail!("{addr}: no block device for namespace 1 within 20 s of the nvme driver binding");
+            bail!("{addr}: no block device for namespace {nsid} within 20 s of the nvme driver binding");
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

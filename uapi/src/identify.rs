@@ -31,7 +31,43 @@ pub struct IdentifyController {
     pub cntlid: u16,
     /// Version.
     pub ver: u32,
-    rsvd84: [u8; 428],
+    /// RTD3 Resume Latency, microseconds.
+    pub rtd3r: u32,
+    /// RTD3 Entry Latency, microseconds.
+    pub rtd3e: u32,
+    /// Optional Asynchronous Events Supported.
+    pub oaes: u32,
+    /// Controller Attributes.
+    pub ctratt: u32,
+    rsvd100: [u8; 156],
+    /// Optional Admin Command Support.
+    pub oacs: u16,
+    /// Abort Command Limit (zero-based).
+    pub acl: u8,
+    /// Asynchronous Event Request Limit (zero-based).
+    pub aerl: u8,
+    /// Firmware Updates: bits 3:1 the number of firmware slots.
+    pub frmw: u8,
+    /// Log Page Attributes.
+    pub lpa: u8,
+    /// Error Log Page Entries (zero-based).
+    pub elpe: u8,
+    /// Number of Power States Support (zero-based).
+    pub npss: u8,
+    /// Admin Vendor Specific Command Configuration.
+    pub avscc: u8,
+    /// Autonomous Power State Transition Attributes.
+    pub apsta: u8,
+    /// Warning Composite Temperature Threshold, kelvins.
+    pub wctemp: u16,
+    /// Critical Composite Temperature Threshold, kelvins.
+    pub cctemp: u16,
+    rsvd270: [u8; 10],
+    /// Total NVM Capacity in bytes (128-bit little endian; 0 when not reported).
+    pub tnvmcap: [u8; 16],
+    /// Unallocated NVM Capacity in bytes (128-bit little endian).
+    pub unvmcap: [u8; 16],
+    rsvd312: [u8; 200],
     /// Submission queue entry size (bits 3:0 required, 7:4 maximum; powers of two).
     pub sqes: u8,
     /// Completion queue entry size.
@@ -55,7 +91,10 @@ pub struct IdentifyController {
     rsvd530: [u8; 6],
     /// SGL support.
     pub sgls: u32,
-    rsvd540: [u8; 3556],
+    rsvd540: [u8; 228],
+    /// NVM Subsystem NVMe Qualified Name (UTF-8, NUL padded).
+    pub subnqn: [u8; 256],
+    rsvd1024: [u8; 3072],
 }
 
 const _: () = assert!(core::mem::size_of::<IdentifyController>() == 4096);
@@ -64,6 +103,15 @@ const _: () = assert!(core::mem::offset_of!(IdentifyController, mn) == 24);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, fr) == 64);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, mdts) == 77);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, ver) == 80);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, rtd3r) == 84);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, ctratt) == 96);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, oacs) == 256);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, elpe) == 262);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, wctemp) == 266);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, cctemp) == 268);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, tnvmcap) == 280);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, unvmcap) == 296);
+const _: () = assert!(core::mem::offset_of!(IdentifyController, subnqn) == 768);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, sqes) == 512);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, cqes) == 513);
 const _: () = assert!(core::mem::offset_of!(IdentifyController, nn) == 516);

@@ -23,6 +23,8 @@
 //! | `EBUSY` | (open) the node is held exclusively (`O_EXCL`) by another opener, or an exclusive open finds other openers |
 //! | `EACCES` | (doorbell mmap) the controller keeps its MSI-X table or PBA in the doorbell pages, which user space must never write |
 //! | `ENOMEM` | (registration) pinning would exceed `RLIMIT_MEMLOCK` (without `CAP_IPC_LOCK`) |
+//! | `EACCES` | (`ADMIN_CMD`) the opcode is not one of [`ADMIN_ALLOWED`]: nothing reached the controller |
+//! | `EIO` | (`ADMIN_CMD`) the controller is faulted or its admin queue broken (a reset is needed); a command the controller completed with an error status is not an errno but [`AdminCommand::status`] |
 //!
 //! # Lifetimes
 //! Every mapping is `VM_DONTCOPY` (a child made by `fork` inherits none) and is filled at fault
@@ -33,7 +35,7 @@
 //! names a queue the controller does not have.
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -370,9 +372,14 @@ pub struct StatusPage {
     pub qpairs: u64,
     /// Controller resets since probe.
     pub resets: u64,
+    /// Timeouts since probe: resets begun, whether they completed or not. Each follows a
+    /// command that timed out or failed uncleanly: an I/O command of user space (the library
+    /// asks for `IOCTL_RESET` then, and only then; a reset asked for by hand counts too) or an
+    /// admin command of the module (creating or deleting a queue pair); ABI 5.
+    pub timeouts: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<StatusPage>() == 48);
+const _: () = assert!(core::mem::size_of::<StatusPage>() == 56);
 const _: () = assert!(core::mem::offset_of!(StatusPage, state) == 8);
 
 /// [`StatusPage::state`]: bit 0 is set while the controller is faulted (a reset is needed or in
@@ -424,6 +431,133 @@ pub const IOCTL_RESET: u32 = ioc(IOC_NONE, 0x08, 0);
 /// its rings zeroed and empty; a no-op for a queue pair that is live. `EIO` while the controller
 /// is faulted.
 pub const IOCTL_REARM_QPAIR: u32 = ioc(IOC_WRITE, 0x09, core::mem::size_of::<DeleteQpair>());
+
+/// Request: run one admin command on the module's admin queue ([`AdminCommand`]): only the
+/// opcodes of [`ADMIN_ALLOWED`] (Identify, Get Log Page, Get Features), every other one `EACCES`
+/// before anything reaches the controller. The module builds the command itself from the
+/// allowed fields, transfers into memory of its own and copies `data_len` bytes to `data`
+/// (the rules: [`super::args`], `AdminCommand::check`). ABI 5.
+pub const IOCTL_ADMIN_CMD: u32 = ioc(IOC_READ | IOC_WRITE, 0x0B, core::mem::size_of::<AdminCommand>());
+
+/// The admin opcodes `ADMIN_CMD` runs, with their names: the ones that only read the
+/// controller's state. Everything else (Format NVM, Sanitize, Set Features, Firmware Commit,
+/// Namespace Management, queue creation and deletion, vendor commands, ...) changes it.
+pub const ADMIN_ALLOWED: [(u8, &str); 3] = [(0x02, "Get Log Page"), (0x06, "Identify"), (0x0A, "Get Features")];
+
+/// The name of an admin opcode `ADMIN_CMD` allows, `None` for every other one.
+pub const fn admin_allowed(opcode: u8) -> Option<&'static str> {
+    match opcode {
+        0x02 => Some(ADMIN_ALLOWED[0].1),
+        0x06 => Some(ADMIN_ALLOWED[1].1),
+        0x0A => Some(ADMIN_ALLOWED[2].1),
+        _ => None,
+    }
+}
+
+/// Most bytes one `ADMIN_CMD` transfers (also bounded by the controller's MDTS): 64 KiB, the
+/// Error Information log of 1024 entries or sixteen Identify pages.
+pub const MAX_ADMIN_DATA: u32 = 64 << 10;
+
+/// `ADMIN_CMD` argument: the fields of one admin command that the module copies into the
+/// command it builds, the user buffer the data goes to, and the completion's result.
+///
+/// There is no field for data pointers, a metadata pointer, fused operation or PSDT: the module
+/// sets those itself (PRPs to its own memory, nothing else).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
+)]
+#[repr(C)]
+pub struct AdminCommand {
+    /// In: the opcode, one of [`ADMIN_ALLOWED`].
+    pub opcode: u8,
+    /// Must be zero.
+    pub flags: u8,
+    /// Must be zero.
+    pub reserved0: u16,
+    /// In: namespace id.
+    pub nsid: u32,
+    /// In: command dwords 10 to 15 (Get Log Page: the module sets NUMDL/NUMDU from `data_len`
+    /// and RAE).
+    pub cdw: [u32; 6],
+    /// In: bytes to transfer to `data` (Identify: 4096; Get Log Page: 4..=the bound, a multiple
+    /// of 4; Get Features: 0..=4096, a multiple of 4).
+    pub data_len: u32,
+    /// Must be zero.
+    pub reserved1: u32,
+    /// In: user address of `data_len` writable bytes (ignored when `data_len` is 0).
+    pub data: u64,
+    /// Out: completion dword 0 (Get Features: the feature's value).
+    pub result: u32,
+    /// Out: the completion's status field (DW3 bits 31:17: SC, SCT, CRD, More, DNR); 0 is
+    /// success. With a non-zero status nothing is copied to `data`.
+    pub status: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<AdminCommand>() == 56);
+const _: () = assert!(core::mem::offset_of!(AdminCommand, nsid) == 4);
+const _: () = assert!(core::mem::offset_of!(AdminCommand, cdw) == 8);
+const _: () = assert!(core::mem::offset_of!(AdminCommand, data_len) == 32);
+const _: () = assert!(core::mem::offset_of!(AdminCommand, data) == 40);
+const _: () = assert!(core::mem::offset_of!(AdminCommand, result) == 48);
+const _: () = assert!(core::mem::offset_of!(AdminCommand, status) == 52);
+
+/// One open file of a controller, as [`IOCTL_LIST_OPENERS`] reports it (ABI 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
+)]
+#[repr(C)]
+pub struct Opener {
+    /// The id (thread group id) of the process that opened the file, read at open, as seen from
+    /// that process's own pid namespace (once it has exited, the number may be another's).
+    pub tgid: u32,
+    /// [`OPENER_EXCLUSIVE`] when opened with `O_EXCL`.
+    pub flags: u32,
+    /// Live I/O queue pairs this file created.
+    pub qpairs: u32,
+    /// Live registrations this file made.
+    pub registrations: u32,
+    /// Bytes of host memory this file pinned (its host registrations).
+    pub pinned_bytes: u64,
+    /// Bytes of dma-buf memory (GPU memory, udmabuf, dma-heap) this file mapped for the controller.
+    pub dmabuf_bytes: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Opener>() == 32);
+const _: () = assert!(core::mem::offset_of!(Opener, pinned_bytes) == 16);
+
+/// [`Opener::flags`]: the file holds the controller exclusively.
+pub const OPENER_EXCLUSIVE: u32 = 1 << 0;
+
+/// `LIST_OPENERS` argument: copy up to `capacity` [`Opener`]s to `openers`; `count` comes back
+/// as the number of open files (which may exceed `capacity`: call again with more room). The
+/// ioctl returns how many it copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
+)]
+#[repr(C)]
+pub struct ListOpeners {
+    /// In: room in `openers`, at most [`MAX_OPENERS`].
+    pub capacity: u32,
+    /// Out: open files of the controller (the caller's own included).
+    pub count: u32,
+    /// In: user pointer to `capacity` [`Opener`]s (may be 0 when `capacity` is 0).
+    pub openers: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<ListOpeners>() == 16);
+
+/// Most openers one `LIST_OPENERS` call copies.
+pub const MAX_OPENERS: u32 = 4096;
+
+/// Request: list the controller's open files with what each owns ([`ListOpeners`]); any opener
+/// of the node may ask (ABI 5).
+pub const IOCTL_LIST_OPENERS: u32 = ioc(IOC_READ | IOC_WRITE, 0x0A, core::mem::size_of::<ListOpeners>());
 
 /// mmap region kinds, encoded in the offset by [`mmap_offset`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

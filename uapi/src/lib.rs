@@ -12,6 +12,7 @@
 pub mod args;
 pub mod identify;
 pub mod ioctl;
+pub mod log;
 pub mod queue;
 pub mod rdma;
 pub mod regs;

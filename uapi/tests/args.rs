@@ -113,3 +113,188 @@ fn every_refusal_has_the_documented_errno() {
     assert_eq!(ArgError::Fault.errno(), errno::EFAULT);
     assert_eq!(ArgError::BadFd.errno(), errno::EBADF);
 }
+
+fn admin_cmd(opcode: u8, data_len: u32) -> AdminCommand {
+    AdminCommand { opcode, data_len, data: 0x10_0000, ..Default::default() }
+}
+
+#[test]
+fn admin_cmd_allows_only_three_opcodes_checked_first() {
+    let mut allowed = Vec::new();
+    for op in 0..=255u8 {
+        // Flags and reserved bits set too: the opcode rule comes first.
+        let a = AdminCommand { flags: 0xFF, reserved1: 1, data_len: 3, ..admin_cmd(op, 0) };
+        match a.check(&LIMITS, 0) {
+            Err(ArgError::Refused(o)) => {
+                assert_eq!(o, op);
+                assert_eq!(ArgError::Refused(o).errno(), errno::EACCES);
+                assert!(admin_allowed(op).is_none());
+            }
+            Err(ArgError::Invalid("flags")) => allowed.push(op),
+            other => panic!("opcode {op:#x}: {other:?}"),
+        }
+    }
+    assert_eq!(allowed, [0x02, 0x06, 0x0A]);
+    assert_eq!(admin_allowed(0x02), Some("Get Log Page"));
+    assert_eq!(admin_allowed(0x80), None, "Format NVM");
+}
+
+#[test]
+fn admin_cmd_lengths_by_opcode() {
+    let inval = Err(ArgError::Invalid("data_len"));
+    // Identify: exactly one page.
+    for len in [0, 4, 512, 4092, 4100, 8192] {
+        assert_eq!(admin_cmd(0x06, len).check(&LIMITS, 0), inval, "identify {len}");
+    }
+    assert!(admin_cmd(0x06, 4096).check(&LIMITS, 0).is_ok());
+    // Get Log Page: 4..=bound, dword multiples; the bound is MDTS below 64 KiB.
+    for len in [0, 2, 513, MAX_ADMIN_DATA + 4, !3u32] {
+        assert_eq!(admin_cmd(0x02, len).check(&LIMITS, 0), inval, "log {len}");
+    }
+    assert!(admin_cmd(0x02, MAX_ADMIN_DATA).check(&LIMITS, 0).is_ok());
+    assert!(admin_cmd(0x02, MAX_ADMIN_DATA).check(&LIMITS, 1 << 20).is_ok());
+    assert_eq!(admin_cmd(0x02, 8196).check(&LIMITS, 8192), inval);
+    assert!(admin_cmd(0x02, 8192).check(&LIMITS, 8192).is_ok());
+    // Get Features: no data, or up to a page.
+    assert!(admin_cmd(0x0A, 0).check(&LIMITS, 0).is_ok());
+    assert!(admin_cmd(0x0A, 4096).check(&LIMITS, 0).is_ok());
+    assert_eq!(admin_cmd(0x0A, 4100).check(&LIMITS, 0), inval);
+    assert_eq!(admin_cmd(0x0A, 6).check(&LIMITS, 0), inval);
+}
+
+#[test]
+fn admin_cmd_reserved_and_buffer() {
+    let a = AdminCommand { reserved0: 1, ..admin_cmd(0x06, 4096) };
+    assert_eq!(a.check(&LIMITS, 0), Err(ArgError::Invalid("reserved")));
+    let a = AdminCommand { flags: 0x40, ..admin_cmd(0x06, 4096) };
+    assert_eq!(a.check(&LIMITS, 0), Err(ArgError::Invalid("flags")));
+    let a = AdminCommand { data: u64::MAX - 100, ..admin_cmd(0x06, 4096) };
+    assert_eq!(a.check(&LIMITS, 0), Err(ArgError::Overflow));
+    let a = AdminCommand { data: LIMITS.user_end - 4095, ..admin_cmd(0x06, 4096) };
+    assert_eq!(a.check(&LIMITS, 0), Err(ArgError::Fault));
+    let a = AdminCommand { data: LIMITS.user_end - 4096, ..admin_cmd(0x06, 4096) };
+    assert!(a.check(&LIMITS, 0).is_ok());
+    // No data: the pointer does not matter.
+    let a = AdminCommand { data: u64::MAX, ..admin_cmd(0x0A, 0) };
+    assert!(a.check(&LIMITS, 0).is_ok());
+}
+
+#[test]
+fn admin_cmd_builds_its_own_command() {
+    // Get Log Page, SMART (LID 2), 512 bytes, with NUMD and RAE bits the caller set wrongly.
+    let a = AdminCommand {
+        nsid: 0xFFFF_FFFF,
+        cdw: [0xFFFF_0002, 0x1234_FFFF, 7, 8, 9, 10],
+        result: 5,
+        status: 6,
+        ..admin_cmd(0x02, 512)
+    };
+    let r = a.check(&LIMITS, 0).unwrap();
+    assert_eq!(r.len, 512);
+    // NUMD = 127 (zero-based dwords), RAE set, LID kept; LSI (CDW11 31:16) kept.
+    assert_eq!(r.cdw[0], 127 << 16 | LOG_PAGE_RAE | 0x02);
+    assert_eq!(r.cdw[1], 0x1234_0000);
+    let big = admin_cmd(0x02, MAX_ADMIN_DATA).check(&LIMITS, 0).unwrap();
+    let numd = MAX_ADMIN_DATA / 4 - 1;
+    assert_eq!((big.cdw[0] >> 16, big.cdw[1] & 0xFFFF), (numd & 0xFFFF, numd >> 16));
+    let s = r.sqe(0x1000, 0x2000);
+    assert_eq!(s.opcode(), 0x02);
+    let raw: [u32; 16] = dwords(&s);
+    // CDW0: opcode only (no fused bits, PSDT 0 = PRPs, cid 0); NSID; CDW2-3 and MPTR zero.
+    assert_eq!(raw[0], 0x02);
+    assert_eq!(raw[1], 0xFFFF_FFFF);
+    assert_eq!(&raw[2..6], &[0, 0, 0, 0]);
+    assert_eq!(&raw[6..10], &[0x1000, 0, 0x2000, 0]);
+    assert_eq!(&raw[10..16], &r.cdw);
+}
+
+/// The 16 dwords of an entry, through its byte layout.
+fn dwords(s: &ugds_uapi::queue::Sqe) -> [u32; 16] {
+    use zerocopy::IntoBytes;
+    let b = s.as_bytes();
+    std::array::from_fn(|i| u32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap()))
+}
+
+/// The module's `ADMIN_CMD` buffer for `len` bytes: `pages` data pages and the guard page, each
+/// page a list of the page indexes its entries name (as PRP entries, page index times 4096).
+fn admin_buffer(len: u32) -> Vec<[usize; PRP_ENTRIES]> {
+    let pages = admin_data_pages(len);
+    let mut mem = vec![[0usize; PRP_ENTRIES]; pages + 1];
+    for (i, e) in mem[pages].iter_mut().enumerate() {
+        *e = admin_guard_entry(pages, i);
+    }
+    mem
+}
+
+/// A controller's walk of PRP1 (page 0) and PRP2 (the guard page) for a transfer of `bytes`
+/// (base spec 2.0, 4.1.1: PRP2 is the second data page for two pages, else a list pointer; the
+/// last entry of a list page points to the next list when more entries are needed, and is the
+/// last data page otherwise). Returns the pages it writes data to, in order, and every page it
+/// reads as a list, each with its step in the walk.
+/// (page, step of the walk) pairs.
+type Steps = Vec<(usize, usize)>;
+
+fn prp_walk(mem: &[[usize; PRP_ENTRIES]], bytes: usize) -> (Steps, Steps) {
+    let guard = mem.len() - 1;
+    let need = bytes.div_ceil(ADMIN_PAGE);
+    let mut step = 0;
+    let mut data = vec![(0, step)];
+    let mut lists = Vec::new();
+    if need == 2 {
+        data.push((guard, 1));
+    } else if need > 2 {
+        let mut list = guard;
+        let mut i = 0;
+        lists.push((list, step));
+        while data.len() < need {
+            step += 1;
+            let left = need - data.len();
+            let e = mem[list][i];
+            if i == PRP_ENTRIES - 1 && left > 1 {
+                list = e;
+                lists.push((list, step));
+                i = 0;
+                continue;
+            }
+            data.push((e, step));
+            i += 1;
+        }
+    }
+    (data, lists)
+}
+
+#[test]
+fn admin_buffer_keeps_every_prp_the_controller_can_derive_inside_it() {
+    for len in [0u32, 4, 512, 4096, 4100, 8192, 8196, 12288, 16384, 65532, MAX_ADMIN_DATA] {
+        let mem = admin_buffer(len);
+        let pages = mem.len();
+        // Whatever length the controller derives, up to far past the buffer (4 MiB: several
+        // trips through the self-chained list), it reaches only the buffer's pages.
+        for bytes in (1..=4 << 20).step_by(4096 - 4) {
+            let (data, lists) = prp_walk(&mem, bytes);
+            assert!(data.iter().chain(&lists).all(|&(p, _)| p < pages), "len {len}, transfer {bytes}");
+            // A page it writes as data is never read as a list afterwards (the guard page is
+            // written only as the very last page of a long walk, or in a two-page transfer).
+            for &(p, at) in &data {
+                assert!(!lists.iter().any(|&(l, when)| l == p && when > at), "len {len}, transfer {bytes}: page {p}");
+            }
+        }
+        // The exact transfer lands where the copy-out reads it, each page once.
+        let data: Vec<usize> = prp_walk(&mem, len.max(1) as usize).0.into_iter().map(|(p, _)| p).collect();
+        let want: Vec<usize> = (0..data.len()).map(|k| admin_page_of(len, k)).collect();
+        assert_eq!(data, want, "len {len}");
+        let mut uniq = data.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(uniq.len(), data.len(), "len {len}: a page used twice");
+    }
+}
+
+#[test]
+fn list_openers_capacity_is_bounded() {
+    let l = |capacity| ListOpeners { capacity, count: 7, openers: 0x1000 };
+    assert_eq!(l(0).check(), Ok(0));
+    assert_eq!(l(MAX_OPENERS).check(), Ok(MAX_OPENERS as usize));
+    assert_eq!(l(MAX_OPENERS + 1).check(), Err(ArgError::Invalid("capacity")));
+    assert_eq!(l(u32::MAX).check().map_err(|e| e.errno()), Err(errno::EINVAL));
+}

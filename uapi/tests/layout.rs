@@ -163,7 +163,10 @@ fn ioctl_structs_and_numbers() {
     assert_eq!(size_of::<GetSegments>(), 24);
     assert_eq!(size_of::<Deregister>(), 8);
     assert_eq!(size_of::<SetEventfd>(), 8);
-    assert_eq!(size_of::<StatusPage>(), 48);
+    assert_eq!(size_of::<StatusPage>(), 56);
+    assert_eq!(size_of::<Opener>(), 32);
+    assert_eq!(size_of::<ListOpeners>(), 16);
+    assert_eq!(size_of::<AdminCommand>(), 56);
     // _IOR(0xD7, 0, 392) as the kernel's macros compute it.
     assert_eq!(IOCTL_GET_INFO, 2 << 30 | 392 << 16 | 0xD7 << 8);
     assert_eq!(IOCTL_RESET, 0xD7 << 8 | 8);
@@ -178,6 +181,8 @@ fn ioctl_structs_and_numbers() {
         IOCTL_SET_EVENTFD,
         IOCTL_RESET,
         IOCTL_REARM_QPAIR,
+        IOCTL_LIST_OPENERS,
+        IOCTL_ADMIN_CMD,
     ];
     for (i, a) in all.iter().enumerate() {
         assert_eq!(a & 0xFF, i as u32, "request numbers are dense and distinct");

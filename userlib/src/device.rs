@@ -16,6 +16,7 @@ pub use crate::queue::DptrCounts;
 use crate::queue::QueuePair;
 pub use crate::sgl::DataPointers;
 use crate::sys::{req, DeviceFd, EventFd};
+pub use control::Control;
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -24,6 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use ugds_uapi::ioctl::*;
 
+mod admin;
+mod control;
 pub(crate) mod lanes;
 #[cfg(test)]
 mod mock_tests;
@@ -231,7 +234,7 @@ fn optional_command(oncs: u32, bit: u32, what: &'static str) -> Result<()> {
 }
 
 /// A zeroed `DeviceInfo`, for GET_INFO to fill.
-fn blank_info() -> DeviceInfo {
+pub(crate) fn blank_info() -> DeviceInfo {
     DeviceInfo {
         abi_version: 0,
         instance: 0,
@@ -257,7 +260,25 @@ fn blank_info() -> DeviceInfo {
     }
 }
 
-fn ascii(b: &[u8]) -> String {
+/// GET_INFO of an open node, refusing a module of another ABI version.
+pub(crate) fn get_info(fd: &DeviceFd) -> Result<DeviceInfo> {
+    let mut info = blank_info();
+    fd.ioctl(req::GetInfo, &mut info).map_err(|e| match e {
+        // The request number encodes the struct's size: a module older than ABI 3 knows
+        // GET_INFO only by its smaller size, and says ENOTTY. Its version is unknown (0).
+        Error::Control { ref source, .. } if source.raw_os_error() == Some(libc::ENOTTY) => {
+            Error::AbiMismatch { kernel: 0, library: ABI_VERSION }
+        }
+        e => e,
+    })?;
+    if info.abi_version != ABI_VERSION {
+        return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
+    }
+    Ok(info)
+}
+
+/// An identify string field (space or NUL padded ASCII) as text.
+pub(crate) fn ascii(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
 }
 
@@ -273,25 +294,14 @@ impl Device {
             return Err(Error::NotUgdsNode {
                 path: path.to_string(),
                 what: describe_path(path),
-                fix: "bind a controller to ugds (`cargo xtask bind /dev/nvmeX`, which prints its node \
+                fix: "bind a controller to ugds (`ugds bind /dev/nvmeX`, which prints its node \
                       /dev/ugds_drvN); files and block devices take the fallback path through \
                       `Storage::open` (the CLI's info, read and write accept them)",
             });
         }
         let born = crate::fork::watch()?;
         let fd = Arc::new(DeviceFd::open(path, opts.exclusive)?);
-        let mut info = blank_info();
-        fd.ioctl(req::GetInfo, &mut info).map_err(|e| match e {
-            // The request number encodes the struct's size: a module older than ABI 3 knows
-            // GET_INFO only by its smaller size, and says ENOTTY. Its version is unknown (0).
-            Error::Control { ref source, .. } if source.raw_os_error() == Some(libc::ENOTTY) => {
-                Error::AbiMismatch { kernel: 0, library: ABI_VERSION }
-            }
-            e => e,
-        })?;
-        if info.abi_version != ABI_VERSION {
-            return Err(Error::AbiMismatch { kernel: info.abi_version, library: ABI_VERSION });
-        }
+        let info = get_info(&fd)?;
         if opts.interrupts && info.irq_vectors == 0 {
             return Err(Error::invalid("interrupts", "the controller has no MSI-X vectors for I/O queues"));
         }

@@ -7,6 +7,8 @@ use crate::gpu::cuda::{self, Cuda};
 use crate::gpu::Runtime;
 use std::path::Path;
 
+pub mod kernel;
+
 /// How a finding bears on the direct path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -136,9 +138,10 @@ pub fn diagnose() -> Vec<Finding> {
             "module",
             Verdict::No,
             "ugds.ko is not loaded",
-            "cargo xtask install, then cargo xtask bind <pci-address>",
+            "modprobe ugds (installed by cargo xtask install), then ugds bind <pci-address>",
         ),
     });
+    out.extend(kernel::findings(Path::new("/")));
 
     let pci = pci_functions();
     let nvme: Vec<&PciFn> = pci.iter().filter(|f| f.class >> 8 == 0x0108).collect();
@@ -156,7 +159,7 @@ pub fn diagnose() -> Vec<Finding> {
             .map(|f| format!("{} ({})", f.addr, f.driver.clone().unwrap_or_else(|| "no driver".into())))
             .collect();
         let v = if bound.is_empty() { Verdict::Warn } else { Verdict::Ok };
-        let fix = if bound.is_empty() { "bind a dedicated SSD: cargo xtask bind <pci-address>" } else { "" };
+        let fix = if bound.is_empty() { "bind a dedicated SSD: ugds bind <pci-address>" } else { "" };
         let mut nodes: Vec<String> = std::fs::read_dir(format!("/sys/class/{}", crate::device::NODE_CLASS))
             .map(|d| d.filter_map(|e| e.ok()).map(|e| format!("/dev/{}", e.file_name().to_string_lossy())).collect())
             .unwrap_or_default();

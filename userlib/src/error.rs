@@ -79,6 +79,24 @@ pub enum Error {
         /// The deadline.
         timeout_ms: u64,
     },
+    /// The module refused an admin command: only Identify (0x06), Get Log Page (0x02) and Get
+    /// Features (0x0A) pass (docs/health.md says why); nothing reached the controller.
+    #[error(
+        "admin opcode {opcode:#04x} is refused: ugds passes only Identify, Get Log Page and Get Features \
+         (the others could change the controller, its data or its settings)"
+    )]
+    AdminOpcodeRefused {
+        /// The opcode.
+        opcode: u8,
+    },
+    /// The controller completed an admin command with an error status.
+    #[error("admin command {opcode:#04x} failed: {status}")]
+    AdminFailed {
+        /// The opcode.
+        opcode: u8,
+        /// The decoded status.
+        status: Status,
+    },
     /// The controller is faulted (a reset is needed or in progress).
     #[error("the controller is faulted; it must be reset before further I/O")]
     DeviceFaulted,
@@ -246,6 +264,8 @@ impl Error {
             Error::InvalidArgument { .. } => libc::EINVAL,
             Error::NoNamespace(_) | Error::NotUgdsNode { .. } => libc::ENODEV,
             Error::Nvme { .. } | Error::DeviceProtocol(_) | Error::Gpu { .. } => libc::EIO,
+            Error::AdminOpcodeRefused { .. } => libc::EACCES,
+            Error::AdminFailed { .. } => libc::EIO,
             Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::DeviceFaulted | Error::EpochChanged { .. } => libc::EAGAIN,
             Error::RegistrationBusy { .. } => libc::EBUSY,

@@ -200,6 +200,7 @@ impl StatusView {
             registrations: self.load64(offset_of!(StatusPage, registrations)),
             qpairs: self.load64(offset_of!(StatusPage, qpairs)),
             resets: self.load64(offset_of!(StatusPage, resets)),
+            timeouts: self.load64(offset_of!(StatusPage, timeouts)),
         }
     }
 }

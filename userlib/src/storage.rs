@@ -147,7 +147,7 @@ impl Storage {
                 Error::InvalidArgument { .. } => Error::NotUgdsNode {
                     path: path.to_string(),
                     what: crate::device::describe_path(path),
-                    fix: "give a ugds node (/dev/ugds_drvN, direct path: `cargo xtask bind /dev/nvmeX` \
+                    fix: "give a ugds node (/dev/ugds_drvN, direct path: `ugds bind /dev/nvmeX` \
                       gives a controller to ugds and prints its node), a striped volume \
                       (stripe:[CHUNK:]NODE,NODE,...), a regular file or a block device (fallback path)",
                 },

@@ -32,6 +32,10 @@ unsafe impl IoctlArg for ugds_uapi::ioctl::GetSegments {}
 unsafe impl IoctlArg for ugds_uapi::ioctl::Deregister {}
 // SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::SetEventfd {}
+// SAFETY: see above.
+unsafe impl IoctlArg for ugds_uapi::ioctl::AdminCommand {}
+// SAFETY: see above.
+unsafe impl IoctlArg for ugds_uapi::ioctl::ListOpeners {}
 // SAFETY: zero-sized: the kernel reads nothing through the pointer (the request's size is 0).
 unsafe impl IoctlArg for () {}
 
@@ -139,6 +143,25 @@ pub mod req {
     request!(
         /// Re-create a queue pair on the controller after a reset, its rings zeroed.
         RearmQpair, abi::IOCTL_REARM_QPAIR, abi::DeleteQpair, safe
+    );
+    request!(
+        /// Run one allowed admin command (Identify, Get Log Page, Get Features) on the module's
+        /// admin queue; the module copies `data_len` bytes of its result to `data`.
+        ///
+        /// # Safety
+        ///
+        /// With a non-zero `data_len`, `data` must point to `data_len` writable bytes that
+        /// nothing else references during the call.
+        AdminCmd, abi::IOCTL_ADMIN_CMD, abi::AdminCommand, unsafe
+    );
+    request!(
+        /// Copy the controller's open files (who opened each, what it owns) to `openers`.
+        ///
+        /// # Safety
+        ///
+        /// `openers` must point to `capacity` writable [`abi::Opener`]s that nothing else
+        /// references during the call.
+        ListOpeners, abi::IOCTL_LIST_OPENERS, abi::ListOpeners, unsafe
     );
 }
 

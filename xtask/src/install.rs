@@ -106,17 +106,22 @@ pub fn ugds_kmod() -> Command {
     Command::new(toolchain::workspace_root().join("kmod/ugds-kmod"))
 }
 
-/// Builds, checks and installs ugds.ko for the running kernel (or the build tree `kdir`) with
-/// `kmod/ugds-kmod install` — which also serves stock distribution kernels, rebuilding their
-/// Rust metadata — then (re)loads it.
-pub fn install(kdir: Option<PathBuf>) -> Result<()> {
-    let release = toolchain::output(Command::new("uname").arg("-r"))?;
+/// The release (`6.12.9-amd64`) of a kernel build tree.
+fn release_of(kdir: &Path) -> Result<String> {
+    let p = kdir.join("include/config/kernel.release");
+    Ok(fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?.trim().to_string())
+}
+
+/// Builds and checks ugds.ko for the running kernel (or the tree `kdir`) with `kmod/ugds-kmod
+/// build` — which also serves stock distribution kernels, rebuilding the Rust metadata their
+/// headers lack — and installs it with the CLI and the files of `dist/` (see [`crate::dist`]);
+/// loads it unless staging into `destdir`.
+pub fn install(kdir: Option<PathBuf>, prefix: &Path, destdir: Option<&Path>) -> Result<()> {
+    let running = toolchain::output(Command::new("uname").arg("-r"))?;
+    let headers = kdir.clone().unwrap_or_else(|| PathBuf::from(format!("/lib/modules/{running}/build")));
+    let release = release_of(&headers).unwrap_or_else(|_| running.clone());
     let mut cmd = ugds_kmod();
-    cmd.arg("install");
-    let headers = kdir.clone().unwrap_or_else(|| PathBuf::from(format!("/lib/modules/{release}/build")));
-    if let Some(k) = &kdir {
-        cmd.arg("--headers").arg(k);
-    }
+    cmd.args(["build", "--release", &release]).arg("--headers").arg(&headers);
     // A rustup toolchain of the kernel's exact version, when PATH's rustc is another one.
     if std::env::var_os("RUSTC").is_none() {
         if let Some(want) = kernel_rustc_code(&headers) {
@@ -125,7 +130,24 @@ pub fn install(kdir: Option<PathBuf>) -> Result<()> {
             }
         }
     }
-    toolchain::run(&mut cmd).context("ugds-kmod install")?;
+    let out = toolchain::output(&mut cmd).context("ugds-kmod build")?;
+    let ko = PathBuf::from(out.lines().last().context("ugds-kmod build printed no module path")?.trim());
+    let layout =
+        crate::dist::Layout { destdir: destdir.unwrap_or(Path::new("/")).to_path_buf(), prefix: prefix.into() };
+    let mut installed = vec![crate::dist::install_module(&layout, &ko, &release)?];
+    installed.push(crate::dist::install_cli(&layout)?);
+    installed.extend(crate::dist::install_files(&layout)?);
+    // The module's build tool and sources: a kernel update is then handled on the machine.
+    let staged_prefix = layout.staged(prefix);
+    install_kmod_tool(&staged_prefix)?;
+    installed.push(staged_prefix.join("sbin/ugds-kmod"));
+    for p in &installed {
+        println!("installed {}", p.display());
+    }
+    if destdir.is_some() {
+        return Ok(());
+    }
+    println!("boot-time binding: list controllers in /etc/ugds/bind.conf (see bind.conf.example), then `systemctl enable ugds-bind.service`");
     if Path::new("/sys/module/ugds").exists() {
         toolchain::run(Command::new("rmmod").arg("ugds")).context("unloading the old ugds module")?;
     }

@@ -11,6 +11,7 @@ mod bind;
 mod clib;
 mod cost;
 mod demo;
+mod dist;
 mod fuzz;
 mod install;
 mod kernel;
@@ -31,11 +32,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Build the Rust-enabled test kernel (cached outside the repository).
+    /// Build the Rust-enabled test kernel, or fetch a stock one into its Debian root (cached
+    /// outside the repository); prints the kernel image's path.
     Kernel {
         /// Build the debug flavour (KASAN, lockdep, atomic-sleep checks).
         #[arg(long)]
         debug: bool,
+        /// Which kernel.
+        #[arg(long, value_enum, default_value = "6.12")]
+        kernel: kernel::Choice,
     },
     /// Boot the test kernel with emulated NVMe controllers and run CMD as root in the guest.
     Vm {
@@ -65,11 +70,20 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Build kmod/ against the running kernel (or --kdir) and load it.
+    /// Build kmod/ against the running kernel (or --kdir) and load it; install it for modprobe,
+    /// the `ugds` CLI under PREFIX, the boot-time binding unit, the udev rule, an example
+    /// /etc/ugds/bind.conf and the operations guide (docs/operations.md).
     Install {
         /// Kernel build tree (default: /lib/modules/$(uname -r)/build).
         #[arg(long)]
         kdir: Option<PathBuf>,
+        /// Installation prefix of the CLI, the systemd unit and the guide.
+        #[arg(long, default_value = "/usr/local")]
+        prefix: PathBuf,
+        /// Stage every file under this directory instead of the machine (packaging): nothing is
+        /// loaded and depmod does not run.
+        #[arg(long)]
+        destdir: Option<PathBuf>,
     },
     /// Give NVMe controllers (/dev/nvmeX, /dev/nvmeXnY or PCI addresses) to ugds; with several,
     /// prints the volume spec naming them in order.
@@ -248,10 +262,9 @@ fn main() {
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Kernel { debug } => {
-            let flavour = if debug { kernel::Flavour::Debug } else { kernel::Flavour::Normal };
-            let k = kernel::ensure(flavour)?;
-            println!("{}", k.bzimage().display());
+        Cmd::Kernel { debug, kernel } => {
+            let k = kernel.with_debug(debug).ensure()?;
+            println!("{}", k.image().display());
         }
         Cmd::Vm { nvme, iommu, bind, mem, timeout, debug_kernel, kernel, cmd } => {
             let k = kernel.with_debug(debug_kernel).ensure()?;
@@ -269,7 +282,7 @@ fn real_main() -> Result<()> {
             let out = vm::run(&cfg, &k, true)?;
             std::process::exit(out.code);
         }
-        Cmd::Install { kdir } => install::install(kdir)?,
+        Cmd::Install { kdir, prefix, destdir } => install::install(kdir, &prefix, destdir.as_deref())?,
         Cmd::Bind(Controllers { targets, all, chunk }) => {
             let (bound, refused) = bind::bind_many(&targets, all)?;
             for b in &bound {

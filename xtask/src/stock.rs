@@ -47,10 +47,7 @@ impl StockKernel {
     /// Runs `ugds-kmod ARGS` inside the root, as a user of that system would, with the current
     /// checkout's `kmod/` and `uapi/` installed where the installed layout puts them.
     pub fn ugds_kmod(&self, args: &[&str]) -> Result<String> {
-        install_tool(&self.root)?;
-        let mut all = vec![format!("/{TOOL_IN_ROOT}")];
-        all.extend(args.iter().map(|s| s.to_string()));
-        let out = in_root(&self.root, &all)?;
+        let out = self.run_tool(args)?;
         if !out.status.success() {
             bail!(
                 "ugds-kmod {} in {} failed ({}):\n{}{}",
@@ -63,6 +60,14 @@ impl StockKernel {
         }
         eprint!("{}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Installs the checkout's `ugds-kmod` into the root and runs it there with `args`.
+    fn run_tool(&self, args: &[&str]) -> Result<std::process::Output> {
+        install_tool(&self.root)?;
+        let mut all = vec![format!("/{TOOL_IN_ROOT}")];
+        all.extend(args.iter().map(|s| s.to_string()));
+        in_root(&self.root, &all)
     }
 
     /// Builds (and checks) ugds.ko for this kernel inside the root; returns its host path.
@@ -164,7 +169,10 @@ pub fn ensure() -> Result<StockKernel> {
     for p in ["linux-image", "linux-headers"] {
         pkgs.push(format!("{p}-{RELEASE}={PACKAGE_VERSION}"));
     }
-    let mut cmd: Vec<&str> = vec!["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q"];
+    // From backports as a user installs it (`-t`: its linux-base and other dependencies too).
+    let backports = format!("{SUITE}-backports");
+    let mut cmd: Vec<&str> =
+        vec!["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q", "-t", &backports];
     cmd.extend(pkgs.iter().map(String::as_str));
     eprintln!("stock kernel: installing {}", pkgs.join(" "));
     in_root_ok(&root, &cmd, "installing the kernel packages")?;
@@ -276,10 +284,7 @@ pub fn refusal_tests(k: &StockKernel, good_ko: &Path, other_ko: Option<&Path>) -
 
 /// Runs `ugds-kmod ARGS` in the root and requires exit status 3 with `why` in its message.
 fn expect_refusal(k: &StockKernel, args: &[&str], why: &str) -> Result<()> {
-    install_tool(&k.root)?;
-    let mut all = vec![format!("/{TOOL_IN_ROOT}")];
-    all.extend(args.iter().map(|s| s.to_string()));
-    let out = in_root(&k.root, &all)?;
+    let out = k.run_tool(args)?;
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.code() != Some(3) {
         bail!("ugds-kmod {} exited with {} (want 3, refused):\n{err}", args.join(" "), out.status);

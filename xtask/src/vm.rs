@@ -151,7 +151,8 @@ pub enum Guest {
 }
 
 impl Guest {
-    fn image(&self) -> PathBuf {
+    /// The kernel image QEMU boots.
+    pub fn image(&self) -> PathBuf {
         match self {
             Guest::Built(k) => k.bzimage(),
             Guest::Stock(k) => k.image(),
