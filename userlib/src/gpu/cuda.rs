@@ -62,9 +62,15 @@ impl Cuda {
         Cuda { c }
     }
 
-    /// Makes the context current on this thread.
+    /// Makes the context current on this thread, and leaves it so (for callers that launch
+    /// their own work in it).
     pub fn bind(&self) -> Result<()> {
         self.c.bind()
+    }
+
+    /// Makes the context current for one operation: the caller's comes back on drop.
+    fn enter(&self) -> Result<CallerContext> {
+        self.c.enter()
     }
 
     /// The context (for callers that launch their own work).
@@ -109,7 +115,7 @@ impl Cuda {
 
     /// A new non-blocking stream.
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
-        self.bind()?;
+        let _ctx = self.c.enter()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the context is current.
         check("cuStreamCreate", unsafe {
@@ -135,7 +141,7 @@ impl Runtime for Cuda {
     }
 
     fn alloc(&self, len: usize) -> Result<u64> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         let mut p = 0;
         // SAFETY: out-pointer to a local; the context is current.
         check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut p, len) })?;
@@ -143,7 +149,7 @@ impl Runtime for Cuda {
     }
 
     fn free(&self, ptr: u64, _len: usize) {
-        if self.bind().is_ok() {
+        if let Ok(_ctx) = self.enter() {
             // SAFETY: `ptr` came from cuMemAlloc and is no longer used.
             unsafe { cu::cuMemFree_v2(ptr) };
         }
@@ -160,7 +166,7 @@ impl Runtime for Cuda {
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         let mut p = std::ptr::null_mut();
         let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: out-pointer to a local; the context is current.
@@ -169,14 +175,14 @@ impl Runtime for Cuda {
     }
 
     fn free_pinned(&self, ptr: *mut u8, _len: usize) {
-        if self.bind().is_ok() {
+        if let Ok(_ctx) = self.enter() {
             // SAFETY: `ptr` came from cuMemHostAlloc and is no longer used.
             unsafe { cu::cuMemFreeHost(ptr as *mut c_void) };
         }
     }
 
     fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the context is current.
         check("cuStreamCreate", unsafe {
@@ -194,7 +200,7 @@ impl Runtime for Cuda {
         if !ptr.is_multiple_of(4096) || !len.is_multiple_of(4096) {
             return Err(Error::invalid("ptr", "dma-buf export needs a page-aligned address and length"));
         }
-        self.bind()?;
+        let _ctx = self.enter()?;
         let ty = cu::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
         let mut fd: i32 = -1;
         // Ask for a PCIe (BAR) mapping first, which peer devices can reach; older drivers only
@@ -292,14 +298,15 @@ fn batch_copy() -> Option<BatchCopy> {
 unsafe impl Send for CudaCopyQueue {}
 
 impl CudaCopyQueue {
-    fn bind(&self) -> Result<()> {
-        self.ctx.bind()
+    /// Makes the queue's context current for one operation (see [`Ctx::enter`]).
+    fn enter(&self) -> Result<CallerContext> {
+        self.ctx.enter()
     }
 }
 
 impl CopyQueue for CudaCopyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the caller guarantees the ranges; the stream is ours.
         check("cuMemcpyHtoDAsync", unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.stream) })
     }
@@ -311,7 +318,7 @@ impl CopyQueue for CudaCopyQueue {
             // SAFETY: the caller's promise.
             _ => return unsafe { super::to_device_each(self, copies) },
         };
-        self.bind()?;
+        let _ctx = self.enter()?;
         let (dsts, srcs, sizes) = &mut self.batch;
         dsts.clear();
         srcs.clear();
@@ -364,19 +371,19 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the caller guarantees the ranges; the stream is ours.
         check("cuMemcpyDtoHAsync", unsafe { cu::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.stream) })
     }
 
     fn wait(&mut self) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the stream is ours.
         check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.stream) })
     }
 
     fn poll(&mut self) -> Result<bool> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the stream is ours and its context is current.
         match unsafe { cu::cuStreamQuery(self.stream) } {
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
@@ -387,7 +394,7 @@ impl CopyQueue for CudaCopyQueue {
 
 impl Drop for CudaCopyQueue {
     fn drop(&mut self) {
-        if self.bind().is_ok() {
+        if let Ok(_ctx) = self.enter() {
             // SAFETY: the stream is ours; pending work finishes before it is destroyed.
             unsafe { cu::cuStreamDestroy_v2(self.stream) };
         }
@@ -420,7 +427,7 @@ unsafe impl Sync for PinnedWord {}
 
 impl Drop for PinnedWord {
     fn drop(&mut self) {
-        if self.cuda.bind().is_ok() {
+        if let Ok(_ctx) = self.cuda.enter() {
             // SAFETY: `ptr` came from cuMemHostAlloc and the word using it is gone.
             unsafe { cu::cuMemFreeHost(self.ptr) };
         }
@@ -437,7 +444,7 @@ unsafe extern "C" fn run_host_fn(data: *mut c_void) {
 
 impl Stream for CudaStream {
     fn completion_word(&self) -> Result<CompletionWord> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         let mut p = std::ptr::null_mut();
         let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: out-pointer to a local; the context is current.
@@ -456,7 +463,7 @@ impl Stream for CudaStream {
     }
 
     fn host_fn(&self, f: HostFn) -> Result<()> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         let data = Box::into_raw(Box::new(f)) as *mut c_void;
         // SAFETY: `run_host_fn` takes back the box exactly once.
         let r = check("cuLaunchHostFunc", unsafe { cu::cuLaunchHostFunc(self.raw, Some(run_host_fn), data) });
@@ -468,7 +475,7 @@ impl Stream for CudaStream {
     }
 
     fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
         // SAFETY: the word's device address is mapped pinned memory that outlives the wait
         // (the caller keeps the word until the stream is synchronized).
@@ -476,7 +483,7 @@ impl Stream for CudaStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         // SAFETY: a live stream.
         check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.raw) })
     }
@@ -488,7 +495,10 @@ impl Stream for CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        if self.owned && self.cuda.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        if let Ok(_ctx) = self.cuda.enter() {
             // SAFETY: a stream we created.
             unsafe {
                 cu::cuStreamSynchronize(self.raw);

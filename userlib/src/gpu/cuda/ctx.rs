@@ -12,9 +12,11 @@ use cudarc::driver::sys as cu;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// The calling thread's current CUDA context, put back when this is dropped. Every entry point
-/// that may bind a context of ours on the caller's thread takes one, so the application's own
-/// current context (say, device 3's) is the same after the call.
+/// The calling thread's current CUDA context, put back when this is dropped. Every operation
+/// binds its context through [`Ctx::enter`], which returns one; entry points that ask the driver
+/// about pointers and streams in other contexts take one too, so the application's own current
+/// context (say, device 3's) is the same after the call.
+#[must_use = "the caller's context is put back when this is dropped"]
 pub struct CallerContext(Option<cu::CUcontext>);
 
 impl CallerContext {
@@ -117,10 +119,26 @@ impl Ctx {
         Ok(Ctx { dev, ctx: raw, id, primary: false })
     }
 
-    /// Makes the context current on this thread (cheap; every call does it).
+    /// Makes the context current on this thread, and leaves it so (for callers that launch
+    /// their own work in it; the library's own operations use [`Ctx::enter`]).
     pub fn bind(&self) -> Result<()> {
         // SAFETY: a live context (see the type's invariants).
         check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(self.ctx) })
+    }
+
+    /// Makes the context current for one operation: the thread's previous context is current
+    /// again when the result is dropped, so an application's own current context (another
+    /// device's, or one it created) survives every call of the library. Costs one
+    /// `cuCtxGetCurrent` where this context is current already.
+    pub fn enter(&self) -> Result<CallerContext> {
+        let prev = current_raw();
+        if prev == Some(self.ctx) {
+            return Ok(CallerContext(None));
+        }
+        // A failed bind drops `prev`'s guard, which puts back what was current anyway.
+        let prev = CallerContext(prev);
+        self.bind()?;
+        Ok(prev)
     }
 
     /// The device's ordinal.
