@@ -132,7 +132,8 @@ pub fn cuda() -> Option<Arc<Gpu>> {
     }
 }
 
-/// HIP device 0, when this machine has a HIP runtime (`libamdhip64.so`, or the file
+/// The calling thread's HIP device (device 0 unless it called `hipSetDevice`), when this machine
+/// has a HIP runtime (`libamdhip64.so`, or the file
 /// `UGDS_HIP_LIBRARY` names).
 pub fn hip() -> Option<Arc<Gpu>> {
     static PRESENT: OnceLock<bool> = OnceLock::new();

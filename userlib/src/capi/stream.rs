@@ -111,7 +111,12 @@ impl Library {
             (None, None) if hip().is_some() => Vendor::Hip,
             (None, None) => return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED)),
         };
-        let key = (stream, if vendor == Vendor::Cuda && stream <= 2 { default_stream_context() } else { 0 });
+        // A default stream is the calling thread's: of its current context (CUDA) or device (HIP).
+        let key = match vendor {
+            Vendor::Cuda if stream <= 2 => (stream, default_stream_context()),
+            Vendor::Hip if stream == 0 => (stream, crate::gpu::hip::current_device().map_or(0, |d| d as u64 + 1)),
+            _ => (stream, 0),
+        };
         let mut io = self.streams.io.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = io.get(&key) {
             return Ok(s.clone());

@@ -120,6 +120,8 @@ pub struct Api {
     get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
     /// `hipError_t hipSetDevice(int deviceId)`.
     set_device: unsafe extern "C" fn(c_int) -> HipError,
+    /// `hipError_t hipGetDevice(int *deviceId)`.
+    get_device: unsafe extern "C" fn(*mut c_int) -> HipError,
     /// `hipError_t hipDeviceGet(hipDevice_t *device, int ordinal)`.
     device_get: unsafe extern "C" fn(*mut c_int, c_int) -> HipError,
     /// `hipError_t hipDeviceGetName(char *name, int len, hipDevice_t device)`.
@@ -205,6 +207,7 @@ impl Api {
             runtime_get_version: required!(lib, c"hipRuntimeGetVersion", unsafe extern "C" fn(*mut c_int) -> HipError),
             get_device_count: required!(lib, c"hipGetDeviceCount", unsafe extern "C" fn(*mut c_int) -> HipError),
             set_device: required!(lib, c"hipSetDevice", unsafe extern "C" fn(c_int) -> HipError),
+            get_device: required!(lib, c"hipGetDevice", unsafe extern "C" fn(*mut c_int) -> HipError),
             device_get: required!(lib, c"hipDeviceGet", unsafe extern "C" fn(*mut c_int, c_int) -> HipError),
             device_get_name: required!(
                 lib,
@@ -345,11 +348,38 @@ pub struct Dev {
 }
 
 impl Dev {
-    /// Makes the device current on this thread (cheap; every call does it, as HIP's current
-    /// device is per thread).
+    /// Makes the device current on this thread, and leaves it so (for callers that launch their
+    /// own work on it; the library's own operations use [`Dev::enter`]).
     pub fn bind(&self) -> Result<()> {
         // SAFETY: plain runtime call; the ordinal was checked in `Hip::new`.
         self.api.check("hipSetDevice", unsafe { (self.api.set_device)(self.ordinal) })
+    }
+
+    /// Makes the device current for one operation: HIP's current device is per thread, and the
+    /// caller's (`hipSetDevice(N)` of the application's own) is current again when the result
+    /// is dropped. Costs one `hipGetDevice` where this device is current already.
+    pub fn enter(&self) -> Result<CallerDevice> {
+        let mut prev: c_int = -1;
+        // SAFETY: out-pointer to a local.
+        let known = unsafe { (self.api.get_device)(&mut prev) } == HIP_SUCCESS && prev >= 0;
+        if known && prev == self.ordinal {
+            return Ok(CallerDevice(None));
+        }
+        self.bind()?;
+        Ok(CallerDevice(known.then_some((self.api, prev))))
+    }
+}
+
+/// The calling thread's current HIP device, put back when this is dropped (see [`Dev::enter`]).
+#[must_use = "the caller's device is put back when this is dropped"]
+pub struct CallerDevice(Option<(&'static Api, c_int)>);
+
+impl Drop for CallerDevice {
+    fn drop(&mut self) {
+        if let Some((api, d)) = self.0 {
+            // SAFETY: plain runtime call with the device the thread had on entry.
+            unsafe { (api.set_device)(d) };
+        }
     }
 }
 
@@ -371,6 +401,25 @@ pub fn device_runtime(ordinal: i32) -> Result<(Hip, Arc<Gpu>)> {
 /// The [`Gpu`] of HIP device `ordinal`.
 pub fn device_gpu(ordinal: i32) -> Result<Arc<Gpu>> {
     device_runtime(ordinal).map(|(_, g)| g)
+}
+
+/// The calling thread's current HIP device (`hipGetDevice`: what `hipSetDevice` selected on this
+/// thread; 0 where it selected none).
+pub fn current_device() -> Result<i32> {
+    let api = api()?;
+    let mut d: c_int = 0;
+    // SAFETY: plain runtime calls; out-pointer to a local.
+    unsafe {
+        api.check("hipInit", (api.init)(0))?;
+        api.check("hipGetDevice", (api.get_device)(&mut d))?;
+    }
+    Ok(d)
+}
+
+/// The [`Gpu`] of the calling thread's current HIP device (see [`current_device`]), as the CUDA
+/// side serves the thread's current context.
+pub fn current_gpu() -> Result<Arc<Gpu>> {
+    device_gpu(current_device()?)
 }
 
 /// The [`Gpu`] whose device memory `ptr` is, on whichever HIP device holds it; `None` for
@@ -429,7 +478,8 @@ impl Hip {
         }
         let device_type = if version >= FIRST_ROCM6_VERSION { MEMORY_TYPE_DEVICE_V6 } else { MEMORY_TYPE_DEVICE_V5 };
         let h = Hip { d: Arc::new(Dev { api, ordinal, version, device_type }) };
-        h.d.bind()?;
+        // The device must be selectable; the caller's stays current.
+        drop(h.d.enter()?);
         Ok(h)
     }
 
@@ -483,7 +533,7 @@ impl Hip {
     }
 
     fn create_stream(&self) -> Result<HipStreamT> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the device is current.
         self.d.api.check("hipStreamCreateWithFlags", unsafe {
@@ -516,7 +566,7 @@ impl Runtime for Hip {
     }
 
     fn alloc(&self, len: usize) -> Result<u64> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the device is current.
         self.d.api.check("hipMalloc", unsafe { (self.d.api.malloc)(&mut p, len) })?;
@@ -524,7 +574,7 @@ impl Runtime for Hip {
     }
 
     fn free(&self, ptr: u64, _len: usize) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: `ptr` came from hipMalloc and is no longer used.
             unsafe { (self.d.api.free)(ptr as *mut c_void) };
         }
@@ -535,7 +585,7 @@ impl Runtime for Hip {
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the device is current.
         self.d.api.check("hipHostMalloc", unsafe { (self.d.api.host_malloc)(&mut p, len, HOST_MALLOC_PORTABLE) })?;
@@ -543,7 +593,7 @@ impl Runtime for Hip {
     }
 
     fn free_pinned(&self, ptr: *mut u8, _len: usize) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: `ptr` came from hipHostMalloc and is no longer used.
             unsafe { (self.d.api.host_free)(ptr as *mut c_void) };
         }
@@ -563,7 +613,7 @@ impl Runtime for Hip {
         if !ptr.is_multiple_of(4096) || !len.is_multiple_of(4096) {
             return Err(Error::invalid("ptr", "dma-buf export needs a page-aligned address and length"));
         }
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut fd: c_int = -1;
         // Ask for a PCIe mapping first, which peer devices can reach; runtimes that do not know
         // the flag get the default.
@@ -616,7 +666,7 @@ unsafe impl Send for HipCopyQueue {}
 
 impl CopyQueue for HipCopyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: the caller guarantees both ranges until `wait`; the stream is ours.
         self.d.api.check("hipMemcpyHtoDAsync", unsafe {
             (self.d.api.memcpy_htod_async)(dst as *mut c_void, src as *const c_void, len, self.stream)
@@ -624,7 +674,7 @@ impl CopyQueue for HipCopyQueue {
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: as above.
         self.d.api.check("hipMemcpyDtoHAsync", unsafe {
             (self.d.api.memcpy_dtoh_async)(dst as *mut c_void, src as *mut c_void, len, self.stream)
@@ -632,7 +682,7 @@ impl CopyQueue for HipCopyQueue {
     }
 
     fn wait(&mut self) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: the stream is ours and live.
         self.d.api.check("hipStreamSynchronize", unsafe { (self.d.api.stream_synchronize)(self.stream) })
     }
@@ -640,7 +690,7 @@ impl CopyQueue for HipCopyQueue {
 
 impl Drop for HipCopyQueue {
     fn drop(&mut self) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: the stream is ours; queued copies finish before it is destroyed.
             unsafe {
                 (self.d.api.stream_synchronize)(self.stream);
@@ -676,7 +726,7 @@ unsafe impl Sync for PinnedWord {}
 
 impl Drop for PinnedWord {
     fn drop(&mut self) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: `ptr` came from hipHostMalloc and the word that used it is gone.
             unsafe { (self.d.api.host_free)(self.ptr) };
         }
@@ -703,7 +753,7 @@ impl HipStream {
 
 impl Stream for HipStream {
     fn completion_word(&self) -> Result<CompletionWord> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut p = std::ptr::null_mut();
         // Coherent (fine-grained): the device polls a word the CPU writes.
         let flags = HOST_MALLOC_PORTABLE | HOST_MALLOC_MAPPED | HOST_MALLOC_COHERENT;
@@ -726,7 +776,7 @@ impl Stream for HipStream {
     }
 
     fn host_fn(&self, f: HostFn) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let data = Box::into_raw(Box::new(f)) as *mut c_void;
         // SAFETY: `run_host_fn` takes back the box exactly once.
         let r = self
@@ -747,7 +797,7 @@ impl Stream for HipStream {
     /// before the wrap: the stream first waits for the word's top bit to clear (`Eq` under the
     /// mask 0x8000_0000), then for `>= value`.
     fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let addr = word.device_addr();
         if value < 0x8000_0000 {
             self.wait_value(addr, 0, WAIT_VALUE_EQ, 0x8000_0000)?;
@@ -756,7 +806,7 @@ impl Stream for HipStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: a live stream.
         self.d.api.check("hipStreamSynchronize", unsafe { (self.d.api.stream_synchronize)(self.raw) })
     }
@@ -768,7 +818,10 @@ impl Stream for HipStream {
 
 impl Drop for HipStream {
     fn drop(&mut self) {
-        if self.owned && self.d.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: a stream we created; its queued work finishes before it is destroyed.
             unsafe {
                 (self.d.api.stream_synchronize)(self.raw);

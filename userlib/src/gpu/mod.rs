@@ -257,10 +257,17 @@ impl Gpu {
         }
     }
 
-    /// HIP device 0 (loads `libamdhip64.so`, or the file `UGDS_HIP_LIBRARY` names; an
-    /// [`Error::Unsupported`] naming the library when it cannot be loaded).
+    /// The HIP GPU of the calling thread: what `hipSetDevice(N)` selected on this thread, else
+    /// device 0 (loads `libamdhip64.so`, or the file `UGDS_HIP_LIBRARY` names; an
+    /// [`Error::Unsupported`] naming the library when it cannot be loaded). One [`Gpu`] per
+    /// device in the process.
     pub fn hip() -> Result<Arc<Gpu>> {
-        hip::device_gpu(0)
+        hip::current_gpu()
+    }
+
+    /// HIP device `ordinal`.
+    pub fn hip_device(ordinal: i32) -> Result<Arc<Gpu>> {
+        hip::device_gpu(ordinal)
     }
 
     /// The GPU whose device memory `ptr` is: CUDA's (the context that owns it), else HIP's (the
