@@ -603,14 +603,7 @@ fn nearest(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
         Some(g) => resolve_gpu(&topo, g)?,
         None => thread_gpu()?,
     };
-    let nodes = match target {
-        None => topo.bound_nodes(),
-        Some(t) if ugds::device::is_ugds_node(t) => vec![t.to_string()],
-        Some(t) => match ugds::VolumeSpec::descriptor_target(t, t)? {
-            Some(spec) => spec.members,
-            None => ugds::VolumeSpec::parse(t)?.members,
-        },
-    };
+    let nodes = topo.target_nodes(target)?;
     for (node, p) in topo.nearest(&g, &nodes)? {
         if json {
             println!(
@@ -637,14 +630,7 @@ fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
         println!("no GPU on the PCI bus: nothing to place SSDs against");
         return Ok(());
     }
-    let members: Option<Vec<String>> = match target {
-        None => None,
-        Some(t) if ugds::device::is_ugds_node(t) => Some(vec![t.to_string()]),
-        Some(t) => match ugds::VolumeSpec::descriptor_target(t, t)? {
-            Some(spec) => Some(spec.members),
-            None => Some(ugds::VolumeSpec::parse(t)?.members),
-        },
-    };
+    let members = target.map(|t| topo.target_nodes(Some(t))).transpose()?;
     for g in &gpus {
         let rows = match &members {
             Some(m) => topo.for_volume(g, m)?,

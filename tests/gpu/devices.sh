@@ -2,9 +2,10 @@
 # Several CUDA contexts and devices (run on the GPU machines from target/gpu, built here by
 # `cargo xtask gpu-bundle`): the Rust tests `contexts::*` of cuda-tests, tests/gpu/devices.c
 # through libugds and through the cuFile drop-in (every context in one process; with two or more
-# GPUs also one process per GPU, all at once), and tests/gpu/py_devices.py through the Python
-# package. OLD=DIR (optional) holds libugds.so and libcufile_ugds.so of an earlier build: the C
-# program runs against those too, to show what they got wrong.
+# GPUs also one process per GPU, all at once), `ugds placement --nearest`, and
+# tests/gpu/py_devices.py through the Python package. OLD=DIR (optional) holds libugds.so and
+# libcufile_ugds.so of an earlier build: the C program runs against those too, to show what they
+# got wrong.
 set -u
 B=${BIN:-$PWD/target/gpu}
 P=$B/prefix
@@ -17,6 +18,9 @@ nvidia-smi -L
 N=$(nvidia-smi -L | grep -c '^GPU')
 echo "GPUs: $N"
 T=300 run "$B/cuda-tests" --ignored --test-threads=1 contexts::
+# The calling thread's GPU against the controllers bound here (none on the GPU machines: an
+# empty list, exit 0, shows the thread's GPU was found).
+T=60 run "$B/ugds" placement --nearest --json
 link() { # OUT LIBDIR FACE-FLAGS LIB
   "$NVCC" -O2 -I"$P/include" $3 "$S/devices.c" -o "$1" -L"$2" -l"$4" -lcuda -lpthread -Xlinker -rpath="$2" \
     || echo "BUILD FAILED: $1"

@@ -24,6 +24,13 @@ def doctor() -> List[Dict[str, str]]:
     """The findings (``topic``, ``verdict``, ``detail``, ``fix``) as dicts; ``ugds.doctor()``
     wraps them into ``Finding`` tuples."""
 
+def nearest(
+    target: Optional[str] = None, gpu: Union[int, str, None] = None, sys: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """The nodes of ``target`` (none: every bound controller) against one GPU (a CUDA ordinal,
+    a PCI address, or the calling thread's), nearest first, as dicts; ``ugds.nearest()`` wraps
+    them into ``Placement`` tuples."""
+
 def cuda_available() -> bool:
     """Whether the CUDA driver library can be loaded here."""
 
