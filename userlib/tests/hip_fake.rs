@@ -65,7 +65,10 @@ impl AppDevice {
             let set = libc::dlsym(lib, c"hipSetDevice".as_ptr());
             let get = libc::dlsym(lib, c"hipGetDevice".as_ptr());
             assert!(!set.is_null() && !get.is_null());
-            AppDevice { set: std::mem::transmute(set), get: std::mem::transmute(get) }
+            AppDevice {
+                set: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(i32) -> i32>(set),
+                get: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(*mut i32) -> i32>(get),
+            }
         }
     }
 
