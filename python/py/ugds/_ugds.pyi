@@ -59,8 +59,8 @@ class Storage:
         object (or its buffer export) while registered; a torch tensor resized or ``set_()``
         since is refused at its next use (``RegisteredMemoryChanged``)."""
     def register_raw_unsafe(self, ptr: int, nbytes: int, allow_fallback: bool = True) -> Buffer:
-        """Registers raw memory ``[ptr, ptr + nbytes)`` (CUDA device 0 memory when CUDA says so,
-        else host). Unsafe: nothing holds it or notices when it moves; the caller keeps it
+        """Registers raw memory ``[ptr, ptr + nbytes)`` (device memory of whichever CUDA device
+        holds it, when CUDA says so; else host). Unsafe: nothing holds it or notices when it moves; the caller keeps it
         allocated at that address until the buffer is deregistered and its I/O is over."""
     def alloc(self, nbytes: int) -> Buffer:
         """Allocates and registers page-aligned host memory."""
