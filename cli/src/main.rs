@@ -61,9 +61,14 @@ enum Cmd {
     Placement {
         /// A ugds node or a striped volume (spec, or descriptor file `*.ugds-volume`).
         target: Option<String>,
-        /// The GPU: an index (in PCI order) or a PCI address (default: every GPU).
+        /// The GPU: an index (in PCI order) or a PCI address (default: every GPU; with
+        /// `--nearest`, this process's CUDA device).
         #[arg(long)]
         gpu: Option<String>,
+        /// Print the target's members (or, without a target, the controllers bound to ugds) for
+        /// one GPU, nearest first, one node a line.
+        #[arg(long)]
+        nearest: bool,
     },
     /// Controller, namespaces and limits.
     Info {
@@ -210,7 +215,8 @@ fn run(cli: Cli) -> Res<()> {
     match cli.cmd {
         Cmd::Health(h) => health::run(h, cli.json)?,
         Cmd::Ops(c) => ops::run(c, cli.json)?,
-        Cmd::Placement { target, gpu } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
+        Cmd::Placement { target, gpu, nearest: true } => nearest(target.as_deref(), gpu.as_deref(), cli.json)?,
+        Cmd::Placement { target, gpu, nearest: false } => placement(target.as_deref(), gpu.as_deref(), cli.json)?,
         Cmd::Doctor => {
             let findings = ugds::doctor::diagnose();
             for f in &findings {
@@ -588,6 +594,30 @@ fn bench(json: bool, t: &Target, a: BenchArgs) -> Res<()> {
     Ok(())
 }
 
+/// `ugds placement --nearest`: the target's members, or the bound controllers, nearest first for
+/// one GPU (`--gpu`, else the calling thread's CUDA device).
+fn nearest(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
+    use ugds::placement::{resolve_gpu, thread_gpu, Topology};
+    let topo = Topology::default();
+    let g = match gpu {
+        Some(g) => resolve_gpu(&topo, g)?,
+        None => thread_gpu()?,
+    };
+    let nodes = topo.target_nodes(target)?;
+    for (node, p) in topo.nearest(&g, &nodes)? {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"node": node, "gpu": p.gpu, "ssd": p.ssd,
+                    "proximity": format!("{:?}", p.proximity), "warning": p.warning()})
+            );
+        } else {
+            println!("{node}\t{}\t{}", p.ssd, p.proximity.describe());
+        }
+    }
+    Ok(())
+}
+
 /// `ugds placement`: GPU-SSD proximity from sysfs; warnings go to stderr.
 fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
     use ugds::placement::{resolve_gpu, Topology};
@@ -600,14 +630,7 @@ fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
         println!("no GPU on the PCI bus: nothing to place SSDs against");
         return Ok(());
     }
-    let members: Option<Vec<String>> = match target {
-        None => None,
-        Some(t) if ugds::device::is_ugds_node(t) => Some(vec![t.to_string()]),
-        Some(t) => match ugds::VolumeSpec::descriptor_target(t, t)? {
-            Some(spec) => Some(spec.members),
-            None => Some(ugds::VolumeSpec::parse(t)?.members),
-        },
-    };
+    let members = target.map(|t| topo.target_nodes(Some(t))).transpose()?;
     for g in &gpus {
         let rows = match &members {
             Some(m) => topo.for_volume(g, m)?,

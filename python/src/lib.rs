@@ -10,6 +10,7 @@
 mod batch;
 mod errors;
 mod memory;
+mod placement;
 mod pybuf;
 mod storage;
 mod stream;
@@ -74,6 +75,7 @@ fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(crc32, m)?)?;
+    m.add_function(wrap_pyfunction!(placement::nearest, m)?)?;
     m.add_class::<storage::PyStorage>()?;
     m.add_class::<storage::PyBuffer>()?;
     m.add_class::<batch::PyBatch>()?;

@@ -13,7 +13,7 @@ use crate::errors::invalid;
 use crate::pybuf::Export;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyCapsuleMethods, PyDict, PyTuple};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use ugds::Gpu;
 
 /// Where the memory is.
@@ -127,23 +127,10 @@ impl Memory {
     }
 }
 
-/// The CUDA device `ordinal` as a [`Gpu`] (its primary context, as PyTorch and CuPy use), made
-/// once per process.
+/// The CUDA device `ordinal` as a [`Gpu`] (its primary context, as PyTorch and CuPy use; the
+/// library keeps one per context in the process, shared with the C faces).
 pub fn cuda(py: Python<'_>, ordinal: i32) -> PyResult<Arc<Gpu>> {
-    static GPUS: Mutex<Vec<(i32, Arc<Gpu>)>> = Mutex::new(Vec::new());
-    let mut g = GPUS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, gpu)) = g.iter().find(|(o, _)| *o == ordinal) {
-        return Ok(gpu.clone());
-    }
-    let gpu = make_cuda(ordinal).map_err(|e| crate::errors::to_py(py, e))?;
-    g.push((ordinal, gpu.clone()));
-    Ok(gpu)
-}
-
-fn make_cuda(ordinal: i32) -> ugds::Result<Arc<Gpu>> {
-    // Our context binding must not change the caller's (PyTorch keeps its own current).
-    let _caller = ugds::gpu::cuda::CallerContext::keep();
-    Ok(Gpu::with_runtime(Arc::new(ugds::gpu::cuda::Cuda::new(ordinal)?)))
+    Gpu::cuda_device(ordinal).map_err(|e| crate::errors::to_py(py, e))
 }
 
 /// Classifies `obj` (see the module comment). A `(ptr, nbytes)` tuple is refused: raw
@@ -193,17 +180,16 @@ fn typename(obj: &Bound<'_, PyAny>) -> String {
     }
 }
 
-/// Raw `(ptr, nbytes)` (`register_raw_unsafe`): device memory of CUDA device 0 when CUDA says
-/// so, else host memory. Nothing holds or re-checks it: the caller promises it stays allocated,
+/// Raw `(ptr, nbytes)` (`register_raw_unsafe`): device memory of the CUDA device that holds it
+/// when CUDA says so (served by that device's primary context), else host memory. Nothing holds or re-checks it: the caller promises it stays allocated,
 /// unmoved, while registered.
 pub fn raw_pointer(py: Python<'_>, ptr: u64, len: u64) -> PyResult<Memory> {
     if ptr == 0 || len == 0 {
         return Err(invalid(py, "buf", "(ptr, nbytes) with a null pointer or no bytes"));
     }
-    let place = if ugds::gpu::cuda::driver_present() && cuda(py, 0).is_ok_and(|g| g.runtime().is_device_memory(ptr)) {
-        Place::Cuda(0)
-    } else {
-        Place::Host
+    let place = match ugds::gpu::cuda::place_of_pointer(ptr) {
+        Ok(ugds::gpu::cuda::PointerPlace::Device { device, .. }) => Place::Cuda(device),
+        _ => Place::Host,
     };
     Ok(Memory {
         ptr,

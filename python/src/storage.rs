@@ -238,8 +238,8 @@ impl PyStorage {
         self.register_obj(obj, allow_fallback)
     }
 
-    /// Registers raw memory `[ptr, ptr + nbytes)`: device memory of CUDA device 0 when CUDA
-    /// says so, else host memory. Unsafe: nothing holds the memory or notices when it moves.
+    /// Registers raw memory `[ptr, ptr + nbytes)`: device memory of the CUDA device (and
+    /// context) that holds it when CUDA says so, else host memory. Unsafe: nothing holds the memory or notices when it moves.
     /// The caller promises it stays allocated, at that address, until the buffer is
     /// deregistered and its I/O is over; otherwise the device reads or writes whatever the
     /// allocator put there since.

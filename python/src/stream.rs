@@ -136,27 +136,34 @@ impl PyAsyncIo {
     }
 }
 
-/// The library's stream-ordered I/O for a CUDA stream handle, one per (device, handle) for the
-/// life of the process (as the C ABI keeps one per registered stream).
-fn cuda_stream_io(py: Python<'_>, ordinal: i32, handle: usize) -> PyResult<Arc<StreamIo>> {
-    type Cache = Mutex<Vec<((i32, usize), Arc<StreamIo>)>>;
+/// The library's stream-ordered I/O for a CUDA stream handle, one per (context, handle) for the
+/// life of the process (as the C ABI keeps one per registered stream). A stream belongs to the
+/// context the driver names for it (`cuStreamGetCtx`); a default stream (0, 1, 2: PyTorch's and
+/// CuPy's default streams on every device) to the primary context of the memory's device, or to
+/// the calling thread's current context for host memory.
+fn cuda_stream_io(py: Python<'_>, place: Place, handle: usize) -> PyResult<Arc<StreamIo>> {
+    type Cache = Mutex<Vec<((u64, usize), Arc<StreamIo>)>>;
     static CACHE: Cache = Mutex::new(Vec::new());
+    let _caller = ugds::gpu::cuda::CallerContext::keep();
+    let cuda = match (handle, place) {
+        (0..=2, Place::Cuda(n)) => ugds::gpu::cuda::device_runtime(n),
+        (0..=2, Place::Host) => ugds::gpu::cuda::current_runtime(),
+        _ => ugds::gpu::cuda::stream_runtime(handle),
+    }
+    .map_err(|e| to_py(py, e))?
+    .0;
+    let key = (cuda.context().id(), handle);
     let mut c = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, io)) = c.iter().find(|(k, _)| *k == (ordinal, handle)) {
+    if let Some((_, io)) = c.iter().find(|(k, _)| *k == key) {
         return Ok(io.clone());
     }
-    let make = || -> ugds::Result<Arc<StreamIo>> {
-        let _caller = ugds::gpu::cuda::CallerContext::keep();
-        let cuda = ugds::gpu::cuda::Cuda::new(ordinal)?;
-        // SAFETY: the caller passes a stream of the device's primary context (the one PyTorch
-        // and CuPy use). StreamIo calls the stream only while queuing work (inside the
-        // caller's read_async/write_async) and never when dropped, so a stream the caller
-        // destroys later is never touched after that.
-        let s: Arc<dyn Stream> = unsafe { cuda.wrap_stream(handle) };
-        Ok(Arc::new(StreamIo::new(s)?))
-    };
-    let io = make().map_err(|e| to_py(py, e))?;
-    c.push(((ordinal, handle), io.clone()));
+    // SAFETY: the stream belongs to `cuda`'s context (asked of the driver, or a default stream
+    // used in that context). StreamIo calls the stream only while queuing work (inside the
+    // caller's read_async/write_async) and never when dropped, so a stream the caller destroys
+    // later is never touched after that.
+    let s: Arc<dyn Stream> = unsafe { cuda.wrap_stream(handle) };
+    let io = Arc::new(StreamIo::new(s).map_err(|e| to_py(py, e))?);
+    c.push((key, io.clone()));
     Ok(io)
 }
 
@@ -180,11 +187,7 @@ fn stream_io(stream: &Bound<'_, PyAny>, place: Place) -> PyResult<Arc<StreamIo>>
             },
         )?,
     };
-    let ordinal = match place {
-        Place::Cuda(n) => n,
-        Place::Host => 0,
-    };
-    cuda_stream_io(py, ordinal, handle)
+    cuda_stream_io(py, place, handle)
 }
 
 /// Queues one stream-ordered operation (see the module comment).

@@ -100,7 +100,7 @@ class CudaTests(unittest.TestCase):
 
     def test_raw_device_pointer(self) -> None:
         src = pattern(MiB, 4)
-        b = self.st.register((src.data_ptr(), MiB))
+        b = self.st.register_raw_unsafe(src.data_ptr(), MiB)
         self.assertEqual(b.device, "cuda:0")
         sync()
         self.st.write(b, 0, MiB)

@@ -630,6 +630,93 @@ class StreamTests(Base):
         self.assertEqual(c.exception.arg, "stream")
 
 
+class PlacementTests(unittest.TestCase):
+    """`ugds.nearest` on a fake sysfs: socket 0 has a switch with a GPU and an SSD below it and
+    an SSD on another root port, socket 1 an SSD; /dev/null (1:3), /dev/zero (1:5) and
+    /dev/full (1:7) stand in for ugds nodes, their dev/char links naming the far, the near and
+    the root-port SSD."""
+
+    GPU = "0000:03:00.0"
+
+    def setUp(self) -> None:
+        self.sys = tempfile.mkdtemp(prefix="ugds-py-sys-", dir=DIR)
+        fns = [
+            ("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0", "0x030200", 0),
+            ("pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0", "0x010802", 0),
+            ("pci0000:00/0000:00:02.0/0000:05:00.0", "0x010802", 0),
+            ("pci0000:40/0000:40:01.0/0000:41:00.0", "0x010802", 1),
+        ]
+        devices = os.path.join(self.sys, "bus/pci/devices")
+        os.makedirs(devices)
+        for path, cls, numa in fns:
+            d = os.path.join(self.sys, "devices", path)
+            os.makedirs(d)
+            for name, value in (("class", cls), ("numa_node", numa)):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(f"{value}\n")
+            os.symlink(d, os.path.join(devices, path.rsplit("/", 1)[1]))
+        for dev, ssd in (("1:3", "0000:41:00.0"), ("1:5", "0000:04:00.0"), ("1:7", "0000:05:00.0")):
+            d = os.path.join(self.sys, "dev/char", dev)
+            os.makedirs(d)
+            os.symlink(os.path.join(devices, ssd), os.path.join(d, "device"))
+
+    def tearDown(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.sys)
+
+    def test_a_volumes_members_come_nearest_first(self) -> None:
+        got = ugds.nearest("stripe:/dev/null,/dev/full,/dev/zero", gpu=self.GPU, sys=self.sys)
+        self.assertEqual([p.node for p in got], ["/dev/zero", "/dev/full", "/dev/null"])
+        self.assertEqual([p.ssd for p in got], ["0000:04:00.0", "0000:05:00.0", "0000:41:00.0"])
+        self.assertEqual([p.proximity for p in got], ["same_switch", "same_root_complex", "cross_socket"])
+        self.assertIsInstance(got[0], ugds.Placement)
+        self.assertEqual((got[0].gpu, got[0].gpu_numa, got[0].ssd_numa, got[0].warning), (self.GPU, 0, 0, None))
+        self.assertEqual((got[2].ssd_numa, got[2].gpu_numa), (1, 0))
+        self.assertIn("inter-socket", got[2].warning)
+        # The GPU by its index in PCI order (a string, as the CLI's --gpu takes it).
+        self.assertEqual(ugds.nearest("stripe:/dev/null,/dev/zero", gpu="0", sys=self.sys)[0].node, "/dev/zero")
+
+    def test_no_target_means_every_bound_controller(self) -> None:
+        self.assertEqual(ugds.nearest(gpu=self.GPU, sys=self.sys), [])
+        os.makedirs(os.path.join(self.sys, "class/ugds_drv/ugds_drv7"))
+        with self.assertRaises(ugds.errors.OpenError) as e:
+            ugds.nearest(gpu=self.GPU, sys=self.sys)
+        self.assertIn("/dev/ugds_drv7", str(e.exception))
+
+    def test_bad_arguments_are_refused_by_name(self) -> None:
+        with self.assertRaises(ugds.errors.InvalidArgument) as e:
+            ugds.nearest("/dev/null", gpu=self.GPU, sys=self.sys)
+        self.assertEqual(e.exception.arg, "volume")
+        with self.assertRaises(ugds.errors.InvalidArgument) as e:
+            ugds.nearest("stripe:/dev/null", gpu="0000:99:00.0", sys=self.sys)
+        self.assertEqual(e.exception.arg, "gpu")
+        with self.assertRaises(TypeError):
+            ugds.nearest("stripe:/dev/null", gpu=object(), sys=self.sys)
+        with self.assertRaises(ValueError):
+            ugds.nearest("stripe:/dev/null", gpu="cpu", sys=self.sys)
+
+    def test_devices_and_tensors_name_their_cuda_ordinal(self) -> None:
+        class Dev:
+            def __init__(self, type: str, index):  # noqa: A002 (torch.device's names)
+                self.type, self.index = type, index
+
+        class Tensor:
+            def __init__(self, device) -> None:
+                self.device = device
+
+        arg = ugds._gpu_arg
+        self.assertEqual([arg(None), arg(2), arg("cuda"), arg("cuda:3")], [None, 2, None, 3])
+        self.assertEqual([arg(Dev("cuda", 1)), arg(Dev("cuda", None)), arg(Tensor(Dev("cuda", 4)))], [1, None, 4])
+        self.assertEqual(arg(Tensor("cuda:5")), 5)
+        with self.assertRaises(ValueError):
+            arg(Tensor(Dev("cpu", None)))
+        if not ugds.cuda_available():
+            # The calling thread's GPU needs CUDA.
+            with self.assertRaises(ugds.errors.Unsupported):
+                ugds.nearest("stripe:/dev/null", sys=self.sys)
+
+
 class PackageTests(unittest.TestCase):
     def test_doctor_returns_findings_as_data(self) -> None:
         f = ugds.doctor()

@@ -172,10 +172,78 @@ impl Topology {
             .ok_or_else(|| Error::invalid("node", format!("{node} has no PCI device")))
     }
 
+    /// The SSD controllers `ssds` (PCI addresses) against `gpu`, nearest first; SSDs equally
+    /// near keep their order (a volume's member order).
+    pub fn nearest_pci(&self, gpu: &str, ssds: &[String]) -> Result<Vec<Placement>> {
+        let mut v = ssds.iter().map(|s| self.placement(gpu, s)).collect::<Result<Vec<_>>>()?;
+        v.sort_by_key(|p| p.proximity);
+        Ok(v)
+    }
+
+    /// The ugds nodes `nodes` (a volume's members, or [`Topology::bound_nodes`]) against `gpu`,
+    /// nearest first, each with its placement.
+    pub fn nearest(&self, gpu: &str, nodes: &[String]) -> Result<Vec<(String, Placement)>> {
+        let mut v = nodes
+            .iter()
+            .map(|n| Ok((n.clone(), self.placement(gpu, &self.pci_of_node(n)?)?)))
+            .collect::<Result<Vec<_>>>()?;
+        v.sort_by_key(|(_, p)| p.proximity);
+        Ok(v)
+    }
+
+    /// The controllers bound to ugds here, as their nodes (`/dev/<name>` for each entry of the
+    /// sysfs class `ugds_drv`), in name order.
+    pub fn bound_nodes(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.sys.join("class/ugds_drv")) else { return Vec::new() };
+        let mut v: Vec<String> = rd.flatten().map(|e| format!("/dev/{}", e.file_name().to_string_lossy())).collect();
+        v.sort();
+        v
+    }
+
+    /// The ugds nodes a target names: a ugds node itself; a striped volume's members (its spec
+    /// `stripe:[CHUNK:]NODE,...`, or a descriptor file `NAME.ugds-volume`); with no target,
+    /// every controller bound to ugds here ([`Topology::bound_nodes`]).
+    pub fn target_nodes(&self, target: Option<&str>) -> Result<Vec<String>> {
+        let Some(t) = target else { return Ok(self.bound_nodes()) };
+        if crate::device::is_ugds_node(t) {
+            return Ok(vec![t.to_string()]);
+        }
+        Ok(match crate::VolumeSpec::descriptor_target(t, t)? {
+            Some(spec) => spec.members,
+            None => crate::VolumeSpec::parse(t)?.members,
+        })
+    }
+
     /// The placement of each member (ugds nodes) of a volume meant to serve `gpu`.
     pub fn for_volume(&self, gpu: &str, members: &[String]) -> Result<Vec<Placement>> {
         members.iter().map(|m| self.placement(gpu, &self.pci_of_node(m)?)).collect()
     }
+}
+
+/// The PCI address of the calling thread's GPU: the device of its current CUDA context (what
+/// `cudaSetDevice` made current on this thread), device 0 when it has none.
+pub fn thread_gpu() -> Result<String> {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::cuda::current_runtime()?.0.pci_bus_id();
+    #[cfg(not(feature = "cuda"))]
+    Err(Error::Unsupported {
+        what: "the calling thread's GPU",
+        why: "this build of ugds has no CUDA backend".into(),
+        fix: "build the ugds crate with its `cuda` feature (on by default), or name the GPU",
+    })
+}
+
+/// The PCI address of CUDA device `ordinal` (CUDA's numbering, as `cudaSetDevice` and
+/// PyTorch's `cuda:N` take it, which need not be PCI order).
+pub fn cuda_gpu(ordinal: i32) -> Result<String> {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::cuda::device_runtime(ordinal)?.0.pci_bus_id();
+    #[cfg(not(feature = "cuda"))]
+    Err(Error::Unsupported {
+        what: "CUDA devices",
+        why: format!("this build of ugds has no CUDA backend (asked for device {ordinal})"),
+        fix: "build the ugds crate with its `cuda` feature (on by default), or name the GPU by PCI address",
+    })
 }
 
 /// Resolves a GPU named by PCI address or by index into [`Topology::gpus`].
@@ -244,6 +312,34 @@ mod tests {
         assert!(matches!(resolve_gpu(&t, "3"), Err(Error::InvalidArgument { arg: "gpu", .. })));
         assert!(matches!(resolve_gpu(&t, "0000:99:00.0"), Err(Error::InvalidArgument { arg: "gpu", .. })));
         assert!(matches!(t.placement("0000:03:00.0", "0000:99:00.0"), Err(Error::Open { .. })));
+        // Nearest first, whatever order the members come in; ties keep the given order.
+        let order = |v: &[&str]| -> Vec<String> {
+            let v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+            t.nearest_pci("0000:03:00.0", &v).unwrap().into_iter().map(|p| p.ssd).collect()
+        };
+        assert_eq!(
+            order(&["0000:41:00.0", "0000:05:00.0", "0000:04:00.0"]),
+            ["0000:04:00.0", "0000:05:00.0", "0000:41:00.0"]
+        );
+        assert_eq!(order(&["0000:05:00.0", "0000:04:00.0"]), ["0000:04:00.0", "0000:05:00.0"]);
+        std::fs::create_dir_all(root.join("class/ugds_drv/ugds_drv1")).unwrap();
+        std::fs::create_dir_all(root.join("class/ugds_drv/ugds_drv0")).unwrap();
+        assert_eq!(t.bound_nodes(), ["/dev/ugds_drv0", "/dev/ugds_drv1"]);
+        assert_eq!(t.target_nodes(None).unwrap(), ["/dev/ugds_drv0", "/dev/ugds_drv1"]);
+        // A volume's members, nearest first: /dev/null (1:3) and /dev/zero (1:5) stand in for
+        // nodes, their sysfs links naming the far and the near SSD.
+        for (dev, ssd) in [("1:3", "0000:41:00.0"), ("1:5", "0000:04:00.0")] {
+            std::fs::create_dir_all(root.join("dev/char").join(dev)).unwrap();
+            symlink(root.join("bus/pci/devices").join(ssd), root.join("dev/char").join(dev).join("device")).unwrap();
+        }
+        let nodes = t.target_nodes(Some("stripe:/dev/null,/dev/zero")).unwrap();
+        assert_eq!(nodes, ["/dev/null", "/dev/zero"]);
+        let near: Vec<_> = t.nearest("0000:03:00.0", &nodes).unwrap().into_iter().map(|(n, p)| (n, p.ssd)).collect();
+        assert_eq!(
+            near,
+            [("/dev/zero".to_string(), "0000:04:00.0".to_string()), ("/dev/null".into(), "0000:41:00.0".into())]
+        );
+        assert!(matches!(t.target_nodes(Some("/nonexistent")), Err(Error::InvalidArgument { arg: "volume", .. })));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

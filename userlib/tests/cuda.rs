@@ -12,6 +12,9 @@ use ugds::batch::{IoStatus, Op};
 use ugds::gpu::cuda::Cuda;
 use ugds::{pattern, AsyncArgs, AsyncOp, AsyncParams, Gpu, IoRequest, Path, Storage, StorageBatch, StreamIo};
 
+#[path = "cuda/contexts.rs"]
+mod contexts;
+
 const SEED: u64 = 0xc0da;
 
 /// Test kernels, in PTX so that no compiler is needed: `delay` spins for a number of clock

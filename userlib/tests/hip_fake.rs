@@ -43,7 +43,46 @@ fn fake_hip() -> MutexGuard<'static, ()> {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     std::env::set_var(LIBRARY_ENV, fake_library());
     std::env::remove_var("FAKE_HIP_RUNTIME_VERSION");
+    std::env::remove_var("FAKE_HIP_DEVICES");
     g
+}
+
+/// The fake runtime's `hipSetDevice` and `hipGetDevice`, called as an application would.
+struct AppDevice {
+    set: unsafe extern "C" fn(i32) -> i32,
+    get: unsafe extern "C" fn(*mut i32) -> i32,
+}
+
+impl AppDevice {
+    fn open() -> AppDevice {
+        let path = std::ffi::CString::new(fake_library().to_str().unwrap()).unwrap();
+        // SAFETY: the fake runtime, the library ugds loaded (dlopen hands back the same one);
+        // never closed.
+        let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW) };
+        assert!(!lib.is_null());
+        // SAFETY: the fake's `hipError_t hipSetDevice(int)` and `hipError_t hipGetDevice(int *)`.
+        unsafe {
+            let set = libc::dlsym(lib, c"hipSetDevice".as_ptr());
+            let get = libc::dlsym(lib, c"hipGetDevice".as_ptr());
+            assert!(!set.is_null() && !get.is_null());
+            AppDevice {
+                set: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(i32) -> i32>(set),
+                get: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(*mut i32) -> i32>(get),
+            }
+        }
+    }
+
+    fn set(&self, d: i32) {
+        // SAFETY: plain runtime call.
+        assert_eq!(unsafe { (self.set)(d) }, 0);
+    }
+
+    fn get(&self) -> i32 {
+        let mut d = -1;
+        // SAFETY: out-pointer to a local.
+        assert_eq!(unsafe { (self.get)(&mut d) }, 0);
+        d
+    }
 }
 
 #[test]
@@ -104,6 +143,84 @@ fn device_memory_round_trips_and_is_told_from_host_memory() {
     let m = gpu.alloc(1 << 20).unwrap();
     let e = m.export_dmabuf().unwrap_err();
     assert!(e.to_string().contains("hipMemGetHandleForAddressRange failed: hipErrorNotSupported"), "{e}");
+}
+
+/// Two devices: memory and streams of device N are served on device N whatever device the
+/// calling thread selected, and the thread's own device is the same after every call. The fake
+/// refuses a copy on a stream whose device is not current, so a call that forgets to select
+/// its device fails too.
+#[test]
+fn each_call_runs_on_its_memorys_device_and_the_callers_device_is_kept() {
+    use ugds::gpu::hip;
+    let _g = fake_hip();
+    std::env::set_var("FAKE_HIP_DEVICES", "2");
+    let app = AppDevice::open();
+    let f = TempFile::new("hip-devices", 16 << 20, SEED);
+    let st = Storage::open(f.path()).unwrap();
+    app.set(1);
+    let (h0, g0) = hip::device_runtime(0).unwrap();
+    assert_eq!(app.get(), 1, "opening device 0 changed the thread's device");
+    assert!(Arc::ptr_eq(&Gpu::hip().unwrap(), &hip::device_gpu(1).unwrap()), "the thread's device");
+    let g1 = Gpu::hip_device(1).unwrap();
+    assert!(!Arc::ptr_eq(&g0, &g1));
+    let m0 = Arc::new(g0.alloc(4 << 20).unwrap());
+    assert_eq!(app.get(), 1, "an allocation on device 0 changed the thread's device");
+    app.set(0);
+    assert!(Arc::ptr_eq(&Gpu::hip().unwrap(), &g0));
+    let m1 = Arc::new(g1.alloc(4 << 20).unwrap());
+    assert_eq!(app.get(), 0);
+    assert!(Arc::ptr_eq(&hip::gpu_of_pointer(m0.device_ptr()).unwrap().unwrap(), &g0));
+    assert!(Arc::ptr_eq(&hip::gpu_of_pointer(m1.device_ptr() + 4096).unwrap().unwrap(), &g1));
+
+    // Staged reads and writes of each device's memory with the other device current.
+    let mut bufs = Vec::new();
+    for (m, caller, at) in [(&m0, 1, 1u64 << 20), (&m1, 0, 2 << 20)] {
+        app.set(caller);
+        let buf = Arc::new(st.register_gpu(m.clone(), true).unwrap());
+        assert_eq!(st.read(&buf, 0, at, 3 << 20).unwrap(), 3 << 20);
+        assert_eq!(app.get(), caller, "a staged read changed the thread's device");
+        let mut out = vec![0u8; 3 << 20];
+        m.gpu().download(m, 0, &mut out).unwrap();
+        assert_eq!(app.get(), caller, "a download changed the thread's device");
+        assert_eq!(pattern::first_mismatch(SEED, at, &out), None);
+        assert_eq!(st.write(&buf, 0, at + (8 << 20), 3 << 20).unwrap(), 3 << 20);
+        assert_eq!(app.get(), caller, "a staged write changed the thread's device");
+        bufs.push(buf);
+    }
+    st.flush().unwrap();
+    let back = std::fs::read(f.path()).unwrap();
+    assert_eq!(pattern::first_mismatch(SEED, 1 << 20, &back[9 << 20..12 << 20]), None);
+    assert_eq!(pattern::first_mismatch(SEED, 2 << 20, &back[10 << 20..13 << 20]), None);
+
+    // A stream of device 0, made and used with device 1 current: it belongs to device 0, orders
+    // I/O there, and a buffer of device 1 on it is moved by device 1 (as CUDA does it: the
+    // stream orders, the memory's own device copies).
+    app.set(1);
+    let s0 = h0.stream().unwrap();
+    assert_eq!(app.get(), 1, "making a stream changed the thread's device");
+    let (h, g) = hip::stream_runtime(s0.raw()).unwrap().expect("the fake has hipStreamGetDevice");
+    assert!(Arc::ptr_eq(&g, &g0) && h.ordinal() == 0, "the stream was given another device");
+    // SAFETY: `s0` is a stream of device 0 and outlives `wrapped`.
+    let wrapped = unsafe { h.wrap_stream(s0.raw()) };
+    let sio = StreamIo::new(wrapped).unwrap();
+    for (buf, m, at) in [(&bufs[0], &m0, 4u64 << 20), (&bufs[1], &m1, 5 << 20)] {
+        let args = AsyncArgs::new(1 << 20, at as i64, 0);
+        sio.read_async(&st, buf, &args).unwrap();
+        sio.synchronize().unwrap();
+        assert_eq!(args.result(), 1 << 20);
+        assert_eq!(app.get(), 1, "stream-ordered I/O changed the thread's device");
+        let mut out = vec![0u8; 1 << 20];
+        m.gpu().download(m, 0, &mut out).unwrap();
+        assert_eq!(pattern::first_mismatch(SEED, at, &out), None);
+    }
+    drop(sio);
+    drop(s0);
+    assert_eq!(app.get(), 1, "destroying a stream changed the thread's device");
+    drop(bufs);
+    drop((m0, m1));
+    assert_eq!(app.get(), 1, "freeing memory changed the thread's device");
+    app.set(0);
+    std::env::remove_var("FAKE_HIP_DEVICES");
 }
 
 /// ROCm 5 numbers `hipMemoryType` differently (Device = 1, which is ROCm 6's Host): the

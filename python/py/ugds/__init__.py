@@ -20,7 +20,7 @@ the library's named fields (``InvalidArgument.arg``, ``NvmeError.status``, ...).
 
 from __future__ import annotations
 
-from typing import List, NamedTuple
+from typing import Any, List, NamedTuple, Optional
 
 from . import errors
 from ._ugds import (
@@ -35,6 +35,7 @@ from ._ugds import (
     open,
 )
 from ._ugds import doctor as _doctor
+from ._ugds import nearest as _nearest
 from .errors import *  # noqa: F401,F403 (the exception classes are part of the package's API)
 
 
@@ -54,17 +55,71 @@ def doctor() -> List[Finding]:
     return [Finding(**f) for f in _doctor()]
 
 
+class Placement(NamedTuple):
+    """One ugds node against one GPU (:func:`nearest`): the node, the GPU's and the SSD's PCI
+    addresses, how close they are (``"same_switch"``, ``"same_root_complex"``,
+    ``"same_numa_node"``, ``"cross_socket"``, best first), both NUMA nodes (``None`` where the
+    platform reports none), and a warning when peer-to-peer between them crosses the
+    inter-socket link (else ``None``)."""
+
+    node: str
+    gpu: str
+    ssd: str
+    proximity: str
+    gpu_numa: Optional[int]
+    ssd_numa: Optional[int]
+    warning: Optional[str]
+
+
+def _gpu_arg(gpu: Any) -> Any:
+    """A CUDA ordinal, a PCI address or None, from what :func:`nearest` takes."""
+    if gpu is None or isinstance(gpu, int):
+        return gpu
+    if isinstance(gpu, str):
+        if gpu == "cuda":
+            return None
+        if gpu.startswith("cuda:"):
+            return int(gpu[5:])
+        if gpu == "cpu":
+            raise ValueError("gpu: the CPU is not a GPU")
+        return gpu
+    dev = getattr(gpu, "device", None)  # a tensor or an array: its device
+    if dev is not None:
+        return _gpu_arg(dev)
+    if getattr(gpu, "type", "cuda") != "cuda":
+        raise ValueError(f"gpu: {gpu!r} is not a CUDA device")
+    for attr in ("index", "id"):  # torch.device, cupy.cuda.Device
+        if hasattr(gpu, attr):
+            i = getattr(gpu, attr)
+            return None if i is None else int(i)
+    raise TypeError(f"gpu: expected a CUDA ordinal, a PCI address, a device or a tensor, got {gpu!r}")
+
+
+def nearest(target: Optional[str] = None, gpu: Any = None, *, sys: Optional[str] = None) -> List[Placement]:
+    """The ugds nodes that ``target`` names, nearest to one GPU first: ``target`` is a node
+    (``/dev/ugds_drvN``), a striped volume (``stripe:[CHUNK:]NODE,...`` or a descriptor file
+    ``NAME.ugds-volume``), or ``None`` for every controller bound to ugds here. ``gpu`` is the
+    calling thread's GPU when ``None`` (its current CUDA device, as ``torch.cuda.set_device``
+    or ``cudaSetDevice`` chose it), else a CUDA ordinal (``1``, ``"cuda:1"``), a
+    ``torch.device``, a ``cupy.cuda.Device``, a tensor or array on the GPU, or a PCI address
+    (``"0000:1b:00.0"``). ``sys`` reads another sysfs root (tests). Open the first entry's
+    node for the I/O of that GPU; entries equally near keep the volume's order."""
+    return [Placement(**p) for p in _nearest(target, _gpu_arg(gpu), sys)]
+
+
 __all__ = [
     "AsyncIo",
     "Batch",
     "Buffer",
     "CpuStream",
     "Finding",
+    "Placement",
     "Storage",
     "__version__",
     "crc32",
     "cuda_available",
     "doctor",
     "errors",
+    "nearest",
     "open",
 ] + errors.__all__

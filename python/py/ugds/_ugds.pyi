@@ -24,6 +24,13 @@ def doctor() -> List[Dict[str, str]]:
     """The findings (``topic``, ``verdict``, ``detail``, ``fix``) as dicts; ``ugds.doctor()``
     wraps them into ``Finding`` tuples."""
 
+def nearest(
+    target: Optional[str] = None, gpu: Union[int, str, None] = None, sys: Optional[str] = None
+) -> List[Dict[str, Any]]:
+    """The nodes of ``target`` (none: every bound controller) against one GPU (a CUDA ordinal,
+    a PCI address, or the calling thread's), nearest first, as dicts; ``ugds.nearest()`` wraps
+    them into ``Placement`` tuples."""
+
 def cuda_available() -> bool:
     """Whether the CUDA driver library can be loaded here."""
 
@@ -52,8 +59,8 @@ class Storage:
         object (or its buffer export) while registered; a torch tensor resized or ``set_()``
         since is refused at its next use (``RegisteredMemoryChanged``)."""
     def register_raw_unsafe(self, ptr: int, nbytes: int, allow_fallback: bool = True) -> Buffer:
-        """Registers raw memory ``[ptr, ptr + nbytes)`` (CUDA device 0 memory when CUDA says so,
-        else host). Unsafe: nothing holds it or notices when it moves; the caller keeps it
+        """Registers raw memory ``[ptr, ptr + nbytes)`` (device memory of whichever CUDA device
+        holds it, when CUDA says so; else host). Unsafe: nothing holds it or notices when it moves; the caller keeps it
         allocated at that address until the buffer is deregistered and its I/O is over."""
     def alloc(self, nbytes: int) -> Buffer:
         """Allocates and registers page-aligned host memory."""

@@ -122,24 +122,31 @@ pub fn code_of(e: &Error) -> uGDSOpError {
 /// Result of the core functions.
 pub type CResult<T> = Result<T, Fail>;
 
-/// The CUDA runtime, when this machine has one (loaded once, at first need).
+/// The CUDA GPU of the calling thread (its current context, as `cudaSetDevice` set it; device
+/// 0's primary context when it has none), when this machine has CUDA.
 pub fn cuda() -> Option<Arc<Gpu>> {
-    static G: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
-    G.get_or_init(|| if crate::gpu::cuda::driver_present() { Gpu::cuda().ok() } else { None }).clone()
+    if crate::gpu::cuda::driver_present() {
+        Gpu::cuda().ok()
+    } else {
+        None
+    }
 }
 
-/// The HIP runtime, when this machine has one (loaded once, at first need: `libamdhip64.so`, or
-/// the file `UGDS_HIP_LIBRARY` names then).
+/// The calling thread's HIP device (device 0 unless it called `hipSetDevice`), when this machine
+/// has a HIP runtime (`libamdhip64.so`, or the file
+/// `UGDS_HIP_LIBRARY` names).
 pub fn hip() -> Option<Arc<Gpu>> {
-    static G: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
-    G.get_or_init(|| Gpu::hip().ok()).clone()
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    if !*PRESENT.get_or_init(crate::gpu::hip::runtime_present) {
+        return None;
+    }
+    Gpu::hip().ok()
 }
 
-/// The GPU runtime whose device memory `addr` is: CUDA's, else HIP's (`None` for host memory).
+/// The GPU whose device memory `addr` is, in the context (CUDA) or on the device (HIP) that
+/// owns it (`None` for host memory).
 pub fn gpu_of(addr: usize) -> Option<Arc<Gpu>> {
-    cuda()
-        .filter(|g| g.runtime().is_device_memory(addr as u64))
-        .or_else(|| hip().filter(|g| g.runtime().is_device_memory(addr as u64)))
+    Gpu::of_pointer(addr as u64).ok().flatten()
 }
 
 /// What a handle value points at: uGDS's programs read the registered fd from the first `int`

@@ -18,8 +18,9 @@ use std::sync::{Arc, Mutex};
 /// The streams a library has queued I/O on, and its CPU streams.
 #[derive(Default)]
 pub struct Streams {
-    /// By the application's stream value.
-    io: Mutex<HashMap<usize, Arc<StreamIo>>>,
+    /// By the application's stream value and, for a default stream (whose context is the
+    /// calling thread's current one), that context's id (0 otherwise).
+    io: Mutex<HashMap<(usize, u64), Arc<StreamIo>>>,
     /// CPU streams made by `ugdsxCpuStreamCreate`; their handles are these slots.
     pub(crate) cpu: Slots<CpuStream>,
 }
@@ -92,63 +93,81 @@ unsafe impl Send for LateSegs {}
 impl Library {
     /// The stream-ordered I/O state of `stream`: a CPU stream of ours, or a stream of the GPU
     /// runtime whose memory `bufs` are (the first GPU buffer decides; for host memory, CUDA
-    /// where it loads, else HIP). A stream keeps the runtime it was first seen with.
+    /// where it loads, else HIP), in the context the stream belongs to (CUDA: `cuStreamGetCtx`;
+    /// a default stream: the calling thread's current context, as `cudaSetDevice` set it; HIP:
+    /// `hipStreamGetDevice`, else the buffer's device). A buffer of another device than the
+    /// stream's is handled as CUDA handles a copy between them: the stream orders the I/O, the
+    /// buffer's own context moves its data.
     fn stream_io(&self, stream: usize, bufs: &[Arc<BufEntry>]) -> CResult<Arc<StreamIo>> {
+        let cpu = self.streams.cpu.get(stream);
+        let vendor = bufs.iter().find_map(|b| match &b.mem {
+            Memory::Gpu(m) => Some((m.gpu().runtime().vendor(), m.device_ptr())),
+            Memory::Host => None,
+        });
+        let vendor = match (&cpu, vendor) {
+            (Some(_), _) => Vendor::Cpu,
+            (None, Some((v, _))) => v,
+            (None, None) if cuda().is_some() => Vendor::Cuda,
+            (None, None) if hip().is_some() => Vendor::Hip,
+            (None, None) => return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED)),
+        };
+        // A default stream is the calling thread's: of its current context (CUDA) or device (HIP).
+        let key = match vendor {
+            Vendor::Cuda if stream <= 2 => (stream, default_stream_context()),
+            Vendor::Hip if stream == 0 => (stream, crate::gpu::hip::current_device().map_or(0, |d| d as u64 + 1)),
+            _ => (stream, 0),
+        };
         let mut io = self.streams.io.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = io.get(&stream) {
+        if let Some(s) = io.get(&key) {
             return Ok(s.clone());
         }
-        let s: Arc<dyn Stream> = match self.streams.cpu.get(stream) {
-            Some(c) => c,
-            None => {
-                let vendor = bufs.iter().find_map(|b| match &b.mem {
-                    Memory::Gpu(m) => Some(m.gpu().runtime().vendor()),
-                    Memory::Host => None,
-                });
-                let vendor = match vendor {
-                    Some(v) => v,
-                    None if cuda().is_some() => Vendor::Cuda,
-                    None if hip().is_some() => Vendor::Hip,
-                    None => return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED)),
-                };
-                match vendor {
-                    Vendor::Hip => {
-                        if hip().is_none() {
-                            return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
-                        }
-                        let h = crate::gpu::hip::Hip::new(0)?;
-                        // SAFETY: the caller passes a stream of the device its HIP memory is on;
-                        // it is used only while the caller's enqueue call runs (queuing work),
-                        // never after.
-                        unsafe { h.wrap_stream(stream) }
-                    }
-                    Vendor::Cuda | Vendor::Cpu => {
-                        if cuda().is_none() {
-                            return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
-                        }
-                        #[cfg(feature = "cuda")]
-                        {
-                            let c = crate::gpu::cuda::Cuda::new(0)?;
-                            // SAFETY: the caller passes a stream of the primary context (what
-                            // the CUDA runtime uses); it is used only while the caller's
-                            // enqueue call runs (queuing work), never after.
-                            unsafe { c.wrap_stream(stream) }
-                        }
-                        #[cfg(not(feature = "cuda"))]
-                        return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
-                    }
+        let s: Arc<dyn Stream> = match (cpu, vendor) {
+            (Some(c), _) => c,
+            (None, Vendor::Hip) => {
+                if hip().is_none() {
+                    return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
                 }
+                let h = match crate::gpu::hip::stream_runtime(stream)? {
+                    Some((h, _)) => h,
+                    None => {
+                        let (h0, _) = crate::gpu::hip::device_runtime(0)?;
+                        let dev = vendor_ptr(bufs).and_then(|p| h0.device_of(p)).unwrap_or(0);
+                        crate::gpu::hip::device_runtime(dev)?.0
+                    }
+                };
+                // SAFETY: the stream is of device `h` (asked of the runtime, or the device of the
+                // memory it orders); it is used only while the caller's enqueue call runs
+                // (queuing work), never after.
+                unsafe { h.wrap_stream(stream) }
+            }
+            (None, _) => {
+                if cuda().is_none() {
+                    return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
+                }
+                #[cfg(feature = "cuda")]
+                {
+                    // SAFETY: the caller's stream (or a default-stream value), wrapped in the
+                    // context the driver says it belongs to; it is used only while the caller's
+                    // enqueue call runs (queuing work), never after.
+                    unsafe { crate::gpu::cuda::wrap_stream(stream) }?.1
+                }
+                #[cfg(not(feature = "cuda"))]
+                return Err(Fail::Code(UGDS_PLATFORM_NOT_SUPPORTED));
             }
         };
         let sio = Arc::new(StreamIo::new(s)?);
-        io.insert(stream, sio.clone());
+        io.insert(key, sio.clone());
         Ok(sio)
     }
 
     /// Forgets `stream` after the library's own work on it is done (never calls the stream).
     pub fn stream_forget(&self, stream: usize) {
-        let s = self.streams.io.lock().unwrap_or_else(|e| e.into_inner()).remove(&stream);
-        drop(s);
+        let gone: Vec<Arc<StreamIo>> = {
+            let mut io = self.streams.io.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<(usize, u64)> = io.keys().filter(|k| k.0 == stream).copied().collect();
+            keys.iter().filter_map(|k| io.remove(k)).collect()
+        };
+        drop(gone);
     }
 
     /// `ReadAsync`/`WriteAsync`: checks now, moves data when the stream gets there. The
@@ -287,6 +306,22 @@ impl Library {
         drop(c);
         Ok(())
     }
+}
+
+/// The device address of the first GPU buffer of `bufs`.
+fn vendor_ptr(bufs: &[Arc<BufEntry>]) -> Option<u64> {
+    bufs.iter().find_map(|b| match &b.mem {
+        Memory::Gpu(m) => Some(m.device_ptr()),
+        Memory::Host => None,
+    })
+}
+
+/// The id of the context a CUDA default stream means on this thread (0: none current).
+fn default_stream_context() -> u64 {
+    #[cfg(feature = "cuda")]
+    return crate::gpu::cuda::current_context_id();
+    #[cfg(not(feature = "cuda"))]
+    0
 }
 
 /// A stream value as the key the library uses.

@@ -206,9 +206,11 @@ pub unsafe extern "C" fn uGDSBufRegister(bufPtr_base: *const c_void, length: usi
     }
     if flags & NVM_MAP_DMABUF != 0 {
         // The HIP path: HIP memory, registered through its dma-buf where the storage takes one.
-        let Some(hip) = super::library::hip() else { return code(UGDS_IO_NOT_SUPPORTED) };
+        if super::library::hip().is_none() {
+            return code(UGDS_IO_NOT_SUPPORTED);
+        }
         // SAFETY: forwarded.
-        return status(unsafe { register_on_gpu(bufPtr_base as usize, length, hip, flags & NVM_MAP_RDMA != 0) });
+        return status(unsafe { register_on_hip(bufPtr_base as usize, length, flags & NVM_MAP_RDMA != 0) });
     }
     // SAFETY: forwarded.
     status(unsafe {
@@ -223,13 +225,29 @@ unsafe fn register(base: usize, len: usize, force_cuda: bool, export: bool) -> C
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
     if force_cuda {
-        let Some(cuda) = super::library::cuda() else { return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID)) };
+        // The context that owns the memory (any device), not the caller's.
+        let Some(cuda) = crate::gpu::cuda::gpu_of_pointer(base as u64).ok().flatten() else {
+            return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID));
+        };
         // SAFETY: forwarded from the caller.
         return unsafe { register_on_gpu(base, len, cuda, export) };
     }
     let gpu = super::library::gpu_of(base);
     // SAFETY: forwarded from the caller.
     unsafe { lib().buf_register(base, len, gpu, export) }
+}
+
+/// Registers memory that must be HIP device memory, on the device that holds it
+/// (`UGDS_CUDA_MEMORY_TYPE_INVALID` when it is not HIP memory).
+unsafe fn register_on_hip(base: usize, len: usize, export: bool) -> CResult<()> {
+    if base == 0 || len == 0 {
+        return Err(Fail::Code(UGDS_INVALID_VALUE));
+    }
+    let Some(gpu) = crate::gpu::hip::gpu_of_pointer(base as u64).ok().flatten() else {
+        return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID));
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { register_on_gpu(base, len, gpu, export) }
 }
 
 /// Registers memory that must be device memory of `gpu` (`UGDS_CUDA_MEMORY_TYPE_INVALID`, the
@@ -278,9 +296,11 @@ pub unsafe extern "C" fn uGDSBufRegisterEx(
             status(unsafe { register(bufPtr_base as usize, length, true, export) })
         }
         Some(uGDSBackend::UGDS_BACKEND_HIP) => {
-            let Some(hip) = super::library::hip() else { return code(UGDS_PLATFORM_NOT_SUPPORTED) };
+            if super::library::hip().is_none() {
+                return code(UGDS_PLATFORM_NOT_SUPPORTED);
+            }
             // SAFETY: forwarded.
-            status(unsafe { register_on_gpu(bufPtr_base as usize, length, hip, export) })
+            status(unsafe { register_on_hip(bufPtr_base as usize, length, export) })
         }
         None => code(UGDS_INVALID_VALUE),
     }

@@ -10,6 +10,12 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
+mod ctx;
+pub use ctx::{
+    context_of_stream, current_context_id, current_gpu, current_runtime, device_gpu, device_runtime, gpu_of_pointer,
+    place_of_pointer, stream_runtime, wrap_stream, CallerContext, Ctx, PointerPlace,
+};
+
 /// Turns a driver status into a result naming the call and the status.
 fn check(op: &'static str, r: cu::CUresult) -> Result<()> {
     if r == cu::CUresult::CUDA_SUCCESS {
@@ -34,92 +40,37 @@ pub fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { cu::is_culib_present() })
 }
 
-/// The calling thread's current CUDA context, put back when this is dropped. The C faces take
-/// one at every entry that may bind a context of ours on the caller's thread, so the
-/// application's own current context (say, device 3's) is the same after the call.
-pub struct CallerContext(Option<cu::CUcontext>);
-
-impl CallerContext {
-    /// Records the current context (nothing when the CUDA driver is absent or not loaded).
-    pub fn keep() -> CallerContext {
-        if !driver_present() {
-            return CallerContext(None);
-        }
-        let mut c: cu::CUcontext = std::ptr::null_mut();
-        // SAFETY: writes the thread's current context (or null) into a local.
-        let ok = unsafe { cu::cuCtxGetCurrent(&mut c) } == cu::CUresult::CUDA_SUCCESS;
-        CallerContext(ok.then_some(c))
-    }
-}
-
-impl Drop for CallerContext {
-    fn drop(&mut self) {
-        if let Some(c) = self.0 {
-            // SAFETY: the context the thread had on entry (or null: none), restored as it was.
-            unsafe { cu::cuCtxSetCurrent(c) };
-        }
-    }
-}
-
-/// A retained primary context, released when the last user drops it.
-#[derive(Debug)]
-pub struct Ctx {
-    dev: cu::CUdevice,
-    ctx: cu::CUcontext,
-}
-
-// SAFETY: a CUcontext may be made current on any thread; every use binds it first.
-unsafe impl Send for Ctx {}
-// SAFETY: as above; the driver API is thread-safe.
-unsafe impl Sync for Ctx {}
-
-impl Ctx {
-    /// Makes the context current on this thread (cheap; every call does it).
-    pub fn bind(&self) -> Result<()> {
-        // SAFETY: ctx is a retained primary context.
-        check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(self.ctx) })
-    }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        // SAFETY: releases the reference retained in `Cuda::new`.
-        unsafe { cu::cuDevicePrimaryCtxRelease_v2(self.dev) };
-    }
-}
-
-/// A CUDA device (its primary context) as a [`Runtime`].
-#[derive(Debug)]
+/// A CUDA context (a device's primary context, or one the application created) as a
+/// [`Runtime`]: everything it does binds that context first.
+#[derive(Debug, Clone)]
 pub struct Cuda {
     c: Arc<Ctx>,
 }
 
 impl Cuda {
-    /// Retains the primary context of device `ordinal`.
+    /// Retains the primary context of device `ordinal` and makes it current. Most callers want
+    /// [`device_gpu`], [`current_gpu`] or [`gpu_of_pointer`] instead: one [`crate::Gpu`] per
+    /// context in the process.
     pub fn new(ordinal: i32) -> Result<Cuda> {
-        if !driver_present() {
-            return Err(Error::Unsupported {
-                what: "CUDA",
-                why: "the CUDA driver library (libcuda.so) is not installed".into(),
-                fix: "install the NVIDIA driver, or use the CPU runtime",
-            });
-        }
-        let mut dev = 0;
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: plain driver calls with out-pointers to locals.
-        unsafe {
-            check("cuInit", cu::cuInit(0))?;
-            check("cuDeviceGet", cu::cuDeviceGet(&mut dev, ordinal))?;
-            check("cuDevicePrimaryCtxRetain", cu::cuDevicePrimaryCtxRetain(&mut ctx, dev))?;
-        }
-        let c = Cuda { c: Arc::new(Ctx { dev, ctx }) };
+        let c = Cuda::from_ctx(Arc::new(Ctx::primary(ordinal)?));
         c.bind()?;
         Ok(c)
     }
 
-    /// Makes the context current on this thread.
+    /// The runtime of a context.
+    pub(crate) fn from_ctx(c: Arc<Ctx>) -> Cuda {
+        Cuda { c }
+    }
+
+    /// Makes the context current on this thread, and leaves it so (for callers that launch
+    /// their own work in it).
     pub fn bind(&self) -> Result<()> {
         self.c.bind()
+    }
+
+    /// Makes the context current for one operation: the caller's comes back on drop.
+    fn enter(&self) -> Result<CallerContext> {
+        self.c.enter()
     }
 
     /// The context (for callers that launch their own work).
@@ -131,7 +82,7 @@ impl Cuda {
     pub fn attribute(&self, a: cu::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
         // SAFETY: out-pointer to a local.
-        check("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut v, a, self.c.dev) })?;
+        check("cuDeviceGetAttribute", unsafe { cu::cuDeviceGetAttribute(&mut v, a, self.c.dev()) })?;
         Ok(v)
     }
 
@@ -147,7 +98,7 @@ impl Cuda {
     pub fn pci_bus_id(&self) -> Result<String> {
         let mut buf = [0 as std::ffi::c_char; 32];
         // SAFETY: the buffer's length is passed.
-        check("cuDeviceGetPCIBusId", unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, self.c.dev) })?;
+        check("cuDeviceGetPCIBusId", unsafe { cu::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 32, self.c.dev()) })?;
         // SAFETY: the driver NUL-terminates within the length.
         Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_lowercase())
     }
@@ -156,14 +107,15 @@ impl Cuda {
     ///
     /// # Safety
     ///
-    /// `raw` must be a stream of this device's primary context that outlives the result.
+    /// `raw` must be a stream of this context (or a default-stream value, used with this
+    /// context current) that outlives the result.
     pub unsafe fn wrap_stream(&self, raw: usize) -> Arc<CudaStream> {
         Arc::new(CudaStream { cuda: self.c.clone(), raw: raw as cu::CUstream, owned: false })
     }
 
     /// A new non-blocking stream.
     pub fn stream(&self) -> Result<Arc<CudaStream>> {
-        self.bind()?;
+        let _ctx = self.c.enter()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the context is current.
         check("cuStreamCreate", unsafe {
@@ -181,7 +133,7 @@ impl Runtime for Cuda {
     fn device_name(&self) -> String {
         let mut buf = [0 as std::ffi::c_char; 128];
         // SAFETY: the buffer's length is passed; the driver NUL-terminates.
-        if unsafe { cu::cuDeviceGetName(buf.as_mut_ptr(), 128, self.c.dev) } != cu::CUresult::CUDA_SUCCESS {
+        if unsafe { cu::cuDeviceGetName(buf.as_mut_ptr(), 128, self.c.dev()) } != cu::CUresult::CUDA_SUCCESS {
             return "unknown CUDA device".into();
         }
         // SAFETY: NUL-terminated by the driver.
@@ -189,7 +141,7 @@ impl Runtime for Cuda {
     }
 
     fn alloc(&self, len: usize) -> Result<u64> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         let mut p = 0;
         // SAFETY: out-pointer to a local; the context is current.
         check("cuMemAlloc", unsafe { cu::cuMemAlloc_v2(&mut p, len) })?;
@@ -197,25 +149,24 @@ impl Runtime for Cuda {
     }
 
     fn free(&self, ptr: u64, _len: usize) {
-        if self.bind().is_ok() {
+        if let Ok(_ctx) = self.enter() {
             // SAFETY: `ptr` came from cuMemAlloc and is no longer used.
             unsafe { cu::cuMemFree_v2(ptr) };
         }
     }
 
     fn is_device_memory(&self, ptr: u64) -> bool {
-        if self.bind().is_err() {
-            return false;
+        // Device memory of this context; memory the driver names no context for (the virtual
+        // memory API) belongs to its device's primary context.
+        match place_of_pointer(ptr) {
+            Ok(PointerPlace::Device { context: 0, device }) => self.c.is_primary() && device == self.c.device(),
+            Ok(PointerPlace::Device { context, .. }) => context == self.c.raw(),
+            _ => false,
         }
-        let mut ty: u32 = 0;
-        let attr = cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
-        // SAFETY: MEMORY_TYPE writes an unsigned int; unknown pointers return an error.
-        let r = unsafe { cu::cuPointerGetAttribute(&mut ty as *mut u32 as *mut c_void, attr, ptr) };
-        r == cu::CUresult::CUDA_SUCCESS && ty == cu::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         let mut p = std::ptr::null_mut();
         let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: out-pointer to a local; the context is current.
@@ -224,14 +175,14 @@ impl Runtime for Cuda {
     }
 
     fn free_pinned(&self, ptr: *mut u8, _len: usize) {
-        if self.bind().is_ok() {
+        if let Ok(_ctx) = self.enter() {
             // SAFETY: `ptr` came from cuMemHostAlloc and is no longer used.
             unsafe { cu::cuMemFreeHost(ptr as *mut c_void) };
         }
     }
 
     fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the context is current.
         check("cuStreamCreate", unsafe {
@@ -249,7 +200,7 @@ impl Runtime for Cuda {
         if !ptr.is_multiple_of(4096) || !len.is_multiple_of(4096) {
             return Err(Error::invalid("ptr", "dma-buf export needs a page-aligned address and length"));
         }
-        self.bind()?;
+        let _ctx = self.enter()?;
         let ty = cu::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
         let mut fd: i32 = -1;
         // Ask for a PCIe (BAR) mapping first, which peer devices can reach; older drivers only
@@ -347,14 +298,15 @@ fn batch_copy() -> Option<BatchCopy> {
 unsafe impl Send for CudaCopyQueue {}
 
 impl CudaCopyQueue {
-    fn bind(&self) -> Result<()> {
-        self.ctx.bind()
+    /// Makes the queue's context current for one operation (see [`Ctx::enter`]).
+    fn enter(&self) -> Result<CallerContext> {
+        self.ctx.enter()
     }
 }
 
 impl CopyQueue for CudaCopyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the caller guarantees the ranges; the stream is ours.
         check("cuMemcpyHtoDAsync", unsafe { cu::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, len, self.stream) })
     }
@@ -366,7 +318,7 @@ impl CopyQueue for CudaCopyQueue {
             // SAFETY: the caller's promise.
             _ => return unsafe { super::to_device_each(self, copies) },
         };
-        self.bind()?;
+        let _ctx = self.enter()?;
         let (dsts, srcs, sizes) = &mut self.batch;
         dsts.clear();
         srcs.clear();
@@ -419,19 +371,19 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the caller guarantees the ranges; the stream is ours.
         check("cuMemcpyDtoHAsync", unsafe { cu::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, len, self.stream) })
     }
 
     fn wait(&mut self) -> Result<()> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the stream is ours.
         check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.stream) })
     }
 
     fn poll(&mut self) -> Result<bool> {
-        self.bind()?;
+        let _ctx = self.enter()?;
         // SAFETY: the stream is ours and its context is current.
         match unsafe { cu::cuStreamQuery(self.stream) } {
             cu::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
@@ -442,7 +394,7 @@ impl CopyQueue for CudaCopyQueue {
 
 impl Drop for CudaCopyQueue {
     fn drop(&mut self) {
-        if self.bind().is_ok() {
+        if let Ok(_ctx) = self.enter() {
             // SAFETY: the stream is ours; pending work finishes before it is destroyed.
             unsafe { cu::cuStreamDestroy_v2(self.stream) };
         }
@@ -475,7 +427,7 @@ unsafe impl Sync for PinnedWord {}
 
 impl Drop for PinnedWord {
     fn drop(&mut self) {
-        if self.cuda.bind().is_ok() {
+        if let Ok(_ctx) = self.cuda.enter() {
             // SAFETY: `ptr` came from cuMemHostAlloc and the word using it is gone.
             unsafe { cu::cuMemFreeHost(self.ptr) };
         }
@@ -492,7 +444,7 @@ unsafe extern "C" fn run_host_fn(data: *mut c_void) {
 
 impl Stream for CudaStream {
     fn completion_word(&self) -> Result<CompletionWord> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         let mut p = std::ptr::null_mut();
         let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: out-pointer to a local; the context is current.
@@ -511,7 +463,7 @@ impl Stream for CudaStream {
     }
 
     fn host_fn(&self, f: HostFn) -> Result<()> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         let data = Box::into_raw(Box::new(f)) as *mut c_void;
         // SAFETY: `run_host_fn` takes back the box exactly once.
         let r = check("cuLaunchHostFunc", unsafe { cu::cuLaunchHostFunc(self.raw, Some(run_host_fn), data) });
@@ -523,7 +475,7 @@ impl Stream for CudaStream {
     }
 
     fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
         // SAFETY: the word's device address is mapped pinned memory that outlives the wait
         // (the caller keeps the word until the stream is synchronized).
@@ -531,7 +483,7 @@ impl Stream for CudaStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.cuda.bind()?;
+        let _ctx = self.cuda.enter()?;
         // SAFETY: a live stream.
         check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.raw) })
     }
@@ -543,7 +495,10 @@ impl Stream for CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        if self.owned && self.cuda.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        if let Ok(_ctx) = self.cuda.enter() {
             // SAFETY: a stream we created.
             unsafe {
                 cu::cuStreamSynchronize(self.raw);

@@ -50,7 +50,7 @@
 //! as any memory object), and whether the amdgpu kernel driver exports VRAM dma-bufs that an
 //! NVMe device can map peer-to-peer.
 
-use super::{CopyQueue, Runtime, Vendor};
+use super::{CopyQueue, Gpu, Runtime, Vendor};
 use crate::dl::Library;
 use crate::error::{Error, Result};
 use crate::stream::{CompletionWord, HostFn, Stream};
@@ -120,6 +120,8 @@ pub struct Api {
     get_device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
     /// `hipError_t hipSetDevice(int deviceId)`.
     set_device: unsafe extern "C" fn(c_int) -> HipError,
+    /// `hipError_t hipGetDevice(int *deviceId)`.
+    get_device: unsafe extern "C" fn(*mut c_int) -> HipError,
     /// `hipError_t hipDeviceGet(hipDevice_t *device, int ordinal)`.
     device_get: unsafe extern "C" fn(*mut c_int, c_int) -> HipError,
     /// `hipError_t hipDeviceGetName(char *name, int len, hipDevice_t device)`.
@@ -159,6 +161,9 @@ pub struct Api {
     /// hipMemRangeHandleType handleType, unsigned long long flags)`; absent in older runtimes.
     mem_get_handle_for_address_range:
         Option<unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, c_ulonglong) -> HipError>,
+    /// `hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device)`; absent in
+    /// older runtimes.
+    stream_get_device: Option<unsafe extern "C" fn(HipStreamT, *mut c_int) -> HipError>,
 }
 
 // SAFETY: the struct holds function pointers into a library that is never unloaded, and a
@@ -191,12 +196,18 @@ impl Api {
                 c"hipMemGetHandleForAddressRange",
             )
         };
+        // SAFETY: `hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device)`
+        // (optional: ROCm 5.6+); the library is never closed once resolved.
+        let stream_get_device =
+            unsafe { lib.function::<unsafe extern "C" fn(HipStreamT, *mut c_int) -> HipError>(c"hipStreamGetDevice") };
         Ok(Api {
             path: path.to_string(),
+            stream_get_device,
             init: required!(lib, c"hipInit", unsafe extern "C" fn(c_uint) -> HipError),
             runtime_get_version: required!(lib, c"hipRuntimeGetVersion", unsafe extern "C" fn(*mut c_int) -> HipError),
             get_device_count: required!(lib, c"hipGetDeviceCount", unsafe extern "C" fn(*mut c_int) -> HipError),
             set_device: required!(lib, c"hipSetDevice", unsafe extern "C" fn(c_int) -> HipError),
+            get_device: required!(lib, c"hipGetDevice", unsafe extern "C" fn(*mut c_int) -> HipError),
             device_get: required!(lib, c"hipDeviceGet", unsafe extern "C" fn(*mut c_int, c_int) -> HipError),
             device_get_name: required!(
                 lib,
@@ -337,16 +348,107 @@ pub struct Dev {
 }
 
 impl Dev {
-    /// Makes the device current on this thread (cheap; every call does it, as HIP's current
-    /// device is per thread).
+    /// Makes the device current on this thread, and leaves it so (for callers that launch their
+    /// own work on it; the library's own operations use [`Dev::enter`]).
     pub fn bind(&self) -> Result<()> {
         // SAFETY: plain runtime call; the ordinal was checked in `Hip::new`.
         self.api.check("hipSetDevice", unsafe { (self.api.set_device)(self.ordinal) })
     }
+
+    /// Makes the device current for one operation: HIP's current device is per thread, and the
+    /// caller's (`hipSetDevice(N)` of the application's own) is current again when the result
+    /// is dropped. Costs one `hipGetDevice` where this device is current already.
+    pub fn enter(&self) -> Result<CallerDevice> {
+        let mut prev: c_int = -1;
+        // SAFETY: out-pointer to a local.
+        let known = unsafe { (self.api.get_device)(&mut prev) } == HIP_SUCCESS && prev >= 0;
+        if known && prev == self.ordinal {
+            return Ok(CallerDevice(None));
+        }
+        self.bind()?;
+        Ok(CallerDevice(known.then_some((self.api, prev))))
+    }
+}
+
+/// The calling thread's current HIP device, put back when this is dropped (see [`Dev::enter`]).
+#[must_use = "the caller's device is put back when this is dropped"]
+pub struct CallerDevice(Option<(&'static Api, c_int)>);
+
+impl Drop for CallerDevice {
+    fn drop(&mut self) {
+        if let Some((api, d)) = self.0 {
+            // SAFETY: plain runtime call with the device the thread had on entry.
+            unsafe { (api.set_device)(d) };
+        }
+    }
+}
+
+/// Every HIP device's [`Gpu`] so far, by ordinal (one staging pool and one identity per device).
+static DEVICES: Mutex<Vec<(i32, Hip, Arc<Gpu>)>> = Mutex::new(Vec::new());
+
+/// Device `ordinal` of the HIP runtime with its [`Gpu`] (one per device in the process).
+pub fn device_runtime(ordinal: i32) -> Result<(Hip, Arc<Gpu>)> {
+    let mut all = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, h, g)) = all.iter().find(|(o, _, _)| *o == ordinal) {
+        return Ok((h.clone(), g.clone()));
+    }
+    let h = Hip::new(ordinal)?;
+    let g = Gpu::with_runtime(Arc::new(h.clone()));
+    all.push((ordinal, h.clone(), g.clone()));
+    Ok((h, g))
+}
+
+/// The [`Gpu`] of HIP device `ordinal`.
+pub fn device_gpu(ordinal: i32) -> Result<Arc<Gpu>> {
+    device_runtime(ordinal).map(|(_, g)| g)
+}
+
+/// The calling thread's current HIP device (`hipGetDevice`: what `hipSetDevice` selected on this
+/// thread; 0 where it selected none).
+pub fn current_device() -> Result<i32> {
+    let api = api()?;
+    let mut d: c_int = 0;
+    // SAFETY: plain runtime calls; out-pointer to a local.
+    unsafe {
+        api.check("hipInit", (api.init)(0))?;
+        api.check("hipGetDevice", (api.get_device)(&mut d))?;
+    }
+    Ok(d)
+}
+
+/// The [`Gpu`] of the calling thread's current HIP device (see [`current_device`]), as the CUDA
+/// side serves the thread's current context.
+pub fn current_gpu() -> Result<Arc<Gpu>> {
+    device_gpu(current_device()?)
+}
+
+/// The [`Gpu`] whose device memory `ptr` is, on whichever HIP device holds it; `None` for
+/// memory that is not HIP device memory, or when no HIP runtime loads.
+pub fn gpu_of_pointer(ptr: u64) -> Result<Option<Arc<Gpu>>> {
+    if ptr == 0 || !runtime_present() {
+        return Ok(None);
+    }
+    // A HIP library without a device (an NVIDIA machine's, say) holds no memory.
+    let Ok((h0, _)) = device_runtime(0) else { return Ok(None) };
+    match h0.device_of(ptr) {
+        Some(d) => Ok(Some(device_gpu(d)?)),
+        None => Ok(None),
+    }
+}
+
+/// The HIP device a stream belongs to (`hipStreamGetDevice`), with its runtime; `None` where
+/// the runtime lacks the call (the caller decides by the memory then).
+pub fn stream_runtime(stream: usize) -> Result<Option<(Hip, Arc<Gpu>)>> {
+    let (h0, _) = device_runtime(0)?;
+    let Some(get) = h0.d.api.stream_get_device else { return Ok(None) };
+    let mut dev: c_int = -1;
+    // SAFETY: the caller's stream handle (or a default-stream value); out-pointer to a local.
+    h0.d.api.check("hipStreamGetDevice", unsafe { get(stream as HipStreamT, &mut dev) })?;
+    device_runtime(dev).map(Some)
 }
 
 /// A HIP device as a [`Runtime`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Hip {
     d: Arc<Dev>,
 }
@@ -376,8 +478,33 @@ impl Hip {
         }
         let device_type = if version >= FIRST_ROCM6_VERSION { MEMORY_TYPE_DEVICE_V6 } else { MEMORY_TYPE_DEVICE_V5 };
         let h = Hip { d: Arc::new(Dev { api, ordinal, version, device_type }) };
-        h.d.bind()?;
+        // The device must be selectable; the caller's stays current.
+        drop(h.d.enter()?);
         Ok(h)
+    }
+
+    /// The device whose (unmanaged) device memory `ptr` is, on any device of this runtime.
+    pub fn device_of(&self, ptr: u64) -> Option<i32> {
+        if ptr == 0 {
+            return None;
+        }
+        let mut a = PointerAttribute {
+            memory_type: -1,
+            device: -1,
+            device_pointer: std::ptr::null_mut(),
+            host_pointer: std::ptr::null_mut(),
+            is_managed: 0,
+            allocation_flags: 0,
+        };
+        // SAFETY: `a` is a hipPointerAttribute_t the runtime fills; any pointer value may be
+        // asked about (unknown ones give an error, or hipMemoryTypeUnregistered in ROCm 6).
+        let r = unsafe { (self.d.api.pointer_get_attributes)(&mut a, ptr as *const c_void) };
+        (r == HIP_SUCCESS && a.memory_type == self.d.device_type && a.is_managed == 0).then_some(a.device)
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> i32 {
+        self.d.ordinal
     }
 
     /// The runtime's version (`major * 10_000_000 + minor * 100_000 + patch`).
@@ -406,7 +533,7 @@ impl Hip {
     }
 
     fn create_stream(&self) -> Result<HipStreamT> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut s = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the device is current.
         self.d.api.check("hipStreamCreateWithFlags", unsafe {
@@ -439,7 +566,7 @@ impl Runtime for Hip {
     }
 
     fn alloc(&self, len: usize) -> Result<u64> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the device is current.
         self.d.api.check("hipMalloc", unsafe { (self.d.api.malloc)(&mut p, len) })?;
@@ -447,32 +574,18 @@ impl Runtime for Hip {
     }
 
     fn free(&self, ptr: u64, _len: usize) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: `ptr` came from hipMalloc and is no longer used.
             unsafe { (self.d.api.free)(ptr as *mut c_void) };
         }
     }
 
     fn is_device_memory(&self, ptr: u64) -> bool {
-        if ptr == 0 || self.d.bind().is_err() {
-            return false;
-        }
-        let mut a = PointerAttribute {
-            memory_type: -1,
-            device: -1,
-            device_pointer: std::ptr::null_mut(),
-            host_pointer: std::ptr::null_mut(),
-            is_managed: 0,
-            allocation_flags: 0,
-        };
-        // SAFETY: `a` is a hipPointerAttribute_t the runtime fills; any pointer value may be
-        // asked about (unknown ones give an error, or hipMemoryTypeUnregistered in ROCm 6).
-        let r = unsafe { (self.d.api.pointer_get_attributes)(&mut a, ptr as *const c_void) };
-        r == HIP_SUCCESS && a.memory_type == self.d.device_type && a.device == self.d.ordinal && a.is_managed == 0
+        self.device_of(ptr) == Some(self.d.ordinal)
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut p = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the device is current.
         self.d.api.check("hipHostMalloc", unsafe { (self.d.api.host_malloc)(&mut p, len, HOST_MALLOC_PORTABLE) })?;
@@ -480,7 +593,7 @@ impl Runtime for Hip {
     }
 
     fn free_pinned(&self, ptr: *mut u8, _len: usize) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: `ptr` came from hipHostMalloc and is no longer used.
             unsafe { (self.d.api.host_free)(ptr as *mut c_void) };
         }
@@ -500,7 +613,7 @@ impl Runtime for Hip {
         if !ptr.is_multiple_of(4096) || !len.is_multiple_of(4096) {
             return Err(Error::invalid("ptr", "dma-buf export needs a page-aligned address and length"));
         }
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut fd: c_int = -1;
         // Ask for a PCIe mapping first, which peer devices can reach; runtimes that do not know
         // the flag get the default.
@@ -553,7 +666,7 @@ unsafe impl Send for HipCopyQueue {}
 
 impl CopyQueue for HipCopyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: the caller guarantees both ranges until `wait`; the stream is ours.
         self.d.api.check("hipMemcpyHtoDAsync", unsafe {
             (self.d.api.memcpy_htod_async)(dst as *mut c_void, src as *const c_void, len, self.stream)
@@ -561,7 +674,7 @@ impl CopyQueue for HipCopyQueue {
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: as above.
         self.d.api.check("hipMemcpyDtoHAsync", unsafe {
             (self.d.api.memcpy_dtoh_async)(dst as *mut c_void, src as *mut c_void, len, self.stream)
@@ -569,7 +682,7 @@ impl CopyQueue for HipCopyQueue {
     }
 
     fn wait(&mut self) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: the stream is ours and live.
         self.d.api.check("hipStreamSynchronize", unsafe { (self.d.api.stream_synchronize)(self.stream) })
     }
@@ -577,7 +690,7 @@ impl CopyQueue for HipCopyQueue {
 
 impl Drop for HipCopyQueue {
     fn drop(&mut self) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: the stream is ours; queued copies finish before it is destroyed.
             unsafe {
                 (self.d.api.stream_synchronize)(self.stream);
@@ -613,7 +726,7 @@ unsafe impl Sync for PinnedWord {}
 
 impl Drop for PinnedWord {
     fn drop(&mut self) {
-        if self.d.bind().is_ok() {
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: `ptr` came from hipHostMalloc and the word that used it is gone.
             unsafe { (self.d.api.host_free)(self.ptr) };
         }
@@ -640,7 +753,7 @@ impl HipStream {
 
 impl Stream for HipStream {
     fn completion_word(&self) -> Result<CompletionWord> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let mut p = std::ptr::null_mut();
         // Coherent (fine-grained): the device polls a word the CPU writes.
         let flags = HOST_MALLOC_PORTABLE | HOST_MALLOC_MAPPED | HOST_MALLOC_COHERENT;
@@ -663,7 +776,7 @@ impl Stream for HipStream {
     }
 
     fn host_fn(&self, f: HostFn) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let data = Box::into_raw(Box::new(f)) as *mut c_void;
         // SAFETY: `run_host_fn` takes back the box exactly once.
         let r = self
@@ -684,7 +797,7 @@ impl Stream for HipStream {
     /// before the wrap: the stream first waits for the word's top bit to clear (`Eq` under the
     /// mask 0x8000_0000), then for `>= value`.
     fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         let addr = word.device_addr();
         if value < 0x8000_0000 {
             self.wait_value(addr, 0, WAIT_VALUE_EQ, 0x8000_0000)?;
@@ -693,7 +806,7 @@ impl Stream for HipStream {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.d.bind()?;
+        let _dev = self.d.enter()?;
         // SAFETY: a live stream.
         self.d.api.check("hipStreamSynchronize", unsafe { (self.d.api.stream_synchronize)(self.raw) })
     }
@@ -705,7 +818,10 @@ impl Stream for HipStream {
 
 impl Drop for HipStream {
     fn drop(&mut self) {
-        if self.owned && self.d.bind().is_ok() {
+        if !self.owned {
+            return;
+        }
+        if let Ok(_dev) = self.d.enter() {
             // SAFETY: a stream we created; its queued work finishes before it is destroyed.
             unsafe {
                 (self.d.api.stream_synchronize)(self.raw);

@@ -27,6 +27,11 @@ pub mod cuda {
             CallerContext
         }
     }
+
+    /// No CUDA memory in this build.
+    pub fn gpu_of_pointer(_ptr: u64) -> crate::Result<Option<std::sync::Arc<super::Gpu>>> {
+        Ok(None)
+    }
 }
 pub mod hip;
 
@@ -193,6 +198,16 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     fn new_stream(&self) -> Result<Arc<dyn Stream>>;
 }
 
+/// The refusal of a build without the CUDA backend.
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> Error {
+    Error::Unsupported {
+        what: "CUDA",
+        why: "this build of ugds has no CUDA backend".into(),
+        fix: "build the ugds crate with its `cuda` feature (on by default)",
+    }
+}
+
 /// Size of one staging chunk: large enough that a copy's fixed cost is small, small enough
 /// that two chunks in flight overlap well for the sizes KV-cache users move (64 KiB – 64 MiB).
 pub const STAGING_CHUNK: usize = 2 << 20;
@@ -220,22 +235,49 @@ pub struct GpuMemory {
 }
 
 impl Gpu {
-    /// The first CUDA device (loads the driver library; a clear error when there is none).
+    /// The CUDA GPU of the calling thread: its current context (what `cudaSetDevice(N)` made
+    /// current on this thread, or a context the application created), else device 0's primary
+    /// context. Loads the driver library; a clear error when there is none. One [`Gpu`] per
+    /// context in the process: calls from threads on the same device share it.
     pub fn cuda() -> Result<Arc<Gpu>> {
         #[cfg(feature = "cuda")]
-        return Ok(Self::with_runtime(Arc::new(cuda::Cuda::new(0)?)));
+        return cuda::current_gpu();
         #[cfg(not(feature = "cuda"))]
-        Err(Error::Unsupported {
-            what: "CUDA",
-            why: "this build of ugds has no CUDA backend".into(),
-            fix: "build the ugds crate with its `cuda` feature (on by default)",
-        })
+        Err(no_cuda())
     }
 
-    /// The first HIP device (loads `libamdhip64.so`, or the file `UGDS_HIP_LIBRARY` names; an
-    /// [`Error::Unsupported`] naming the library when it cannot be loaded).
+    /// CUDA device `ordinal`'s primary context (the one the CUDA runtime, PyTorch and CuPy use).
+    pub fn cuda_device(ordinal: i32) -> Result<Arc<Gpu>> {
+        #[cfg(feature = "cuda")]
+        return cuda::device_gpu(ordinal);
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = ordinal;
+            Err(no_cuda())
+        }
+    }
+
+    /// The HIP GPU of the calling thread: what `hipSetDevice(N)` selected on this thread, else
+    /// device 0 (loads `libamdhip64.so`, or the file `UGDS_HIP_LIBRARY` names; an
+    /// [`Error::Unsupported`] naming the library when it cannot be loaded). One [`Gpu`] per
+    /// device in the process.
     pub fn hip() -> Result<Arc<Gpu>> {
-        Ok(Self::with_runtime(Arc::new(hip::Hip::new(0)?)))
+        hip::current_gpu()
+    }
+
+    /// HIP device `ordinal`.
+    pub fn hip_device(ordinal: i32) -> Result<Arc<Gpu>> {
+        hip::device_gpu(ordinal)
+    }
+
+    /// The GPU whose device memory `ptr` is: CUDA's (the context that owns it), else HIP's (the
+    /// device that holds it); `None` for host memory. One [`Gpu`] per context or device in the
+    /// process, so two pointers of one device give the same value (`Arc::ptr_eq`).
+    pub fn of_pointer(ptr: u64) -> Result<Option<Arc<Gpu>>> {
+        if let Some(g) = cuda::gpu_of_pointer(ptr)? {
+            return Ok(Some(g));
+        }
+        hip::gpu_of_pointer(ptr)
     }
 
     /// The CPU stand-in runtime.

@@ -12,7 +12,12 @@
  * - each stream is a thread running its queue in order: copies, host functions
  *   (hipLaunchHostFunc) and waits (hipStreamWaitValue32 spins on the word, with the flags'
  *   comparisons: Gte, Eq, And, Nor under the mask); hipStreamSynchronize waits for the queue;
- * - hipMemGetHandleForAddressRange returns hipErrorNotSupported (no dma-buf exporter here).
+ * - hipMemGetHandleForAddressRange returns hipErrorNotSupported (no dma-buf exporter here);
+ * - FAKE_HIP_DEVICES devices (default 1); the current device is per thread (hipSetDevice,
+ *   hipGetDevice; 0 on a thread that set none, as HIP); memory and streams belong to the device
+ *   current when they were made (hipPointerGetAttributes, hipStreamGetDevice), and a copy on a
+ *   stream is refused (hipErrorInvalidDevice) unless the stream's device is current: stricter
+ *   than HIP, so a caller that forgets to select the device fails here.
  *
  * Declarations and values follow HIP's hip_runtime_api.h (ROCm 6.x); see userlib/src/gpu/hip.rs.
  * Built by userlib/tests/hip_fake.rs with: gcc -shared -fPIC -pthread.
@@ -65,12 +70,21 @@ struct alloc {
     size_t len;
     enum kind kind;
     unsigned flags;
+    int device;
     struct alloc *next;
 };
 
 static pthread_mutex_t allocs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct alloc *allocs;
 static int initialized;
+
+/* The calling thread's current device (hipSetDevice). */
+static __thread int current_device;
+
+static int device_count(void) {
+    const char *v = getenv("FAKE_HIP_DEVICES");
+    return v && *v ? atoi(v) : 1;
+}
 
 static int runtime_version(void) {
     const char *v = getenv("FAKE_HIP_RUNTIME_VERSION");
@@ -109,7 +123,7 @@ static hipError_t add(void **out, size_t size, enum kind k, unsigned flags) {
         free(p);
         return hipErrorOutOfMemory;
     }
-    *a = (struct alloc){p, size, k, flags, NULL};
+    *a = (struct alloc){p, size, k, flags, current_device, NULL};
     pthread_mutex_lock(&allocs_lock);
     a->next = allocs;
     allocs = a;
@@ -173,22 +187,34 @@ hipError_t hipGetDeviceCount(int *count) {
     if (!count) {
         return hipErrorInvalidValue;
     }
-    *count = 1;
+    *count = device_count();
     return hipSuccess;
 }
 
 hipError_t hipSetDevice(int deviceId) {
-    return deviceId == 0 ? hipSuccess : hipErrorInvalidDevice;
+    if (deviceId < 0 || deviceId >= device_count()) {
+        return hipErrorInvalidDevice;
+    }
+    current_device = deviceId;
+    return hipSuccess;
+}
+
+hipError_t hipGetDevice(int *deviceId) {
+    if (!deviceId) {
+        return hipErrorInvalidValue;
+    }
+    *deviceId = current_device;
+    return hipSuccess;
 }
 
 hipError_t hipDeviceGet(int *device, int ordinal) {
     if (!device) {
         return hipErrorInvalidValue;
     }
-    if (ordinal != 0) {
+    if (ordinal < 0 || ordinal >= device_count()) {
         return hipErrorInvalidDevice;
     }
-    *device = 0;
+    *device = ordinal;
     return hipSuccess;
 }
 
@@ -196,7 +222,7 @@ hipError_t hipDeviceGetName(char *name, int len, int device) {
     if (!name || len <= 0) {
         return hipErrorInvalidValue;
     }
-    if (device != 0) {
+    if (device < 0 || device >= device_count()) {
         return hipErrorInvalidDevice;
     }
     strncpy(name, "Fake HIP device (ugds tests)", (size_t)len);
@@ -260,7 +286,7 @@ hipError_t hipPointerGetAttributes(hipPointerAttribute_t *attributes, const void
     hipPointerAttribute_t r = {0};
     if (a) {
         r.type = a->kind == DEVICE ? (v6 ? 2 : 1) : (v6 ? 1 : 0);
-        r.device = 0;
+        r.device = a->device;
         r.devicePointer = (void *)ptr;
         r.hostPointer = a->kind == HOST ? (void *)ptr : NULL;
         r.allocationFlags = a->flags;
@@ -309,6 +335,7 @@ struct fake_stream {
     struct op *head, *tail;
     int running;
     int closing;
+    int device;
     pthread_t thread;
 };
 
@@ -397,11 +424,21 @@ hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags) {
     }
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cv, NULL);
+    s->device = current_device;
     if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
         free(s);
         return hipErrorOutOfMemory;
     }
     *stream = s;
+    return hipSuccess;
+}
+
+hipError_t hipStreamGetDevice(hipStream_t s, int *device) {
+    if (!device) {
+        return hipErrorInvalidValue;
+    }
+    /* The null stream is the current device's. */
+    *device = s ? s->device : current_device;
     return hipSuccess;
 }
 
@@ -438,12 +475,18 @@ hipError_t hipMemcpyHtoDAsync(void *dst, const void *src, size_t sizeBytes, hipS
     if (!src || !is_kind(dst, sizeBytes, DEVICE) || is_kind(src, sizeBytes, DEVICE)) {
         return hipErrorInvalidValue;
     }
+    if (stream && stream->device != current_device) {
+        return hipErrorInvalidDevice;
+    }
     return push(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .len = sizeBytes});
 }
 
 hipError_t hipMemcpyDtoHAsync(void *dst, void *src, size_t sizeBytes, hipStream_t stream) {
     if (!dst || !is_kind(src, sizeBytes, DEVICE) || is_kind(dst, sizeBytes, DEVICE)) {
         return hipErrorInvalidValue;
+    }
+    if (stream && stream->device != current_device) {
+        return hipErrorInvalidDevice;
     }
     return push(stream, (struct op){.kind = OP_COPY, .dst = dst, .src = src, .len = sizeBytes});
 }
