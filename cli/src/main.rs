@@ -193,6 +193,8 @@ impl QueueMode {
     }
 }
 
+#[cfg(test)]
+mod docs_check;
 mod gpu_bench;
 mod gpu_breakdown;
 mod health;

@@ -12,6 +12,8 @@ mod clib;
 mod cost;
 mod demo;
 mod dist;
+#[cfg(test)]
+mod docs_check;
 mod fuzz;
 mod install;
 mod kernel;
