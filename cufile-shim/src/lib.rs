@@ -564,3 +564,83 @@ mod io_stats_tests {
         std::fs::remove_file(path).unwrap();
     }
 }
+
+#[cfg(test)]
+mod access_mode_tests {
+    use super::*;
+    use crate::config::test_lock;
+    use std::os::fd::AsRawFd;
+
+    /// Registers `f`'s descriptor; the handle.
+    fn register(f: &std::fs::File) -> CUfileHandle_t {
+        let mut d =
+            CUfileDescr_t { type_: 1, handle: u::uGDSDescrHandle { fd: f.as_raw_fd() }, fs_ops: std::ptr::null() };
+        let mut fh = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor.
+        assert_eq!(unsafe { cuFileHandleRegister(&mut fh, &mut d) }.err, 0);
+        fh
+    }
+
+    /// A handle keeps the access mode its file was opened with, as cuFile's does: a read
+    /// through a write-only descriptor and a write through a read-only one fail with
+    /// `CU_FILE_INVALID_FILE_OPEN_FLAG` and move no data (the library's own O_DIRECT
+    /// descriptor once re-opened every file read-write, so such a read returned the file's bytes).
+    #[test]
+    fn handles_keep_the_callers_access_mode() {
+        let _l = test_lock();
+        let path = std::env::temp_dir().join(format!("ugds-cufile-access-{}", std::process::id()));
+        std::fs::write(&path, vec![0xA5u8; 1 << 16]).unwrap();
+        let wo = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let ro = std::fs::OpenOptions::new().read(true).open(&path).unwrap();
+        let rw = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let (wfh, rfh, rwfh) = (register(&wo), register(&ro), register(&rw));
+        let refused = -(ugds::capi::uGDSOpError::UGDS_INVALID_FILE_OPEN_FLAG as libc::ssize_t);
+        let mut mem = vec![0u8; 8192 + 3];
+        // Aligned and unaligned reads through the write-only handle.
+        for (size, off) in [(4096, 0), (100, 7)] {
+            // SAFETY: `mem` holds `size` bytes.
+            assert_eq!(unsafe { cuFileRead(wfh, mem.as_mut_ptr().cast(), size, off, 0) }, refused, "{size}@{off}");
+        }
+        assert!(mem.iter().all(|&b| b == 0), "no byte of the file reached memory");
+        // Aligned and unaligned writes through the read-only handle.
+        mem.fill(0x11);
+        for (size, off) in [(4096, 0), (100, 7)] {
+            // SAFETY: `mem` holds `size` bytes.
+            assert_eq!(unsafe { cuFileWrite(rfh, mem.as_ptr().cast(), size, off, 0) }, refused, "{size}@{off}");
+        }
+        assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0xA5), "the file is unchanged");
+        // Each handle still does what its mode allows; a read-write handle does both.
+        // SAFETY: `mem` holds 4096 bytes.
+        unsafe {
+            assert_eq!(cuFileWrite(wfh, mem.as_ptr().cast(), 4096, 4096, 0), 4096);
+            assert_eq!(cuFileRead(rfh, mem.as_mut_ptr().cast(), 4096, 0, 0), 4096);
+            assert_eq!(cuFileWrite(rwfh, mem.as_ptr().cast(), 100, 9000, 0), 100);
+            assert_eq!(cuFileRead(rwfh, mem.as_mut_ptr().cast(), 4096, 4096, 0), 4096);
+        }
+        assert!(mem[..4096].iter().all(|&b| b == 0x11));
+        // A batch entry against the wrong mode is refused as an entry with a bad value is.
+        let mut b = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuFileBatchIOSetUp(&mut b, 1) }.err, 0);
+        let mut io = [CUfileIOParams_t {
+            mode: 1,
+            batch: CUfileBatchIO { devPtr_base: mem.as_mut_ptr().cast(), file_offset: 0, devPtr_offset: 0, size: 4096 },
+            fh: wfh,
+            opcode: 0,
+            cookie: std::ptr::null_mut(),
+        }];
+        // SAFETY: one entry on `mem`, which outlives the batch.
+        assert_eq!(unsafe { cuFileBatchIOSubmit(b, 1, io.as_mut_ptr(), 0) }.err, 0);
+        let mut ev = [CUfileIOEvents_t { cookie: std::ptr::null_mut(), status: 0, ret: 0 }];
+        let mut n = 1;
+        // SAFETY: room for one event.
+        assert_eq!(unsafe { cuFileBatchIOGetStatus(b, 1, &mut n, ev.as_mut_ptr(), std::ptr::null_mut()) }.err, 0);
+        assert_eq!((n, ev[0].status), (1, 0x04), "a CUFILE_INVALID event");
+        cuFileBatchIODestroy(b);
+        for fh in [wfh, rfh, rwfh] {
+            cuFileHandleDeregister(fh);
+        }
+        let _ = cuFileDriverClose();
+        std::fs::remove_file(path).unwrap();
+    }
+}

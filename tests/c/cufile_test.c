@@ -274,6 +274,35 @@ int main(int argc, char **argv) {
     OK(cuFileBatchIOCancel(b));
     cuFileBatchIODestroy(b);
 
+    /* A handle keeps its descriptor's access mode: no read through O_WRONLY, no write through
+     * O_RDONLY (CU_FILE_INVALID_FILE_OPEN_FLAG, 5019), and no data moves. */
+    {
+        int wo = open(argv[1], O_WRONLY), ro = open(argv[1], O_RDONLY);
+        CUfileHandle_t wfh = NULL, rfh = NULL;
+        CUfileDescr_t dw = d, dr = d;
+        dw.handle.fd = wo;
+        dr.handle.fd = ro;
+        OK(cuFileHandleRegister(&wfh, &dw));
+        OK(cuFileHandleRegister(&rfh, &dr));
+        memset(bb, 0, 8192);
+        RETURNS(cuFileRead(wfh, bb, 4096, 0, 0), -5019);
+        RETURNS(cuFileRead(wfh, bb, 100, 7, 0), -5019);
+        int untouched = 1;
+        for (int i = 0; i < 8192; i++) untouched &= bb[i] == 0;
+        CHECK(untouched, "a write-only handle's read moved no data");
+        RETURNS(cuFileWrite(rfh, bb, 4096, 0, 0), -5019);
+        RETURNS(cuFileWrite(rfh, bb, 100, 7, 0), -5019);
+        CHECK(pread(fd, chk, 4096, 0) == 4096 && matches(chk, 0, 4096), "a read-only handle's write changed nothing");
+        fill(bb, 0, 4096);
+        RETURNS(cuFileWrite(wfh, bb, 4096, 0, 0), 4096);
+        RETURNS(cuFileRead(rfh, bb, 4096, 0, 0), 4096);
+        CHECK(matches(bb, 0, 4096), "each handle does what its mode allows");
+        cuFileHandleDeregister(wfh);
+        cuFileHandleDeregister(rfh);
+        close(wo);
+        close(ro);
+    }
+
     cuFileHandleDeregister(fh2);
     cuFileHandleDeregister(fh);
     OK(cuFileDriverClose());

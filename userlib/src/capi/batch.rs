@@ -237,6 +237,7 @@ impl Library {
     /// a staged job.
     fn batch_entry(&'static self, b: &mut CBatch, e: &Entry) -> CResult<Option<IoRequest>> {
         let h = self.handle(e.fh).ok_or(Fail::Errno(libc::EBADF))?;
+        h.access.check(e.write)?;
         if e.file_offset < 0 || e.buf_offset < 0 || e.base == 0 {
             return Err(Fail::Errno(libc::EINVAL));
         }

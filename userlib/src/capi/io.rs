@@ -131,6 +131,7 @@ impl Library {
             self.require_open()?;
         }
         let h = self.io_handle(fh)?;
+        h.access.check(write)?;
         if base == 0 || (size == 0 && self.face == Face::Ugds) {
             return Err(Fail::Errno(libc::EINVAL));
         }
@@ -284,6 +285,7 @@ impl Library {
             return Err(Fail::Errno(libc::EINVAL));
         }
         let h = self.handle(fh).ok_or(Fail::Errno(libc::EBADF))?;
+        h.access.check(write)?;
         // SAFETY: the caller passes `nr` segments.
         let segs = unsafe { std::slice::from_raw_parts(segs, nr as usize) };
         let bs = h.storage.block_size();
