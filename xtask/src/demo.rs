@@ -71,9 +71,8 @@ fn fio(blk: &str, rw: &str, bs: &str, jobs: usize, seconds: u64) -> Result<Figur
 }
 
 fn ugds_bench(cli: &str, node: &str, rw: &str, bs: &str, threads: usize, seconds: u64) -> Result<Figures> {
-    let rw = if rw == "randread" { "read" } else { "write" };
     let out = sh(&format!(
-        "{cli} --json bench {node} --rw {rw} --size {bs} --threads {threads} --seconds {seconds} --span 256M"
+        "{cli} --json bench {node} --rw {rw} --bs {bs} --numjobs {threads} --runtime {seconds} --size 256M"
     ))?;
     let v: Value = serde_json::from_str(&out)?;
     Ok(Figures {
