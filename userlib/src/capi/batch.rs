@@ -145,7 +145,7 @@ impl Library {
         if self.face == Face::CuFile {
             self.require_open()?;
         }
-        if nr == 0 || nr as usize > MAX_BATCH {
+        if nr == 0 || nr as usize > self.options().max_batch {
             return Err(Fail::Code(UGDS_INVALID_VALUE));
         }
         let mut b = CBatch {

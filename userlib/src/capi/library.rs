@@ -303,6 +303,10 @@ pub struct Library {
     pub(crate) rdma_tokens: AtomicU64,
     pub(crate) rdma: super::rdma::RdmaRecords,
     observer: OnceLock<IoObserver>,
+    /// The face's configuration ([`super::FaceOptions`]).
+    pub(crate) options: RwLock<super::FaceOptions>,
+    /// `options.max_io_bytes`, read by every synchronous I/O without taking the lock.
+    pub(crate) max_io_bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl Library {
@@ -318,6 +322,8 @@ impl Library {
             rdma_tokens: AtomicU64::new(0),
             rdma: Default::default(),
             observer: OnceLock::new(),
+            options: RwLock::default(),
+            max_io_bytes: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -423,7 +429,7 @@ impl Library {
         {
             return Err(Fail::Code(UGDS_HANDLE_ALREADY_REGISTERED));
         }
-        let (storage, access) = open_fd(fd)?;
+        let (storage, access) = open_fd(fd, &self.options())?;
         Ok(self.insert_handle(storage, fd, access))
     }
 
@@ -690,18 +696,25 @@ fn register_on(s: &Storage, e: &BufEntry) -> CResult<Buffer> {
 /// file or block device the fallback path, through a descriptor of our own opened with O_DIRECT
 /// (so a file the caller opened without it still bypasses the page cache) and the caller's
 /// access mode, which the handle keeps.
-fn open_fd(fd: c_int) -> CResult<(Arc<Storage>, Access)> {
+fn open_fd(fd: c_int, opts: &super::FaceOptions) -> CResult<(Arc<Storage>, Access)> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
     let path = link.to_string_lossy().into_owned();
     if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
-        return Ok((Storage::open(&path)?, Access::BOTH));
+        crate::fork::watch()?;
+        let dev = crate::device::Device::open_with(&path, opts.device.clone())?;
+        return Ok((Storage::direct(&dev, 1)?, Access::BOTH));
     }
     // A volume descriptor file, by the name the caller opened (`*.ugds-volume`; a file of any
     // other name is a file, whatever it holds), read through the caller's descriptor (the file
     // the name led to): the handle's I/O goes to the volume, never to the file's bytes.
     let name = descriptor_name(fd, &path);
     if let Some(spec) = crate::volume::VolumeSpec::descriptor_target(name, format!("/proc/self/fd/{fd}"))? {
-        return Ok((Storage::volume(&spec, &crate::device::DeviceOptions::default())?, Access::BOTH));
+        return Ok((Storage::volume(&spec, &opts.device)?, Access::BOTH));
+    }
+    if !opts.fallback {
+        // A file or block device takes the fallback path, which the face's configuration
+        // turned off (cuFile: allow_compat_mode false).
+        return Err(Fail::Code(UGDS_IO_NOT_SUPPORTED));
     }
     // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
