@@ -554,9 +554,11 @@ mod tests {
 
     #[test]
     fn random_offsets_stay_in_the_region_and_mixes_follow_rwmixread() {
-        for (rw, mix, lo, hi) in
-            [(Workload::Randrw, 70, 6500, 7500), (Workload::ReadWrite, 30, 2500, 3500), (Workload::Randread, 10, 10000, 10000)]
-        {
+        for (rw, mix, lo, hi) in [
+            (Workload::Randrw, 70, 6500, 7500),
+            (Workload::ReadWrite, 30, 2500, 3500),
+            (Workload::Randread, 10, 10000, 10000),
+        ] {
             let mut p = Pattern::new(rw, mix, 5, 2);
             let mut reads = 0;
             let mut seen = [false; 5];
