@@ -6,7 +6,7 @@
 //!
 //! # Configuration file
 //!
-//! A session's settings start from the defaults with `cufile.json`'s keys applied
+//! The settings of each open of the library start from the defaults with `cufile.json`'s keys applied
 //! ([`crate::file`]: `$CUFILE_ENV_PATH_JSON`, else `/etc/cufile.json`), read at the first cuFile
 //! call and again after each close; parameters set before the open override the file.
 //!
@@ -64,8 +64,8 @@ pub fn driver_closed() {
     }
 }
 
-/// Drops the session's settings (after the library closed): the next session starts from the
-/// defaults and the configuration file, read again.
+/// Drops the settings (after the library closed): the next open starts from the defaults and
+/// the configuration file, read again.
 pub(crate) fn reset_settings() {
     *current() = Settings::from_file();
 }
@@ -219,7 +219,7 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    /// What a session starts from: the defaults with the configuration file's keys
+    /// What each open of the library starts from: the defaults with the configuration file's keys
     /// ([`crate::file`]). A file that cannot be read or parsed is reported and left out.
     fn from_file() -> Settings {
         let mut s = Settings::default();

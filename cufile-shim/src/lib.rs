@@ -738,10 +738,10 @@ mod config_effect_tests {
         reset_for_test();
     }
 
-    /// The configuration file (`CUFILE_ENV_PATH_JSON`) starts each session; parameters set
+    /// The configuration file (`CUFILE_ENV_PATH_JSON`) is where each open starts; parameters set
     /// before the open win over it; closing goes back to it.
     #[test]
-    fn the_configuration_file_starts_each_session() {
+    fn the_configuration_file_is_where_each_open_starts() {
         let _l = test_lock();
         reset_for_test();
         let json = std::env::temp_dir().join(format!("ugds-cufile-json-{}.json", std::process::id()));
