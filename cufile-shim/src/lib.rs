@@ -625,6 +625,16 @@ mod access_mode_tests {
             assert_eq!(cuFileRead(rwfh, mem.as_mut_ptr().cast(), 4096, 4096, 0), 4096);
         }
         assert!(mem[..4096].iter().all(|&b| b == 0x11));
+        // Stream-ordered calls are refused when queued, before any stream is touched.
+        let (mut size, mut foff, mut boff, mut done) = (4096usize, 0i64, 0i64, 0isize);
+        // SAFETY: the words and `mem` outlive the calls, which are refused before queueing.
+        unsafe {
+            let base = mem.as_mut_ptr().cast();
+            let r = cuFileReadAsync(wfh, base, &mut size, &mut foff, &mut boff, &mut done, std::ptr::null_mut());
+            assert_eq!(r.err, -refused as c_int, "async read through O_WRONLY");
+            let r = cuFileWriteAsync(rfh, base, &mut size, &mut foff, &mut boff, &mut done, std::ptr::null_mut());
+            assert_eq!(r.err, -refused as c_int, "async write through O_RDONLY");
+        }
         // A batch entry against the wrong mode is refused as an entry with a bad value is.
         let mut b = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
