@@ -157,9 +157,8 @@ pub fn run(p: Params) -> Res<()> {
             let (ugds_bw, copy_bw, disk_bw) = (median(u), median(c), median(d));
             let row = (size, threads, ugds_bw, copy_bw, disk_bw);
             if p.json {
-                rows.push(format!(
-                    "{{\"size\":{size},\"threads\":{threads},\"ugds_gbps\":{ugds_bw:.3},\"pread_copy_gbps\":{copy_bw:.3},\"disk_gbps\":{disk_bw:.3}}}"
-                ));
+                rows.push(serde_json::json!({"size": size, "threads": threads, "ugds_gbps": ugds_bw,
+                    "pread_copy_gbps": copy_bw, "disk_gbps": disk_bw}));
             } else {
                 println!(
                     "{:>8} {:>7} {:>14.3} {:>18.3} {:>14.3} {:>11.2}x {:>11.2}x",
@@ -175,7 +174,7 @@ pub fn run(p: Params) -> Res<()> {
         }
     }
     if p.json {
-        println!("[{}]", rows.join(","));
+        println!("{}", serde_json::Value::Array(rows));
     }
     let c = st.path_counts();
     if !p.json {

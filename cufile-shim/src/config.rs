@@ -1,8 +1,14 @@
 //! The cuFile face's process-wide settings: driver properties (`cuFileDriverGetProperties` and
 //! the `cuFileDriverSet*` tunables), the library version, and the whole
 //! `cuFileGetParameter*` / `cuFileSetParameter*` family. One [`Config`] holds every value; the
-//! property and parameter calls read and write it, and the I/O layer reads a snapshot of it
-//! with [`config()`].
+//! property and parameter calls read and write it, and every change is handed to the core as
+//! [`face_options`] (what the values mean to handles, batches and I/O) and to the logger.
+//!
+//! # Configuration file
+//!
+//! The settings of each open of the library start from the defaults with `cufile.json`'s keys applied
+//! ([`crate::file`]: `$CUFILE_ENV_PATH_JSON`, else `/etc/cufile.json`), read at the first cuFile
+//! call and again after each close; parameters set before the open override the file.
 //!
 //! # Driver open state
 //!
@@ -10,7 +16,7 @@
 //! opens) and reports statistics only while it is open. The I/O layer tells this module when the
 //! driver opens ([`driver_opened`]: `cuFileDriverOpen`, and every call that opens it implicitly)
 //! and closes ([`driver_closed`]). Closing ends the session's settings: the next open starts from
-//! the defaults again, as cuFile re-reads its configuration at every open.
+//! the defaults and the file again, as cuFile re-reads its configuration at every open.
 //!
 //! As in NVIDIA's libcufile 1.15 (measured on the GPU machine), `cuFileDriverGetProperties`, the
 //! `cuFileDriverSet*` calls and `cuFileGetBARSizeInKB` open the driver implicitly (a parameter set
@@ -58,9 +64,10 @@ pub fn driver_closed() {
     }
 }
 
-/// Drops the session's settings (after the library closed).
+/// Drops the settings (after the library closed): the next open starts from the defaults and
+/// the configuration file, read again.
 pub(crate) fn reset_settings() {
-    *current() = Settings::default();
+    *current() = Settings::from_file();
 }
 
 /// Whether the library is open.
@@ -82,41 +89,46 @@ const STAGING_KB: usize = ugds::gpu::STAGING_CHUNK / 1024;
 
 /// Every setting of the cuFile face. Sizes are in KiB (`*_kb`), as cuFile's API has them.
 ///
-/// Which of them change what ugds does is said per field; the others are accepted, stored and
-/// reported back ("accepted, no effect").
+/// Which of them change what ugds does ([`face_options`] hands them to the core) is said per
+/// field; the others are accepted, stored and reported back ("accepted, no effect").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// Busy-poll for completions (ugds's default) instead of sleeping on the queue's interrupt.
-    /// Meaningful: the I/O layer picks polling or interrupt mode from it.
+    /// Takes effect: the ugds nodes a handle opens from then on poll, or wait on interrupts.
     pub use_poll_mode: bool,
-    /// I/Os up to this size poll when `use_poll_mode` is set; larger ones may sleep. Default:
-    /// the largest single I/O, i.e. ugds polls for every I/O. Meaningful.
+    /// I/Os up to this size poll when `use_poll_mode` is set. Accepted, no effect: a queue
+    /// pair waits one way for all its I/O, so with poll mode every I/O polls.
     pub poll_thresh_size_kb: usize,
-    /// The largest piece one request is issued in; larger requests are split. Meaningful.
+    /// The largest piece one request is issued in. Takes effect: a larger `cuFileRead` or
+    /// `cuFileWrite` runs as pieces of this size, one after the other.
     pub max_direct_io_size_kb: usize,
     /// Allow the fallback path (io_uring + O_DIRECT, staging for GPU memory) where the direct
-    /// NVMe path is impossible. Meaningful.
+    /// NVMe path is impossible. Takes effect: when off, a file or block device is not
+    /// registered (`CU_FILE_IO_NOT_SUPPORTED`).
     pub allow_compat_mode: bool,
-    /// Use the fallback path even where the direct path is possible. Meaningful.
+    /// Use the fallback path even where the direct path is possible. Accepted, no effect: a
+    /// controller bound to ugds has no kernel block device to fall back to.
     pub force_compat_mode: bool,
     /// Staging memory per GPU for I/O that cannot go device-to-device (ugds stages in pinned
-    /// host memory, not GPU memory): one GPU read's lanes of staging chunks. Meaningful as a
-    /// cap on the staging pool.
+    /// host memory, not GPU memory). Accepted, no effect: the staging pool is one GPU read's
+    /// lanes of staging chunks, fixed at build time.
     pub max_device_cache_size_kb: usize,
     /// One staging chunk. Accepted, no effect (the chunk size is fixed at build time).
     pub per_buffer_cache_size_kb: usize,
     /// Cap on memory registered with `cuFileBufRegister`. ugds has no limit of its own (the
-    /// module pins whatever it is given); the default is the largest value the field holds.
-    /// Meaningful as a cap.
+    /// module pins whatever it is given, charged to the process's RLIMIT_MEMLOCK); the default
+    /// is the largest value the field holds. Accepted, no effect.
     pub max_device_pinned_mem_size_kb: usize,
-    /// Entries one batch may have in flight. Meaningful.
+    /// Entries one batch may have. Takes effect: `cuFileBatchIOSetUp` refuses more.
     pub max_batch_io_size: usize,
     /// ugds's per-command deadline, after which a command is timed out and the controller
-    /// reset. Meaningful.
+    /// reset. Takes effect on the ugds nodes a handle opens from then on.
     pub batch_io_timeout_ms: usize,
-    /// Entries per synchronous queue pair (`DeviceOptions::depth`). Meaningful at open.
+    /// Entries per synchronous queue pair (`DeviceOptions::depth`; the default lets the device
+    /// pick, at most 256). Takes effect on the ugds nodes a handle opens from then on.
     pub max_io_queue_depth: usize,
-    /// I/O worker threads (stream-ordered and portable batch I/O). Meaningful at open.
+    /// I/O worker threads (stream-ordered and portable batch I/O). Accepted, no effect: each
+    /// storage's pool has twice the cores' threads, 8 to 32.
     pub max_io_threads: usize,
     /// Size from which a GPU I/O on the fallback path is split into staging chunks that run in
     /// parallel (one chunk). Accepted, no effect (fixed).
@@ -174,8 +186,10 @@ impl Default for Config {
     }
 }
 
-/// Values that are only stored and reported back: the string parameters and the POSIX pool slab
-/// arrays (accepted, no effect: ugds logs errors to stderr and sizes its staging pool itself).
+/// Values kept outside [`Config`]: the string parameters (the logging level takes effect: it is
+/// the drop-in's log level; the log file and directory are accepted with no effect, the log
+/// goes to standard error) and the POSIX pool slab arrays (accepted, no effect: ugds sizes its
+/// staging pool itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Extra {
     logging_level: String,
@@ -199,15 +213,135 @@ impl Default for Extra {
 }
 
 #[derive(Debug, Default)]
-struct Settings {
+pub(crate) struct Settings {
     config: Config,
     extra: Extra,
 }
 
-/// The settings, at their defaults until changed.
-fn current() -> MutexGuard<'static, Settings> {
+impl Settings {
+    /// What each open of the library starts from: the defaults with the configuration file's keys
+    /// ([`crate::file`]). A file that cannot be read or parsed is reported and left out.
+    fn from_file() -> Settings {
+        let mut s = Settings::default();
+        let path = crate::file::path();
+        let v = match crate::file::read(&path) {
+            Ok(Some(v)) => v,
+            Ok(None) => return s,
+            Err(e) => {
+                crate::logging::set_level(&s.extra.logging_level);
+                log::warn!("{e}; the defaults apply");
+                return s;
+            }
+        };
+        let (set, unused) = crate::file::apply(&v, &mut s.config);
+        for x in set {
+            s.take(x);
+        }
+        if s.extra.slab_size_kb.len() != s.extra.slab_count.len() {
+            let d = Extra::default();
+            (s.extra.slab_size_kb, s.extra.slab_count) = (d.slab_size_kb, d.slab_count);
+            log::warn!(
+                "{}: posix_pool_slab_size_kb and posix_pool_slab_count differ in length; both ignored",
+                path.display()
+            );
+        }
+        // The file's own level decides what is said about it.
+        crate::logging::set_level(&s.extra.logging_level);
+        for k in &unused.ignored {
+            log::info!("{}: {k} has no meaning in ugds; ignored", path.display());
+        }
+        for (k, why) in &unused.refused {
+            log::warn!("{}: {k}: {why}; ignored", path.display());
+        }
+        s
+    }
+
+    /// Stores a file setting kept outside [`Config`].
+    fn take(&mut self, x: crate::file::Setting) {
+        use crate::file::Setting;
+        match x {
+            Setting::Config => {}
+            Setting::Stats(level) => crate::stats::set_level(level),
+            Setting::String(i, v) => {
+                // CAST: the file module names string parameters 0..=2.
+                if let Some(f) = string_field(&mut self.extra, i as c_int) {
+                    *f = v;
+                }
+            }
+            Setting::Slabs(true, v) => self.extra.slab_size_kb = v,
+            Setting::Slabs(false, v) => self.extra.slab_count = v,
+        }
+    }
+}
+
+/// The settings, locked. Dropping the lock hands what they mean to the core
+/// ([`face_options`]) and the log level to the logger, so every change takes effect.
+pub(crate) struct Locked(MutexGuard<'static, Settings>);
+
+impl std::ops::Deref for Locked {
+    type Target = Settings;
+    fn deref(&self) -> &Settings {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Settings {
+        &mut self.0
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        publish(&self.0);
+    }
+}
+
+/// Hands `s` to the core and the logger.
+fn publish(s: &Settings) {
+    crate::core().set_options(face_options(&s.config));
+    crate::logging::set_level(&s.extra.logging_level);
+}
+
+/// The process's settings: loaded from the file on first use (the first cuFile call).
+pub(crate) fn settings() -> &'static Mutex<Settings> {
     static S: OnceLock<Mutex<Settings>> = OnceLock::new();
-    S.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+    S.get_or_init(|| {
+        let s = Settings::from_file();
+        publish(&s);
+        Mutex::new(s)
+    })
+}
+
+/// The settings, locked.
+fn current() -> Locked {
+    Locked(settings().lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// What the settings mean to the core: the options of the ugds nodes a handle opens (queue
+/// depth, per-command deadline, polling or interrupts), whether files and block devices may be
+/// registered (compatibility mode), the largest piece of one read or write, the largest batch.
+pub fn face_options(c: &Config) -> ugds::capi::FaceOptions {
+    let d = Config::default();
+    let device = ugds::DeviceOptions {
+        // The default depth lets the device pick (at most 256, less where the controller allows
+        // less); a depth set on purpose is asked for as it is.
+        depth: if c.max_io_queue_depth == d.max_io_queue_depth {
+            0
+        } else {
+            u32::try_from(c.max_io_queue_depth).unwrap_or(u32::MAX)
+        },
+        timeout: std::time::Duration::from_millis(c.batch_io_timeout_ms as u64),
+        // A queue pair waits one way for all its I/O: polling unless poll mode is off.
+        interrupts: !c.use_poll_mode,
+        ..Default::default()
+    };
+    ugds::capi::FaceOptions {
+        device,
+        fallback: c.allow_compat_mode,
+        max_io_bytes: c.max_direct_io_size_kb.saturating_mul(1024),
+        max_batch: c.max_batch_io_size,
+    }
 }
 
 /// A snapshot of the current settings (what `cuFileDriverGetProperties` reports).
@@ -511,7 +645,7 @@ impl SizeParam {
         }
     }
 
-    fn set(self, c: &mut Config, v: usize) {
+    pub(crate) fn set(self, c: &mut Config, v: usize) {
         match self {
             // CAST: range-checked to 0..=3.
             SizeParam::ProfileStats => crate::stats::set_level(v as u32),
@@ -551,8 +685,8 @@ fn bool_field(c: &mut Config, param: c_int) -> Option<&mut bool> {
     })
 }
 
-/// `CUFileStringConfigParameter_t` (0..=2): logging level, log file path, log directory. All
-/// accepted, no effect.
+/// `CUFileStringConfigParameter_t` (0..=2): logging level (the drop-in's log level), log file
+/// path, log directory (accepted, no effect: the log goes to standard error).
 fn string_field(e: &mut Extra, param: c_int) -> Option<&mut String> {
     Some(match param {
         0 => &mut e.logging_level,
@@ -658,7 +792,7 @@ pub unsafe extern "C" fn cuFileGetParameterMinMaxValue(
 }
 
 /// Refuses a change while the driver is open (`CU_FILE_DRIVER_ALREADY_OPEN`).
-fn settable() -> Result<MutexGuard<'static, Settings>, uGDSError_t> {
+fn settable() -> Result<Locked, uGDSError_t> {
     let s = current();
     if driver_is_open() {
         return Err(status(UGDS_DRIVER_ALREADY_OPEN));

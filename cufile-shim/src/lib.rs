@@ -11,6 +11,8 @@
 
 pub mod bar;
 pub mod config;
+pub mod file;
+pub mod logging;
 pub mod stats;
 pub use config::{config, Config};
 
@@ -37,7 +39,18 @@ fn count_io(kind: IoKind, write: bool, bytes: u64, ns: u64, ok: bool) {
     stats::record(op, bytes, ns, ok);
 }
 
+/// The library, its settings loaded (the configuration file is read at the first cuFile call,
+/// whichever it is).
 pub(crate) fn lib() -> &'static Library {
+    static LOADED: std::sync::Once = std::sync::Once::new();
+    LOADED.call_once(|| {
+        config::settings();
+    });
+    &CUFILE
+}
+
+/// The library without loading the settings (for the settings' own loading).
+pub(crate) fn core() -> &'static Library {
     &CUFILE
 }
 
@@ -122,7 +135,7 @@ fn note_forked(e: &ugds::Error) {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
     if SAID.swap(pid, std::sync::atomic::Ordering::Relaxed) != pid {
-        eprintln!("cuFile (ugds): CU_FILE_DRIVER_NOT_INITIALIZED: {e}");
+        log::error!("CU_FILE_DRIVER_NOT_INITIALIZED: {e}");
     }
 }
 
@@ -562,5 +575,223 @@ mod io_stats_tests {
         cuFileHandleDeregister(fh);
         let _ = cuFileDriverClose();
         std::fs::remove_file(path).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod access_mode_tests {
+    use super::*;
+    use crate::config::test_lock;
+
+    /// Registers `f`'s descriptor; the handle.
+    fn register(f: &std::fs::File) -> CUfileHandle_t {
+        super::config_effect_tests::register(f).expect("registered")
+    }
+
+    /// A handle keeps the access mode its file was opened with, as cuFile's does: a read
+    /// through a write-only descriptor and a write through a read-only one fail with
+    /// `CU_FILE_INVALID_FILE_OPEN_FLAG` and move no data (the library's own O_DIRECT
+    /// descriptor once re-opened every file read-write, so such a read returned the file's bytes).
+    #[test]
+    fn handles_keep_the_callers_access_mode() {
+        let _l = test_lock();
+        let path = std::env::temp_dir().join(format!("ugds-cufile-access-{}", std::process::id()));
+        std::fs::write(&path, vec![0xA5u8; 1 << 16]).unwrap();
+        let wo = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let ro = std::fs::OpenOptions::new().read(true).open(&path).unwrap();
+        let rw = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let (wfh, rfh, rwfh) = (register(&wo), register(&ro), register(&rw));
+        let refused = -(ugds::capi::uGDSOpError::UGDS_INVALID_FILE_OPEN_FLAG as libc::ssize_t);
+        let mut mem = vec![0u8; 8192 + 3];
+        // Aligned and unaligned reads through the write-only handle.
+        for (size, off) in [(4096, 0), (100, 7)] {
+            // SAFETY: `mem` holds `size` bytes.
+            assert_eq!(unsafe { cuFileRead(wfh, mem.as_mut_ptr().cast(), size, off, 0) }, refused, "{size}@{off}");
+        }
+        assert!(mem.iter().all(|&b| b == 0), "no byte of the file reached memory");
+        // Aligned and unaligned writes through the read-only handle.
+        mem.fill(0x11);
+        for (size, off) in [(4096, 0), (100, 7)] {
+            // SAFETY: `mem` holds `size` bytes.
+            assert_eq!(unsafe { cuFileWrite(rfh, mem.as_ptr().cast(), size, off, 0) }, refused, "{size}@{off}");
+        }
+        assert!(std::fs::read(&path).unwrap().iter().all(|&b| b == 0xA5), "the file is unchanged");
+        // Each handle still does what its mode allows; a read-write handle does both.
+        // SAFETY: `mem` holds 4096 bytes.
+        unsafe {
+            assert_eq!(cuFileWrite(wfh, mem.as_ptr().cast(), 4096, 4096, 0), 4096);
+            assert_eq!(cuFileRead(rfh, mem.as_mut_ptr().cast(), 4096, 0, 0), 4096);
+            assert_eq!(cuFileWrite(rwfh, mem.as_ptr().cast(), 100, 9000, 0), 100);
+            assert_eq!(cuFileRead(rwfh, mem.as_mut_ptr().cast(), 4096, 4096, 0), 4096);
+        }
+        assert!(mem[..4096].iter().all(|&b| b == 0x11));
+        // Stream-ordered calls are refused when queued, before any stream is touched.
+        let (mut size, mut foff, mut boff, mut done) = (4096usize, 0i64, 0i64, 0isize);
+        // SAFETY: the words and `mem` outlive the calls, which are refused before queueing.
+        unsafe {
+            let base = mem.as_mut_ptr().cast();
+            let r = cuFileReadAsync(wfh, base, &mut size, &mut foff, &mut boff, &mut done, std::ptr::null_mut());
+            assert_eq!(r.err, -refused as c_int, "async read through O_WRONLY");
+            let r = cuFileWriteAsync(rfh, base, &mut size, &mut foff, &mut boff, &mut done, std::ptr::null_mut());
+            assert_eq!(r.err, -refused as c_int, "async write through O_RDONLY");
+        }
+        // A batch entry against the wrong mode is refused as an entry with a bad value is.
+        let mut b = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { cuFileBatchIOSetUp(&mut b, 1) }.err, 0);
+        let mut io = [CUfileIOParams_t {
+            mode: 1,
+            batch: CUfileBatchIO { devPtr_base: mem.as_mut_ptr().cast(), file_offset: 0, devPtr_offset: 0, size: 4096 },
+            fh: wfh,
+            opcode: 0,
+            cookie: std::ptr::null_mut(),
+        }];
+        // SAFETY: one entry on `mem`, which outlives the batch.
+        assert_eq!(unsafe { cuFileBatchIOSubmit(b, 1, io.as_mut_ptr(), 0) }.err, 0);
+        let mut ev = [CUfileIOEvents_t { cookie: std::ptr::null_mut(), status: 0, ret: 0 }];
+        let mut n = 1;
+        // SAFETY: room for one event.
+        assert_eq!(unsafe { cuFileBatchIOGetStatus(b, 1, &mut n, ev.as_mut_ptr(), std::ptr::null_mut()) }.err, 0);
+        assert_eq!((n, ev[0].status), (1, 0x04), "a CUFILE_INVALID event");
+        cuFileBatchIODestroy(b);
+        for fh in [wfh, rfh, rwfh] {
+            cuFileHandleDeregister(fh);
+        }
+        let _ = cuFileDriverClose();
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod config_effect_tests {
+    use super::*;
+    use crate::config::{
+        cuFileGetParameterSizeT, cuFileSetParameterBool, cuFileSetParameterSizeT, reset_for_test, test_lock, SizeParam,
+    };
+    use std::os::fd::AsRawFd;
+
+    /// A file of `len` bytes, each its offset's low byte.
+    fn file(tag: &str, len: usize) -> (std::path::PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!("ugds-cufile-{tag}-{}", std::process::id()));
+        std::fs::write(&path, (0..len).map(|i| i as u8).collect::<Vec<_>>()).unwrap();
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        (path, f)
+    }
+
+    /// Registers `f`'s descriptor: the handle, or cuFile's code.
+    pub(super) fn register(f: &std::fs::File) -> Result<CUfileHandle_t, c_int> {
+        let mut d =
+            CUfileDescr_t { type_: 1, handle: u::uGDSDescrHandle { fd: f.as_raw_fd() }, fs_ops: std::ptr::null() };
+        let mut fh = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and descriptor.
+        match unsafe { cuFileHandleRegister(&mut fh, &mut d) }.err {
+            0 => Ok(fh),
+            e => Err(e),
+        }
+    }
+
+    /// `allow_compat_mode` off: a file (the fallback path) is not registered.
+    #[test]
+    fn compat_mode_off_refuses_files() {
+        let _l = test_lock();
+        reset_for_test();
+        let (path, f) = file("compat", 8192);
+        assert_eq!(cuFileSetParameterBool(1, 0).err, uGDSOpError::UGDS_SUCCESS);
+        assert_eq!(register(&f).err(), Some(CU_FILE_IO_NOT_SUPPORTED));
+        reset_for_test();
+        let fh = register(&f).expect("compat mode on again: registered");
+        cuFileHandleDeregister(fh);
+        reset_for_test();
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// `max_direct_io_size_kb`: a larger read runs as pieces of that size (the storage counts
+    /// each), and its data is whole.
+    #[test]
+    fn reads_are_split_at_the_max_direct_io_size() {
+        let _l = test_lock();
+        reset_for_test();
+        let (path, f) = file("split", 64 << 10);
+        assert_eq!(cuFileSetParameterSizeT(SizeParam::MaxDirectIoSizeKb as c_int, 4).err, uGDSOpError::UGDS_SUCCESS);
+        let fh = register(&f).unwrap();
+        let before = lib().handle(fh as usize).unwrap().storage.path_counts().fallback;
+        let mut mem = vec![0u8; 16 << 10];
+        // SAFETY: `mem` holds 16 KiB.
+        assert_eq!(unsafe { cuFileRead(fh, mem.as_mut_ptr().cast(), 16 << 10, 8192, 0) }, 16 << 10);
+        assert!(mem.iter().enumerate().all(|(i, &b)| b == (8192 + i) as u8), "the data");
+        let after = lib().handle(fh as usize).unwrap().storage.path_counts().fallback;
+        assert_eq!(after - before, 4, "four 4 KiB pieces");
+        // At the end of the file: the short piece ends the read.
+        // SAFETY: as above.
+        assert_eq!(unsafe { cuFileRead(fh, mem.as_mut_ptr().cast(), 16 << 10, (64 << 10) - 6000, 0) }, 6000);
+        cuFileHandleDeregister(fh);
+        reset_for_test();
+        std::fs::remove_file(path).unwrap();
+    }
+
+    /// `io_batchsize` bounds a batch's entries (above the core's own default of 128, too).
+    #[test]
+    fn the_batch_size_parameter_bounds_batches() {
+        let _l = test_lock();
+        reset_for_test();
+        let mut b = std::ptr::null_mut();
+        for (max, nr, ok) in [(200usize, 200u32, true), (4, 5, false), (4, 4, true)] {
+            reset_for_test();
+            assert_eq!(cuFileSetParameterSizeT(SizeParam::IoBatchSize as c_int, max).err, uGDSOpError::UGDS_SUCCESS);
+            // SAFETY: a valid out-pointer.
+            let r = unsafe { cuFileBatchIOSetUp(&mut b, nr) }.err;
+            assert_eq!(r == 0, ok, "io_batchsize {max}, {nr} entries: {r}");
+            if r == 0 {
+                cuFileBatchIODestroy(b);
+            }
+        }
+        reset_for_test();
+    }
+
+    /// The configuration file (`CUFILE_ENV_PATH_JSON`) is where each open starts; parameters set
+    /// before the open win over it; closing goes back to it.
+    #[test]
+    fn the_configuration_file_is_where_each_open_starts() {
+        let _l = test_lock();
+        reset_for_test();
+        let json = std::env::temp_dir().join(format!("ugds-cufile-json-{}.json", std::process::id()));
+        std::fs::write(
+            &json,
+            r#"{
+                // as NVIDIA's file: comments, sections we ignore
+                "logging": { "level": "WARN" },
+                "profile": { "cufile_stats": 1 },
+                "properties": { "io_batchsize": 200, "max_direct_io_size_kb": 64,
+                                "use_poll_mode": false, "allow_compat_mode": false, },
+                "fs": { "generic": { "posix_unaligned_writes": false } }
+            }"#,
+        )
+        .unwrap();
+        std::env::set_var("CUFILE_ENV_PATH_JSON", &json);
+        config::reset_settings();
+        let c = config();
+        assert_eq!((c.max_batch_io_size, c.max_direct_io_size_kb), (200, 64));
+        assert!(!c.use_poll_mode && !c.allow_compat_mode);
+        assert_eq!(crate::stats::level(), 1);
+        let mut v = 0;
+        // SAFETY: a local.
+        unsafe { cuFileGetParameterSizeT(SizeParam::IoBatchSize as c_int, &mut v) };
+        assert_eq!(v, 200);
+        let o = lib().options();
+        assert!(!o.fallback && o.device.interrupts && o.max_batch == 200 && o.max_io_bytes == 64 << 10, "{o:?}");
+        assert_eq!(log::max_level(), log::LevelFilter::Warn);
+        // A parameter set before the open wins; closing goes back to the file.
+        assert_eq!(cuFileSetParameterSizeT(SizeParam::IoBatchSize as c_int, 8).err, uGDSOpError::UGDS_SUCCESS);
+        assert_eq!(lib().options().max_batch, 8);
+        assert_eq!(cuFileDriverOpen().err, 0);
+        assert_eq!(cuFileDriverClose().err, 0);
+        assert_eq!(lib().options().max_batch, 200);
+        std::env::remove_var("CUFILE_ENV_PATH_JSON");
+        std::fs::remove_file(&json).unwrap();
+        config::reset_settings();
+        assert_eq!(config(), Config::default());
+        crate::stats::set_level(0);
+        crate::logging::set_level("ERROR");
+        reset_for_test();
     }
 }

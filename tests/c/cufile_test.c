@@ -4,7 +4,8 @@
  *
  *   cufile_test FILE
  *
- * FILE: a regular file of at least 64 MiB (the fallback path). NVIDIA's cufile.h is not part of
+ * FILE: a regular file of at least 64 MiB (the fallback path). The suite runs under a
+ * cufile.json of its own (FILE.json, named by CUFILE_ENV_PATH_JSON as cuFile reads it). NVIDIA's cufile.h is not part of
  * this repository, so the few declarations used are written out below (names, values and
  * layouts from cufile.h of CUDA 13.0). Prints failed checks and `C-SUITE passed=N failed=M`.
  */
@@ -63,6 +64,10 @@ CUfileError_t cuFileBatchIOGetStatus(CUfileBatchHandle_t batch_idp, unsigned min
 CUfileError_t cuFileBatchIOCancel(CUfileBatchHandle_t batch_idp);
 void cuFileBatchIODestroy(CUfileBatchHandle_t batch_idp);
 CUfileError_t cuFileGetVersion(int *version);
+CUfileError_t cuFileGetParameterSizeT(int param, size_t *value);
+CUfileError_t cuFileSetParameterBool(int param, bool value);
+enum { CUFILE_PARAM_PROPERTIES_MAX_DIRECT_IO_SIZE_KB = 5, CUFILE_PARAM_PROPERTIES_IO_BATCHSIZE = 9,
+       CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE = 1, CU_FILE_IO_NOT_SUPPORTED = 5008 };
 
 #define OK(call) CHECK((call).err == CU_FILE_SUCCESS, "%s returned %d", #call, (call).err)
 #define FAILS_WITH(call, code) \
@@ -98,6 +103,27 @@ int main(int argc, char **argv) {
     }
     CHECK(ftruncate(fd, 64 * MiB) == 0, "file length");
     fsync(fd);
+
+    /* The configuration file, as cuFile finds it: comments allowed; read at the first call.
+     * 1 MiB pieces make the large reads below run in several; 8 entries bound a batch. */
+    char json[4096];
+    snprintf(json, sizeof json, "%s.json", argv[1]);
+    FILE *jf = fopen(json, "w");
+    CHECK(jf != NULL, "writing %s", json);
+    if (jf) {
+        fputs("{\n  // as NVIDIA's file: comments, and sections ugds has no use for\n"
+              "  \"logging\": { \"level\": \"ERROR\" },\n"
+              "  \"properties\": { \"max_direct_io_size_kb\": 1024, /* 1 MiB */ \"io_batchsize\": 8 },\n"
+              "  \"fs\": { \"generic\": { \"posix_unaligned_writes\": false } }\n}\n",
+              jf);
+        fclose(jf);
+    }
+    setenv("CUFILE_ENV_PATH_JSON", json, 1);
+    size_t piece = 0, batch_max = 0;
+    OK(cuFileGetParameterSizeT(CUFILE_PARAM_PROPERTIES_MAX_DIRECT_IO_SIZE_KB, &piece));
+    OK(cuFileGetParameterSizeT(CUFILE_PARAM_PROPERTIES_IO_BATCHSIZE, &batch_max));
+    CHECK(piece == 1024 && batch_max == 8, "cufile.json read: max_direct_io_size_kb %zu, io_batchsize %zu", piece,
+          batch_max);
 
     /* No cuFileDriverOpen: the first call opens the library. */
     CUfileHandle_t fh = NULL, fh2 = NULL;
@@ -198,6 +224,7 @@ int main(int argc, char **argv) {
     OK(cuFileHandleRegister(&fh2, &d2));
     CUfileBatchHandle_t b;
     FAILS_WITH(cuFileBatchIOSetUp(&b, 0), CU_FILE_INVALID_VALUE);
+    FAILS_WITH(cuFileBatchIOSetUp(&b, 9), CU_FILE_INVALID_VALUE); /* io_batchsize 8 */
     OK(cuFileBatchIOSetUp(&b, 8));
     uint8_t *bb = malloc(8 * 70000);
     for (int round = 0; round < 3; round++) {
@@ -274,9 +301,45 @@ int main(int argc, char **argv) {
     OK(cuFileBatchIOCancel(b));
     cuFileBatchIODestroy(b);
 
+    /* A handle keeps its descriptor's access mode: no read through O_WRONLY, no write through
+     * O_RDONLY (CU_FILE_INVALID_FILE_OPEN_FLAG, 5019), and no data moves. */
+    {
+        int wo = open(argv[1], O_WRONLY), ro = open(argv[1], O_RDONLY);
+        CUfileHandle_t wfh = NULL, rfh = NULL;
+        CUfileDescr_t dw = d, dr = d;
+        dw.handle.fd = wo;
+        dr.handle.fd = ro;
+        OK(cuFileHandleRegister(&wfh, &dw));
+        OK(cuFileHandleRegister(&rfh, &dr));
+        memset(bb, 0, 8192);
+        RETURNS(cuFileRead(wfh, bb, 4096, 0, 0), -5019);
+        RETURNS(cuFileRead(wfh, bb, 100, 7, 0), -5019);
+        int untouched = 1;
+        for (int i = 0; i < 8192; i++) untouched &= bb[i] == 0;
+        CHECK(untouched, "a write-only handle's read moved no data");
+        RETURNS(cuFileWrite(rfh, bb, 4096, 0, 0), -5019);
+        RETURNS(cuFileWrite(rfh, bb, 100, 7, 0), -5019);
+        CHECK(pread(fd, chk, 4096, 0) == 4096 && matches(chk, 0, 4096), "a read-only handle's write changed nothing");
+        fill(bb, 0, 4096);
+        RETURNS(cuFileWrite(wfh, bb, 4096, 0, 0), 4096);
+        RETURNS(cuFileRead(rfh, bb, 4096, 0, 0), 4096);
+        CHECK(matches(bb, 0, 4096), "each handle does what its mode allows");
+        cuFileHandleDeregister(wfh);
+        cuFileHandleDeregister(rfh);
+        close(wo);
+        close(ro);
+    }
+
     cuFileHandleDeregister(fh2);
     cuFileHandleDeregister(fh);
     OK(cuFileDriverClose());
+
+    /* A parameter set while the library is closed takes effect: no compatibility mode, so a
+     * file (the fallback path) is not registered. */
+    OK(cuFileSetParameterBool(CUFILE_PARAM_PROPERTIES_ALLOW_COMPAT_MODE, false));
+    FAILS_WITH(cuFileHandleRegister(&fh, &d), CU_FILE_IO_NOT_SUPPORTED);
+    OK(cuFileDriverClose());
+    unlink(json);
     close(fd2);
     unlink(path2);
     close(fd);

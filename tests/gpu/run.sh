@@ -286,7 +286,7 @@ python_clients() {
     section "benchmarks"
     # Benchmarks: the fallback path vs pread+copy vs the disk; NVIDIA cuFile and the shim on the
     # same file.
-    T=500 run "$B/ugds" bench-gpu --file "$DIR/ugds-bench.dat" --file-size "${FILE_SIZE:-4G}" --seconds "${SECONDS_PER:-1}"
+    T=500 run "$B/ugds" bench-gpu "$DIR/ugds-bench.dat" --file-size "${FILE_SIZE:-4G}" --seconds "${SECONDS_PER:-1}"
     MIB=$(( $(stat -c %s "$DIR/ugds-bench.dat" 2>/dev/null || echo 0) >> 20 ))
     if run "$NVCC" -O2 -o "$DIR/cufile_probe" tests/gpu/cufile_probe.c -lcufile -lcudart; then
       T=120 run env CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" "$DIR/cufile_probe" "$DIR/ugds-bench.dat" "$MIB"
@@ -295,8 +295,8 @@ python_clients() {
   fi
   if want smallio; then
     section "small GPU I/O on the fallback path"
-    T=300 run "$B/ugds" bench-gpu --file "$DIR/ugds-small.dat" --file-size 1G --sizes 4K,64K --breakdown
-    T=300 run "$B/ugds" bench-gpu --file "$DIR/ugds-small.dat" --file-size 1G --sizes 4K --depths 1,8,32,128
+    T=300 run "$B/ugds" bench-gpu "$DIR/ugds-small.dat" --file-size 1G --sizes 4K,64K --breakdown
+    T=300 run "$B/ugds" bench-gpu "$DIR/ugds-small.dat" --file-size 1G --sizes 4K --depths 1,8,32,128
     rm -f "$DIR/ugds-small.dat"
   fi
   if want copypaths; then

@@ -237,19 +237,20 @@ fn cli_bench() -> Result<()> {
     let addr = nvme_controllers()?[0].clone();
     let node = bound_node(0)?;
     let bin = std::env::var("UGDS_CLI").context("UGDS_CLI not set")?;
-    let out = sh(&format!("{bin} --json bench {node} --seconds 1 --threads 2 --queue owned"))?;
+    let out = sh(&format!("{bin} --json bench {node} --runtime 1 --numjobs 2 --queue owned"))?;
     let ios = json_u64(&out, "ios").unwrap_or(0);
     ensure_that!(out.contains("\"queue\":\"owned\"") && ios > 0, "bench: {out}");
     ensure_that!(json_u64(&out, "direct_host") == Some(ios), "owned queues' I/Os not counted: {out}");
-    let shared = sh(&format!("{bin} --json bench {node} --seconds 1"))?;
+    let shared = sh(&format!("{bin} --json bench {node} --runtime 1"))?;
     ensure_that!(shared.contains("\"queue\":\"shared\""), "default queue mode: {shared}");
-    let deep = std::process::Command::new(&bin).args(["bench", &node, "--depth", "4", "--queue", "owned"]).output()?;
+    let deep =
+        std::process::Command::new(&bin).args(["bench", &node, "--iodepth", "4", "--queue", "owned"]).output()?;
     let why = String::from_utf8_lossy(&deep.stderr);
-    ensure_that!(!deep.status.success() && why.contains("--depth 1"), "owned with a batch depth: {why}");
+    ensure_that!(!deep.status.success() && why.contains("--iodepth 1"), "owned with a batch depth: {why}");
     let file = format!("/tmp/ugds-owned-cli-{}", std::process::id());
     std::fs::File::create(&file)?.set_len(16 << 20)?;
     let f = std::process::Command::new(&bin)
-        .args(["bench", &file, "--seconds", "1", "--span", "8M", "--queue", "owned"])
+        .args(["bench", &file, "--runtime", "1", "--size", "8M", "--queue", "owned"])
         .output()?;
     let why = String::from_utf8_lossy(&f.stderr).into_owned();
     std::fs::remove_file(&file)?;

@@ -395,11 +395,11 @@ fn cli() -> Result<()> {
         sh(&format!("{bin} read '{u}' --offset 1M --len 1M --check-pattern 78")).is_err(),
         "a pattern check with the wrong seed passed"
     );
-    let bench = sh(&format!("{bin} bench '{u}' --size 4K --seconds 1 --span 32M"))?;
+    let bench = sh(&format!("{bin} bench '{u}' --rw randread --bs 4K --runtime 1 --size 32M"))?;
     ensure_that!(bench.contains("IOPS"), "bench said: {bench}");
     let json = sh(&format!("{bin} --json info '{u}'"))?;
     ensure_that!(json.contains(r#""path":"remote""#), "info --json said: {json}");
-    let json = sh(&format!("{bin} --json bench '{u}' --size 4K --seconds 1 --span 32M --rw write"))?;
+    let json = sh(&format!("{bin} --json bench '{u}' --rw randwrite --bs 4K --runtime 1 --size 32M"))?;
     ensure_that!(json.contains(r#""path":"remote""#) && !json.contains(r#""remote":0"#), "bench --json said: {json}");
     Ok(())
 }

@@ -451,8 +451,8 @@ fn cli() -> Result<()> {
         "out-of-range read not reported: {why}"
     );
     ensure_that!(!std::path::Path::new(&to).exists(), "a refused read created its output file");
-    let b = sh(&format!("{bin} bench {node} --seconds 1 --size 4K"))?;
-    ensure_that!(b.contains("IOPS") && b.contains("p99"), "bench: {b}");
+    let b = sh(&format!("{bin} bench {node} --rw randread --runtime 1 --bs 4K"))?;
+    ensure_that!(b.contains("IOPS") && b.contains("99.99th"), "bench: {b}");
     println!("    {}", b.trim());
     unbind(&nvme_controllers()?[0])
 }

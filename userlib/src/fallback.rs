@@ -195,9 +195,18 @@ impl FileTarget {
             Some(f) => f,
             None if !self.direct => &self.file,
             None => {
+                // The twin gets the direct descriptor's access mode: opening through /proc checks
+                // the file's permissions, not the descriptor's, so a read-only target would
+                // otherwise gain a writable twin.
+                // SAFETY: F_GETFL on a descriptor this target owns.
+                let flags = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETFL) };
+                if flags < 0 {
+                    return Err(io_err(format!("F_GETFL on {}", self.path), std::io::Error::last_os_error()));
+                }
+                let mode = flags & libc::O_ACCMODE;
                 let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
+                    .read(mode != libc::O_WRONLY)
+                    .write(mode != libc::O_RDONLY)
                     .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
                     .map_err(|e| io_err(format!("reopening {} without O_DIRECT", self.path), e))?;
                 self.buffered.get_or_init(|| f)

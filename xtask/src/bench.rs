@@ -390,15 +390,16 @@ fn ugds_point_on(
     span: &str,
     owned: bool,
 ) -> Result<Value> {
-    let urw = if rw == "randread" { "read" } else { "write" };
     let queue = if owned { " --queue owned" } else { "" };
+    // fio's options under fio's names: `rw` passes through.
     let out = sh(&format!(
-        "{cli} --json bench {target} --rw {urw} --size {size} --depth {depth} --seconds {seconds} --span {span}{queue}"
+        "{cli} --json bench {target} --rw {rw} --bs {size} --iodepth {depth} --runtime {seconds} --size {span}{queue}"
     ))?;
     let mut v: Value = serde_json::from_str(&out)?;
     v["engine"] = json!(if owned { OWNED } else { "ugds" });
     v["rw"] = json!(rw);
     v["size"] = json!(size);
+    v["depth"] = json!(depth);
     Ok(v)
 }
 

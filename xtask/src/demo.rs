@@ -18,8 +18,108 @@ const ROWS: &[(&str, &str, &str, usize)] = &[
     ("4K random read, 4 threads", "randread", "4K", 4),
 ];
 
-/// Host side: set up, build, boot the VM (or run on a real device), report.
+/// The fields of `/etc/os-release` the demo decides on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OsRelease {
+    /// `ID` (`debian`, `ubuntu`, ...).
+    pub id: String,
+    /// `VERSION_ID` (`12`).
+    pub version_id: String,
+    /// `PRETTY_NAME`, for messages.
+    pub pretty_name: String,
+}
+
+impl OsRelease {
+    /// Parses os-release(5) text: `KEY=value` lines, values optionally quoted.
+    pub fn parse(text: &str) -> OsRelease {
+        let mut os = OsRelease::default();
+        for line in text.lines() {
+            let Some((k, v)) = line.trim().split_once('=') else { continue };
+            let v = v.trim().trim_matches(|c| c == '"' || c == '\'').to_string();
+            match k.trim() {
+                "ID" => os.id = v,
+                "VERSION_ID" => os.version_id = v,
+                "PRETTY_NAME" => os.pretty_name = v,
+                _ => {}
+            }
+        }
+        os
+    }
+}
+
+/// Why the demo will not run on this machine, with what to do instead; `None` when it can.
+/// The demo installs Debian packages (some only Debian has: `linux-source-6.12`, `rustc-web`,
+/// QEMU from bookworm-backports), builds a kernel from Debian's source and, on a real device,
+/// binds a PCI function: it needs Debian and root.
+pub fn refusal(os: &OsRelease, uid: u32) -> Option<String> {
+    let name = if os.pretty_name.is_empty() { os.id.as_str() } else { os.pretty_name.as_str() };
+    if os.id != "debian" {
+        let name = if name.is_empty() { "an unknown system (no /etc/os-release)" } else { name };
+        return Some(format!(
+            "the demo needs Debian 12 (bookworm): it installs Debian's packages (linux-source-6.12, rustc-web, QEMU \
+             from bookworm-backports) and builds the test kernel from Debian's source; this machine runs {name}. \
+             Run it in a Debian 12 VM or container (e.g. `docker run --privileged -it debian:bookworm`), or build and \
+             install by hand as docs/install.md describes"
+        ));
+    }
+    if uid != 0 {
+        return Some(
+            "the demo installs packages with apt-get and loads a kernel module: run it as root, e.g. \
+             `sudo -E env PATH=$PATH cargo xtask demo` (the environment keeps your Rust toolchain)"
+                .to_string(),
+        );
+    }
+    None
+}
+
+/// The apt packages of `ci/packages.txt` (comments and blank lines skipped).
+pub fn listed_packages(text: &str) -> Vec<String> {
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect()
+}
+
+/// What the demo will install and build, said before it starts: the apt packages that are
+/// missing, the toolchains `ci/setup.sh` adds, and the kernel build.
+fn announce(device: bool) -> Result<()> {
+    let root = toolchain::workspace_root();
+    let listed = listed_packages(&std::fs::read_to_string(root.join("ci/packages.txt"))?);
+    let installed = |p: &str| {
+        Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}", p])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+    };
+    let missing: Vec<&str> = listed.iter().map(String::as_str).filter(|p| !installed(p)).collect();
+    eprintln!("demo: what this will install and build (ci/setup.sh; each step is skipped when present):");
+    if missing.is_empty() {
+        eprintln!("  apt packages: none missing ({} listed in ci/packages.txt)", listed.len());
+    } else {
+        eprintln!("  apt packages (apt-get install): {}", missing.join(" "));
+    }
+    eprintln!("  cargo install: bindgen-cli 0.73.0, cargo-fuzz 0.13.2 (into ~/.cargo/bin)");
+    eprintln!("  rustup: the nightly toolchain, minimal profile (for cargo-fuzz)");
+    eprintln!(
+        "  QEMU 10 from bookworm-backports, extracted into {} (the system's QEMU stays)",
+        toolchain::cache_dir().display()
+    );
+    eprintln!("  cargo build --release: the ugds CLI");
+    if !device {
+        eprintln!(
+            "  the 6.12 test kernel from linux-source-6.12 and the ugds module, into the cache (the first time: long)"
+        );
+    }
+    Ok(())
+}
+
+/// Host side: check the machine, say what will be installed, set up, build, boot the VM (or run
+/// on a real device), report.
 pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
+    let os = OsRelease::parse(&std::fs::read_to_string("/etc/os-release").unwrap_or_default());
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if let Some(why) = refusal(&os, uid) {
+        bail!("{why}");
+    }
+    announce(device.is_some())?;
     let t = Instant::now();
     let release = toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     let cli = release.join("ugds");
@@ -71,9 +171,8 @@ fn fio(blk: &str, rw: &str, bs: &str, jobs: usize, seconds: u64) -> Result<Figur
 }
 
 fn ugds_bench(cli: &str, node: &str, rw: &str, bs: &str, threads: usize, seconds: u64) -> Result<Figures> {
-    let rw = if rw == "randread" { "read" } else { "write" };
     let out = sh(&format!(
-        "{cli} --json bench {node} --rw {rw} --size {bs} --threads {threads} --seconds {seconds} --span 256M"
+        "{cli} --json bench {node} --rw {rw} --bs {bs} --numjobs {threads} --runtime {seconds} --size 256M"
     ))?;
     let v: Value = serde_json::from_str(&out)?;
     Ok(Figures {
@@ -163,4 +262,44 @@ pub fn guest(cli: &str, device: &str, seconds: u64) -> Result<()> {
         println!("\n(QEMU's emulated NVMe under TCG: absolute figures say little; the ratio is the point.)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOOKWORM: &str = "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nNAME=\"Debian GNU/Linux\"\n\
+        VERSION_ID=\"12\"\nID=debian\nHOME_URL=\"https://www.debian.org/\"\n";
+    const UBUNTU: &str = "NAME=\"Ubuntu\"\nVERSION_ID=\"24.04\"\nID=ubuntu\nID_LIKE=debian\n\
+        PRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\n";
+
+    #[test]
+    fn parses_os_release() {
+        let os = OsRelease::parse(BOOKWORM);
+        assert_eq!((os.id.as_str(), os.version_id.as_str()), ("debian", "12"));
+        assert_eq!(os.pretty_name, "Debian GNU/Linux 12 (bookworm)");
+        assert_eq!(OsRelease::parse("ID='fedora'\n# comment\n\nbad line\n").id, "fedora");
+    }
+
+    #[test]
+    fn runs_on_debian_as_root_only() {
+        assert_eq!(refusal(&OsRelease::parse(BOOKWORM), 0), None);
+        let not_root = refusal(&OsRelease::parse(BOOKWORM), 1000).unwrap();
+        assert!(not_root.contains("as root") && not_root.contains("sudo"), "{not_root}");
+        // A Debian derivative lacks Debian's packages: refused, naming the system and the way out.
+        let ubuntu = refusal(&OsRelease::parse(UBUNTU), 0).unwrap();
+        assert!(ubuntu.contains("Ubuntu 24.04.1 LTS") && ubuntu.contains("docs/install.md"), "{ubuntu}");
+        let none = refusal(&OsRelease::parse(""), 0).unwrap();
+        assert!(none.contains("no /etc/os-release"), "{none}");
+        // The system comes first: a non-root user on another system hears about the system.
+        assert!(refusal(&OsRelease::parse(UBUNTU), 1000).unwrap().contains("Debian 12"));
+    }
+
+    #[test]
+    fn lists_packages() {
+        assert_eq!(listed_packages("# c\nfio\n\n  gcc  \n"), ["fio", "gcc"]);
+        let real =
+            listed_packages(&std::fs::read_to_string(toolchain::workspace_root().join("ci/packages.txt")).unwrap());
+        assert!(real.iter().any(|p| p == "linux-source-6.12"));
+    }
 }

@@ -145,7 +145,7 @@ impl Library {
         if self.face == Face::CuFile {
             self.require_open()?;
         }
-        if nr == 0 || nr as usize > MAX_BATCH {
+        if nr == 0 || nr as usize > self.options().max_batch {
             return Err(Fail::Code(UGDS_INVALID_VALUE));
         }
         let mut b = CBatch {
@@ -237,6 +237,7 @@ impl Library {
     /// a staged job.
     fn batch_entry(&'static self, b: &mut CBatch, e: &Entry) -> CResult<Option<IoRequest>> {
         let h = self.handle(e.fh).ok_or(Fail::Errno(libc::EBADF))?;
+        h.access.check(e.write)?;
         if e.file_offset < 0 || e.buf_offset < 0 || e.base == 0 {
             return Err(Fail::Errno(libc::EINVAL));
         }

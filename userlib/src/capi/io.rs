@@ -109,8 +109,25 @@ impl Library {
         buf_offset: i64,
     ) -> CResult<usize> {
         let t = std::time::Instant::now();
-        // SAFETY: forwarded.
-        let r = unsafe { self.rw_unobserved(write, fh, base, size, file_offset, buf_offset) };
+        // A request larger than the face's largest piece (`FaceOptions::max_io_bytes`) runs as
+        // pieces of it, one after the other; a short piece (the end of a file) ends it.
+        let max = self.max_io_bytes.load(std::sync::atomic::Ordering::Relaxed).max(1);
+        let r = (|| -> CResult<usize> {
+            let mut done = 0usize;
+            loop {
+                let n = max.min(size - done);
+                // The first piece's checks refuse negative offsets; the sums cannot pass
+                // i64::MAX for a range those checks accept.
+                let step = i64::try_from(done).map_err(|_| Fail::Errno(libc::EINVAL))?;
+                let (foff, boff) = (file_offset.saturating_add(step), buf_offset.saturating_add(step));
+                // SAFETY: the caller's range, or a sub-range of it.
+                let got = unsafe { self.rw_unobserved(write, fh, base, n, foff, boff) }?;
+                done += got;
+                if got < n || done >= size {
+                    return Ok(done);
+                }
+            }
+        })();
         let ns = t.elapsed().as_nanos() as u64;
         self.observe(kind, write, *r.as_ref().unwrap_or(&0) as u64, ns, r.is_ok());
         r
@@ -131,6 +148,7 @@ impl Library {
             self.require_open()?;
         }
         let h = self.io_handle(fh)?;
+        h.access.check(write)?;
         if base == 0 || (size == 0 && self.face == Face::Ugds) {
             return Err(Fail::Errno(libc::EINVAL));
         }
@@ -284,6 +302,7 @@ impl Library {
             return Err(Fail::Errno(libc::EINVAL));
         }
         let h = self.handle(fh).ok_or(Fail::Errno(libc::EBADF))?;
+        h.access.check(write)?;
         // SAFETY: the caller passes `nr` segments.
         let segs = unsafe { std::slice::from_raw_parts(segs, nr as usize) };
         let bs = h.storage.block_size();

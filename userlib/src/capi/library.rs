@@ -85,6 +85,8 @@ impl Fail {
             Fail::Lib(e) => -e.errno(),
             Fail::Code(UGDS_MEMORY_NOT_REGISTERED | UGDS_INVALID_VALUE) => libc::EINVAL,
             Fail::Code(UGDS_BUSY) => libc::EBUSY,
+            // A read through a write-only descriptor (or the reverse), as read(2) says it.
+            Fail::Code(UGDS_INVALID_FILE_OPEN_FLAG) => libc::EBADF,
             Fail::Code(UGDS_OUT_OF_MEMORY) => libc::ENOMEM,
             Fail::Code(_) => libc::EIO,
         };
@@ -164,6 +166,8 @@ pub struct Handle {
     pub storage: Arc<Storage>,
     /// The caller's descriptor.
     pub fd: c_int,
+    /// What the caller's descriptor allows: reads and writes against its mode are refused.
+    pub access: Access,
     /// Stream-ordered I/O and batches not yet finished (deregistering waits for them).
     pub(crate) inflight: Arc<AtomicU32>,
     /// This handle's registration of each registered buffer, by base address, with the
@@ -174,6 +178,40 @@ pub struct Handle {
     /// Blocks a staged write is reading, modifying and writing (namespaces only).
     edges: Mutex<std::collections::HashSet<u64>>,
     edges_freed: std::sync::Condvar,
+}
+
+/// The directions of I/O a handle allows: a file or block device's descriptor's access mode
+/// (`O_RDONLY`, `O_WRONLY`, `O_RDWR`), as cuFile keeps it; both for a ugds node, a volume and a
+/// target the library opened by name (their descriptors name a controller, not the data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Reads are allowed.
+    pub read: bool,
+    /// Writes are allowed.
+    pub write: bool,
+}
+
+impl Access {
+    /// Reads and writes.
+    pub const BOTH: Access = Access { read: true, write: true };
+
+    /// The access an `O_ACCMODE` value gives.
+    pub fn of_mode(flags: c_int) -> Access {
+        match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => Access { read: true, write: false },
+            libc::O_WRONLY => Access { read: false, write: true },
+            _ => Access::BOTH,
+        }
+    }
+
+    /// Refuses I/O in a direction the descriptor was not opened for with cuFile's code
+    /// (`CU_FILE_INVALID_FILE_OPEN_FLAG`, "unsupported file open flags").
+    pub fn check(self, write: bool) -> CResult<()> {
+        if (write && !self.write) || (!write && !self.read) {
+            return Err(Fail::Code(UGDS_INVALID_FILE_OPEN_FLAG));
+        }
+        Ok(())
+    }
 }
 
 /// Edge blocks locked by a staged write; released on drop.
@@ -272,6 +310,10 @@ pub struct Library {
     pub(crate) rdma_tokens: AtomicU64,
     pub(crate) rdma: super::rdma::RdmaRecords,
     observer: OnceLock<IoObserver>,
+    /// The face's configuration ([`super::FaceOptions`]).
+    pub(crate) options: RwLock<super::FaceOptions>,
+    /// `options.max_io_bytes`, read by every synchronous I/O without taking the lock.
+    pub(crate) max_io_bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl Library {
@@ -287,6 +329,8 @@ impl Library {
             rdma_tokens: AtomicU64::new(0),
             rdma: Default::default(),
             observer: OnceLock::new(),
+            options: RwLock::default(),
+            max_io_bytes: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -392,8 +436,8 @@ impl Library {
         {
             return Err(Fail::Code(UGDS_HANDLE_ALREADY_REGISTERED));
         }
-        let storage = open_fd(fd)?;
-        Ok(self.insert_handle(storage, fd))
+        let (storage, access) = open_fd(fd, &self.options())?;
+        Ok(self.insert_handle(storage, fd, access))
     }
 
     /// `ugdsxHandleRegisterTarget`: opens a target by name, as [`Storage::open`] does (a ugds
@@ -402,7 +446,7 @@ impl Library {
     pub fn handle_register_target(&self, target: &str) -> CResult<usize> {
         self.require_open()?;
         let storage = Storage::open(target)?;
-        Ok(self.insert_handle(storage, -1))
+        Ok(self.insert_handle(storage, -1, Access::BOTH))
     }
 
     /// `uGDSHandleRegisterNvmeof[Ex]`: `fd` is a namespace of the kernel's NVMe over Fabrics
@@ -419,14 +463,15 @@ impl Library {
             return Err(Fail::Code(UGDS_INVALID_FILE_TYPE));
         }
         let storage = Storage::open(&path)?;
-        Ok(self.insert_handle(storage, fd))
+        Ok(self.insert_handle(storage, fd, Access::BOTH))
     }
 
     /// Makes a handle for an opened target and registers the existing buffers on it.
-    fn insert_handle(&self, storage: Arc<Storage>, fd: c_int) -> usize {
+    fn insert_handle(&self, storage: Arc<Storage>, fd: c_int, access: Access) -> usize {
         let h = Arc::new(Handle {
             storage,
             fd,
+            access,
             inflight: Arc::default(),
             regs: RwLock::default(),
             bounce: Mutex::default(),
@@ -656,31 +701,39 @@ fn register_on(s: &Storage, e: &BufEntry) -> CResult<Buffer> {
 
 /// Opens the target behind a caller's descriptor: a ugds node takes the direct path; a regular
 /// file or block device the fallback path, through a descriptor of our own opened with O_DIRECT
-/// (so a file the caller opened without it still bypasses the page cache).
-fn open_fd(fd: c_int) -> CResult<Arc<Storage>> {
+/// (so a file the caller opened without it still bypasses the page cache) and the caller's
+/// access mode, which the handle keeps.
+fn open_fd(fd: c_int, opts: &super::FaceOptions) -> CResult<(Arc<Storage>, Access)> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
     let path = link.to_string_lossy().into_owned();
     if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
-        return Ok(Storage::open(&path)?);
+        crate::fork::watch()?;
+        let dev = crate::device::Device::open_with(&path, opts.device.clone())?;
+        return Ok((Storage::direct(&dev, 1)?, Access::BOTH));
     }
     // A volume descriptor file, by the name the caller opened (`*.ugds-volume`; a file of any
     // other name is a file, whatever it holds), read through the caller's descriptor (the file
     // the name led to): the handle's I/O goes to the volume, never to the file's bytes.
     let name = descriptor_name(fd, &path);
     if let Some(spec) = crate::volume::VolumeSpec::descriptor_target(name, format!("/proc/self/fd/{fd}"))? {
-        return Ok(Storage::volume(&spec, &crate::device::DeviceOptions::default())?);
+        return Ok((Storage::volume(&spec, &opts.device)?, Access::BOTH));
+    }
+    if !opts.fallback {
+        // A file or block device takes the fallback path, which the face's configuration
+        // turned off (cuFile: allow_compat_mode false).
+        return Err(Fail::Code(UGDS_IO_NOT_SUPPORTED));
     }
     // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
-    let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-    let file = reopen_direct(fd, writable)
+    let access = Access::of_mode(flags);
+    let file = reopen_direct(fd, access)
         .map(|f| (f, true))
         .or_else(|_| dup_own(fd).map(|f| (f, flags & libc::O_DIRECT != 0)))?;
     match FileTarget::from_file(file.0, &path, file.1) {
-        Ok(f) => Ok(Storage::file(f)?),
+        Ok(f) => Ok((Storage::file(f)?, access)),
         Err(Error::InvalidArgument { .. }) => Err(Fail::Code(UGDS_INVALID_FILE_TYPE)),
         Err(e) => Err(Fail::Lib(e)),
     }
@@ -700,13 +753,15 @@ fn descriptor_name(fd: c_int, link: &str) -> &str {
     }
 }
 
-/// Opens the caller's file again, with O_DIRECT, through /proc (the same file even if renamed
-/// or unlinked since).
-fn reopen_direct(fd: c_int, writable: bool) -> std::io::Result<std::fs::File> {
+/// Opens the caller's file again, with O_DIRECT and the caller's access mode, through /proc
+/// (the same file even if renamed or unlinked since). Opening through /proc checks the file's
+/// permissions, not the descriptor's mode: asking for more than the caller's mode would give a
+/// write-only descriptor's handle the file's bytes.
+fn reopen_direct(fd: c_int, access: Access) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
-        .read(true)
-        .write(writable)
+        .read(access.read)
+        .write(access.write)
         .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
         .open(format!("/proc/self/fd/{fd}"))
 }

@@ -11,6 +11,7 @@
 mod batch;
 mod io;
 mod library;
+mod options;
 mod rdma;
 mod slots;
 mod stream;
@@ -20,5 +21,6 @@ pub mod ugds_abi;
 
 pub use batch::{timeout_of, Entry, Event, EventStatus, MAX_BATCH};
 pub use library::{code_of, cuda, gpu_of, hip, CResult, Face, Fail, Handle, IoKind, IoObserver, Library};
+pub use options::FaceOptions;
 pub use stream::{key as stream_key, LateArgs};
 pub use types::*;

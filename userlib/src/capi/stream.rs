@@ -209,6 +209,7 @@ impl Library {
             Face::Ugds => UGDS_INVALID_VALUE,
             Face::CuFile => UGDS_HANDLE_NOT_REGISTERED,
         }))?;
+        h.access.check(write)?;
         let bufs: Vec<Arc<BufEntry>> = entry.into_iter().collect();
         let sio = self.stream_io(stream, &bufs)?;
         let engine = h.storage.engine()?;

@@ -164,10 +164,10 @@ fn counter(text: &str, section: &str, name: &str) -> Option<u64> {
 /// CLI's own message.
 fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Value {
     let mut v = json!({"engine": "ugds", "rw": rw, "size": size, "depth": depth});
-    let urw = if rw == "randread" { "read" } else { "write" };
+    // fio's options under fio's names: `rw` passes through, `size` is the region.
     let child = Command::new(cli)
-        .args(["--json", "bench", &grid.uri(), "--rw", urw, "--size", size, "--depth", &depth.to_string()])
-        .args(["--seconds", &grid.seconds.to_string(), "--span", &ugds::units::human(grid.span)])
+        .args(["--json", "bench", &grid.uri(), "--rw", rw, "--bs", size, "--iodepth", &depth.to_string()])
+        .args(["--runtime", &grid.seconds.to_string(), "--size", &ugds::units::human(grid.span)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn();
@@ -195,7 +195,7 @@ fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Val
     let stdout = String::from_utf8_lossy(&out.stdout);
     match serde_json::from_str::<Value>(stdout.trim()) {
         Ok(mut r) if out.status.success() => {
-            for k in ["engine", "rw", "size"] {
+            for k in ["engine", "rw", "size", "depth"] {
                 r[k] = v[k].clone();
             }
             if grid.transport == "tcp" {
