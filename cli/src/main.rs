@@ -164,9 +164,9 @@ enum Cmd {
     },
 }
 
+mod bench;
 #[cfg(test)]
 mod docs_check;
-mod bench;
 mod gpu_bench;
 mod gpu_breakdown;
 mod health;
