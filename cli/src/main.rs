@@ -176,6 +176,8 @@ pub(crate) type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send
 
 fn main() {
     let cli = Cli::parse();
+    // The library's notices (which path an open took, and why) on stderr, as warnings.
+    ugds::logging::log_to_stderr(log::LevelFilter::Warn);
     if let Err(e) = run(cli) {
         eprintln!("ugds: error: {e}");
         std::process::exit(1);

@@ -18,29 +18,13 @@ pub fn level(name: &str) -> Option<LevelFilter> {
     })
 }
 
-/// Writes each record as one line on standard error, as `cuFile (ugds) LEVEL: message`.
-struct Stderr;
-
-impl log::Log for Stderr {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::max_level()
-    }
-
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            use std::io::Write;
-            // A failed write to stderr has nowhere else to go.
-            let _ = writeln!(std::io::stderr(), "cuFile (ugds) {}: {}", r.level(), r.args());
-        }
-    }
-
-    fn flush(&self) {}
-}
+/// Each record as one line on standard error, as `cuFile (ugds) LEVEL: message`.
+static SINK: ugds::logging::StderrSink =
+    ugds::logging::StderrSink::new(|level, args| format!("cuFile (ugds) {level}: {args}"));
 
 /// Installs the sink (once: a logger the process set first is kept) and sets the level;
 /// an unknown name keeps the level as it was, and says so.
 pub fn set_level(name: &str) {
-    static SINK: Stderr = Stderr;
     let _ = log::set_logger(&SINK);
     match level(name) {
         Some(l) => log::set_max_level(l),

@@ -35,6 +35,7 @@ pub(crate) mod fork;
 pub mod gpu;
 pub mod health;
 mod inflight;
+pub mod logging;
 pub(crate) mod mem;
 pub(crate) mod mmio;
 #[cfg(any(test, feature = "test-utils"))]

@@ -101,13 +101,35 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     }
 }
 
-/// Logs why a slower path was chosen: once per distinct reason per process.
+/// Logs (a warning, through [`crate::logging`]) why a slower path was chosen: once per
+/// distinct reason per process.
 pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let line = format!("ugds: {what}: using {how}: {why}");
+    let line = format!("{what}: using {how}: {why}");
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if !seen.contains(&line) {
-        eprintln!("{line}");
+        log::warn!("{line}");
         seen.push(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_fallback_note_is_one_warning_through_log_per_reason() {
+        // The sink may be in place already (the C face installs it on first use).
+        crate::logging::log_to_stderr(log::LevelFilter::Warn);
+        for _ in 0..3 {
+            super::note_fallback("/tmp/note-test", "buffered I/O", "no O_DIRECT here");
+        }
+        super::note_fallback("/tmp/note-test", "buffered I/O", "another reason");
+        let lines = crate::logging::tests::written("/tmp/note-test");
+        assert_eq!(
+            lines,
+            [
+                "ugds: /tmp/note-test: using buffered I/O: no O_DIRECT here",
+                "ugds: /tmp/note-test: using buffered I/O: another reason"
+            ]
+        );
     }
 }

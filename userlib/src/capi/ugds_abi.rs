@@ -13,8 +13,12 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::os::fd::IntoRawFd;
 use std::sync::LazyLock;
 
-/// The process's uGDS library state.
-static UGDS: LazyLock<Library> = LazyLock::new(|| Library::new(Face::Ugds));
+/// The process's uGDS library state. Made on the first call, which also gives the library's
+/// diagnostics a sink on stderr (a C program installs no `log` logger of its own).
+static UGDS: LazyLock<Library> = LazyLock::new(|| {
+    crate::logging::log_to_stderr(log::LevelFilter::Warn);
+    Library::new(Face::Ugds)
+});
 
 fn lib() -> &'static Library {
     &UGDS
