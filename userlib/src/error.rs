@@ -286,4 +286,75 @@ impl Error {
         };
         -e
     }
+
+    /// The [`std::io::ErrorKind`] this error is an instance of: the system's own for a failed
+    /// system call or connection, else the kind whose meaning it shares (a busy registration
+    /// is `ResourceBusy`, a reset that lost commands `Interrupted`: retry).
+    pub fn kind(&self) -> std::io::ErrorKind {
+        use std::io::ErrorKind as K;
+        match self {
+            Error::Open { source, .. }
+            | Error::Control { source, .. }
+            | Error::Io { source, .. }
+            | Error::RemoteUnreachable { source, .. }
+            | Error::RemoteTransport { source, .. } => source.kind(),
+            Error::Member { source, .. } => source.kind(),
+            Error::InvalidArgument { .. } | Error::NotUgdsNode { .. } => K::InvalidInput,
+            Error::NoNamespace(_) => K::NotFound,
+            Error::DeviceBusy { .. } | Error::RegistrationBusy { .. } => K::ResourceBusy,
+            Error::AdminOpcodeRefused { .. } => K::PermissionDenied,
+            Error::Timeout { .. } => K::TimedOut,
+            Error::EpochChanged { .. } => K::Interrupted,
+            Error::Unsupported { .. } => K::Unsupported,
+            Error::RemoteRejected { .. } => K::ConnectionRefused,
+            Error::RemoteProtocol { .. } | Error::DeviceProtocol(_) => K::InvalidData,
+            Error::AbiMismatch { .. }
+            | Error::Nvme { .. }
+            | Error::AdminFailed { .. }
+            | Error::DeviceFaulted
+            | Error::Gpu { .. }
+            | Error::ForkedChild { .. } => K::Other,
+        }
+    }
+}
+
+/// An [`Error`] as an I/O error of kind [`Error::kind`], for code that speaks `std::io`: the
+/// ugds error is its inner error (`get_ref`, `into_inner`, `downcast`), so its message and its
+/// source chain stay as they were.
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> Self {
+        std::io::Error::new(e.kind(), e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind as K;
+
+    #[test]
+    fn an_error_becomes_an_io_error_of_its_kind_and_keeps_itself() {
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        let open = Error::Open { path: "/dev/ugds_drv0".into(), source: refused };
+        let io: std::io::Error = open.into();
+        assert_eq!(io.kind(), K::ConnectionRefused);
+        let os = std::io::Error::from_raw_os_error(libc::ECONNREFUSED).to_string();
+        assert_eq!(io.to_string(), format!("opening /dev/ugds_drv0: {os}"));
+        let inner = io.get_ref().and_then(|e| e.downcast_ref::<Error>()).expect("the ugds error inside");
+        assert!(matches!(inner, Error::Open { .. }));
+        // The chain goes on below it: the system's error is the source.
+        let src = std::error::Error::source(inner).expect("a source");
+        assert_eq!(src.to_string(), os);
+
+        let kind = |e: Error| std::io::Error::from(e).kind();
+        assert_eq!(kind(Error::invalid("len", "zero")), K::InvalidInput);
+        assert_eq!(kind(Error::NoNamespace(3)), K::NotFound);
+        assert_eq!(kind(Error::RegistrationBusy { id: 1, inflight: 2 }), K::ResourceBusy);
+        assert_eq!(kind(Error::Timeout { op: "read", slba: 0, timeout_ms: 1 }), K::TimedOut);
+        assert_eq!(kind(Error::EpochChanged { old: 1, new: 2 }), K::Interrupted);
+        assert_eq!(kind(Error::DeviceFaulted), K::Other);
+        let member =
+            Error::Member { member: "/dev/ugds_drv1".into(), offset: 0, source: Box::new(Error::NoNamespace(1)) };
+        assert_eq!(kind(member), K::NotFound);
+    }
 }
