@@ -111,7 +111,7 @@ pub(crate) fn ranges() -> Vec<(u64, u64)> {
 
 fn integrity() -> Result<()> {
     ensure_target()?;
-    let st = Storage::open(&uri(1))?;
+    let st = Storage::open(uri(1))?;
     ensure_that!(st.describe().contains("remote path"), "{}", st.describe());
     ensure_that!(
         st.capacity()? == 64 << 20 && st.block_size() == 512,
@@ -279,7 +279,7 @@ fn bad_targets() -> Result<()> {
     ensure_that!(matches!(r, Err(Error::NoNamespace(2))), "a missing namespace gave {r:?}");
     ensure_that!(took < Duration::from_secs(5), "the missing namespace took {took:?}");
     // An out-of-range request is refused before anything is sent.
-    let st = Storage::open(&uri(1))?;
+    let st = Storage::open(uri(1))?;
     let buf = st.alloc_host(8192)?;
     ensure_that!(st.read(&buf, 0, (64 << 20) - 4096, 8192).is_err(), "a read past the end worked");
     Ok(())

@@ -96,7 +96,7 @@ fn ensure_rdma_target() -> Result<()> {
 
 fn integrity() -> Result<()> {
     ensure_rdma_target()?;
-    let st = Storage::open(&uri(1))?;
+    let st = Storage::open(uri(1))?;
     ensure_that!(st.describe().contains("NVMe/RDMA"), "{}", st.describe());
     ensure_that!(st.capacity()? == 64 << 20 && st.block_size() == 512, "{} bytes", st.capacity()?);
     let buf = st.alloc_host(8 << 20)?;
@@ -183,7 +183,7 @@ fn kernel_initiator() -> Result<()> {
 /// refusal is an error by name.
 fn udmabuf() -> Result<()> {
     ensure_rdma_target()?;
-    let st = Storage::open(&uri(1))?;
+    let st = Storage::open(uri(1))?;
     let gpu = Gpu::cpu();
     let mem = Arc::new(gpu.alloc(3 << 20)?);
     match st.register_gpu(mem.clone(), false) {
@@ -251,10 +251,10 @@ fn port_bounce() -> Result<()> {
 /// the measurement behind registering per I/O instead of caching per buffer.
 fn registration_cost() -> Result<()> {
     ensure_rdma_target()?;
-    let st = Storage::open(&uri(1))?;
+    let st = Storage::open(uri(1))?;
     let buf = st.alloc_host(1 << 20)?;
     // The same reads over NVMe/TCP (127.0.0.1), for scale.
-    let tcp = Storage::open(&format!("nvmeof://tcp/127.0.0.1:4420/{NQN}?nsid=1"))?;
+    let tcp = Storage::open(format!("nvmeof://tcp/127.0.0.1:4420/{NQN}?nsid=1"))?;
     let tbuf = tcp.alloc_host(1 << 20)?;
     let mean_read = |st: &Storage, b: &ugds::Buffer, len: usize| -> Result<f64> {
         // The first I/O of a storage connects its I/O queue: not part of an I/O's cost.

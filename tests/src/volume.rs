@@ -108,7 +108,7 @@ fn integrity() -> Result<()> {
         other => anyhow::bail!("chunk 3000: {other:?}"),
     }
     let first = bound_node(0)?;
-    match Storage::open(&format!("stripe:{first},/dev/null")) {
+    match Storage::open(format!("stripe:{first},/dev/null")) {
         Err(Error::NotUgdsNode { path, .. }) if path == "/dev/null" => {}
         other => anyhow::bail!("a member that is not a ugds node: {other:?}"),
     }
@@ -116,7 +116,7 @@ fn integrity() -> Result<()> {
     let alias = "/tmp/ugds-volume-alias";
     let _ = std::fs::remove_file(alias);
     std::os::unix::fs::symlink(&first, alias)?;
-    let twice = Storage::open(&format!("stripe:{first},{alias}"));
+    let twice = Storage::open(format!("stripe:{first},{alias}"));
     std::fs::remove_file(alias)?;
     match twice {
         Err(Error::InvalidArgument { arg: "volume", reason }) if reason.contains("same ugds device") => {}
@@ -579,7 +579,7 @@ fn queue_batch() -> Result<()> {
 /// Members with different block sizes (4096 and 512) are refused by name, before any I/O.
 fn mixed_lbs() -> Result<()> {
     let (a, b) = (bound_node(0)?, bound_node(1)?);
-    match Storage::open(&format!("stripe:{a},{b}")) {
+    match Storage::open(format!("stripe:{a},{b}")) {
         Err(Error::InvalidArgument { arg: "volume", reason }) if reason.contains("share a block size") => Ok(()),
         other => anyhow::bail!("a volume of 4096- and 512-byte members: {other:?}"),
     }

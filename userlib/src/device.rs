@@ -284,12 +284,17 @@ pub(crate) fn ascii(b: &[u8]) -> String {
 
 impl Device {
     /// Opens `/dev/ugds_drvN` with default options.
-    pub fn open(path: &str) -> Result<Self> {
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self> {
         Self::open_with(path, DeviceOptions::default())
     }
 
-    /// Opens `/dev/ugds_drvN`: checks the ABI version, creates and maps the queue pairs.
-    pub fn open_with(path: &str, opts: DeviceOptions) -> Result<Self> {
+    /// Opens `/dev/ugds_drvN`: checks the ABI version, creates and maps the queue pairs. A path
+    /// that is not UTF-8 is [`Error::InvalidArgument`].
+    pub fn open_with(path: impl AsRef<std::path::Path>, opts: DeviceOptions) -> Result<Self> {
+        Self::open_node(crate::error::utf8_path(path.as_ref())?, opts)
+    }
+
+    fn open_node(path: &str, opts: DeviceOptions) -> Result<Self> {
         if std::path::Path::new(path).exists() && !is_ugds_node(path) {
             return Err(Error::NotUgdsNode {
                 path: path.to_string(),

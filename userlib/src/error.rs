@@ -236,6 +236,12 @@ impl std::fmt::Display for Rejection {
     }
 }
 
+/// `path` as text: the library names its targets in errors, notes and sysfs lookups as
+/// strings, so a path that is not UTF-8 is refused by name (nothing is opened).
+pub(crate) fn utf8_path(path: &std::path::Path) -> Result<&str> {
+    path.to_str().ok_or_else(|| Error::invalid("path", format!("{} is not valid UTF-8", path.display())))
+}
+
 /// Result with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 

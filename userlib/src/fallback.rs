@@ -112,8 +112,10 @@ const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
 impl FileTarget {
     /// Opens `path` read-write with O_DIRECT (read-only when `writable` is false). File systems
-    /// without O_DIRECT (tmpfs) are opened buffered; [`FileTarget::direct`] says which.
-    pub fn open(path: &str, writable: bool) -> Result<FileTarget> {
+    /// without O_DIRECT (tmpfs) are opened buffered; [`FileTarget::direct`] says which. A path
+    /// that is not UTF-8 is [`Error::InvalidArgument`].
+    pub fn open(path: impl AsRef<std::path::Path>, writable: bool) -> Result<FileTarget> {
+        let path = crate::error::utf8_path(path.as_ref())?;
         let open = |flags: i32| std::fs::OpenOptions::new().read(true).write(writable).custom_flags(flags).open(path);
         let (file, direct) = match open(libc::O_DIRECT) {
             Ok(f) => (f, true),

@@ -88,12 +88,20 @@ impl Storage {
     /// [`crate::remote::RemoteSpec`]) the remote path (`nsid` comes from the URI), and so does a
     /// namespace of the kernel's NVMe/TCP or NVMe/RDMA initiator (`/dev/nvmeXnY`: its target is
     /// read from sysfs).
-    pub fn open(path: &str) -> Result<Arc<Storage>> {
-        Self::open_ns(path, 1)
+    ///
+    /// `path` is anything that names a path (`&str`, `String`, `&Path`, `PathBuf`, ...): a URI
+    /// or a `stripe:` spec is a path too, as far as the type goes. A path that is not UTF-8 is
+    /// [`Error::InvalidArgument`].
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Arc<Storage>> {
+        Self::open_target(crate::error::utf8_path(path.as_ref())?, 1)
     }
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
-    pub fn open_ns(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+    pub fn open_ns(path: impl AsRef<std::path::Path>, nsid: u32) -> Result<Arc<Storage>> {
+        Self::open_target(crate::error::utf8_path(path.as_ref())?, nsid)
+    }
+
+    fn open_target(path: &str, nsid: u32) -> Result<Arc<Storage>> {
         crate::fork::watch()?;
         if path.starts_with(crate::remote::uri::SCHEME) {
             return Self::remote(&crate::remote::RemoteSpec::parse(path)?);

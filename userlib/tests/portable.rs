@@ -92,6 +92,35 @@ fn bad_arguments_are_named_and_change_nothing() {
 }
 
 #[test]
+fn open_takes_any_kind_of_path_and_still_reads_specs_and_uris() {
+    use std::os::unix::ffi::OsStrExt;
+    let f = TempFile::new("open-paths", 64 << 10, SEED);
+    let owned = std::path::PathBuf::from(f.path());
+    let text: String = f.path().into();
+    for st in [
+        Storage::open(f.path()).unwrap(),
+        Storage::open(text).unwrap(),
+        Storage::open(&owned).unwrap(),
+        Storage::open(owned.as_path()).unwrap(),
+        Storage::open_ns(std::ffi::OsStr::new(f.path()), 1).unwrap(),
+    ] {
+        let buf = st.alloc_host(4096).unwrap();
+        assert_eq!(st.read(&buf, 0, 4096, 4096).unwrap(), 4096);
+        let mut want = vec![0u8; 4096];
+        pattern::fill(SEED, 4096, &mut want);
+        assert_eq!(&*buf.host_view().unwrap(), &want[..]);
+    }
+    assert_eq!(ugds::FileTarget::open(&owned, false).unwrap().path(), f.path());
+    // A path that is not UTF-8 is refused by name, never opened under another name.
+    let bad = std::path::Path::new(std::ffi::OsStr::from_bytes(b"/tmp/ugds-\xff"));
+    assert_eq!(invalid_arg(Storage::open(bad).unwrap_err()), "path");
+    assert_eq!(invalid_arg(ugds::Device::open(bad).unwrap_err()), "path");
+    // Volume specs and URIs are paths to the type, and still parsed as what they are.
+    assert_eq!(invalid_arg(Storage::open(std::path::Path::new("stripe:")).unwrap_err()), "volume");
+    assert_eq!(invalid_arg(Storage::open(String::from("nvmeof://tcp/")).unwrap_err()), "uri");
+}
+
+#[test]
 fn a_batch_runs_valid_entries_and_reports_invalid_ones() {
     let f = TempFile::new("batch", 4 << 20, SEED);
     let st = Storage::open(f.path()).unwrap();

@@ -19,7 +19,12 @@ pub struct Control {
 
 impl Control {
     /// Opens `path` (a ugds node), checks the module's ABI version and maps the status page.
-    pub fn open(path: &str) -> Result<Control> {
+    /// A path that is not UTF-8 is [`Error::InvalidArgument`].
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Control> {
+        Self::open_node(crate::error::utf8_path(path.as_ref())?)
+    }
+
+    fn open_node(path: &str) -> Result<Control> {
         if !super::is_ugds_node(path) {
             return Err(Error::NotUgdsNode {
                 path: path.to_string(),

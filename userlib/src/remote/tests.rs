@@ -19,7 +19,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 fn round_trips(cfg: FakeConfig) {
     let bs = cfg.block_size;
     let fake = Fake::start(cfg.clone());
-    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let st = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap();
     assert_eq!(st.block_size(), bs as u64);
     assert_eq!(st.capacity().unwrap(), (bs * cfg.blocks) as u64);
     assert!(st.describe().contains("remote path"), "{}", st.describe());
@@ -81,7 +81,7 @@ fn round_trip_padded_pdus_4k_blocks_and_small_mdts() {
 fn gpu_memory_is_staged_through_host_memory() {
     let cfg = FakeConfig { in_capsule: 0, ..Default::default() };
     let fake = Fake::start(cfg.clone());
-    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let st = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap();
     let gpu = crate::Gpu::cpu();
     let buf = st.register_gpu(std::sync::Arc::new(gpu.alloc(5 << 20).unwrap()), false).unwrap();
     assert_eq!(buf.path(), Path::RemoteStaged);
@@ -104,7 +104,7 @@ fn gpu_memory_is_staged_through_host_memory() {
 #[test]
 fn wrong_nqn_is_rejected_by_name() {
     let fake = Fake::start(FakeConfig::default());
-    let e = Storage::open(&fake.uri("nqn.2024-01.io.ugds:nope", 1)).unwrap_err();
+    let e = Storage::open(fake.uri("nqn.2024-01.io.ugds:nope", 1)).unwrap_err();
     assert!(
         matches!(&e, Error::RemoteRejected { status: crate::Rejection::Connect(status), .. } if status.sc == 0x82),
         "{e}"
@@ -115,7 +115,7 @@ fn wrong_nqn_is_rejected_by_name() {
 #[test]
 fn missing_namespace_is_named() {
     let fake = Fake::start(FakeConfig::default());
-    let e = Storage::open(&fake.uri(&FakeConfig::default().nqn, 2)).unwrap_err();
+    let e = Storage::open(fake.uri(&FakeConfig::default().nqn, 2)).unwrap_err();
     assert!(matches!(e, Error::NoNamespace(2)), "{e}");
 }
 
@@ -124,14 +124,14 @@ fn a_namespace_size_that_overflows_is_a_protocol_error() {
     // 2^55 blocks of 4 KiB: 2^67 bytes, past u64.
     let cfg = FakeConfig { block_size: 4096, blocks: 16, nsze: Some(1 << 55), ..Default::default() };
     let fake = Fake::start(cfg.clone());
-    let e = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap_err();
+    let e = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap_err();
     assert!(
         matches!(&e, Error::RemoteProtocol { reason, .. } if reason.contains("namespace 1") && reason.contains("overflows")),
         "{e}"
     );
     // The largest size that fits still opens, and its capacity is exact.
     let fake = Fake::start(FakeConfig { nsze: Some(u64::MAX / 4096), ..cfg.clone() });
-    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let st = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap();
     assert_eq!(st.capacity().unwrap(), u64::MAX / 4096 * 4096);
 }
 
@@ -141,7 +141,7 @@ fn closed_port_is_unreachable_quickly() {
     let addr = l.local_addr().unwrap();
     drop(l);
     let t = Instant::now();
-    let e = Storage::open(&format!("nvmeof://tcp/{addr}/nqn.x?nsid=1")).unwrap_err();
+    let e = Storage::open(format!("nvmeof://tcp/{addr}/nqn.x?nsid=1")).unwrap_err();
     assert!(matches!(&e, Error::RemoteUnreachable { .. }), "{e}");
     assert_eq!(e.errno(), -libc::ECONNREFUSED);
     assert!(t.elapsed() < Duration::from_secs(5));
@@ -151,7 +151,7 @@ fn closed_port_is_unreachable_quickly() {
 fn silent_target_times_out_by_name() {
     let addr = silent_target();
     let t = Instant::now();
-    let e = Storage::open(&format!("nvmeof://tcp/{addr}/nqn.x?nsid=1&timeout_ms=200")).unwrap_err();
+    let e = Storage::open(format!("nvmeof://tcp/{addr}/nqn.x?nsid=1&timeout_ms=200")).unwrap_err();
     assert!(
         matches!(&e, Error::RemoteTransport { source, .. } if source.raw_os_error() == Some(libc::ETIMEDOUT)),
         "{e}"
@@ -165,7 +165,7 @@ fn garbage_during_io_fails_that_io_by_name_and_the_next_reconnects() {
     (bytes[0], bytes[2], bytes[4]) = (0x42, 24, 24);
     let cfg = FakeConfig { garbage: Some(Garbage { conn: 1, after: 4, bytes, hold: false }), ..Default::default() };
     let fake = Fake::start(cfg.clone());
-    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let st = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap();
     let buf = st.alloc_host(4096).unwrap();
     // PDUs 2 and 3 of the I/O connection (after ICResp and the Connect's response): the two
     // reads' data; the third read gets garbage.
@@ -182,7 +182,7 @@ fn garbage_during_io_fails_that_io_by_name_and_the_next_reconnects() {
 fn a_restarted_target_fails_the_io_in_flight_by_name_then_reconnects_with_the_data() {
     let cfg = FakeConfig::default();
     let fake = Fake::start(cfg.clone());
-    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let st = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap();
     let buf = st.alloc_host(65536).unwrap();
     buf.copy_in(0, &pattern(5, 65536)).unwrap();
     st.write(&buf, 0, 8192, 65536).unwrap();
@@ -204,7 +204,7 @@ fn a_restarted_target_fails_the_io_in_flight_by_name_then_reconnects_with_the_da
 fn a_target_that_stays_down_fails_within_the_timeout() {
     let cfg = FakeConfig::default();
     let fake = Fake::start(cfg.clone());
-    let st = Storage::open(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let st = Storage::open(fake.uri(&cfg.nqn, 1)).unwrap();
     let buf = st.alloc_host(4096).unwrap();
     st.read(&buf, 0, 0, 4096).unwrap();
     // Kill the connections for good: every new one is closed at once too.
@@ -265,7 +265,7 @@ proptest! {
         };
         let fake = Fake::start(cfg.clone());
         let t = Instant::now();
-        let r = Storage::open(&fake.uri(&cfg.nqn, 1)).and_then(|st| {
+        let r = Storage::open(fake.uri(&cfg.nqn, 1)).and_then(|st| {
             let buf = st.alloc_host(16384)?;
             for _ in 0..4 {
                 st.write(&buf, 0, 4096, 16384)?;
