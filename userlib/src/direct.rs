@@ -4,12 +4,12 @@
 //! registered host chunks, still through the queues.
 
 use crate::buffer::{Buffer, Lease, Mem, Path, Staging};
+use crate::data_path::{within_capacity, DataPath, Registered};
 use crate::device::{Device, Namespace, Registration};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::inflight::{settle, IoResult};
 use crate::mem::HostMemory;
-use crate::path::{within_capacity, DataPath, Registered};
 use crate::staging::staged;
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl DataPath for DirectPath {
         match direct {
             Ok(reg) => Ok(Registered { regs: vec![reg], staging: None, path: Path::DirectP2p }),
             Err(e) if allow_staging => {
-                crate::path::note_fallback(
+                crate::data_path::note_fallback(
                     &format!("GPU memory on {}", mem.gpu().runtime().device_name()),
                     "staged through registered host memory, still through the NVMe queues",
                     &e.to_string(),

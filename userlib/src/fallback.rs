@@ -6,12 +6,12 @@
 //! memory that is not aligned is bounced through an aligned buffer.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::data_path::{DataPath, Registered};
 use crate::error::{Error, Result};
 use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
 use crate::inflight::{settle, Failed, InFlight, IoResult, Why};
-use crate::path::{DataPath, Registered};
 use crate::staging::staged;
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;

@@ -21,6 +21,7 @@ pub mod buffer;
 #[cfg(feature = "fallback")]
 pub mod capi;
 pub(crate) mod cmd;
+pub(crate) mod data_path;
 pub mod device;
 mod direct;
 pub(crate) mod dl;
@@ -40,7 +41,6 @@ pub(crate) mod mem;
 pub(crate) mod mmio;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod mock;
-pub mod path;
 pub mod pattern;
 pub mod placement;
 pub(crate) mod prp;

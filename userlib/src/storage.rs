@@ -1,13 +1,15 @@
 //! One API over every path: a [`Storage`] is a place data goes (a namespace of a controller
 //! bound to ugds, the direct path; or a file or block device owned by the kernel, the fallback
-//! path: see [`crate::path`]). A [`Buffer`] is memory registered for one storage. The storage
-//! checks every request once, leases the buffer for the I/O, and counts each I/O's path;
-//! choosing the fallback path logs one line, once per reason.
+//! path; behind the crate-private `DataPath` trait of `data_path.rs`). A [`Buffer`] is memory
+//! registered for one storage. The storage checks every request once, leases the buffer for
+//! the I/O, and counts each I/O's path; choosing a slower path logs one warning
+//! ([`crate::logging`]), once per reason.
 //!
 //! Batches ([`crate::StorageBatch`]), stream-ordered I/O ([`crate::StreamIo`]) and the C,
 //! cuFile and Python faces are layers over this one.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::data_path::{DataPath, Registered};
 use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::engine::Engine;
@@ -18,7 +20,6 @@ use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::inflight::{Failed, IoResult};
 use crate::mem::HostMemory;
-use crate::path::{DataPath, Registered};
 use crate::volume::{VolumePath, VolumeSpec};
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,7 +124,7 @@ impl Storage {
             match spec.and_then(|s| Self::remote(&s)) {
                 Ok(st) => return Ok(st),
                 Err(e) => {
-                    crate::path::note_fallback(path, "the kernel's NVMe over Fabrics block device", &e.to_string())
+                    crate::data_path::note_fallback(path, "the kernel's NVMe over Fabrics block device", &e.to_string())
                 }
             }
         }
@@ -199,7 +200,7 @@ impl Storage {
     #[cfg(feature = "fallback")]
     pub fn file(f: FileTarget) -> Result<Arc<Storage>> {
         if !f.direct() {
-            crate::path::note_fallback(
+            crate::data_path::note_fallback(
                 f.path(),
                 "buffered I/O",
                 "the file system does not support O_DIRECT; I/O goes through the page cache",

@@ -11,13 +11,13 @@
 //! offset on it.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::data_path::{within_capacity, DataPath, Registered};
 use crate::device::lanes::{self, Extent, Lane};
 use crate::device::{Device, DeviceOptions};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::inflight::{settle, Failed, IoResult};
-use crate::path::{within_capacity, DataPath, Registered};
 use std::sync::Arc;
 
 /// Default chunk: 128 KiB, as deployments striping NVMe for GPUs commonly use.

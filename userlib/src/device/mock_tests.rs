@@ -4,9 +4,9 @@
 
 use super::*;
 use crate::buffer::{Mem, Path};
+use crate::data_path::Registered;
 use crate::mem::HostMemory;
 use crate::mock::{Behaviour, Fault, MockConfig, MockDevice, MockQueue};
-use crate::path::Registered;
 use crate::{Buffer, Storage};
 
 /// A device over a mock made as `cfg` says, with per-command deadline `timeout`.

@@ -31,10 +31,10 @@ pub mod harness;
 mod tests;
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::data_path::{within_capacity, DataPath, Registered};
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::inflight::{settle, IoResult};
-use crate::path::{within_capacity, DataPath, Registered};
 use fabrics::{Controller, NsInfo};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -301,7 +301,7 @@ impl DataPath for RemotePath {
             });
         }
         self.dmabuf_refused.fetch_add(1, Ordering::Relaxed);
-        crate::path::note_fallback(
+        crate::data_path::note_fallback(
             &format!("GPU memory on {}", self.spec.address()),
             "staged through pinned host memory (NVMe/RDMA)",
             &why,
