@@ -146,6 +146,13 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let t = Instant::now();
     let ko = kmod::build_for(&k)?;
     let suite = build_suite()?;
+    // The python variant runs the installed wheel: without the host phases (which install it),
+    // install this tree's, so a VM-only run never tests an older build's package.
+    let skipped_host = filter.is_some() || plan.vm_only;
+    let variants_listed = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
+    if skipped_host && variants_listed.lines().any(|l| l.starts_with("python|")) {
+        wheel::install_for_vm()?;
+    }
     eprintln!("phase build module and suite: {:.0?}", t.elapsed());
     if let vm::Guest::Stock(stock) = &k {
         if filter.is_none_or(|f| "stock_kernel_checks".contains(f)) {
@@ -160,7 +167,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     }
     let xtask = std::env::current_exe()?;
     // With a filter, only the variants that have a matching test boot.
-    let variants = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
+    let variants = variants_listed;
     // Every variant runs as declared; then, unless `--quick`, the ones declared without an IOMMU
     // run again with the guest IOMMU translating (DESIGN.md: the whole suite runs both ways).
     let mut runs: Vec<(String, String, bool)> = Vec::new();
