@@ -135,8 +135,8 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let c_dir = clib::build_c_suite()?;
     // A filter picks VM tests: the host phases are skipped (the C suite is still built for the
     // VM's C-ABI tests).
-    let mut total =
-        if (filter.is_some() || plan.vm_only) && !host_only { Summary::default() } else { host_phases(&c_dir)? };
+    let skip_host = (filter.is_some() || plan.vm_only) && !host_only;
+    let mut total = if skip_host { Summary::default() } else { host_phases(&c_dir)? };
     if host_only {
         return Ok(total);
     }
@@ -146,11 +146,11 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let t = Instant::now();
     let ko = kmod::build_for(&k)?;
     let suite = build_suite()?;
+    // With a filter, only the variants that have a matching test boot.
+    let variants = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
     // The python variant runs the installed wheel: without the host phases (which install it),
     // install this tree's, so a VM-only run never tests an older build's package.
-    let skipped_host = filter.is_some() || plan.vm_only;
-    let variants_listed = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
-    if skipped_host && variants_listed.lines().any(|l| l.starts_with("python|")) {
+    if skip_host && variants.lines().any(|l| l.starts_with("python|")) {
         wheel::install_for_vm()?;
     }
     eprintln!("phase build module and suite: {:.0?}", t.elapsed());
@@ -166,8 +166,6 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
     let xtask = std::env::current_exe()?;
-    // With a filter, only the variants that have a matching test boot.
-    let variants = variants_listed;
     // Every variant runs as declared; then, unless `--quick`, the ones declared without an IOMMU
     // run again with the guest IOMMU translating (DESIGN.md: the whole suite runs both ways).
     let mut runs: Vec<(String, String, bool)> = Vec::new();
@@ -214,18 +212,16 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         // the cache has it; the 6.12 kernel once stalling in early boot under QEMU 10): the
         // variant boots once more, saying so; a second failure counts and the other variants
         // still run.
-        let out = match vm::run(&cfg, &k, true) {
+        let once_more = |e: anyhow::Error| {
+            eprintln!("phase VM variant {label}: {e:#}; booting it once more");
+            vm::run(&cfg, &k, true)
+        };
+        let out = match vm::run(&cfg, &k, true).or_else(once_more) {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("phase VM variant {label}: {e:#}; booting it once more");
-                match vm::run(&cfg, &k, true) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        total.failed += 1;
-                        eprintln!("phase VM variant {label}: {e:#} again; counted as a failure");
-                        continue;
-                    }
-                }
+                total.failed += 1;
+                eprintln!("phase VM variant {label}: {e:#} again; counted as a failure");
+                continue;
             }
         };
         match parse_suite_result(&out.output) {
