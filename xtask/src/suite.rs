@@ -135,8 +135,8 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let c_dir = clib::build_c_suite()?;
     // A filter picks VM tests: the host phases are skipped (the C suite is still built for the
     // VM's C-ABI tests).
-    let mut total =
-        if (filter.is_some() || plan.vm_only) && !host_only { Summary::default() } else { host_phases(&c_dir)? };
+    let skip_host = (filter.is_some() || plan.vm_only) && !host_only;
+    let mut total = if skip_host { Summary::default() } else { host_phases(&c_dir)? };
     if host_only {
         return Ok(total);
     }
@@ -146,6 +146,13 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let t = Instant::now();
     let ko = kmod::build_for(&k)?;
     let suite = build_suite()?;
+    // With a filter, only the variants that have a matching test boot.
+    let variants = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
+    // The python variant runs the installed wheel: without the host phases (which install it),
+    // install this tree's, so a VM-only run never tests an older build's package.
+    if skip_host && variants.lines().any(|l| l.starts_with("python|")) {
+        wheel::install_for_vm()?;
+    }
     eprintln!("phase build module and suite: {:.0?}", t.elapsed());
     if let vm::Guest::Stock(stock) = &k {
         if filter.is_none_or(|f| "stock_kernel_checks".contains(f)) {
@@ -159,8 +166,6 @@ pub fn run(plan: &Plan) -> Result<Summary> {
         }
     }
     let xtask = std::env::current_exe()?;
-    // With a filter, only the variants that have a matching test boot.
-    let variants = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
     // Every variant runs as declared; then, unless `--quick`, the ones declared without an IOMMU
     // run again with the guest IOMMU translating (DESIGN.md: the whole suite runs both ways).
     let mut runs: Vec<(String, String, bool)> = Vec::new();
@@ -202,22 +207,21 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             cmd,
         };
         eprintln!("phase VM variant {label}: booting");
-        // A crashed emulator reports nothing about our code (seen with bookworm's QEMU 7.2 under
-        // the reset tests, which is why the suite runs on QEMU 10 where the cache has it): the
-        // variant boots once more, saying so; a second crash counts as a failure and the other
-        // variants still run.
-        let out = match vm::run(&cfg, &k, true) {
+        // A crashed emulator or a stalled boot reports nothing about our code (seen: bookworm's
+        // QEMU 7.2 crashing under the reset tests, which is why the suite runs on QEMU 10 where
+        // the cache has it; the 6.12 kernel once stalling in early boot under QEMU 10): the
+        // variant boots once more, saying so; a second failure counts and the other variants
+        // still run.
+        let once_more = |e: anyhow::Error| {
+            eprintln!("phase VM variant {label}: {e:#}; booting it once more");
+            vm::run(&cfg, &k, true)
+        };
+        let out = match vm::run(&cfg, &k, true).or_else(once_more) {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("phase VM variant {label}: {e:#}; booting it once more");
-                match vm::run(&cfg, &k, true) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        total.failed += 1;
-                        eprintln!("phase VM variant {label}: {e:#} again; counted as a failure");
-                        continue;
-                    }
-                }
+                total.failed += 1;
+                eprintln!("phase VM variant {label}: {e:#} again; counted as a failure");
+                continue;
             }
         };
         match parse_suite_result(&out.output) {

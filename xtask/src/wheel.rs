@@ -150,6 +150,13 @@ pub fn host_tests() -> Result<(u64, u64)> {
     Ok((passed, failed))
 }
 
+/// Builds the wheel and installs it into `target/pyenv`, where the VM's python variant runs it
+/// (the host phase does this before its own Python tests).
+pub fn install_for_vm() -> Result<()> {
+    let wheel = build()?;
+    install(&python()?, &wheel)
+}
+
 /// `cargo xtask wheel`.
 pub fn run() -> Result<()> {
     let w = build()?;
