@@ -101,13 +101,23 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     }
 }
 
-/// Logs why a slower path was chosen: once per distinct reason per process.
+/// Logs why a slower path was chosen: once per distinct reason per process, as a warning of
+/// target `ugds` to the process's `log` logger when it has one (the Python package hands it to
+/// `logging`), else on standard error.
 pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    let line = format!("ugds: {what}: using {how}: {why}");
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&line) {
-        eprintln!("{line}");
-        seen.push(line);
+    let line = format!("{what}: using {how}: {why}");
+    {
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(&line) {
+            return;
+        }
+        seen.push(line.clone());
+    }
+    // Outside the lock: a logger may take other locks (the Python interpreter's).
+    if log::log_enabled!(target: "ugds", log::Level::Warn) {
+        log::warn!(target: "ugds", "{line}");
+    } else {
+        eprintln!("ugds: {line}");
     }
 }
