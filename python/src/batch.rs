@@ -104,7 +104,6 @@ impl PyBatch {
         nbytes: i64,
         buf_offset: i64,
     ) -> PyResult<Py<PyAny>> {
-        self.storage.get().storage(py)?;
         let o = operation(self.storage.bind(py), op, buf, file_offset, nbytes, buf_offset)?;
         let fut = py.import("concurrent.futures")?.getattr("Future")?.call0()?;
         // Running from now: an entry handed to the SSD cannot be recalled, so cancel() says no.

@@ -462,32 +462,37 @@ impl PyStorage {
         crate::stream::queue(slf, Op::Write, buf, file_offset, nbytes, buf_offset, stream)
     }
 
-    /// kvikio's `pread`: reads `size` bytes (None: the whole buffer from `buf_offset`) at
-    /// `file_offset` into `buf` at `buf_offset`, on one of the binding's I/O threads. Returns an
-    /// AsyncIo at once: `get()` / `result()` waits for the bytes read, `done()`, `future()` (a
-    /// `concurrent.futures.Future`), `await`. Bad arguments raise here, before anything runs.
-    #[pyo3(signature = (buf, size = None, file_offset = 0, buf_offset = 0))]
+    /// kvikio's `pread(buf, size=None, file_offset=0, task_size=None)`: reads `size` bytes
+    /// (None: the whole buffer from `buf_offset`) at `file_offset` into `buf` at `buf_offset`
+    /// (keyword-only: kvikio's fourth argument is `task_size`), on one of the binding's I/O
+    /// threads. Returns an AsyncIo at once: `get()` / `result()` waits for the bytes read,
+    /// `done()`, `future()` (a `concurrent.futures.Future`), `await`. Bad arguments raise here,
+    /// before anything runs. `task_size` is accepted and unused: one call is one library I/O.
+    #[pyo3(signature = (buf, size = None, file_offset = 0, task_size = None, *, buf_offset = 0))]
     fn pread(
         slf: &Bound<'_, Self>,
         buf: &Bound<'_, PyAny>,
         size: Option<i64>,
         file_offset: i64,
+        task_size: Option<i64>,
         buf_offset: i64,
     ) -> PyResult<PyAsyncIo> {
-        crate::stream::submit(slf, Op::Read, buf, size, file_offset, buf_offset)
+        crate::stream::submit(slf, Op::Read, buf, (size, file_offset, buf_offset), task_size)
     }
 
-    /// kvikio's `pwrite`: writes `size` bytes (None: the whole buffer from `buf_offset`) of
-    /// `buf` to `file_offset`; returns an AsyncIo as `pread` does.
-    #[pyo3(signature = (buf, size = None, file_offset = 0, buf_offset = 0))]
+    /// kvikio's `pwrite(buf, size=None, file_offset=0, task_size=None)`: writes `size` bytes
+    /// (None: the whole buffer from `buf_offset`) of `buf` to `file_offset`; an AsyncIo, as
+    /// `pread` gives.
+    #[pyo3(signature = (buf, size = None, file_offset = 0, task_size = None, *, buf_offset = 0))]
     fn pwrite(
         slf: &Bound<'_, Self>,
         buf: &Bound<'_, PyAny>,
         size: Option<i64>,
         file_offset: i64,
+        task_size: Option<i64>,
         buf_offset: i64,
     ) -> PyResult<PyAsyncIo> {
-        crate::stream::submit(slf, Op::Write, buf, size, file_offset, buf_offset)
+        crate::stream::submit(slf, Op::Write, buf, (size, file_offset, buf_offset), task_size)
     }
 
     /// A batch of up to `capacity` entries in flight (see `Batch`).

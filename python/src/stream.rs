@@ -345,19 +345,22 @@ pub fn queue(
     Ok(PyAsyncIo { slot })
 }
 
-/// kvikio's `pread` / `pwrite` (`CuFile.pread(buf, size=None, file_offset=0, dev_offset=0)`):
-/// checks the arguments now (by name, as the synchronous calls do), then runs the library's
-/// synchronous call on one of the binding's I/O threads; the `AsyncIo` is its future.
+/// kvikio's `pread` / `pwrite` (`CuFile.pread(buf, size=None, file_offset=0, task_size=None)`)
+/// with `(size, file_offset, buf_offset)`: checks the arguments now (by name, as the
+/// synchronous calls do), then runs the library's synchronous call on one of the binding's I/O
+/// threads; the `AsyncIo` is its future.
 pub fn submit(
     st: &Bound<'_, PyStorage>,
     op: Op,
     buf: &Bound<'_, PyAny>,
-    size: Option<i64>,
-    file_offset: i64,
-    buf_offset: i64,
+    (size, file_offset, buf_offset): (Option<i64>, i64, i64),
+    task_size: Option<i64>,
 ) -> PyResult<PyAsyncIo> {
     let py = st.py();
     let storage = st.get().storage(py)?;
+    if task_size.is_some_and(|t| t <= 0) {
+        return Err(invalid(py, "task_size", "must be positive"));
+    }
     let nbytes = match size {
         Some(n) => n,
         // kvikio's default: the whole buffer (from buf_offset on).

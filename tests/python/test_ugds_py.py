@@ -721,6 +721,12 @@ class KvikioStyleTests(Base):
         f = self.st.pread(out, self.bs, file_offset=self.bs)
         self.assertEqual(f.get(), self.bs)
         self.assertEqual(bytes(out[: self.bs]), bytes(data[self.bs :]))
+        # kvikio's fourth argument is task_size, not a buffer offset: nothing moves in the buffer.
+        out1 = bytearray(2 * self.bs)
+        self.assertEqual(self.st.pread(out1, self.bs, 0, 1 << 20).get(), self.bs)
+        self.assertEqual(bytes(out1[: self.bs]), bytes(data[: self.bs]))
+        self.assertEqual(self.st.pread(out1, self.bs, 0, buf_offset=self.bs).get(), self.bs)
+        self.assertEqual(bytes(out1[self.bs :]), bytes(data[: self.bs]))
         out2 = bytearray(2 * self.bs)
         f = self.st.pread(out2)  # size=None: the whole buffer, from file offset 0
         self.assertIsInstance(f.future(), cf.Future)

@@ -97,12 +97,25 @@ class Storage:
     ) -> AsyncIo:
         """Queues a write in ``stream``'s order; returns at once."""
     def pread(
-        self, buf: Union[Buffer, Registrable], size: Optional[int] = None, file_offset: int = 0, buf_offset: int = 0
+        self,
+        buf: Union[Buffer, Registrable],
+        size: Optional[int] = None,
+        file_offset: int = 0,
+        task_size: Optional[int] = None,
+        *,
+        buf_offset: int = 0,
     ) -> AsyncIo:
         """kvikio's ``pread``: reads ``size`` bytes (None: the whole buffer) on the binding's I/O
-        threads; returns at once (``get()`` waits). Bad arguments raise here."""
+        threads; returns at once (``get()`` waits). Bad arguments raise here. ``task_size`` is
+        accepted and unused (one call is one I/O)."""
     def pwrite(
-        self, buf: Union[Buffer, Registrable], size: Optional[int] = None, file_offset: int = 0, buf_offset: int = 0
+        self,
+        buf: Union[Buffer, Registrable],
+        size: Optional[int] = None,
+        file_offset: int = 0,
+        task_size: Optional[int] = None,
+        *,
+        buf_offset: int = 0,
     ) -> AsyncIo:
         """kvikio's ``pwrite`` (see ``pread``)."""
     def batch(self, capacity: int = 64) -> Batch: ...
