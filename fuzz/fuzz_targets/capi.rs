@@ -167,6 +167,9 @@ struct Model {
     /// Live handles, with their live batches.
     handles: Vec<usize>,
     dead_handles: Vec<usize>,
+    /// Handles registered on the read-only descriptor: a write through one is `-EBADF` before
+    /// anything else is checked, as pwrite(2) on such a descriptor.
+    read_only: std::collections::HashSet<usize>,
     /// Live batches: handle, capacity, submitted cookies not yet reported (cookie -> size).
     batches: Vec<(usize, usize, HashMap<usize, i64>)>,
     dead_batches: Vec<usize>,
@@ -339,6 +342,12 @@ fn one(m: &mut Model, call: Call) {
                 // SAFETY: a live handle is the address of the library's record of it.
                 assert_eq!(unsafe { *(h as *const c_int) }, fd);
                 m.handles.push(h as usize);
+                // A handle's address may be reused after deregistration: record it afresh.
+                if fd == env().ro.as_raw_fd() {
+                    m.read_only.insert(h as usize);
+                } else {
+                    m.read_only.remove(&(h as usize));
+                }
             }
         }
         Call::HandleDeregister { h } => {
@@ -452,6 +461,8 @@ fn one(m: &mut Model, call: Call) {
                 assert_eq!(r, -(libc::EINVAL as isize), "I/O on a NULL handle");
             } else if !m.handles.contains(&fh) {
                 assert_eq!(r, -(libc::EBADF as isize), "I/O on an unknown handle");
+            } else if write && m.read_only.contains(&fh) {
+                assert_eq!(r, -(libc::EBADF as isize), "a write through a read-only handle");
             } else if size == 0 || foff < 0 || boff < 0 || base == 0 {
                 assert_eq!(r, -(libc::EINVAL as isize), "I/O with a bad value");
             }
@@ -623,8 +634,19 @@ fn one(m: &mut Model, call: Call) {
             let r = check(
                 "Read/WriteAsync",
                 r,
-                &[UGDS_DRIVER_NOT_INITIALIZED, UGDS_INVALID_VALUE, UGDS_PLATFORM_NOT_SUPPORTED],
+                &[
+                    UGDS_DRIVER_NOT_INITIALIZED,
+                    UGDS_INVALID_VALUE,
+                    UGDS_PLATFORM_NOT_SUPPORTED,
+                    UGDS_INVALID_FILE_OPEN_FLAG,
+                ],
             );
+            if r == UGDS_INVALID_FILE_OPEN_FLAG {
+                assert!(
+                    write && m.read_only.contains(&fh),
+                    "an I/O the descriptor's open mode allows was refused by it"
+                );
+            }
             if r == UGDS_SUCCESS {
                 assert!(m.streams.contains(&s), "queued on a stream that is not a CPU stream without a GPU");
                 check("CpuStreamSynchronize", ugdsxCpuStreamSynchronize(s as *mut c_void), &[]);

@@ -202,10 +202,11 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             cmd,
         };
         eprintln!("phase VM variant {label}: booting");
-        // A crashed emulator reports nothing about our code (seen with bookworm's QEMU 7.2 under
-        // the reset tests, which is why the suite runs on QEMU 10 where the cache has it): the
-        // variant boots once more, saying so; a second crash counts as a failure and the other
-        // variants still run.
+        // A crashed emulator or a stalled boot reports nothing about our code (seen: bookworm's
+        // QEMU 7.2 crashing under the reset tests, which is why the suite runs on QEMU 10 where
+        // the cache has it; the 6.12 kernel once stalling in early boot under QEMU 10): the
+        // variant boots once more, saying so; a second failure counts and the other variants
+        // still run.
         let out = match vm::run(&cfg, &k, true) {
             Ok(o) => o,
             Err(e) => {

@@ -22,6 +22,15 @@ use std::time::{Duration, Instant};
 /// Marker the guest prints with the command's exit code.
 const EXIT_MARKER: &str = "UGDS-VM-EXIT=";
 
+/// Marker the guest prints when its set-up is done and the command starts.
+const STARTED_MARKER: &str = "UGDS-VM-STARTED";
+
+/// How long a guest may take to reach its command (a boot takes seconds, the stock kernel's
+/// module loads and `--bind` included). Seen once: the 6.12 test kernel under QEMU 10 stalled
+/// in early boot (RCU stalls, a vCPU whose timer never fired) and would have sat out the whole
+/// timeout; [`run`] then fails as for a crash, so the suite boots the variant once more.
+const BOOT_DEADLINE: Duration = Duration::from_secs(180);
+
 /// One emulated NVMe controller: `size=1G,lbs=4096,mdts=2,qpairs=4,mqes=127,ns=2,throttle_iops=10,serial=X,shared=on`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvmeSpec {
@@ -292,7 +301,7 @@ fail() { echo "ugds-vm: $*"; echo UGDS-VM-EXIT=125; sync; reboot -f; }
     let cmd: Vec<String> = cfg.cmd.iter().map(|a| shell_quote(a)).collect();
     writeln!(
         s,
-        "chroot /host /bin/sh -c {}\nrc=$?\nsync\necho\necho {EXIT_MARKER}$rc\nreboot -f",
+        "echo\necho {STARTED_MARKER}\nchroot /host /bin/sh -c {}\nrc=$?\nsync\necho\necho {EXIT_MARKER}$rc\nreboot -f",
         shell_quote(&format!("{env}; cd {} && exec {}", shell_quote(&cwd.to_string_lossy()), cmd.join(" ")))
     )?;
     Ok(s)
@@ -503,13 +512,17 @@ pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
     let pid = child.id();
     let done = Arc::new(AtomicBool::new(false));
     let timed_out = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicBool::new(false));
+    let stalled = Arc::new(AtomicBool::new(false));
     let watchdog = {
         let (done, timed_out, timeout) = (done.clone(), timed_out.clone(), cfg.timeout);
+        let (started, stalled) = (started.clone(), stalled.clone());
         std::thread::spawn(move || {
             let start = Instant::now();
             while !done.load(Ordering::Relaxed) {
-                if start.elapsed() > timeout {
-                    timed_out.store(true, Ordering::Relaxed);
+                let boot_over = start.elapsed() > BOOT_DEADLINE && !started.load(Ordering::Relaxed);
+                if boot_over || start.elapsed() > timeout {
+                    (if boot_over { &stalled } else { &timed_out }).store(true, Ordering::Relaxed);
                     kill_child(pid);
                     return;
                 }
@@ -542,6 +555,11 @@ pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
             code = rc.trim().parse::<i32>().ok();
             continue;
         }
+        // The console may put escape sequences before it on the line.
+        if line.ends_with(STARTED_MARKER) {
+            started.store(true, Ordering::Relaxed);
+            continue;
+        }
         if echo {
             println!("{line}");
         }
@@ -552,6 +570,9 @@ pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
     done.store(true, Ordering::Relaxed);
     let _ = watchdog.join();
     let qemu_err = err_reader.join().unwrap_or_default();
+    if stalled.load(Ordering::Relaxed) {
+        bail!("the guest did not reach its command within {BOOT_DEADLINE:?} (a stalled boot): killed it");
+    }
     if timed_out.load(Ordering::Relaxed) {
         eprintln!("ugds-vm: the guest did not finish within {:?}: killed it", cfg.timeout);
         return Ok(VmOutcome { code: 124, output });
