@@ -65,9 +65,11 @@ struct Table {
     closed: bool,
 }
 
-struct Shared {
-    /// The library's batch; locked only without the GIL.
-    batch: Mutex<StorageBatch>,
+/// What a batch's Python object, its completion thread and its storage's `close()` share.
+pub struct Shared {
+    /// The library's batch; locked only without the GIL. `None` once its storage is closed
+    /// (which drops it, and with it the batch's own queue pair).
+    batch: Mutex<Option<StorageBatch>>,
     table: Mutex<Table>,
     wake: Condvar,
 }
@@ -149,6 +151,7 @@ impl PyBatch {
         if entries.is_empty() {
             return Ok(());
         }
+        self.storage.get().storage(py)?;
         let shared = self.shared.clone();
         let r = py.detach(move || {
             let mut reqs = Vec::with_capacity(entries.len());
@@ -161,7 +164,11 @@ impl PyBatch {
                     t.pending.insert(cookie, q.pending);
                 }
             }
-            let r = shared.batch.lock().unwrap_or_else(|e| e.into_inner()).submit(&reqs);
+            let r = match shared.batch.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                Some(b) => b.submit(&reqs),
+                // Its storage was closed meanwhile (by another thread).
+                None => Err(ugds::Error::invalid("batch", "its storage was closed")),
+            };
             let mut t = shared.table.lock().unwrap_or_else(|e| e.into_inner());
             match r {
                 Ok(()) => {
@@ -234,7 +241,11 @@ fn complete_loop(shared: Arc<Shared>) {
                 t = shared.wake.wait(t).unwrap_or_else(|e| e.into_inner());
             }
         }
-        let events = shared.batch.lock().unwrap_or_else(|e| e.into_inner()).status(1, POLL);
+        let events = match shared.batch.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(b) => b.status(1, POLL),
+            // Not reached: the storage's close() waits for every pending entry first.
+            None => Err(ugds::Error::invalid("batch", "its storage was closed")),
+        };
         let events = match events {
             Ok(ev) => ev,
             // The batch itself failed: every pending entry fails with it.
@@ -278,6 +289,31 @@ fn complete_loop(shared: Arc<Shared>) {
     }
 }
 
+/// Waits (without the GIL) until every submitted entry is over.
+fn wait_idle(py: Python<'_>, shared: &Arc<Shared>) {
+    let shared = shared.clone();
+    py.detach(move || {
+        let mut t = shared.table.lock().unwrap_or_else(|e| e.into_inner());
+        while !t.pending.is_empty() || t.completing > 0 {
+            t = shared.wake.wait(t).unwrap_or_else(|e| e.into_inner());
+        }
+    });
+}
+
+/// Its storage's `close()`: waits for the submitted entries, then drops the library's batch
+/// (its queue pair or io_uring) and ends the completion thread.
+pub fn shut_down(py: Python<'_>, shared: &Arc<Shared>) {
+    wait_idle(py, shared);
+    let s = shared.clone();
+    py.detach(move || {
+        let b = s.batch.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(b);
+        let mut t = s.table.lock().unwrap_or_else(|e| e.into_inner());
+        t.closed = true;
+        s.wake.notify_all();
+    });
+}
+
 /// `n` entries' futures are complete: wakes `close`.
 fn finished(shared: &Shared, n: usize) {
     let mut t = shared.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -292,9 +328,10 @@ impl PyBatch {
     #[pyo3(signature = (storage, capacity = 64))]
     pub fn new(py: Python<'_>, storage: Py<PyStorage>, capacity: i64) -> PyResult<Self> {
         let cap = nonneg(py, "capacity", capacity)? as usize;
-        let st = storage.get().st.clone();
+        let st = storage.get().storage(py)?;
         let batch = py.detach(move || StorageBatch::new(&st, cap)).map_err(|e| to_py(py, e))?;
-        let shared = Arc::new(Shared { batch: Mutex::new(batch), table: Mutex::default(), wake: Condvar::new() });
+        let shared = Arc::new(Shared { batch: Mutex::new(Some(batch)), table: Mutex::default(), wake: Condvar::new() });
+        storage.get().adopt_batch(&shared);
         let s = shared.clone();
         std::thread::Builder::new().name("ugds-py-batch".into()).spawn(move || complete_loop(s)).map_err(|e| {
             to_py(py, ugds::Error::Io { op: "starting the batch's completion thread".into(), source: e })
@@ -339,6 +376,7 @@ impl PyBatch {
     /// `"read"` or `"write"`. Returns the bytes moved per entry; when entries failed, raises the
     /// first one's error once all are over. No future per entry: the least Python per batch.
     fn run(&self, py: Python<'_>, entries: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        self.storage.get().storage(py)?;
         let items: Vec<Bound<'_, PyAny>> = entries.try_iter()?.collect::<PyResult<_>>()?;
         let shape = "each entry is (op, buf, file_offset, nbytes[, buf_offset]) with op \"read\" or \"write\"";
         let w = Arc::new(RunWait::new(items.len()));
@@ -409,20 +447,16 @@ impl PyBatch {
     #[getter]
     fn is_native(&self, py: Python<'_>) -> bool {
         let shared = self.shared.clone();
-        py.detach(move || shared.batch.lock().unwrap_or_else(|e| e.into_inner()).is_native())
+        py.detach(move || {
+            shared.batch.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|b| b.is_native())
+        })
     }
 
     /// Waits until every submitted entry is over (their futures are done). Entries queued but
     /// not submitted are dropped.
     fn close(&self, py: Python<'_>) {
         self.queued.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let shared = self.shared.clone();
-        py.detach(move || {
-            let mut t = shared.table.lock().unwrap_or_else(|e| e.into_inner());
-            while !t.pending.is_empty() || t.completing > 0 {
-                t = shared.wake.wait(t).unwrap_or_else(|e| e.into_inner());
-            }
-        });
+        wait_idle(py, &self.shared);
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {

@@ -31,6 +31,21 @@ pub fn memory_changed(py: Python<'_>, what: &str, msg: String) -> PyErr {
     made.unwrap_or_else(|inner| PyRuntimeError::new_err(format!("{msg} (and building its exception failed: {inner})")))
 }
 
+/// `ugds.errors.Closed`: the storage at `path` was closed (`Storage.close()` or the end of its
+/// `with` block); raised by every later use of it, its batches and its buffers' I/O.
+pub fn closed(py: Python<'_>, path: &str) -> PyErr {
+    let msg = format!("the storage {path} is closed");
+    let made = (|| -> PyResult<PyErr> {
+        let inst = py.import("ugds.errors")?.getattr("Closed")?.call1((msg.clone(),))?;
+        inst.setattr("errno", libc::EBADF)?;
+        inst.setattr("kind", "Closed")?;
+        inst.setattr("object", "storage")?;
+        inst.setattr("path", path)?;
+        Ok(PyErr::from_value(inst))
+    })();
+    made.unwrap_or_else(|inner| PyRuntimeError::new_err(format!("{msg} (and building its exception failed: {inner})")))
+}
+
 /// EINVAL, as the other argument errors report it.
 fn libc_einval() -> i32 {
     -ugds::Error::invalid("buf", "").errno()

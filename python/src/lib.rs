@@ -10,7 +10,9 @@
 mod batch;
 mod errors;
 mod memory;
+mod notices;
 mod placement;
+mod pool;
 mod pybuf;
 mod storage;
 mod stream;
@@ -68,9 +70,19 @@ fn crc32(py: Python<'_>, data: &Bound<'_, PyAny>, value: u32) -> PyResult<u32> {
     }))
 }
 
+/// `ugds.parse_size(s)`: a size as the CLI takes it (`4096`, `64K`, `16M`, `1G`: binary
+/// multiples), parsed by the library's own parser; `InvalidArgument('size')` otherwise.
+#[pyfunction]
+fn parse_size(py: Python<'_>, s: &str) -> PyResult<u64> {
+    ugds::units::parse(s).map_err(|reason| errors::invalid(py, "size", reason))
+}
+
 #[pymodule]
 fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    notices::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(notices::_notice_for_tests, m)?)?;
     m.add_function(wrap_pyfunction!(storage::open, m)?)?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;

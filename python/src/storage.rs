@@ -3,12 +3,12 @@
 //! touches one function.
 
 use crate::batch::PyBatch;
-use crate::errors::{invalid, to_py};
+use crate::errors::{closed, invalid, to_py};
 use crate::memory::{classify, cuda, raw_pointer, Memory, Place};
 use crate::stream::PyAsyncIo;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use ugds::batch::Op;
 use ugds::gpu::cuda::CallerContext;
 use ugds::{Buffer, Storage};
@@ -17,18 +17,42 @@ use ugds::{Buffer, Storage};
 /// block device (the fallback path). Opened with `ugds.open(path)`.
 #[pyclass(module = "ugds._ugds", name = "Storage", frozen)]
 pub struct PyStorage {
-    /// The library's storage.
-    pub st: Arc<Storage>,
+    /// The library's storage; `None` once closed.
+    st: Mutex<Option<Arc<Storage>>>,
     path: String,
+    /// What `close()` releases besides the storage itself.
+    owned: Mutex<Owned>,
 }
+
+/// The registrations and batches made through one storage (weakly: each lives as long as its
+/// Python object), so that `close()` can release them before the caller drops them.
+#[derive(Default)]
+struct Owned {
+    bufs: Vec<Weak<Registration>>,
+    batches: Vec<Weak<crate::batch::Shared>>,
+}
+
+impl Owned {
+    /// Forgets the entries whose objects are gone once the list has doubled since the last
+    /// sweep (so registering per call stays amortised O(1)).
+    fn sweep<T>(v: &mut Vec<Weak<T>>) {
+        if v.len() == v.capacity() {
+            v.retain(|w| w.strong_count() > 0);
+        }
+    }
+}
+
+/// A buffer's registration; `None` once deregistered (by `deregister()` or its storage's
+/// `close()`).
+type Registration = Mutex<Option<Arc<Buffer>>>;
 
 /// Memory registered for one storage: host memory, or GPU memory (peer-to-peer on the direct
 /// path when possible, else staged). Holds the object it came from (or its buffer export), so
 /// the memory stays valid while registered. Made by `Storage.register` or `Storage.alloc`.
 #[pyclass(module = "ugds._ugds", name = "Buffer", frozen)]
 pub struct PyBuffer {
-    /// The registration; `None` once deregistered.
-    buf: Mutex<Option<Arc<Buffer>>>,
+    /// The registration; shared with the storage, whose `close()` deregisters it.
+    buf: Arc<Registration>,
     /// Where the object's first byte is within the registration (host memory is registered
     /// from the start of its first page).
     base: u64,
@@ -67,6 +91,8 @@ pub fn operation(
     buf_offset: i64,
 ) -> PyResult<Op1> {
     let py = st.py();
+    // A closed storage first: its buffers are deregistered too, and `Closed` says why.
+    st.get().storage(py)?;
     let (file_offset, nbytes, boff) =
         (nonneg(py, "file_offset", file_offset)?, nonneg(py, "nbytes", nbytes)?, nonneg(py, "buf_offset", buf_offset)?);
     let buf = as_buffer(st, buf)?;
@@ -100,6 +126,11 @@ impl PyBuffer {
         Ok(Target { buf, offset: self.base + buf_offset })
     }
 
+    /// The object's length in bytes.
+    pub fn object_len(&self) -> u64 {
+        self.mem.len
+    }
+
     /// Host memory or which GPU.
     pub fn place_of(&self) -> Place {
         self.mem.place
@@ -126,6 +157,27 @@ pub fn as_buffer(st: &Bound<'_, PyStorage>, buf: &Bound<'_, PyAny>) -> PyResult<
 }
 
 impl PyStorage {
+    /// The library's storage, or `Closed` once `close()` ran.
+    pub fn storage(&self, py: Python<'_>) -> PyResult<Arc<Storage>> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or_else(|| closed(py, &self.path))
+    }
+
+    /// A Buffer of `buf` registered through this storage (and released by its `close()`).
+    fn adopt(&self, buf: Buffer, base: u64, mem: Memory) -> PyBuffer {
+        let reg = Arc::new(Mutex::new(Some(Arc::new(buf))));
+        let mut o = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        Owned::sweep(&mut o.bufs);
+        o.bufs.push(Arc::downgrade(&reg));
+        PyBuffer { buf: reg, base, mem }
+    }
+
+    /// Remembers a batch made on this storage, which `close()` closes.
+    pub fn adopt_batch(&self, shared: &Arc<crate::batch::Shared>) {
+        let mut o = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        Owned::sweep(&mut o.batches);
+        o.batches.push(Arc::downgrade(shared));
+    }
+
     fn register_obj(&self, obj: &Bound<'_, PyAny>, allow_fallback: bool) -> PyResult<PyBuffer> {
         self.register_mem(obj.py(), classify(obj)?, allow_fallback)
     }
@@ -134,13 +186,14 @@ impl PyStorage {
         if mem.len == 0 {
             return Err(invalid(py, "buf", format!("{} has no bytes", mem.what)));
         }
+        let st = self.storage(py)?;
         let (buf, base) = match mem.place {
             Place::Host => {
                 // Registered from the start of its first page to the end of its last (the
                 // library registers whole pages); I/O stays within the object (`target`).
                 let start = mem.ptr & !4095;
                 let end = (mem.ptr + mem.len).next_multiple_of(4096);
-                let (st, len) = (self.st.clone(), (end - start) as usize);
+                let len = (end - start) as usize;
                 // SAFETY: `mem.keep` (held by the PyBuffer with the registration) keeps
                 // [ptr, ptr+len) allocated, or the caller promised it (register_raw_unsafe); the
                 // rest of its pages are mapped (mappings are page-granular) and never
@@ -150,7 +203,7 @@ impl PyStorage {
             }
             Place::Cuda(ordinal) => {
                 let gpu = cuda(py, ordinal)?;
-                let (st, ptr, len) = (self.st.clone(), mem.ptr, mem.len as usize);
+                let (ptr, len) = (mem.ptr, mem.len as usize);
                 let r = py.detach(move || {
                     let _caller = CallerContext::keep();
                     // SAFETY: the object (held with the registration) keeps the device memory
@@ -161,7 +214,7 @@ impl PyStorage {
                 (r.map_err(|e| to_py(py, e))?, 0)
             }
         };
-        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(buf))), base, mem })
+        Ok(self.adopt(buf, base, mem))
     }
 
     /// Reads or writes through `buf` (a Buffer or an object registered for the call).
@@ -176,7 +229,7 @@ impl PyStorage {
         let py = slf.py();
         let o = operation(slf, if write { Op::Write } else { Op::Read }, buf, file_offset, nbytes, buf_offset)?;
         let (t, foff, n) = (o.target, o.file_offset, o.nbytes);
-        let st = slf.get().st.clone();
+        let st = slf.get().storage(py)?;
         let gpu = o.buf.get().place_of() != Place::Host;
         let r = py.detach(move || {
             let _caller = gpu.then(CallerContext::keep);
@@ -199,32 +252,32 @@ impl PyStorage {
     }
 
     /// Which path I/O takes, and on what, in words.
-    fn describe(&self) -> String {
-        self.st.describe()
+    fn describe(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.storage(py)?.describe())
     }
 
     /// True on the direct path (a ugds node), false on the fallback path.
     #[getter]
-    fn is_direct(&self) -> bool {
-        self.st.is_direct()
+    fn is_direct(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.storage(py)?.is_direct())
     }
 
     /// False only for a file whose file system has no O_DIRECT (I/O then uses the page cache).
     #[getter]
-    fn bypasses_page_cache(&self) -> bool {
-        self.st.bypasses_page_cache()
+    fn bypasses_page_cache(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.storage(py)?.bypasses_page_cache())
     }
 
     /// Capacity in bytes.
     #[getter]
     fn capacity(&self, py: Python<'_>) -> PyResult<u64> {
-        self.st.capacity().map_err(|e| to_py(py, e))
+        self.storage(py)?.capacity().map_err(|e| to_py(py, e))
     }
 
     /// File offsets and sizes must be multiples of this.
     #[getter]
-    fn block_size(&self) -> u64 {
-        self.st.block_size()
+    fn block_size(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.storage(py)?.block_size())
     }
 
     /// Registers `obj` for I/O: a torch tensor (CPU or CUDA, contiguous), a numpy or cupy
@@ -252,7 +305,7 @@ impl PyStorage {
     /// `bytes(buf)`-style copies with `copy_in` / `copy_out`).
     fn alloc(&self, py: Python<'_>, nbytes: i64) -> PyResult<PyBuffer> {
         let n = nonneg(py, "nbytes", nbytes)?;
-        let st = self.st.clone();
+        let st = self.storage(py)?;
         let b = py.detach(move || st.alloc_host(n as usize)).map_err(|e| to_py(py, e))?;
         let ptr = b.host_ptr().map_or(0, |p| p as u64);
         let mem = Memory {
@@ -264,7 +317,7 @@ impl PyStorage {
             keep: crate::memory::Keep::Nothing,
             recheck: crate::memory::Recheck::Nothing,
         };
-        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
+        Ok(self.adopt(b, 0, mem))
     }
 
     /// Test hook, not part of the API: `nbytes` of the library's CPU stand-in "GPU" memory
@@ -277,7 +330,7 @@ impl PyStorage {
         static CPU: std::sync::OnceLock<Arc<ugds::Gpu>> = std::sync::OnceLock::new();
         let n = nonneg(py, "nbytes", nbytes)?;
         let gpu = CPU.get_or_init(ugds::Gpu::cpu).clone();
-        let st = self.st.clone();
+        let st = self.storage(py)?;
         let (b, ptr) = py
             .detach(move || {
                 // Whole pages, as GPU allocations are (udmabuf exports whole pages only).
@@ -297,7 +350,7 @@ impl PyStorage {
             keep: crate::memory::Keep::Nothing,
             recheck: crate::memory::Recheck::Nothing,
         };
-        Ok(PyBuffer { buf: Mutex::new(Some(Arc::new(b))), base: 0, mem })
+        Ok(self.adopt(b, 0, mem))
     }
 
     /// Reads `nbytes` at `file_offset` into `buf` at `buf_offset`; returns the bytes read
@@ -330,7 +383,7 @@ impl PyStorage {
     /// call allocates; shorter only at the end of a file).
     fn read_bytes<'py>(&self, py: Python<'py>, file_offset: i64, nbytes: i64) -> PyResult<Bound<'py, PyBytes>> {
         let (foff, n) = (nonneg(py, "file_offset", file_offset)?, nonneg(py, "nbytes", nbytes)?);
-        let st = self.st.clone();
+        let st = self.storage(py)?;
         let data = py
             .detach(move || -> ugds::Result<Vec<u8>> {
                 let b = st.alloc_host(n.max(1) as usize)?;
@@ -348,7 +401,7 @@ impl PyStorage {
     fn write_bytes(&self, py: Python<'_>, data: &Bound<'_, PyAny>, file_offset: i64) -> PyResult<u64> {
         let foff = nonneg(py, "file_offset", file_offset)?;
         let src = crate::pybuf::export_of(data, "data")?;
-        let st = self.st.clone();
+        let st = self.storage(py)?;
         py.detach(move || -> ugds::Result<u64> {
             let src = src.as_slice().unwrap_or_default();
             let b = st.alloc_host(src.len().max(1))?;
@@ -360,7 +413,7 @@ impl PyStorage {
 
     /// Flushes written data (NVMe Flush, or fdatasync).
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        let st = self.st.clone();
+        let st = self.storage(py)?;
         py.detach(move || st.flush()).map_err(|e| to_py(py, e))
     }
 
@@ -368,7 +421,7 @@ impl PyStorage {
     /// `direct_p2p`, `direct_host`, `direct_staged` (GPU memory staged through host memory on the
     /// direct path), `fallback`, `remote`, `remote_staged` (NVMe over Fabrics), `bytes`.
     fn path_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let c = self.st.path_counts();
+        let c = self.storage(py)?.path_counts();
         let d = PyDict::new(py);
         d.set_item("direct_p2p", c.direct_p2p)?;
         d.set_item("direct_host", c.direct_host)?;
@@ -409,6 +462,39 @@ impl PyStorage {
         crate::stream::queue(slf, Op::Write, buf, file_offset, nbytes, buf_offset, stream)
     }
 
+    /// kvikio's `pread(buf, size=None, file_offset=0, task_size=None)`: reads `size` bytes
+    /// (None: the whole buffer from `buf_offset`) at `file_offset` into `buf` at `buf_offset`
+    /// (keyword-only: kvikio's fourth argument is `task_size`), on one of the binding's I/O
+    /// threads. Returns an AsyncIo at once: `get()` / `result()` waits for the bytes read,
+    /// `done()`, `future()` (a `concurrent.futures.Future`), `await`. Bad arguments raise here,
+    /// before anything runs. `task_size` is accepted and unused: one call is one library I/O.
+    #[pyo3(signature = (buf, size = None, file_offset = 0, task_size = None, *, buf_offset = 0))]
+    fn pread(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        size: Option<i64>,
+        file_offset: i64,
+        task_size: Option<i64>,
+        buf_offset: i64,
+    ) -> PyResult<PyAsyncIo> {
+        crate::stream::submit(slf, Op::Read, buf, (size, file_offset, buf_offset), task_size)
+    }
+
+    /// kvikio's `pwrite(buf, size=None, file_offset=0, task_size=None)`: writes `size` bytes
+    /// (None: the whole buffer from `buf_offset`) of `buf` to `file_offset`; an AsyncIo, as
+    /// `pread` gives.
+    #[pyo3(signature = (buf, size = None, file_offset = 0, task_size = None, *, buf_offset = 0))]
+    fn pwrite(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        size: Option<i64>,
+        file_offset: i64,
+        task_size: Option<i64>,
+        buf_offset: i64,
+    ) -> PyResult<PyAsyncIo> {
+        crate::stream::submit(slf, Op::Write, buf, (size, file_offset, buf_offset), task_size)
+    }
+
     /// A batch of up to `capacity` entries in flight (see `Batch`).
     #[pyo3(signature = (capacity = 64))]
     fn batch(slf: Py<Self>, py: Python<'_>, capacity: i64) -> PyResult<PyBatch> {
@@ -416,14 +502,44 @@ impl PyStorage {
     }
 
     fn __repr__(&self) -> String {
-        format!("ugds.Storage({:?}: {})", self.path, self.st.describe())
+        let st = self.st.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let what = st.map_or_else(|| "closed".to_string(), |s| s.describe());
+        format!("ugds.Storage({:?}: {what})", self.path)
+    }
+
+    /// Whether `close()` ran.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.st.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    /// Releases the storage now rather than when the last reference goes: closes its batches
+    /// (waiting for their submitted entries), deregisters every buffer registered through it,
+    /// and lets go of its queues (the last operation in flight, if any, lets go of them when it
+    /// ends). Every later use raises `Closed`; closing again does nothing.
+    fn close(&self, py: Python<'_>) {
+        let Some(st) = self.st.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let owned = std::mem::take(&mut *self.owned.lock().unwrap_or_else(|e| e.into_inner()));
+        for b in owned.batches.iter().filter_map(Weak::upgrade) {
+            crate::batch::shut_down(py, &b);
+        }
+        let regs: Vec<Arc<Buffer>> = owned
+            .bufs
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|r| r.lock().unwrap_or_else(|e| e.into_inner()).take())
+            .collect();
+        // Deregistration and the queues' teardown are system calls: without the GIL.
+        py.detach(move || drop((regs, st)));
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
-    fn __exit__(&self, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) {}
+    fn __exit__(&self, py: Python<'_>, _t: &Bound<'_, PyAny>, _v: &Bound<'_, PyAny>, _tb: &Bound<'_, PyAny>) {
+        self.close(py)
+    }
 }
 
 #[pymethods]
@@ -591,5 +707,5 @@ impl PyBuffer {
 pub fn open(py: Python<'_>, path: String, ns: u32) -> PyResult<PyStorage> {
     let p = path.clone();
     let st = py.detach(move || Storage::open_ns(&p, ns)).map_err(|e| to_py(py, e))?;
-    Ok(PyStorage { st, path })
+    Ok(PyStorage { st: Mutex::new(Some(st)), path, owned: Mutex::default() })
 }

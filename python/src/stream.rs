@@ -2,7 +2,11 @@
 //! handle, as `torch.cuda.current_stream().cuda_stream` or `cupy.cuda.Stream.ptr` give it) or
 //! on a `ugds.CpuStream`. The I/O starts when the stream reaches it and later stream work
 //! waits for it (the library's `StreamIo`); the call itself returns at once with an `AsyncIo`
-//! whose `result()` waits, without the GIL, for the bytes moved.
+//! whose `result()` waits, without the GIL, for the bytes moved. `Storage.pread` / `pwrite`
+//! (kvikio's calls) return an `AsyncIo` too, run by the binding's I/O threads.
+//!
+//! An `AsyncIo` is awaitable (`await io`) and gives a `concurrent.futures.Future` (`future()`),
+//! so `asyncio` and `concurrent.futures.wait` / `as_completed` take it as they take any other.
 
 use crate::errors::{invalid, to_py};
 use crate::memory::Place;
@@ -17,10 +21,97 @@ use ugds::{AsyncOp, AsyncParams, CpuStream, Stream, StreamIo};
 #[derive(Debug)]
 struct Slot {
     args: (u64, i64, i64),
+    /// The operation in words (error messages, `repr`).
+    what: String,
+    /// Bytes moved, or a negative errno; set once.
     result: Mutex<Option<i64>>,
+    /// Why it failed: the library's error where the operation reported one (pread/pwrite; the
+    /// stream API reports only an errno), then the exception made of it (raised again by every
+    /// later `result()`).
+    error: Mutex<Failure>,
     done: Condvar,
     /// The memory, held until the operation is over (also when the AsyncIo is dropped first).
     keep: Mutex<Option<Py<PyBuffer>>>,
+    /// The `concurrent.futures.Future` handed out by `future()`, completed with the result.
+    /// (An `Arc`, so the worker takes a reference without the GIL while holding the lock.)
+    future: Mutex<Option<Arc<Py<PyAny>>>>,
+}
+
+/// A failed operation's error, before and after it became a Python exception.
+#[derive(Debug, Default)]
+enum Failure {
+    #[default]
+    None,
+    Library(ugds::Error),
+    Raised(Py<PyAny>),
+}
+
+impl Slot {
+    fn new(args: (u64, i64, i64), what: String, keep: Py<PyBuffer>) -> Slot {
+        Slot {
+            args,
+            what,
+            result: Mutex::new(None),
+            error: Mutex::new(Failure::None),
+            done: Condvar::new(),
+            keep: Mutex::new(Some(keep)),
+            future: Mutex::new(None),
+        }
+    }
+
+    /// Stores the outcome (bytes moved or a negative errno, and the library's error when
+    /// known), wakes waiters and completes the future (taking the GIL only when there is one).
+    fn finish(&self, v: i64, error: Option<ugds::Error>) {
+        if let Some(e) = error {
+            *self.error.lock().unwrap_or_else(|e| e.into_inner()) = Failure::Library(e);
+        }
+        let fut = {
+            let mut r = self.result.lock().unwrap_or_else(|e| e.into_inner());
+            *r = Some(v);
+            // Read under the result lock: `future()` either sees the result or leaves its
+            // future here for this call to complete.
+            self.future.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        };
+        self.done.notify_all();
+        // Without the GIL (a worker thread): PyO3 defers the reference drop until it is held.
+        drop(self.keep.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(f) = fut {
+            Python::attach(|py| complete(py, f.bind(py), self, v));
+        }
+    }
+
+    /// The outcome as Python sees it: bytes moved, or the operation's exception.
+    fn outcome(&self, py: Python<'_>, v: i64) -> PyResult<u64> {
+        if v >= 0 {
+            return Ok(v as u64);
+        }
+        let mut g = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        let err = match std::mem::take(&mut *g) {
+            Failure::Raised(exc) => {
+                let e = PyErr::from_value(exc.bind(py).clone());
+                *g = Failure::Raised(exc);
+                return Err(e);
+            }
+            Failure::Library(e) => e,
+            Failure::None => ugds::Error::Io {
+                op: self.what.clone(),
+                source: std::io::Error::from_raw_os_error(i32::try_from(-v).unwrap_or(libc::EIO)),
+            },
+        };
+        let e = to_py(py, err);
+        *g = Failure::Raised(e.value(py).clone().into_any().unbind());
+        Err(e)
+    }
+}
+
+/// Completes `f` with the outcome `v`. A callback of the caller's raising is the caller's
+/// business (concurrent.futures logs it): ignored here.
+fn complete(py: Python<'_>, f: &Bound<'_, PyAny>, slot: &Slot, v: i64) {
+    let r = match slot.outcome(py, v) {
+        Ok(n) => f.call_method1("set_result", (n,)),
+        Err(e) => f.call_method1("set_exception", (e.into_value(py),)),
+    };
+    drop(r);
 }
 
 impl AsyncParams for Slot {
@@ -29,10 +120,7 @@ impl AsyncParams for Slot {
     }
 
     fn store_result(&self, v: i64) {
-        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
-        self.done.notify_all();
-        // Without the GIL (a worker thread): PyO3 defers the reference drop until it is held.
-        drop(self.keep.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.finish(v, None)
     }
 
     fn result(&self) -> i64 {
@@ -76,12 +164,12 @@ impl PyCpuStream {
     }
 }
 
-/// A queued stream-ordered operation: `done()`, and `result(timeout=None)`, which waits for the
-/// bytes moved (or raises the operation's error).
+/// A queued operation (stream-ordered, or `pread`/`pwrite`): `done()`, `result(timeout=None)`
+/// (kvikio's `get()` too), which waits for the bytes moved (or raises the operation's error),
+/// `future()`, its `concurrent.futures.Future`, and `await io`.
 #[pyclass(module = "ugds._ugds", name = "AsyncIo", frozen)]
 pub struct PyAsyncIo {
     slot: Arc<Slot>,
-    what: String,
 }
 
 #[pymethods]
@@ -91,9 +179,9 @@ impl PyAsyncIo {
         self.slot.result.lock().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
-    /// Waits (without the GIL) until the stream has run the operation, up to `timeout`
-    /// seconds (None: no limit); returns the bytes moved or raises its error (TimeoutError
-    /// when the timeout passed first).
+    /// Waits (without the GIL) until the operation has run, up to `timeout` seconds (None: no
+    /// limit); returns the bytes moved or raises its error (TimeoutError when the timeout
+    /// passed first).
     #[pyo3(signature = (timeout = None))]
     fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
         let slot = self.slot.clone();
@@ -115,16 +203,47 @@ impl PyAsyncIo {
             }
         });
         let Some(v) = v else {
-            return Err(pyo3::exceptions::PyTimeoutError::new_err(format!("{} has not run yet", self.what)));
+            return Err(pyo3::exceptions::PyTimeoutError::new_err(format!("{} has not run yet", self.slot.what)));
         };
-        if v < 0 {
-            let err = ugds::Error::Io {
-                op: self.what.clone(),
-                source: std::io::Error::from_raw_os_error(i32::try_from(-v).unwrap_or(libc::EIO)),
-            };
-            return Err(to_py(py, err));
+        self.slot.outcome(py, v)
+    }
+
+    /// kvikio's name for `result()`: waits and returns the bytes moved.
+    fn get(&self, py: Python<'_>) -> PyResult<u64> {
+        self.result(py, None)
+    }
+
+    /// The operation as a `concurrent.futures.Future` (the same one on every call), done when
+    /// the operation is: for `concurrent.futures.wait` and `as_completed`, or
+    /// `asyncio.wrap_future`. It cannot be cancelled (the I/O is handed over already).
+    fn future(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(f) = self.slot.future.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return Ok(f.clone_ref(py));
         }
-        Ok(v as u64)
+        let f = py.import("concurrent.futures")?.getattr("Future")?.call0()?;
+        f.call_method0("set_running_or_notify_cancel")?;
+        let done = {
+            let r = self.slot.result.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = self.slot.future.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(other) = g.as_ref() {
+                // Another thread made it meanwhile: that one is the future.
+                return Ok(other.clone_ref(py));
+            }
+            *g = Some(Arc::new(f.clone().unbind()));
+            // Not done yet: the worker completes the future when it stores the result.
+            *r
+        };
+        if let Some(v) = done {
+            complete(py, &f, &self.slot, v);
+        }
+        Ok(f.unbind())
+    }
+
+    /// `await io`: the bytes moved, or the operation's error (through `asyncio.wrap_future`,
+    /// so the event loop is not blocked).
+    fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let f = self.future(py)?;
+        py.import("asyncio")?.call_method1("wrap_future", (f,))?.call_method0("__await__")
     }
 
     fn __repr__(&self) -> String {
@@ -132,7 +251,7 @@ impl PyAsyncIo {
             Some(v) => format!("done: {v}"),
             None => "pending".into(),
         };
-        format!("ugds.AsyncIo({}, {state})", self.what)
+        format!("ugds.AsyncIo({}, {state})", self.slot.what)
     }
 }
 
@@ -205,7 +324,8 @@ pub fn queue(
     let o = operation(st, op, buf, file_offset, nbytes, buf_offset)?;
     let (b, t, foff, n) = (o.buf, o.target, o.file_offset, o.nbytes);
     // What the library would refuse when the stream gets there is refused now, by name.
-    let bs = st.get().st.block_size();
+    let storage = st.get().storage(py)?;
+    let bs = storage.block_size();
     if n == 0 || !n.is_multiple_of(bs) {
         return Err(invalid(py, "nbytes", format!("{n} is not a non-zero multiple of the {bs}-byte block size")));
     }
@@ -213,20 +333,61 @@ pub fn queue(
         return Err(invalid(py, "file_offset", format!("{foff} is not a multiple of the {bs}-byte block size")));
     }
     let io = stream_io(stream, b.get().place_of())?;
-    let slot = Arc::new(Slot {
-        args: (n, foff as i64, t.offset as i64),
-        result: Mutex::new(None),
-        done: Condvar::new(),
-        keep: Mutex::new(Some(b.clone_ref(py))),
-    });
     let what =
         format!("stream-ordered {} of {n} bytes at file offset {foff}", if op == Op::Read { "read" } else { "write" });
+    let slot = Arc::new(Slot::new((n, foff as i64, t.offset as i64), what, b.clone_ref(py)));
     let aop = AsyncOp { op, buf: t.buf, args: slot.clone() };
-    let storage = st.get().st.clone();
     py.detach(move || {
         let _caller = ugds::gpu::cuda::CallerContext::keep();
         io.submit(&storage, &[aop])
     })
     .map_err(|e| to_py(py, e))?;
-    Ok(PyAsyncIo { slot, what })
+    Ok(PyAsyncIo { slot })
+}
+
+/// kvikio's `pread` / `pwrite` (`CuFile.pread(buf, size=None, file_offset=0, task_size=None)`)
+/// with `(size, file_offset, buf_offset)`: checks the arguments now (by name, as the
+/// synchronous calls do), then runs the library's synchronous call on one of the binding's I/O
+/// threads; the `AsyncIo` is its future.
+pub fn submit(
+    st: &Bound<'_, PyStorage>,
+    op: Op,
+    buf: &Bound<'_, PyAny>,
+    (size, file_offset, buf_offset): (Option<i64>, i64, i64),
+    task_size: Option<i64>,
+) -> PyResult<PyAsyncIo> {
+    let py = st.py();
+    let storage = st.get().storage(py)?;
+    if task_size.is_some_and(|t| t <= 0) {
+        return Err(invalid(py, "task_size", "must be positive"));
+    }
+    let nbytes = match size {
+        Some(n) => n,
+        // kvikio's default: the whole buffer (from buf_offset on).
+        None => {
+            let len = match buf.cast::<PyBuffer>() {
+                Ok(b) => b.get().object_len(),
+                Err(_) => crate::memory::classify(buf)?.len,
+            };
+            i64::try_from(len).unwrap_or(i64::MAX).saturating_sub(buf_offset)
+        }
+    };
+    let o = operation(st, op, buf, file_offset, nbytes, buf_offset)?;
+    let (b, t, foff, n) = (o.buf, o.target, o.file_offset, o.nbytes);
+    // The library's own check, now, so a bad argument raises at the call as kvikio's do.
+    storage.check_range(foff, n).map_err(|e| to_py(py, e))?;
+    let write = op == Op::Write;
+    let what = format!("{} of {n} bytes at file offset {foff}", if write { "pwrite" } else { "pread" });
+    let slot = Arc::new(Slot::new((n, foff as i64, t.offset as i64), what, b.clone_ref(py)));
+    let gpu = b.get().place_of() != Place::Host;
+    let s = slot.clone();
+    crate::pool::spawn(py, move || {
+        let _caller = gpu.then(ugds::gpu::cuda::CallerContext::keep);
+        let r = if write { storage.write(&t.buf, t.offset, foff, n) } else { storage.read(&t.buf, t.offset, foff, n) };
+        match r {
+            Ok(n) => s.finish(i64::try_from(n).unwrap_or(i64::MAX), None),
+            Err(e) => s.finish(-i64::from(e.errno().unsigned_abs().max(1)), Some(e)),
+        }
+    })?;
+    Ok(PyAsyncIo { slot })
 }

@@ -188,8 +188,8 @@ pyugds() {
   # 4 KiB reads through the package, one call and batches of 128 (the CLI's bench takes ugds
   # nodes only, so the Rust side of the comparison runs in the VM: docs/python.md).
   truncate -s 1G "$DIR/pyugds-bench.dat"
-  T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --size 4K --seconds 3 --span 1G
-  T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --size 4K --seconds 3 --span 1G --depth 128
+  T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --rw randread --bs 4K --runtime 3 --size 1G
+  T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --rw randread --bs 4K --runtime 3 --size 1G --iodepth 128
   rm -f "$DIR/pyugds-bench.dat"
   T=400 run env PYTHONPATH="$X" PYTHONUNBUFFERED=1 python3 tests/gpu/ugds_kv_bench.py "$DIR"
 }

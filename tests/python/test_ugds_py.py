@@ -630,6 +630,154 @@ class StreamTests(Base):
         self.assertEqual(c.exception.arg, "stream")
 
 
+class CloseTests(Base):
+    def test_close_releases_and_later_calls_raise_closed(self) -> None:
+        buf = self.st.register(bytearray(pattern(self.bs, 21)))
+        b = self.st.batch(4)
+        self.assertEqual(self.st.write(buf, 0, self.bs), self.bs)
+        self.assertFalse(self.st.closed)
+        self.st.close()
+        self.assertTrue(self.st.closed)
+        self.st.close()  # twice is fine
+        for call in (
+            lambda: self.st.read(buf, 0, self.bs),
+            lambda: self.st.read_bytes(0, self.bs),
+            lambda: self.st.alloc(self.bs),
+            lambda: self.st.register(bytearray(self.bs)),
+            lambda: self.st.capacity,
+            lambda: self.st.batch(2),
+            lambda: b.read(bytearray(self.bs), 0, self.bs),
+            lambda: b.run([("read", bytearray(self.bs), 0, self.bs)]),
+        ):
+            with self.assertRaises(ugds.Closed) as c:
+                call()
+            self.assertIsInstance(c.exception, ValueError)
+            self.assertEqual(c.exception.object, "storage")
+            self.assertIn(self.path, str(c.exception))
+        # Its registrations are released: the buffer is deregistered.
+        with self.assertRaises(ugds.InvalidArgument):
+            buf.copy_out()
+        self.assertIn("closed", repr(self.st))
+
+    def test_the_with_block_closes(self) -> None:
+        with ugds.open(self.path) as st:
+            self.assertEqual(st.write_bytes(bytes(self.bs), 0), self.bs)
+            buf = st.alloc(self.bs)
+        self.assertTrue(st.closed)
+        with self.assertRaises(ugds.Closed):
+            st.read(buf, 0, self.bs)
+        with self.assertRaises(ugds.InvalidArgument):
+            buf.copy_out()
+
+    def test_close_waits_for_submitted_batch_entries(self) -> None:
+        data = bytearray(pattern(4 * self.bs, 22))
+        b = self.st.batch(8)
+        futs = [b.write(data, k * self.bs, self.bs, k * self.bs) for k in range(4)]
+        b.submit()
+        self.st.close()
+        self.assertTrue(all(f.done() for f in futs))
+        self.assertEqual([f.result() for f in futs], [self.bs] * 4)
+        with ugds.open(self.path) as st:
+            self.assertEqual(st.read_bytes(0, 4 * self.bs), bytes(data))
+
+
+class AsyncIoFutureTests(Base):
+    def queued(self, seed: int):
+        s = ugds.CpuStream()
+        data = pattern(self.bs, seed)
+        self.st.write_bytes(data, 0)
+        out = bytearray(self.bs)
+        return s, data, out, self.st.read_async(out, 0, self.bs, stream=s)
+
+    def test_await_gives_the_bytes_moved(self) -> None:
+        async def main():
+            s, data, out, io = self.queued(23)
+            n = await io
+            return n, bytes(out), data
+
+        n, got, data = asyncio.run(main())
+        self.assertEqual((n, got), (self.bs, data))
+
+    def test_future_works_with_concurrent_futures(self) -> None:
+        ios = [self.queued(24 + k)[3] for k in range(3)]
+        futs = [io.future() for io in ios]
+        self.assertTrue(all(isinstance(f, cf.Future) for f in futs))
+        done, not_done = cf.wait(futs, timeout=60)
+        self.assertEqual((len(done), len(not_done)), (3, 0))
+        self.assertEqual(sorted(f.result() for f in cf.as_completed(futs, timeout=60)), [self.bs] * 3)
+        # Asked for after the operation is over: already done, the same result.
+        self.assertEqual(ios[0].future().result(timeout=0), self.bs)
+        self.assertIs(ios[0].future(), futs[0])
+        self.assertEqual(ios[0].get(), self.bs)
+
+
+class KvikioStyleTests(Base):
+    def test_pwrite_and_pread_return_futures(self) -> None:
+        data = bytearray(pattern(2 * self.bs, 25))
+        f = self.st.pwrite(data)
+        self.assertEqual(f.get(), 2 * self.bs)
+        self.assertTrue(f.done())
+        out = bytearray(2 * self.bs)
+        f = self.st.pread(out, self.bs, file_offset=self.bs)
+        self.assertEqual(f.get(), self.bs)
+        self.assertEqual(bytes(out[: self.bs]), bytes(data[self.bs :]))
+        # kvikio's fourth argument is task_size, not a buffer offset: nothing moves in the buffer.
+        out1 = bytearray(2 * self.bs)
+        self.assertEqual(self.st.pread(out1, self.bs, 0, 1 << 20).get(), self.bs)
+        self.assertEqual(bytes(out1[: self.bs]), bytes(data[: self.bs]))
+        self.assertEqual(self.st.pread(out1, self.bs, 0, buf_offset=self.bs).get(), self.bs)
+        self.assertEqual(bytes(out1[self.bs :]), bytes(data[: self.bs]))
+        out2 = bytearray(2 * self.bs)
+        f = self.st.pread(out2)  # size=None: the whole buffer, from file offset 0
+        self.assertIsInstance(f.future(), cf.Future)
+        self.assertEqual(f.future().result(timeout=60), 2 * self.bs)
+        self.assertEqual(out2, data)
+
+        async def main():
+            return await self.st.pread(bytearray(self.bs), self.bs)
+
+        self.assertEqual(asyncio.run(main()), self.bs)
+
+    def test_invalid_arguments_are_refused_at_the_call(self) -> None:
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.pread(bytearray(self.bs), self.bs, file_offset=1)
+        self.assertEqual(c.exception.arg, "file_offset")
+        with self.assertRaises(ugds.InvalidArgument) as c:
+            self.st.pwrite(bytearray(self.bs), 2 * self.bs)
+        self.assertEqual(c.exception.arg, "buf_offset")
+
+
+class HabitsTests(unittest.TestCase):
+    def test_star_import_does_not_shadow_open(self) -> None:
+        ns: dict = {}
+        exec("from ugds import *", ns)
+        self.assertNotIn("open", ns)
+        self.assertIn("Storage", ns)
+        self.assertIn("Closed", ns)
+        self.assertTrue(callable(ugds.open))
+        self.assertNotIn("open", ugds.__all__)
+
+    def test_sizes_are_parsed_by_the_library(self) -> None:
+        from ugds import __main__ as cli
+
+        self.assertEqual([ugds.parse_size(s) for s in ("4096", "4K", "16m", " 1G ")], [4096, 4096, 16 << 20, 1 << 30])
+        with self.assertRaises(ugds.InvalidArgument):
+            ugds.parse_size("1T")
+        self.assertEqual(cli.size("64K"), 64 << 10)
+        # The Python half has no parser of its own (the library's says "bad size").
+        import argparse
+
+        with self.assertRaises(argparse.ArgumentTypeError) as c:
+            cli.size("1X")
+        self.assertIn("bad size", str(c.exception))
+
+    def test_library_notices_go_to_the_ugds_logger(self) -> None:
+        with self.assertLogs("ugds", level="WARNING") as logs:
+            ugds._ugds._notice_for_tests("a test notice")
+        self.assertEqual([r.getMessage() for r in logs.records], ["a test notice"])
+        self.assertEqual(logs.records[0].name, "ugds")
+
+
 class PlacementTests(unittest.TestCase):
     """`ugds.nearest` on a fake sysfs: socket 0 has a switch with a GPU and an SSD below it and
     an SSD on another root port, socket 1 an SSD; /dev/null (1:3), /dev/zero (1:5) and
@@ -717,7 +865,20 @@ class PlacementTests(unittest.TestCase):
                 ugds.nearest("stripe:/dev/null", sys=self.sys)
 
 
+def python_m_ugds(*args: str) -> subprocess.CompletedProcess:
+    """``python -m ugds ARGS``, its output as text."""
+    return subprocess.run([sys.executable, "-m", "ugds", *args], capture_output=True, text=True, timeout=120)
+
+
 class PackageTests(unittest.TestCase):
+    def setUp(self) -> None:
+        fd, self.path = tempfile.mkstemp(prefix="ugds-py-cli-", dir=DIR)
+        os.ftruncate(fd, 1 << 20)
+        os.close(fd)
+
+    def tearDown(self) -> None:
+        os.unlink(self.path)
+
     def test_doctor_returns_findings_as_data(self) -> None:
         f = ugds.doctor()
         self.assertTrue(f)
@@ -726,28 +887,47 @@ class PackageTests(unittest.TestCase):
         self.assertIn("kernel", [x.topic for x in f])
 
     def test_python_m_ugds_mirrors_the_cli(self) -> None:
-        fd, path = tempfile.mkstemp(prefix="ugds-py-cli-", dir=DIR)
-        os.ftruncate(fd, 1 << 20)
-        os.close(fd)
-        try:
-            run = lambda *a: subprocess.run(  # noqa: E731
-                [sys.executable, "-m", "ugds", *a], capture_output=True, text=True, timeout=120
-            )
-            info = run("info", path, "--json")
-            self.assertEqual(info.returncode, 0, info.stderr)
-            j = json.loads(info.stdout)
-            self.assertEqual((j["path"], j["capacity"]), ("fallback", 1 << 20))
-            doc = run("doctor", "--json")
-            self.assertEqual(doc.returncode, 0, doc.stderr)
-            self.assertTrue(all("verdict" in json.loads(line) for line in doc.stdout.splitlines()))
-            bench = run("bench", path, "--seconds", "0.2", "--size", "4K", "--json")
-            self.assertEqual(bench.returncode, 0, bench.stderr)
-            self.assertGreater(json.loads(bench.stdout)["ios"], 0)
-            bad = run("info", "/dev/null")
-            self.assertEqual(bad.returncode, 1)
-            self.assertIn("/dev/null", bad.stderr)
-        finally:
-            os.unlink(path)
+        path, run = self.path, python_m_ugds
+        info = run("info", path, "--json")
+        self.assertEqual(info.returncode, 0, info.stderr)
+        j = json.loads(info.stdout)
+        self.assertEqual((j["path"], j["capacity"]), ("fallback", 1 << 20))
+        doc = run("doctor", "--json")
+        verdicts = [json.loads(line)["verdict"] for line in doc.stdout.splitlines()]
+        # As the CLI's: 1 when a finding rules the direct path out, else 0.
+        self.assertEqual(doc.returncode, 1 if "no" in verdicts else 0, doc.stderr)
+        bench = run("bench", path, "--runtime", "0.2", "--bs", "4K", "--json")
+        self.assertEqual(bench.returncode, 0, bench.stderr)
+        self.assertGreater(json.loads(bench.stdout)["ios"], 0)
+        bad = run("info", "/dev/null")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("/dev/null", bad.stderr)
+
+    def test_python_m_ugds_bench_takes_fios_options(self) -> None:
+        run = lambda *a: python_m_ugds("bench", self.path, "--runtime", "0.2", "--json", *a)  # noqa: E731
+        r = run("--rw", "randrw", "--rwmixread", "70", "--bs", "8K", "--iodepth", "4", "--numjobs", "2", "--size", "256K")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual(
+            (j["rw"], j["bs"], j["iodepth"], j["numjobs"], j["size"], j["rwmixread"]),
+            ("randrw", 8192, 4, 2, 256 << 10, 70),
+        )
+        self.assertGreater(j["read"]["ios"], 0)
+        self.assertGreater(j["write"]["ios"], 0)
+        self.assertEqual(j["read"]["ios"] + j["write"]["ios"], j["ios"])
+        for k in ("min_us", "avg_us", "max_us", "p50_us", "p90_us", "p99_us", "p99_9_us", "p99_99_us"):
+            self.assertIn(k, j)
+        for rw, direction in (("read", "read"), ("write", "write"), ("randread", "read"), ("randwrite", "write")):
+            r = run("--rw", rw, "--size", "64K")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            j = json.loads(r.stdout)
+            self.assertGreater(j[direction]["ios"], 0, rw)
+            self.assertIsNone(j["write" if direction == "read" else "read"], rw)
+        # A region past the target's end, an I/O size that is no block multiple and the former
+        # `--rw mix` (now randrw): refused.
+        self.assertEqual(run("--size", "2M").returncode, 2)
+        self.assertEqual(run("--bs", "100").returncode, 2)
+        self.assertEqual(run("--rw", "mix").returncode, 2)
 
     def test_the_wheel_links_neither_cuda_nor_libpython(self) -> None:
         so = ugds._ugds.__file__

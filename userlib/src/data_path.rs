@@ -101,16 +101,22 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     }
 }
 
-/// Logs (a warning, through [`crate::logging`]) why a slower path was chosen: once per
-/// distinct reason per process.
+/// Logs why a slower path was chosen: once per distinct reason per process, as a warning of
+/// target `ugds` through `log`, the library's one way to tell (see [`crate::logging`]: the
+/// program's logger decides where it goes; the CLI, libugds.so and the cuFile drop-in write it
+/// on stderr, the Python package hands it to `logging`).
 pub(crate) fn note_fallback(what: &str, how: &str, why: &str) {
     static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let line = format!("{what}: using {how}: {why}");
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    if !seen.contains(&line) {
-        log::warn!("{line}");
-        seen.push(line);
+    {
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(&line) {
+            return;
+        }
+        seen.push(line.clone());
     }
+    // Outside the lock: a logger may take other locks (the Python interpreter's).
+    log::warn!(target: "ugds", "{line}");
 }
 
 #[cfg(test)]

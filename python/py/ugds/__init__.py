@@ -11,6 +11,11 @@ through pinned host memory). The same calls work on both::
     st.read(buf, file_offset=0, nbytes=1 << 20)
     st.path_counts()                        # {'direct_p2p': 0, 'direct_host': 0, 'direct_staged': 0, 'fallback': 1, 'remote': 0, 'remote_staged': 0, 'bytes': ...}
 
+``with ugds.open(path) as st:`` (or ``st.close()``) releases its queues and registrations at the
+end; ``st.pread(buf)`` / ``st.pwrite(buf)`` (kvikio's calls) and ``read_async`` return an
+:class:`AsyncIo`, awaitable and convertible to a ``concurrent.futures.Future``. The library's
+notices (why a slower path was chosen) are records of ``logging.getLogger("ugds")``.
+
 Every I/O and every wait releases the GIL. Errors are the classes of :mod:`ugds.errors`, with
 the library's named fields (``InvalidArgument.arg``, ``NvmeError.status``, ...).
 
@@ -33,6 +38,7 @@ from ._ugds import (
     crc32,
     cuda_available,
     open,
+    parse_size,
 )
 from ._ugds import doctor as _doctor
 from ._ugds import nearest as _nearest
@@ -107,6 +113,7 @@ def nearest(target: Optional[str] = None, gpu: Any = None, *, sys: Optional[str]
     return [Placement(**p) for p in _nearest(target, _gpu_arg(gpu), sys)]
 
 
+# Not `open`: `from ugds import *` must leave the builtin alone (`ugds.open` is the call).
 __all__ = [
     "AsyncIo",
     "Batch",
@@ -121,5 +128,5 @@ __all__ = [
     "doctor",
     "errors",
     "nearest",
-    "open",
+    "parse_size",
 ] + errors.__all__

@@ -15,26 +15,28 @@ import ugds
 
 
 def size(s: str) -> int:
-    """Parses 4096, 64K, 16M, 1G (binary units), as the CLI does."""
-    s = s.strip()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(s[-1:].upper(), 1)
-    digits = s[:-1] if mult > 1 else s
+    """Parses 4096, 64K, 16M, 1G (binary units) with the library's parser, the CLI's own."""
     try:
-        v = int(digits)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a size (4096, 64K, 16M, 1G)") from None
-    return v * mult
+        return ugds.parse_size(s)
+    except ugds.InvalidArgument as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
+    """Prints the findings; 1 when one rules the direct path out (a ``no``), as the CLI's."""
     tags = {"ok": "[ ok ]", "warn": "[warn]", "no": "[ no ]", "info": "[info]"}
-    for f in ugds.doctor():
+    findings = ugds.doctor()
+    for f in findings:
         if a.json:
             print(json.dumps(f._asdict()))
             continue
         print(f"{tags.get(f.verdict, '[info]')} {f.topic:<14} {f.detail}")
         if f.fix:
             print(f"       {'':<14} fix: {f.fix}")
+    blocking = [f.topic for f in findings if f.verdict == "no"]
+    if blocking:
+        print(f"ugds doctor: the direct path is ruled out by: {', '.join(blocking)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -61,47 +63,96 @@ def cmd_info(a: argparse.Namespace) -> int:
     return 0
 
 
+#: fio's ``rw`` values: (random offsets, percent of reads; None: ``--rwmixread``).
+WORKLOADS = {
+    "read": (False, 100),
+    "write": (False, 0),
+    "randread": (True, 100),
+    "randwrite": (True, 0),
+    "rw": (False, None),
+    "readwrite": (False, None),
+    "randrw": (True, None),
+}
+
+#: The percentiles reported, as the CLI's names them.
+PERCENTILES = (("p50_us", 0.5), ("p90_us", 0.9), ("p99_us", 0.99), ("p99_9_us", 0.999), ("p99_99_us", 0.9999))
+
+
+def latency(lat: List[float]) -> dict:
+    """min, avg, max and the percentiles of ``lat`` (seconds), in microseconds."""
+    if not lat:
+        return {k: 0.0 for k in ("min_us", "avg_us", "max_us", *(n for n, _ in PERCENTILES))}
+    lat = sorted(lat)
+    out = {"min_us": lat[0] * 1e6, "avg_us": sum(lat) / len(lat) * 1e6, "max_us": lat[-1] * 1e6}
+    for name, q in PERCENTILES:
+        out[name] = lat[min(len(lat) - 1, int(q * len(lat)))] * 1e6
+    return out
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
+    """fio's job options (``--rw``, ``--bs``, ``--iodepth``, ``--numjobs``, ``--runtime``,
+    ``--size`` as the region from ``--offset``, ``--rwmixread``) through the package: each job a
+    Python thread, synchronous calls at iodepth 1, else batches of iodepth entries."""
     st = ugds.open(a.target, ns=a.ns)
     bs = st.block_size
-    if a.size % bs:
-        print(f"--size {a.size} is not a multiple of the {bs}-byte block size", file=sys.stderr)
+    if a.bs % bs or a.offset % a.bs:
+        print(f"--bs {a.bs} and --offset {a.offset} must be multiples of the {bs}-byte block size (and --offset of --bs)", file=sys.stderr)
         return 2
-    span = min(a.span, st.capacity)
-    slots = span // a.size
-    if slots == 0:
-        print(f"{a.target} holds {st.capacity} bytes, less than one {a.size}-byte I/O", file=sys.stderr)
+    region = a.size if a.size is not None else st.capacity - min(a.offset, st.capacity)
+    if a.offset + region > st.capacity:
+        print(f"--offset {a.offset} + --size {region} runs past the end of {a.target} ({st.capacity} bytes)", file=sys.stderr)
         return 2
-    stop = time.monotonic() + a.seconds
-    counts: List[int] = [0] * a.threads
-    lat: List[List[float]] = [[] for _ in range(a.threads)]
-    errors: List[Optional[BaseException]] = [None] * a.threads
+    blocks = region // a.bs
+    if blocks == 0:
+        print(f"the region ({region} bytes) holds less than one {a.bs}-byte I/O", file=sys.stderr)
+        return 2
+    random_offsets, reads = WORKLOADS[a.rw]
+    read_percent = a.rwmixread if reads is None else reads
+    stop = time.monotonic() + a.runtime
+    # Per job and direction (0: read, 1: write): latencies, and I/Os.
+    lat: List[List[List[float]]] = [[[], []] for _ in range(a.numjobs)]
+    counts: List[List[int]] = [[0, 0] for _ in range(a.numjobs)]
+    errors: List[Optional[BaseException]] = [None] * a.numjobs
 
     def worker(i: int) -> None:
         rng = random.Random(i)
-        buf = st.alloc(a.size * a.depth)
-        batch = st.batch(a.depth) if a.depth > 1 else None
+        pos = 0
+        buf = st.alloc(a.bs * a.iodepth)
+        batch = st.batch(a.iodepth) if a.iodepth > 1 else None
+
+        def next_io():
+            nonlocal pos
+            if random_offsets:
+                block = rng.randrange(blocks)
+            else:
+                block, pos = pos, (pos + 1) % blocks
+            # Drawn apart from the offset, so a sequential mixed job mixes too.
+            write = read_percent == 0 or (read_percent < 100 and rng.randrange(100) >= read_percent)
+            return a.offset + block * a.bs, write
+
         try:
             while time.monotonic() < stop:
-                t0 = time.perf_counter()
                 if batch is None:
-                    off = rng.randrange(slots) * a.size
-                    write = a.rw == "write" or (a.rw == "mix" and rng.random() < 0.5)
-                    (st.write if write else st.read)(buf, off, a.size)
+                    off, write = next_io()
+                    t0 = time.perf_counter()
+                    (st.write if write else st.read)(buf, off, a.bs)
+                    lat[i][write].append(time.perf_counter() - t0)
+                    counts[i][write] += 1
                 else:
-                    entries = []
-                    for k in range(a.depth):
-                        off = rng.randrange(slots) * a.size
-                        write = a.rw == "write" or (a.rw == "mix" and rng.random() < 0.5)
-                        entries.append(("write" if write else "read", buf, off, a.size, k * a.size))
+                    ios = [next_io() for _ in range(a.iodepth)]
+                    entries = [("write" if w else "read", buf, off, a.bs, k * a.bs) for k, (off, w) in enumerate(ios)]
+                    t0 = time.perf_counter()
                     batch.run(entries)
-                lat[i].append(time.perf_counter() - t0)
-                counts[i] += a.depth
+                    # Each entry's latency is at most its batch's: the batch's is recorded for each.
+                    dt = time.perf_counter() - t0
+                    for _, w in ios:
+                        lat[i][w].append(dt)
+                        counts[i][w] += 1
         except BaseException as e:  # reported below, after the other threads stop
             errors[i] = e
 
     t0 = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(a.threads)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(a.numjobs)]
     for t in threads:
         t.start()
     for t in threads:
@@ -110,33 +161,51 @@ def cmd_bench(a: argparse.Namespace) -> int:
     for e in errors:
         if e is not None:
             raise e
-    ios = sum(counts)
-    all_lat = sorted(x for l in lat for x in l)
-    p = lambda q: all_lat[min(len(all_lat) - 1, int(q * len(all_lat)))] * 1e6 if all_lat else 0.0  # noqa: E731
+    gib = float(1 << 30)
+
+    def direction(d: int) -> Optional[dict]:
+        n = sum(c[d] for c in counts)
+        if n == 0:
+            return None
+        return {"ios": n, "iops": n / elapsed, "gib_per_s": n * a.bs / elapsed / gib, "lat": latency([x for l in lat for x in l[d]])}
+
+    ios = sum(sum(c) for c in counts)
     res = {
         "target": a.target,
-        "path": "direct" if st.is_direct else "fallback",
         "rw": a.rw,
-        "size": a.size,
-        "threads": a.threads,
-        "depth": a.depth,
-        "seconds": elapsed,
+        "bs": a.bs,
+        "iodepth": a.iodepth,
+        "numjobs": a.numjobs,
+        "runtime_s": elapsed,
+        "offset": a.offset,
+        "size": region,
+        "rwmixread": read_percent,
         "ios": ios,
         "iops": ios / elapsed,
-        "mb_per_s": ios * a.size / elapsed / 1e6,
-        "p50_us": p(0.5),
-        "p99_us": p(0.99),
+        "gib_per_s": ios * a.bs / elapsed / gib,
+        **latency([x for l in lat for d in l for x in d]),
+        "read": direction(0),
+        "write": direction(1),
+        "path": "direct" if st.is_direct else "fallback",
         "path_counts": st.path_counts(),
     }
     if a.json:
         print(json.dumps(res))
     else:
-        unit = "call" if a.depth == 1 else f"batch of {a.depth}"
+        unit = "call" if a.iodepth == 1 else f"batch of {a.iodepth}"
         print(
-            f"{a.target} ({res['path']} path): {a.rw} {a.size} B x {a.threads} thread(s), depth {a.depth}: "
-            f"{res['iops']:.0f} IOPS, {res['mb_per_s']:.1f} MB/s, per {unit} p50 {res['p50_us']:.0f} us, "
-            f"p99 {res['p99_us']:.0f} us"
+            f"{a.target} ({res['path']} path): {a.rw} bs={a.bs} iodepth={a.iodepth} numjobs={a.numjobs}: "
+            f"{res['iops']:.0f} IOPS, {res['gib_per_s']:.3f} GiB/s"
         )
+        for name in ("read", "write"):
+            d = res[name]
+            if d is not None:
+                l = d["lat"]
+                print(
+                    f"  {name}: {d['iops']:.0f} IOPS, latency per {unit} (us) min {l['min_us']:.0f} avg {l['avg_us']:.0f} "
+                    f"max {l['max_us']:.0f} p50 {l['p50_us']:.0f} p90 {l['p90_us']:.0f} p99 {l['p99_us']:.0f} "
+                    f"p99.9 {l['p99_9_us']:.0f} p99.99 {l['p99_99_us']:.0f}"
+                )
     return 0
 
 
@@ -149,15 +218,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("info", parents=[common], help="the path a target takes, its capacity and block size")
     p.add_argument("target", help="a ugds node (/dev/ugds_drvN), a file or a block device")
     p.add_argument("--ns", type=int, default=1, help="namespace of a ugds node")
-    p = sub.add_parser("bench", parents=[common], help="random I/O through the Python package")
+    p = sub.add_parser("bench", parents=[common], help="fio-style I/O through the Python package")
     p.add_argument("target")
     p.add_argument("--ns", type=int, default=1)
-    p.add_argument("--size", type=size, default=4096, help="I/O size (4K, 64K, 1M...)")
-    p.add_argument("--threads", type=int, default=1, help="Python threads (the GIL is released during I/O)")
-    p.add_argument("--rw", choices=["read", "write", "mix"], default="read")
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--span", type=size, default=1 << 30, help="working set (random offsets within it)")
-    p.add_argument("--depth", type=int, default=1, help="1: synchronous calls; N: batches of N entries (Batch.run)")
+    p.add_argument(
+        "--rw",
+        choices=list(WORKLOADS),
+        default="read",
+        help="fio's rw: read, write sequential; randread, randwrite random; rw (readwrite), randrw mixed",
+    )
+    p.add_argument("--bs", type=size, default=4096, help="bytes per I/O (4K, 64K, 1M...)")
+    p.add_argument("--iodepth", "--depth", type=int, default=1, help="1: synchronous calls; N: batches of N entries (Batch.run)")
+    p.add_argument("--numjobs", "--threads", type=int, default=1, help="jobs: Python threads (the GIL is released during I/O)")
+    p.add_argument("--runtime", "--seconds", type=float, default=5.0, help="seconds (sequential jobs wrap at the region's end)")
+    p.add_argument("--size", "--span", type=size, default=None, help="the region, from --offset (default: to the end)")
+    p.add_argument("--offset", type=size, default=0, help="where the region starts (a multiple of --bs)")
+    p.add_argument("--rwmixread", type=int, choices=range(0, 101), metavar="0..100", default=50, help="percent of a mixed workload's I/Os that read")
     a = ap.parse_args(argv)
     try:
         return {"doctor": cmd_doctor, "info": cmd_info, "bench": cmd_bench}[a.cmd](a)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Awaitable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Awaitable, Dict, Generator, Iterable, List, Optional, Tuple, Union
 
 __version__: str
 
@@ -30,6 +30,10 @@ def nearest(
     """The nodes of ``target`` (none: every bound controller) against one GPU (a CUDA ordinal,
     a PCI address, or the calling thread's), nearest first, as dicts; ``ugds.nearest()`` wraps
     them into ``Placement`` tuples."""
+
+def parse_size(s: str) -> int:
+    """A size as the CLI takes it (``4096``, ``64K``, ``16M``, ``1G``: binary multiples), by the
+    library's own parser; ``InvalidArgument('size')`` otherwise."""
 
 def cuda_available() -> bool:
     """Whether the CUDA driver library can be loaded here."""
@@ -92,14 +96,42 @@ class Storage:
         stream: StreamLike,
     ) -> AsyncIo:
         """Queues a write in ``stream``'s order; returns at once."""
+    def pread(
+        self,
+        buf: Union[Buffer, Registrable],
+        size: Optional[int] = None,
+        file_offset: int = 0,
+        task_size: Optional[int] = None,
+        *,
+        buf_offset: int = 0,
+    ) -> AsyncIo:
+        """kvikio's ``pread``: reads ``size`` bytes (None: the whole buffer) on the binding's I/O
+        threads; returns at once (``get()`` waits). Bad arguments raise here. ``task_size`` is
+        accepted and unused (one call is one I/O)."""
+    def pwrite(
+        self,
+        buf: Union[Buffer, Registrable],
+        size: Optional[int] = None,
+        file_offset: int = 0,
+        task_size: Optional[int] = None,
+        *,
+        buf_offset: int = 0,
+    ) -> AsyncIo:
+        """kvikio's ``pwrite`` (see ``pread``)."""
     def batch(self, capacity: int = 64) -> Batch: ...
     def flush(self) -> None: ...
     def path_counts(self) -> Dict[str, int]:
         """``{'direct_p2p': n, 'direct_host': n, 'direct_staged': n, 'fallback': n, 'remote': n, 'remote_staged': n, 'bytes': n}``
         since opening (``direct_staged``: GPU memory staged through host memory on the direct
         path)."""
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None:
+        """Closes its batches (waiting for their entries), deregisters its buffers and lets go of
+        its queues; later use raises ``Closed``. Closing twice does nothing."""
     def __enter__(self) -> Storage: ...
-    def __exit__(self, *exc: Any) -> None: ...
+    def __exit__(self, *exc: Any) -> None:
+        """``close()``."""
 
 class Buffer:
     """Memory registered for one Storage."""
@@ -161,10 +193,16 @@ class CpuStream:
     def synchronize(self) -> None: ...
 
 class AsyncIo:
-    """A queued stream-ordered operation."""
+    """A queued operation (stream-ordered, or ``pread``/``pwrite``): awaitable, and a
+    ``concurrent.futures.Future`` through ``future()``."""
 
     def done(self) -> bool: ...
     def result(self, timeout: Optional[float] = None) -> int:
         """Waits for the bytes moved, or raises the operation's error (TimeoutError when
         ``timeout`` seconds pass first)."""
+    def get(self) -> int:
+        """kvikio's name for ``result()``."""
+    def future(self) -> concurrent.futures.Future[int]:
+        """The same Future on every call, done when the operation is."""
+    def __await__(self) -> Generator[Any, None, int]: ...
 

@@ -136,6 +136,14 @@ class RegisteredMemoryChanged(Error, ValueError):
     what: str
 
 
+class Closed(Error, ValueError):
+    """The ``object`` (``"storage"``) at ``path`` was closed (``Storage.close()`` or the end of
+    its ``with`` block), as Python's files raise ``ValueError`` once closed. Open it again."""
+
+    object: str
+    path: str
+
+
 class StoreFull(Error, OSError):
     """``ugds.kv``: the store's ``what`` ("data region", "journal", "index") has no room for
     ``need`` bytes (``free`` left) and eviction is off (or cannot help)."""
@@ -170,5 +178,6 @@ __all__ = [
     "IoError",
     "ForkedChild",
     "RegisteredMemoryChanged",
+    "Closed",
     "StoreFull",
 ]
