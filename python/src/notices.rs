@@ -1,7 +1,8 @@
 //! The library's notices (why a slower path was chosen, and the like) as Python log records:
 //! a `log` logger that hands every record of the library to `logging.getLogger("ugds")`, so an
 //! application filters, formats or silences them as it does its own. Unconfigured, Python's
-//! last-resort handler prints warnings on standard error, as the library itself would.
+//! last-resort handler prints warnings on standard error, as the CLI's sink
+//! (`ugds::logging::log_to_stderr`) would.
 
 use pyo3::prelude::*;
 

@@ -777,6 +777,23 @@ class HabitsTests(unittest.TestCase):
         self.assertEqual([r.getMessage() for r in logs.records], ["a test notice"])
         self.assertEqual(logs.records[0].name, "ugds")
 
+    def test_a_fallback_notice_of_the_library_reaches_the_ugds_logger(self) -> None:
+        # The library's own notice, not the test hook's: procfs refuses O_DIRECT, so a file of it
+        # is opened buffered, which the library notes once (tmpfs takes O_DIRECT since 6.6).
+        path = "/proc/version"
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+            self.skipTest(f"{path} takes O_DIRECT here: no fallback to note")
+        except OSError:
+            pass
+        with self.assertLogs("ugds", level="WARNING") as logs:
+            ugds.open(path).close()
+            ugds.open(path).close()
+        msgs = [r.getMessage() for r in logs.records]
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertTrue(msgs[0].startswith(f"{path}: using buffered I/O: "), msgs)
+        self.assertEqual((logs.records[0].name, logs.records[0].levelname), ("ugds", "WARNING"))
+
 
 class PlacementTests(unittest.TestCase):
     """`ugds.nearest` on a fake sysfs: socket 0 has a switch with a GPU and an SSD below it and
