@@ -365,6 +365,101 @@ struct FindingJson<'a> {
     verdict: &'static str,
     detail: &'a str,
     fix: &'a str,
+    /// The predicted route of a `p2p route` finding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p2p: Option<P2pJson<'a>>,
+}
+
+/// A predicted peer-to-peer route in `ugds doctor --json`.
+#[derive(serde::Serialize)]
+struct P2pJson<'a> {
+    controller: &'a str,
+    peer: &'a str,
+    /// `switch`, `host_bridge`, `acs_redirect` or `unknown`.
+    route: &'static str,
+    /// Whether the kernel allows it; null when unknown.
+    allowed: Option<bool>,
+    /// The common upstream device (switch, acs_redirect).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bridge: Option<&'a str>,
+    /// The devices whose ACS redirects (acs_redirect).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    acs_redirect: &'a [String],
+    /// The host bridges consulted (host_bridge, acs_redirect, unless the CPU decided).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    host_bridges: Vec<HostBridgeJson<'a>>,
+    /// CPU 0's family when an AMD Zen or later decided (host_bridge, acs_redirect).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    amd_zen_family: Option<u32>,
+    /// Why it is unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<&'a str>,
+}
+
+/// One host bridge the kernel's P2PDMA list is consulted for.
+#[derive(serde::Serialize)]
+struct HostBridgeJson<'a> {
+    root_bus: &'a str,
+    device: Option<&'a str>,
+    /// `vvvv:dddd`.
+    ids: String,
+    /// `listed`, `same_host_bridge_only`, `not_listed` or `no_device` (`other` for a kind this
+    /// build does not name).
+    listing: &'static str,
+}
+
+impl<'a> P2pJson<'a> {
+    fn of(c: &'a ugds::doctor::p2p::P2pCheck) -> P2pJson<'a> {
+        use ugds::sysfs::{Listing, P2pRoute};
+        let mut j = P2pJson {
+            controller: &c.controller,
+            peer: &c.peer,
+            route: c.route.kind(),
+            allowed: c.route.allowed(),
+            bridge: None,
+            acs_redirect: &[],
+            host_bridges: Vec::new(),
+            amd_zen_family: None,
+            why: None,
+        };
+        let host = match &c.route {
+            P2pRoute::Switch { bridge } => {
+                j.bridge = Some(bridge);
+                None
+            }
+            P2pRoute::HostBridge { host } => Some(host),
+            P2pRoute::AcsRedirect { bridges, common, host } => {
+                j.bridge = Some(common);
+                j.acs_redirect = bridges;
+                Some(host)
+            }
+            P2pRoute::Unknown { why } => {
+                j.why = Some(why);
+                None
+            }
+            _ => None,
+        };
+        if let Some(h) = host {
+            j.amd_zen_family = h.amd_zen_family;
+            j.host_bridges = h
+                .host_bridges
+                .iter()
+                .map(|b| HostBridgeJson {
+                    root_bus: &b.root_bus,
+                    device: b.device.as_deref(),
+                    ids: format!("{:04x}:{:04x}", b.ids.0, b.ids.1),
+                    listing: match b.listing {
+                        Listing::Listed => "listed",
+                        Listing::SameHostBridgeOnly => "same_host_bridge_only",
+                        Listing::NotListed => "not_listed",
+                        Listing::NoDevice => "no_device",
+                        _ => "other",
+                    },
+                })
+                .collect();
+        }
+        j
+    }
 }
 
 /// A verdict's name: `ok`, `warn`, `no` or `info`.
@@ -384,7 +479,13 @@ fn doctor(json: bool) -> Res<()> {
     for f in &findings {
         let verdict = verdict_name(f.verdict);
         if json {
-            let j = FindingJson { topic: f.topic, verdict, detail: &f.detail, fix: &f.fix };
+            let j = FindingJson {
+                topic: f.topic,
+                verdict,
+                detail: &f.detail,
+                fix: &f.fix,
+                p2p: f.p2p.as_ref().map(P2pJson::of),
+            };
             println!("{}", serde_json::to_string(&j)?);
             continue;
         }
@@ -469,4 +570,54 @@ fn placement(target: Option<&str>, gpu: Option<&str>, json: bool) -> Res<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod p2p_json_tests {
+    use super::P2pJson;
+    use ugds::doctor::p2p::P2pCheck;
+    use ugds::sysfs::{HostBridge, HostBridgePath, Listing, P2pRoute};
+
+    fn json(route: P2pRoute) -> serde_json::Value {
+        let c = P2pCheck { controller: "0000:03:00.0".into(), peer: "0000:04:00.0".into(), route };
+        serde_json::to_value(P2pJson::of(&c)).unwrap()
+    }
+
+    #[test]
+    fn each_route_names_its_kind_verdict_and_devices() {
+        let j = json(P2pRoute::Switch { bridge: "0000:01:00.0".into() });
+        assert_eq!(
+            j,
+            serde_json::json!({"controller": "0000:03:00.0", "peer": "0000:04:00.0", "route": "switch",
+                "allowed": true, "bridge": "0000:01:00.0"})
+        );
+        let host = HostBridgePath {
+            whitelisted: false,
+            amd_zen_family: None,
+            host_bridges: vec![HostBridge {
+                root_bus: "pci0000:00".into(),
+                device: Some("0000:00:00.0".into()),
+                ids: (0x8086, 0x29c0),
+                listing: Listing::NotListed,
+            }],
+        };
+        let j = json(P2pRoute::AcsRedirect {
+            bridges: vec!["0000:02:00.0".into()],
+            common: "0000:01:00.0".into(),
+            host: host.clone(),
+        });
+        assert_eq!((j["route"].as_str(), j["allowed"].as_bool()), (Some("acs_redirect"), Some(false)));
+        assert_eq!(j["acs_redirect"], serde_json::json!(["0000:02:00.0"]));
+        assert_eq!(
+            j["host_bridges"],
+            serde_json::json!([{"root_bus": "pci0000:00", "device": "0000:00:00.0", "ids": "8086:29c0",
+                "listing": "not_listed"}])
+        );
+        assert_eq!(json(P2pRoute::HostBridge { host })["route"], "host_bridge");
+        let j = json(P2pRoute::Unknown { why: "only 64 bytes".into() });
+        assert_eq!(
+            (j["route"].as_str(), j["allowed"].is_null(), j["why"].as_str()),
+            (Some("unknown"), true, Some("only 64 bytes"))
+        );
+    }
 }

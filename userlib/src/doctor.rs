@@ -1,5 +1,6 @@
 //! `ugds doctor`: what decides, on this machine, which path I/O takes — each finding with a
-//! plain verdict and the fix. Reads /proc and /sys only (and asks the GPU driver, if present).
+//! plain verdict and the fix. Reads /proc and /sys only (and asks the GPU driver, if present;
+//! [`p2p::PEER_ENV`] names more peer-to-peer peers).
 
 #[cfg(feature = "cuda")]
 use crate::gpu::cuda::{self, Cuda};
@@ -8,6 +9,7 @@ use crate::gpu::Runtime;
 use std::path::Path;
 
 pub mod kernel;
+pub mod p2p;
 
 /// How a finding bears on the direct path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub struct Finding {
     pub detail: String,
     /// What to do about it (empty when nothing).
     pub fix: String,
+    /// The predicted peer-to-peer route of a [`p2p::TOPIC`] finding (`None` for the others).
+    pub p2p: Option<p2p::P2pCheck>,
 }
 
 fn read(p: impl AsRef<Path>) -> Option<String> {
@@ -40,7 +44,7 @@ fn read(p: impl AsRef<Path>) -> Option<String> {
 }
 
 fn finding(topic: &'static str, verdict: Verdict, detail: impl Into<String>, fix: impl Into<String>) -> Finding {
-    Finding { topic, verdict, detail: detail.into(), fix: fix.into() }
+    Finding { topic, verdict, detail: detail.into(), fix: fix.into(), p2p: None }
 }
 
 /// A PCI function from /sys/bus/pci/devices.
@@ -234,6 +238,8 @@ pub fn diagnose() -> Vec<Finding> {
             }
         }
     }
+
+    out.extend(p2p::findings(&crate::sysfs::Host::system(), std::env::var(p2p::PEER_ENV).ok().as_deref()));
 
     if let Some(v) = read("/proc/driver/nvidia/version") {
         let first = v.lines().next().unwrap_or("").to_string();

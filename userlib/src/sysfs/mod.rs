@@ -1,7 +1,8 @@
 //! The host's NVMe controllers as sysfs, procfs and `/dev` show them: which driver holds each one,
 //! who uses it ([`Host::users`]), handing it to ugds and back through `driver_override`
-//! ([`Host::bind`], [`Host::unbind`], [`Host::bind_many`], [`Host::unbind_many`]) and what
-//! `ugds list` prints ([`Host::controllers`]).
+//! ([`Host::bind`], [`Host::unbind`], [`Host::bind_many`], [`Host::unbind_many`]), what
+//! `ugds list` prints ([`Host::controllers`]) and whether the kernel will allow peer-to-peer DMA
+//! between a controller and another PCI device ([`Host::p2p_route`]).
 //!
 //! Every path goes through a [`Host`], whose roots are `/sys`, `/dev` and `/proc` on a real
 //! machine ([`Host::system`]) and a directory tree in tests ([`Host::at`]), so the refusals can
@@ -12,10 +13,12 @@
 mod access;
 mod bind;
 mod list;
+mod p2p;
 
 pub use access::Iommu;
 pub use bind::{describe_refused, md_build_line, select, volume_spec, Bound, Candidate, Refused, Released, Selection};
 pub use list::{md_arrays, ControllerEntry, MdArray, NamespaceEntry, VolumeFile, VOLUME_DIR};
+pub use p2p::{HostBridge, HostBridgePath, Listing, P2pRoute};
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -433,6 +436,8 @@ fn device_in(p: &Path, set: &std::collections::BTreeSet<u64>) -> bool {
 }
 
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
+#[cfg(test)]
+mod p2p_tests;
 #[cfg(test)]
 mod tests;
