@@ -121,7 +121,7 @@ impl FileOps for Chardev {
             }
             IOCTL_REGISTER_DMABUF => {
                 let mut a: RegisterDmabuf = read_arg(arg)?;
-                a.handle = register_dmabuf(c, handle, &a)?;
+                a.handle = register_dmabuf(&file.ctrl, handle, &a)?;
                 if let Err(e) = write_arg(arg, &a) {
                     let _ = deregister(c, handle, a.handle.id, a.handle.generation);
                     return Err(e);
@@ -344,9 +344,10 @@ fn register_host(c: &Controller, owner: &MmGrab, handle: FileHandle, a: &Registe
     insert_registration(c, handle, Backing::Host { mem, _charge: charge })
 }
 
-fn register_dmabuf(c: &Controller, handle: FileHandle, a: &RegisterDmabuf) -> Result<RegistrationHandle> {
+fn register_dmabuf(c: &Arc<Controller>, handle: FileHandle, a: &RegisterDmabuf) -> Result<RegistrationHandle> {
     let r = a.check().map_err(arg_error)?;
-    let m = DmabufMapping::import(&c.pdev, r.fd, r.offset, r.len)?;
+    // A revocation resets this controller (see `Controller::quiesce`).
+    let m = DmabufMapping::import(&c.pdev, r.fd, r.offset, r.len, c.clone())?;
     insert_registration(c, handle, Backing::Dmabuf(m))
 }
 
@@ -400,6 +401,9 @@ fn find_reg<'a>(
         .ok_or(ENOENT)?;
     if r.generation != generation {
         return Err(crate::errno::estale());
+    }
+    if r.revoked() {
+        return Err(crate::errno::ekeyrevoked());
     }
     Ok(r)
 }

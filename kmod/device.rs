@@ -12,6 +12,7 @@ use crate::qpair::Qpair;
 use crate::openers::OpenRecord;
 use crate::registry::Registration;
 use crate::shim::chrdev::FileHandle;
+use crate::shim::dmabuf::Revoker;
 use crate::shim::dma::{dma_write, CoherentAllocation};
 use crate::shim::irq::IrqVectors;
 use crate::shim::pci;
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     pub(crate) resets: u64,
     /// Timeouts that forced a reset since probe (every call of `reset_locked` starts with one).
     pub(crate) timeouts: u64,
+    /// dma-buf registrations their exporters revoked since probe (each reset the controller).
+    pub(crate) revocations: u64,
 }
 
 /// The doorbell range user space may map (from BAR0 offset 0x1000).
@@ -123,6 +126,7 @@ impl Controller {
             epoch: 1,
             resets: 0,
             timeouts: 0,
+            revocations: 0,
         };
         let c = Arc::pin_init(
             pin_init!(Controller {
@@ -152,6 +156,9 @@ impl Controller {
         let _ = dma_write!(s[0].qpairs = inner.qpairs.len() as u64);
         let _ = dma_write!(s[0].resets = inner.resets);
         let _ = dma_write!(s[0].timeouts = inner.timeouts);
+        // Before the state word: whoever sees the epoch a revocation's reset published also sees
+        // the revocation counted.
+        let _ = dma_write!(s[0].revocations = inner.revocations);
         // Epoch and fault flag in one aligned word, one store: a reader sees both as of one
         // publication (two fields could pair a new epoch with an old fault flag).
         let state = ControllerState::new(inner.epoch, inner.faulted || inner.hw.is_none());
@@ -171,9 +178,14 @@ impl Controller {
         if inner.hw.is_none() {
             return Err(ENODEV);
         }
+        inner.timeouts += 1;
+        self.reset_counted(inner)
+    }
+
+    /// [`Controller::reset_locked`] once the cause was counted.
+    fn reset_counted(&self, inner: &mut Inner) -> Result {
         inner.faulted = true;
         inner.epoch += 1;
-        inner.timeouts += 1;
         self.publish(inner);
         let Some(hw) = inner.hw.as_mut() else { return Err(ENODEV) };
         if let Err(e) = ctrl::disable(&hw.bar, self.cap) {
@@ -307,5 +319,30 @@ impl Controller {
         // After the mutex, as in `release_file`.
         drop(inner);
         drop(regs);
+    }
+}
+
+impl Revoker for Controller {
+    /// An exporter revoked a dma-buf registered here: any command of any opener may name it, so
+    /// the controller is reset (after RDY=0 it does no DMA; every queue pair then waits for its
+    /// owner's re-arm, and user space, seeing the epoch move with the revocation counted, checks
+    /// its dma-buf registrations before it names one again). A controller that does not stop
+    /// loses bus mastering: it can then reach no memory at all, and stays faulted.
+    fn quiesce(&self) -> bool {
+        let mut inner = self.inner.lock();
+        if inner.hw.is_none() {
+            // Unbound, and the registration still alive: the controller did not stop at unbind.
+            return false;
+        }
+        inner.revocations += 1;
+        let stopped = self.reset_counted(&mut inner).is_ok();
+        if !stopped {
+            pr_err!("{}: dma-buf revoked and the controller did not reset: bus mastering off\n", self.pdev.name());
+            self.pdev.clear_master();
+            inner.faulted = true;
+        }
+        pr_info!("{}: a dma-buf registration was revoked by its exporter\n", self.pdev.name());
+        self.publish(&inner);
+        true
     }
 }

@@ -12,3 +12,8 @@ pub(crate) fn etimedout() -> Error {
 pub(crate) fn estale() -> Error {
     Error::from_errno(-errno::ESTALE)
 }
+
+/// EKEYREVOKED: the dma-buf's exporter revoked the registration.
+pub(crate) fn ekeyrevoked() -> Error {
+    Error::from_errno(-errno::EKEYREVOKED)
+}

@@ -42,6 +42,14 @@ impl Registration {
         }
     }
 
+    /// Whether an exporter revoked it (its segments are stale: the controller was reset first).
+    pub(crate) fn revoked(&self) -> bool {
+        match &self.backing {
+            Backing::Host { .. } => false,
+            Backing::Dmabuf(d) => d.revoked(),
+        }
+    }
+
     /// Pinned pages (for the counters).
     pub(crate) fn npages(&self) -> usize {
         match &self.backing {

@@ -197,6 +197,12 @@ impl Enabled {
         unsafe { bindings::pci_set_master(self.dev.as_raw()) };
     }
 
+    /// Turns bus mastering off: the device can then issue no DMA at all.
+    pub(crate) fn clear_master(&self) {
+        // SAFETY: the device is live.
+        unsafe { bindings::pci_clear_master(self.dev.as_raw()) };
+    }
+
     /// Requests BAR `bar` for this driver and maps it uncached.
     pub(crate) fn map_bar<const SIZE: usize>(&self, bar: u32, name: &'static CStr) -> Result<Bar<SIZE>> {
         let (start, len) = self.dev.resource(bar as usize)?;

@@ -90,6 +90,8 @@ fn fields<'py>(py: Python<'py>, e: &ugds::Error) -> PyResult<Fields<'py>> {
             ("RegistrationBusy", vec![("id", v(&u64::from(*id))?), ("inflight", v(&u64::from(*inflight))?)])
         }
         E::DeviceProtocol(d) => ("DeviceProtocol", vec![("detail", v(d)?)]),
+        E::PeerToPeerRefused => ("PeerToPeerRefused", vec![]),
+        E::Revoked => ("Revoked", vec![]),
         E::Gpu { op, reason } => ("GpuError", vec![("op", v(&op.to_string())?), ("reason", v(reason)?)]),
         E::Unsupported { what, why, fix } => {
             ("Unsupported", vec![("what", v(&what.to_string())?), ("why", v(why)?), ("fix", v(&fix.to_string())?)])

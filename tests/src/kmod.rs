@@ -218,6 +218,7 @@ pub fn child_main(args: &[String]) -> Result<()> {
         }
         Some("memlock") => crate::boundary::memlock_child(&args[1]),
         Some("volume-writer") => crate::volume::writer_child(&args[1]),
+        Some("p2p-reader") => crate::p2p::reader_child(&args[1]),
         Some("crash-io") => crate::reliability::crash_child(&args[1], args[2].parse()?, args[3].parse()?),
         Some("touch-after-unbind") => {
             // Map an SQ, have the parent unbind, then touch the mapping: must fault (SIGBUS).

@@ -15,6 +15,7 @@ pub mod kmsg;
 pub mod mqes;
 pub mod ops;
 pub mod owned;
+pub mod p2p;
 pub mod portable;
 pub mod python;
 pub mod raw;
@@ -23,6 +24,7 @@ pub mod remote;
 pub mod remote_rdma;
 pub mod sgl;
 pub mod userlib;
+pub mod vfio;
 pub mod volume;
 
 use anyhow::{bail, Context, Result};
@@ -40,37 +42,53 @@ pub struct Variant {
     pub nvme: &'static [&'static str],
     /// Guest IOMMU on.
     pub iommu: bool,
+    /// A stand-in GPU for peer-to-peer tests (`cargo xtask vm --p2p`): `switch`, `root`, or none.
+    pub p2p: Option<&'static str>,
 }
 
 /// Every VM variant the suite uses.
 pub const VARIANTS: &[Variant] = &[
-    Variant { name: "two-controllers", nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"], iommu: false },
+    Variant {
+        name: "two-controllers",
+        nvme: &["size=256M,lbs=4096,mdts=2", "size=128M,ns=2"],
+        iommu: false,
+        p2p: None,
+    },
     Variant {
         name: "multipath",
         nvme: &["size=256M,lbs=4096,mdts=2,shared=on", "size=128M,ns=2,shared=on"],
         iommu: false,
+        p2p: None,
     },
-    Variant { name: "userlib", nvme: userlib::NVME, iommu: false },
-    Variant { name: "iommu", nvme: &["size=64M"], iommu: true },
-    Variant { name: "batch", nvme: batch::NVME, iommu: false },
-    Variant { name: "reliability", nvme: reliability::NVME, iommu: false },
-    Variant { name: "portable", nvme: portable::NVME, iommu: false },
-    Variant { name: "volume", nvme: volume::NVME, iommu: false },
+    Variant { name: "userlib", nvme: userlib::NVME, iommu: false, p2p: None },
+    Variant { name: "iommu", nvme: &["size=64M"], iommu: true, p2p: None },
+    Variant { name: "batch", nvme: batch::NVME, iommu: false, p2p: None },
+    Variant { name: "reliability", nvme: reliability::NVME, iommu: false, p2p: None },
+    Variant { name: "portable", nvme: portable::NVME, iommu: false, p2p: None },
+    Variant { name: "volume", nvme: volume::NVME, iommu: false, p2p: None },
     // The Python package's suites on ugds nodes (the wheel the host phase installed).
-    Variant { name: "python", nvme: python::NVME, iommu: false },
+    Variant { name: "python", nvme: python::NVME, iommu: false, p2p: None },
     // Namespace 2 is formatted with 8 bytes of metadata per block (QEMU's `ms=8`).
-    Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false },
+    Variant { name: "capabilities", nvme: &["size=16M,ns=2,ms=8"], iommu: false, p2p: None },
     // MQES 127 (128-entry queues): needs the QEMU 10 that ci/setup.sh caches.
-    Variant { name: "small-mqes", nvme: mqes::NVME, iommu: false },
+    Variant { name: "small-mqes", nvme: mqes::NVME, iommu: false, p2p: None },
     // The kernel's nvmet exports the (kernel-owned) disk over NVMe/TCP on the loopback interface
     // and over NVMe/RDMA on soft-RoCE (rdma_rxe on a dummy interface).
-    Variant { name: "remote", nvme: remote::NVME, iommu: false },
-    Variant { name: "ops", nvme: ops::NVME, iommu: false },
+    Variant { name: "remote", nvme: remote::NVME, iommu: false, p2p: None },
+    Variant { name: "ops", nvme: ops::NVME, iommu: false, p2p: None },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
         iommu: false,
+        p2p: None,
     },
+    // The SSD and another device's memory BAR (vfio-pci's dma-buf export, Linux 7.3; vfio-pci
+    // needs the guest IOMMU on Debian's kernel): behind one switch (the IOMMU in passthrough,
+    // see p2p.rs), on the root complex (q35's host bridge: refused), and on the root complex
+    // with an AMD Zen CPU (trusted: through the translating IOMMU).
+    Variant { name: "p2p-switch", nvme: p2p::NVME, iommu: true, p2p: Some("switch+pt") },
+    Variant { name: "p2p-root", nvme: p2p::NVME, iommu: true, p2p: Some("root") },
+    Variant { name: "p2p-root-zen", nvme: p2p::NVME, iommu: true, p2p: Some("root+zen") },
 ];
 
 /// One test.
@@ -102,6 +120,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(python::tests());
     v.extend(remote::tests());
     v.extend(remote_rdma::tests());
+    v.extend(p2p::tests());
     v
 }
 

@@ -2,7 +2,7 @@
 //! `ugds-vm-suite`: runs the VM tests of one variant, checks the kernel log after each, and
 //! prints a result line that `cargo xtask test` reads.
 //!
-//! `--list-variants [FILTER]` prints `name|nvme spec;nvme spec|iommu` per variant (with FILTER,
+//! `--list-variants [FILTER]` prints `name|nvme spec;nvme spec|iommu|p2p topology or -` per variant (with FILTER,
 //! only the variants that have a test whose name contains it).
 
 use ugds_tests::{all_tests, kmsg, VARIANTS};
@@ -17,7 +17,7 @@ fn main() {
             if filter.is_some_and(|f| !tests.iter().any(|t| t.variant == v.name && t.name.contains(f.as_str()))) {
                 continue;
             }
-            println!("{}|{}|{}", v.name, v.nvme.join(";"), v.iommu);
+            println!("{}|{}|{}|{}", v.name, v.nvme.join(";"), v.iommu, v.p2p.unwrap_or("-"));
         }
         return;
     }

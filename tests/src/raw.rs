@@ -73,6 +73,12 @@ impl Mapping {
         // SAFETY: in bounds and aligned (asserted).
         unsafe { std::ptr::write_volatile(self.ptr.add(off).cast::<u64>(), v) }
     }
+    /// Copies bytes in.
+    pub fn write_bytes(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: in bounds (asserted); the mapping is ours, and `data` is not part of it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
+    }
     /// Copies bytes out.
     pub fn read_bytes(&self, off: usize, out: &mut [u8]) {
         assert!(off + out.len() <= self.len);

@@ -23,6 +23,8 @@
 //! | `EBUSY` | (open) the node is held exclusively (`O_EXCL`) by another opener, or an exclusive open finds other openers |
 //! | `EACCES` | (doorbell mmap) the controller keeps its MSI-X table or PBA in the doorbell pages, which user space must never write |
 //! | `ENOMEM` | (registration) pinning would exceed `RLIMIT_MEMLOCK` (without `CAP_IPC_LOCK`) |
+//! | `EXDEV` | (dma-buf registration) the kernel allows no peer-to-peer DMA between the controller and the device whose memory the dma-buf holds (the PCIe topology, ACS redirection or an untrusted host bridge): nothing was registered |
+//! | `EKEYREVOKED` | (`GET_SEGMENTS`) the dma-buf's exporter revoked it (a device reset, its memory moved or disabled): the controller was reset before the mapping went, so no command reached it afterwards; deregister it |
 //! | `EACCES` | (`ADMIN_CMD`) the opcode is not one of [`ADMIN_ALLOWED`]: nothing reached the controller |
 //! | `EIO` | (`ADMIN_CMD`) the controller is faulted or its admin queue broken (a reset is needed); a command the controller completed with an error status is not an errno but [`AdminCommand::status`] |
 //!
@@ -35,7 +37,7 @@
 //! names a queue the controller does not have.
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -58,6 +60,8 @@ pub mod errno {
     pub const EBUSY: i32 = 16;
     /// Permission denied.
     pub const EACCES: i32 = 13;
+    /// Cross-device link: peer-to-peer DMA between the two devices is not possible.
+    pub const EXDEV: i32 = 18;
     /// No such device.
     pub const ENODEV: i32 = 19;
     /// Invalid argument.
@@ -72,6 +76,8 @@ pub mod errno {
     pub const ESTALE: i32 = 116;
     /// Timed out.
     pub const ETIMEDOUT: i32 = 110;
+    /// Key has been revoked: the dma-buf's exporter revoked the memory.
+    pub const EKEYREVOKED: i32 = 128;
 }
 
 const IOC_NRBITS: u32 = 8;
@@ -377,9 +383,13 @@ pub struct StatusPage {
     /// asks for `IOCTL_RESET` then, and only then; a reset asked for by hand counts too) or an
     /// admin command of the module (creating or deleting a queue pair); ABI 5.
     pub timeouts: u64,
+    /// dma-buf registrations their exporters revoked since probe (each reset the controller
+    /// first, so the epoch moved on with it; published before the epoch): a registration
+    /// validated before a change may be revoked; ABI 6.
+    pub revocations: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<StatusPage>() == 56);
+const _: () = assert!(core::mem::size_of::<StatusPage>() == 64);
 const _: () = assert!(core::mem::offset_of!(StatusPage, state) == 8);
 
 /// [`StatusPage::state`]: bit 0 is set while the controller is faulted (a reset is needed or in

@@ -163,7 +163,7 @@ fn ioctl_structs_and_numbers() {
     assert_eq!(size_of::<GetSegments>(), 24);
     assert_eq!(size_of::<Deregister>(), 8);
     assert_eq!(size_of::<SetEventfd>(), 8);
-    assert_eq!(size_of::<StatusPage>(), 56);
+    assert_eq!(size_of::<StatusPage>(), 64);
     assert_eq!(size_of::<Opener>(), 32);
     assert_eq!(size_of::<ListOpeners>(), 16);
     assert_eq!(size_of::<AdminCommand>(), 56);

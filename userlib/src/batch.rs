@@ -10,7 +10,7 @@
 //! kept for good.
 
 use crate::buffer::{Buffer, Lease, Path};
-use crate::cmd::{self, Command, DmaRange};
+use crate::cmd::{self, Command};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
@@ -167,7 +167,7 @@ impl QueueBatch {
         for e in entries {
             let cmd = self.ns.one_command(e.dev_offset, e.len).and_then(|c| {
                 match e.lease.buffer().registration_on(self.member) {
-                    Some(_) => Ok(c),
+                    Some(r) => r.alive().map(|()| c),
                     None => Err(Error::invalid("buf", "not registered with the controller")),
                 }
             });
@@ -194,32 +194,43 @@ impl QueueBatch {
         if new.is_empty() {
             return Ok(());
         }
-        let cmds: Vec<Command<'_>> = new
+        let cmds: Result<Vec<Command<'_>>> = new
             .iter()
-            .filter_map(|s| {
-                let reg = s.lease.as_ref()?.buffer().registration_on(self.member)?;
+            .map(|s| {
+                let reg = s
+                    .lease
+                    .as_ref()
+                    .and_then(|l| l.buffer().registration_on(self.member))
+                    .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
                 // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the
                 // command is over (kept for good when that cannot be confirmed), so the
                 // registration stays and the CPU keeps out; `one_command` made `len` exactly
                 // `nlb` blocks.
-                let data = unsafe { DmaRange::new(reg.segments(), s.buf_offset, s.len) };
-                Some(if s.write {
+                let data = unsafe { reg.range(s.buf_offset, s.len) }?;
+                Ok(if s.write {
                     cmd::Write::new(s.slba, s.nlb, data).build()
                 } else {
                     cmd::Read::new(s.slba, s.nlb, data).build()
                 })
             })
             .collect();
-        let mut cids = vec![0u16; cmds.len()];
-        // The batch owns its queue pair: the single-owner calls take no lock.
-        if let Err(e) = self.qp.submit_owned(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut cids) {
-            // Nothing was submitted: the leases go back.
-            for s in &mut self.pending[first..] {
-                s.lease = None;
+        // One revoked in between (checked above): nothing of this burst is submitted.
+        let submitted = cmds.and_then(|cmds| {
+            let mut cids = vec![0u16; cmds.len()];
+            // The batch owns its queue pair: the single-owner calls take no lock.
+            self.qp.submit_owned(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut cids).map(|_| cids)
+        });
+        let cids = match submitted {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing was submitted: the leases go back.
+                for s in &mut self.pending[first..] {
+                    s.lease = None;
+                }
+                self.pending.truncate(first);
+                return Err(e);
             }
-            self.pending.truncate(first);
-            return Err(e);
-        }
+        };
         for (s, c) in self.pending[first..].iter_mut().zip(cids) {
             s.cid = c;
         }

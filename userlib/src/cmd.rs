@@ -25,6 +25,9 @@ pub struct DmaRange<'a> {
     segs: &'a [Segment],
     off: u64,
     len: u64,
+    /// The controller epoch the segments are known valid in (a dma-buf its exporter may
+    /// revoke); `None`: valid for as long as the registration lives.
+    epoch: Option<u64>,
 }
 
 impl<'a> DmaRange<'a> {
@@ -40,7 +43,14 @@ impl<'a> DmaRange<'a> {
     /// - `len` is exactly the command's transfer length (its blocks times the block size), so
     ///   the device moves no byte outside the range.
     pub unsafe fn new(segs: &'a [Segment], off: u64, len: u64) -> Self {
-        DmaRange { segs, off, len }
+        DmaRange { segs, off, len, epoch: None }
+    }
+
+    /// The same range, valid only while the controller is in `epoch`: an exporter's revocation
+    /// resets the controller (a new epoch), and a queue refuses a command tagged with an older
+    /// epoch than its own ([`Command::valid_in`]).
+    pub(crate) fn only_in(self, epoch: u64) -> Self {
+        DmaRange { epoch: Some(epoch), ..self }
     }
 }
 
@@ -142,6 +152,16 @@ pub struct ListPage<'m, M: ?Sized> {
 }
 
 impl<'a> Command<'a> {
+    /// Whether the command may be written into the rings of `epoch`: its memory is not one that
+    /// was only known valid in an earlier epoch.
+    #[inline]
+    pub(crate) fn valid_in(&self, epoch: u64) -> Result<(), u64> {
+        match self.data {
+            Data::Prp(DmaRange { epoch: Some(e), .. }) if e != epoch => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// A zeroed command with `opcode`.
     const fn zeroed(opcode: u8) -> Self {
         Command { opcode, cdw: [0; 6], data: Data::None }
@@ -486,6 +506,18 @@ mod tests {
         assert_eq!((c.name(), c.slba(), c.cdw(12)), ("write", 5, FUA | 0xFFFF));
         let (got, _) = encode(&c, 3, 2).unwrap();
         assert_eq!(got, reference(nvm::WRITE, 3, 2, (0x10_0000, 0), [(10, 5), (11, 0), (12, FUA | 0xFFFF)]));
+    }
+
+    #[test]
+    fn memory_checked_in_one_epoch_is_refused_in_another() {
+        // Host memory: any epoch.
+        assert_eq!(Read::new(0, 1, range(0, 4096)).build().valid_in(7), Ok(()));
+        // A revocable registration checked alive in epoch 3.
+        let c = Read::new(0, 1, range(0, 4096).only_in(3)).build();
+        assert_eq!(c.valid_in(3), Ok(()));
+        assert_eq!(c.valid_in(5), Err(3), "a reset since the check may have been a revocation");
+        // Commands without data carry no memory to check.
+        assert_eq!(Flush::new().build().valid_in(9), Ok(()));
     }
 
     #[test]

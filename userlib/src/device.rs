@@ -4,7 +4,7 @@
 //! node from anything else. Data moves through [`crate::Storage`] and [`crate::Buffer`], which
 //! own memory, leases and the request check; this layer only builds and runs commands.
 
-use crate::cmd::{self, Command, DptrPolicy, DsmRange};
+use crate::cmd::{self, Command, DmaRange, DptrPolicy, DsmRange};
 use crate::error::{Error, Result};
 use crate::fork::Born;
 #[cfg(doc)]
@@ -31,6 +31,7 @@ pub(crate) mod lanes;
 #[cfg(test)]
 mod mock_tests;
 mod owned;
+mod revocation;
 
 pub(crate) use owned::OwnedQueuePair;
 
@@ -436,12 +437,24 @@ impl Device {
         self.finish_registration(a.handle)
     }
 
-    /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, udmabuf, dma-heap buffer).
+    /// Registers `[offset, offset + len)` of a dma-buf (GPU memory, a device's BAR, udmabuf, a
+    /// dma-heap buffer). Its exporter may revoke it later: commands then check it once per
+    /// controller epoch ([`Registration::range`]). [`Error::PeerToPeerRefused`] when the kernel
+    /// allows no peer-to-peer DMA between the controller and the exporter's device.
     pub(crate) fn register_dmabuf(&self, fd: i32, offset: u64, len: u64) -> Result<Registration> {
         self.inner.born.check("device")?;
+        // Read before the registration exists: a revocation after this moves the epoch.
+        let live = revocation::Liveness::checked_at(self.inner.status.state().epoch(), self.inner.status.revocations());
         let mut a = RegisterDmabuf { fd, reserved: 0, offset, len, handle: RegistrationHandle::default() };
-        self.inner.fd.ioctl(req::RegisterDmabuf, &mut a)?;
-        self.finish_registration(a.handle)
+        match self.inner.fd.ioctl(req::RegisterDmabuf, &mut a) {
+            Err(Error::Control { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
+                return Err(Error::PeerToPeerRefused)
+            }
+            r => r?,
+        };
+        let mut reg = self.finish_registration(a.handle)?;
+        reg.live = Some(live);
+        Ok(reg)
     }
 
     fn finish_registration(&self, h: RegistrationHandle) -> Result<Registration> {
@@ -454,7 +467,7 @@ impl Device {
             segments: segments.as_mut_ptr() as u64,
         };
         // Built before GET_SEGMENTS so that a failure still deregisters (on drop).
-        let mut reg = Registration { dev: self.inner.clone(), handle: h, segments: Vec::new() };
+        let mut reg = Registration { dev: self.inner.clone(), handle: h, segments: Vec::new(), live: None };
         // SAFETY: `g.segments` points to `segments`, a live vector of `g.count` segments that
         // nothing else references during the call.
         let n = unsafe { self.inner.fd.ioctl_unchecked(req::GetSegments, &mut g) }?;
@@ -696,12 +709,34 @@ pub(crate) struct Registration {
     dev: Arc<Inner>,
     handle: RegistrationHandle,
     segments: Vec<Segment>,
+    /// A dma-buf, which its exporter may revoke; `None`: pinned host pages, never revoked.
+    live: Option<revocation::Liveness>,
 }
 
 impl Registration {
-    /// Its DMA segments.
-    pub(crate) fn segments(&self) -> &[Segment] {
-        &self.segments
+    /// [`Error::Revoked`] once the exporter revoked it (checked once per controller epoch).
+    pub(crate) fn alive(&self) -> Result<()> {
+        match &self.live {
+            None => Ok(()),
+            Some(l) => l.epoch(&self.dev, self.handle).map(drop),
+        }
+    }
+
+    /// Bytes `[off, off + len)` of the registration for one command: checked alive first where
+    /// its exporter may revoke it, and then valid only in the controller epoch of that check.
+    ///
+    /// # Safety
+    ///
+    /// As [`DmaRange::new`], except that the registration's liveness is checked here.
+    #[inline]
+    pub(crate) unsafe fn range(&self, off: u64, len: u64) -> Result<DmaRange<'_>> {
+        // SAFETY: the caller's contract; a revocable registration is named only in the epoch it
+        // was found alive in (a revocation resets the controller first, moving the epoch on).
+        let r = unsafe { DmaRange::new(&self.segments, off, len) };
+        match &self.live {
+            None => Ok(r),
+            Some(l) => Ok(r.only_in(l.epoch(&self.dev, self.handle)?)),
+        }
     }
 }
 

@@ -108,6 +108,20 @@ pub enum Error {
         /// The current epoch.
         new: u64,
     },
+    /// The kernel allows no peer-to-peer DMA between the controller and the device whose memory
+    /// a dma-buf holds (PCIe topology, ACS redirection, a host bridge it does not trust): nothing
+    /// was registered.
+    #[error(
+        "the kernel allows no peer-to-peer DMA between this controller and the dma-buf's device \
+         (topology, ACS or host bridge; `ugds doctor` shows the route): nothing was registered"
+    )]
+    PeerToPeerRefused,
+    /// The dma-buf's exporter revoked the memory (its device was reset, or the memory moved or
+    /// was disabled): the controller was reset first, so no command reached it afterwards.
+    #[error(
+        "the dma-buf's exporter revoked this memory (its device was reset or the memory went away); deregister it"
+    )]
+    Revoked,
     /// The registration still has commands in flight.
     #[error("registration {id} has {inflight} command(s) in flight")]
     RegistrationBusy {
@@ -275,6 +289,8 @@ impl Error {
             Error::Timeout { .. } => libc::ETIMEDOUT,
             Error::DeviceFaulted | Error::EpochChanged { .. } => libc::EAGAIN,
             Error::RegistrationBusy { .. } => libc::EBUSY,
+            Error::PeerToPeerRefused => libc::EXDEV,
+            Error::Revoked => libc::EKEYREVOKED,
             Error::Unsupported { .. } => libc::EOPNOTSUPP,
             Error::Member { source, .. } => return source.errno(),
             Error::RemoteUnreachable { source, .. } => {
@@ -311,7 +327,8 @@ impl Error {
             Error::AdminOpcodeRefused { .. } => K::PermissionDenied,
             Error::Timeout { .. } => K::TimedOut,
             Error::EpochChanged { .. } => K::Interrupted,
-            Error::Unsupported { .. } => K::Unsupported,
+            Error::Unsupported { .. } | Error::PeerToPeerRefused => K::Unsupported,
+            Error::Revoked => K::NotConnected,
             Error::RemoteRejected { .. } => K::ConnectionRefused,
             Error::RemoteProtocol { .. } | Error::DeviceProtocol(_) => K::InvalidData,
             Error::AbiMismatch { .. }

@@ -190,6 +190,13 @@ impl StatusView {
         ControllerState(self.load64(offset_of!(StatusPage, state)))
     }
 
+    /// dma-buf registrations revoked since probe (published before the epoch of the reset that
+    /// came with each).
+    #[inline]
+    pub fn revocations(&self) -> u64 {
+        self.load64(offset_of!(StatusPage, revocations))
+    }
+
     /// Every field, each read once.
     pub fn snapshot(&self) -> StatusPage {
         StatusPage {
@@ -201,6 +208,7 @@ impl StatusView {
             qpairs: self.load64(offset_of!(StatusPage, qpairs)),
             resets: self.load64(offset_of!(StatusPage, resets)),
             timeouts: self.load64(offset_of!(StatusPage, timeouts)),
+            revocations: self.revocations(),
         }
     }
 }

@@ -394,6 +394,27 @@ impl Storage {
         Ok(self.buffer(Mem::Gpu(mem), r))
     }
 
+    /// Registers the whole dma-buf behind `fd` that another driver exported (a device's memory
+    /// BAR through vfio-pci, a GPU or accelerator stack's export): the SSD reads and writes it
+    /// peer-to-peer, as it does registered GPU memory; the CPU has no access through the
+    /// buffer. The descriptor is duplicated (the caller keeps and closes its own). Refused by
+    /// name: [`Error::PeerToPeerRefused`] where the kernel allows no peer-to-peer DMA between
+    /// the controller and the exporter's device (`ugds doctor` predicts it), and
+    /// [`Error::Unsupported`] on a path without the SSD's queues (a file, a remote target).
+    /// Should the exporter revoke it later, I/O on the buffer fails with [`Error::Revoked`].
+    pub fn register_dmabuf(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<Buffer> {
+        self.alive()?;
+        if !self.is_direct() || self.is_remote() {
+            return Err(Error::Unsupported {
+                what: "registering another driver's dma-buf",
+                why: format!("only the SSD reaches such memory, and this target is {}", self.path_name()),
+                fix: "open a ugds node (/dev/ugds_drvN) or a volume of them",
+            });
+        }
+        let mem = crate::gpu::dmabuf::memory(fd)?;
+        self.register_gpu(mem, false)
+    }
+
     /// The one check of an I/O request, before anything runs: the buffer belongs to this
     /// storage and holds the range, offsets and length are block multiples, the buffer offset
     /// suits the path, and the range fits the target.

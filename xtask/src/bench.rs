@@ -41,6 +41,7 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
         timeout: Duration::from_secs(1800),
         env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
         cmd: vec![me.display().to_string(), "bench-guest".into(), cli.display().to_string(), seconds.to_string()],
+        p2p: None,
     };
     eprintln!(
         "bench: booting the VM ({} points x 2 engines x 2 controllers, and ugds on owned queues at QD 1, {seconds} s each)",

@@ -138,6 +138,7 @@ pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
         timeout: Duration::from_secs(1200),
         env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
         cmd: vec![me.display().to_string(), "demo-guest".into(), cli.display().to_string(), seconds.to_string()],
+        p2p: None,
     };
     let out = vm::run(&cfg, &k, true)?;
     if out.code != 0 {

@@ -18,6 +18,7 @@ mod fuzz;
 mod install;
 mod kernel;
 mod kmod;
+mod p2p;
 mod soname;
 mod stock;
 mod suite;
@@ -53,6 +54,16 @@ enum Cmd {
         /// Add an emulated Intel IOMMU and turn the guest IOMMU on (strict).
         #[arg(long)]
         iommu: bool,
+        /// Add a stand-in GPU (ivshmem-plain: a 128 MiB memory BAR backed by a host file) behind
+        /// one PCIe switch with the first controller, or on the root complex.
+        #[arg(long, value_enum)]
+        p2p: Option<p2p::Topology>,
+        /// With --p2p: model an AMD Zen CPU, whose host bridge Linux trusts for peer-to-peer.
+        #[arg(long, requires = "p2p")]
+        p2p_zen: bool,
+        /// With --p2p and --iommu: the IOMMU in passthrough for kernel drivers.
+        #[arg(long, requires = "p2p")]
+        p2p_passthrough: bool,
         /// Build and load ugds.ko and bind every controller to it before CMD.
         #[arg(long)]
         bind: bool,
@@ -268,7 +279,7 @@ fn real_main() -> Result<()> {
             let k = kernel.with_debug(debug).ensure()?;
             println!("{}", k.image().display());
         }
-        Cmd::Vm { nvme, iommu, bind, mem, timeout, debug_kernel, kernel, cmd } => {
+        Cmd::Vm { nvme, iommu, p2p, p2p_zen, p2p_passthrough, bind, mem, timeout, debug_kernel, kernel, cmd } => {
             let k = kernel.with_debug(debug_kernel).ensure()?;
             let bind_module = if bind { Some(kmod::build_for(&k)?) } else { None };
             let nvme = if nvme.is_empty() { vec![vm::NvmeSpec::default()] } else { nvme };
@@ -280,6 +291,7 @@ fn real_main() -> Result<()> {
                 timeout: Duration::from_secs(timeout),
                 env: Vec::new(),
                 cmd,
+                p2p: p2p.map(|topology| p2p::P2p { topology, zen_cpu: p2p_zen, passthrough: p2p_passthrough }),
             };
             let out = vm::run(&cfg, &k, true)?;
             std::process::exit(out.code);

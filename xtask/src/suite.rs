@@ -1,7 +1,7 @@
 //! `cargo xtask test`: host tests, then the VM suite (one VM boot per variant), summed into one
 //! `N passed, M failed` line.
 
-use crate::{clib, kernel, kmod, toolchain, vm, wheel};
+use crate::{clib, kernel, kmod, p2p, toolchain, vm, wheel};
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -168,18 +168,30 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let xtask = std::env::current_exe()?;
     // Every variant runs as declared; then, unless `--quick`, the ones declared without an IOMMU
     // run again with the guest IOMMU translating (DESIGN.md: the whole suite runs both ways).
-    let mut runs: Vec<(String, String, bool)> = Vec::new();
+    let mut runs: Vec<(String, String, bool, Option<p2p::P2p>)> = Vec::new();
     for line in variants.lines() {
         let f: Vec<&str> = line.split('|').collect();
-        let [name, specs, iommu] = f[..] else { bail!("bad variant line {line:?}") };
-        runs.push((name.to_string(), specs.to_string(), iommu == "true" || plan.iommu));
+        let [name, specs, iommu, topology] = f[..] else { bail!("bad variant line {line:?}") };
+        let topology = p2p::P2p::parse_listed(topology)?;
+        // vfio-pci exports a BAR as a dma-buf from Linux 7.3 on: the test kernel (6.12) cannot
+        // stand in a GPU's exporter.
+        if topology.is_some() && !matches!(k, vm::Guest::Stock(_)) {
+            eprintln!(
+                "phase VM variant {name}: not on this kernel (needs vfio-pci's dma-buf export: --kernel debian-7.3)"
+            );
+            continue;
+        }
+        runs.push((name.to_string(), specs.to_string(), iommu == "true" || plan.iommu, topology));
     }
     if !plan.quick && !plan.iommu {
-        let extra: Vec<_> =
-            runs.iter().filter(|(_, _, i)| !i).map(|(n, s, _)| (format!("{n}+iommu"), s.clone(), true)).collect();
+        let extra: Vec<_> = runs
+            .iter()
+            .filter(|(_, _, i, _)| !i)
+            .map(|(n, s, _, t)| (format!("{n}+iommu"), s.clone(), true, *t))
+            .collect();
         runs.extend(extra);
     }
-    for (label, specs, iommu) in &runs {
+    for (label, specs, iommu, topology) in &runs {
         let name = label.trim_end_matches("+iommu");
         let t = Instant::now();
         let nvme = specs.split(';').map(str::parse).collect::<Result<Vec<vm::NvmeSpec>>>()?;
@@ -205,6 +217,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             .chain(k.suite_env())
             .collect(),
             cmd,
+            p2p: *topology,
         };
         eprintln!("phase VM variant {label}: booting");
         // A crashed emulator or a stalled boot reports nothing about our code (seen: bookworm's

@@ -160,6 +160,8 @@ pub struct VmConfig {
     pub env: Vec<(String, String)>,
     /// The command and its arguments.
     pub cmd: Vec<String>,
+    /// A stand-in GPU (a device with a memory BAR) for peer-to-peer tests, and where it sits.
+    pub p2p: Option<crate::p2p::P2p>,
 }
 
 /// The kernel a VM boots and where its modules come from.
@@ -354,7 +356,7 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Resul
         "-accel",
         "tcg,thread=multi",
         "-cpu",
-        "max",
+        if cfg.p2p.is_some_and(|p| p.zen_cpu) { "EPYC" } else { "max" },
         "-smp",
         "2",
         "-m",
@@ -375,14 +377,24 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Resul
         // The IOMMU must come before the devices it translates for.
         a.extend(["-device".into(), "intel-iommu".into()]);
         append.push_str(" intel_iommu=on iommu.strict=1");
+        if cfg.p2p.is_some_and(|p| p.passthrough) {
+            append.push_str(" iommu.passthrough=1");
+        }
     }
     a.extend(["-kernel".into(), kernel.image().display().to_string()]);
     a.extend(["-initrd".into(), initrd.display().to_string()]);
     a.extend(["-append".into(), append]);
     a.extend(["-virtfs".into(), "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap".into()]);
+    let p2p = cfg.p2p.map(|p| crate::p2p::devices(p.topology, dir));
+    if let Some(d) = &p2p {
+        a.extend(d.args.iter().cloned());
+    }
     for (i, spec) in cfg.nvme.iter().enumerate() {
         let serial = spec.serial.clone().unwrap_or_else(|| format!("ugds{i:04}"));
         let mut dev = format!("nvme,id=nvme{i},serial={serial}");
+        if let Some(bus) = p2p.as_ref().and_then(|d| d.nvme0_bus).filter(|_| i == 0) {
+            write!(dev, ",bus={bus}")?;
+        }
         if let Some(m) = spec.mdts {
             write!(dev, ",mdts={m}")?;
         }
@@ -497,6 +509,11 @@ pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
     }
     let tmp = TempDir::new("ugds-vm")?;
     let xtask = std::env::current_exe()?;
+    let mut cfg = cfg.clone();
+    if let Some(t) = cfg.p2p {
+        cfg.env.extend(crate::p2p::guest_env(t, &crate::p2p::bar_file(tmp.path())));
+    }
+    let cfg = &cfg;
     let init = guest_init(cfg, kernel, &xtask)?;
     let initrd = make_initramfs(tmp.path(), &init, &kernel.early_modules()?)?;
     let args = qemu_args(cfg, kernel, tmp.path(), &initrd)?;
@@ -656,6 +673,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             env: vec![],
             cmd: vec![],
+            p2p: None,
         };
         assert_eq!(qemu_for(&cfg(&["size=64M"]), cache.path()).unwrap(), Qemu::System);
         let small = cfg(&["size=64M", "size=64M,mqes=127"]);

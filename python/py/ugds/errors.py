@@ -74,6 +74,16 @@ class EpochChanged(Error, OSError):
     new: int
 
 
+class PeerToPeerRefused(Error, OSError):
+    """The kernel allows no peer-to-peer DMA between the controller and the device whose memory
+    the dma-buf holds (topology, ACS, host bridge); ``ugds doctor`` shows the route."""
+
+
+class Revoked(Error, OSError):
+    """The dma-buf's exporter revoked the memory (its device was reset, or the memory went
+    away); deregister the buffer."""
+
+
 class RegistrationBusy(Error, OSError):
     """The memory still has I/O in flight (``inflight`` operations)."""
 
@@ -169,6 +179,8 @@ __all__ = [
     "DeviceFaulted",
     "EpochChanged",
     "RegistrationBusy",
+    "PeerToPeerRefused",
+    "Revoked",
     "AbiMismatch",
     "ControlError",
     "NoNamespace",

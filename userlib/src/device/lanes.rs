@@ -10,7 +10,7 @@
 //! atomic read-modify-write per command). The logic here is the same for both.
 
 use super::{Namespace, Registration};
-use crate::cmd::{self, Command, DmaRange};
+use crate::cmd::{self, Command};
 use crate::error::Error;
 use crate::inflight::{Failed, InFlight, Why};
 use crate::mmio::StatusView;
@@ -179,8 +179,9 @@ impl<'a> State<'a> {
         }
     }
 
-    /// Fills the next burst of `lane`'s commands; returns how many.
-    fn fill(&mut self, write: bool, lane: &Lane<'a>, depth: u32) -> usize {
+    /// Fills the next burst of `lane`'s commands; returns how many, or why none can be built
+    /// (the registration was revoked) and at which device offset.
+    fn fill(&mut self, write: bool, lane: &Lane<'a>, depth: u32) -> Result<usize, (Error, u64)> {
         let ns = lane.ns;
         let shift = ns.info.lba_shift;
         let per_cmd = ns.max_command_bytes() & !(ns.block_size() - 1);
@@ -199,14 +200,15 @@ impl<'a> State<'a> {
             // call (the CPU cannot touch the memory) and keeps for good when the commands may
             // outlive it (the failure's `InFlight` token), so the registration stays while the
             // SSD may use it; `chunk` is exactly `nlb` blocks.
-            let data = unsafe { DmaRange::new(&lane.reg.segments, e.reg_offset + done, chunk) };
+            let data =
+                unsafe { lane.reg.range(e.reg_offset + done, chunk) }.map_err(|err| (err, e.dev_offset + done))?;
             self.burst[n] =
                 if write { cmd::Write::new(slba, nlb, data).build() } else { cmd::Read::new(slba, nlb, data).build() };
             self.dev_offsets[n] = e.dev_offset + done;
             self.next.1 = done + chunk;
             n += 1;
         }
-        n
+        Ok(n)
     }
 
     fn fail(&mut self, failure: Failed, dev_offset: u64) {
@@ -290,7 +292,19 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
             }
             let ns = lane.ns;
             if st.n == 0 {
-                let n = if failed { 0 } else { st.fill(write, lane, q.qp().depth()) };
+                let n = if failed {
+                    0
+                } else {
+                    match st.fill(write, lane, q.qp().depth()) {
+                        Ok(n) => n,
+                        Err((e, off)) => {
+                            // Nothing of the burst was built: nothing is in flight.
+                            st.fail(failure(ns, q, e), off);
+                            failed = true;
+                            continue;
+                        }
+                    }
+                };
                 if n == 0 {
                     st.result = Some(Ok(()));
                     continue;

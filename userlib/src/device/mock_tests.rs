@@ -41,6 +41,7 @@ fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Buffer {
         dev: dev.inner.clone(),
         handle: RegistrationHandle::default(),
         segments: mock.segments().to_vec(),
+        live: None,
     };
     let len = mock.host_len();
     let mem = HostMemory::new(len).unwrap();

@@ -10,6 +10,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub(crate) mod dmabuf;
 /// The CUDA backend is not built (feature `cuda` off): what the rest of the crate asks of it.
 #[cfg(not(feature = "cuda"))]
 pub mod cuda {
@@ -50,6 +51,9 @@ pub enum Vendor {
     Hip,
     /// Host memory standing in for a GPU (tests, machines without one).
     Cpu,
+    /// Memory another driver exported as a dma-buf (a device's BAR, an accelerator's memory),
+    /// registered with [`crate::Storage::register_dmabuf`].
+    Dmabuf,
 }
 
 /// Pinned (page-locked) host memory, for staging copies. The library's own DMA memory:

@@ -562,6 +562,11 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
     pub fn push(&mut self, cmd: &Command<'_>) -> Result<u16> {
         let core = self.core;
         let r = &mut *self.rings;
+        // Memory an exporter may revoke is only named in the epoch it was checked in: a
+        // revocation resets the controller first, so a command built before it never runs.
+        if let Err(old) = cmd.valid_in(r.epoch) {
+            return Err(Error::EpochChanged { old, new: r.epoch });
+        }
         if r.cids.available() == 0 {
             return Err(Error::invalid("cmds", "the queue is full"));
         }

@@ -136,6 +136,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
             cli.display().to_string(),
             grid.to_json().to_string(),
         ],
+        p2p: None,
     };
     eprintln!(
         "bench: booting the VM ({points_total} points over {}: {} sizes x {} depths x {} rw x 2 engines, {} s each; \

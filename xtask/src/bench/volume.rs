@@ -141,6 +141,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
             cli.display().to_string(),
             grid.to_json().to_string(),
         ],
+        p2p: None,
     };
     eprintln!(
         "bench: booting the VM ({points_total} points: members {:?} x {} sizes x {} depths x {} rw x 2 engines x {} \
