@@ -289,9 +289,14 @@ unsafe fn open(td: *mut sys::thread_data, f: *mut sys::fio_file) -> c_int {
     let size = match unsafe { thread(td) } {
         // CAST: fio's file numbers are small non-negative ints.
         Some(th) => th.open(fileno as usize, &name, len),
-        // fio's main process sizes the files before the jobs start (create_serialize): open,
-        // measure, close; the job opens its own.
-        None => engine::open_storage(&name, &options::Settings::from(None), len).and_then(|s| s.capacity()),
+        // fio's main process sizes the files before the jobs start (create_serialize): open
+        // with the job's options (its namespace), measure, close; the job opens its own.
+        None => {
+            // SAFETY: eo is null or fio's parsed options of this job (`option_struct_size`
+            // bytes), allocated before any file is sized.
+            let eo = unsafe { t.eo.cast::<options::EngineOptions>().as_ref() };
+            engine::open_storage(&name, &options::Settings::from(eo), len).and_then(|s| s.capacity())
+        }
     };
     match size {
         Ok(n) => {

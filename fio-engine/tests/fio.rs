@@ -47,7 +47,9 @@ fn fio(dir: &Path, engine_line: Option<&str>, job: &str, preload: bool) -> Run {
     let global = engine_line.map(|e| format!("[global]\n{e}\n")).unwrap_or_default();
     std::fs::write(&jobfile, format!("{global}[job]\n{job}\n")).expect("writing the job file");
     let mut cmd = Command::new(fio_bin());
-    cmd.arg("--output-format=json").arg(&jobfile);
+    // A failed verification leaves fio's state files (local-job-N-verify.state) in its
+    // working directory: the temporary one.
+    cmd.current_dir(dir).arg("--output-format=json").arg(&jobfile);
     if preload {
         cmd.env("LD_PRELOAD", engine());
     }

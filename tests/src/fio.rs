@@ -45,7 +45,12 @@ struct Run {
 fn fio(lines: &[String]) -> Result<Run> {
     let path = format!("/tmp/ugds-fio-{}.fio", std::process::id());
     std::fs::write(&path, format!("[job]\n{}\n", lines.join("\n")))?;
-    let out = Command::new("/usr/bin/fio").arg("--output-format=json").arg(&path).output().context("running fio")?;
+    let out = Command::new("/usr/bin/fio")
+        .current_dir("/tmp")
+        .arg("--output-format=json")
+        .arg(&path)
+        .output()
+        .context("running fio")?;
     let _ = std::fs::remove_file(&path);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     // The engine's log lines come before the report, which starts on a line of its own.
