@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod boundary;
+pub mod fio;
 pub mod fork;
 pub mod foundation;
 pub mod health;
@@ -76,6 +77,8 @@ pub const VARIANTS: &[Variant] = &[
     // and over NVMe/RDMA on soft-RoCE (rdma_rxe on a dummy interface).
     Variant { name: "remote", nvme: remote::NVME, iommu: false, p2p: None },
     Variant { name: "ops", nvme: ops::NVME, iommu: false, p2p: None },
+    // The fio engine: a node, a second namespace, a 2-member volume (fio 3.33 from the host).
+    Variant { name: "fio", nvme: fio::NVME, iommu: false, p2p: None },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -121,6 +124,7 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(remote::tests());
     v.extend(remote_rdma::tests());
     v.extend(p2p::tests());
+    v.extend(fio::tests());
     v
 }
 

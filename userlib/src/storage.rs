@@ -94,28 +94,33 @@ impl Storage {
     /// or a `stripe:` spec is a path too, as far as the type goes. A path that is not UTF-8 is
     /// [`Error::InvalidArgument`].
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Arc<Storage>> {
-        Self::open_target(crate::error::utf8_path(path.as_ref())?, 1)
+        Self::open_ns(path, 1)
     }
 
     /// Opens `path` as [`Storage::open`] does, namespace `nsid` of a ugds node.
     pub fn open_ns(path: impl AsRef<std::path::Path>, nsid: u32) -> Result<Arc<Storage>> {
-        Self::open_target(crate::error::utf8_path(path.as_ref())?, nsid)
+        Self::open_with(path, nsid, &DeviceOptions::default())
     }
 
-    fn open_target(path: &str, nsid: u32) -> Result<Arc<Storage>> {
+    /// Opens `path` as [`Storage::open`] does, namespace `nsid`, with `opts` for the controller of
+    /// a ugds node or of each member of a striped volume (queues, interrupt mode, PRPs or SGLs,
+    /// timeout). A remote target takes its options from its URI, and a file or block device has
+    /// none: `opts` does not apply to them.
+    pub fn open_with(path: impl AsRef<std::path::Path>, nsid: u32, opts: &DeviceOptions) -> Result<Arc<Storage>> {
+        let path = crate::error::utf8_path(path.as_ref())?;
         crate::fork::watch()?;
         if path.starts_with(crate::remote::uri::SCHEME) {
             return Self::remote(&crate::remote::RemoteSpec::parse(path)?);
         }
         if path.starts_with("stripe:") {
             let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
-            return Self::volume(&spec, &DeviceOptions::default());
+            return Self::volume(&spec, opts);
         }
         if let Some(spec) = VolumeSpec::descriptor_target(path, path)? {
-            return Self::volume(&VolumeSpec { nsid, ..spec }, &DeviceOptions::default());
+            return Self::volume(&VolumeSpec { nsid, ..spec }, opts);
         }
         if crate::device::is_ugds_node(path) {
-            let dev = Device::open(path)?;
+            let dev = Device::open_with(path, opts.clone())?;
             return Self::direct(&dev, nsid);
         }
         if let Some(spec) = crate::remote::sysfs::kernel_fabrics_namespace(path) {

@@ -186,6 +186,9 @@ pub fn install(prefix: &Path) -> Result<()> {
     install_versioned(&target.join("libugds.so"), &lib, "libugds.so", version)?;
     install_versioned(&target.join("libcufile_ugds.so"), &lib, "libcufile_ugds.so", version)?;
     replace_file(&target.join("libugds.a"), &lib.join("libugds.a"))?;
+    // The fio engine: loaded by path (ioengine=external:PATH, or LD_PRELOAD), never linked.
+    std::fs::create_dir_all(lib.join("fio")).context("creating lib/fio")?;
+    replace_file(&target.join("libugds_fio.so"), &lib.join("fio/libugds_fio.so"))?;
     // The cuFile drop-in: the same library under cuFile's names, in a directory of its own so
     // that one LD_LIBRARY_PATH entry puts it ahead of NVIDIA's libcufile.
     let dropin = lib.join(DROPIN_DIR);
@@ -207,12 +210,13 @@ pub fn install(prefix: &Path) -> Result<()> {
     crate::install::install_kmod_tool(&prefix)?;
     check_install(&prefix)?;
     println!(
-        "installed libugds.so.{version}, libugds.a, libcufile_ugds.so.{version}, {DROPIN_DIR}/libcufile.so.0, ugds.h \
-         and ugds.pc under {}",
+        "installed libugds.so.{version}, libugds.a, libcufile_ugds.so.{version}, {DROPIN_DIR}/libcufile.so.0, \
+         fio/libugds_fio.so, ugds.h and ugds.pc under {}",
         prefix.display()
     );
     println!("cuFile programs (kvikio, NIXL, cufile-python) use ugds with:");
     println!("LD_LIBRARY_PATH={}", dropin.display());
+    println!("fio uses ugds with: ioengine=external:{}", lib.join("fio/libugds_fio.so").display());
     Ok(())
 }
 
@@ -318,7 +322,7 @@ pub fn check_install(prefix: &Path) -> Result<()> {
 /// would unify the core's features and the drop-in would export uGDS's functions too (a
 /// process loading both libraries could then call the wrong copy). Checks the exports.
 pub fn build_libraries() -> Result<()> {
-    for pkg in ["ugds-cufile", "ugds"] {
+    for pkg in ["ugds-cufile", "ugds", "ugds-fio"] {
         toolchain::run(Command::new("cargo").current_dir(root()).args(["build", "--release", "-p", pkg, "--lib"]))?;
     }
     let target = root().join("target/release");
@@ -336,6 +340,12 @@ pub fn build_libraries() -> Result<()> {
     }
     if !exports("libugds.so")?.iter().any(|s| s == "uGDSRead") {
         bail!("libugds.so does not export uGDSRead");
+    }
+    // fio takes the engine's ops from get_ioengine; uGDS's functions in fio's process would be
+    // a second copy of the library's state.
+    let fio = exports("libugds_fio.so")?;
+    if fio != ["get_ioengine"] {
+        bail!("libugds_fio.so must export get_ioengine only, not {fio:?}");
     }
     Ok(())
 }

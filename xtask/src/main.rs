@@ -14,6 +14,7 @@ mod demo;
 mod dist;
 #[cfg(test)]
 mod docs_check;
+mod fio;
 mod fuzz;
 mod install;
 mod kernel;
@@ -197,8 +198,19 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Installs libugds.so/.a, libcufile_ugds.so (also as lib/ugds-cufile/libcufile.so.0), ugds.h
-    /// and ugds.pc under a prefix, and checks SONAMEs and ctypes' find_library.
+    /// Regenerates the fio engine's bindings (fio-engine/src/sys.rs) from fio's source tree
+    /// (the release /usr/bin/fio is: fio-3.33), configuring it first if it has no config-host.h.
+    FioBindings {
+        /// The fio source tree (e.g. `git archive fio-3.33` of github.com/axboe/fio).
+        #[arg(long, value_name = "DIR")]
+        fio_src: PathBuf,
+        /// Compare instead of writing.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Installs libugds.so/.a, libcufile_ugds.so (also as lib/ugds-cufile/libcufile.so.0), ugds.h,
+    /// ugds.pc and the fio engine (lib/fio/libugds_fio.so) under a prefix, and checks SONAMEs and
+    /// ctypes' find_library.
     InstallLib {
         /// The prefix (lib/, include/, lib/pkgconfig/ go under it).
         #[arg(long, default_value = "/usr/local")]
@@ -323,6 +335,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
         Cmd::Header { check } => clib::header(check)?,
+        Cmd::FioBindings { fio_src, check } => fio::bindings(&fio_src, check)?,
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
         Cmd::Wheel => wheel::run()?,

@@ -74,6 +74,12 @@ fn build_suite() -> Result<std::path::PathBuf> {
             .current_dir(toolchain::workspace_root())
             .args(["build", "--quiet", "-p", "ugds-tests", "-p", "ugds-cli", "--bins"]),
     )?;
+    // The fio engine the fio tests load (a library: `--bins` above does not build it).
+    toolchain::run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(toolchain::workspace_root())
+            .args(["build", "--quiet", "-p", "ugds-fio", "--lib"]),
+    )?;
     let bin = toolchain::workspace_root().join("target/debug/ugds-vm-suite");
     if !bin.exists() {
         bail!("{} missing after build", bin.display());
@@ -211,6 +217,11 @@ pub fn run(plan: &Plan) -> Result<Summary> {
                 ("UGDS_KMOD".into(), ko.display().to_string()),
                 ("UGDS_CLI".into(), toolchain::workspace_root().join("target/debug/ugds").display().to_string()),
                 ("UGDS_C_SUITE".into(), c_dir.join("ugds_test").display().to_string()),
+                // The guest runs the host's /usr/bin/fio (it sees the host's root) with this engine.
+                (
+                    "UGDS_FIO_ENGINE".into(),
+                    toolchain::workspace_root().join("target/debug/libugds_fio.so").display().to_string(),
+                ),
             ]
             .into_iter()
             // Where the tests find the kernel's modules they load themselves (nvmet, nvme-tcp).

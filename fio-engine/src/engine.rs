@@ -1,0 +1,417 @@
+//! The engine's state and I/O, in safe Rust over plain values: one [`Thread`] per fio job
+//! thread (fio's `td->io_ops_data`), one [`Target`] per file of the job, opened by the library's
+//! target resolver (`Storage::open_with`). The `extern "C"` ops in `lib.rs` translate fio's
+//! structures to the calls here and back.
+
+use crate::options::{QueueMode, Settings};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds::{Buffer, Error, IoEvent, IoRequest, IoStatus, Op, OwnedQueue, Storage, StorageBatch};
+
+/// fio's I/O buffers (`td->orig_buffer`), allocated by the engine (`iomem_alloc`) so that it
+/// decides how long they stay mapped: never shorter than a registration that names them.
+///
+/// # Invariants
+///
+/// `ptr` is the start of an anonymous mapping of `len` bytes (a multiple of the page size) that
+/// this value owns.
+pub(crate) struct IoMem {
+    ptr: *mut u8,
+    len: usize,
+    /// A registration of it may still be in use by the device (a lease kept for good after a
+    /// failure the controller reset could not confirm): the mapping then stays for the life of
+    /// the process, as `Storage::register_host` requires.
+    keep: bool,
+}
+
+impl IoMem {
+    /// `len` bytes (rounded up to pages) of zeroed, page-aligned memory.
+    pub(crate) fn new(len: usize) -> Result<IoMem, Error> {
+        let len = len.max(1).next_multiple_of(4096);
+        // SAFETY: an anonymous private mapping at an address of the kernel's choice touches no
+        // existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Open { path: "fio I/O buffers".into(), source: std::io::Error::last_os_error() });
+        }
+        // INVARIANT: a fresh mapping of `len` bytes, owned here.
+        Ok(IoMem { ptr: p.cast(), len, keep: false })
+    }
+
+    /// The start (what fio gets as `td->orig_buffer`).
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// The offset of `p` in the memory when `[p, p + len)` lies inside it.
+    pub(crate) fn offset_of(&self, p: *const u8, len: u64) -> Option<u64> {
+        let off = (p as usize).checked_sub(self.ptr as usize)? as u64;
+        (off.checked_add(len)? <= self.len as u64).then_some(off)
+    }
+}
+
+impl Drop for IoMem {
+    fn drop(&mut self) {
+        if self.keep {
+            log::warn!("keeping fio's I/O buffers mapped: an I/O into them may still run on the device");
+            return;
+        }
+        // SAFETY: by the invariant the mapping is ours; every registration of it is gone
+        // (`Thread::release_targets` ran first), so neither Rust nor the device refers to it.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Where one fio file's I/O goes.
+pub(crate) struct Target {
+    name: String,
+    storage: Arc<Storage>,
+    /// fio's I/O buffers registered for this storage (absent for a job that moves no data).
+    buf: Option<Arc<Buffer>>,
+    /// iodepth 1 with `ugds_queue=owned`.
+    owned: Option<OwnedQueue>,
+    /// iodepth > 1: the thread's batch queue on this target.
+    batch: Option<StorageBatch>,
+    /// Queued since the last commit.
+    pending: Vec<IoRequest>,
+}
+
+/// What a finished I/O reports to fio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done {
+    /// The I/O's key (the `io_u` address).
+    pub(crate) key: u64,
+    /// Bytes transferred.
+    pub(crate) bytes: u64,
+    /// errno, 0 on success.
+    pub(crate) error: i32,
+}
+
+/// What `queue` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Done now.
+    Completed(Done),
+    /// In the batch; reported by `getevents`.
+    Queued,
+    /// No room (or a flush waiting for I/O in flight): commit and reap first.
+    Busy,
+}
+
+/// One fio request, as the engine sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Request {
+    /// Read or write `len` bytes at `offset`, memory at `mem` in fio's buffers.
+    Rw { write: bool, offset: u64, len: u64, mem: *const u8 },
+    /// fsync / fdatasync.
+    Flush,
+    /// Anything else (trim, sync_file_range).
+    Other(&'static str),
+}
+
+/// One fio job thread's engine state.
+pub(crate) struct Thread {
+    settings: Settings,
+    depth: usize,
+    mem: Option<IoMem>,
+    /// By fio's file number.
+    targets: Vec<Option<Target>>,
+    /// Finished and not yet handed to fio.
+    ready: VecDeque<Done>,
+    /// What the last `getevents` returned, for `event(i)`.
+    pub(crate) events: Vec<Done>,
+}
+
+/// The errno for a library error (EIO for what has none).
+fn errno(e: &Error) -> i32 {
+    match e.errno() {
+        0 => libc::EIO,
+        n => n.abs(),
+    }
+}
+
+/// A missing regular file that fio would create: a path whose directory exists, outside /dev
+/// (where a missing name is a node that is not there, not a file to make).
+fn creatable(name: &str) -> bool {
+    let p = std::path::Path::new(name);
+    !name.starts_with("/dev/")
+        && !name.contains("://")
+        && p.parent().is_some_and(|d| d.as_os_str().is_empty() || d.is_dir())
+        && !p.exists()
+}
+
+/// Opens `name` with the library's one target resolver. A missing regular file is created
+/// first at `create_len` bytes (fio lays out files it does not find; the engine does what fio
+/// would, since fio leaves files to engines that name their own targets).
+pub(crate) fn open_storage(name: &str, s: &Settings, create_len: u64) -> Result<Arc<Storage>, Error> {
+    match Storage::open_with(name, s.nsid, &s.device) {
+        Err(Error::Open { source, .. }) if source.kind() == std::io::ErrorKind::NotFound && creatable(name) => {
+            if create_len == 0 {
+                return Err(Error::invalid(
+                    "filename",
+                    format!("{name} does not exist: give size= (or filesize=) for fio to create it"),
+                ));
+            }
+            let f = std::fs::File::options()
+                .write(true)
+                .create_new(true)
+                .open(name)
+                .and_then(|f| f.set_len(create_len).map(|()| f));
+            if let Err(source) = f {
+                return Err(Error::Open { path: name.to_string(), source });
+            }
+            log::info!("{name}: created, {create_len} bytes");
+            Storage::open_with(name, s.nsid, &s.device)
+        }
+        r => r,
+    }
+}
+
+impl Thread {
+    /// A thread's state for a job of `depth` (fio's iodepth).
+    pub(crate) fn new(settings: Settings, depth: usize) -> Thread {
+        Thread {
+            settings,
+            depth: depth.max(1),
+            mem: None,
+            targets: Vec::new(),
+            ready: VecDeque::new(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Allocates fio's I/O buffers; returns their start.
+    pub(crate) fn alloc_mem(&mut self, len: usize) -> Result<*mut u8, Error> {
+        self.release_targets();
+        self.mem = None;
+        let m = IoMem::new(len)?;
+        let p = m.ptr();
+        self.mem = Some(m);
+        Ok(p)
+    }
+
+    /// Drops every target (their batches wait for what they have in flight), then fio's
+    /// buffers (kept mapped if a registration of them may still be used).
+    pub(crate) fn free_mem(&mut self) {
+        self.release_targets();
+        self.mem = None;
+    }
+
+    /// Drops the targets, noting whether any registration keeps its lease for good.
+    fn release_targets(&mut self) {
+        for t in self.targets.drain(..).flatten() {
+            let Target { storage, buf, owned, batch, pending, .. } = t;
+            drop(pending);
+            drop(batch);
+            drop(owned);
+            if let Some(b) = buf {
+                if b.inflight() > 0 {
+                    if let Some(m) = self.mem.as_mut() {
+                        m.keep = true;
+                    }
+                }
+            }
+            drop(storage);
+        }
+    }
+
+    /// The open target of file `fileno`.
+    fn target(&mut self, fileno: usize) -> Option<&mut Target> {
+        self.targets.get_mut(fileno).and_then(Option::as_mut)
+    }
+
+    /// Opens file `fileno` (`name`) unless it is open; returns its capacity.
+    pub(crate) fn open(&mut self, fileno: usize, name: &str, create_len: u64) -> Result<u64, Error> {
+        if let Some(t) = self.target(fileno) {
+            return t.storage.capacity();
+        }
+        let storage = open_storage(name, &self.settings, create_len)?;
+        let buf = match &self.mem {
+            // SAFETY: the memory is the thread's IoMem, which outlives every target
+            // (`free_mem` drops the targets first, and keeps the mapping for good when a lease
+            // is kept); fio reads and writes its buffers only while no I/O on them runs.
+            Some(m) => Some(Arc::new(unsafe { storage.register_host(m.ptr, m.len) }?)),
+            None => None,
+        };
+        let owned = if self.depth == 1 && self.settings.queue == QueueMode::Owned {
+            Some(storage.owned_queue()?)
+        } else {
+            None
+        };
+        let batch = if self.depth > 1 { Some(StorageBatch::new(&storage, self.depth)?) } else { None };
+        let how = match (&owned, &batch) {
+            (Some(q), _) => format!("iodepth 1 on a queue pair of this thread's own (qid {})", q.qid()),
+            (_, Some(b)) if b.is_native() => format!("iodepth {}: a batch queue of this thread's own", self.depth),
+            (_, Some(_)) => format!("iodepth {}: a batch on the storage's worker threads", self.depth),
+            _ => "iodepth 1 on the shared queues".to_string(),
+        };
+        let mem = buf.as_ref().map(|b| format!(", buffers registered once ({} bytes, {})", b.len(), b.path()));
+        log::info!("{name}: {}; {how}{}", storage.describe(), mem.unwrap_or_default());
+        if self.depth > 1 && self.settings.queue == QueueMode::Owned {
+            log::info!("{name}: ugds_queue=owned applies to iodepth 1; the batch queue is this thread's already");
+        }
+        let cap = storage.capacity()?;
+        if self.targets.len() <= fileno {
+            self.targets.resize_with(fileno + 1, || None);
+        }
+        self.targets[fileno] = Some(Target { name: name.to_string(), storage, buf, owned, batch, pending: Vec::new() });
+        Ok(cap)
+    }
+
+    /// Starts (or, at iodepth 1, runs) one request of file `fileno`.
+    pub(crate) fn queue(&mut self, fileno: usize, key: u64, req: Request) -> Outcome {
+        let depth = self.depth;
+        let Some(mem) = self.mem.as_ref() else {
+            return Outcome::Completed(Done { key, bytes: 0, error: libc::ENOMEM });
+        };
+        let offset_in = |p, len| mem.offset_of(p, len);
+        let Some(t) = self.targets.get_mut(fileno).and_then(Option::as_mut) else {
+            log::error!("I/O on file {fileno}, which the engine has not opened");
+            return Outcome::Completed(Done { key, bytes: 0, error: libc::EBADF });
+        };
+        let fail = |t: &Target, what: &str, e: Error| {
+            log::error!("{}: {what}: {e}", t.name);
+            Outcome::Completed(Done { key, bytes: 0, error: errno(&e) })
+        };
+        match req {
+            Request::Rw { write, offset, len, mem } => {
+                let (Some(buf), Some(buf_offset)) = (t.buf.clone(), offset_in(mem, len)) else {
+                    let e = Error::invalid("buf", "outside fio's I/O buffers, which the engine registered");
+                    return fail(t, "I/O", e);
+                };
+                let what = if write { "write" } else { "read" };
+                if let Some(b) = t.batch.as_ref() {
+                    if t.pending.len() + b.in_flight() >= depth {
+                        return Outcome::Busy;
+                    }
+                    let op = if write { Op::Write } else { Op::Read };
+                    t.pending.push(IoRequest { op, buf, buf_offset, file_offset: offset, len, cookie: key });
+                    return Outcome::Queued;
+                }
+                let r = match (t.owned.as_mut(), write) {
+                    (Some(q), true) => q.write(&buf, buf_offset, offset, len),
+                    (Some(q), false) => q.read(&buf, buf_offset, offset, len),
+                    (None, true) => t.storage.write(&buf, buf_offset, offset, len),
+                    (None, false) => t.storage.read(&buf, buf_offset, offset, len),
+                };
+                match r {
+                    Ok(n) => Outcome::Completed(Done { key, bytes: n, error: 0 }),
+                    Err(e) => fail(t, &format!("{what} of {len} bytes at {offset}"), e),
+                }
+            }
+            Request::Flush => {
+                // Ordered after the writes before it: wait until they are reaped.
+                if !t.pending.is_empty() || t.batch.as_ref().is_some_and(|b| b.in_flight() > 0) {
+                    return Outcome::Busy;
+                }
+                match t.storage.flush() {
+                    Ok(()) => Outcome::Completed(Done { key, bytes: 0, error: 0 }),
+                    Err(e) => fail(t, "flush", e),
+                }
+            }
+            Request::Other(what) => {
+                log::error!("{}: {what} is not supported by the ugds engine", t.name);
+                Outcome::Completed(Done { key, bytes: 0, error: libc::EOPNOTSUPP })
+            }
+        }
+    }
+
+    /// Submits what was queued: one call, so one doorbell, per target's batch.
+    pub(crate) fn commit(&mut self) {
+        for t in self.targets.iter_mut().flatten() {
+            if t.pending.is_empty() {
+                continue;
+            }
+            let reqs = std::mem::take(&mut t.pending);
+            let Some(b) = t.batch.as_mut() else { continue };
+            if let Err(e) = b.submit(&reqs) {
+                log::error!("{}: submitting {} I/Os: {e}", t.name, reqs.len());
+                let error = errno(&e);
+                self.ready.extend(reqs.iter().map(|r| Done { key: r.cookie, bytes: 0, error }));
+            }
+        }
+    }
+
+    /// Moves finished I/Os into `events` (at most `max`), waiting up to `timeout` (`None`: as
+    /// long as it takes) until there are `min`; returns how many.
+    pub(crate) fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> usize {
+        self.events.clear();
+        let start = Instant::now();
+        loop {
+            while self.events.len() < max {
+                match self.ready.pop_front() {
+                    Some(d) => self.events.push(d),
+                    None => break,
+                }
+            }
+            // Nothing in flight: what is here is all there will be.
+            if self.events.len() >= min || self.in_flight() == 0 {
+                return self.events.len();
+            }
+            let left = match timeout {
+                Some(t) => match t.checked_sub(start.elapsed()) {
+                    Some(l) if !l.is_zero() => l,
+                    _ => return self.events.len(),
+                },
+                // No deadline: wait in slices, so the loop comes round to every target.
+                None => Duration::from_secs(1),
+            };
+            let want = min - self.events.len();
+            let busy: Vec<usize> = (0..self.targets.len())
+                .filter(|&i| self.targets[i].as_ref().and_then(|t| t.batch.as_ref()).is_some_and(|b| b.in_flight() > 0))
+                .collect();
+            // One target busy (the usual job): its batch waits (polling, or asleep on the
+            // interrupt). Several: each is polled in turn.
+            if let [i] = busy[..] {
+                self.reap(i, want, left);
+            } else {
+                for i in busy {
+                    self.reap(i, 0, Duration::ZERO);
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// I/Os in the batches.
+    fn in_flight(&self) -> usize {
+        self.targets.iter().flatten().filter_map(|t| t.batch.as_ref()).map(StorageBatch::in_flight).sum()
+    }
+
+    /// Reaps target `i`'s batch: at least `min` events within `wait`.
+    fn reap(&mut self, i: usize, min: usize, wait: Duration) {
+        let Some(t) = self.targets.get_mut(i).and_then(Option::as_mut) else { return };
+        let Some(b) = t.batch.as_mut() else { return };
+        match b.status(min, wait) {
+            Ok(evs) => {
+                for e in evs {
+                    self.ready.push_back(done(&t.name, e));
+                }
+            }
+            Err(e) => log::error!("{}: waiting for completions: {e}", t.name),
+        }
+    }
+}
+
+/// A batch event as fio's result.
+fn done(name: &str, e: IoEvent) -> Done {
+    let key = e.cookie;
+    if e.status == IoStatus::Complete {
+        return Done { key, bytes: e.bytes, error: 0 };
+    }
+    match &e.error {
+        Some(err) => log::error!("{name}: I/O {:?}: {err}", e.status),
+        None => log::error!("{name}: I/O {:?}", e.status),
+    }
+    Done { key, bytes: 0, error: e.error.as_ref().map_or(libc::EIO, errno) }
+}
