@@ -338,7 +338,9 @@ impl Revoker for Controller {
         let stopped = self.reset_counted(&mut inner).is_ok();
         if !stopped {
             pr_err!("{}: dma-buf revoked and the controller did not reset: bus mastering off\n", self.pdev.name());
-            self.pdev.clear_master();
+            if let Some(hw) = inner.hw.as_ref() {
+                hw._enabled.clear_master();
+            }
             inner.faulted = true;
         }
         pr_info!("{}: a dma-buf registration was revoked by its exporter\n", self.pdev.name());

@@ -23,6 +23,8 @@ pub enum Place {
     Host,
     /// Device memory of CUDA device `ordinal`.
     Cuda(i32),
+    /// Another driver's dma-buf: only the SSD reaches it.
+    Dmabuf,
 }
 
 impl std::fmt::Display for Place {
@@ -30,6 +32,7 @@ impl std::fmt::Display for Place {
         match self {
             Place::Host => f.write_str("cpu"),
             Place::Cuda(n) => write!(f, "cuda:{n}"),
+            Place::Dmabuf => f.write_str("dmabuf"),
         }
     }
 }

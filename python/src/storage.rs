@@ -213,6 +213,7 @@ impl PyStorage {
                 });
                 (r.map_err(|e| to_py(py, e))?, 0)
             }
+            Place::Dmabuf => return Err(invalid(py, "buf", "a dma-buf registers with register_dmabuf")),
         };
         Ok(self.adopt(buf, base, mem))
     }
@@ -314,6 +315,37 @@ impl PyStorage {
             readonly: false,
             place: Place::Host,
             what: "ugds host buffer".into(),
+            keep: crate::memory::Keep::Nothing,
+            recheck: crate::memory::Recheck::Nothing,
+        };
+        Ok(self.adopt(b, 0, mem))
+    }
+
+    /// Registers the whole dma-buf `fd` that another driver exported (a device's memory BAR
+    /// through vfio-pci, an accelerator's memory): the SSD reads and writes it peer-to-peer, the
+    /// CPU never (`copy_in`/`copy_out` refuse). The descriptor is duplicated; the caller keeps
+    /// and closes its own. `PeerToPeerRefused` where the kernel allows no peer-to-peer DMA
+    /// between the controller and the exporter's device (`ugds doctor` predicts it),
+    /// `Unsupported` on a file; I/O on it raises `Revoked` once the exporter revoked it.
+    fn register_dmabuf(&self, py: Python<'_>, fd: i32) -> PyResult<PyBuffer> {
+        if fd < 0 {
+            return Err(invalid(py, "fd", "a negative descriptor"));
+        }
+        let st = self.storage(py)?;
+        let b = py
+            .detach(move || {
+                // SAFETY: the caller lends an open descriptor for the call (Python ints are
+                // checked by the kernel: a closed one is EBADF); the library duplicates it.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                st.register_dmabuf(fd)
+            })
+            .map_err(|e| to_py(py, e))?;
+        let mem = Memory {
+            ptr: 0,
+            len: b.len() as u64,
+            readonly: false,
+            place: Place::Dmabuf,
+            what: "another driver's dma-buf".into(),
             keep: crate::memory::Keep::Nothing,
             recheck: crate::memory::Recheck::Nothing,
         };

@@ -266,7 +266,7 @@ fn cuda_stream_io(py: Python<'_>, place: Place, handle: usize) -> PyResult<Arc<S
     let _caller = ugds::gpu::cuda::CallerContext::keep();
     let cuda = match (handle, place) {
         (0..=2, Place::Cuda(n)) => ugds::gpu::cuda::device_runtime(n),
-        (0..=2, Place::Host) => ugds::gpu::cuda::current_runtime(),
+        (0..=2, Place::Host | Place::Dmabuf) => ugds::gpu::cuda::current_runtime(),
         _ => ugds::gpu::cuda::stream_runtime(handle),
     }
     .map_err(|e| to_py(py, e))?

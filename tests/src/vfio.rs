@@ -34,6 +34,22 @@ const VFIO_GROUP_FLAGS_VIABLE: u32 = 1;
 const VFIO_DEVICE_FEATURE_GET: u32 = 1 << 16;
 const VFIO_DEVICE_FEATURE_DMA_BUF: u32 = 11;
 
+/// `struct vfio_region_info`.
+#[repr(C)]
+#[derive(Default)]
+struct RegionInfo {
+    argsz: u32,
+    flags: u32,
+    index: u32,
+    cap_offset: u32,
+    size: u64,
+    offset: u64,
+}
+/// vfio-pci's region of the config space.
+const VFIO_PCI_CONFIG_REGION: u32 = 7;
+/// The command register's memory-decoding bit.
+const PCI_COMMAND_MEMORY: u16 = 1 << 1;
+
 /// The stand-in GPU's PCI address, if the VM has one.
 pub fn find_device() -> Result<Option<String>> {
     for e in std::fs::read_dir("/sys/bus/pci/devices")? {
@@ -127,19 +143,9 @@ impl Bar {
         ensure_that!(d >= 0, "VFIO_GROUP_GET_DEVICE_FD {addr}: {}", std::io::Error::last_os_error());
         // SAFETY: a fresh fd we own.
         let device = unsafe { OwnedFd::from_raw_fd(d) };
-        #[repr(C)]
-        #[derive(Default)]
-        struct RegionInfo {
-            argsz: u32,
-            flags: u32,
-            index: u32,
-            cap_offset: u32,
-            size: u64,
-            offset: u64,
-        }
-        let mut ri = RegionInfo { argsz: 32, index: MEMORY_BAR, ..Default::default() };
-        ioctl_raw(device.as_raw_fd(), VFIO_DEVICE_GET_REGION_INFO, &mut ri).context("VFIO_DEVICE_GET_REGION_INFO")?;
-        Ok(Bar { addr, size: ri.size, region_offset: ri.offset, device, _group: gfd, _container: container })
+        let mut bar = Bar { addr, size: 0, region_offset: 0, device, _group: gfd, _container: container };
+        (bar.size, bar.region_offset) = bar.region(MEMORY_BAR)?;
+        Ok(bar)
     }
 
     /// Exports `[offset, +len)` of the memory BAR as a dma-buf.
@@ -185,6 +191,41 @@ impl Bar {
     /// Resets the device (`VFIO_DEVICE_RESET`): vfio revokes every dma-buf of it first.
     pub fn reset(&self) -> std::io::Result<()> {
         ioctl_value(self.device.as_raw_fd(), VFIO_DEVICE_RESET, 0).map(drop)
+    }
+
+    /// Makes vfio revoke the device's dma-bufs, as its owner would: a reset where the device
+    /// has a reset method (behind the switch: a secondary bus reset), else memory decoding
+    /// turned off and on again through the config space (a device on the root complex has no
+    /// reset here). Returns how.
+    pub fn revoke(&self) -> Result<&'static str> {
+        match self.reset() {
+            Ok(()) => return Ok("VFIO_DEVICE_RESET"),
+            Err(e) if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOTTY) => {
+                return Err(e).context("VFIO_DEVICE_RESET")
+            }
+            Err(_) => {}
+        }
+        let cfg = self.region(VFIO_PCI_CONFIG_REGION)?.1 + 4;
+        let mut cmd = [0u8; 2];
+        // SAFETY: reading 2 bytes into our buffer from the device fd.
+        let n = unsafe { libc::pread(self.device.as_raw_fd(), cmd.as_mut_ptr().cast(), 2, cfg as i64) };
+        ensure_that!(n == 2, "reading the command register: {}", std::io::Error::last_os_error());
+        let on = u16::from_le_bytes(cmd);
+        for v in [on & !PCI_COMMAND_MEMORY, on | PCI_COMMAND_MEMORY] {
+            // SAFETY: writing 2 bytes from our buffer to the device fd.
+            let n = unsafe { libc::pwrite(self.device.as_raw_fd(), v.to_le_bytes().as_ptr().cast(), 2, cfg as i64) };
+            ensure_that!(n == 2, "writing the command register: {}", std::io::Error::last_os_error());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok("memory decoding off and on (config space)")
+    }
+
+    /// (size, offset in the device fd) of region `index`.
+    fn region(&self, index: u32) -> Result<(u64, u64)> {
+        let mut ri = RegionInfo { argsz: 32, index, ..Default::default() };
+        ioctl_raw(self.device.as_raw_fd(), VFIO_DEVICE_GET_REGION_INFO, &mut ri)
+            .context("VFIO_DEVICE_GET_REGION_INFO")?;
+        Ok((ri.size, ri.offset))
     }
 }
 

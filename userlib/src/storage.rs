@@ -391,6 +391,14 @@ impl Storage {
     pub fn register_gpu(&self, mem: Arc<GpuMemory>, allow_staging: bool) -> Result<Buffer> {
         self.alive()?;
         let r = self.path.register_gpu(&mem, allow_staging)?;
+        if r.path != Path::DirectP2p && mem.gpu().runtime().vendor() == crate::gpu::Vendor::Dmabuf {
+            // No copy engine reaches another driver's dma-buf: peer-to-peer or nothing.
+            return Err(Error::Unsupported {
+                what: "another driver's dma-buf",
+                why: format!("only the SSD reaches such memory, and this target's path is {}", r.path),
+                fix: "open a ugds node (/dev/ugds_drvN) or a volume of them",
+            });
+        }
         if r.path != Path::DirectP2p {
             // Staged I/O: its staging chunks and copy queues exist before the first I/O (best
             // effort: the first I/O allocates them otherwise).
@@ -408,14 +416,6 @@ impl Storage {
     /// [`Error::Unsupported`] on a path without the SSD's queues (a file, a remote target).
     /// Should the exporter revoke it later, I/O on the buffer fails with [`Error::Revoked`].
     pub fn register_dmabuf(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<Buffer> {
-        self.alive()?;
-        if !self.is_direct() || self.is_remote() {
-            return Err(Error::Unsupported {
-                what: "registering another driver's dma-buf",
-                why: format!("only the SSD reaches such memory, and this target is {}", self.path_name()),
-                fix: "open a ugds node (/dev/ugds_drvN) or a volume of them",
-            });
-        }
         let mem = crate::gpu::dmabuf::memory(fd)?;
         self.register_gpu(mem, false)
     }

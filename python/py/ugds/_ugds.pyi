@@ -68,6 +68,11 @@ class Storage:
         allocated at that address until the buffer is deregistered and its I/O is over."""
     def alloc(self, nbytes: int) -> Buffer:
         """Allocates and registers page-aligned host memory."""
+    def register_dmabuf(self, fd: int) -> Buffer:
+        """Registers the whole dma-buf ``fd`` another driver exported (a device's BAR through
+        vfio-pci, an accelerator's memory): only the SSD reaches it, peer-to-peer; the CPU never.
+        ``PeerToPeerRefused`` where the kernel refuses the route; I/O raises ``Revoked`` once the
+        exporter revoked it."""
     def read(self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0) -> int:
         """Reads into ``buf``; returns the bytes read (fewer only at the end of a file)."""
     def write(self, buf: Union[Buffer, Registrable], file_offset: int, nbytes: int, buf_offset: int = 0) -> int:

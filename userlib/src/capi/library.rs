@@ -684,7 +684,9 @@ pub(crate) const BOUNCE: usize = 1 << 20;
 fn register_on(s: &Storage, e: &BufEntry) -> CResult<Buffer> {
     match &e.mem {
         Memory::Gpu(m) => s.register_gpu(m.clone(), true).map_err(|err| match err {
-            Error::Unsupported { .. } | Error::Gpu { .. } => Fail::Code(UGDS_GPU_MEMORY_PINNING_FAILED),
+            Error::Unsupported { .. } | Error::Gpu { .. } | Error::PeerToPeerRefused => {
+                Fail::Code(UGDS_GPU_MEMORY_PINNING_FAILED)
+            }
             other => Fail::Lib(other),
         }),
         Memory::Host => {

@@ -267,6 +267,44 @@ unsafe fn register_on_gpu(base: usize, len: usize, gpu: std::sync::Arc<crate::gp
     unsafe { lib().buf_register(base, len, Some(gpu), export) }
 }
 
+/// Registers the whole dma-buf `fd` that another driver exported (a device's memory BAR through
+/// vfio-pci, an accelerator's memory), a ugds extension: the SSD reads and writes it
+/// peer-to-peer and the CPU has no access. `*bufPtr_base` receives the address I/O calls name it
+/// by (reserved, inaccessible address space of its size); `uGDSBufDeregister` releases it. The
+/// descriptor is duplicated: the caller keeps and closes its own. `UGDS_GPU_MEMORY_PINNING_FAILED`
+/// where the kernel allows no peer-to-peer DMA between an open controller and the exporter's
+/// device, or a handle has no user-space queues (a file).
+///
+/// # Safety
+///
+/// `bufPtr_base` must be NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSBufRegisterDmabuf(fd: c_int, bufPtr_base: *mut *mut c_void) -> uGDSError_t {
+    if !lib().is_open() {
+        return code(UGDS_DRIVER_NOT_INITIALIZED);
+    }
+    if bufPtr_base.is_null() || fd < 0 {
+        return code(UGDS_INVALID_VALUE);
+    }
+    // SAFETY: the caller lends an open descriptor for the call; it is duplicated before use.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mem = match crate::gpu::dmabuf::memory(fd) {
+        Ok(m) => m,
+        Err(e) => return Fail::Lib(e).status(),
+    };
+    let (base, len) = (mem.device_ptr() as usize, mem.len());
+    // SAFETY: `[base, +len)` stands for the dma-buf as long as its `Gpu` lives, which the
+    // registration's entry holds.
+    match unsafe { lib().buf_register(base, len, Some(mem.gpu().clone()), false) } {
+        Ok(()) => {
+            // SAFETY: checked non-null; valid per the contract.
+            unsafe { *bufPtr_base = base as *mut c_void };
+            uGDSError::OK
+        }
+        Err(f) => f.status(),
+    }
+}
+
 /// Registers memory with a backend choice and whether it will be exported (dma-buf, RDMA).
 ///
 /// # Safety

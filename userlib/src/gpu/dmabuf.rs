@@ -9,15 +9,26 @@ use crate::stream::{CpuStream, Stream};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
-/// The device address a registered dma-buf is known by (any non-zero value: nothing
-/// dereferences it; it is the key of the buffer's one range).
-const BASE: u64 = 1 << 12;
-
-/// A dma-buf, held open for as long as memory of it is registered.
+/// A dma-buf, held open for as long as memory of it is registered, and the address range it is
+/// known by: reserved address space of its size (`PROT_NONE`: nothing can dereference it), so
+/// the key is unique in the process, as a GPU allocation's device address is (the C ABI finds
+/// buffers by address).
+///
+/// # Invariants
+///
+/// `[base, base + len)` is an inaccessible mapping of this process, unmapped on drop.
 #[derive(Debug)]
 struct ExportedMemory {
     fd: OwnedFd,
+    base: u64,
     len: usize,
+}
+
+impl Drop for ExportedMemory {
+    fn drop(&mut self) {
+        // SAFETY: our own reservation (invariant), unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
 }
 
 fn no_cpu_access(what: &'static str) -> Error {
@@ -43,8 +54,8 @@ impl Runtime for ExportedMemory {
 
     fn free(&self, _ptr: u64, _len: usize) {}
 
-    fn is_device_memory(&self, _ptr: u64) -> bool {
-        false
+    fn is_device_memory(&self, ptr: u64) -> bool {
+        (self.base..self.base + self.len as u64).contains(&ptr)
     }
 
     fn alloc_pinned(&self, _len: usize) -> Result<*mut u8> {
@@ -58,7 +69,7 @@ impl Runtime for ExportedMemory {
     }
 
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
-        if ptr != BASE || len != self.len {
+        if ptr != self.base || len != self.len {
             return Err(Error::invalid("ptr", "an exported dma-buf is registered whole"));
         }
         self.fd.try_clone().map_err(|source| Error::Io { op: "dup of the dma-buf".into(), source })
@@ -85,8 +96,27 @@ pub(crate) fn memory(fd: BorrowedFd<'_>) -> Result<Arc<GpuMemory>> {
     // CAST: a positive file size.
     let len = end as usize;
     let fd = fd.try_clone_to_owned().map_err(|source| Error::Io { op: "dup of the dma-buf".into(), source })?;
-    let gpu = Gpu::with_runtime(Arc::new(ExportedMemory { fd, len }));
-    // SAFETY: `[BASE, +len)` is the whole dma-buf, which the runtime keeps open (its `fd`) for
-    // as long as the `Gpu`, and so the memory and any buffer registered from it, lives.
-    Ok(Arc::new(unsafe { gpu.borrow(BASE, len) }?))
+    // SAFETY: a fresh anonymous reservation; nothing is mapped over.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::Io {
+            op: "reserving an address range for the dma-buf".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let base = p as u64;
+    // INVARIANT: `[base, +len)` was just reserved, inaccessible.
+    let gpu = Gpu::with_runtime(Arc::new(ExportedMemory { fd, base, len }));
+    // SAFETY: `[base, +len)` stands for the whole dma-buf, which the runtime keeps open (its
+    // `fd`) for as long as the `Gpu`, and so the memory and any buffer registered from it, lives.
+    Ok(Arc::new(unsafe { gpu.borrow(base, len) }?))
 }
