@@ -494,6 +494,21 @@ uGDSError_t uGDSGetDeviceCapacity(uGDSHandle_t fh, uint64_t *capacity_bytes);
 uGDSError_t uGDSBufRegister(const void *bufPtr_base, size_t length, int flags);
 
 /**
+ * Registers the whole dma-buf `fd` that another driver exported (a device's memory BAR through
+ * vfio-pci, an accelerator's memory), a ugds extension: the SSD reads and writes it
+ * peer-to-peer and the CPU has no access. `*bufPtr_base` receives the address I/O calls name it
+ * by (reserved, inaccessible address space of its size); `uGDSBufDeregister` releases it. The
+ * descriptor is duplicated: the caller keeps and closes its own. `UGDS_GPU_MEMORY_PINNING_FAILED`
+ * where the kernel allows no peer-to-peer DMA between an open controller and the exporter's
+ * device, or a handle has no user-space queues (a file).
+ *
+ * # Safety
+ *
+ * `bufPtr_base` must be NULL or valid for a write.
+ */
+uGDSError_t ugdsxBufRegisterDmabuf(int fd, void **bufPtr_base);
+
+/**
  * Registers memory with a backend choice and whether it will be exported (dma-buf, RDMA).
  *
  * # Safety

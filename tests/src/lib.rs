@@ -17,6 +17,7 @@ pub mod mqes;
 pub mod ops;
 pub mod owned;
 pub mod p2p;
+pub mod p2p_bench;
 pub mod portable;
 pub mod python;
 pub mod raw;

@@ -21,6 +21,14 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("--bench-p2p") {
+        let seconds = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
+        if let Err(e) = ugds_tests::p2p_bench::main(seconds) {
+            eprintln!("bench-p2p: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if args.first().map(String::as_str) == Some("--child") {
         if let Err(e) = ugds_tests::kmod::child_main(&args[1..]) {
             eprintln!("child: {e:#}");

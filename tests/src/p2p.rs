@@ -42,6 +42,7 @@ pub fn tests() -> Vec<Test> {
         v.push(Test { name: "p2p_batch_and_stream_ordered", variant, run: batch_and_stream });
         v.push(Test { name: "p2p_revoke_mid_stream", variant, run: revoke_mid_stream });
         v.push(Test { name: "p2p_kill9_with_io_in_flight", variant, run: kill9_in_flight });
+        v.push(Test { name: "p2p_c_and_python_faces", variant, run: c_and_python_faces });
     }
     v
 }
@@ -312,5 +313,91 @@ pub fn reader_child(node: &str) -> Result<()> {
             });
         }
     });
+    Ok(())
+}
+
+/// A C program against the installed `libugds.so` and `ugds.h`: the dma-buf registers by its
+/// descriptor, then uGDS's own read names it by the address the library returned.
+const C_FACE: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <ugds.h>
+int main(int argc, char **argv) {
+  int fd = atoi(argv[2]);
+  uGDSHandle_t fh;
+  void *base = NULL;
+  if (uGDSDriverOpen().err != UGDS_SUCCESS) return 2;
+  if (ugdsxHandleRegisterTarget(&fh, argv[1]).err != UGDS_SUCCESS) return 3;
+  uGDSError_t e = ugdsxBufRegisterDmabuf(fd, &base);
+  if (e.err != UGDS_SUCCESS) { printf("register: %d\n", (int)e.err); return 4; }
+  ssize_t n = uGDSRead(fh, base, 1 << 20, 0, 4096 * 5);
+  if (n != 1 << 20) { printf("read: %zd\n", n); return 5; }
+  if (uGDSBufDeregister(base).err != UGDS_SUCCESS) return 6;
+  uGDSHandleDeregister(fh);
+  uGDSDriverClose();
+  printf("C-OK\n");
+  return 0;
+}
+"#;
+
+/// Runs `cmd` with the dma-buf inherited as a descriptor of its own, passed as its last
+/// argument; returns its output when it printed `ok`.
+fn with_inherited(fd: &std::os::fd::OwnedFd, cmd: &mut std::process::Command, ok: &str) -> Result<String> {
+    // SAFETY: a plain dup; the new descriptor (without close-on-exec) is closed below.
+    let inherited = unsafe { libc::dup(fd.as_raw_fd()) };
+    ensure_that!(inherited >= 0, "dup: {}", std::io::Error::last_os_error());
+    let out = cmd.arg(inherited.to_string()).output();
+    // SAFETY: closing our own duplicate.
+    unsafe { libc::close(inherited) };
+    let out = out?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    ensure_that!(out.status.success() && text.contains(ok), "{cmd:?}: {}: {text}", out.status);
+    Ok(text)
+}
+
+/// The C face (a C program against `libugds.so`: `ugdsxBufRegisterDmabuf`, then uGDS's own calls
+/// by the address it returns) and the Python package (`Storage.register_dmabuf`), each in a
+/// process given the dma-buf's descriptor, read the disk into the BAR.
+fn c_and_python_faces() -> Result<()> {
+    let (node, bar, allowed) = setup()?;
+    ensure_that!(allowed, "a data test in a set-up where the kernel refuses peer-to-peer");
+    let map = bar.map()?;
+    let fd = bar.export(0, bar.size)?;
+    let len = 1usize << 20;
+    let data = pattern(0xcface, len);
+    {
+        let st = Storage::open(&node)?;
+        let host = st.alloc_host(len)?;
+        host.copy_in(0, &data)?;
+        st.write(&host, 0, 0, len as u64)?;
+    }
+    let root = std::env::current_dir()?;
+    let prefix = root.join("target/c-prefix");
+    std::fs::write("/tmp/p2p_face.c", C_FACE)?;
+    sh(&format!(
+        "gcc -O1 -o /tmp/p2p_face /tmp/p2p_face.c -I{p}/include -L{p}/lib -lugds -Wl,-rpath,{p}/lib",
+        p = prefix.display()
+    ))?;
+    map.write_bytes(4096 * 5, &vec![0u8; len]);
+    // argv[1] the node, argv[2] the descriptor (added by `with_inherited`).
+    let mut c = std::process::Command::new("/tmp/p2p_face");
+    c.arg(&node);
+    with_inherited(&fd, &mut c, "C-OK")?;
+    let mut seen = vec![0u8; len];
+    map.read_bytes(4096 * 5, &mut seen);
+    ensure_that!(seen == data, "the C face's read put other bytes into the BAR");
+    map.write_bytes(4096 * 9, &vec![0u8; len]);
+    let script = "import sys, ugds\n\
+        st = ugds.open(sys.argv[1])\n\
+        b = st.register_dmabuf(int(sys.argv[2]))\n\
+        assert st.read(b, 0, 1 << 20, buf_offset=4096 * 9) == 1 << 20\n\
+        try:\n    b.copy_in(b'x' * 4096, 0)\nexcept ugds.Error:\n    pass\nelse:\n    sys.exit('copy_in into a dma-buf worked')\n\
+        print('PY-OK', b.path)\n";
+    let mut py = std::process::Command::new(root.join("target/pyenv/bin/python"));
+    py.args(["-c", script, &node]);
+    let said = with_inherited(&fd, &mut py, "PY-OK")?;
+    ensure_that!(said.contains("direct"), "Python's buffer took another path: {said}");
+    map.read_bytes(4096 * 9, &mut seen);
+    ensure_that!(seen == data, "Python's read put other bytes into the BAR");
     Ok(())
 }

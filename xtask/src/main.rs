@@ -159,6 +159,10 @@ enum Cmd {
         /// Chunk size of the volume and of md RAID0 (volume benchmark).
         #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members", conflicts_with = "remote")]
         chunk: u64,
+        /// Reads into another device's memory BAR (peer-to-peer, Debian's 7.3 kernel) against host
+        /// memory and against the kernel nvme driver's own peer-to-peer read, in one VM.
+        #[arg(long, conflicts_with_all = ["remote", "members"])]
+        p2p: bool,
     },
     /// (internal) The remote benchmark's steps inside the VM.
     #[command(hide = true)]
@@ -339,8 +343,10 @@ fn real_main() -> Result<()> {
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, out, members, remote, sizes, depths, rws, backend, span, chunk } => {
-            if let Some(transport) = remote {
+        Cmd::Bench { seconds, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p } => {
+            if p2p {
+                bench::p2p::run(seconds.max(1), out)?
+            } else if let Some(transport) = remote {
                 let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span };
                 bench::remote::run(&grid.checked()?, out)?
             } else if members.is_empty() {

@@ -86,8 +86,9 @@ pub const BAR_BYTES: u64 = 128 << 20;
 pub struct Devices {
     /// Arguments to add before the NVMe controllers.
     pub args: Vec<String>,
-    /// `bus=` of the first NVMe controller (behind the switch), if not the root complex.
-    pub nvme0_bus: Option<&'static str>,
+    /// `bus=` of the first NVMe controllers (behind the switch, beside the stand-in GPU); the
+    /// others, and all of them on the root complex, sit on the root complex.
+    pub nvme_buses: Vec<&'static str>,
 }
 
 /// The devices for `topology`, with the BAR's backing file in `dir` (which the guest sees at the
@@ -95,22 +96,25 @@ pub struct Devices {
 pub fn devices(topology: Topology, dir: &Path) -> Devices {
     let mut args: Vec<String> = Vec::new();
     let mut dev = |s: String| args.extend(["-device".to_string(), s]);
-    let (gpu_bus, nvme0_bus) = match topology {
+    let (gpu_bus, nvme_buses) = match topology {
         Topology::Switch => {
             dev("pcie-root-port,id=p2p_rp,bus=pcie.0,chassis=10,slot=10".into());
             dev("x3130-upstream,id=p2p_up,bus=p2p_rp".into());
-            dev("xio3130-downstream,id=p2p_dn1,bus=p2p_up,chassis=11,slot=1".into());
-            dev("xio3130-downstream,id=p2p_dn2,bus=p2p_up,chassis=12,slot=2".into());
-            (",bus=p2p_dn2", Some("p2p_dn1"))
+            // Port 2 holds the stand-in GPU; 1, 3 and 4 the first three controllers (the
+            // benchmark's kernel baseline needs two more beside ugds's).
+            for n in 1..=4 {
+                dev(format!("xio3130-downstream,id=p2p_dn{n},bus=p2p_up,chassis={},slot={n}", 10 + n));
+            }
+            (",bus=p2p_dn2", vec!["p2p_dn1", "p2p_dn3", "p2p_dn4"])
         }
-        Topology::Root => ("", None),
+        Topology::Root => ("", Vec::new()),
     };
     dev(format!("ivshmem-plain,id=p2p_gpu,memdev=p2p_mem{gpu_bus}"));
     args.extend([
         "-object".to_string(),
         format!("memory-backend-file,id=p2p_mem,share=on,mem-path={},size={BAR_BYTES}", bar_file(dir).display()),
     ]);
-    Devices { args, nvme0_bus }
+    Devices { args, nvme_buses }
 }
 
 /// The BAR's backing file for a VM whose scratch folder is `dir`.
@@ -136,11 +140,11 @@ mod tests {
         let d = devices(Topology::Switch, Path::new("/tmp/x"));
         let all = d.args.join(" ");
         assert!(all.contains("ivshmem-plain,id=p2p_gpu,memdev=p2p_mem,bus=p2p_dn2"), "{all}");
-        assert_eq!(d.nvme0_bus, Some("p2p_dn1"));
+        assert_eq!(d.nvme_buses, ["p2p_dn1", "p2p_dn3", "p2p_dn4"]);
         assert!(all.contains("mem-path=/tmp/x/p2p-bar.mem"), "{all}");
         let d = devices(Topology::Root, Path::new("/tmp/x"));
         assert!(!d.args.join(" ").contains("bus="), "{:?}", d.args);
-        assert_eq!(d.nvme0_bus, None);
+        assert!(d.nvme_buses.is_empty());
         assert_eq!(P2p::parse_listed("-").unwrap(), None);
         let p = |topology, zen_cpu, passthrough| Some(P2p { topology, zen_cpu, passthrough });
         assert_eq!(P2p::parse_listed("root").unwrap(), p(Topology::Root, false, false));

@@ -68,7 +68,7 @@ fn host_tests() -> Result<Summary> {
     Ok(s)
 }
 
-fn build_suite() -> Result<std::path::PathBuf> {
+pub(crate) fn build_suite() -> Result<std::path::PathBuf> {
     toolchain::run(
         Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
             .current_dir(toolchain::workspace_root())
@@ -154,9 +154,10 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     let suite = build_suite()?;
     // With a filter, only the variants that have a matching test boot.
     let variants = toolchain::output(Command::new(&suite).arg("--list-variants").args(filter))?;
-    // The python variant runs the installed wheel: without the host phases (which install it),
-    // install this tree's, so a VM-only run never tests an older build's package.
-    if skip_host && variants.lines().any(|l| l.starts_with("python|")) {
+    // The python variant (and the peer-to-peer one's Python face) runs the installed wheel:
+    // without the host phases (which install it), install this tree's, so a VM-only run never
+    // tests an older build's package.
+    if skip_host && variants.lines().any(|l| l.starts_with("python|") || l.starts_with("p2p-")) {
         wheel::install_for_vm()?;
     }
     eprintln!("phase build module and suite: {:.0?}", t.elapsed());

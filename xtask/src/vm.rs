@@ -61,6 +61,9 @@ pub struct NvmeSpec {
     /// (`nvmeXnY` under the subsystem, one `nvmeXcZnY` path per controller). Off by default, as
     /// a single-port SSD reports (QEMU 10 turns it on unless told).
     pub shared: bool,
+    /// A controller memory buffer of this many MiB (QEMU's `cmb_size_mb`): the kernel's nvme
+    /// driver publishes it as p2pmem, the kernel's own peer-to-peer target.
+    pub cmb_mb: Option<u32>,
 }
 
 impl Default for NvmeSpec {
@@ -77,6 +80,7 @@ impl Default for NvmeSpec {
             null: false,
             ms: 0,
             shared: false,
+            cmb_mb: None,
         }
     }
 }
@@ -119,6 +123,7 @@ impl std::str::FromStr for NvmeSpec {
                 "throttle_iops" => spec.throttle_iops = Some(v.parse()?),
                 "serial" => spec.serial = Some(v.to_string()),
                 "ms" => spec.ms = v.parse()?,
+                "cmb" => spec.cmb_mb = Some((parse_size(v)? >> 20) as u32).filter(|&m| m > 0),
                 "shared" => {
                     spec.shared = match v {
                         "on" => true,
@@ -132,7 +137,7 @@ impl std::str::FromStr for NvmeSpec {
                     _ => bail!("backend must be file or null, not {v}"),
                 },
                 _ => bail!(
-                    "unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, mqes, ns, throttle_iops, serial, backend, ms, shared)"
+                    "unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, mqes, ns, throttle_iops, serial, backend, ms, shared, cmb)"
                 ),
             }
         }
@@ -392,7 +397,7 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Resul
     for (i, spec) in cfg.nvme.iter().enumerate() {
         let serial = spec.serial.clone().unwrap_or_else(|| format!("ugds{i:04}"));
         let mut dev = format!("nvme,id=nvme{i},serial={serial}");
-        if let Some(bus) = p2p.as_ref().and_then(|d| d.nvme0_bus).filter(|_| i == 0) {
+        if let Some(bus) = p2p.as_ref().and_then(|d| d.nvme_buses.get(i)) {
             write!(dev, ",bus={bus}")?;
         }
         if let Some(m) = spec.mdts {
@@ -403,6 +408,9 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Resul
         }
         if let Some(m) = spec.mqes {
             write!(dev, ",mqes={m}")?;
+        }
+        if let Some(m) = spec.cmb_mb {
+            write!(dev, ",cmb_size_mb={m}")?;
         }
         a.extend(["-device".into(), dev]);
         for n in 1..=spec.ns {

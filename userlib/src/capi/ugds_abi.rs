@@ -279,7 +279,7 @@ unsafe fn register_on_gpu(base: usize, len: usize, gpu: std::sync::Arc<crate::gp
 ///
 /// `bufPtr_base` must be NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn uGDSBufRegisterDmabuf(fd: c_int, bufPtr_base: *mut *mut c_void) -> uGDSError_t {
+pub unsafe extern "C" fn ugdsxBufRegisterDmabuf(fd: c_int, bufPtr_base: *mut *mut c_void) -> uGDSError_t {
     if !lib().is_open() {
         return code(UGDS_DRIVER_NOT_INITIALIZED);
     }
