@@ -348,6 +348,12 @@ impl Thread {
         self.events.clear();
         let start = Instant::now();
         loop {
+            // What already finished first: a batch counts an entry that completed but was not
+            // reaped (one a worker thread ran, on a volume) as no longer in flight, so without
+            // this its event would be left behind when nothing else runs.
+            for i in 0..self.targets.len() {
+                self.reap(i, 0, Duration::ZERO);
+            }
             while self.events.len() < max {
                 match self.ready.pop_front() {
                     Some(d) => self.events.push(d),

@@ -60,6 +60,26 @@ fn setup() -> Result<(String, Bar, bool)> {
     Ok((node, bar, expected_allowed()?))
 }
 
+/// What a data test works with: the controller's node and a storage on it, the stand-in GPU, its
+/// BAR mapped for the CPU and exported whole as a dma-buf.
+struct Rig {
+    node: String,
+    bar: Bar,
+    map: crate::raw::Mapping,
+    fd: std::os::fd::OwnedFd,
+    st: Arc<Storage>,
+}
+
+/// The [`Rig`] of a set-up where the kernel allows the route.
+fn rig() -> Result<Rig> {
+    let (node, bar, allowed) = setup()?;
+    ensure_that!(allowed, "a data test in a set-up where the kernel refuses peer-to-peer");
+    let map = bar.map()?;
+    let fd = bar.export(0, bar.size)?;
+    let st = Storage::open(&node)?;
+    Ok(Rig { node, bar, map, fd, st })
+}
+
 fn route_as_predicted() -> Result<()> {
     let (node, bar, allowed) = setup()?;
     let nvme = nvme_controllers()?[0].clone();
@@ -109,11 +129,7 @@ const CASES: [(u64, u64); 5] =
     [(4096, 4096 * 3), (12288, 4096 * 7), (1 << 20, 4096 * 11), (3 << 20, 4096), (64 << 20, 4096 * 13)];
 
 fn sync_reads_and_writes() -> Result<()> {
-    let (node, bar, allowed) = setup()?;
-    ensure_that!(allowed, "a data test in a set-up where the kernel refuses peer-to-peer");
-    let map = bar.map()?;
-    let fd = bar.export(0, bar.size)?;
-    let st = Storage::open(&node)?;
+    let Rig { bar: _bar, map, fd, st, .. } = rig()?;
     let buf = st.register_dmabuf(fd.as_fd())?;
     ensure_that!(buf.host_view().is_err(), "a CPU view of another driver's memory was granted");
     let host = st.alloc_host(64 << 20)?;
@@ -159,11 +175,7 @@ fn sync_reads_and_writes() -> Result<()> {
 }
 
 fn batch_and_stream() -> Result<()> {
-    let (node, bar, allowed) = setup()?;
-    ensure_that!(allowed, "a data test in a set-up where the kernel refuses peer-to-peer");
-    let map = bar.map()?;
-    let fd = bar.export(0, bar.size)?;
-    let st = Storage::open(&node)?;
+    let Rig { bar: _bar, map, fd, st, .. } = rig()?;
     let buf = Arc::new(st.register_dmabuf(fd.as_fd())?);
     // A queue batch: 32 writes of 64 KiB out of the BAR, one doorbell.
     let n = 32u64;
@@ -208,11 +220,7 @@ fn batch_and_stream() -> Result<()> {
 /// Reads into the BAR in a loop until the exporter revokes it: the I/O then fails by name,
 /// and nothing reaches the BAR after the revocation.
 fn revoke_mid_stream() -> Result<()> {
-    let (node, bar, allowed) = setup()?;
-    ensure_that!(allowed, "a data test in a set-up where the kernel refuses peer-to-peer");
-    let map = bar.map()?;
-    let fd = bar.export(0, bar.size)?;
-    let st = Storage::open(&node)?;
+    let Rig { node, bar, map, fd, st } = rig()?;
     let buf = st.register_dmabuf(fd.as_fd())?;
     let len = 1u64 << 20;
     let mut pre = HostBuf::new(len as usize)?;
@@ -359,14 +367,10 @@ fn with_inherited(fd: &std::os::fd::OwnedFd, cmd: &mut std::process::Command, ok
 /// by the address it returns) and the Python package (`Storage.register_dmabuf`), each in a
 /// process given the dma-buf's descriptor, read the disk into the BAR.
 fn c_and_python_faces() -> Result<()> {
-    let (node, bar, allowed) = setup()?;
-    ensure_that!(allowed, "a data test in a set-up where the kernel refuses peer-to-peer");
-    let map = bar.map()?;
-    let fd = bar.export(0, bar.size)?;
+    let Rig { node, bar: _bar, map, fd, st } = rig()?;
     let len = 1usize << 20;
     let data = pattern(0xcface, len);
     {
-        let st = Storage::open(&node)?;
         let host = st.alloc_host(len)?;
         host.copy_in(0, &data)?;
         st.write(&host, 0, 0, len as u64)?;
