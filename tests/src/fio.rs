@@ -150,7 +150,7 @@ fn volume() -> Result<()> {
     let runs = verify_all(&spec, 64 << 20, &[])?;
     ensure_that!(runs[0].text.contains("volume"), "no volume in the path line:\n{}", runs[0].text);
     let desc = format!("/tmp/fio-{}.ugds-volume", std::process::id());
-    std::fs::write(&desc, format!("stripe:64K:{}\n", members.join(",")))?;
+    std::fs::write(&desc, format!("{}\nstripe:64K:{}\n", ugds::volume::DESCRIPTOR_MAGIC, members.join(",")))?;
     let r = verify_all(&desc, 32 << 20, &["offset=16M"]);
     let _ = std::fs::remove_file(&desc);
     r?;
