@@ -147,7 +147,14 @@ impl FileOps for Chardev {
                 Ok(0)
             }
             IOCTL_RESET => {
+                let a: Reset = read_arg(arg)?;
                 let mut inner = c.inner.lock();
+                // Asked for on the strength of an epoch that a reset has ended since (another
+                // opener's, or a revocation's, which the caller saw as a fault while it ran):
+                // the controller already started over.
+                if a.seen_epoch != 0 && a.seen_epoch != inner.epoch && !inner.faulted && inner.hw.is_some() {
+                    return Ok(0);
+                }
                 let r = c.reset_locked(&mut inner);
                 c.publish(&inner);
                 r.map(|_| 0)

@@ -19,7 +19,7 @@ use crate::shim::Plain;
 use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
 use ioctl::{
     AdminCommand, CreateQpair, DeleteQpair, Deregister, DeviceInfo, GetSegments, ListOpeners, Opener, RegisterDmabuf,
-    RegisterHost, Segment, SetEventfd, StatusPage,
+    RegisterHost, Reset, Segment, SetEventfd, StatusPage,
 };
 use queue::{Cqe, Sqe};
 
@@ -45,6 +45,7 @@ plain!(
     Deregister,
     Segment,
     SetEventfd,
+    Reset,
     ListOpeners,
     Opener,
     StatusPage,

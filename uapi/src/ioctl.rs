@@ -87,7 +87,6 @@ const IOC_NRSHIFT: u32 = 0;
 const IOC_TYPESHIFT: u32 = IOC_NRSHIFT + IOC_NRBITS;
 const IOC_SIZESHIFT: u32 = IOC_TYPESHIFT + IOC_TYPEBITS;
 const IOC_DIRSHIFT: u32 = IOC_SIZESHIFT + IOC_SIZEBITS;
-const IOC_NONE: u32 = 0;
 const IOC_WRITE: u32 = 1;
 const IOC_READ: u32 = 2;
 
@@ -235,6 +234,20 @@ pub struct DeleteQpair {
     pub qid: u32,
     /// Must be zero.
     pub reserved: u32,
+}
+
+/// `RESET` argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "zerocopy",
+    derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable, zerocopy::KnownLayout)
+)]
+#[repr(C)]
+pub struct Reset {
+    /// The epoch the caller saw when it decided the controller needs a reset (0: reset in any
+    /// case). When the controller has moved on from it and is not faulted, a reset (another
+    /// opener's, or an exporter's revocation) ended since: nothing is done.
+    pub seen_epoch: u64,
 }
 
 /// What a registration call returns.
@@ -434,9 +447,10 @@ pub const IOCTL_GET_SEGMENTS: u32 = ioc(IOC_WRITE, 0x05, core::mem::size_of::<Ge
 pub const IOCTL_DEREGISTER: u32 = ioc(IOC_WRITE, 0x06, core::mem::size_of::<Deregister>());
 /// Request: attach or detach a queue's eventfd ([`SetEventfd`]).
 pub const IOCTL_SET_EVENTFD: u32 = ioc(IOC_WRITE, 0x07, core::mem::size_of::<SetEventfd>());
-/// Request: reset the controller (no argument). Afterwards every queue pair is deleted on the
-/// controller (its memory zeroed) until its owner re-arms it.
-pub const IOCTL_RESET: u32 = ioc(IOC_NONE, 0x08, 0);
+/// Request: reset the controller ([`Reset`]: unless one ended since the epoch the caller saw).
+/// Afterwards every queue pair is deleted on the controller (its memory zeroed) until its owner
+/// re-arms it.
+pub const IOCTL_RESET: u32 = ioc(IOC_WRITE, 0x08, core::mem::size_of::<Reset>());
 /// Request: re-create a queue pair on the controller after a reset ([`DeleteQpair`] names it),
 /// its rings zeroed and empty; a no-op for a queue pair that is live. `EIO` while the controller
 /// is faulted.

@@ -169,7 +169,8 @@ fn ioctl_structs_and_numbers() {
     assert_eq!(size_of::<AdminCommand>(), 56);
     // _IOR(0xD7, 0, 392) as the kernel's macros compute it.
     assert_eq!(IOCTL_GET_INFO, 2 << 30 | 392 << 16 | 0xD7 << 8);
-    assert_eq!(IOCTL_RESET, 0xD7 << 8 | 8);
+    assert_eq!(IOCTL_RESET, 1 << 30 | 8 << 16 | 0xD7 << 8 | 8);
+    assert_eq!(size_of::<Reset>(), 8);
     let all = [
         IOCTL_GET_INFO,
         IOCTL_CREATE_QPAIR,

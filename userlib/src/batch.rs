@@ -15,7 +15,6 @@ use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespa
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
 use crate::queue::QueuePair;
-use crate::sys::req;
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -316,7 +315,7 @@ impl QueueBatch {
             self.qp.wait_a_little();
         }
         if self.in_flight() > 0 {
-            let reset = self.dev.fd.ioctl(req::Reset, &mut ());
+            let reset = self.dev.reset();
             for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
                 match (&reset, s.lease.take()) {
                     // The controller stopped: the memory is safe again.

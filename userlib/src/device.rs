@@ -477,6 +477,16 @@ impl Device {
     }
 }
 
+impl Inner {
+    /// Asks the module for a reset, the one way this crate does: skipped by the module when a
+    /// reset ends while this waits for it (a revocation's, another thread's or opener's), as the
+    /// epoch read here then has passed. Ok once the controller is known to have stopped since.
+    pub(crate) fn reset(&self) -> Result<()> {
+        let mut a = Reset { seen_epoch: self.status.state().epoch() };
+        self.fd.ioctl(req::Reset, &mut a).map(drop)
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.born.in_child() {
@@ -632,7 +642,7 @@ impl Namespace {
     /// The caller resynchronises the queue it was using; every other queue of this process
     /// reports the epoch change once to its next user.
     fn reset_controller(&self) -> bool {
-        self.dev.fd.ioctl(req::Reset, &mut ()).is_ok()
+        self.dev.reset().is_ok()
     }
 
     /// [`Namespace::reset_controller`], then this thread's shared queue adopts the new epoch.

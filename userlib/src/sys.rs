@@ -33,6 +33,8 @@ unsafe impl IoctlArg for ugds_uapi::ioctl::Deregister {}
 // SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::SetEventfd {}
 // SAFETY: see above.
+unsafe impl IoctlArg for ugds_uapi::ioctl::Reset {}
+// SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::AdminCommand {}
 // SAFETY: see above.
 unsafe impl IoctlArg for ugds_uapi::ioctl::ListOpeners {}
@@ -136,9 +138,10 @@ pub mod req {
         SetEventfd, abi::IOCTL_SET_EVENTFD, abi::SetEventfd, safe
     );
     request!(
-        /// Reset the controller (disable, wait for CSTS.RDY=0, re-enable); every queue pair is
-        /// left deleted on the controller until its owner re-arms it.
-        Reset, abi::IOCTL_RESET, (), safe
+        /// Reset the controller (disable, wait for CSTS.RDY=0, re-enable) unless a reset ended
+        /// since the epoch passed; every queue pair is left deleted on the controller until its
+        /// owner re-arms it.
+        Reset, abi::IOCTL_RESET, abi::Reset, safe
     );
     request!(
         /// Re-create a queue pair on the controller after a reset, its rings zeroed.
