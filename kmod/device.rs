@@ -38,7 +38,7 @@ pub(crate) struct Hw {
     /// MSI-X vectors (vector N serves queue pair N; 0 is the admin queue's, unused: polled).
     pub(crate) irqs: Option<IrqVectors>,
     /// Memory decoding and bus mastering; dropped last.
-    pub(crate) _enabled: pci::Enabled,
+    pub(crate) enabled: pci::Enabled,
 }
 
 impl Drop for Hw {
@@ -339,7 +339,7 @@ impl Revoker for Controller {
         if !stopped {
             pr_err!("{}: dma-buf revoked and the controller did not reset: bus mastering off\n", self.pdev.name());
             if let Some(hw) = inner.hw.as_ref() {
-                hw._enabled.clear_master();
+                hw.enabled.clear_master();
             }
             inner.faulted = true;
         }

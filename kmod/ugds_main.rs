@@ -250,7 +250,7 @@ impl pci::Driver for NvmeDriver {
                 return Err(e);
             }
         };
-        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, _enabled: enabled };
+        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, enabled };
         // On failure `hw` was dropped by the constructor, which stopped the controller.
         let controller = Controller::new(dev, info, cap, doorbells, hw)?;
         let fops = &chardev::FOPS;

@@ -459,25 +459,34 @@ impl Device {
 
     fn finish_registration(&self, h: RegistrationHandle) -> Result<Registration> {
         let mut segments = vec![Segment::default(); h.nsegs as usize];
-        let mut g = GetSegments {
-            id: h.id,
-            generation: h.generation,
-            first: 0,
-            count: h.nsegs,
-            segments: segments.as_mut_ptr() as u64,
-        };
         // Built before GET_SEGMENTS so that a failure still deregisters (on drop).
         let mut reg = Registration { dev: self.inner.clone(), handle: h, segments: Vec::new(), live: None };
-        // SAFETY: `g.segments` points to `segments`, a live vector of `g.count` segments that
-        // nothing else references during the call.
-        let n = unsafe { self.inner.fd.ioctl_unchecked(req::GetSegments, &mut g) }?;
-        segments.truncate(n as usize);
+        let n = self.inner.segments_into(h, &mut segments)?;
+        segments.truncate(n);
         reg.segments = segments;
         Ok(reg)
     }
 }
 
 impl Inner {
+    /// `GET_SEGMENTS`: the first `out.len()` DMA segments of registration `h` into `out`;
+    /// returns how many the module wrote.
+    pub(crate) fn segments_into(&self, h: RegistrationHandle, out: &mut [Segment]) -> Result<usize> {
+        let mut g = GetSegments {
+            id: h.id,
+            generation: h.generation,
+            first: 0,
+            // CAST: saturated: a longer slice (never seen: counts are u32) is only partly filled.
+            count: u32::try_from(out.len()).unwrap_or(u32::MAX),
+            segments: out.as_mut_ptr() as u64,
+        };
+        // SAFETY: `g.segments` points to `out`, `g.count` segments borrowed exclusively for the
+        // call.
+        let n = unsafe { self.fd.ioctl_unchecked(req::GetSegments, &mut g) }?;
+        // CAST: the module writes at most `count` segments.
+        Ok(n as usize)
+    }
+
     /// Asks the module for a reset, the one way this crate does: skipped by the module when a
     /// reset ends while this waits for it (a revocation's, another thread's or opener's), as the
     /// epoch read here then has passed. Ok once the controller is known to have stopped since.
@@ -726,10 +735,14 @@ pub(crate) struct Registration {
 impl Registration {
     /// [`Error::Revoked`] once the exporter revoked it (checked once per controller epoch).
     pub(crate) fn alive(&self) -> Result<()> {
-        match &self.live {
-            None => Ok(()),
-            Some(l) => l.epoch(&self.dev, self.handle).map(drop),
-        }
+        self.valid_epoch().map(drop)
+    }
+
+    /// The controller epoch its segments may be named in: any (`None`, host pages), or the
+    /// current one once it is known alive in it.
+    #[inline]
+    fn valid_epoch(&self) -> Result<Option<u64>> {
+        self.live.as_ref().map(|l| l.epoch(&self.dev, self.handle)).transpose()
     }
 
     /// Bytes `[off, off + len)` of the registration for one command: checked alive first where
@@ -743,10 +756,10 @@ impl Registration {
         // SAFETY: the caller's contract; a revocable registration is named only in the epoch it
         // was found alive in (a revocation resets the controller first, moving the epoch on).
         let r = unsafe { DmaRange::new(&self.segments, off, len) };
-        match &self.live {
-            None => Ok(r),
-            Some(l) => Ok(r.only_in(l.epoch(&self.dev, self.handle)?)),
-        }
+        Ok(match self.valid_epoch()? {
+            None => r,
+            Some(epoch) => r.only_in(epoch),
+        })
     }
 }
 

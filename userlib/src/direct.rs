@@ -121,8 +121,8 @@ impl DataPath for DirectPath {
         });
         match direct {
             Ok(reg) => Ok(Registered { regs: vec![reg], staging: None, path: Path::DirectP2p }),
-            // Another driver's dma-buf cannot be staged: no copy engine reaches it.
-            Err(e) if allow_staging && mem.gpu().runtime().vendor() != crate::gpu::Vendor::Dmabuf => {
+            // Its own error where the memory cannot be staged (another driver's dma-buf).
+            Err(e) if allow_staging && mem.stageable() => {
                 crate::data_path::note_fallback(
                     &format!("GPU memory on {}", mem.gpu().runtime().device_name()),
                     "staged through registered host memory, still through the NVMe queues",

@@ -391,7 +391,7 @@ impl Storage {
     pub fn register_gpu(&self, mem: Arc<GpuMemory>, allow_staging: bool) -> Result<Buffer> {
         self.alive()?;
         let r = self.path.register_gpu(&mem, allow_staging)?;
-        if r.path != Path::DirectP2p && mem.gpu().runtime().vendor() == crate::gpu::Vendor::Dmabuf {
+        if r.path != Path::DirectP2p && !mem.stageable() {
             // No copy engine reaches another driver's dma-buf: peer-to-peer or nothing.
             return Err(Error::Unsupported {
                 what: "another driver's dma-buf",

@@ -11,9 +11,8 @@
 
 use super::Inner;
 use crate::error::{Error, Result};
-use crate::sys::req;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use ugds_uapi::ioctl::{GetSegments, RegistrationHandle, Segment};
+use ugds_uapi::ioctl::{RegistrationHandle, Segment};
 
 /// The liveness of one revocable registration.
 #[derive(Debug, Default)]
@@ -70,17 +69,7 @@ impl Liveness {
 
 /// Asks the module whether the registration was revoked (its first segment: `EKEYREVOKED`).
 fn is_revoked(dev: &Inner, handle: RegistrationHandle) -> Result<bool> {
-    let mut one = [Segment::default()];
-    let mut g = GetSegments {
-        id: handle.id,
-        generation: handle.generation,
-        first: 0,
-        count: 1,
-        segments: one.as_mut_ptr() as u64,
-    };
-    // SAFETY: `g.segments` points to `one`, a live array of `g.count` segments that nothing else
-    // references during the call.
-    match unsafe { dev.fd.ioctl_unchecked(req::GetSegments, &mut g) } {
+    match dev.segments_into(handle, &mut [Segment::default()]) {
         Ok(_) => Ok(false),
         Err(Error::Control { source, .. }) if source.raw_os_error() == Some(libc::EKEYREVOKED) => Ok(true),
         Err(e) => Err(e),

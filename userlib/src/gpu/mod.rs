@@ -530,6 +530,12 @@ impl GpuMemory {
         &self.gpu
     }
 
+    /// Whether copy engines (and so staged I/O) can reach it: not another driver's dma-buf,
+    /// which only the SSD reaches, peer to peer.
+    pub(crate) fn stageable(&self) -> bool {
+        self.gpu.rt.vendor() != Vendor::Dmabuf
+    }
+
     /// Exports the whole allocation as a dma-buf (for RDMA or other dma-buf consumers); the
     /// caller owns the fd.
     pub fn export_dmabuf(&self) -> Result<OwnedFd> {
