@@ -140,6 +140,11 @@ impl FileOps for Chardev {
                 let a: SetEventfd = read_arg(arg)?;
                 set_eventfd(c, handle, &a).map(|_| 0)
             }
+            IOCTL_ARM_IRQ => {
+                let a: DeleteQpair = read_arg(arg)?;
+                let qid = a.check().map_err(arg_error)?;
+                arm_irq(c, handle, qid).map(|_| 0)
+            }
             IOCTL_ADMIN_CMD => {
                 let mut a: AdminCommand = read_arg(arg)?;
                 admin_cmd(c, &mut a)?;
@@ -472,6 +477,15 @@ fn admin_cmd(c: &Controller, a: &mut AdminCommand) -> Result {
         let out = buf.copy_out()?;
         write_slice(req.data as usize, &out)?;
     }
+    Ok(())
+}
+
+/// Arms the interrupt of queue `qid` (this file's, with an eventfd attached): `ENOENT` for no
+/// such queue of this file's, `EINVAL` for one without an eventfd.
+fn arm_irq(c: &Controller, handle: FileHandle, qid: u32) -> Result {
+    let inner = c.inner.lock();
+    let qp = inner.qpairs.iter().find(|q| q.qid as u32 == qid && q.owner == handle).ok_or(ENOENT)?;
+    qp.irq.as_ref().ok_or(EINVAL)?.arm();
     Ok(())
 }
 

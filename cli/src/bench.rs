@@ -3,11 +3,12 @@
 //! percentiles from an HDR histogram, and one JSON object with `--json`.
 
 use crate::{nonzero_size, open_target, seconds, size, Res, Target};
+use clap::builder::TypedValueParser;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::{DeviceOptions, IoRequest, Storage, StorageBatch};
+use ugds::{DeviceOptions, IoRequest, Storage, StorageBatch, Waiting};
 
 /// fio's `rw`: the I/O pattern.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -95,9 +96,10 @@ pub struct BenchArgs {
     /// Percent of a mixed workload's I/Os that read (fio's rwmixread; rw and randrw only).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     rwmixread: u8,
-    /// Wait for completions on interrupts (eventfd) instead of busy polling.
-    #[arg(long)]
-    interrupts: bool,
+    /// How waits for completions wait on a ugds node: `adaptive` (spin while a core is free,
+    /// then sleep on the queue's interrupt), `poll` (always spin) or `interrupts` (always sleep).
+    #[arg(long, default_value = "adaptive", value_parser = clap::builder::PossibleValuesParser::new(["adaptive", "poll", "interrupts"]).try_map(|s| s.parse::<Waiting>()))]
+    wait: Waiting,
     /// Queue pairs of the synchronous calls (iodepth 1): `shared` (the device's, one per job,
     /// locked) or `owned` (each job takes a queue pair of its own: no lock; direct path on one
     /// node only).
@@ -414,7 +416,7 @@ fn region_blocks(capacity: u64, offset: u64, size: Option<u64>, bs: u64) -> Res<
 
 /// Runs the benchmark and prints its report.
 pub fn run(json: bool, a: BenchArgs) -> Res<()> {
-    let BenchArgs { t, rw, bs, iodepth, numjobs, runtime, size, offset, rwmixread, interrupts, queue } = a;
+    let BenchArgs { t, rw, bs, iodepth, numjobs, runtime, size, offset, rwmixread, wait, queue } = a;
     if iodepth == 0 || numjobs == 0 {
         return Err("--iodepth and --numjobs must be at least 1".into());
     }
@@ -426,7 +428,7 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let open_start = Instant::now();
     // Owned queues are created per job: the device keeps one shared queue pair of its own.
     let shared_queues = if queue == QueueMode::Owned { 1 } else { numjobs };
-    let st = open_target(&t, DeviceOptions { queues: shared_queues, interrupts, ..Default::default() })?;
+    let st = open_target(&t, DeviceOptions { queues: shared_queues, waiting: wait, ..Default::default() })?;
     let open_time = open_start.elapsed();
     let blocks = region_blocks(st.capacity()?, offset, size, bs)?;
     let job = Job { st: &st, bs, offset, depth: iodepth, deadline: Duration::from_secs_f64(runtime) };
@@ -483,7 +485,7 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
         read: reads.then(|| side(&all.read)),
         write: writes.then(|| side(&all.write)),
         open_ms: open_time.as_secs_f64() * 1e3,
-        mode: if interrupts { "interrupts" } else { "polling" },
+        mode: st.waiting().map_or("kernel", Waiting::name),
         cpu_us_per_io: cpu.as_secs_f64() * 1e6 / (both.len() as f64).max(1.0),
         queue: if iodepth > 1 { "batch" } else { queue.name() },
         path_ios: PathIos {

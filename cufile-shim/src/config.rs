@@ -93,11 +93,12 @@ const STAGING_KB: usize = ugds::gpu::STAGING_CHUNK / 1024;
 /// field; the others are accepted, stored and reported back ("accepted, no effect").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// Busy-poll for completions (ugds's default) instead of sleeping on the queue's interrupt.
-    /// Takes effect: the ugds nodes a handle opens from then on poll, or wait on interrupts.
+    /// Poll for completions (ugds's default) instead of sleeping on the queue's interrupt.
+    /// Takes effect: the ugds nodes a handle opens from then on wait adaptively (spin while a
+    /// core is free, then sleep), or, when off, sleep on the interrupt without spinning.
     pub use_poll_mode: bool,
-    /// I/Os up to this size poll when `use_poll_mode` is set. Accepted, no effect: a queue
-    /// pair waits one way for all its I/O, so with poll mode every I/O polls.
+    /// I/Os up to this size may spin when `use_poll_mode` is set; larger ones sleep on the
+    /// interrupt at once. Takes effect (`DeviceOptions::spin_max_bytes`).
     pub poll_thresh_size_kb: usize,
     /// The largest piece one request is issued in. Takes effect: a larger `cuFileRead` or
     /// `cuFileWrite` runs as pieces of this size, one after the other.
@@ -332,8 +333,10 @@ pub fn face_options(c: &Config) -> ugds::capi::FaceOptions {
             u32::try_from(c.max_io_queue_depth).unwrap_or(u32::MAX)
         },
         timeout: std::time::Duration::from_millis(c.batch_io_timeout_ms as u64),
-        // A queue pair waits one way for all its I/O: polling unless poll mode is off.
-        interrupts: !c.use_poll_mode,
+        // Poll mode is adaptive waiting that spins for I/Os up to the threshold; without it
+        // every wait sleeps on the queue's interrupt.
+        waiting: if c.use_poll_mode { ugds::Waiting::Adaptive } else { ugds::Waiting::Interrupts },
+        spin_max_bytes: (c.poll_thresh_size_kb as u64).saturating_mul(1024),
         ..Default::default()
     };
     ugds::capi::FaceOptions {
@@ -932,6 +935,15 @@ mod tests {
 
     fn code(e: uGDSError_t) -> uGDSOpError {
         e.err
+    }
+
+    #[test]
+    fn poll_mode_and_its_threshold_set_how_waits_wait() {
+        let c = Config { use_poll_mode: true, poll_thresh_size_kb: 64, ..Config::default() };
+        let d = face_options(&c).device;
+        assert_eq!((d.waiting, d.spin_max_bytes), (ugds::Waiting::Adaptive, 64 << 10));
+        let d = face_options(&Config { use_poll_mode: false, ..c }).device;
+        assert_eq!(d.waiting, ugds::Waiting::Interrupts);
     }
 
     #[test]

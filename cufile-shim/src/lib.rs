@@ -778,7 +778,13 @@ mod config_effect_tests {
         unsafe { cuFileGetParameterSizeT(SizeParam::IoBatchSize as c_int, &mut v) };
         assert_eq!(v, 200);
         let o = lib().options();
-        assert!(!o.fallback && o.device.interrupts && o.max_batch == 200 && o.max_io_bytes == 64 << 10, "{o:?}");
+        assert!(
+            !o.fallback
+                && o.device.waiting == ugds::Waiting::Interrupts
+                && o.max_batch == 200
+                && o.max_io_bytes == 64 << 10,
+            "{o:?}"
+        );
         assert_eq!(log::max_level(), log::LevelFilter::Warn);
         // A parameter set before the open wins; closing goes back to the file.
         assert_eq!(cuFileSetParameterSizeT(SizeParam::IoBatchSize as c_int, 8).err, uGDSOpError::UGDS_SUCCESS);

@@ -5,7 +5,7 @@ use crate::sys;
 use std::cell::UnsafeCell;
 use std::ffi::{c_uint, c_void, CStr};
 use std::mem::offset_of;
-use ugds::{DataPointers, DeviceOptions};
+use ugds::{DataPointers, DeviceOptions, Waiting};
 
 /// The options as fio stores them (`option_struct_size` bytes, zeroed, then the defaults).
 #[repr(C)]
@@ -15,8 +15,8 @@ pub(crate) struct EngineOptions {
     _td: *mut c_void,
     /// `ugds_queue`: 0 shared, 1 owned.
     queue: c_uint,
-    /// `ugds_interrupts`: 0 or 1.
-    interrupts: c_uint,
+    /// `ugds_wait`: 0 adaptive, 1 poll, 2 interrupts.
+    wait: c_uint,
     /// `ugds_dptr`: 0 auto, 1 PRPs only, 2 SGLs preferred.
     dptr: c_uint,
     /// `ugds_nsid`: the namespace of a node or of a volume's members.
@@ -46,16 +46,21 @@ pub(crate) struct Settings {
 impl Settings {
     /// The settings from fio's parsed options (`None`: all defaults).
     pub(crate) fn from(eo: Option<&EngineOptions>) -> Settings {
-        let (queue, interrupts, dptr, nsid) = eo.map_or((0, 0, 0, 1), |o| (o.queue, o.interrupts, o.dptr, o.nsid));
+        let (queue, wait, dptr, nsid) = eo.map_or((0, 0, 0, 1), |o| (o.queue, o.wait, o.dptr, o.nsid));
         let data_pointers = match dptr {
             1 => DataPointers::PrpOnly,
             2 => DataPointers::SglPreferred,
             _ => DataPointers::Auto,
         };
+        let waiting = match wait {
+            1 => Waiting::Poll,
+            2 => Waiting::Interrupts,
+            _ => Waiting::Adaptive,
+        };
         Settings {
             queue: if queue == 1 { QueueMode::Owned } else { QueueMode::Shared },
             nsid: nsid.max(1),
-            device: DeviceOptions { interrupts: interrupts != 0, data_pointers, ..DeviceOptions::default() },
+            device: DeviceOptions { waiting, data_pointers, ..DeviceOptions::default() },
         }
     }
 }
@@ -100,14 +105,17 @@ const fn table() -> [sys::fio_option; 5] {
     );
     queue.posval[0] = value(c"shared", 0, c"The device's queue pairs, shared by the process's threads");
     queue.posval[1] = value(c"owned", 1, c"A queue pair of this thread's own, no lock (a ugds node only)");
-    let interrupts = option(
-        c"ugds_interrupts",
-        c"ugds interrupt mode",
-        sys::fio_opt_type_FIO_OPT_BOOL,
-        offset_of!(EngineOptions, interrupts),
-        c"Wait for completions on the queue's interrupt instead of busy polling",
-        c"0",
+    let mut wait = option(
+        c"ugds_wait",
+        c"ugds completion waiting",
+        sys::fio_opt_type_FIO_OPT_STR,
+        offset_of!(EngineOptions, wait),
+        c"How waits for completions wait: spin while it pays then sleep, always spin, or always sleep",
+        c"adaptive",
     );
+    wait.posval[0] = value(c"adaptive", 0, c"Spin for a budget while a core is free, then sleep on the interrupt");
+    wait.posval[1] = value(c"poll", 1, c"Busy-poll every wait");
+    wait.posval[2] = value(c"interrupts", 2, c"Sleep on the queue's interrupt without spinning");
     let mut dptr = option(
         c"ugds_dptr",
         c"ugds data pointers",
@@ -130,7 +138,7 @@ const fn table() -> [sys::fio_option; 5] {
     nsid.minval = 1;
     // SAFETY: as in `option`: the all-zero entry is fio's end of the table (name NULL).
     let end: sys::fio_option = unsafe { std::mem::zeroed() };
-    [queue, interrupts, dptr, nsid, end]
+    [queue, wait, dptr, nsid, end]
 }
 
 /// The option table fio reads and writes (it caches lookups in it), hence a cell.
@@ -168,15 +176,17 @@ mod tests {
         let s = Settings::from(None);
         assert_eq!(s.queue, QueueMode::Shared);
         assert_eq!(s.nsid, 1);
-        assert!(!s.device.interrupts);
+        assert_eq!(s.device.waiting, Waiting::Adaptive);
     }
 
     #[test]
     fn parsed_values_map_to_the_library_options() {
-        let o = EngineOptions { _td: std::ptr::null_mut(), queue: 1, interrupts: 1, dptr: 2, nsid: 3 };
+        let o = EngineOptions { _td: std::ptr::null_mut(), queue: 1, wait: 2, dptr: 2, nsid: 3 };
         let s = Settings::from(Some(&o));
         assert_eq!(s.queue, QueueMode::Owned);
-        assert!(s.device.interrupts);
+        assert_eq!(s.device.waiting, Waiting::Interrupts);
+        let o = EngineOptions { wait: 1, ..o };
+        assert_eq!(Settings::from(Some(&o)).device.waiting, Waiting::Poll);
         assert_eq!(s.device.data_pointers, DataPointers::SglPreferred);
         assert_eq!(s.nsid, 3);
     }

@@ -239,7 +239,7 @@ fn engine_options_are_listed_by_fio() {
         .output()
         .expect("running fio --enghelp");
     let text = String::from_utf8_lossy(&out.stdout);
-    for o in ["ugds_queue", "ugds_interrupts", "ugds_dptr", "ugds_nsid"] {
+    for o in ["ugds_queue", "ugds_wait", "ugds_dptr", "ugds_nsid"] {
         assert!(text.contains(o), "{o} missing from:\n{text}");
     }
 }

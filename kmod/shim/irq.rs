@@ -4,6 +4,7 @@
 use super::pci::Device;
 use crate::bindings;
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, Ordering};
 use kernel::prelude::*;
 
 // From the target kernel's headers (bindgen), not copied values.
@@ -58,33 +59,70 @@ impl Drop for IrqVectors {
 #[derive(Clone, Copy)]
 pub(crate) struct Irq(u32);
 
+/// What an [`EventfdIrq`]'s handler reads: the eventfd it signals, its IRQ, and whether it
+/// masks itself after firing.
+struct Shared {
+    ctx: NonNull<bindings::eventfd_ctx>,
+    irq: u32,
+    /// [`ALWAYS`] until the first [`EventfdIrq::arm`]; then [`ARMED`], [`FIRING`] (the handler
+    /// is masking the vector) or [`MASKED`].
+    state: AtomicU8,
+}
+
+/// Every interrupt signals the eventfd (the state before the first arm).
+const ALWAYS: u8 = 0;
+/// The next interrupt signals the eventfd, then masks the vector.
+const ARMED: u8 = 1;
+/// The handler is between taking the armed state and masking the vector.
+const FIRING: u8 = 2;
+/// Masked (`disable_irq_nosync` once) until the next arm unmasks it (`enable_irq` once).
+const MASKED: u8 = 3;
+
 /// An interrupt handler that signals an eventfd; the handler is freed, then the eventfd
 /// reference dropped, on drop.
 ///
+/// Once armed ([`EventfdIrq::arm`]) it is one-shot: it signals on the next interrupt and masks
+/// the vector, until armed again, so a queue whose waiters spin takes no interrupts and only a
+/// waiter about to sleep pays for one. A completion that comes while masked is latched by the
+/// interrupt core and delivered at the arm. Every mask is matched by exactly one unmask: only
+/// the handler masks (from [`ARMED`], through [`FIRING`]), only an arm unmasks (from
+/// [`MASKED`], which the handler stores after masking), so `enable_irq` never finds the
+/// vector enabled. Freeing a masked handler is balanced too: the last `free_irq` shuts the
+/// vector down, which resets its disable depth.
+///
 /// # Invariants
 ///
-/// `ctx` holds an eventfd reference and is the `dev_id` of a handler requested on `irq`.
+/// `shared` is a live allocation of ours whose `ctx` holds an eventfd reference, and is the
+/// `dev_id` of a handler requested on `shared.irq`; it is freed only after `free_irq`.
 pub(crate) struct EventfdIrq {
-    irq: u32,
-    ctx: NonNull<bindings::eventfd_ctx>,
+    shared: NonNull<Shared>,
 }
 
-// SAFETY: the handle is only used to free the handler and the reference, from any thread.
+// SAFETY: the handle frees the handler and its data, and arms it (atomics and the IRQ core's
+// own locking), from any thread.
 unsafe impl Send for EventfdIrq {}
-// SAFETY: `&EventfdIrq` allows nothing.
+// SAFETY: `arm` is safe from several threads at once (see its state machine).
 unsafe impl Sync for EventfdIrq {}
 
 unsafe extern "C" fn signal_eventfd(_irq: kernel::ffi::c_int, data: *mut kernel::ffi::c_void) -> bindings::irqreturn_t {
-    // SAFETY: `data` is the eventfd context registered with this handler; it stays referenced
-    // until free_irq (which waits for running handlers) has returned.
-    unsafe { bindings::eventfd_signal_mask(data.cast(), 0) };
+    // SAFETY: `data` is the `Shared` registered with this handler; it lives until free_irq
+    // (which waits for running handlers) has returned.
+    let s = unsafe { &*data.cast::<Shared>() };
+    // SAFETY: the eventfd stays referenced for as long as `s` lives.
+    unsafe { bindings::eventfd_signal_mask(s.ctx.as_ptr(), 0) };
+    if s.state.compare_exchange(ARMED, FIRING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        // SAFETY: our own IRQ, from its handler (the non-waiting variant is for exactly that).
+        unsafe { bindings::disable_irq_nosync(s.irq) };
+        s.state.store(MASKED, Ordering::Release);
+    }
     IRQ_HANDLED as _
 }
 
 impl EventfdIrq {
     /// Takes a reference to the eventfd `fd` and signals it from interrupt `irq`.
     ///
-    /// Errors: `EBADF` (not an open fd), `EINVAL` (not an eventfd), or request_irq's error.
+    /// Errors: `EBADF` (not an open fd), `EINVAL` (not an eventfd), `ENOMEM`, or request_irq's
+    /// error.
     pub(crate) fn attach(irq: Irq, fd: i32, name: &'static CStr) -> Result<Self> {
         let irq = irq.0;
         // SAFETY: eventfd_ctx_fdget validates the fd and takes a reference.
@@ -94,7 +132,17 @@ impl EventfdIrq {
             return Err(Error::from_errno(v as i32));
         }
         let ctx = NonNull::new(ctx).ok_or(EINVAL)?;
-        // SAFETY: `ctx` stays referenced until after free_irq; the handler only signals it.
+        let shared = match KBox::new(Shared { ctx, irq, state: AtomicU8::new(ALWAYS) }, GFP_KERNEL) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: drop the reference taken above.
+                unsafe { bindings::eventfd_ctx_put(ctx.as_ptr()) };
+                return Err(e.into());
+            }
+        };
+        let shared = NonNull::new(KBox::into_raw(shared)).ok_or(ENOMEM)?;
+        // SAFETY: `shared` stays allocated, and its eventfd referenced, until after free_irq;
+        // the handler only signals it and masks its own IRQ.
         let r = unsafe {
             bindings::request_threaded_irq(
                 irq,
@@ -102,26 +150,58 @@ impl EventfdIrq {
                 None,
                 0,
                 name.as_char_ptr().cast(),
-                ctx.as_ptr().cast(),
+                shared.as_ptr().cast(),
             )
         };
         if r != 0 {
-            // SAFETY: drop the reference taken above.
-            unsafe { bindings::eventfd_ctx_put(ctx.as_ptr()) };
+            // SAFETY: no handler has it; take the allocation back and drop the reference.
+            unsafe {
+                let s = KBox::from_raw(shared.as_ptr());
+                bindings::eventfd_ctx_put(s.ctx.as_ptr());
+            }
             return Err(Error::from_errno(r));
         }
-        // INVARIANT: handler requested with `ctx` as dev_id.
-        Ok(EventfdIrq { irq, ctx })
+        // INVARIANT: handler requested with `shared` as dev_id.
+        Ok(EventfdIrq { shared })
+    }
+
+    /// Arms the handler: the next interrupt (or one that came while it was masked) signals the
+    /// eventfd, then masks the vector again.
+    pub(crate) fn arm(&self) {
+        // SAFETY: by the invariant, `shared` lives as long as `self`.
+        let s = unsafe { self.shared.as_ref() };
+        loop {
+            match s.state.load(Ordering::Acquire) {
+                ALWAYS => {
+                    if s.state.compare_exchange(ALWAYS, ARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                        return;
+                    }
+                }
+                MASKED => {
+                    if s.state.compare_exchange(MASKED, ARMED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                        // SAFETY: the handler masked it once (MASKED is stored after its
+                        // disable_irq_nosync) and only this arm, which took MASKED, unmasks.
+                        unsafe { bindings::enable_irq(s.irq) };
+                        return;
+                    }
+                }
+                ARMED => return,
+                // The handler is masking the vector on another CPU: a few instructions.
+                _ => core::hint::spin_loop(),
+            }
+        }
     }
 }
 
 impl Drop for EventfdIrq {
     fn drop(&mut self) {
         // SAFETY: by the invariant; free_irq waits for a running handler, after which nothing
-        // uses `ctx`, whose reference is then dropped.
+        // uses `shared`, which is then freed with its eventfd reference.
         unsafe {
-            bindings::free_irq(self.irq, self.ctx.as_ptr().cast());
-            bindings::eventfd_ctx_put(self.ctx.as_ptr());
+            let irq = self.shared.as_ref().irq;
+            bindings::free_irq(irq, self.shared.as_ptr().cast());
+            let s = KBox::from_raw(self.shared.as_ptr());
+            bindings::eventfd_ctx_put(s.ctx.as_ptr());
         }
     }
 }

@@ -164,6 +164,19 @@ impl PyCpuStream {
     }
 }
 
+impl Drop for PyCpuStream {
+    fn drop(&mut self) {
+        // The last reference's drop waits for the stream's queued work, and that work may need
+        // the GIL (a launched function, a completion waking an asyncio loop) while the thread
+        // dropping this one holds it (a deallocation runs under the GIL): a deadlock, seen in
+        // the Python suite. Wait for the work without the GIL first; what is left to drop then
+        // has nothing queued.
+        let s = self.s.clone();
+        Python::attach(|py| py.detach(move || s.synchronize()))
+            .unwrap_or_else(|e| log::debug!("a CpuStream's work failed before it was dropped: {e}"));
+    }
+}
+
 /// A queued operation (stream-ordered, or `pread`/`pwrite`): `done()`, `result(timeout=None)`
 /// (kvikio's `get()` too), which waits for the bytes moved (or raises the operation's error),
 /// `future()`, its `concurrent.futures.Future`, and `await io`.

@@ -4,13 +4,15 @@
 # when $OUT is set, to $OUT/gpu-run.txt.
 #
 # STEPS selects what runs (comma-separated; default "all"):
-#   new = func,stream,overhead,python,pyugds      old = base,cuda,examples,cufile,bench
+#   new = func,stream,overhead,python,pyugds,vllm      old = base,cuda,examples,cufile,bench
 #   func      uGDS's own functional tests (target/gpu/ugds-functional, fetched from
 #             ScaleX-IO/uGDS, never committed), compiled unchanged against our header and -lugds
 #   stream    tests/gpu/stream_lifetime.cu
 #   overhead  tests/gpu/cufile_overhead.cu through the drop-in, and through NVIDIA's libcufile
 #   python    kvikio and cufile-python (wheels in target/gpu/wheels) through the drop-in
 #   pyugds    the ugds Python package (target/gpu/ugds-wheel) with torch/CuPy CUDA memory
+#   vllm      ugds.vllm, the vLLM offloading spec, with CUDA KV tensors (tests/gpu/vllm_offload_cuda.py;
+#             vLLM itself is not installed there: the spec runs on its stand-ins for vLLM's classes)
 #   base      machine facts and `ugds doctor`; cuda: the Rust CUDA tests; examples: the C
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
 #   smallio   `ugds bench-gpu --breakdown` (4K, 64K: disk, copy, sync vs poll) and `--depths`
@@ -29,7 +31,7 @@ STEPS=${STEPS:-all}
 want() {
   case ",$STEPS," in
     *",all,"* | *",$1,"*) return 0 ;;
-    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python|pyugds)$ ]] ;;
+    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python|pyugds|vllm)$ ]] ;;
     *",old,"*) [[ $1 =~ ^(base|cuda|examples|cufile|bench)$ ]] ;;
     *) return 1 ;;
   esac
@@ -173,16 +175,22 @@ overhead() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# wheel_into DIR: pip install of the ugds wheel (nothing else) into DIR, anew; fails (after
+# saying so) when there is no wheel.
+wheel_into() {
+  if ! ls "$B"/ugds-wheel/ugds-*.whl >/dev/null 2>&1; then
+    echo "SKIP: no wheel in $B/ugds-wheel (cargo xtask gpu-bundle builds it)"
+    return 1
+  fi
+  rm -rf "$1"
+  run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$1" "$B"/ugds-wheel/ugds-*.whl
+}
+
 # The ugds Python package: pip install of the wheel (nothing else), then CUDA memory through it.
 pyugds() {
   section "the ugds Python package with CUDA memory"
   local X=$DIR/pyugds
-  if ! ls "$B"/ugds-wheel/ugds-*.whl >/dev/null 2>&1; then
-    echo "SKIP: no wheel in $B/ugds-wheel (cargo xtask gpu-bundle builds it)"
-    return
-  fi
-  rm -rf "$X"
-  run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$X" "$B"/ugds-wheel/ugds-*.whl || return
+  wheel_into "$X" || return
   T=300 run env PYTHONPATH="$X" PYTHONUNBUFFERED=1 python3 tests/gpu/ugds_py_cuda.py "$DIR"
   T=60 run env PYTHONPATH="$X" python3 -m ugds doctor
   # 4 KiB reads through the package, one call and batches of 128 (the CLI's bench takes ugds
@@ -192,6 +200,15 @@ pyugds() {
   T=60 run env PYTHONPATH="$X" python3 -m ugds bench "$DIR/pyugds-bench.dat" --rw randread --bs 4K --runtime 3 --size 1G --iodepth 128
   rm -f "$DIR/pyugds-bench.dat"
   T=400 run env PYTHONPATH="$X" PYTHONUNBUFFERED=1 python3 tests/gpu/ugds_kv_bench.py "$DIR"
+}
+
+# ---------------------------------------------------------------------------------------------
+# ugds.vllm with CUDA KV tensors: the wheel as in pyugds (vLLM is not installed: its stand-ins).
+vllm_spec() {
+  section "ugds.vllm (the vLLM offloading spec) with CUDA KV tensors"
+  local X=$DIR/pyugds-vllm
+  wheel_into "$X" || return
+  T=400 run env PYTHONPATH="$X" PYTHONUNBUFFERED=1 python3 tests/gpu/vllm_offload_cuda.py "$DIR"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +269,7 @@ python_clients() {
   want overhead && overhead
   want python && python_clients
   want pyugds && pyugds
+  want vllm && vllm_spec
 
   if want cuda; then
     section "Rust CUDA tests"

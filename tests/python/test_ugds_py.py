@@ -620,6 +620,24 @@ class StreamTests(Base):
         self.assertEqual(r.result(timeout=60), self.bs)
         self.assertTrue(gate.is_set())
 
+    def test_dropping_a_stream_with_work_that_needs_the_gil_does_not_hang(self) -> None:
+        # Dropping a stream waits for its queued work; that work may need the GIL (a launched
+        # function, or a completion waking an asyncio loop), so the drop must wait without it.
+        # In a child process, so a hang fails this test instead of stopping the suite.
+        code = (
+            "import time, ugds\n"
+            "s = ugds.CpuStream()\n"
+            "s.launch(lambda: time.sleep(0.3))\n"
+            "s.launch(lambda: None)\n"
+            "del s\n"
+            "print('dropped')\n"
+        )
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            self.fail("dropping a CpuStream with queued Python work hung")
+        self.assertEqual(r.stdout.strip(), "dropped", r.stderr)
+
     def test_invalid_stream_io_is_refused_at_the_call(self) -> None:
         s = ugds.CpuStream()
         with self.assertRaises(ugds.InvalidArgument) as c:

@@ -3,7 +3,8 @@
 //! md5, pattern, verify_backlog) on a ugds node with each queue, interrupt and data-pointer
 //! option, on a second namespace, on a striped volume (spec and descriptor file) and on a file;
 //! and fio's io_uring engine on the kernel's block device against the ugds engine on the same
-//! controller, each verifying what the other wrote.
+//! controller, each verifying what the other wrote. In the remote variant: the same
+//! verification on an `nvmeof://` URI, through our NVMe/TCP initiator to the kernel's nvmet.
 
 use crate::kmod::bound_node;
 use crate::{ensure_that, namespace_block_device, nvme_controllers, xtask, Test};
@@ -26,6 +27,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "fio_verify_on_a_striped_volume", variant: V, run: volume },
         Test { name: "fio_verify_on_a_file", variant: V, run: file },
         Test { name: "fio_io_uring_and_ugds_engine_on_the_same_controller", variant: V, run: io_uring_vs_ugds },
+        Test { name: "fio_verify_on_an_nvme_over_tcp_uri", variant: "remote", run: remote_uri },
     ]
 }
 
@@ -107,8 +109,8 @@ fn node() -> Result<()> {
     // Each engine option, on what it changes.
     for extra in [
         &["bs=4k", "rw=randwrite", "verify=crc32c", "iodepth=1", "ugds_queue=owned"][..],
-        &["bs=4k", "rw=randwrite", "verify=crc32c", "verify_backlog=32", "iodepth=16", "ugds_interrupts=1"],
-        &["bs=4k", "rw=randwrite", "verify=crc32c", "iodepth=1", "ugds_interrupts=1"],
+        &["bs=4k", "rw=randwrite", "verify=crc32c", "verify_backlog=32", "iodepth=16", "ugds_wait=interrupts"],
+        &["bs=4k", "rw=randwrite", "verify=crc32c", "iodepth=1", "ugds_wait=interrupts"],
         &["bs=256k", "rw=randwrite", "verify=md5", "iodepth=8", "ugds_dptr=sgl"],
         &["bs=256k", "rw=randwrite", "verify=md5", "iodepth=8", "ugds_dptr=prp"],
     ] {
@@ -154,6 +156,17 @@ fn volume() -> Result<()> {
     let r = verify_all(&desc, 32 << 20, &["offset=16M"]);
     let _ = std::fs::remove_file(&desc);
     r?;
+    Ok(())
+}
+
+/// The remote variant's nvmet namespace by URI: fio splits `filename=` at ':', so every ':' of
+/// the URI is escaped.
+fn remote_uri() -> Result<()> {
+    crate::remote::ensure_target()?;
+    let uri = format!("nvmeof://tcp/127.0.0.1:4420/{}?nsid=1", crate::remote::NQN);
+    let runs = verify_all(&uri.replace(':', "\\:"), 16 << 20, &[])?;
+    ensure_that!(runs[0].text.contains("remote path (NVMe/TCP"), "no remote path line:\n{}", runs[0].text);
+    ensure_that!(runs[1].text.contains("iodepth 32"), "{}", runs[1].text);
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! processes, kill -9 with commands in flight, load/unload and bind/unbind loops, and the
 //! bad-input matrix (each case returns its documented errno and changes nothing).
 
-use crate::raw::{errno_of, ioctl_raw, HostBuf, Mapping, RawDev};
+use crate::raw::{errno_of, ioctl_raw, HostBuf, Mapping, RawDev, RawQpair};
 use crate::{direct_read, driver_of, ensure_that, load_module, nvme_controllers, nvme_name, pattern, sh, xtask, Test};
 use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader};
@@ -22,6 +22,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "kmod_raw_io_udmabuf", variant: V, run: udmabuf_io },
         Test { name: "kmod_eventfd_signalled_by_msix", variant: V, run: eventfd_irq },
         Test { name: "kmod_bad_eventfd_arguments", variant: V, run: bad_eventfd },
+        Test { name: "kmod_armed_interrupt_is_one_shot", variant: V, run: armed_irq_one_shot },
         Test { name: "kmod_reset_keeps_queue_pairs_for_rearm", variant: V, run: reset_keeps_queues },
         Test { name: "kmod_unbind_while_open_revokes_everything", variant: V, run: unbind_while_open },
         Test { name: "kmod_bad_dmabuf_fd_and_range", variant: V, run: bad_dmabuf },
@@ -667,6 +668,66 @@ fn eventfd_irq() -> Result<()> {
     Ok(())
 }
 
+/// Whether `efd` is signalled within `ms`; clears it.
+fn signalled(efd: &std::os::fd::OwnedFd, ms: i32) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: efd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut pfd, 1, ms) } != 1 {
+        return false;
+    }
+    let mut count = 0u64;
+    // SAFETY: reading 8 bytes into a u64.
+    unsafe { libc::read(efd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    true
+}
+
+/// An armed interrupt signals once, then stays masked: a completion while masked raises
+/// nothing until the next arm, which delivers it.
+fn armed_irq_one_shot() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
+    let efd = eventfd()?;
+    dev.set_eventfd(qp.qid, efd.as_raw_fd())?;
+    let buf = HostBuf::new(4096)?;
+    let h = dev.register(buf.addr(), 4096)?;
+    let segs = dev.segments(h)?;
+    let read = |qp: &mut RawQpair| -> Result<()> {
+        qp.push_rw(nvm::READ, &ns, 0, &segs, 0, 4096)?;
+        qp.ring();
+        let c = qp.wait(1, Duration::from_secs(5))?;
+        ensure_that!(c[0].status().is_success(), "read failed: {}", c[0].status());
+        Ok(())
+    };
+    for round in 0..3 {
+        dev.arm_irq(qp.qid)?;
+        read(&mut qp)?;
+        ensure_that!(signalled(&efd, 5000), "round {round}: the armed interrupt did not signal");
+        // Not armed again: masked.
+        read(&mut qp)?;
+        ensure_that!(!signalled(&efd, 300), "round {round}: a completion signalled while masked");
+        // The arm delivers the completion that came while masked.
+        dev.arm_irq(qp.qid)?;
+        ensure_that!(signalled(&efd, 5000), "round {round}: the arm did not deliver the masked completion");
+    }
+    // Masked when it goes: detaching and deleting leave nothing for the next queue to inherit.
+    read(&mut qp)?;
+    dev.set_eventfd(qp.qid, -1)?;
+    dev.delete_qpair(qp.qid)?;
+    let mut again = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
+    let efd2 = eventfd()?;
+    dev.set_eventfd(again.qid, efd2.as_raw_fd())?;
+    read(&mut again)?;
+    ensure_that!(signalled(&efd2, 5000), "a new handler on a vector freed while masked did not signal");
+    dev.set_eventfd(again.qid, -1)?;
+    dev.delete_qpair(again.qid)?;
+    dev.deregister(h.id, h.generation)?;
+    Ok(())
+}
+
 fn bad_eventfd() -> Result<()> {
     use std::os::fd::AsRawFd;
     unchanged(|dev| {
@@ -679,6 +740,9 @@ fn bad_eventfd() -> Result<()> {
         expect_errno("not an eventfd", dev.set_eventfd(irq.qid, f.as_raw_fd()), errno::EINVAL)?;
         expect_errno("closed fd", dev.set_eventfd(irq.qid, 9999), errno::EBADF)?;
         expect_errno("negative fd", dev.set_eventfd(irq.qid, -5), errno::EBADF)?;
+        expect_errno("arm without an eventfd", dev.arm_irq(irq.qid), errno::EINVAL)?;
+        expect_errno("arm a polled queue", dev.arm_irq(polled.qid), errno::EINVAL)?;
+        expect_errno("arm a bogus qid", dev.arm_irq(999), errno::ENOENT)?;
         dev.delete_qpair(irq.qid)?;
         dev.delete_qpair(polled.qid)?;
         Ok(())

@@ -14,6 +14,7 @@ pub mod health;
 pub mod kmod;
 pub mod kmsg;
 pub mod mqes;
+pub mod nixl;
 pub mod ops;
 pub mod owned;
 pub mod p2p;
@@ -80,6 +81,8 @@ pub const VARIANTS: &[Variant] = &[
     Variant { name: "ops", nvme: ops::NVME, iommu: false, p2p: None },
     // The fio engine: a node, a second namespace, a 2-member volume (fio 3.33 from the host).
     Variant { name: "fio", nvme: fio::NVME, iommu: false, p2p: None },
+    // One pass, with the IOMMU translating: the plugin moves no memory the other variants do not.
+    Variant { name: "nixl", nvme: nixl::NVME, iommu: true, p2p: None },
     Variant {
         name: "kmod",
         nvme: &["size=256M,lbs=4096", "size=128M,lbs=512,ns=2", "size=64M,throttle_iops=200"],
@@ -126,7 +129,28 @@ pub fn all_tests() -> Vec<Test> {
     v.extend(remote_rdma::tests());
     v.extend(p2p::tests());
     v.extend(fio::tests());
+    v.extend(nixl::tests());
     v
+}
+
+/// A script's last result line from `tag` on (`UGDS-PY passed=3 failed=0 ...`), and a
+/// reader of its `key=N` counts.
+pub fn result_line<'a>(text: &'a str, tag: &str) -> Option<ResultLine<'a>> {
+    text.lines().rev().find_map(|l| l.find(tag).map(|i| ResultLine(&l[i..])))
+}
+
+/// See [`result_line`].
+#[derive(Debug, Clone, Copy)]
+pub struct ResultLine<'a>(pub &'a str);
+
+impl ResultLine<'_> {
+    /// The count `key=N`.
+    pub fn count(&self, key: &str) -> Result<u64> {
+        self.0
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('='))?.parse().ok())
+            .with_context(|| format!("no {key} in {:?}", self.0))
+    }
 }
 
 /// Runs a shell command, returning stdout; fails with its stderr when it exits non-zero.

@@ -224,6 +224,11 @@ impl RawDev {
         let mut a = SetEventfd { qid, fd };
         ioctl_raw(self.fd(), IOCTL_SET_EVENTFD, &mut a).map(|_| ())
     }
+    /// Arms queue `qid`'s interrupt (one-shot from then on).
+    pub fn arm_irq(&self, qid: u32) -> io::Result<()> {
+        let mut a = DeleteQpair { qid, reserved: 0 };
+        ioctl_raw(self.fd(), IOCTL_ARM_IRQ, &mut a).map(|_| ())
+    }
     /// Resets the controller.
     pub fn reset(&self) -> io::Result<()> {
         let mut none = 0u64;

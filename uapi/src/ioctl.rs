@@ -37,7 +37,7 @@
 //! names a queue the controller does not have.
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -455,6 +455,13 @@ pub const IOCTL_RESET: u32 = ioc(IOC_WRITE, 0x08, core::mem::size_of::<Reset>())
 /// its rings zeroed and empty; a no-op for a queue pair that is live. `EIO` while the controller
 /// is faulted.
 pub const IOCTL_REARM_QPAIR: u32 = ioc(IOC_WRITE, 0x09, core::mem::size_of::<DeleteQpair>());
+
+/// Request: arm a queue's interrupt ([`DeleteQpair`] names the queue, which must have an
+/// eventfd attached, else `EINVAL`): from the first arm on the interrupt is one-shot, signalling
+/// the eventfd once, then masked until the next arm (a completion while masked is delivered at
+/// the arm). A waiter arms it before it sleeps, so completions reaped by polling raise no
+/// interrupt. Before the first arm every interrupt signals. ABI 7.
+pub const IOCTL_ARM_IRQ: u32 = ioc(IOC_WRITE, 0x0C, core::mem::size_of::<DeleteQpair>());
 
 /// Request: run one admin command on the module's admin queue ([`AdminCommand`]): only the
 /// opcodes of [`ADMIN_ALLOWED`] (Identify, Get Log Page, Get Features), every other one `EACCES`

@@ -14,7 +14,7 @@ use crate::cmd::{self, Command};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
-use crate::queue::QueuePair;
+use crate::queue::{QueuePair, Waiter};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -134,7 +134,7 @@ impl QueueBatch {
             return Err(Error::invalid("capacity", format!("at most {}", inner.info.max_queue_entries - 1)));
         }
         let epoch = inner.status.state().epoch();
-        let qp = create_queue_pair(&inner.fd, depth, false, &inner.doorbells, epoch, inner.dptr)?;
+        let qp = create_queue_pair(&inner.fd, depth, inner.wait, &inner.doorbells, epoch, inner.dptr)?;
         let timeout = inner.timeout;
         Ok(QueueBatch {
             dev: inner,
@@ -277,13 +277,18 @@ impl QueueBatch {
     /// available events, each with the path its data took. A completed entry is reported once.
     pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
         let start = Instant::now();
+        let mut wait = Waiter::new(self.pending.iter().map(|s| s.len).max().unwrap_or(0));
         loop {
             self.collect_once()?;
             let avail = self.ready.len() + self.pending.iter().filter(|s| s.status.is_some() && !s.reported).count();
-            if avail >= min || self.pending.iter().all(|s| s.status.is_some()) || start.elapsed() > timeout {
+            if avail >= min || self.pending.iter().all(|s| s.status.is_some()) {
+                wait.done();
                 break;
             }
-            self.qp.wait_a_little();
+            if start.elapsed() > timeout {
+                break;
+            }
+            wait.pause(self.qp.wait_state());
         }
         let mut out: Vec<(IoEvent, Path)> = self.ready.drain(..).map(|e| (e, Path::DirectHost)).collect();
         for s in self.pending.iter_mut().filter(|s| s.status.is_some() && !s.reported) {
@@ -310,9 +315,10 @@ impl QueueBatch {
     /// the reset fails, the entries' leases are kept for good (their memory stays pinned).
     pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
         let start = Instant::now();
+        let mut wait = Waiter::new(u64::MAX);
         while self.in_flight() > 0 && start.elapsed() < self.timeout {
             self.collect_once()?;
-            self.qp.wait_a_little();
+            wait.pause(self.qp.wait_state());
         }
         if self.in_flight() > 0 {
             let reset = self.dev.reset();

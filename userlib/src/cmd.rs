@@ -196,6 +196,15 @@ impl<'a> Command<'a> {
         }
     }
 
+    /// The bytes it moves (0 for a command without data).
+    #[inline]
+    pub fn bytes(&self) -> u64 {
+        match self.data {
+            Data::Prp(r) => r.len,
+            _ => 0,
+        }
+    }
+
     /// The first LBA the command names (0 when it names none), for errors.
     pub fn slba(&self) -> u64 {
         match self.data {

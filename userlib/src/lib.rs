@@ -87,6 +87,7 @@ pub use error::{Error, Rejection, Result};
 pub use fallback::FileTarget;
 pub use gpu::{Gpu, GpuMemory};
 pub use inflight::kept as in_flight_kept;
+pub use queue::Waiting;
 pub use storage::{OwnedQueue, PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
 pub use stream::{CpuStream, Stream};

@@ -282,6 +282,14 @@ impl Storage {
         self.path.is_remote()
     }
 
+    /// How its waits for completions wait: a ugds node's or a volume's first member's mode in
+    /// effect; `None` where the kernel or a socket waits (files, remote targets).
+    pub fn waiting(&self) -> Option<crate::Waiting> {
+        let dev =
+            self.path.as_direct().map(|d| &d.dev).or_else(|| self.path.as_volume()?.members().first().map(|m| &m.dev));
+        dev.map(Device::waiting)
+    }
+
     /// The path's name in one word: `direct`, `remote` or `fallback`.
     pub fn path_name(&self) -> &'static str {
         if self.is_direct() {

@@ -138,6 +138,11 @@ pub mod req {
         SetEventfd, abi::IOCTL_SET_EVENTFD, abi::SetEventfd, safe
     );
     request!(
+        /// Arm a queue's interrupt: one-shot from then on (it signals the eventfd once, then
+        /// stays masked until the next arm).
+        ArmIrq, abi::IOCTL_ARM_IRQ, abi::DeleteQpair, safe
+    );
+    request!(
         /// Reset the controller (disable, wait for CSTS.RDY=0, re-enable) unless a reset ended
         /// since the epoch passed; every queue pair is left deleted on the controller until its
         /// owner re-arms it.
@@ -252,6 +257,14 @@ impl EventFd {
     /// The raw fd.
     pub fn raw(&self) -> i32 {
         self.0.as_raw_fd()
+    }
+
+    /// Signals it (wakes its sleepers), as the interrupt does.
+    pub fn signal(&self) {
+        let v = 1u64;
+        // SAFETY: writing 8 bytes from a u64 to an eventfd; a full counter (EAGAIN) is signalled
+        // already.
+        unsafe { libc::write(self.raw(), (&v as *const u64).cast(), 8) };
     }
 
     /// Sleeps until signalled or `timeout_ms` passed, then clears the counter.

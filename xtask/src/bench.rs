@@ -1,8 +1,11 @@
-//! `cargo xtask bench`: one VM boot, two emulated controllers (file-backed, and null-backed to
-//! isolate software and emulation cost), the kernel path (fio, io_uring, O_DIRECT, fixed buffers,
-//! registered files) and ugds (`ugds bench`) on the same grid, side by side; at QD 1 ugds twice:
-//! on the device's shared queue pairs and on owned ones (`--queue owned`); plus the data path's
-//! own cost on the host. Writes JSON, a markdown table with ratios and PNG plots.
+//! `cargo xtask bench`: one VM boot, two emulated controllers (one on an image in the host's
+//! memory, one null-backed to isolate software and emulation cost), three engines on the same
+//! controller with the same fio job: the kernel path (fio, io_uring, O_DIRECT, fixed buffers,
+//! registered files), fio with ugds's own ioengine (`libugds_fio.so`), and `ugds bench`; at QD 1
+//! `ugds bench` also on owned queue pairs (`--queue owned`). Every point is measured several
+//! times per engine, interleaved with the kernel's (see [`repeats`]): medians, the median ratio
+//! with its range, noisy points marked. Plus the data path's own cost on the host. Writes JSON,
+//! a markdown table with ratios and PNG plots.
 
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
@@ -15,51 +18,80 @@ use std::time::{Duration, Instant};
 
 pub mod p2p;
 pub mod remote;
+pub mod repeats;
 pub mod volume;
 
 const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
 const DEPTHS: &[usize] = &[1, 8, 32, 128];
 const RWS: &[&str] = &["randread", "randwrite"];
 const MARK: &str = "BENCH-POINT ";
+/// The kernel path: fio with io_uring on the kernel's block device.
+const KERNEL: &str = "kernel";
+/// `ugds bench` points.
+const UGDS: &str = "ugds";
+/// fio with ugds's ioengine on the ugds node: the kernel's job, the other engine.
+const FIO_UGDS: &str = "fio-ugds";
 /// The engine name of `ugds bench --queue owned` points (synchronous calls, QD 1 only).
 const OWNED: &str = "ugds-owned";
+/// What a point is, besides its engine.
+const KEYS: &[&str] = &["backend", "rw", "size", "depth"];
 
 /// Host side.
-pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
+pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>) -> Result<()> {
     let t = Instant::now();
+    if repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
     let root = toolchain::workspace_root();
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
+    toolchain::setup_and_build_release(&["-p", "ugds-fio", "--lib"])?;
     toolchain::setup_and_build_release(&["-p", "ugds", "--features", "test-utils", "--example", "datapath_cost"])?;
     let k = kernel::Choice::Test612.ensure()?;
     let ko = kmod::build_for(&k)?;
     let cli = root.join("target/release/ugds");
+    let engine = root.join("target/release/libugds_fio.so");
     let me = std::env::current_exe()?;
+    let points = SIZES.len() * DEPTHS.len() * RWS.len();
+    // Per controller: 3 engines at every point, ugds's owned queues at QD 1, each `repeats`
+    // times; about 2 s per measurement and rebind besides the measuring.
+    let measured = 2 * repeats as u64 * (3 * points as u64 + (points / DEPTHS.len()) as u64);
+    let estimate = Duration::from_secs(measured * (seconds + 2) + 120);
     let cfg = vm::VmConfig {
-        nvme: vec!["size=2G,lbs=4096".parse()?, "size=2G,lbs=4096,backend=null".parse()?],
+        nvme: vec!["size=2G,lbs=4096,backend=memory".parse()?, "size=2G,lbs=4096,backend=null".parse()?],
         iommu: false,
         bind_module: None,
         mem: "2G".into(),
-        timeout: Duration::from_secs(1800),
+        timeout: (estimate * 2).max(Duration::from_secs(1800)),
         env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
-        cmd: vec![me.display().to_string(), "bench-guest".into(), cli.display().to_string(), seconds.to_string()],
+        cmd: vec![
+            me.display().to_string(),
+            "bench-guest".into(),
+            cli.display().to_string(),
+            engine.display().to_string(),
+            seconds.to_string(),
+            repeats.to_string(),
+        ],
         p2p: None,
     };
     eprintln!(
-        "bench: booting the VM ({} points x 2 engines x 2 controllers, and ugds on owned queues at QD 1, {seconds} s each)",
-        SIZES.len() * DEPTHS.len() * RWS.len()
+        "bench: booting the VM ({points} points x 3 engines x 2 controllers, and ugds on owned queues at QD 1, \
+         {repeats} times each, interleaved, {seconds} s per measurement: about {} min)",
+        estimate.as_secs().div_ceil(60)
     );
     let outcome = vm::run(&cfg, &k, true)?;
     if outcome.code != 0 {
         bail!("the benchmark failed in the VM (exit {})", outcome.code);
     }
-    let mut points = points_from(&outcome.output)?;
+    let raw = points_from(&outcome.output)?;
+    let mut points = repeats::merge(&raw, KEYS);
     add_ratios(&mut points);
     let micro = microbench(&root)?;
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
-    let all = json!({ "points": points, "datapath_cost": micro, "seconds_per_point": seconds });
+    let all = json!({ "points": points, "measurements": raw, "datapath_cost": micro, "seconds_per_point": seconds,
+                      "repeats": repeats, "noisy_above": repeats::NOISY });
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&all)?)?;
-    let md = table(&points, &micro);
+    let md = table(&points, &micro, repeats, seconds);
     std::fs::write(dir.join("results.md"), &md)?;
     let plots = plot(&points, &dir)?;
     println!("{md}");
@@ -94,23 +126,30 @@ fn iops_cells(k: &Value, u: &Value) -> String {
 }
 
 /// ugds p50 over the kernel's at the same point; `None` unless both measured one. Like with like:
-/// `ugds bench` times each I/O from the call to its return, so the kernel's total latency (fio
-/// `lat`, `lat_p50_us`) where the point has it, else its completion latency (`p50_us`, fio
-/// `clat`, which leaves out the submission call and whatever completes inside it).
+/// the total latency (fio `lat`, `lat_p50_us`: from the submission call to the completion) of
+/// whichever side has it (`ugds bench` times each I/O from the call to its return, which is
+/// that too), else the completion latency (`p50_us`, fio `clat`, which leaves out the submission
+/// call and whatever completes inside it).
 fn p50_ratio(k: &Value, u: &Value) -> Option<f64> {
-    let kernel = if f(k, "lat_p50_us") > 0.0 { f(k, "lat_p50_us") } else { f(k, "p50_us") };
-    (kernel > 0.0 && f(u, "p50_us") > 0.0).then(|| f(u, "p50_us") / kernel)
+    let total = |v: &Value| if f(v, "lat_p50_us") > 0.0 { f(v, "lat_p50_us") } else { f(v, "p50_us") };
+    let (kernel, ours) = (total(k), total(u));
+    (kernel > 0.0 && ours > 0.0).then(|| ours / kernel)
 }
 
-/// Adds `iops_ratio` and `p50_ratio` (ugds over kernel at the same backend, rw, size and depth)
-/// to every ugds point (`ugds` and `ugds-owned`) that has a kernel point beside it. Only adds
-/// keys: a reader of the older JSON reads this one.
+/// The kernel's point beside `u` (same backend, rw, size and depth).
+fn kernel_beside<'a>(points: &'a [Value], u: &Value) -> Option<&'a Value> {
+    points.iter().find(|k| k["engine"] == KERNEL && KEYS.iter().all(|key| k[*key] == u[*key]))
+}
+
+/// Adds `iops_ratio` (median of the per-repeat ratios), `iops_ratio_range`, `noisy` and
+/// `p50_ratio` (of the medians) to every point of ours that has a kernel point beside it. Only
+/// adds keys: a reader of the older JSON reads this one.
 fn add_ratios(points: &mut [Value]) {
-    let kernel: Vec<Value> = points.iter().filter(|p| p["engine"] == "kernel").cloned().collect();
-    for u in points.iter_mut().filter(|p| p["engine"] == "ugds" || p["engine"] == OWNED) {
-        let same = |k: &&Value| ["backend", "rw", "size", "depth"].iter().all(|key| k[key] == u[key]);
-        let Some(k) = kernel.iter().find(same) else { continue };
-        u["iops_ratio"] = json!(f(u, "iops") / f(k, "iops").max(1.0));
+    let kernel: Vec<Value> = points.iter().filter(|p| p["engine"] == KERNEL).cloned().collect();
+    for u in points.iter_mut().filter(|p| [UGDS, OWNED, FIO_UGDS].iter().any(|e| p["engine"] == *e)) {
+        let Some(k) = kernel_beside(&kernel, u) else { continue };
+        let r = repeats::ratio(u, k);
+        repeats::annotate(u, r);
         if let Some(r) = p50_ratio(k, u) {
             u["p50_ratio"] = json!(r);
         }
@@ -122,37 +161,74 @@ fn ratio_cell(r: Option<f64>) -> String {
     r.map_or_else(|| "–".into(), |r| format!("{r:.2}x"))
 }
 
-/// The row of one point: both engines, their IOPS and p50 ratios, and ugds on owned queues where
-/// it ran (QD 1), with its own ratios to the kernel.
-fn table_row(rw: &str, size: &str, depth: usize, k: &Value, u: &Value, owned: Option<&Value>) -> String {
-    let owned_cells = match owned {
-        Some(o) => format!(
-            "{:.0} | {:.0} / {:.0} | {} | {}",
-            f(o, "iops"),
-            f(o, "p50_us"),
-            f(o, "p99_us"),
-            ratio_cell(Some(f(o, "iops") / f(k, "iops").max(1.0))),
-            ratio_cell(p50_ratio(k, o))
-        ),
-        None => "– | – | – | –".into(),
-    };
+/// The IOPS ratio of `u` to `k` as a cell (median, range, or noisy); `–` without `u`.
+fn repeats_cell(k: &Value, u: Option<&Value>) -> String {
+    u.map_or_else(|| "–".into(), |u| repeats::cell(repeats::ratio(u, k)))
+}
+
+/// The row of one point: the kernel, `ugds bench` and fio with ugds's engine, IOPS, latency and
+/// ratios, and `ugds bench` on owned queues where it ran (QD 1), with its own ratios.
+fn table_row(
+    rw: &str,
+    size: &str,
+    depth: usize,
+    k: &Value,
+    u: &Value,
+    fio: Option<&Value>,
+    owned: Option<&Value>,
+) -> String {
+    let iops = |v: Option<&Value>| v.map_or_else(|| "–".into(), |v| format!("{:.0}", f(v, "iops")));
     format!(
-        "| {rw} | {size} | {depth} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {owned_cells} |",
-        iops_cells(k, u),
+        "| {rw} | {size} | {depth} | {:.0} | {:.0} | {} | {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {} | {} |",
+        f(k, "iops"),
+        f(u, "iops"),
+        repeats_cell(k, Some(u)),
+        iops(fio),
+        repeats_cell(k, fio),
         f(k, "p50_us"),
         f(k, "p99_us"),
         f(u, "p50_us"),
         f(u, "p99_us"),
-        ratio_cell(p50_ratio(k, u))
+        ratio_cell(p50_ratio(k, u)),
+        iops(owned),
+        repeats_cell(k, owned),
+        ratio_cell(owned.and_then(|o| p50_ratio(k, o))),
     )
 }
 
-fn table(points: &[Value], micro: &Value) -> String {
+/// One engine's ratios to the kernel over a backend's grid, summarised.
+fn summary_line(points: &[Value], backend: &str, engine: &str, name: &str) -> Option<String> {
+    let rs: Vec<repeats::Ratio> = points
+        .iter()
+        .filter(|p| p["backend"] == backend && p["engine"] == engine)
+        .filter_map(|u| kernel_beside(points, u).map(|k| repeats::ratio(u, k)))
+        .collect();
+    if rs.is_empty() {
+        return None;
+    }
+    let (g, noisy) = repeats::summary(&rs);
+    let lo = rs.iter().filter(|r| !r.noisy).map(|r| r.median).fold(f64::INFINITY, f64::min);
+    let hi = rs.iter().filter(|r| !r.noisy).map(|r| r.median).fold(0.0, f64::max);
+    Some(match g {
+        Some(g) => format!(
+            "{name}/kernel IOPS: geometric mean {g:.2}x over {} points ({lo:.2}x to {hi:.2}x), {noisy} noisy",
+            rs.len() - noisy
+        ),
+        None => format!("{name}/kernel IOPS: all {noisy} points noisy"),
+    })
+}
+
+fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64) -> String {
     let mut s = String::new();
     for backend in ["file", "null"] {
+        let title = if backend == "file" {
+            "controller on an image file in the host's memory"
+        } else {
+            "null-backed controller (no data)"
+        };
         let _ = writeln!(
             s,
-            "\n### {backend}-backed controller\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 us | ugds p50/p99 us | ugds/kernel p50 | owned IOPS | owned p50/p99 us | owned/kernel | owned/kernel p50 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "\n### {title}\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel | fio+ugds IOPS | fio+ugds/kernel | kernel p50/p99 us | ugds p50/p99 us | ugds/kernel p50 | owned IOPS | owned/kernel | owned/kernel p50 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for rw in RWS {
             for size in SIZES {
@@ -166,16 +242,23 @@ fn table(points: &[Value], micro: &Value) -> String {
                                 && p["depth"] == *depth
                         })
                     };
-                    if let (Some(k), Some(u)) = (find("kernel"), find("ugds")) {
-                        let _ = writeln!(s, "{}", table_row(rw, size, *depth, k, u, find(OWNED)));
+                    if let (Some(k), Some(u)) = (find(KERNEL), find(UGDS)) {
+                        let _ = writeln!(s, "{}", table_row(rw, size, *depth, k, u, find(FIO_UGDS), find(OWNED)));
                     }
                 }
+            }
+        }
+        s.push('\n');
+        for (engine, name) in [(UGDS, "ugds"), (FIO_UGDS, "fio+ugds"), (OWNED, "owned")] {
+            if let Some(l) = summary_line(points, backend, engine, name) {
+                let _ = writeln!(s, "- {l}");
             }
         }
     }
     let _ = writeln!(
         s,
-        "\nugds/kernel p50 below 1 is lower latency for ugds; it compares ugds's latency (call to return) with the kernel's total latency (fio `lat`, submission included: `lat_p50_us` in the JSON), where the columns show the kernel's completion latency (fio `clat`). owned: `ugds bench --queue owned`, each thread's synchronous calls on a queue pair of its own (no lock); QD 1 only (deeper points are batches, which own their queue pair already)."
+        "\nEvery point was measured {repeats} times per engine for {seconds} s, the engines interleaved (kernel, ours, ours, kernel, ...; the controller rebound in between); IOPS and latencies are medians, a ratio is the median of the ratios of measurements made side by side, with their range in brackets. A point where an engine's measurements disagree by more than {}x is noisy: not a result, left out of the means. fio+ugds: the kernel's fio job with ugds's ioengine (`ioengine=external:libugds_fio.so`) on the ugds node. ugds/kernel p50 below 1 is lower latency for ugds; it compares total latencies (from the submission call to the completion: fio `lat`, `ugds bench`'s call to return), where the columns show the kernel's completion latency (fio `clat`). owned: `ugds bench --queue owned`, each thread's synchronous calls on a queue pair of its own (no lock); QD 1 only (deeper points are batches, which own their queue pair already).",
+        repeats::NOISY
     );
     let _ = writeln!(
         s,
@@ -226,7 +309,7 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                 .draw()?;
             let colors = [RED, BLUE, GREEN, MAGENTA];
             for (ci, size) in SIZES.iter().enumerate() {
-                for (engine, dashed) in [("ugds", false), ("kernel", true)] {
+                for (engine, width) in [(UGDS, 3), (FIO_UGDS, 2), (KERNEL, 1)] {
                     let series: Vec<(f64, f64)> = DEPTHS
                         .iter()
                         .filter_map(|d| {
@@ -242,7 +325,10 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                                 .map(|p| ((*d as f64).log2(), f(p, "iops")))
                         })
                         .collect();
-                    let style = colors[ci].stroke_width(if dashed { 1 } else { 3 });
+                    if series.is_empty() {
+                        continue;
+                    }
+                    let style = colors[ci].stroke_width(width);
                     chart
                         .draw_series(LineSeries::new(series, style))?
                         .label(format!("{engine} {size}"))
@@ -330,22 +416,36 @@ enum Latency {
     Total,
 }
 
+/// What every engine runs at one point of a grid, in fio's terms: `rw`, block `size`, queue
+/// `depth`, `seconds`, and the working set `span`.
+#[derive(Debug, Clone, Copy)]
+struct Job<'a> {
+    rw: &'a str,
+    size: &'a str,
+    depth: usize,
+    seconds: u64,
+    span: &'a str,
+}
+
 /// One fio point on a block device (io_uring, O_DIRECT, fixed buffers, registered files):
 /// `iops`, `p50_us`, `p99_us` (completion latency).
-fn fio_point(dev: &str, rw: &str, size: &str, depth: usize, seconds: u64, span: &str) -> Result<Value> {
-    fio_point_with(dev, rw, size, depth, seconds, span, Latency::Completion)
+fn fio_point(dev: &str, job: Job) -> Result<Value> {
+    fio_point_with(dev, job, Latency::Completion)
 }
 
 /// [`fio_point`] with the latency `lat` names (recorded as the point's `latency`).
-fn fio_point_with(
-    dev: &str,
-    rw: &str,
-    size: &str,
-    depth: usize,
-    seconds: u64,
-    span: &str,
-    lat: Latency,
-) -> Result<Value> {
+fn fio_point_with(dev: &str, job: Job, lat: Latency) -> Result<Value> {
+    fio_job(KERNEL, KERNEL_ENGINE, dev, job, lat)
+}
+
+/// The kernel path's fio engine options: io_uring, O_DIRECT, fixed buffers, registered files.
+const KERNEL_ENGINE: &str = "--ioengine=io_uring --direct=1 --fixedbufs --registerfiles";
+
+/// One fio job (`engine_args`: its ioengine and that engine's options) on `target`, as point
+/// `engine`: `iops`, `p50_us`, `p99_us` (the latency `lat` names), and for completion points
+/// the total latency's `lat_p50_us` / `lat_p99_us`.
+fn fio_job(engine: &str, engine_args: &str, target: &str, job: Job, lat: Latency) -> Result<Value> {
+    let Job { rw, size, depth, seconds, span } = job;
     // Completion points also ask for the total latency (fio 3.20 and later report both), kept as
     // `lat_p50_us` / `lat_p99_us` beside the completion latency's `p50_us` / `p99_us`.
     let (flag, key) = match lat {
@@ -353,13 +453,13 @@ fn fio_point_with(
         Latency::Total => (" --lat_percentiles=1", "lat_ns"),
     };
     let out = sh(&format!(
-        "fio --output-format=json --name=k --filename={dev} --ioengine=io_uring --direct=1 --fixedbufs \
-         --registerfiles --rw={rw} --bs={size} --iodepth={depth} --size={span} --runtime={seconds} --time_based --randrepeat=0{flag}"
+        "fio --output-format=json --name=k --filename={target} {engine_args} --rw={rw} --bs={size} \
+         --iodepth={depth} --size={span} --runtime={seconds} --time_based --randrepeat=0{flag}"
     ))?;
     let v: Value = serde_json::from_str(out.get(out.find('{').unwrap_or(0)..).unwrap_or(""))?;
     let side = if rw.contains("write") { &v["jobs"][0]["write"] } else { &v["jobs"][0]["read"] };
     let pct = |p: &str| side[key]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
-    let mut point = json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth,
+    let mut point = json!({"engine": engine, "rw": rw, "size": size, "depth": depth,
               "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")});
     if lat == Latency::Total {
         point["latency"] = json!("total");
@@ -375,23 +475,14 @@ fn fio_point_with(
 
 /// One `ugds bench` point on a target (a node or a `stripe:` volume), as the CLI's JSON with
 /// the grid's names (`engine`, `rw` as fio says it, `size` as given).
-fn ugds_point(cli: &str, target: &str, rw: &str, size: &str, depth: usize, seconds: u64, span: &str) -> Result<Value> {
-    ugds_point_on(cli, target, rw, size, depth, seconds, span, false)
+fn ugds_point(cli: &str, target: &str, job: Job) -> Result<Value> {
+    ugds_point_on(cli, target, job, false)
 }
 
 /// [`ugds_point`]; `owned`: synchronous calls on owned queue pairs (`--queue owned`, engine
 /// [`OWNED`]).
-#[allow(clippy::too_many_arguments)]
-fn ugds_point_on(
-    cli: &str,
-    target: &str,
-    rw: &str,
-    size: &str,
-    depth: usize,
-    seconds: u64,
-    span: &str,
-    owned: bool,
-) -> Result<Value> {
+fn ugds_point_on(cli: &str, target: &str, job: Job, owned: bool) -> Result<Value> {
+    let Job { rw, size, depth, seconds, span } = job;
     let queue = if owned { " --queue owned" } else { "" };
     // fio's options under fio's names: `rw` passes through.
     let out = sh(&format!(
@@ -405,52 +496,68 @@ fn ugds_point_on(
     Ok(v)
 }
 
-/// Guest side: both engines on both controllers, one JSON line per point.
-pub fn guest(cli: &str, seconds: u64) -> Result<()> {
+/// Guest side: every engine on both controllers, one JSON line per measurement (with its
+/// `repeat`), the kernel's and ours interleaved at every point (the controller rebound between).
+pub fn guest(cli: &str, fio_engine: &str, seconds: u64, repeats: usize) -> Result<()> {
     if !Path::new("/sys/module/ugds").exists() {
         sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
     }
+    let ours = format!("--ioengine=external:{fio_engine}");
     for (addr, backend) in bind::nvme_controllers()?.into_iter().zip(["file", "null"]) {
-        let ctrl = std::fs::read_dir(format!("/sys/bus/pci/devices/{addr}/nvme"))?.next().context("nvme")??.file_name();
-        let blk = format!("/dev/{}n1", ctrl.to_string_lossy());
+        let blk = || bind::first_namespace(&addr).with_context(|| format!("no block device on {addr}"));
         // Fill the working set once, so reads of the file-backed drive read data.
         if backend == "file" {
-            sh(&format!("fio --name=fill --filename={blk} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size=1G --output=/dev/null"))?;
+            sh(&format!(
+                "fio --name=fill --filename={} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size=1G --output=/dev/null",
+                blk()?
+            ))?;
         }
+        let mut on_ugds = false;
+        let emit = |mut v: Value, repeat: usize| {
+            v["backend"] = json!(backend);
+            v["repeat"] = json!(repeat);
+            println!("{MARK}{v}");
+        };
         for rw in RWS {
             for size in SIZES {
-                for depth in DEPTHS {
-                    let mut v = fio_point(&blk, rw, size, *depth, seconds, "1G")?;
-                    v["backend"] = json!(backend);
-                    println!("{MARK}{v}");
-                }
-            }
-        }
-        bind::bind(&addr)?;
-        let node = bind::ugds_nodes(&addr).first().map(|n| format!("/dev/{n}")).context("no ugds node")?;
-        for rw in RWS {
-            for size in SIZES {
-                for depth in DEPTHS {
-                    let mut v = ugds_point(cli, &node, rw, size, *depth, seconds, "1G")?;
-                    v["backend"] = json!(backend);
-                    println!("{MARK}{v}");
-                    // Synchronous calls again, each on a queue pair the thread owns.
-                    if *depth == 1 {
-                        let mut v = ugds_point_on(cli, &node, rw, size, 1, seconds, "1G", true)?;
-                        v["backend"] = json!(backend);
-                        println!("{MARK}{v}");
+                for &depth in DEPTHS {
+                    let job = Job { rw, size, depth, seconds, span: "1G" };
+                    for (repeat, ugds_side) in repeats::order(repeats, on_ugds) {
+                        if ugds_side != on_ugds {
+                            if ugds_side {
+                                bind::bind(&addr)?;
+                            } else {
+                                bind::unbind(&addr)?;
+                            }
+                            on_ugds = ugds_side;
+                        }
+                        if !ugds_side {
+                            emit(fio_point(&blk()?, job)?, repeat);
+                            continue;
+                        }
+                        let node =
+                            bind::ugds_nodes(&addr).first().map(|n| format!("/dev/{n}")).context("no ugds node")?;
+                        emit(ugds_point(cli, &node, job)?, repeat);
+                        let fio = fio_job(FIO_UGDS, &ours, &node, job, Latency::Completion)?;
+                        emit(fio, repeat);
+                        // Synchronous calls again, each on a queue pair the thread owns.
+                        if depth == 1 {
+                            emit(ugds_point_on(cli, &node, job, true)?, repeat);
+                        }
                     }
                 }
             }
         }
-        bind::unbind(&addr)?;
+        if on_ugds {
+            bind::unbind(&addr)?;
+        }
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{add_ratios, plot, table, OWNED};
+    use super::{add_ratios, plot, repeats, table, FIO_UGDS, KEYS, OWNED};
     use crate::vm;
     use serde_json::{json, Value};
     use std::path::Path;
@@ -460,61 +567,88 @@ mod tests {
                "iops": iops, "p50_us": p50, "p99_us": 2.0 * p50})
     }
 
-    fn grid() -> Vec<Value> {
-        let mut k1 = point("kernel", 1, 10000.0, 40.0);
-        // The total latency (submission included) is what ugds's p50 is compared with.
-        k1["lat_p50_us"] = json!(80.0);
-        vec![
-            k1,
-            point("ugds", 1, 20000.0, 20.0),
-            point(OWNED, 1, 25000.0, 10.0),
-            point("kernel", 8, 50000.0, 100.0),
-            point("ugds", 8, 40000.0, 0.0),
-        ]
+    /// Two measurements per engine and point, as the guest prints them.
+    fn measurements() -> Vec<Value> {
+        let mut out = Vec::new();
+        for (repeat, scale) in [(0, 1.0), (1, 1.2)] {
+            let mut k1 = point("kernel", 1, 10000.0 * scale, 40.0);
+            // The total latency (submission included) is what ugds's p50 is compared with.
+            k1["lat_p50_us"] = json!(80.0);
+            let mut fio = point(FIO_UGDS, 1, 15000.0 * scale, 30.0);
+            fio["lat_p50_us"] = json!(40.0);
+            for mut p in [
+                k1,
+                point("ugds", 1, 20000.0 * scale, 20.0),
+                fio,
+                point(OWNED, 1, 25000.0 * scale, 10.0),
+                point("kernel", 8, 50000.0, 100.0),
+                // ugds at QD 8 disagrees with itself by 2x: noisy.
+                point("ugds", 8, 40000.0 * (1.0 + repeat as f64), 0.0),
+            ] {
+                p["repeat"] = json!(repeat);
+                out.push(p);
+            }
+        }
+        out
     }
 
-    /// Each row carries ugds/kernel p50 (ugds over kernel), and at QD 1 the owned queues' IOPS,
-    /// latency and ratios; a point without a p50 or without owned queues shows `–`.
+    fn grid() -> Vec<Value> {
+        let mut pts = repeats::merge(&measurements(), KEYS);
+        add_ratios(&mut pts);
+        pts
+    }
+
+    /// Each row carries the median ratios over repeats with their range, fio with ugds's engine
+    /// beside `ugds bench`, p50 ratios of total latencies, and at QD 1 the owned queues; a point
+    /// whose repeats disagree says noisy; one without a measurement shows `–`.
     #[test]
-    fn rows_carry_p50_ratios_and_the_owned_mode() {
-        let t = table(&grid(), &json!({}));
+    fn rows_carry_median_ratios_fio_ugds_and_the_owned_mode() {
+        let t = table(&grid(), &json!({}), 2, 1);
         let qd1 = t.lines().find(|l| l.starts_with("| randread | 4K | 1 |")).expect("QD 1 row");
         let cells: Vec<&str> = qd1.split('|').map(str::trim).collect();
-        // | rw | size | QD | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 | ugds p50/p99 |
-        // ugds/kernel p50 | owned IOPS | owned p50/p99 | owned/kernel | owned/kernel p50 |
+        // | rw | size | QD | kernel IOPS | ugds IOPS | ugds/kernel | fio+ugds IOPS | fio+ugds/kernel |
+        // kernel p50/p99 | ugds p50/p99 | ugds/kernel p50 | owned IOPS | owned/kernel | owned/kernel p50 |
         assert_eq!(
-            &cells[4..14],
-            &["10000", "20000", "2.00x", "40 / 80", "20 / 40", "0.25x", "25000", "10 / 20", "2.50x", "0.12x"],
+            &cells[4..15],
+            &["11000", "22000", "2.00x", "16500", "1.50x", "40 / 80", "20 / 40", "0.25x", "27500", "2.50x", "0.12x"],
             "{qd1}"
         );
         let qd8 = t.lines().find(|l| l.starts_with("| randread | 4K | 8 |")).expect("QD 8 row");
         let cells: Vec<&str> = qd8.split('|').map(str::trim).collect();
-        assert_eq!(&cells[9..14], &["–", "–", "–", "–", "–"], "{qd8}");
+        assert_eq!(cells[6], "noisy (0.80–1.60)", "{qd8}");
+        assert_eq!(&cells[7..9], &["–", "–"], "{qd8}");
+        assert_eq!(&cells[12..15], &["–", "–", "–"], "{qd8}");
         // Header and rows have as many columns.
         let header = t.lines().find(|l| l.starts_with("| rw |")).expect("header");
         assert_eq!(header.matches('|').count(), qd1.matches('|').count());
+        // The summary leaves the noisy point out and counts it.
+        assert!(t.contains("- ugds/kernel IOPS: geometric mean 2.00x over 1 points (2.00x to 2.00x), 1 noisy"), "{t}");
+        assert!(t.contains("- fio+ugds/kernel IOPS: geometric mean 1.50x over 1 points"), "{t}");
     }
 
-    /// The JSON's ugds points gain their ratios to the kernel; nothing else changes.
+    /// The JSON's points of ours gain their ratios to the kernel; the kernel's gain none.
     #[test]
-    fn ratios_are_added_to_ugds_points_only() {
-        let mut pts = grid();
-        add_ratios(&mut pts);
-        assert_eq!(pts[1]["p50_ratio"], json!(0.25));
-        assert_eq!(pts[1]["iops_ratio"], json!(2.0));
-        assert_eq!(pts[2]["p50_ratio"], json!(0.125));
-        assert!(pts[0].get("p50_ratio").is_none() && pts[0].get("iops_ratio").is_none());
-        // Without the kernel's total latency the completion latency is used (QD 8: 100 us).
-        let mut k = point("kernel", 8, 50000.0, 100.0);
-        let mut u = vec![k.clone(), point("ugds", 8, 50000.0, 50.0)];
-        add_ratios(&mut u);
-        assert_eq!(u[1]["p50_ratio"], json!(0.5));
-        k["lat_p50_us"] = json!(0.0);
-        assert_eq!(super::p50_ratio(&k, &u[1]), Some(0.5));
-        // No p50 measured: no p50 ratio, but the IOPS one.
-        assert!(pts[4].get("p50_ratio").is_none());
-        assert_eq!(pts[4]["iops_ratio"], json!(0.8));
-        assert_eq!(pts[4]["iops"], json!(40000.0));
+    fn ratios_are_added_to_our_points_only() {
+        let pts = grid();
+        let get = |engine: &str, depth: usize| {
+            pts.iter().find(|p| p["engine"] == engine && p["depth"] == depth).expect("point").clone()
+        };
+        let u = get("ugds", 1);
+        assert_eq!(u["p50_ratio"], json!(0.25));
+        assert_eq!(u["iops_ratio"], json!(2.0));
+        assert_eq!(u["iops_ratio_range"], json!([2.0, 2.0]));
+        assert_eq!(u["noisy"], json!(false));
+        assert_eq!(u["iops_repeats"], json!([20000.0, 24000.0]));
+        // fio with ugds's engine: total latency against total latency (40 over 80).
+        assert_eq!(get(FIO_UGDS, 1)["p50_ratio"], json!(0.5));
+        assert_eq!(get(OWNED, 1)["p50_ratio"], json!(0.125));
+        let k = get("kernel", 1);
+        assert!(k.get("p50_ratio").is_none() && k.get("iops_ratio").is_none());
+        // No p50 measured: no p50 ratio, but the IOPS one, noisy.
+        let u8 = get("ugds", 8);
+        assert!(u8.get("p50_ratio").is_none());
+        assert_eq!(u8["noisy"], json!(true));
+        assert_eq!(u8["iops"], json!(60000.0));
     }
 
     /// Every backend and rw gets its plot, the owned queues' dots included.

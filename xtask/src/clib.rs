@@ -189,6 +189,9 @@ pub fn install(prefix: &Path) -> Result<()> {
     // The fio engine: loaded by path (ioengine=external:PATH, or LD_PRELOAD), never linked.
     std::fs::create_dir_all(lib.join("fio")).context("creating lib/fio")?;
     replace_file(&target.join("libugds_fio.so"), &lib.join("fio/libugds_fio.so"))?;
+    // The NIXL backend plugin: NIXL loads PLUGIN_DIR/libplugin_UGDS.so (NIXL_PLUGIN_DIR).
+    std::fs::create_dir_all(lib.join("nixl")).context("creating lib/nixl")?;
+    replace_file(&target.join("libplugin_UGDS.so"), &lib.join("nixl/libplugin_UGDS.so"))?;
     // The cuFile drop-in: the same library under cuFile's names, in a directory of its own so
     // that one LD_LIBRARY_PATH entry puts it ahead of NVIDIA's libcufile.
     let dropin = lib.join(DROPIN_DIR);
@@ -211,12 +214,13 @@ pub fn install(prefix: &Path) -> Result<()> {
     check_install(&prefix)?;
     println!(
         "installed libugds.so.{version}, libugds.a, libcufile_ugds.so.{version}, {DROPIN_DIR}/libcufile.so.0, \
-         fio/libugds_fio.so, ugds.h and ugds.pc under {}",
+         fio/libugds_fio.so, nixl/libplugin_UGDS.so, ugds.h and ugds.pc under {}",
         prefix.display()
     );
     println!("cuFile programs (kvikio, NIXL, cufile-python) use ugds with:");
     println!("LD_LIBRARY_PATH={}", dropin.display());
     println!("fio uses ugds with: ioengine=external:{}", lib.join("fio/libugds_fio.so").display());
+    println!("NIXL uses ugds with: NIXL_PLUGIN_DIR={} and the backend UGDS", lib.join("nixl").display());
     Ok(())
 }
 
@@ -322,7 +326,7 @@ pub fn check_install(prefix: &Path) -> Result<()> {
 /// would unify the core's features and the drop-in would export uGDS's functions too (a
 /// process loading both libraries could then call the wrong copy). Checks the exports.
 pub fn build_libraries() -> Result<()> {
-    for pkg in ["ugds-cufile", "ugds", "ugds-fio"] {
+    for pkg in ["ugds-cufile", "ugds", "ugds-fio", "ugds-nixl"] {
         toolchain::run(Command::new("cargo").current_dir(root()).args(["build", "--release", "-p", pkg, "--lib"]))?;
     }
     let target = root().join("target/release");
@@ -346,6 +350,12 @@ pub fn build_libraries() -> Result<()> {
     let fio = exports("libugds_fio.so")?;
     if fio != ["get_ioengine"] {
         bail!("libugds_fio.so must export get_ioengine only, not {fio:?}");
+    }
+    // NIXL's plugin manager looks up its two entry points; the C++ engine reaches the Rust side
+    // through a table of functions, not symbols.
+    let nixl = exports("libplugin_UGDS.so")?;
+    if nixl != ["nixl_plugin_fini", "nixl_plugin_init"] {
+        bail!("libplugin_UGDS.so must export nixl_plugin_init and nixl_plugin_fini only, not {nixl:?}");
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ mod fuzz;
 mod install;
 mod kernel;
 mod kmod;
+mod nixl;
 mod p2p;
 mod soname;
 mod stock;
@@ -48,7 +49,7 @@ enum Cmd {
     },
     /// Boot the test kernel with emulated NVMe controllers and run CMD as root in the guest.
     Vm {
-        /// An emulated controller: size=1G,lbs=4096,mdts=N,qpairs=N,mqes=N,ns=N,throttle_iops=N,serial=S,shared=on|off
+        /// An emulated controller: size=1G,lbs=4096,mdts=N,qpairs=N,mqes=N,ns=N,throttle_iops=N,serial=S,shared=on|off,backend=file|memory|null
         /// (repeat for more controllers).
         #[arg(long = "nvme", value_name = "SPEC")]
         nvme: Vec<vm::NvmeSpec>,
@@ -116,8 +117,10 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         seconds: u64,
     },
-    /// Benchmark grid: ugds vs the kernel driver (fio) on file- and null-backed emulated
-    /// controllers, plus the data path's own cost; writes JSON, markdown and PNG plots.
+    /// Benchmark grid: the kernel driver (fio + io_uring) vs ugds (`ugds bench`, and fio with
+    /// ugds's ioengine, same job) on the same emulated controllers (an image in host memory,
+    /// null-backed), each point measured --repeats times per engine, interleaved; plus the data
+    /// path's own cost; writes JSON, markdown and PNG plots.
     ///
     /// With --members: a striped ugds volume vs the kernel's md RAID0 + fio over 1..N emulated
     /// controllers (one VM boot), ratio and scaling per point; into target/bench-volume.
@@ -130,6 +133,9 @@ enum Cmd {
         /// Seconds per point.
         #[arg(long, default_value_t = 1)]
         seconds: u64,
+        /// Measurements per engine and point, interleaved with the kernel's (the main grid).
+        #[arg(long, default_value_t = 3, conflicts_with_all = ["remote", "members", "p2p"])]
+        repeats: usize,
         /// Output folder (default target/bench, target/bench-volume with --members,
         /// target/bench-remote with --remote).
         #[arg(long)]
@@ -185,8 +191,12 @@ enum Cmd {
     BenchGuest {
         /// The ugds CLI binary.
         cli: String,
+        /// ugds's fio engine (libugds_fio.so).
+        fio_engine: String,
         /// Seconds per point.
         seconds: u64,
+        /// Measurements per engine and point.
+        repeats: usize,
     },
     /// (internal) The demo's steps inside the VM.
     #[command(hide = true)]
@@ -213,13 +223,17 @@ enum Cmd {
         check: bool,
     },
     /// Installs libugds.so/.a, libcufile_ugds.so (also as lib/ugds-cufile/libcufile.so.0), ugds.h,
-    /// ugds.pc and the fio engine (lib/fio/libugds_fio.so) under a prefix, and checks SONAMEs and
+    /// ugds.pc, the fio engine (lib/fio/libugds_fio.so) and the NIXL plugin
+    /// (lib/nixl/libplugin_UGDS.so) under a prefix, and checks SONAMEs and
     /// ctypes' find_library.
     InstallLib {
         /// The prefix (lib/, include/, lib/pkgconfig/ go under it).
         #[arg(long, default_value = "/usr/local")]
         prefix: PathBuf,
     },
+    /// The NIXL plugin's host phase alone (part of `test`): NIXL's Python API (nixl-cu12, into
+    /// target/nixl-pyenv) runs tests/nixl/test_nixl_ugds.py with UGDS and POSIX on a file.
+    TestNixl,
     /// Builds what the GPU machine runs into target/gpu (see tests/gpu/run.sh).
     GpuBundle,
     /// Builds the Python package (python/) into target/wheels/ugds-*.whl with maturin (from PyPI,
@@ -342,15 +356,22 @@ fn real_main() -> Result<()> {
         Cmd::FioBindings { fio_src, check } => fio::bindings(&fio_src, check)?,
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
         Cmd::GpuBundle => clib::gpu_bundle()?,
+        Cmd::TestNixl => {
+            let (p, f) = nixl::host_tests()?;
+            println!("{p} passed, {f} failed");
+            if f > 0 {
+                std::process::exit(1);
+            }
+        }
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p } => {
+        Cmd::Bench { seconds, repeats, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p } => {
             if p2p {
                 bench::p2p::run(seconds.max(1), out)?
             } else if let Some(transport) = remote {
                 let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span };
                 bench::remote::run(&grid.checked()?, out)?
             } else if members.is_empty() {
-                bench::run(seconds, out)?
+                bench::run(seconds, repeats, out)?
             } else {
                 let backends = bench::volume::backends(&backend)?;
                 let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk };
@@ -359,7 +380,7 @@ fn real_main() -> Result<()> {
         }
         Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
         Cmd::BenchRemoteGuest { cli, grid } => bench::remote::guest(&cli, &grid)?,
-        Cmd::BenchGuest { cli, seconds } => bench::guest(&cli, seconds)?,
+        Cmd::BenchGuest { cli, fio_engine, seconds, repeats } => bench::guest(&cli, &fio_engine, seconds, repeats)?,
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Cost => {
             cost::run()?;

@@ -121,18 +121,26 @@ fn host_phases(c_dir: &std::path::Path) -> Result<Summary> {
         c.checks_failed,
         t.elapsed()
     );
+    script_phase(&mut total, "Python package and KV store on files (fallback path)", wheel::host_tests);
+    script_phase(
+        &mut total,
+        "NIXL plugin through NIXL's Python API on files (UGDS and POSIX side by side)",
+        crate::nixl::host_tests,
+    );
+    Ok(total)
+}
+
+/// Runs one phase that counts (passed, failed) itself, adds them to `total` and prints its line;
+/// a phase that could not run counts as one failure.
+fn script_phase(total: &mut Summary, what: &str, run: fn() -> Result<(u64, u64)>) {
     let t = Instant::now();
-    let (p, f) = wheel::host_tests().unwrap_or_else(|e| {
-        eprintln!("the Python package: {e:#}");
+    let (p, f) = run().unwrap_or_else(|e| {
+        eprintln!("{what}: {e:#}");
         (0, 1)
     });
     total.passed += p;
     total.failed += f;
-    eprintln!(
-        "phase Python package and KV store on files (fallback path): {p} passed, {f} failed in {:.0?}",
-        t.elapsed()
-    );
-    Ok(total)
+    eprintln!("phase {what}: {p} passed, {f} failed in {:.0?}", t.elapsed());
 }
 
 /// Runs everything; prints each phase's time.
@@ -159,6 +167,10 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     // tests an older build's package.
     if skip_host && variants.lines().any(|l| l.starts_with("python|") || l.starts_with("p2p-")) {
         wheel::install_for_vm()?;
+    }
+    // Likewise the NIXL variant's environment and plugin folder (the host phase makes them).
+    if skip_host && variants.lines().any(|l| l.starts_with("nixl|")) {
+        crate::nixl::prepare()?;
     }
     eprintln!("phase build module and suite: {:.0?}", t.elapsed());
     if let vm::Guest::Stock(stock) = &k {

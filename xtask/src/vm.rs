@@ -51,9 +51,8 @@ pub struct NvmeSpec {
     pub throttle_iops: Option<u32>,
     /// Serial number.
     pub serial: Option<String>,
-    /// Back the namespaces with QEMU's null driver (no disk I/O: isolates software and
-    /// emulation cost; reads return zeroes).
-    pub null: bool,
+    /// What holds the namespaces' blocks.
+    pub backend: Backend,
     /// Metadata bytes per block of the last namespace (0: none), for the refusal test.
     pub ms: u16,
     /// The namespaces say they may be shared by several controllers (NMIC), as a dual-port SSD's
@@ -64,6 +63,19 @@ pub struct NvmeSpec {
     /// A controller memory buffer of this many MiB (QEMU's `cmb_size_mb`): the kernel's nvme
     /// driver publishes it as p2pmem, the kernel's own peer-to-peer target.
     pub cmb_mb: Option<u32>,
+}
+
+/// What holds an emulated controller's blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// An image file in the run's temporary folder.
+    File,
+    /// An image file on the host's tmpfs (`/dev/shm`): real reads and writes, but no host
+    /// writeback running behind a benchmark at moments of its own (on disk where there is none).
+    Memory,
+    /// QEMU's null driver: no disk I/O (isolates software and emulation cost; reads return
+    /// zeroes).
+    Null,
 }
 
 impl Default for NvmeSpec {
@@ -77,7 +89,7 @@ impl Default for NvmeSpec {
             ns: 1,
             throttle_iops: None,
             serial: None,
-            null: false,
+            backend: Backend::File,
             ms: 0,
             shared: false,
             cmb_mb: None,
@@ -132,9 +144,10 @@ impl std::str::FromStr for NvmeSpec {
                     }
                 }
                 "backend" => match v {
-                    "file" => spec.null = false,
-                    "null" => spec.null = true,
-                    _ => bail!("backend must be file or null, not {v}"),
+                    "file" => spec.backend = Backend::File,
+                    "null" => spec.backend = Backend::Null,
+                    "memory" => spec.backend = Backend::Memory,
+                    _ => bail!("backend must be file, memory or null, not {v}"),
                 },
                 _ => bail!(
                     "unknown NVMe spec key {k:?} (size, lbs, mdts, qpairs, mqes, ns, throttle_iops, serial, backend, ms, shared, cmb)"
@@ -354,7 +367,9 @@ fn make_initramfs(dir: &Path, init: &str, early: &[(String, Vec<u8>)]) -> Result
     Ok(cpio)
 }
 
-fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Result<Vec<String>> {
+/// QEMU's arguments; image files go into `dir`, those of `backend=memory` controllers into
+/// `shm` (a folder on tmpfs) where there is one.
+fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, shm: Option<&Path>, initrd: &Path) -> Result<Vec<String>> {
     let mut a: Vec<String> = [
         "-machine",
         "q35",
@@ -414,10 +429,11 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, initrd: &Path) -> Resul
         }
         a.extend(["-device".into(), dev]);
         for n in 1..=spec.ns {
-            let mut drive = if spec.null {
+            let mut drive = if spec.backend == Backend::Null {
                 format!("driver=null-co,size={},read-zeroes=on,if=none,id=d{i}n{n}", spec.size)
             } else {
-                let img = dir.join(format!("nvme{i}n{n}.img"));
+                let at = if spec.backend == Backend::Memory { shm.unwrap_or(dir) } else { dir };
+                let img = at.join(format!("nvme{i}n{n}.img"));
                 fs::File::create(&img)?.set_len(spec.size)?;
                 format!("file={},if=none,id=d{i}n{n},format=raw,cache=unsafe", img.display())
             };
@@ -524,7 +540,13 @@ pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
     let cfg = &cfg;
     let init = guest_init(cfg, kernel, &xtask)?;
     let initrd = make_initramfs(tmp.path(), &init, &kernel.early_modules()?)?;
-    let args = qemu_args(cfg, kernel, tmp.path(), &initrd)?;
+    let shm = match cfg.nvme.iter().any(|s| s.backend == Backend::Memory) {
+        true => TempDir::new_in(Path::new("/dev/shm"), "ugds-vm")
+            .map_err(|e| eprintln!("vm: {e:#}: the memory-backed controllers' images lie on disk instead"))
+            .ok(),
+        false => None,
+    };
+    let args = qemu_args(cfg, kernel, tmp.path(), shm.as_ref().map(TempDir::path), &initrd)?;
     let qemu = qemu_for(cfg, &toolchain::cache_dir())?;
     let mut child = qemu
         .command()
@@ -626,7 +648,11 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     /// Creates a fresh folder under the system temp dir.
     pub fn new(prefix: &str) -> Result<Self> {
-        let base = std::env::temp_dir();
+        Self::new_in(&std::env::temp_dir(), prefix)
+    }
+
+    /// Creates a fresh folder under `base`.
+    pub fn new_in(base: &Path, prefix: &str) -> Result<Self> {
         for i in 0..1000u32 {
             let p = base.join(format!("{prefix}-{}-{i}", std::process::id()));
             if fs::create_dir(&p).is_ok() {
@@ -663,7 +689,9 @@ mod tests {
         assert_eq!((s.ns, s.qpairs, s.throttle_iops, s.serial.as_deref()), (2, Some(1), Some(2), Some("abc")));
         assert!("lbs=1024".parse::<NvmeSpec>().is_err());
         assert!("bogus=1".parse::<NvmeSpec>().is_err());
-        assert!("backend=null".parse::<NvmeSpec>().unwrap().null);
+        assert_eq!("backend=null".parse::<NvmeSpec>().unwrap().backend, Backend::Null);
+        assert_eq!("backend=memory".parse::<NvmeSpec>().unwrap().backend, Backend::Memory);
+        assert_eq!("size=1M".parse::<NvmeSpec>().unwrap().backend, Backend::File);
         assert!("backend=tape".parse::<NvmeSpec>().is_err());
         assert!("ns=0".parse::<NvmeSpec>().is_err());
         assert!("size=1000,lbs=4096".parse::<NvmeSpec>().is_err());

@@ -19,8 +19,9 @@ notices (why a slower path was chosen) are records of ``logging.getLogger("ugds"
 Every I/O and every wait releases the GIL. Errors are the classes of :mod:`ugds.errors`, with
 the library's named fields (``InvalidArgument.arg``, ``NvmeError.status``, ...).
 
-:mod:`ugds.kv` is a persistent key-value object store on the same targets, and
-:mod:`ugds.lmcache` an LMCache L2 connector over it.
+:mod:`ugds.kv` is a persistent key-value object store on the same targets,
+:mod:`ugds.lmcache` an LMCache L2 connector over it, and :mod:`ugds.vllm` a vLLM KV offloading
+spec (none of them is imported by ``import ugds``).
 """
 
 from __future__ import annotations

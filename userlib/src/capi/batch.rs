@@ -4,9 +4,10 @@
 //! doorbell per submit); the rest (cuFile's unregistered or unaligned entries) run as staged
 //! I/O on the storage's workers. Events are kept until `GetStatus` hands them out.
 
-use super::library::{CResult, Face, Fail, Handle, IoKind, Library, Memory};
+use super::library::{Face, IoKind, Library, Memory};
 use super::types::uGDSIOSegParams;
 use super::types::uGDSOpError::*;
+use super::{CResult, Fail, Handle};
 use crate::batch::{IoStatus, Op};
 use crate::storage_batch::{IoRequest, StorageBatch};
 use std::collections::{HashMap, VecDeque};

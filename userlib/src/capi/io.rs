@@ -3,9 +3,10 @@
 //! own aligned buffers (cuFile: unregistered memory, any size and offset), and uGDS's vectored
 //! read/write.
 
-use super::library::{gpu_of, BufEntry, CResult, Face, Fail, Handle, IoKind, Library, Memory, BOUNCE};
+use super::library::{gpu_of, BufEntry, Face, IoKind, Library, Memory, BOUNCE};
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
+use super::{CResult, Fail, Handle};
 use crate::buffer::Buffer;
 use crate::gpu::Gpu;
 use crate::inflight::IoResult;

@@ -3,12 +3,12 @@
 //! (the differences are listed on [`Face`]). Every function returns a typed [`Fail`] that each
 //! face turns into its own codes.
 
+use super::handle::{new_handle_value, open_fd, Access};
 use super::slots::Slots;
-use super::types::uGDSError;
-use super::types::uGDSOpError::{self, *};
+use super::types::uGDSOpError::*;
+use super::{CResult, Fail, Handle};
 use crate::buffer::Buffer;
 use crate::error::Error;
-use crate::fallback::FileTarget;
 use crate::gpu::{Gpu, GpuMemory};
 use crate::storage::Storage;
 use std::collections::HashMap;
@@ -33,96 +33,6 @@ pub enum Face {
     /// NVIDIA cuFile's (`libcufile_ugds.so`).
     CuFile,
 }
-
-/// Why a call failed, before a face turns it into its codes.
-#[derive(Debug)]
-pub enum Fail {
-    /// A library status code.
-    Code(uGDSOpError),
-    /// An errno (read/write return it negated).
-    Errno(c_int),
-    /// An error of the layer below, mapped by [`Fail::code`] / [`Fail::errno`].
-    Lib(Error),
-}
-
-impl From<Error> for Fail {
-    fn from(e: Error) -> Fail {
-        Fail::Lib(e)
-    }
-}
-
-impl From<Error> for crate::inflight::Failed<Fail> {
-    fn from(e: Error) -> Self {
-        Fail::Lib(e).into()
-    }
-}
-
-impl Fail {
-    /// As a status code.
-    pub fn code(&self) -> uGDSOpError {
-        match self {
-            Fail::Code(c) => *c,
-            Fail::Errno(e) if *e == libc::ENOMEM => UGDS_OUT_OF_MEMORY,
-            Fail::Errno(e) if *e == libc::EBUSY => UGDS_BUSY,
-            Fail::Errno(_) => UGDS_INVALID_VALUE,
-            Fail::Lib(e) => code_of(e),
-        }
-    }
-
-    /// As a status.
-    pub fn status(&self) -> uGDSError {
-        uGDSError { err: self.code(), cu_err: 0 }
-    }
-
-    /// As a read/write result for `face`: uGDS reports errnos only (a library condition becomes
-    /// the errno it stands for); cuFile also `-code`.
-    pub fn ret_for(&self, face: Face) -> libc::ssize_t {
-        if face == Face::CuFile {
-            return self.ret();
-        }
-        let errno = match self {
-            Fail::Errno(e) => *e,
-            Fail::Lib(e) => -e.errno(),
-            Fail::Code(UGDS_MEMORY_NOT_REGISTERED | UGDS_INVALID_VALUE) => libc::EINVAL,
-            Fail::Code(UGDS_BUSY) => libc::EBUSY,
-            // A read through a write-only descriptor (or the reverse), as read(2) says it.
-            Fail::Code(UGDS_INVALID_FILE_OPEN_FLAG) => libc::EBADF,
-            Fail::Code(UGDS_OUT_OF_MEMORY) => libc::ENOMEM,
-            Fail::Code(_) => libc::EIO,
-        };
-        -(errno.max(1) as libc::ssize_t)
-    }
-
-    /// As a read/write return value: `-errno`, or `-code` for library codes.
-    pub fn ret(&self) -> libc::ssize_t {
-        match self {
-            Fail::Code(c) => -(*c as libc::ssize_t),
-            Fail::Errno(e) => -(*e as libc::ssize_t),
-            Fail::Lib(e) => e.errno() as libc::ssize_t,
-        }
-    }
-}
-
-/// The status code for an error of the layer below.
-pub fn code_of(e: &Error) -> uGDSOpError {
-    match e {
-        Error::InvalidArgument { .. } => UGDS_INVALID_VALUE,
-        Error::RegistrationBusy { .. } => UGDS_BUSY,
-        Error::Open { .. } | Error::NoNamespace(_) => UGDS_DEVICE_NOT_FOUND,
-        Error::AbiMismatch { .. } => UGDS_DRIVER_VERSION_MISMATCH,
-        Error::Gpu { .. } => UGDS_CUDA_DRIVER_ERROR,
-        Error::Unsupported { .. } => UGDS_IO_NOT_SUPPORTED,
-        Error::Control { source, .. } if source.raw_os_error() == Some(libc::ENOMEM) => UGDS_OUT_OF_MEMORY,
-        Error::Control { .. } => UGDS_NVFS_DRIVER_ERROR,
-        // The library holds nothing of this process's for the object: a child of fork() opens
-        // the driver, its handles and its buffers again (uGDS and cuFile name it so).
-        Error::ForkedChild { .. } => UGDS_DRIVER_NOT_INITIALIZED,
-        _ => UGDS_INTERNAL_ERROR,
-    }
-}
-
-/// Result of the core functions.
-pub type CResult<T> = Result<T, Fail>;
 
 /// The CUDA GPU of the calling thread (its current context, as `cudaSetDevice` set it; device
 /// 0's primary context when it has none), when this machine has CUDA.
@@ -149,112 +59,6 @@ pub fn hip() -> Option<Arc<Gpu>> {
 /// owns it (`None` for host memory).
 pub fn gpu_of(addr: usize) -> Option<Arc<Gpu>> {
     Gpu::of_pointer(addr as u64).ok().flatten()
-}
-
-/// What a handle value points at: uGDS's programs read the registered fd from the first `int`
-/// of a handle (`*(int *)fh`), so a handle is the address of one of these. Records are never
-/// freed or reused, so a stale handle can never name a newer registration; lookups go through
-/// a table keyed by the address, so a forged value is a miss and is never dereferenced.
-#[repr(C)]
-struct HandleRecord {
-    fd: c_int,
-}
-
-/// A registered file or device.
-pub struct Handle {
-    /// Where its I/O goes.
-    pub storage: Arc<Storage>,
-    /// The caller's descriptor.
-    pub fd: c_int,
-    /// What the caller's descriptor allows: reads and writes against its mode are refused.
-    pub access: Access,
-    /// Stream-ordered I/O and batches not yet finished (deregistering waits for them).
-    pub(crate) inflight: Arc<AtomicU32>,
-    /// This handle's registration of each registered buffer, by base address, with the
-    /// identity of the registration (`BufEntry`) it was made for.
-    regs: RwLock<HashMap<usize, (u64, Arc<Buffer>)>>,
-    /// Aligned host buffers of this storage for staged I/O (cuFile semantics).
-    bounce: Mutex<Vec<Buffer>>,
-    /// Blocks a staged write is reading, modifying and writing (namespaces only).
-    edges: Mutex<std::collections::HashSet<u64>>,
-    edges_freed: std::sync::Condvar,
-}
-
-/// The directions of I/O a handle allows: a file or block device's descriptor's access mode
-/// (`O_RDONLY`, `O_WRONLY`, `O_RDWR`), as cuFile keeps it; both for a ugds node, a volume and a
-/// target the library opened by name (their descriptors name a controller, not the data).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Access {
-    /// Reads are allowed.
-    pub read: bool,
-    /// Writes are allowed.
-    pub write: bool,
-}
-
-impl Access {
-    /// Reads and writes.
-    pub const BOTH: Access = Access { read: true, write: true };
-
-    /// The access an `O_ACCMODE` value gives.
-    pub fn of_mode(flags: c_int) -> Access {
-        match flags & libc::O_ACCMODE {
-            libc::O_RDONLY => Access { read: true, write: false },
-            libc::O_WRONLY => Access { read: false, write: true },
-            _ => Access::BOTH,
-        }
-    }
-
-    /// Refuses I/O in a direction the descriptor was not opened for with cuFile's code
-    /// (`CU_FILE_INVALID_FILE_OPEN_FLAG`, "unsupported file open flags").
-    pub fn check(self, write: bool) -> CResult<()> {
-        if (write && !self.write) || (!write && !self.read) {
-            return Err(Fail::Code(UGDS_INVALID_FILE_OPEN_FLAG));
-        }
-        Ok(())
-    }
-}
-
-/// Edge blocks locked by a staged write; released on drop.
-pub(crate) struct EdgeLock<'a> {
-    handle: &'a Handle,
-    blocks: Vec<u64>,
-}
-
-impl Drop for EdgeLock<'_> {
-    fn drop(&mut self) {
-        let mut held = self.handle.edges.lock().unwrap_or_else(|e| e.into_inner());
-        for b in &self.blocks {
-            held.remove(b);
-        }
-        self.handle.edges_freed.notify_all();
-    }
-}
-
-impl Handle {
-    /// Locks the partly covered first and last blocks of `[off, off+len)` (both at once, so two
-    /// writers never wait for each other crosswise).
-    pub(crate) fn lock_edges(&self, off: u64, len: u64, bs: u64) -> EdgeLock<'_> {
-        let end = off + len;
-        let mut blocks = Vec::with_capacity(2);
-        if !off.is_multiple_of(bs) {
-            blocks.push(off / bs);
-        }
-        if !end.is_multiple_of(bs) && !blocks.contains(&(end / bs)) {
-            blocks.push(end / bs);
-        }
-        let mut held = self.edges.lock().unwrap_or_else(|e| e.into_inner());
-        while blocks.iter().any(|b| held.contains(b)) {
-            held = self.edges_freed.wait(held).unwrap_or_else(|e| e.into_inner());
-        }
-        held.extend(blocks.iter().copied());
-        EdgeLock { handle: self, blocks }
-    }
-}
-
-impl std::fmt::Debug for Handle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Handle(fd {})", self.fd)
-    }
 }
 
 /// Memory registered with `BufRegister`.
@@ -468,19 +272,8 @@ impl Library {
 
     /// Makes a handle for an opened target and registers the existing buffers on it.
     fn insert_handle(&self, storage: Arc<Storage>, fd: c_int, access: Access) -> usize {
-        let h = Arc::new(Handle {
-            storage,
-            fd,
-            access,
-            inflight: Arc::default(),
-            regs: RwLock::default(),
-            bounce: Mutex::default(),
-            edges: Mutex::default(),
-            edges_freed: Default::default(),
-        });
-        // A record of its own for every handle, never freed: see `HandleRecord`.
-        let rec: &'static mut HandleRecord = Box::leak(Box::new(HandleRecord { fd }));
-        let key = rec as *mut HandleRecord as usize;
+        let h = Arc::new(Handle::new(storage, fd, access));
+        let key = new_handle_value(fd);
         // Visible first, so a concurrent buffer deregistration sees (and cleans) this handle's
         // registrations; then register the buffers that exist already (I/O never registers).
         self.handles.write().unwrap_or_else(|e| e.into_inner()).insert(key, h.clone());
@@ -699,82 +492,4 @@ fn register_on(s: &Storage, e: &BufEntry) -> CResult<Buffer> {
             Ok(unsafe { s.register_host(start as *mut u8, len) }?)
         }
     }
-}
-
-/// Opens the target behind a caller's descriptor: a ugds node takes the direct path; a regular
-/// file or block device the fallback path, through a descriptor of our own opened with O_DIRECT
-/// (so a file the caller opened without it still bypasses the page cache) and the caller's
-/// access mode, which the handle keeps.
-fn open_fd(fd: c_int, opts: &super::FaceOptions) -> CResult<(Arc<Storage>, Access)> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
-    let path = link.to_string_lossy().into_owned();
-    if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
-        crate::fork::watch()?;
-        let dev = crate::device::Device::open_with(&path, opts.device.clone())?;
-        return Ok((Storage::direct(&dev, 1)?, Access::BOTH));
-    }
-    // A volume descriptor file, by the name the caller opened (`*.ugds-volume`; a file of any
-    // other name is a file, whatever it holds), read through the caller's descriptor (the file
-    // the name led to): the handle's I/O goes to the volume, never to the file's bytes.
-    let name = descriptor_name(fd, &path);
-    if let Some(spec) = crate::volume::VolumeSpec::descriptor_target(name, format!("/proc/self/fd/{fd}"))? {
-        return Ok((Storage::volume(&spec, &opts.device)?, Access::BOTH));
-    }
-    if !opts.fallback {
-        // A file or block device takes the fallback path, which the face's configuration
-        // turned off (cuFile: allow_compat_mode false).
-        return Err(Fail::Code(UGDS_IO_NOT_SUPPORTED));
-    }
-    // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(Fail::Code(UGDS_INVALID_VALUE));
-    }
-    let access = Access::of_mode(flags);
-    let file = reopen_direct(fd, access)
-        .map(|f| (f, true))
-        .or_else(|_| dup_own(fd).map(|f| (f, flags & libc::O_DIRECT != 0)))?;
-    match FileTarget::from_file(file.0, &path, file.1) {
-        Ok(f) => Ok((Storage::file(f)?, access)),
-        Err(Error::InvalidArgument { .. }) => Err(Fail::Code(UGDS_INVALID_FILE_TYPE)),
-        Err(e) => Err(Fail::Lib(e)),
-    }
-}
-
-/// The name of the file behind `fd`, whose /proc link reads `link`: the link, less the
-/// " (deleted)" the kernel appends once the file has no name left (so an unlinked descriptor
-/// file still counts as one).
-fn descriptor_name(fd: c_int, link: &str) -> &str {
-    // SAFETY: fstat fills the struct we pass; an invalid descriptor returns -1.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let unlinked = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_nlink == 0;
-    match link.strip_suffix(" (deleted)") {
-        Some(name) if unlinked => name,
-        _ => link,
-    }
-}
-
-/// Opens the caller's file again, with O_DIRECT and the caller's access mode, through /proc
-/// (the same file even if renamed or unlinked since). Opening through /proc checks the file's
-/// permissions, not the descriptor's mode: asking for more than the caller's mode would give a
-/// write-only descriptor's handle the file's bytes.
-fn reopen_direct(fd: c_int, access: Access) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(access.read)
-        .write(access.write)
-        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
-        .open(format!("/proc/self/fd/{fd}"))
-}
-
-/// A duplicate of the caller's descriptor that we own.
-fn dup_own(fd: c_int) -> CResult<std::fs::File> {
-    // SAFETY: dup of a descriptor the caller passed; failure returns -1.
-    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if own < 0 {
-        return Err(Fail::Code(UGDS_GETNEWFD_FAILED));
-    }
-    // SAFETY: `own` is a new descriptor nobody else owns.
-    Ok(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(own) })
 }

@@ -9,6 +9,8 @@
 //! [`Fail`] that each face maps to its codes.
 
 mod batch;
+mod fail;
+mod handle;
 mod io;
 mod library;
 mod options;
@@ -20,7 +22,9 @@ pub mod types;
 pub mod ugds_abi;
 
 pub use batch::{timeout_of, Entry, Event, EventStatus, MAX_BATCH};
-pub use library::{code_of, cuda, gpu_of, hip, CResult, Face, Fail, Handle, IoKind, IoObserver, Library};
+pub use fail::{code_of, CResult, Fail};
+pub use handle::Handle;
+pub use library::{cuda, gpu_of, hip, Face, IoKind, IoObserver, Library};
 pub use options::FaceOptions;
 pub use stream::{key as stream_key, LateArgs};
 pub use types::*;

@@ -3,9 +3,10 @@
 //! has no link-time dependency on rdma-core; without it (or without an RDMA device, which the
 //! caller's protection domain implies) registration fails with `IO_NOT_SUPPORTED`.
 
-use super::library::{CResult, Fail, Library, Memory};
+use super::library::{Library, Memory};
 use super::types::uGDSOpError::*;
 use super::types::uGDSRDMARegion;
+use super::{CResult, Fail};
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;

@@ -3,10 +3,11 @@
 //! forgetting a stream (deregistration, closing) waits only for the library's own jobs on it.
 //! CPU streams (`ugdsxCpuStream*`) give stream-ordered I/O without a GPU.
 
-use super::library::{cuda, hip, BufEntry, CResult, Face, Fail, Handle, IoKind, Library, Memory};
+use super::library::{cuda, hip, BufEntry, Face, IoKind, Library, Memory};
 use super::slots::Slots;
 use super::types::uGDSIoSegment;
 use super::types::uGDSOpError::*;
+use super::{CResult, Fail, Handle};
 use crate::gpu::Vendor;
 use crate::stream::{CpuStream, Stream};
 use crate::stream_io::{StreamIo, StreamJob};

@@ -5,10 +5,11 @@
 #![allow(non_snake_case)]
 
 use super::batch::{Entry, EventStatus};
-use super::library::{CResult, Face, Fail, Library};
+use super::library::{Face, Library};
 use super::stream::{key, LateArgs, LateSegs};
 use super::types::uGDSOpError::*;
 use super::types::*;
+use super::{CResult, Fail};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::os::fd::IntoRawFd;
 use std::sync::LazyLock;

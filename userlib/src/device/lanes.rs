@@ -14,7 +14,7 @@ use crate::cmd::{self, Command};
 use crate::error::Error;
 use crate::inflight::{Failed, InFlight, Why};
 use crate::mmio::StatusView;
-use crate::queue::{self, QueuePair, MAX_BURST, SPINS_PER_CHECK};
+use crate::queue::{self, QueuePair, Waiter, MAX_BURST};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::Status;
@@ -282,7 +282,8 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
         }
     }
     let mut failed = states.iter().any(|s| s.result.is_some());
-    let mut spins = 0u32;
+    let bytes = lanes.iter().map(|l| l.extents.iter().map(|e| e.len).sum::<u64>()).max().unwrap_or(0);
+    let mut wait = Waiter::new(bytes);
     loop {
         let mut progressed = false;
         let mut waiting: Option<usize> = None;
@@ -351,17 +352,19 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
             }
         }
         if states.iter().all(|s| s.result.is_some()) {
+            wait.done();
             break;
         }
         if progressed {
+            // A burst completed: the wait for the next one starts over (and this one's length
+            // feeds the spin budget).
+            std::mem::replace(&mut wait, Waiter::new(bytes)).done();
             continue;
         }
-        spins = spins.wrapping_add(1);
         let Some(w) = waiting else { continue };
-        let sleeps = queues[w].qp().sleeps();
-        // Polling reads the clock only every few thousand polls (each lane's deadline counts
-        // from the first read after its burst went out); interrupt mode after each sleep.
-        if sleeps || spins.is_multiple_of(SPINS_PER_CHECK) {
+        // The clock is read only every few thousand polls and after each sleep (each lane's
+        // deadline counts from the first read after its burst went out).
+        if wait.pause(queues[w].qp().wait_state()) {
             let now = Instant::now();
             for ((lane, st), q) in lanes.iter().zip(states.iter_mut()).zip(queues.iter_mut()) {
                 if st.result.is_some() || st.n == 0 || st.got == st.n {
@@ -377,7 +380,6 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
                 }
             }
         }
-        queues[w].qp().wait_a_little();
     }
 }
 
@@ -402,7 +404,7 @@ mod tests {
         let start = Instant::now();
         while q.collect(epoch, &cids, status, &mut out)? == 0 {
             assert!(start.elapsed() < T, "no completion");
-            q.qp().wait_a_little();
+            std::hint::spin_loop();
         }
         assert!(out[0].is_some_and(|s| s.is_success()), "{out:?}");
         Ok(())

@@ -31,6 +31,7 @@ fn mock_device(cfg: MockConfig, timeout: Duration) -> (Device, MockDevice) {
         timeout,
         max_cmd_bytes: MAX_CMD_BYTES,
         dptr: DptrPolicy::PRP_ONLY,
+        wait: super::WaitPolicy { mode: crate::Waiting::Poll, spin_max_bytes: u64::MAX },
     };
     (Device { inner: Arc::new(inner) }, mock)
 }

@@ -36,13 +36,13 @@ pub(crate) struct OwnedQueuePair {
 
 impl Namespace {
     /// Creates a queue pair of its own for the caller on this namespace's controller, as deep as
-    /// the device's synchronous queues and in the same mode (polling or interrupts), with this
+    /// the device's synchronous queues and waiting the same way, with this
     /// namespace's deadline. Fails when the controller has no queue pair left.
     pub(crate) fn owned_queue(&self) -> Result<OwnedQueuePair> {
         let dev = &self.dev;
         dev.born.check("device")?;
         let epoch = dev.status.state().epoch();
-        let qp = create_queue_pair(&dev.fd, self.queue_depth(), self.interrupts(), &dev.doorbells, epoch, dev.dptr)?;
+        let qp = create_queue_pair(&dev.fd, self.queue_depth(), self.wait_policy(), &dev.doorbells, epoch, dev.dptr)?;
         Ok(OwnedQueuePair { qp: ManuallyDrop::new(qp), ns: self.clone(), _not_sync: PhantomData })
     }
 }

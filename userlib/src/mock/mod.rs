@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::mem::{DeviceShared, QueueMemory};
 use crate::mmio::{Doorbells, StatusView};
 use crate::prp::PAGE;
-use crate::queue::QueuePair;
+use crate::queue::{QueuePair, QueueWait, Waiting};
 use crate::sgl::DataPointers;
 use model::Model;
 use std::io;
@@ -287,7 +287,8 @@ impl MockQueue {
             ..Default::default()
         };
         let policy = DptrPolicy::new(cfg.data_pointers, cfg.sgls);
-        let qp = QueuePair::new(&args, sq, cq, prp, &doorbells, 1, None, policy)?;
+        let qp =
+            QueuePair::new(&args, sq, cq, prp, &doorbells, 1, QueueWait::new(Waiting::Poll, None, u64::MAX), policy)?;
         let script = match cfg.behaviour {
             Behaviour::Honest => Vec::new(),
             Behaviour::Hostile(v) => v.into_iter().map(Fault::Extra).collect(),

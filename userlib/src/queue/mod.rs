@@ -6,17 +6,21 @@
 //! Locking: one mutex per queue pair, held only to write entries or reap completions, never
 //! while waiting; whoever polls reaps every completion of the queue and records it for its
 //! owner (the command id stays reserved until [`QueuePair::collect`] hands its status over).
-//! The hot path allocates nothing and makes no system call; the clock is read only once a wait
-//! has spun a while, and the controller's epoch once per submission and per reap that finds
-//! completions.
+//! The hot path allocates nothing and makes no system call while its waits spin (a wait that
+//! sleeps on the queue's interrupt arms it and polls its eventfd: [`wait`]); the clock is read
+//! only once a wait has to wait, and the controller's epoch once per submission and per reap
+//! that finds completions.
 
 mod cids;
 mod reap;
+mod wait;
 
 #[cfg(any(test, feature = "test-utils"))]
 pub use reap::Completion;
 #[cfg(feature = "test-utils")]
 pub use reap::Completions;
+pub use wait::Waiting;
+pub(crate) use wait::{Interrupt, QueueWait, Waiter};
 
 use crate::cmd::{Command, Dptr, DptrPolicy, ListPage};
 use crate::error::{Error, Result};
@@ -25,7 +29,7 @@ use crate::mmio::{Doorbell, Doorbells, StatusView};
 use crate::prp::PAGE;
 use crate::ring::cq::{Cq, CQE_BYTES};
 use crate::ring::sq::{Sq, SQE_BYTES};
-use crate::sys::{DeviceFd, EventFd};
+use crate::sys::DeviceFd;
 use cids::Cids;
 use std::ops::DerefMut;
 use std::sync::atomic::{fence, Ordering};
@@ -111,9 +115,9 @@ struct Core {
     cq_db: Doorbell,
     /// PRPs or SGLs, per command.
     policy: DptrPolicy,
-    /// Interrupt mode: the eventfd the queue's MSI-X vector signals; waiters poll once, then
-    /// sleep on it.
-    irq: Option<EventFd>,
+    /// How its waiters wait, with the eventfd its MSI-X vector signals when it has one (an
+    /// `Arc`: a [`Waiter`] holds it from its first pause on, borrowing no queue).
+    wait: Arc<QueueWait>,
     /// The module's file, to re-arm the queue after a reset (`None` over the device model,
     /// which re-creates its queue itself).
     fd: Option<Arc<DeviceFd>>,
@@ -137,14 +141,14 @@ impl QueuePair {
         args: &CreateQpair,
         doorbells: &Arc<Doorbells>,
         epoch: u64,
-        irq: Option<EventFd>,
+        wait: QueueWait,
         policy: DptrPolicy,
     ) -> Result<Self> {
         // CAST: the module reports region sizes of a few MiB at most.
         let sq = DeviceShared::map(fd.raw(), args.sq_offset, args.sq_size as usize, 0, "mmap SQ")?;
         let cq = DeviceShared::map(fd.raw(), args.cq_offset, args.cq_size as usize, 0, "mmap CQ")?;
         let prp = DeviceShared::map(fd.raw(), args.prp_offset, args.prp_size as usize, args.prp_dma, "mmap PRP pool")?;
-        let mut qp = Self::new(args, sq, cq, prp, doorbells, epoch, irq, policy)?;
+        let mut qp = Self::new(args, sq, cq, prp, doorbells, epoch, wait, policy)?;
         qp.core.fd = Some(fd.clone());
         Ok(qp)
     }
@@ -159,7 +163,7 @@ impl QueuePair {
         prp: DeviceShared,
         doorbells: &Arc<Doorbells>,
         epoch: u64,
-        irq: Option<EventFd>,
+        wait: QueueWait,
         policy: DptrPolicy,
     ) -> Result<Self> {
         let depth = args.depth;
@@ -178,7 +182,7 @@ impl QueuePair {
         cq_db.ring(0);
         // INVARIANT: memory sizes checked above; both rings have `depth` slots.
         Ok(QueuePair {
-            core: Core { qid, depth, sq_mem, cq_mem, prp, sq_db, cq_db, policy, irq, fd: None },
+            core: Core { qid, depth, sq_mem, cq_mem, prp, sq_db, cq_db, policy, wait: Arc::new(wait), fd: None },
             rings: Mutex::new(Rings {
                 sq,
                 cq,
@@ -350,17 +354,10 @@ impl QueuePair {
         collect_in(&self.core, &mut self.lock(), epoch, cids, status, out)
     }
 
-    /// Whether waiting sleeps on the queue's interrupt (else it spins).
-    pub(crate) fn sleeps(&self) -> bool {
-        self.core.irq.is_some()
-    }
-
-    /// Sleeps on the interrupt (interrupt mode) or spins once (polling).
-    pub fn wait_a_little(&self) {
-        match &self.core.irq {
-            Some(ev) => ev.wait(10),
-            None => std::hint::spin_loop(),
-        }
+    /// Its waiting state, for [`Waiter::pause`].
+    #[inline]
+    pub(crate) fn wait_state(&self) -> &Arc<QueueWait> {
+        &self.core.wait
     }
 
     /// Submits `cmds` (at most [`MAX_BURST`]) with one doorbell write and waits for all of them.
@@ -372,11 +369,12 @@ impl QueuePair {
         let epoch = self.submit_tagged(nsid, cmds, status, timeout, &mut cids)?;
         let mut out = [None; MAX_BURST];
         let mut got = 0;
-        let mut spins = 0u32;
         let mut start: Option<Instant> = None;
+        let mut wait = Waiter::new(cmds.iter().map(|c| c.bytes()).sum());
         loop {
             got += self.collect_tagged(epoch, &cids[..n], status, &mut out[..n])?;
             if got == n {
+                wait.done();
                 for (i, st) in out[..n].iter().enumerate() {
                     if let Some(st) = st.filter(|s| !s.is_success()) {
                         return Err(Error::Nvme { op: cmds[i].name(), slba: cmds[i].slba(), status: st });
@@ -384,10 +382,9 @@ impl QueuePair {
                 }
                 return Ok(());
             }
-            spins = spins.wrapping_add(1);
-            // Polling reads the clock only every few thousand polls (the deadline counts from
-            // the first read); interrupt mode before its first sleep and after each.
-            if self.core.irq.is_some() || spins.is_multiple_of(SPINS_PER_CHECK) {
+            // The clock is read only every few thousand polls and after each sleep (the
+            // deadline counts from the first read).
+            if wait.pause(&self.core.wait) {
                 let since = *start.get_or_insert_with(Instant::now);
                 if since.elapsed() > timeout {
                     // The uncollected commands stay in flight: their ids and PRP pages are not
@@ -395,7 +392,6 @@ impl QueuePair {
                     return Err(timeout_error(&cmds[0], timeout));
                 }
             }
-            self.wait_a_little();
         }
     }
 }

@@ -135,6 +135,8 @@ pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Resul
         bad = Some(v);
     }
     release_slots(qp, r, consumed);
+    // Completions recorded here may be a sleeping waiter's, whose interrupt woke somebody else.
+    qp.wait.reaped();
     match bad {
         Some(v) => Err(v.error(qp, r)),
         // CAST: at most depth entries.

@@ -4,7 +4,7 @@
 //! ratios and scaling per point, and PNG scaling plots (members on the x axis).
 
 use super::{
-    check_axes, f, fio_point, iops_cells, json_nums, json_strs, points_from, register_font, sh, ugds_point, MARK,
+    check_axes, f, fio_point, iops_cells, json_nums, json_strs, points_from, register_font, sh, ugds_point, Job, MARK,
 };
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
@@ -446,7 +446,8 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
                 for rw in &grid.rws {
                     for size in &grid.sizes {
                         for &depth in &grid.depths {
-                            let mut v = fio_point("/dev/md0", rw, size, depth, grid.seconds, &span)?;
+                            let mut v =
+                                fio_point("/dev/md0", Job { rw, size, depth, seconds: grid.seconds, span: &span })?;
                             v["backend"] = json!(backend);
                             v["members"] = json!(n);
                             println!("{MARK}{v}");
@@ -465,7 +466,8 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
             for rw in &grid.rws {
                 for size in &grid.sizes {
                     for &depth in &grid.depths {
-                        let mut v = ugds_point(cli, &nodes[0], rw, size, depth, grid.seconds, &span)?;
+                        let mut v =
+                            ugds_point(cli, &nodes[0], Job { rw, size, depth, seconds: grid.seconds, span: &span })?;
                         v["engine"] = json!("ugds-node");
                         v["backend"] = json!(backend);
                         v["members"] = json!(1);
@@ -479,7 +481,8 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
             for rw in &grid.rws {
                 for size in &grid.sizes {
                     for &depth in &grid.depths {
-                        let mut v = ugds_point(cli, &spec, rw, size, depth, grid.seconds, &span)?;
+                        let mut v =
+                            ugds_point(cli, &spec, Job { rw, size, depth, seconds: grid.seconds, span: &span })?;
                         v["backend"] = json!(backend);
                         v["members"] = json!(n);
                         println!("{MARK}{v}");

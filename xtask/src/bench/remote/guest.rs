@@ -4,7 +4,7 @@
 
 use super::{Grid, CONFIGFS, NQN, PORT, RDMA_ADDR};
 use crate::bench::volume::disk_of;
-use crate::bench::{fio_point_with, sh, Latency, MARK};
+use crate::bench::{fio_point_with, sh, Job, Latency, MARK};
 use crate::bind;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -250,9 +250,10 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
     let (ctrl, dev) = kernel_connect(&build, &grid)?;
     eprintln!("bench: the kernel's nvme-{} initiator is {ctrl} ({dev})", grid.transport);
     each(&mut |rw, size, depth| {
-        fio_point_with(&dev, rw, size, depth, grid.seconds, &span, Latency::Total).unwrap_or_else(
-            |e| json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")}),
-        )
+        fio_point_with(&dev, Job { rw, size, depth, seconds: grid.seconds, span: &span }, Latency::Total)
+            .unwrap_or_else(
+                |e| json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")}),
+            )
     });
     // Ours alone on the target from here on (its connections are the only ones counted).
     sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
