@@ -248,9 +248,15 @@ fn scattered_registration() -> Result<()> {
     let node = bound_node(1)?;
     let dev = Device::open(&node)?;
     let st = Storage::direct(&dev, 1)?;
-    let buf = st.alloc_host(4 << 20)?;
-    // Without an IOMMU, anonymous memory maps to scattered bus addresses; with one, the DMA API
-    // may merge it into one IOVA range. The library's segment list is private: the same pinned
+    // Anonymous memory is not scattered for certain: a fresh VM's allocator may hand out
+    // neighbouring pages, or neighbouring transparent huge pages (Debian's 7.3 did: one 4 MiB
+    // segment). Every other page of a faulted-in mapping, moved side by side, is scattered.
+    let pages = ScatteredPages::new(4 << 20)?;
+    // SAFETY: `pages` stays mapped until after the buffer is dropped below, and the test touches
+    // it only through the buffer's host views.
+    let buf = unsafe { st.register_host(pages.ptr, pages.len) }?;
+    // Without an IOMMU the bus addresses are the scattered physical ones; with one, the DMA API
+    // may merge them into one IOVA range. The library's segment list is private: the same pinned
     // pages, registered once more through the module's ioctls on another open file, show it.
     let iommu = std::fs::read_dir("/sys/kernel/iommu_groups").map(|d| d.count() > 0).unwrap_or(false);
     let raw = crate::raw::RawDev::open(&node)?;
@@ -259,7 +265,10 @@ fn scattered_registration() -> Result<()> {
     let nsegs = raw.segments(h)?.len();
     raw.deregister(h.id, h.generation)?;
     drop(raw);
-    ensure_that!(iommu || nsegs > 1, "expected a scattered registration, got {nsegs} segment(s)");
+    // No two neighbouring pages are physical neighbours, so without an IOMMU nearly every page
+    // is a segment of its own (a quarter leaves room for chance neighbours).
+    let want = buf.len() / 4096 / 4;
+    ensure_that!(iommu || nsegs > want, "expected a scattered registration (over {want} segments), got {nsegs}");
     // Offsets inside the buffer that are not page aligned (PRP1 with an offset), and transfers
     // larger than MDTS (8 KiB here) that split into many commands.
     for (boff, len) in [(512u64, 512u64), (1028, 4096), (4096 + 2052, 65536), (12, 1 << 20)] {
@@ -271,8 +280,62 @@ fn scattered_registration() -> Result<()> {
         let got = &buf.host_view()?[boff as usize..(boff + len) as usize];
         ensure_that!(pattern::first_mismatch(9, doff, got).is_none(), "buffer offset {boff} len {len}: data differs");
     }
-    drop((buf, st, dev));
+    drop((buf, st, dev, pages));
     unbind(&nvme_controllers()?[1])
+}
+
+/// Host memory whose physical pages are not neighbours by construction: a mapping of twice the
+/// size is faulted in with 4 KiB pages, then every other page is moved into a mapping of its own
+/// (`mremap`), so two neighbouring pages here were never neighbours there.
+struct ScatteredPages {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl ScatteredPages {
+    fn new(len: usize) -> Result<Self> {
+        const PAGE: usize = 4096;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: fresh anonymous mappings that nothing else refers to; every page moved or
+        // written lies inside the mapping made here, and the source is unmapped at the end.
+        unsafe {
+            let src = libc::mmap(std::ptr::null_mut(), 2 * len, rw, anon, -1, 0);
+            anyhow::ensure!(src != libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+            let src = src.cast::<u8>();
+            // Small pages: a huge page moved in 4 KiB pieces would still be one run.
+            let _ = libc::madvise(src.cast(), 2 * len, libc::MADV_NOHUGEPAGE);
+            for i in (0..2 * len).step_by(PAGE) {
+                src.add(i).write_volatile(1);
+            }
+            let dst = libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, anon, -1, 0);
+            if dst == libc::MAP_FAILED {
+                let e = std::io::Error::last_os_error();
+                libc::munmap(src.cast(), 2 * len);
+                anyhow::bail!("mmap: {e}");
+            }
+            let this = Self { ptr: dst.cast(), len };
+            for i in (0..len).step_by(PAGE) {
+                let to = this.ptr.add(i).cast();
+                let moved =
+                    libc::mremap(src.add(2 * i).cast(), PAGE, PAGE, libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED, to);
+                if moved != to {
+                    let e = std::io::Error::last_os_error();
+                    libc::munmap(src.cast(), 2 * len);
+                    anyhow::bail!("mremap: {e}");
+                }
+            }
+            libc::munmap(src.cast(), 2 * len);
+            Ok(this)
+        }
+    }
+}
+
+impl Drop for ScatteredPages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is this value's own, and the buffer registered on it is gone.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
 }
 
 fn checksum(st: &Storage) -> Result<u64> {
