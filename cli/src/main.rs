@@ -345,17 +345,10 @@ fn report(json: bool, op: &str, len: u64, t: Duration) {
     }
 }
 
-/// Opens the target: a ugds node or a striped volume (`stripe:[CHUNK:]NODE,...`) with `opts`
-/// (the direct path), anything else as [`Storage::open`] does (the fallback path).
+/// Opens the target as every face does ([`Storage::open_with`]): namespace `--ns` of a node or
+/// of a volume's members, whose controllers take `opts`.
 pub(crate) fn open_target(t: &Target, opts: DeviceOptions) -> Res<Arc<Storage>> {
-    if t.dev.starts_with("stripe:") {
-        let spec = ugds::VolumeSpec { nsid: t.ns, ..ugds::VolumeSpec::parse(&t.dev)? };
-        Ok(Storage::volume(&spec, &opts)?)
-    } else if ugds::device::is_ugds_node(&t.dev) {
-        Ok(Storage::direct(&Device::open_with(&t.dev, opts)?, t.ns)?)
-    } else {
-        Ok(Storage::open(&t.dev)?)
-    }
+    Ok(Storage::open_with(&t.dev, t.ns, &opts)?)
 }
 
 /// One finding of `ugds doctor --json`.

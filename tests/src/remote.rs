@@ -422,6 +422,12 @@ fn nvmeof_handles() -> Result<()> {
         let how = lib.handle(h).map(|x| x.storage.describe()).unwrap_or_default();
         ensure_that!(how.contains("remote path"), "the NVMe-oF handle on {dev} is {how}");
         lib.handle_deregister(h, -1).map_err(|e| anyhow::anyhow!("deregister: {e:?}"))?;
+        // A plain registration resolves the descriptor as every face resolves a name: the same
+        // namespace takes our own initiator too, not the kernel's block device.
+        let h = lib.handle_register(f.as_raw_fd()).map_err(|e| anyhow::anyhow!("handle on {dev}: {e:?}"))?;
+        let how = lib.handle(h).map(|x| x.storage.describe()).unwrap_or_default();
+        ensure_that!(how.contains("remote path"), "a plain handle on {dev} is {how}");
+        lib.handle_deregister(h, -1).map_err(|e| anyhow::anyhow!("deregister: {e:?}"))?;
         // The backing disk is a PCIe namespace of the kernel's driver: not NVMe-oF.
         let pcie = std::fs::File::open(BACKING)?;
         let e = lib.handle_register_nvmeof(pcie.as_raw_fd()).map(|_| ()).unwrap_err();

@@ -205,13 +205,11 @@ impl Topology {
     /// every controller bound to ugds here ([`Topology::bound_nodes`]).
     pub fn target_nodes(&self, target: Option<&str>) -> Result<Vec<String>> {
         let Some(t) = target else { return Ok(self.bound_nodes()) };
-        if crate::device::is_ugds_node(t) {
-            return Ok(vec![t.to_string()]);
+        match crate::storage::Target::resolve(t, t, 1)?.nodes(t) {
+            // Not a node or volume: the spec's parser says what is wrong with it.
+            nodes if nodes.is_empty() => Ok(crate::VolumeSpec::parse(t)?.members),
+            nodes => Ok(nodes),
         }
-        Ok(match crate::VolumeSpec::descriptor_target(t, t)? {
-            Some(spec) => spec.members,
-            None => crate::VolumeSpec::parse(t)?.members,
-        })
     }
 
     /// The placement of each member (ugds nodes) of a volume meant to serve `gpu`.

@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 mod owned;
+pub(crate) mod target;
 pub use owned::OwnedQueue;
+pub(crate) use target::Target;
 
 /// I/Os and bytes per path since the storage was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -108,31 +110,15 @@ impl Storage {
     /// none: `opts` does not apply to them.
     pub fn open_with(path: impl AsRef<std::path::Path>, nsid: u32, opts: &DeviceOptions) -> Result<Arc<Storage>> {
         let path = crate::error::utf8_path(path.as_ref())?;
-        crate::fork::watch()?;
-        if path.starts_with(crate::remote::uri::SCHEME) {
-            return Self::remote(&crate::remote::RemoteSpec::parse(path)?);
+        match Target::resolve(path, path, nsid)?.open(path, nsid, opts)? {
+            Some(st) => Ok(st),
+            None => Self::open_fallback(path),
         }
-        if path.starts_with("stripe:") {
-            let spec = VolumeSpec { nsid, ..VolumeSpec::parse(path)? };
-            return Self::volume(&spec, opts);
-        }
-        if let Some(spec) = VolumeSpec::descriptor_target(path, path)? {
-            return Self::volume(&VolumeSpec { nsid, ..spec }, opts);
-        }
-        if crate::device::is_ugds_node(path) {
-            let dev = Device::open_with(path, opts.clone())?;
-            return Self::direct(&dev, nsid);
-        }
-        if let Some(spec) = crate::remote::sysfs::kernel_fabrics_namespace(path) {
-            // A namespace of the kernel's NVMe/TCP or NVMe/RDMA initiator: our own controller
-            // on the same subsystem, else the kernel's block device.
-            match spec.and_then(|s| Self::remote(&s)) {
-                Ok(st) => return Ok(st),
-                Err(e) => {
-                    crate::data_path::note_fallback(path, "the kernel's NVMe over Fabrics block device", &e.to_string())
-                }
-            }
-        }
+    }
+
+    /// Opens `path`, resolved as [`Target::File`] (or a kernel fabrics namespace we cannot reach
+    /// ourselves), on the fallback path.
+    pub(crate) fn open_fallback(path: &str) -> Result<Arc<Storage>> {
         if !std::path::Path::new(path).exists() {
             return Err(Error::Open {
                 path: path.to_string(),

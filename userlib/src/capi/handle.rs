@@ -6,7 +6,7 @@ use super::{CResult, Fail};
 use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::fallback::FileTarget;
-use crate::storage::Storage;
+use crate::storage::{Storage, Target};
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::AtomicU32;
@@ -140,36 +140,38 @@ impl std::fmt::Debug for Handle {
     }
 }
 
-/// Opens the target behind a caller's descriptor: a ugds node takes the direct path; a regular
-/// file or block device the fallback path, through a descriptor of our own opened with O_DIRECT
-/// (so a file the caller opened without it still bypasses the page cache) and the caller's
-/// access mode, which the handle keeps.
+/// Opens the target behind a caller's descriptor, resolved as every face resolves a name
+/// ([`Target::resolve`], looking through the descriptor): a ugds node or a volume descriptor
+/// (`*.ugds-volume`, by the name the caller opened) takes the direct path, a namespace of the
+/// kernel's NVMe over Fabrics initiator our own initiator where it can; a regular file or block
+/// device the fallback path, through a descriptor of our own opened with O_DIRECT (so a file
+/// the caller opened without it still bypasses the page cache) and the caller's access mode,
+/// which the handle keeps.
 pub(super) fn open_fd(fd: c_int, opts: &super::FaceOptions) -> CResult<(Arc<Storage>, Access)> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
     let path = link.to_string_lossy().into_owned();
-    if crate::device::is_ugds_node(format!("/proc/self/fd/{fd}")) {
-        crate::fork::watch()?;
-        let dev = crate::device::Device::open_with(&path, opts.device.clone())?;
-        return Ok((Storage::direct(&dev, 1)?, Access::BOTH));
-    }
-    // A volume descriptor file, by the name the caller opened (`*.ugds-volume`; a file of any
-    // other name is a file, whatever it holds), read through the caller's descriptor (the file
-    // the name led to): the handle's I/O goes to the volume, never to the file's bytes.
-    let name = descriptor_name(fd, &path);
-    if let Some(spec) = crate::volume::VolumeSpec::descriptor_target(name, format!("/proc/self/fd/{fd}"))? {
-        return Ok((Storage::volume(&spec, &opts.device)?, Access::BOTH));
-    }
-    if !opts.fallback {
-        // A file or block device takes the fallback path, which the face's configuration
-        // turned off (cuFile: allow_compat_mode false).
-        return Err(Fail::Code(UGDS_IO_NOT_SUPPORTED));
-    }
     // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
     let access = Access::of_mode(flags);
+    // A volume descriptor goes by the name the caller opened (less " (deleted)" once unlinked),
+    // and is read through the caller's descriptor: the handle's I/O goes to the volume, never
+    // to the file's bytes.
+    let name = descriptor_name(fd, &path);
+    let target = Target::resolve(name, &format!("/proc/self/fd/{fd}"), 1)?;
+    // Nodes and volumes are the library's own devices, open for both directions (as uGDS
+    // opens them); a fabrics namespace keeps the caller's mode, as its block device would.
+    let both = matches!(target, Target::Node | Target::Volume(_));
+    if let Some(st) = target.open(&path, 1, &opts.device)? {
+        return Ok((st, if both { Access::BOTH } else { access }));
+    }
+    if !opts.fallback {
+        // A file or block device takes the fallback path, which the face's configuration
+        // turned off (cuFile: allow_compat_mode false).
+        return Err(Fail::Code(UGDS_IO_NOT_SUPPORTED));
+    }
     let file = reopen_direct(fd, access)
         .map(|f| (f, true))
         .or_else(|_| dup_own(fd).map(|f| (f, flags & libc::O_DIRECT != 0)))?;

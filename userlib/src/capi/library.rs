@@ -10,7 +10,7 @@ use super::{CResult, Fail, Handle};
 use crate::buffer::Buffer;
 use crate::error::Error;
 use crate::gpu::{Gpu, GpuMemory};
-use crate::storage::Storage;
+use crate::storage::{Storage, Target};
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -245,11 +245,18 @@ impl Library {
     }
 
     /// `ugdsxHandleRegisterTarget`: opens a target by name, as [`Storage::open`] does (a ugds
-    /// node, a striped volume `stripe:...`, a volume descriptor file `*.ugds-volume`, a file
-    /// or a block device). The handle's descriptor (`*(int *)fh`) is -1: the library opened the target.
+    /// node, a striped volume `stripe:...`, a volume descriptor file `*.ugds-volume`, an NVMe
+    /// over Fabrics URI, a file or a block device), with the face's options (queues, and the
+    /// fallback path refused when its configuration turned that off, as for descriptors). The
+    /// handle's descriptor (`*(int *)fh`) is -1: the library opened the target.
     pub fn handle_register_target(&self, target: &str) -> CResult<usize> {
         self.require_open()?;
-        let storage = Storage::open(target)?;
+        let opts = self.options();
+        let storage = match Target::resolve(target, target, 1)?.open(target, 1, &opts.device)? {
+            Some(st) => st,
+            None if !opts.fallback => return Err(Fail::Code(UGDS_IO_NOT_SUPPORTED)),
+            None => Storage::open_fallback(target)?,
+        };
         Ok(self.insert_handle(storage, -1, Access::BOTH))
     }
 
