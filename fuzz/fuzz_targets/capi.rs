@@ -1,4 +1,4 @@
-//! The uGDS C ABI (`libugds.so`'s exported functions, `ugds::capi::ugds_abi`), driven as a C
+//! The uGDS C ABI (`libugds.so`'s exported functions, the `ugds-c` crate), driven as a C
 //! program would: a sequence of calls with arbitrary arguments on files (the fallback path).
 //!
 //! The API's contract is kept where it binds the caller: memory handed over is a real
@@ -21,7 +21,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 use ugds::capi::uGDSOpError::{self, *};
-use ugds::capi::ugds_abi::*;
+use ugds_c::*;
 use ugds::capi::*;
 
 /// Bytes of the file the handles write; truncated back to this at every input's start.

@@ -4,7 +4,7 @@
 # when $OUT is set, to $OUT/gpu-run.txt.
 #
 # STEPS selects what runs (comma-separated; default "all"):
-#   new = func,stream,overhead,python,pyugds,vllm      old = base,cuda,examples,cufile,bench
+#   new = func,stream,overhead,python,pyugds,vllm,nixl      old = base,cuda,examples,cufile,bench
 #   func      uGDS's own functional tests (target/gpu/ugds-functional, fetched from
 #             ScaleX-IO/uGDS, never committed), compiled unchanged against our header and -lugds
 #   stream    tests/gpu/stream_lifetime.cu
@@ -13,6 +13,8 @@
 #   pyugds    the ugds Python package (target/gpu/ugds-wheel) with torch/CuPy CUDA memory
 #   vllm      ugds.vllm, the vLLM offloading spec, with CUDA KV tensors (tests/gpu/vllm_offload_cuda.py;
 #             vLLM itself is not installed there: the spec runs on its stand-ins for vLLM's classes)
+#   nixl      the UGDS NIXL plugin with CUDA memory beside NIXL's POSIX plugin, through NIXL's
+#             Python API (tests/nixl/test_nixl_ugds.py --vram; nixl-cu12 from target/gpu/nixl)
 #   base      machine facts and `ugds doctor`; cuda: the Rust CUDA tests; examples: the C
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
 #   smallio   `ugds bench-gpu --breakdown` (4K, 64K: disk, copy, sync vs poll) and `--depths`
@@ -31,7 +33,7 @@ STEPS=${STEPS:-all}
 want() {
   case ",$STEPS," in
     *",all,"* | *",$1,"*) return 0 ;;
-    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python|pyugds|vllm)$ ]] ;;
+    *",new,"*) [[ $1 =~ ^(func|stream|overhead|python|pyugds|vllm|nixl)$ ]] ;;
     *",old,"*) [[ $1 =~ ^(base|cuda|examples|cufile|bench)$ ]] ;;
     *) return 1 ;;
   esac
@@ -212,6 +214,26 @@ vllm_spec() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# The NIXL plugin with VRAM: NIXL's own wheel (nixl-cu12, for this machine's python, carried in
+# $B/nixl), installed with pip without its dependencies; a plugin folder with our plugin and
+# NIXL's POSIX plugin, as the host phase makes (xtask/src/nixl.rs).
+nixl_vram() {
+  section "the UGDS NIXL plugin with CUDA memory (tests/nixl/test_nixl_ugds.py --vram)"
+  if ! ls "$B"/nixl/nixl_cu12-*.whl >/dev/null 2>&1; then
+    echo "SKIP: no nixl-cu12 wheel in $B/nixl (docs/nixl.md says how to carry one)"
+    return
+  fi
+  local X=$DIR/nixl-site D=$DIR/nixl-plugins
+  rm -rf "$X" "$D"
+  mkdir -p "$D"
+  run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$X" "$B"/nixl/nixl_cu12-*.whl || return
+  ln -s "$P/lib/nixl/libplugin_UGDS.so" "$D/libplugin_UGDS.so"
+  ln -s "$X/.nixl_cu12.mesonpy.libs/plugins/libplugin_POSIX.so" "$D/libplugin_POSIX.so"
+  T=300 run env PYTHONPATH="$X" NIXL_PLUGIN_DIR="$D" PYTHONUNBUFFERED=1 \
+    LD_LIBRARY_PATH="$X/.nixl_cu12.mesonpy.libs:$X/nixl_cu12.libs" python3 tests/nixl/test_nixl_ugds.py --vram
+}
+
+# ---------------------------------------------------------------------------------------------
 python_clients() {
   section "real clients: kvikio and cufile-python through the drop-in"
   local X=$DIR/pyext D=$P/lib/ugds-cufile
@@ -270,6 +292,7 @@ python_clients() {
   want python && python_clients
   want pyugds && pyugds
   want vllm && vllm_spec
+  want nixl && nixl_vram
 
   if want cuda; then
     section "Rust CUDA tests"

@@ -92,7 +92,7 @@ pub fn generate() -> Result<String> {
     let mut out = Vec::new();
     cbindgen::Builder::new()
         .with_config(cfg)
-        .with_src(root().join("userlib/src/capi/ugds_abi.rs"))
+        .with_src(root().join("c-abi/src/lib.rs"))
         .with_src(root().join("userlib/src/capi/types.rs"))
         .generate()
         .context("cbindgen")?
@@ -183,9 +183,9 @@ pub fn install(prefix: &Path) -> Result<()> {
     }
     let target = root().join("target/release");
     let version = env!("CARGO_PKG_VERSION");
-    install_versioned(&target.join("libugds.so"), &lib, "libugds.so", version)?;
+    install_versioned(&target.join("libugds_c.so"), &lib, "libugds.so", version)?;
     install_versioned(&target.join("libcufile_ugds.so"), &lib, "libcufile_ugds.so", version)?;
-    replace_file(&target.join("libugds.a"), &lib.join("libugds.a"))?;
+    replace_file(&target.join("libugds_c.a"), &lib.join("libugds.a"))?;
     // The fio engine: loaded by path (ioengine=external:PATH, or LD_PRELOAD), never linked.
     std::fs::create_dir_all(lib.join("fio")).context("creating lib/fio")?;
     replace_file(&target.join("libugds_fio.so"), &lib.join("fio/libugds_fio.so"))?;
@@ -322,13 +322,16 @@ pub fn check_install(prefix: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds libcufile_ugds.so, then libugds.so, in separate cargo runs: built together, cargo
-/// would unify the core's features and the drop-in would export uGDS's functions too (a
-/// process loading both libraries could then call the wrong copy). Checks the exports.
+/// Builds libcufile_ugds.so, libugds.so (the `ugds-c` crate's `libugds_c.so`), the fio engine
+/// and the NIXL plugin, each exporting its own face only (the `ugds` crate has no C symbols of
+/// its own). Checks the exports.
 pub fn build_libraries() -> Result<()> {
-    for pkg in ["ugds-cufile", "ugds", "ugds-fio", "ugds-nixl"] {
-        toolchain::run(Command::new("cargo").current_dir(root()).args(["build", "--release", "-p", pkg, "--lib"]))?;
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root()).args(["build", "--release", "--lib"]);
+    for pkg in ["ugds-cufile", "ugds-c", "ugds-fio", "ugds-nixl"] {
+        cmd.args(["-p", pkg]);
     }
+    toolchain::run(&mut cmd)?;
     let target = root().join("target/release");
     let exports = |f: &str| -> Result<Vec<String>> {
         let out = toolchain::output(Command::new("nm").args(["-D", "--defined-only"]).arg(target.join(f)))?;
@@ -342,8 +345,8 @@ pub fn build_libraries() -> Result<()> {
     if let Some(s) = shim.iter().find(|s| s.starts_with("uGDS") || s.starts_with("ugdsx")) {
         bail!("libcufile_ugds.so exports {s}: it must export cuFile's functions only");
     }
-    if !exports("libugds.so")?.iter().any(|s| s == "uGDSRead") {
-        bail!("libugds.so does not export uGDSRead");
+    if !exports("libugds_c.so")?.iter().any(|s| s == "uGDSRead") {
+        bail!("libugds_c.so (installed as libugds.so) does not export uGDSRead");
     }
     // fio takes the engine's ops from get_ioengine; uGDS's functions in fio's process would be
     // a second copy of the library's state.

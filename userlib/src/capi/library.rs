@@ -225,6 +225,13 @@ impl Library {
         self.handles.read().unwrap_or_else(|e| e.into_inner()).get(&h).cloned()
     }
 
+    /// The handle the batch `batch` was set up on (unknown values: `None`).
+    pub fn batch_handle(&self, batch: usize) -> Option<usize> {
+        let b = self.batches.get(batch)?;
+        let h = b.lock().unwrap_or_else(|e| e.into_inner()).handle;
+        Some(h)
+    }
+
     /// `HandleRegister` of a descriptor (validated by the face): opens the target and returns
     /// the new handle value.
     pub fn handle_register(&self, fd: c_int) -> CResult<usize> {

@@ -1,5 +1,6 @@
-//! The C faces. `libugds.so` exports uGDS's C API ([`ugds_abi`], header `include/ugds.h`);
-//! the cuFile drop-in (`cufile-shim/`) builds NVIDIA cuFile's API on the same core.
+//! The C faces' core. `libugds.so` (the `ugds-c` crate, `c-abi/`) exports uGDS's C API over
+//! it (header `include/ugds.h`); the cuFile drop-in (`cufile-shim/`) builds NVIDIA cuFile's API
+//! on the same core. Neither face's symbols are in this crate: a Rust program links none.
 //!
 //! The core ([`Library`]) holds one face's state: handles (each a never-reused record whose
 //! first `int` is the registered descriptor, looked up in a table, so a stale or forged value
@@ -18,13 +19,11 @@ mod rdma;
 mod slots;
 mod stream;
 pub mod types;
-#[cfg(feature = "c-abi")]
-pub mod ugds_abi;
 
 pub use batch::{timeout_of, Entry, Event, EventStatus, MAX_BATCH};
 pub use fail::{code_of, CResult, Fail};
 pub use handle::Handle;
 pub use library::{cuda, gpu_of, hip, Face, IoKind, IoObserver, Library};
 pub use options::FaceOptions;
-pub use stream::{key as stream_key, LateArgs};
+pub use stream::{key as stream_key, LateArgs, LateSegs};
 pub use types::*;

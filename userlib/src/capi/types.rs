@@ -1,5 +1,5 @@
 //! The C ABI's types, constants and error codes: uGDS's public header, name for name and value
-//! for value (`include/ugds.h` is generated from this file and `capi/ugds_abi.rs`).
+//! for value (`include/ugds.h` is generated from this file and `c-abi/src/lib.rs`).
 //!
 //! Structures the caller fills in are read through `Raw*` mirrors whose enum and `bool` fields
 //! are plain integers: a C caller may store any value there, and reading it as a Rust enum or
@@ -81,17 +81,6 @@ pub struct uGDSError {
 
 /// uGDS's name for [`uGDSError`].
 pub type uGDSError_t = uGDSError;
-
-// Used by the uGDS face (feature `c-abi`); a `pub const` would become a macro in ugds.h.
-#[cfg_attr(not(feature = "c-abi"), allow(dead_code))]
-impl uGDSError {
-    /// Success.
-    pub(crate) const OK: uGDSError = uGDSError { err: uGDSOpError::UGDS_SUCCESS, cu_err: 0 };
-    /// A status with no GPU driver code.
-    pub(crate) fn of(err: uGDSOpError) -> uGDSError {
-        uGDSError { err, cu_err: 0 }
-    }
-}
 
 /// What a descriptor's handle is.
 #[repr(C)]

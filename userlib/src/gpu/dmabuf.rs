@@ -86,7 +86,7 @@ impl Runtime for ExportedMemory {
 }
 
 /// The whole dma-buf behind `fd` as device memory (the fd is duplicated: the caller keeps its own).
-pub(crate) fn memory(fd: BorrowedFd<'_>) -> Result<Arc<GpuMemory>> {
+pub fn memory(fd: BorrowedFd<'_>) -> Result<Arc<GpuMemory>> {
     // A dma-buf's size is where seeking to its end lands.
     // SAFETY: a plain system call on a descriptor the caller lends.
     let end = unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_END) };

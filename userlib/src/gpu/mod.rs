@@ -10,7 +10,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-pub(crate) mod dmabuf;
+pub mod dmabuf;
 /// The CUDA backend is not built (feature `cuda` off): what the rest of the crate asks of it.
 #[cfg(not(feature = "cuda"))]
 pub mod cuda {

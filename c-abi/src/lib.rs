@@ -1,25 +1,37 @@
 //! `libugds.so`: uGDS's C API, function for function (uGDS's public header `include/ugds.h`,
 //! the version with vectored I/O and RDMA). Each function checks what uGDS checks, in uGDS's
-//! order, and calls the shared core ([`Library`] with [`Face::Ugds`]). Our extensions are named
-//! `ugdsx*`, so they can never collide with a uGDS function.
+//! order, and calls the shared core in the `ugds` crate ([`Library`] with [`Face::Ugds`]). Our
+//! extensions are named `ugdsx*`, so they can never collide with a uGDS function.
+//!
+//! A crate of its own, so that a Rust program using `ugds` links no C symbols and builds no
+//! C library: this one builds `libugds_c.so` and `libugds_c.a`, which `cargo xtask install-lib`
+//! installs as `libugds.so.0` (the SONAME this crate's build script gives it) and `libugds.a`.
 #![allow(non_snake_case)]
 
-use super::batch::{Entry, EventStatus};
-use super::library::{Face, Library};
-use super::stream::{key, LateArgs, LateSegs};
-use super::types::uGDSOpError::*;
-use super::types::*;
-use super::{CResult, Fail};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::os::fd::IntoRawFd;
 use std::sync::LazyLock;
+use ugds::capi::uGDSOpError::*;
+use ugds::capi::*;
+use ugds::capi::{stream_key as key, LateArgs, LateSegs};
+use ugds::capi::{CResult, Fail};
+use ugds::capi::{Entry, EventStatus};
+use ugds::capi::{Face, Library};
 
 /// The process's uGDS library state. Made on the first call, which also gives the library's
 /// diagnostics a sink on stderr (a C program installs no `log` logger of its own).
 static UGDS: LazyLock<Library> = LazyLock::new(|| {
-    crate::logging::log_to_stderr(log::LevelFilter::Warn);
+    ugds::logging::log_to_stderr(log::LevelFilter::Warn);
     Library::new(Face::Ugds)
 });
+
+/// Success.
+const OK: uGDSError = uGDSError { err: UGDS_SUCCESS, cu_err: 0 };
+
+/// A status with no GPU driver code.
+fn status_of(err: uGDSOpError) -> uGDSError {
+    uGDSError { err, cu_err: 0 }
+}
 
 fn lib() -> &'static Library {
     &UGDS
@@ -27,13 +39,13 @@ fn lib() -> &'static Library {
 
 fn status(r: CResult<()>) -> uGDSError_t {
     match r {
-        Ok(()) => uGDSError::OK,
+        Ok(()) => OK,
         Err(f) => f.status(),
     }
 }
 
 fn code(c: uGDSOpError) -> uGDSError_t {
-    uGDSError::of(c)
+    status_of(c)
 }
 
 /// Opens the library. Idempotent: opening again succeeds (no reference count).
@@ -74,7 +86,7 @@ pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut uGDSHandle_t, descr: *mut u
         Ok(h) => {
             // SAFETY: checked non-null.
             unsafe { *fh = h as uGDSHandle_t };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -106,7 +118,7 @@ pub unsafe extern "C" fn ugdsxHandleRegisterTarget(fh: *mut uGDSHandle_t, target
         Ok(h) => {
             // SAFETY: checked non-null.
             unsafe { *fh = h as uGDSHandle_t };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -149,7 +161,7 @@ pub unsafe extern "C" fn uGDSHandleRegisterNvmeofEx(fh: *mut uGDSHandle_t, fd: c
         Ok(h) => {
             // SAFETY: checked non-null.
             unsafe { *fh = h as uGDSHandle_t };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -185,7 +197,7 @@ pub unsafe extern "C" fn uGDSGetDeviceCapacity(fh: uGDSHandle_t, capacity_bytes:
         Ok(n) => {
             // SAFETY: checked non-null.
             unsafe { *capacity_bytes = n };
-            uGDSError::OK
+            OK
         }
         Err(e) => Fail::Lib(e).status(),
     }
@@ -211,7 +223,7 @@ pub unsafe extern "C" fn uGDSBufRegister(bufPtr_base: *const c_void, length: usi
     }
     if flags & NVM_MAP_DMABUF != 0 {
         // The HIP path: HIP memory, registered through its dma-buf where the storage takes one.
-        if super::library::hip().is_none() {
+        if ugds::capi::hip().is_none() {
             return code(UGDS_IO_NOT_SUPPORTED);
         }
         // SAFETY: forwarded.
@@ -225,19 +237,19 @@ pub unsafe extern "C" fn uGDSBufRegister(bufPtr_base: *const c_void, length: usi
 
 /// Registers with the GPU runtime decided by the pointer (CUDA, then HIP), or CUDA's (forced).
 unsafe fn register(base: usize, len: usize, force_cuda: bool, export: bool) -> CResult<()> {
-    let _caller = crate::gpu::cuda::CallerContext::keep();
+    let _caller = ugds::gpu::cuda::CallerContext::keep();
     if base == 0 || len == 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
     if force_cuda {
         // The context that owns the memory (any device), not the caller's.
-        let Some(cuda) = crate::gpu::cuda::gpu_of_pointer(base as u64).ok().flatten() else {
+        let Some(cuda) = ugds::gpu::cuda::gpu_of_pointer(base as u64).ok().flatten() else {
             return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID));
         };
         // SAFETY: forwarded from the caller.
         return unsafe { register_on_gpu(base, len, cuda, export) };
     }
-    let gpu = super::library::gpu_of(base);
+    let gpu = ugds::capi::gpu_of(base);
     // SAFETY: forwarded from the caller.
     unsafe { lib().buf_register(base, len, gpu, export) }
 }
@@ -248,7 +260,7 @@ unsafe fn register_on_hip(base: usize, len: usize, export: bool) -> CResult<()> 
     if base == 0 || len == 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
-    let Some(gpu) = crate::gpu::hip::gpu_of_pointer(base as u64).ok().flatten() else {
+    let Some(gpu) = ugds::gpu::hip::gpu_of_pointer(base as u64).ok().flatten() else {
         return Err(Fail::Code(UGDS_CUDA_MEMORY_TYPE_INVALID));
     };
     // SAFETY: forwarded from the caller.
@@ -257,7 +269,7 @@ unsafe fn register_on_hip(base: usize, len: usize, export: bool) -> CResult<()> 
 
 /// Registers memory that must be device memory of `gpu` (`UGDS_CUDA_MEMORY_TYPE_INVALID`, the
 /// memory-type error, when it is not).
-unsafe fn register_on_gpu(base: usize, len: usize, gpu: std::sync::Arc<crate::gpu::Gpu>, export: bool) -> CResult<()> {
+unsafe fn register_on_gpu(base: usize, len: usize, gpu: std::sync::Arc<ugds::gpu::Gpu>, export: bool) -> CResult<()> {
     if base == 0 || len == 0 {
         return Err(Fail::Code(UGDS_INVALID_VALUE));
     }
@@ -289,7 +301,7 @@ pub unsafe extern "C" fn ugdsxBufRegisterDmabuf(fd: c_int, bufPtr_base: *mut *mu
     }
     // SAFETY: the caller lends an open descriptor for the call; it is duplicated before use.
     let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let mem = match crate::gpu::dmabuf::memory(fd) {
+    let mem = match ugds::gpu::dmabuf::memory(fd) {
         Ok(m) => m,
         Err(e) => return Fail::Lib(e).status(),
     };
@@ -300,7 +312,7 @@ pub unsafe extern "C" fn ugdsxBufRegisterDmabuf(fd: c_int, bufPtr_base: *mut *mu
         Ok(()) => {
             // SAFETY: checked non-null; valid per the contract.
             unsafe { *bufPtr_base = base as *mut c_void };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -332,14 +344,14 @@ pub unsafe extern "C" fn uGDSBufRegisterEx(
             status(unsafe { register(bufPtr_base as usize, length, false, false) })
         }
         Some(uGDSBackend::UGDS_BACKEND_CUDA) => {
-            if super::library::cuda().is_none() {
+            if ugds::capi::cuda().is_none() {
                 return code(UGDS_PLATFORM_NOT_SUPPORTED);
             }
             // SAFETY: forwarded.
             status(unsafe { register(bufPtr_base as usize, length, true, export) })
         }
         Some(uGDSBackend::UGDS_BACKEND_HIP) => {
-            if super::library::hip().is_none() {
+            if ugds::capi::hip().is_none() {
                 return code(UGDS_PLATFORM_NOT_SUPPORTED);
             }
             // SAFETY: forwarded.
@@ -377,7 +389,7 @@ pub unsafe extern "C" fn uGDSExportDmabuf(bufPtr_base: *const c_void, out: *mut 
         Ok((fd, offset, length)) => {
             // SAFETY: checked non-null.
             unsafe { *out = uGDSDmabufExport { fd: fd.into_raw_fd(), offset, length } };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -407,7 +419,7 @@ pub unsafe extern "C" fn uGDSRDMARegister(
         Ok(r) => {
             // SAFETY: checked non-null.
             unsafe { *region = r };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -522,7 +534,7 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut uGDSBatchHandle_t, fh: uGD
         Ok(b) => {
             // SAFETY: checked non-null.
             unsafe { *batch = b as uGDSBatchHandle_t };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -530,9 +542,7 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut uGDSBatchHandle_t, fh: uGD
 
 /// The batch's handle, for its entries.
 fn batch_handle(batch: uGDSBatchHandle_t) -> Option<usize> {
-    let b = lib().batches.get(batch as usize)?;
-    let h = b.lock().unwrap_or_else(|e| e.into_inner()).handle;
-    Some(h)
+    lib().batch_handle(batch as usize)
 }
 
 /// Submits `nr` entries (`flags` is ignored, as in uGDS). An entry with a bad value (NULL
@@ -629,7 +639,7 @@ pub unsafe extern "C" fn uGDSBatchIOGetStatus(
     // SAFETY: checked non-null.
     let max = unsafe { *nr } as usize;
     // SAFETY: NULL or the caller's timespec.
-    let limit = unsafe { super::batch::timeout_of(timeout) };
+    let limit = unsafe { ugds::capi::timeout_of(timeout) };
     match lib().batch_status(batch as usize, min_nr as usize, max, limit) {
         Ok(evs) => {
             for (i, e) in evs.iter().enumerate() {
@@ -645,7 +655,7 @@ pub unsafe extern "C" fn uGDSBatchIOGetStatus(
             }
             // SAFETY: checked non-null.
             unsafe { *nr = evs.len() as c_uint };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -746,7 +756,7 @@ pub unsafe extern "C" fn uGDSWritevAsync(
 #[no_mangle]
 pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
     let _ = stream;
-    uGDSError::OK
+    OK
 }
 
 /// Registers a stream with its runtime: succeeds for `UGDS_BACKEND_CUDA`, and for
@@ -757,8 +767,8 @@ pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
 pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: BackendArg) -> uGDSError_t {
     let _ = stream;
     match backend.get() {
-        Some(uGDSBackend::UGDS_BACKEND_CUDA) => uGDSError::OK,
-        Some(uGDSBackend::UGDS_BACKEND_HIP) if super::library::hip().is_some() => uGDSError::OK,
+        Some(uGDSBackend::UGDS_BACKEND_CUDA) => OK,
+        Some(uGDSBackend::UGDS_BACKEND_HIP) if ugds::capi::hip().is_some() => OK,
         _ => code(UGDS_INVALID_VALUE),
     }
 }
@@ -768,7 +778,7 @@ pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: BackendArg)
 #[no_mangle]
 pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
     lib().stream_forget(key(stream));
-    uGDSError::OK
+    OK
 }
 
 /// (ugds extension) The message for a status code, or for a negative return value of a read
@@ -793,7 +803,7 @@ pub unsafe extern "C" fn ugdsxCpuStreamCreate(stream: *mut *mut c_void) -> uGDSE
         Ok(s) => {
             // SAFETY: checked non-null.
             unsafe { *stream = s as *mut c_void };
-            uGDSError::OK
+            OK
         }
         Err(f) => f.status(),
     }
@@ -831,7 +841,7 @@ pub unsafe extern "C" fn ugdsxCpuStreamLaunch(stream: *mut c_void, func: ugdsxHo
 #[no_mangle]
 pub extern "C" fn ugdsxCpuStreamSynchronize(stream: *mut c_void) -> uGDSError_t {
     match lib().cpu_stream(stream as usize) {
-        Ok(s) => status(crate::stream::Stream::synchronize(&*s).map_err(Fail::Lib)),
+        Ok(s) => status(ugds::stream::Stream::synchronize(&*s).map_err(Fail::Lib)),
         Err(f) => f.status(),
     }
 }
