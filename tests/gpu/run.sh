@@ -13,8 +13,9 @@
 #   pyugds    the ugds Python package (target/gpu/ugds-wheel) with torch/CuPy CUDA memory
 #   vllm      ugds.vllm, the vLLM offloading spec, with CUDA KV tensors (tests/gpu/vllm_offload_cuda.py;
 #             vLLM itself is not installed there: the spec runs on its stand-ins for vLLM's classes)
-#   nixl      the UGDS NIXL plugin with CUDA memory beside NIXL's POSIX plugin, through NIXL's
-#             Python API (tests/nixl/test_nixl_ugds.py --vram; nixl-cu12 from target/gpu/nixl)
+#   nixl      the UGDS NIXL plugin with CUDA memory beside NIXL's POSIX plugin (and, with
+#             NIXL_GDS_MT=1, its GDS_MT plugin), through NIXL's Python API
+#             (tests/nixl/test_nixl_ugds.py --vram; nixl-cu12 from target/gpu/nixl)
 #   base      machine facts and `ugds doctor`; cuda: the Rust CUDA tests; examples: the C
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
 #   smallio   `ugds bench-gpu --breakdown` (4K, 64K: disk, copy, sync vs poll) and `--depths`
@@ -229,8 +230,21 @@ nixl_vram() {
   run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$X" "$B"/nixl/nixl_cu12-*.whl || return
   ln -s "$P/lib/nixl/libplugin_UGDS.so" "$D/libplugin_UGDS.so"
   ln -s "$X/.nixl_cu12.mesonpy.libs/plugins/libplugin_POSIX.so" "$D/libplugin_POSIX.so"
-  T=300 run env PYTHONPATH="$X" NIXL_PLUGIN_DIR="$D" PYTHONUNBUFFERED=1 \
-    LD_LIBRARY_PATH="$X/.nixl_cu12.mesonpy.libs:$X/nixl_cu12.libs" python3 tests/nixl/test_nixl_ugds.py --vram
+  local libs="$X/.nixl_cu12.mesonpy.libs:$X/nixl_cu12.libs" gds=() gds_env=()
+  # NIXL's GDS_MT plugin beside ours (NIXL_GDS_MT=1): it is built for CUDA 12, so CUDA 12's
+  # runtime and NVIDIA's libcufile come from their wheels (nvidia-cuda-runtime-cu12,
+  # nvidia-cufile-cu12). NVIDIA's libcufile needs udev's record of the file's volume to register
+  # a file, which a machine without udev lacks (docs/nixl.md).
+  if [ "${NIXL_GDS_MT:-0}" = 1 ] && ls "$B"/nixl/nvidia_cuda_runtime_cu12-*.whl "$B"/nixl/nvidia_cufile_cu12-*.whl >/dev/null 2>&1; then
+    run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$X" \
+      "$B"/nixl/nvidia_cuda_runtime_cu12-*.whl "$B"/nixl/nvidia_cufile_cu12-*.whl &&
+      ln -s "$X/.nixl_cu12.mesonpy.libs/plugins/libplugin_GDS_MT.so" "$D/libplugin_GDS_MT.so" &&
+      libs="$libs:$X/nvidia/cuda_runtime/lib:$X/nvidia/cufile/lib" && gds=(--gds-mt)
+    # No nvidia-fs here: NVIDIA's libcufile serves GDS_MT in its compatibility mode.
+    [ ${#gds[@]} -gt 0 ] && gds_env=(CUFILE_FORCE_COMPAT_MODE=true)
+  fi
+  T=300 run env PYTHONPATH="$X" NIXL_PLUGIN_DIR="$D" PYTHONUNBUFFERED=1 CUFILE_ENV_PATH_JSON="$DIR/cufile-compat.json" \
+    LD_LIBRARY_PATH="$libs" "${gds_env[@]}" python3 tests/nixl/test_nixl_ugds.py --vram "${gds[@]}"
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ same file: data written through one backend is read back through the other, byte
 NIXL's errors for bad input. Needs NIXL_PLUGIN_DIR naming a folder with libplugin_UGDS.so and
 libplugin_POSIX.so (cargo xtask test makes one).
 
-GPU (`--vram`): CUDA memory (torch) against a file, read back through UGDS and through POSIX.
+GPU (`--vram`): CUDA memory (torch) against a file, read back through UGDS and through POSIX;
+with `--gds-mt`, NIXL's GDS_MT plugin (NVIDIA's libcufile) beside UGDS on the same file, each
+reading what the other wrote.
 
 VM (`--target SPEC ...`): each SPEC is any ugds target (a node /dev/ugds_drvN, a
 `stripe:...` spec, a volume descriptor file): UGDS writes and reads it back, the path NIXL's
@@ -335,6 +337,53 @@ def vram_suite(tmp):
     os.close(fd)
 
 
+def gds_mt_suite(tmp):
+    """NIXL's GDS_MT plugin (over NVIDIA's libcufile, in compatibility mode where the machine has
+    no GDS driver) beside UGDS on one file, CUDA memory on both sides: each reads what the other
+    wrote, byte for byte."""
+    import torch
+
+    size = 8 * MiB
+    n = 1 * MiB
+    path, fd0 = zero_file(tmp, "nixl-ugds-gds-mt.bin", size)
+    os.close(fd0)
+    # cuFile registers descriptors opened with O_DIRECT.
+    fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+    a = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+    b = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+    got = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    try:
+        ag = Agent("ugds-gds-mt", {"UGDS": {}, "GDS_MT": {}})
+        vram = [(t.data_ptr(), n, 0, "") for t in (a, b, got)]
+        ag.reg(vram, "VRAM", ["UGDS", "GDS_MT"])
+        ag.reg([(0, size, fd, "")], "FILE", ["UGDS", "GDS_MT"])
+    except Exception:
+        RESULTS["failed"] += 1
+        print("FAIL setting up GDS_MT beside UGDS", flush=True)
+        traceback.print_exc()
+        return
+
+    @test
+    def ugds_writes_gds_mt_reads(_):
+        ag.xfer("WRITE", [(a.data_ptr(), n, 0)], [(0, n, fd)], "UGDS", "VRAM")
+        got.zero_()
+        ag.xfer("READ", [(got.data_ptr(), n, 0)], [(0, n, fd)], "GDS_MT", "VRAM")
+        torch.cuda.synchronize()
+        assert torch.equal(a, got), "GDS_MT read other bytes than UGDS wrote"
+
+    @test
+    def gds_mt_writes_ugds_reads(_):
+        ag.xfer("WRITE", [(b.data_ptr(), n, 0)], [(2 * MiB, n, fd)], "GDS_MT", "VRAM")
+        got.zero_()
+        ag.xfer("READ", [(got.data_ptr(), n, 0)], [(2 * MiB, n, fd)], "UGDS", "VRAM")
+        torch.cuda.synchronize()
+        assert torch.equal(b, got), "UGDS read other bytes than GDS_MT wrote"
+
+    for t in (ugds_writes_gds_mt_reads, gds_mt_writes_ugds_reads):
+        t("cuda")
+    os.close(fd)
+
+
 # ---------------------------------------------------------------- VM: ugds targets
 
 
@@ -408,12 +457,15 @@ def main():
     p.add_argument("--target", action="append", default=[], help="a ugds target (VM mode)")
     p.add_argument("--nsid", type=int, default=1)
     p.add_argument("--vram", action="store_true", help="CUDA memory on a file (a GPU machine)")
+    p.add_argument("--gds-mt", action="store_true", help="with --vram: NIXL's GDS_MT plugin beside UGDS")
     args = p.parse_args()
     if args.target:
         vm_suite(args.target, args.nsid)
     elif args.vram:
         with tempfile.TemporaryDirectory(dir=os.environ.get("UGDS_TEST_DIR")) as tmp:
             vram_suite(tmp)
+            if args.gds_mt:
+                gds_mt_suite(tmp)
     else:
         with tempfile.TemporaryDirectory(dir=os.environ.get("UGDS_TEST_DIR")) as tmp:
             host_suite(tmp)
