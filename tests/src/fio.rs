@@ -4,7 +4,8 @@
 //! option, on a second namespace, on a striped volume (spec and descriptor file) and on a file;
 //! and fio's io_uring engine on the kernel's block device against the ugds engine on the same
 //! controller, each verifying what the other wrote. In the remote variant: the same
-//! verification on an `nvmeof://` URI, through our NVMe/TCP initiator to the kernel's nvmet.
+//! verification on `nvmeof://` URIs, through our NVMe/TCP and NVMe/RDMA initiators to the
+//! kernel's nvmet.
 
 use crate::kmod::bound_node;
 use crate::{ensure_that, namespace_block_device, nvme_controllers, xtask, Test};
@@ -28,6 +29,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "fio_verify_on_a_file", variant: V, run: file },
         Test { name: "fio_io_uring_and_ugds_engine_on_the_same_controller", variant: V, run: io_uring_vs_ugds },
         Test { name: "fio_verify_on_an_nvme_over_tcp_uri", variant: "remote", run: remote_uri },
+        Test { name: "fio_verify_on_an_nvme_over_rdma_uri", variant: "remote", run: rdma_uri },
     ]
 }
 
@@ -166,6 +168,17 @@ fn remote_uri() -> Result<()> {
     let uri = format!("nvmeof://tcp/127.0.0.1:4420/{}?nsid=1", crate::remote::NQN);
     let runs = verify_all(&uri.replace(':', "\\:"), 16 << 20, &[])?;
     ensure_that!(runs[0].text.contains("remote path (NVMe/TCP"), "no remote path line:\n{}", runs[0].text);
+    ensure_that!(runs[1].text.contains("iodepth 32"), "{}", runs[1].text);
+    Ok(())
+}
+
+/// The same over our NVMe/RDMA initiator, to the kernel's nvmet on soft-RoCE, with fio's jobs
+/// as threads: fio sizes the target in its parent process before forking a job, and the verbs
+/// contexts opened there are the parent's (a forked job's Fabrics Connect fails with EACCES).
+fn rdma_uri() -> Result<()> {
+    crate::remote_rdma::ensure_rdma_target()?;
+    let runs = verify_all(&crate::remote_rdma::uri(1).replace(':', "\\:"), 16 << 20, &["thread=1"])?;
+    ensure_that!(runs[0].text.contains("remote path (NVMe/RDMA"), "no remote path line:\n{}", runs[0].text);
     ensure_that!(runs[1].text.contains("iodepth 32"), "{}", runs[1].text);
     Ok(())
 }

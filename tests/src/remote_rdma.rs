@@ -41,12 +41,12 @@ pub fn tests() -> Vec<Test> {
     ]
 }
 
-fn uri(nsid: u32) -> String {
+pub(crate) fn uri(nsid: u32) -> String {
     format!("nvmeof://rdma/{ADDR}:4420/{NQN}?nsid={nsid}")
 }
 
 /// Soft-RoCE on `dummy0` and nvmet port 2 (RDMA) for [`NQN`], once per boot.
-fn ensure_rdma_target() -> Result<()> {
+pub(crate) fn ensure_rdma_target() -> Result<()> {
     ensure_target()?;
     if Path::new(&format!("{CONFIGFS}/ports/{PORT}/subsystems/{NQN}")).exists() {
         return Ok(());
