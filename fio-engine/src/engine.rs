@@ -150,6 +150,22 @@ fn creatable(name: &str) -> bool {
         && !p.exists()
 }
 
+/// Whether `name` is an NVMe/RDMA URI.
+pub(crate) fn is_rdma_uri(name: &str) -> bool {
+    name.starts_with("nvmeof://rdma/")
+}
+
+/// Why a job that fio runs as a process cannot reach an NVMe/RDMA target: fio sizes the target
+/// in its main process and then forks the job, and the RDMA device contexts rdma-core opened
+/// there do not work in a forked child (its Fabrics Connect fails with EACCES).
+pub(crate) fn rdma_needs_threads(name: &str) -> Error {
+    Error::Unsupported {
+        what: "an NVMe/RDMA target in a fio job that runs as a process",
+        why: format!("{name}: fio forks the job after sizing the target, and RDMA device contexts do not survive fork"),
+        fix: "add thread=1 to the job (fio then runs it as a thread of its main process)",
+    }
+}
+
 /// Opens `name` with the library's one target resolver. A missing regular file is created
 /// first at `create_len` bytes (fio lays out files it does not find; the engine does what fio
 /// would, since fio leaves files to engines that name their own targets).
@@ -445,6 +461,15 @@ mod tests {
             }
         }
         fn flush(&self) {}
+    }
+
+    #[test]
+    fn an_rdma_target_in_a_forked_job_is_refused_by_name() {
+        let uri = "nvmeof://rdma/10.0.0.1:4420/nqn.x?nsid=1";
+        assert!(is_rdma_uri(uri));
+        assert!(!is_rdma_uri("nvmeof://tcp/10.0.0.1:4420/nqn.x?nsid=1") && !is_rdma_uri("/dev/ugds_drv0"));
+        let e = rdma_needs_threads(uri).to_string();
+        assert!(e.contains(uri) && e.contains("add thread=1"), "{e}");
     }
 
     /// An entry that runs on the storage's worker threads (on a file: a read past the batch

@@ -291,6 +291,7 @@ unsafe fn open(td: *mut sys::thread_data, f: *mut sys::fio_file) -> c_int {
         Some(th) => th.open(fileno as usize, &name, len),
         // fio's main process sizes the files before the jobs start (create_serialize): open
         // with the job's options (its namespace), measure, close; the job opens its own.
+        None if t.o.use_thread == 0 && engine::is_rdma_uri(&name) => Err(engine::rdma_needs_threads(&name)),
         None => {
             // SAFETY: eo is null or fio's parsed options of this job (`option_struct_size`
             // bytes), allocated before any file is sized.

@@ -174,10 +174,14 @@ fn remote_uri() -> Result<()> {
 
 /// The same over our NVMe/RDMA initiator, to the kernel's nvmet on soft-RoCE, with fio's jobs
 /// as threads: fio sizes the target in its parent process before forking a job, and the verbs
-/// contexts opened there are the parent's (a forked job's Fabrics Connect fails with EACCES).
+/// contexts opened there are the parent's (a forked job's Fabrics Connect failed with EACCES);
+/// a job run as a process is refused by name before anything connects.
 fn rdma_uri() -> Result<()> {
     crate::remote_rdma::ensure_rdma_target()?;
-    let runs = verify_all(&crate::remote_rdma::uri(1).replace(':', "\\:"), 16 << 20, &["thread=1"])?;
+    let target = crate::remote_rdma::uri(1).replace(':', "\\:");
+    let forked = fio(&job(&target, 1 << 20, &["bs=4k", "rw=randwrite", "verify=crc32c"])?)?;
+    ensure_that!(!forked.ok && forked.text.contains("add thread=1"), "a forked job on RDMA:\n{}", forked.text);
+    let runs = verify_all(&target, 16 << 20, &["thread=1"])?;
     ensure_that!(runs[0].text.contains("remote path (NVMe/RDMA"), "no remote path line:\n{}", runs[0].text);
     ensure_that!(runs[1].text.contains("iodepth 32"), "{}", runs[1].text);
     Ok(())
