@@ -28,11 +28,6 @@ static UGDS: LazyLock<Library> = LazyLock::new(|| {
 /// Success.
 const OK: uGDSError = uGDSError { err: UGDS_SUCCESS, cu_err: 0 };
 
-/// A status with no GPU driver code.
-fn status_of(err: uGDSOpError) -> uGDSError {
-    uGDSError { err, cu_err: 0 }
-}
-
 fn lib() -> &'static Library {
     &UGDS
 }
@@ -44,8 +39,9 @@ fn status(r: CResult<()>) -> uGDSError_t {
     }
 }
 
-fn code(c: uGDSOpError) -> uGDSError_t {
-    status_of(c)
+/// A status with no GPU driver code.
+fn code(err: uGDSOpError) -> uGDSError_t {
+    uGDSError { err, cu_err: 0 }
 }
 
 /// Opens the library. Idempotent: opening again succeeds (no reference count).
