@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing ugds needs on a fresh Debian bookworm machine:
-# the Debian packages in ci/packages.txt, bindgen-cli (the version KERNEL_NOTES.md verified), and
+# the Debian packages in ci/packages.txt, bindgen-cli 0.73.0 (the version the
+# module's bindings were generated and checked with; docs/testing.md names it), and
 # for `cargo xtask fuzz` a nightly toolchain (minimal profile) and cargo-fuzz.
 # Idempotent and quiet when everything is present.
 set -euo pipefail

@@ -66,7 +66,7 @@ impl FileOps for Chardev {
         if inner.hw.is_none() {
             return Err(ENODEV);
         }
-        // One opener per controller for whoever asks for isolation (DESIGN.md: openers share
+        // One opener per controller for whoever asks for isolation (docs/design.md: openers share
         // one DMA trust domain).
         if inner.exclusive || (exclusive && inner.files.len() > 0) {
             return Err(EBUSY);

@@ -2,9 +2,9 @@
 //! and registrations of every open file, and the status page. One mutex guards it all: this is
 //! the control plane, where simplicity beats concurrency.
 //!
-//! Teardown order (DESIGN.md invariant 2): queue pairs are deleted through the admin queue (or
-//! the controller is disabled and RDY=0 observed) before any memory the SSD could write is
-//! unmapped, unpinned or freed.
+//! Teardown order (docs/design.md, memory invariant 2): queue pairs are deleted through the admin
+//! queue (or the controller is disabled and RDY=0 observed) before any memory the SSD could write
+//! is unmapped, unpinned or freed.
 
 use crate::admin::AdminQueue;
 use crate::ctrl::{self, ADMIN_TIMEOUT_MS};

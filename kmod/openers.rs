@@ -1,6 +1,6 @@
 //! Who has a controller open (`LIST_OPENERS`): each open file's opening process and what the file
 //! owns (queue pairs, registrations, pinned and dma-buf bytes), for `ugds status`. Any opener of
-//! the node may ask: every opener shares the controller's trust domain already (DESIGN.md).
+//! the node may ask: every opener shares the controller's trust domain already (docs/design.md).
 
 use crate::device::Controller;
 use crate::registry::Backing;

@@ -153,9 +153,9 @@ impl<T: Plain> CoherentAllocation<T> {
 
 impl<T: Plain> Drop for CoherentAllocation<T> {
     /// The device must have stopped using this memory (its queue deleted, or the controller
-    /// disabled with CSTS.RDY=0 observed: DESIGN.md invariant 2) and no user mapping of it may
-    /// remain. An owner that cannot confirm that must leak the allocation (`core::mem::forget`)
-    /// instead of dropping it.
+    /// disabled with CSTS.RDY=0 observed: docs/design.md, memory invariant 2) and no user mapping
+    /// of it may remain. An owner that cannot confirm that must leak the allocation
+    /// (`core::mem::forget`) instead of dropping it.
     fn drop(&mut self) {
         // SAFETY: by the invariant the allocation is live; freed exactly once, here.
         unsafe { bindings::dma_free_attrs(self.dev.as_device_ptr(), self.size, self.cpu.as_ptr().cast(), self.dma, 0) };

@@ -186,7 +186,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     }
     let xtask = std::env::current_exe()?;
     // Every variant runs as declared; then, unless `--quick`, the ones declared without an IOMMU
-    // run again with the guest IOMMU translating (DESIGN.md: the whole suite runs both ways).
+    // run again with the guest IOMMU translating (docs/testing.md: the whole suite runs both ways).
     let mut runs: Vec<(String, String, bool, Option<p2p::P2p>)> = Vec::new();
     for line in variants.lines() {
         let f: Vec<&str> = line.split('|').collect();

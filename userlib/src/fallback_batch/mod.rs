@@ -6,7 +6,7 @@
 //! write's copy to the host runs first, then the write. An entry is reported when its last step
 //! is done; `status` polls the copy queues and never blocks on them.
 //!
-//! Memory rules (DESIGN.md): every entry holds its buffer's lease until the kernel and its copy
+//! Memory rules (docs/design.md, memory invariants 1 and 2): every entry holds its buffer's lease until the kernel and its copy
 //! are done with the memory. When the ring must be given up with requests in it (an
 //! `io_uring_enter` error), an `InFlight` token keeps the ring, and one per entry keeps those
 //! entries' leases and staging memory, as on the synchronous path; when a copy queue fails,

@@ -10,7 +10,7 @@ const DELIMITERS: &[char] = &['`', '(', ')', '[', ']', '<', '>', '"', '\'', ',',
 /// Checks that every repository path the pages name exists: each word that begins with a
 /// top-level folder of the repository (`docs/install.md`, `userlib/src/buffer.rs`, `kmod/`),
 /// in prose and in code, relative to the root; each page named without a folder
-/// (`DESIGN.md`), beside the page, at the root or in docs/; and each Markdown link target,
+/// (`SECURITY.md`), beside the page, at the root or in docs/; and each Markdown link target,
 /// relative to its page. Words holding a wildcard or placeholder (`*`, `{`, `$`, `~`, `:`, `...`) are patterns,
 /// not paths, and `target/` (build output) is not checked.
 pub fn check_paths(root: &Path, docs: &[Doc]) -> Vec<Finding> {
@@ -68,7 +68,7 @@ fn repo_path<'a>(word: &'a str, top: &BTreeSet<String>) -> Option<&'a str> {
     (!pattern && top.contains(first)).then_some(w)
 }
 
-/// A page named without a folder (`DESIGN.md`): it must be beside the page naming it, at the
+/// A page named without a folder (`SECURITY.md`): it must be beside the page naming it, at the
 /// root or in docs/.
 fn page_name(word: &str) -> Option<&str> {
     let w = word.trim_end_matches(['.', ':', '!', '?']);
