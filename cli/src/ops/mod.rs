@@ -66,11 +66,11 @@ pub(crate) enum OpsCmd {
 /// Runs one operations subcommand.
 pub(crate) fn run(cmd: OpsCmd, json: bool) -> Res<()> {
     match cmd {
-        OpsCmd::Bind(Controllers { config: Some(c), .. }) => access::bind_config(&c),
-        OpsCmd::Unbind(Controllers { config: Some(c), .. }) => access::unbind_config(&c),
+        OpsCmd::Bind(Controllers { config: Some(c), .. }) => access::bind_config(&c, json),
+        OpsCmd::Unbind(Controllers { config: Some(c), .. }) => access::unbind_config(&c, json),
         OpsCmd::Bind(Controllers { targets, all, chunk, config: None }) => bind::bind(&targets, all, chunk, json),
         OpsCmd::Unbind(Controllers { targets, all, chunk, config: None }) => bind::unbind(&targets, all, chunk, json),
-        OpsCmd::Access { nodes, config } => access::access(&nodes, &config),
+        OpsCmd::Access { nodes, config } => access::access(&nodes, &config, json),
         OpsCmd::List => list::run(json),
         OpsCmd::Status { nodes, prometheus, prometheus_file } => {
             status::run(&nodes, json, prometheus, prometheus_file.as_deref())
