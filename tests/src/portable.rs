@@ -530,6 +530,52 @@ fn c_suite() -> Result<()> {
     Ok(())
 }
 
+/// A handle on `target` (a ugds node or a volume descriptor) keeps its descriptor's access mode,
+/// on both C faces, as a file's handle does: a write through an `O_RDONLY` descriptor and a read
+/// through an `O_WRONLY` one are refused (`UGDS_INVALID_FILE_OPEN_FLAG`) and move no data, and
+/// each descriptor's own direction works (the first block read, then written back unchanged).
+pub(crate) fn handles_keep_access_mode(target: &str) -> Result<()> {
+    use ugds::capi::{uGDSOpError::UGDS_INVALID_FILE_OPEN_FLAG, Face, Library};
+    let ro = std::fs::File::open(target)?;
+    let wo = std::fs::OpenOptions::new().write(true).open(target)?;
+    let junk = vec![0xa5u8; 4096];
+    let mut block = vec![0u8; 4096];
+    for face in [Face::CuFile, Face::Ugds] {
+        let lib: &'static Library = Box::leak(Box::new(Library::new(face)));
+        lib.driver_open().map_err(|e| anyhow::anyhow!("{face:?}: open: {e:?}"))?;
+        let register = |f: &std::fs::File| {
+            lib.handle_register(f.as_raw_fd()).map_err(|e| anyhow::anyhow!("{face:?}: register {target}: {e:?}"))
+        };
+        let (r, w) = (register(&ro)?, register(&wo)?);
+        // SAFETY: `junk` holds 4096 bytes; a refused write reads none of them.
+        let refused = unsafe { lib.rw(true, r, junk.as_ptr() as usize, 4096, 0, 0) };
+        ensure_that!(
+            refused.as_ref().is_err_and(|e| e.code() == UGDS_INVALID_FILE_OPEN_FLAG),
+            "{face:?}: a write through O_RDONLY on {target}: {refused:?}"
+        );
+        // SAFETY: `block` holds 4096 bytes.
+        let refused = unsafe { lib.rw(false, w, block.as_mut_ptr() as usize, 4096, 0, 0) };
+        ensure_that!(
+            refused.as_ref().is_err_and(|e| e.code() == UGDS_INVALID_FILE_OPEN_FLAG),
+            "{face:?}: a read through O_WRONLY on {target}: {refused:?}"
+        );
+        if face == Face::CuFile {
+            // cuFile stages any host memory: the allowed directions move data.
+            // SAFETY: `block` holds 4096 bytes.
+            let n = unsafe { lib.rw(false, r, block.as_mut_ptr() as usize, 4096, 0, 0) };
+            ensure_that!(n.as_ref().is_ok_and(|n| *n == 4096), "read through O_RDONLY on {target}: {n:?}");
+            ensure_that!(block != junk, "{target}: the refused write reached the device");
+            // SAFETY: `block` holds 4096 bytes.
+            let n = unsafe { lib.rw(true, w, block.as_ptr() as usize, 4096, 0, 0) };
+            ensure_that!(n.as_ref().is_ok_and(|n| *n == 4096), "write through O_WRONLY on {target}: {n:?}");
+        }
+        for h in [r, w] {
+            lib.handle_deregister(h, -1).map_err(|e| anyhow::anyhow!("{face:?}: deregister: {e:?}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// The cuFile face on a ugds node (both block sizes): unaligned reads, and unaligned writes
 /// that read-modify-write their edge blocks on the namespace, from unaligned memory and from
 /// concurrent threads sharing blocks; the kernel driver then reads exactly the model's bytes.
@@ -580,6 +626,7 @@ fn cufile_direct() -> Result<()> {
         ensure_that!(n.as_ref().is_ok_and(|n| *n == 300_001), "unaligned read: {n:?}");
         ensure_that!(back[..] == model[5..300_006], "{node}: an unaligned read differs from the model");
         lib.handle_deregister(h, -1).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        handles_keep_access_mode(&node)?;
         drop(f);
         let blk = unbind(idx)?;
         ensure_that!(direct_read(&blk, 0, 1 << 20)? == model, "{blk}: the kernel reads other bytes than the model");

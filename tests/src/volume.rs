@@ -250,6 +250,7 @@ fn descriptor_faces() -> Result<()> {
     let check = again.alloc_host(span)?;
     again.read(&check, 0, base, span as u64)?;
     ensure_that!(*check.host_view()? == model[..], "the volume holds other bytes than cuFile wrote");
+    crate::portable::handles_keep_access_mode(desc)?;
     ensure_that!(std::fs::read(desc)? == text, "the descriptor file changed");
     std::fs::remove_file(desc)?;
     Ok(())

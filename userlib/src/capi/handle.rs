@@ -48,9 +48,11 @@ pub struct Handle {
     edges_freed: std::sync::Condvar,
 }
 
-/// The directions of I/O a handle allows: a file or block device's descriptor's access mode
-/// (`O_RDONLY`, `O_WRONLY`, `O_RDWR`), as cuFile keeps it; both for a ugds node, a volume and a
-/// target the library opened by name (their descriptors name a controller, not the data).
+/// The directions of I/O a handle allows: its descriptor's access mode (`O_RDONLY`, `O_WRONLY`,
+/// `O_RDWR`), as cuFile keeps it, whatever the descriptor names (a file, a block device, a ugds
+/// node, a volume descriptor, a fabrics namespace): one rule, so a read-only descriptor never
+/// gives a handle that writes. Both for a target the library opened by name (no descriptor of
+/// the caller's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
     /// Reads are allowed.
@@ -145,27 +147,20 @@ impl std::fmt::Debug for Handle {
 /// (`*.ugds-volume`, by the name the caller opened) takes the direct path, a namespace of the
 /// kernel's NVMe over Fabrics initiator our own initiator where it can; a regular file or block
 /// device the fallback path, through a descriptor of our own opened with O_DIRECT (so a file
-/// the caller opened without it still bypasses the page cache) and the caller's access mode,
-/// which the handle keeps.
+/// the caller opened without it still bypasses the page cache) and the caller's access mode.
+/// Every handle keeps the caller's access mode ([`Access`]).
 pub(super) fn open_fd(fd: c_int, opts: &super::FaceOptions) -> CResult<(Arc<Storage>, Access)> {
     let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
     let path = link.to_string_lossy().into_owned();
-    // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(Fail::Code(UGDS_INVALID_VALUE));
-    }
+    let flags = status_flags(fd)?;
     let access = Access::of_mode(flags);
     // A volume descriptor goes by the name the caller opened (less " (deleted)" once unlinked),
     // and is read through the caller's descriptor: the handle's I/O goes to the volume, never
     // to the file's bytes.
     let name = descriptor_name(fd, &path);
     let target = Target::resolve(name, &format!("/proc/self/fd/{fd}"), 1)?;
-    // Nodes and volumes are the library's own devices, open for both directions (as uGDS
-    // opens them); a fabrics namespace keeps the caller's mode, as its block device would.
-    let both = matches!(target, Target::Node | Target::Volume(_));
     if let Some(st) = target.open(&path, 1, &opts.device)? {
-        return Ok((st, if both { Access::BOTH } else { access }));
+        return Ok((st, access));
     }
     if !opts.fallback {
         // A file or block device takes the fallback path, which the face's configuration
@@ -180,6 +175,17 @@ pub(super) fn open_fd(fd: c_int, opts: &super::FaceOptions) -> CResult<(Arc<Stor
         Err(Error::InvalidArgument { .. }) => Err(Fail::Code(UGDS_INVALID_FILE_TYPE)),
         Err(e) => Err(Fail::Lib(e)),
     }
+}
+
+/// The caller's descriptor's status flags (`F_GETFL`: access mode, `O_DIRECT`); an invalid
+/// descriptor is `UGDS_INVALID_VALUE`.
+pub(super) fn status_flags(fd: c_int) -> CResult<c_int> {
+    // SAFETY: F_GETFL on a descriptor the caller owns (an invalid one returns -1).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Fail::Code(UGDS_INVALID_VALUE));
+    }
+    Ok(flags)
 }
 
 /// The name of the file behind `fd`, whose /proc link reads `link`: the link, less the

@@ -3,7 +3,7 @@
 //! (the differences are listed on [`Face`]). Every function returns a typed [`Fail`] that each
 //! face turns into its own codes.
 
-use super::handle::{new_handle_value, open_fd, Access};
+use super::handle::{new_handle_value, open_fd, status_flags, Access};
 use super::slots::Slots;
 use super::types::uGDSOpError::*;
 use super::{CResult, Fail, Handle};
@@ -272,7 +272,8 @@ impl Library {
     /// goes through our own controller on the same subsystem (read from sysfs, see
     /// [`crate::remote`]); when that controller cannot be connected, through the kernel's block
     /// device behind `fd` (the fallback path, as uGDS's host bounce). Any other descriptor is
-    /// `UGDS_INVALID_FILE_TYPE`, a closed one `UGDS_INVALID_VALUE`. `*(int *)fh` is `fd`.
+    /// `UGDS_INVALID_FILE_TYPE`, a closed one `UGDS_INVALID_VALUE`. `*(int *)fh` is `fd`; the
+    /// handle keeps `fd`'s access mode, as every handle of a descriptor does.
     pub fn handle_register_nvmeof(&self, fd: c_int) -> CResult<usize> {
         self.require_open()?;
         let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| Fail::Code(UGDS_INVALID_VALUE))?;
@@ -280,8 +281,9 @@ impl Library {
         if !crate::remote::sysfs::is_kernel_fabrics_namespace(&path) {
             return Err(Fail::Code(UGDS_INVALID_FILE_TYPE));
         }
+        let access = Access::of_mode(status_flags(fd)?);
         let storage = Storage::open(&path)?;
-        Ok(self.insert_handle(storage, fd, Access::BOTH))
+        Ok(self.insert_handle(storage, fd, access))
     }
 
     /// Makes a handle for an opened target and registers the existing buffers on it.
