@@ -74,7 +74,7 @@ impl VolumeSpec {
             .strip_prefix("stripe:")
             .ok_or_else(|| Error::invalid("volume", format!("{s:?} does not start with \"stripe:\"")))?;
         let (chunk, list) = match rest.split_once(':') {
-            Some((c, l)) if !c.starts_with('/') => (parse_size(c)?, l),
+            Some((c, l)) if !c.starts_with('/') => (parse_chunk(c)?, l),
             _ => (DEFAULT_CHUNK, rest),
         };
         let members: Vec<String> = list.split(',').filter(|m| !m.is_empty()).map(str::to_string).collect();
@@ -219,18 +219,10 @@ impl VolumeSpec {
     }
 }
 
-/// Parses `4096`, `128K`, `1M`, `2G` (binary units).
-fn parse_size(s: &str) -> Result<u64> {
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
-        .ok_or_else(|| Error::invalid("chunk", format!("{s:?} is not a size (e.g. 128K)")))
+/// A spec's chunk size (`4096`, `128K`, `1M`), parsed as every size is ([`crate::units::parse`]);
+/// an unparsable one is refused as the argument `chunk`.
+fn parse_chunk(s: &str) -> Result<u64> {
+    crate::units::parse(s).map_err(|why| Error::invalid("chunk", format!("{why} (e.g. 128K)")))
 }
 
 /// A striped volume as a [`DataPath`].
@@ -453,6 +445,14 @@ mod tests {
         };
         assert_eq!(e("stripe:3000:/dev/a"), "chunk");
         assert_eq!(e("stripe:1K:/dev/a"), "chunk");
+        assert_eq!(VolumeSpec::parse("stripe:1m:/dev/a").unwrap().chunk, 1 << 20);
+        // An unparsable chunk is named, with the size parser's reason.
+        let reason = |s: &str| match VolumeSpec::parse(s) {
+            Err(Error::InvalidArgument { arg: "chunk", reason }) => reason,
+            other => panic!("{s}: {other:?}"),
+        };
+        assert!(reason("stripe:12Q:/dev/a").contains("bad size \"12Q\""));
+        assert!(reason("stripe:99999999999999G:/dev/a").contains("overflows"));
         assert_eq!(e("stripe:"), "volume");
         assert_eq!(e("stripe:/dev/a,/dev/a"), "volume");
         assert_eq!(e("/dev/a"), "volume");
