@@ -1,6 +1,7 @@
 #![deny(missing_docs)]
 //! Keeps the docs true: the command lines, flags and repository paths that README.md and the
-//! docs name, and the README's figures, are checked against the code and the recorded files.
+//! docs name, and the README's figures, are checked against the code and the recorded files;
+//! and the docs carry no work-tracking labels (issue numbers, session words, branch names).
 //!
 //! The command trees come from clap itself (`clap::CommandFactory::command()` of the CLI and of
 //! xtask), so a flag renamed in the code fails the check of every page that still names the
@@ -12,11 +13,13 @@ use std::path::{Path, PathBuf};
 
 mod commands;
 mod figures;
+mod labels;
 mod markdown;
 mod paths;
 
 pub use commands::check_commands;
 pub use figures::check_figures;
+pub use labels::{check_labels, load_for_labels};
 pub use paths::check_paths;
 
 /// One Markdown page of the docs.
@@ -68,6 +71,13 @@ pub enum Problem {
         figure: String,
         /// The recorded files named beside it.
         files: String,
+    },
+    /// A work-tracking label (an issue number, a session word, a branch name): it means
+    /// nothing to a reader, so the page says what the thing is instead.
+    #[error("names {label}: say what it is instead (no issue numbers, session words or branch names)")]
+    TrackingLabel {
+        /// The label as written (`issue 17`, `#27`, `this session`, `branch fio`).
+        label: String,
     },
     /// A README figure with no recorded file (`docs/bench/...`, `docs/gpu/...`) named beside
     /// it: in its table row or the paragraph before the table, its paragraph or its list item.
@@ -137,16 +147,26 @@ pub fn report(findings: &[Finding]) -> String {
     findings.iter().map(|f| format!("\n  {f}")).collect()
 }
 
+/// The pages outside docs/ that the checks read, where they exist.
+const ROOT_PAGES: [&str; 5] = ["README.md", "SECURITY.md", "CHANGELOG.md", "kmod/README.md", "python/README.md"];
+
 /// The pages under the check: README.md and the other Markdown pages at the root, the crates'
 /// READMEs, and docs/**/*.md except the recorded files (docs/bench and docs/gpu hold recorded
 /// output; only their README.md, which describes it, is a page).
 pub fn load(root: &Path) -> Result<Vec<Doc>, Error> {
     let mut rel: Vec<PathBuf> = Vec::new();
-    for name in ["README.md", "SECURITY.md", "CHANGELOG.md", "kmod/README.md", "python/README.md"] {
+    for name in ROOT_PAGES {
         if root.join(name).is_file() {
             rel.push(name.into());
         }
     }
+    rel.extend(docs_files(root, |p| p.extension().is_some_and(|x| x == "md") && !is_recorded(p))?);
+    rel.into_iter().map(|p| Ok(Doc { text: read(&root.join(&p))?, path: p })).collect()
+}
+
+/// The files under docs/ (relative to the root) that `keep` takes, sorted.
+fn docs_files(root: &Path, keep: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>, Error> {
+    let mut out = Vec::new();
     let mut stack = vec![PathBuf::from("docs")];
     while let Some(dir) = stack.pop() {
         let entries =
@@ -156,13 +176,13 @@ pub fn load(root: &Path) -> Result<Vec<Doc>, Error> {
             let p = dir.join(e.file_name());
             if root.join(&p).is_dir() {
                 stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "md") && !is_recorded(&p) {
-                rel.push(p);
+            } else if keep(&p) {
+                out.push(p);
             }
         }
     }
-    rel.sort();
-    rel.into_iter().map(|p| Ok(Doc { text: read(&root.join(&p))?, path: p })).collect()
+    out.sort();
+    Ok(out)
 }
 
 /// Whether a path under docs/ is a recorded file (output of a run) rather than a page.
