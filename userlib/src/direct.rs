@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{GpuMemory, STAGING_CHUNK};
 use crate::inflight::{settle, IoResult};
 use crate::mem::HostMemory;
-use crate::staging::staged;
+use crate::staging_pipeline::staged;
 use std::sync::Arc;
 
 /// A namespace of an open device.

@@ -12,7 +12,7 @@ use crate::fork::Born;
 use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
 use crate::inflight::{settle, Failed, InFlight, IoResult, Why};
-use crate::staging::staged;
+use crate::staging_pipeline::staged;
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;
 use std::fs::File;

@@ -45,13 +45,13 @@ pub mod pattern;
 pub mod placement;
 pub(crate) mod prp;
 pub(crate) mod queue;
+mod queue_batch;
 pub mod remote;
 pub(crate) mod ring;
 pub(crate) mod sgl;
-mod staging;
+mod staging_pipeline;
 pub mod storage;
 pub mod storage_batch;
-pub mod stream;
 pub mod stream_io;
 pub(crate) mod sys;
 pub mod sysfs;
@@ -85,12 +85,15 @@ pub use device::{DataPointers, Device, DeviceOptions, Namespace};
 pub use error::{Error, Rejection, Result};
 #[cfg(feature = "fallback")]
 pub use fallback::FileTarget;
+/// The stream abstraction ([`gpu::stream`], beside the runtimes that implement it), kept at
+/// `ugds::stream` too for code that names it there.
+pub use gpu::stream;
+pub use gpu::stream::{CpuStream, Stream};
 pub use gpu::{Gpu, GpuMemory};
 pub use inflight::kept as in_flight_kept;
 pub use queue::Waiting;
 pub use storage::{OwnedQueue, PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};
-pub use stream::{CpuStream, Stream};
 pub use stream_io::{AsyncArgs, AsyncOp, AsyncParams, StreamIo};
 pub use ugds_uapi as uapi;
 pub use volume::VolumeSpec;

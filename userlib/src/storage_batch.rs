@@ -10,12 +10,13 @@
 //! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping
 //! the batch waits for its entries.
 
-use crate::batch::{Entry, IoEvent, IoStatus, Op, QueueBatch};
+use crate::batch::{Entry, IoEvent, IoStatus, Op};
 use crate::buffer::{Buffer, Lease, Path};
 use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback_batch::RingBatch;
 use crate::fork::Born;
+use crate::queue_batch::QueueBatch;
 use crate::storage::Storage;
 use crate::volume_batch::VolumeQueueBatch;
 use std::sync::atomic::{AtomicBool, Ordering};

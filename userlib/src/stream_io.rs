@@ -21,9 +21,9 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback_batch::RingBatch;
+use crate::gpu::stream::{CompletionWord, Stream};
 use crate::inflight::{InFlight, Why};
 use crate::storage::Storage;
-use crate::stream::{CompletionWord, Stream};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -6,9 +6,10 @@
 //! the storage's worker threads (the volume's largest command is its chunk), each run as one
 //! synchronous request over every member at once.
 
-use crate::batch::{Entry, IoEvent, IoStatus, QueueBatch};
+use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::{Lease, Path};
 use crate::error::{Error, Result};
+use crate::queue_batch::QueueBatch;
 use crate::volume::{pieces, VolumePath};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -22,12 +22,12 @@ use crate::inflight::{InFlight, Why};
 use crate::mem::HostMemory;
 use crate::storage::Storage;
 use io_uring::{opcode, types, IoUring};
-use staging::{Stage, Staging};
+use staging_slots::{Stage, Staging};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-mod staging;
+mod staging_slots;
 #[cfg(test)]
 mod tests;
 

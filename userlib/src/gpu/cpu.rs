@@ -1,9 +1,9 @@
 //! A runtime whose device memory is host memory: memfd-backed, so that its dma-buf export is a
 //! real one (udmabuf) and registration takes the same path as GPU memory. Copies are memcpy.
 
+use super::stream::{CpuStream, Stream};
 use super::{CopyQueue, Runtime, Vendor};
 use crate::error::{Error, Result};
-use crate::stream::{CpuStream, Stream};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};

@@ -1,9 +1,9 @@
 //! CUDA through the driver API, loaded at run time (cudarc's dynamic loading): the crate builds
 //! and runs without CUDA, and says so clearly when asked for a GPU that is not there.
 
+use super::stream::{CompletionWord, HostFn, Stream};
 use super::{CopyQueue, Runtime, ToDevice, Vendor};
 use crate::error::{Error, Result};
-use crate::stream::{CompletionWord, HostFn, Stream};
 use cudarc::driver::sys as cu;
 use std::ffi::c_void;
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -3,9 +3,9 @@
 //! peer. The CPU and copy engines have no way in (no mapping is asked of the exporter), so
 //! there is no staging: where the kernel refuses peer-to-peer, registration fails by name.
 
+use super::stream::{CpuStream, Stream};
 use super::{CopyQueue, Gpu, GpuMemory, Runtime, Vendor};
 use crate::error::{Error, Result};
-use crate::stream::{CpuStream, Stream};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 

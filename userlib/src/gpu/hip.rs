@@ -50,10 +50,10 @@
 //! as any memory object), and whether the amdgpu kernel driver exports VRAM dma-bufs that an
 //! NVMe device can map peer-to-peer.
 
+use super::stream::{CompletionWord, HostFn, Stream};
 use super::{CopyQueue, Gpu, Runtime, Vendor};
 use crate::dl::Library;
 use crate::error::{Error, Result};
-use crate::stream::{CompletionWord, HostFn, Stream};
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::AtomicU32;

@@ -1,5 +1,5 @@
 //! GPU runtimes behind one trait: device memory, pinned host memory, asynchronous copies,
-//! dma-buf export and ordered streams.
+//! dma-buf export and ordered streams ([`stream`]).
 //!
 //! [`cuda`] loads the CUDA driver at run time (cudarc's dynamic loading), so everything builds
 //! and the host tests run without CUDA. [`hip`] loads AMD's HIP runtime (`libamdhip64.so`) at
@@ -35,12 +35,13 @@ pub mod cuda {
     }
 }
 pub mod hip;
+pub mod stream;
 
 use crate::error::{Error, Result};
 use crate::inflight::{Failed, InFlight, IoResult, Why};
-use crate::stream::Stream;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
+use stream::Stream;
 
 /// Which runtime a [`Gpu`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

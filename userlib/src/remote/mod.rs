@@ -35,6 +35,7 @@ use crate::data_path::{within_capacity, DataPath, Registered};
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::inflight::{settle, IoResult};
+use crate::staging_pipeline::staged;
 use fabrics::{Controller, NsInfo};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -332,7 +333,7 @@ impl DataPath for RemotePath {
                 let fd = g.export_dmabuf()?;
                 self.rw_dmabuf(write, fd.as_fd(), buf_offset, len, file_offset).map_err(Into::into)
             }
-            Mem::Gpu(g) => crate::staging::staged(g.gpu(), write, g.device_ptr() + buf_offset, n, None, |p, k, at| {
+            Mem::Gpu(g) => staged(g.gpu(), write, g.device_ptr() + buf_offset, n, None, |p, k, at| {
                 // SAFETY: `staged` hands us one of its staging chunks, `k` bytes long, which no
                 // copy uses until this call returns.
                 let s = unsafe {

@@ -1,0 +1,315 @@
+//! A batch on a queue pair of its own (the direct path's native batch, under
+//! [`crate::StorageBatch`]): many commands submitted with one doorbell write, completions
+//! collected later as per-entry events ([`crate::batch`]'s types).
+//!
+//! Entries arrive checked by [`crate::Storage`] and each holds an I/O lease on its buffer until
+//! its command is over, so the buffer's memory stays registered and out of the CPU's reach while
+//! the SSD may use it. The queue pair is created at [`QueueBatch::new`], so a burst never sits
+//! in front of the device's synchronous queues. Dropping a batch waits for its commands
+//! (resetting the controller if they do not finish); when even the reset fails, their leases are
+//! kept for good.
+
+use crate::batch::{Entry, IoEvent, IoStatus, Op};
+use crate::buffer::{Buffer, Lease, Path};
+use crate::cmd::{self, Command};
+use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
+use crate::error::{Error, Result};
+use crate::inflight::{InFlight, Why};
+use crate::queue::{QueuePair, Waiter};
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds_uapi::Status;
+
+struct Slot {
+    cookie: u64,
+    len: u64,
+    path: Path,
+    write: bool,
+    slba: u64,
+    nlb: u32,
+    buf_offset: u64,
+    cid: u16,
+    status: Option<Status>,
+    /// Held until the command is over.
+    lease: Option<Lease<Arc<Buffer>>>,
+    reported: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // A slot dropped with its lease still held names a command that was submitted and
+        // never seen to finish (an error cut the batch short): the SSD may still use the
+        // memory, so a token keeps the lease for good.
+        if let Some(l) = self.lease.take() {
+            InFlight::new(Why::Command).holding(l).keep();
+        }
+    }
+}
+
+/// A reusable batch with its own queue pair, on one namespace.
+pub(crate) struct QueueBatch {
+    dev: Arc<Inner>,
+    ns: Namespace,
+    /// Leaked in a child forked after the batch was made: its mappings are the parent's.
+    qp: ManuallyDrop<QueuePair>,
+    capacity: usize,
+    pending: Vec<Slot>,
+    ready: Vec<IoEvent>,
+    cids: Vec<u16>,
+    done: Vec<Option<Status>>,
+    timeout: Duration,
+    /// Which of a buffer's registrations (one per volume member) this batch's controller uses.
+    member: usize,
+}
+
+impl std::fmt::Debug for QueueBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QueueBatch(qid {}, {} pending)", self.qp.qid(), self.pending.len())
+    }
+}
+
+impl QueueBatch {
+    /// Creates a batch of up to `capacity` entries in flight on `ns`, with its own queue pair.
+    pub(crate) fn new(dev: &Device, ns: &Namespace, capacity: usize) -> Result<Self> {
+        Self::on_member(dev, ns, capacity, 0)
+    }
+
+    /// [`QueueBatch::new`] for member `member` of a volume: its commands name the buffers'
+    /// registrations on that member's controller.
+    pub(crate) fn on_member(dev: &Device, ns: &Namespace, capacity: usize, member: usize) -> Result<Self> {
+        let inner = dev.inner.clone();
+        inner.born.check("device")?;
+        let depth = (capacity + 1).max(2) as u32;
+        if depth > inner.info.max_queue_entries {
+            return Err(Error::invalid("capacity", format!("at most {}", inner.info.max_queue_entries - 1)));
+        }
+        let epoch = inner.status.state().epoch();
+        let qp = create_queue_pair(&inner.fd, depth, inner.wait, &inner.doorbells, epoch, inner.dptr)?;
+        let timeout = inner.timeout;
+        Ok(QueueBatch {
+            dev: inner,
+            ns: ns.clone(),
+            qp: ManuallyDrop::new(qp),
+            capacity,
+            pending: Vec::with_capacity(capacity),
+            ready: Vec::with_capacity(capacity),
+            cids: Vec::with_capacity(capacity),
+            done: Vec::with_capacity(capacity),
+            timeout,
+            member,
+        })
+    }
+
+    /// Entries in flight.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.pending.iter().filter(|s| s.status.is_none()).count()
+    }
+
+    /// Submits checked entries with one doorbell write. An entry the queue cannot carry as one
+    /// command becomes an `Invalid` event; the rest run. Fails as a whole only when the batch
+    /// has no room or the device refuses the submission.
+    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+        if self.in_flight() + entries.len() > self.capacity {
+            return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", entries.len())));
+        }
+        let first = self.pending.len();
+        for e in entries {
+            let cmd = self.ns.one_command(e.dev_offset, e.len).and_then(|c| {
+                match e.lease.buffer().registration_on(self.member) {
+                    Some(r) => r.alive().map(|()| c),
+                    None => Err(Error::invalid("buf", "not registered with the controller")),
+                }
+            });
+            match cmd {
+                Ok((slba, nlb)) => self.pending.push(Slot {
+                    cookie: e.cookie,
+                    len: e.len,
+                    path: e.lease.buffer().path(),
+                    write: e.op == Op::Write,
+                    slba,
+                    nlb,
+                    buf_offset: e.buf_offset,
+                    cid: 0,
+                    status: None,
+                    lease: Some(e.lease),
+                    reported: false,
+                }),
+                Err(err) => {
+                    self.ready.push(IoEvent { cookie: e.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(err) })
+                }
+            }
+        }
+        let new = &self.pending[first..];
+        if new.is_empty() {
+            return Ok(());
+        }
+        let cmds: Result<Vec<Command<'_>>> = new
+            .iter()
+            .map(|s| {
+                let reg = s
+                    .lease
+                    .as_ref()
+                    .and_then(|l| l.buffer().registration_on(self.member))
+                    .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
+                // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the
+                // command is over (kept for good when that cannot be confirmed), so the
+                // registration stays and the CPU keeps out; `one_command` made `len` exactly
+                // `nlb` blocks.
+                let data = unsafe { reg.range(s.buf_offset, s.len) }?;
+                Ok(if s.write {
+                    cmd::Write::new(s.slba, s.nlb, data).build()
+                } else {
+                    cmd::Read::new(s.slba, s.nlb, data).build()
+                })
+            })
+            .collect();
+        // One revoked in between (checked above): nothing of this burst is submitted.
+        let submitted = cmds.and_then(|cmds| {
+            let mut cids = vec![0u16; cmds.len()];
+            // The batch owns its queue pair: the single-owner calls take no lock.
+            self.qp.submit_owned(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut cids).map(|_| cids)
+        });
+        let cids = match submitted {
+            Ok(c) => c,
+            Err(e) => {
+                // Nothing was submitted: the leases go back.
+                for s in &mut self.pending[first..] {
+                    s.lease = None;
+                }
+                self.pending.truncate(first);
+                return Err(e);
+            }
+        };
+        for (s, c) in self.pending[first..].iter_mut().zip(cids) {
+            s.cid = c;
+        }
+        Ok(())
+    }
+
+    fn collect_once(&mut self) -> Result<()> {
+        self.cids.clear();
+        self.done.clear();
+        for s in self.pending.iter().filter(|s| s.status.is_none()) {
+            self.cids.push(s.cid);
+            self.done.push(None);
+        }
+        if self.cids.is_empty() {
+            return Ok(());
+        }
+        match self.qp.collect_owned(&self.cids, &self.dev.status, &mut self.done) {
+            Ok(_) => {}
+            Err(Error::EpochChanged { old, new }) => {
+                // The controller was reset: it stopped, and every command still pending here
+                // was lost. Fail them (their command ids will be reused) and release their
+                // memory.
+                for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
+                    s.lease = None;
+                    s.reported = true;
+                    let error = Some(Error::EpochChanged { old, new });
+                    self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
+                }
+                self.pending.retain(|s| !s.reported);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        for (s, done) in self.pending.iter_mut().filter(|s| s.status.is_none()).zip(&self.done) {
+            if let Some(st) = *done {
+                s.status = Some(st);
+                // The command is over: the device no longer uses the memory.
+                s.lease = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until at least `min` events are available (or `timeout` passed) and returns all
+    /// available events, each with the path its data took. A completed entry is reported once.
+    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+        let start = Instant::now();
+        let mut wait = Waiter::new(self.pending.iter().map(|s| s.len).max().unwrap_or(0));
+        loop {
+            self.collect_once()?;
+            let avail = self.ready.len() + self.pending.iter().filter(|s| s.status.is_some() && !s.reported).count();
+            if avail >= min || self.pending.iter().all(|s| s.status.is_some()) {
+                wait.done();
+                break;
+            }
+            if start.elapsed() > timeout {
+                break;
+            }
+            wait.pause(self.qp.wait_state());
+        }
+        let mut out: Vec<(IoEvent, Path)> = self.ready.drain(..).map(|e| (e, Path::DirectHost)).collect();
+        for s in self.pending.iter_mut().filter(|s| s.status.is_some() && !s.reported) {
+            s.reported = true;
+            let st = s.status.unwrap_or(Status::SUCCESS);
+            let ev = if st.is_success() {
+                IoEvent { cookie: s.cookie, status: IoStatus::Complete, bytes: s.len, error: None }
+            } else {
+                IoEvent {
+                    cookie: s.cookie,
+                    status: IoStatus::Failed,
+                    bytes: 0,
+                    error: Some(Error::Nvme { op: if s.write { "write" } else { "read" }, slba: s.slba, status: st }),
+                }
+            };
+            out.push((ev, s.path));
+        }
+        self.pending.retain(|s| !s.reported);
+        Ok(out)
+    }
+
+    /// Waits for every entry in flight (up to the deadline; then resets the controller, after
+    /// which their memory is safe) and reports them as `Canceled` unless they completed. When
+    /// the reset fails, the entries' leases are kept for good (their memory stays pinned).
+    pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
+        let start = Instant::now();
+        let mut wait = Waiter::new(u64::MAX);
+        while self.in_flight() > 0 && start.elapsed() < self.timeout {
+            self.collect_once()?;
+            wait.pause(self.qp.wait_state());
+        }
+        if self.in_flight() > 0 {
+            let reset = self.dev.reset();
+            for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
+                match (&reset, s.lease.take()) {
+                    // The controller stopped: the memory is safe again.
+                    (Ok(_), l) => drop(l),
+                    (Err(_), Some(l)) => InFlight::new(Why::Command).holding(l).keep(),
+                    (Err(_), None) => {}
+                }
+            }
+            reset?;
+            self.qp.resync(&self.dev.status);
+        }
+        let mut out = self.status(0, Duration::ZERO)?;
+        for s in self.pending.drain(..) {
+            out.push((IoEvent { cookie: s.cookie, status: IoStatus::Canceled, bytes: 0, error: None }, s.path));
+        }
+        for (e, _) in &mut out {
+            if e.status == IoStatus::Pending {
+                e.status = IoStatus::Canceled;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for QueueBatch {
+    fn drop(&mut self) {
+        if self.dev.born.in_child() {
+            // The parent's queue pair: no cancel (its doorbells), no delete, no unmap here.
+            return;
+        }
+        if self.in_flight() > 0 {
+            let _ = self.cancel();
+        }
+        // Nothing is in flight (or the controller was reset): give the queue pair back. The
+        // module revokes our mappings of it; `qp` unmaps them after this.
+        delete_queue_pair(&self.dev.fd, self.qp.qid());
+        // SAFETY: dropped once, here; `self` is going away.
+        unsafe { ManuallyDrop::drop(&mut self.qp) };
+    }
+}
