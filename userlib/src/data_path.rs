@@ -1,8 +1,8 @@
-//! The one seam between the storage API and where data goes: a [`DataPath`] is either the
-//! direct path (a namespace of a controller bound to ugds: user-space NVMe queues, see
-//! [`crate::direct`]) or the fallback path (a file or block device owned by the kernel, see
-//! [`crate::fallback`]). [`crate::Storage`] holds one and does everything the two share (the
-//! request check, leases, counting) once, above it.
+//! The one seam between the storage API and where data goes: a [`DataPath`] moves data to a
+//! namespace of a controller bound to ugds (user-space NVMe queues), a volume of them, a remote
+//! namespace, or a file or block device owned by the kernel (the fallback path).
+//! [`crate::Storage`] holds one, by its concrete kind (the only place that names the kinds), and
+//! does everything they share (the request check, leases, counting) once, above it.
 
 use crate::buffer::{Buffer, Lease, Path, Staging};
 use crate::device::Registration;
@@ -81,24 +81,6 @@ pub(crate) trait DataPath: std::fmt::Debug + Send + Sync {
     fn write_bytes(&self, data: &[u8], off: u64) -> Option<Result<()>>;
     /// The largest entry a queue batch of this path carries as one command.
     fn max_command_bytes(&self) -> u64;
-    /// The single namespace behind the path, when it is one (batches then get a queue pair of
-    /// their own on it).
-    fn as_direct(&self) -> Option<&crate::direct::DirectPath> {
-        None
-    }
-
-    /// The striped volume behind the path, when it is one (batches then get a queue pair of
-    /// their own on every member).
-    fn as_volume(&self) -> Option<&crate::volume::VolumePath> {
-        None
-    }
-
-    /// The file or block device behind the path, when it is the fallback path (batches then
-    /// get an io_uring of their own on it).
-    #[cfg(feature = "fallback")]
-    fn as_file(&self) -> Option<&crate::fallback::FileTarget> {
-        None
-    }
 }
 
 /// Logs why a slower path was chosen: once per distinct reason per process, as a warning of

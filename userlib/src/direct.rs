@@ -157,8 +157,4 @@ impl DataPath for DirectPath {
     fn max_command_bytes(&self) -> u64 {
         self.ns.max_command_bytes()
     }
-
-    fn as_direct(&self) -> Option<&DirectPath> {
-        Some(self)
-    }
 }

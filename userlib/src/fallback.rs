@@ -580,15 +580,12 @@ impl DataPath for FileTarget {
     fn max_command_bytes(&self) -> u64 {
         u64::MAX
     }
-
-    fn as_file(&self) -> Option<&FileTarget> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use crate::gpu::Gpu;
+    use crate::storage::ConcretePath;
     use crate::{Error, Storage};
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
@@ -630,7 +627,7 @@ pub(crate) mod tests {
         let gbuf = st.register_gpu(Arc::new(gpu.alloc(1 << 20).unwrap()), false).unwrap();
         let pooled = gpu.pooled_staging();
         assert!(pooled > 0, "registration prewarms the pool");
-        let file = st.data_path().as_file().unwrap();
+        let ConcretePath::File(file) = st.concrete_path() else { panic!("a file target") };
         file.fail_enters.store(1, Ordering::Relaxed);
         let e = st.write(&gbuf, 0, 0, 65536).unwrap_err();
         assert!(matches!(e, Error::Io { .. }), "{e:?}");

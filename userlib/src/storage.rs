@@ -1,9 +1,9 @@
 //! One API over every path: a [`Storage`] is a place data goes (a namespace of a controller
 //! bound to ugds, the direct path; or a file or block device owned by the kernel, the fallback
-//! path; behind the crate-private `DataPath` trait of `data_path.rs`). A [`Buffer`] is memory
-//! registered for one storage. The storage checks every request once, leases the buffer for
-//! the I/O, and counts each I/O's path; choosing a slower path logs one warning
-//! ([`crate::logging`]), once per reason.
+//! path; behind the crate-private `DataPath` trait of `data_path.rs`, held by its concrete kind,
+//! `storage/concrete_path.rs`). A [`Buffer`] is memory registered for one storage. The storage
+//! checks every request once, leases the buffer for the I/O, and counts each I/O's path;
+//! choosing a slower path logs one warning ([`crate::logging`]), once per reason.
 //!
 //! Batches ([`crate::StorageBatch`]), stream-ordered I/O ([`crate::StreamIo`]) and the C,
 //! cuFile and Python faces are layers over this one.
@@ -25,8 +25,10 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+mod concrete_path;
 mod owned;
 pub(crate) mod target;
+pub(crate) use concrete_path::ConcretePath;
 pub use owned::OwnedQueue;
 pub(crate) use target::Target;
 
@@ -69,7 +71,7 @@ struct PathStats {
 pub struct Storage {
     /// `ManuallyDrop`: a remote target's connections are the parent's in a forked child, and
     /// are leaked there (see `Drop`).
-    path: ManuallyDrop<Box<dyn DataPath>>,
+    path: ManuallyDrop<ConcretePath>,
     stats: PathStats,
     engine: OnceLock<Arc<Engine>>,
     /// Buffers remember which storage they were registered for.
@@ -158,7 +160,7 @@ impl Storage {
 
     /// Which path I/O on this storage takes, and on what, in words.
     pub fn describe(&self) -> String {
-        self.path.describe()
+        self.data_path().describe()
     }
 
     /// The striped volume that the descriptor file at `path` describes (any name; see
@@ -171,20 +173,20 @@ impl Storage {
     /// A striped volume over the members of `spec`, each opened with `opts`.
     pub fn volume(spec: &VolumeSpec, opts: &DeviceOptions) -> Result<Arc<Storage>> {
         crate::fork::watch()?;
-        Self::new(Box::new(VolumePath::open(spec, opts)?))
+        Self::new(ConcretePath::Volume(VolumePath::open(spec, opts)?))
     }
 
     /// A namespace of an NVMe over Fabrics target, through our own NVMe/TCP or NVMe/RDMA
     /// initiator (the remote path).
     pub fn remote(spec: &crate::remote::RemoteSpec) -> Result<Arc<Storage>> {
         crate::fork::watch()?;
-        Self::new(Box::new(crate::remote::RemotePath::open(spec)?))
+        Self::new(ConcretePath::Remote(crate::remote::RemotePath::open(spec)?))
     }
 
     /// Namespace `nsid` of an open device (the direct path).
     pub fn direct(dev: &Device, nsid: u32) -> Result<Arc<Storage>> {
         let ns = dev.namespace(nsid)?;
-        Self::new(Box::new(DirectPath { ns, dev: dev.clone() }))
+        Self::new(ConcretePath::Direct(DirectPath { ns, dev: dev.clone() }))
     }
 
     /// A file or block device (the fallback path).
@@ -197,10 +199,10 @@ impl Storage {
                 "the file system does not support O_DIRECT; I/O goes through the page cache",
             );
         }
-        Self::new(Box::new(f))
+        Self::new(ConcretePath::File(f))
     }
 
-    fn new(path: Box<dyn DataPath>) -> Result<Arc<Storage>> {
+    fn new(path: ConcretePath) -> Result<Arc<Storage>> {
         let born = crate::fork::watch()?;
         Ok(Arc::new(Storage {
             path: ManuallyDrop::new(path),
@@ -224,9 +226,16 @@ impl Storage {
         self.born.in_child()
     }
 
-    /// The path, for the layers above (batches).
+    /// The path, for what every kind shares.
+    #[inline]
     pub(crate) fn data_path(&self) -> &dyn DataPath {
-        &**self.path
+        self.path.data_path()
+    }
+
+    /// The path by its concrete kind, for the layers above that use a kind's own API (batches,
+    /// stream-ordered I/O on a file, owned queue pairs).
+    pub(crate) fn concrete_path(&self) -> &ConcretePath {
+        &self.path
     }
 
     /// Counts one finished I/O of `bytes` on `path`.
@@ -255,24 +264,27 @@ impl Storage {
     /// False only for a file opened without O_DIRECT (its file system has none): then I/O goes
     /// through the page cache.
     pub fn bypasses_page_cache(&self) -> bool {
-        self.path.bypasses_page_cache()
+        self.data_path().bypasses_page_cache()
     }
 
     /// True for the direct path.
     pub fn is_direct(&self) -> bool {
-        self.path.is_direct()
+        self.data_path().is_direct()
     }
 
     /// True for the remote path (an NVMe over Fabrics namespace through our own initiator).
     pub fn is_remote(&self) -> bool {
-        self.path.is_remote()
+        self.data_path().is_remote()
     }
 
     /// How its waits for completions wait: a ugds node's or a volume's first member's mode in
     /// effect; `None` where the kernel or a socket waits (files, remote targets).
     pub fn waiting(&self) -> Option<crate::Waiting> {
-        let dev =
-            self.path.as_direct().map(|d| &d.dev).or_else(|| self.path.as_volume()?.members().first().map(|m| &m.dev));
+        let dev = match &*self.path {
+            ConcretePath::Direct(d) => Some(&d.dev),
+            ConcretePath::Volume(v) => v.members().first().map(|m| &m.dev),
+            _ => None,
+        };
         dev.map(Device::waiting)
     }
 
@@ -290,7 +302,7 @@ impl Storage {
     /// Capacity in bytes.
     pub fn capacity(&self) -> Result<u64> {
         self.alive()?;
-        self.path.capacity()
+        self.data_path().capacity()
     }
 
     /// Writes `data` at `off` exactly (any size and offset) through the page cache, on the
@@ -299,18 +311,18 @@ impl Storage {
         if let Err(e) = self.alive() {
             return Some(Err(e));
         }
-        self.path.write_bytes(data, off)
+        self.data_path().write_bytes(data, off)
     }
 
     /// Offsets and lengths must be multiples of this.
     pub fn block_size(&self) -> u64 {
-        self.path.block_size()
+        self.data_path().block_size()
     }
 
     /// The largest entry a batch runs as one command on its own queue pair (larger entries
     /// still work, through the storage's worker threads).
     pub fn max_command_bytes(&self) -> u64 {
-        self.path.max_command_bytes()
+        self.data_path().max_command_bytes()
     }
 
     /// I/O counts per path.
@@ -352,7 +364,7 @@ impl Storage {
         let m = HostMemory::new(len.next_multiple_of(4096))?;
         let ptr = m.as_ptr();
         // SAFETY: the mapping is owned by the buffer, which drops the registration first.
-        let r = unsafe { self.path.register_host(ptr, len) }?;
+        let r = unsafe { self.data_path().register_host(ptr, len) }?;
         Ok(self.buffer(Mem::Host { ptr, len, own: Some(m) }, r))
     }
 
@@ -374,7 +386,7 @@ impl Storage {
         }
         self.alive()?;
         // SAFETY: forwarded from the caller.
-        let r = unsafe { self.path.register_host(ptr, len) }?;
+        let r = unsafe { self.data_path().register_host(ptr, len) }?;
         Ok(self.buffer(Mem::Host { ptr, len, own: None }, r))
     }
 
@@ -384,7 +396,7 @@ impl Storage {
     /// memory, still through the NVMe queues (and that choice is logged once).
     pub fn register_gpu(&self, mem: Arc<GpuMemory>, allow_staging: bool) -> Result<Buffer> {
         self.alive()?;
-        let r = self.path.register_gpu(&mem, allow_staging)?;
+        let r = self.data_path().register_gpu(&mem, allow_staging)?;
         if r.path != Path::DirectP2p && !mem.stageable() {
             // No copy engine reaches another driver's dma-buf: peer-to-peer or nothing.
             return Err(Error::Unsupported {
@@ -426,11 +438,11 @@ impl Storage {
         }
         buf.check(buf_offset, len)?;
         self.check_blocks(file_offset, len)?;
-        let a = self.path.buffer_alignment();
+        let a = self.data_path().buffer_alignment();
         if !buf_offset.is_multiple_of(a) {
             return Err(Error::invalid("buf_offset", format!("must be a multiple of {a} on this path")));
         }
-        self.path.check_extent(file_offset, len)
+        self.data_path().check_extent(file_offset, len)
     }
 
     /// The part of the request check that is about the target alone: the length is non-zero,
@@ -439,7 +451,7 @@ impl Storage {
     /// first, so a bad range is refused before anything is written.
     pub fn check_range(&self, file_offset: u64, len: u64) -> Result<()> {
         self.check_blocks(file_offset, len)?;
-        self.path.check_extent(file_offset, len)
+        self.data_path().check_extent(file_offset, len)
     }
 
     /// A non-zero length; offset and length block multiples.
@@ -488,7 +500,7 @@ impl Storage {
         len: u64,
     ) -> IoResult<u64> {
         self.check(buf, buf_offset, file_offset, len)?;
-        let n = self.path.rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
+        let n = self.data_path().rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
         self.count(buf.path(), n);
         Ok(n)
     }
@@ -497,13 +509,13 @@ impl Storage {
     /// fdatasync).
     pub fn flush(&self) -> Result<()> {
         self.alive()?;
-        self.path.flush()
+        self.data_path().flush()
     }
 }
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if self.born.in_child() && self.path.is_remote() {
+        if self.born.in_child() && matches!(*self.path, ConcretePath::Remote(_)) {
             // A remote target's connections (keep-alive thread, sockets, RDMA queue pairs) are
             // the parent's: neither joined, shut down nor destroyed from a forked child. The
             // other paths drop safely there (their device state skips the parent's mappings and

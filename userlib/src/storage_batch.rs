@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::fallback_batch::RingBatch;
 use crate::fork::Born;
 use crate::queue_batch::QueueBatch;
-use crate::storage::Storage;
+use crate::storage::{ConcretePath, Storage};
 use crate::volume_batch::VolumeQueueBatch;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -128,15 +128,12 @@ impl StorageBatch {
         storage.engine()?;
         // A queue pair of its own on the direct path (when the controller grants one that deep),
         // one on every member of a volume, a ring of its own on a file (when io_uring works).
-        let path = storage.data_path();
-        let native = match (path.as_direct(), path.as_volume()) {
-            (Some(d), _) => QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q))),
-            (None, Some(v)) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
+        let native = match storage.concrete_path() {
+            ConcretePath::Direct(d) => QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q))),
+            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
             #[cfg(feature = "fallback")]
-            (None, None) if path.as_file().is_some() => {
-                RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r)))
-            }
-            (None, None) => None,
+            ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
+            ConcretePath::Remote(_) => None,
         };
         let queue = matches!(native, Some(Native::One(_) | Native::Volume(_)));
         if queue && !WARM.swap(true, Ordering::AcqRel) {

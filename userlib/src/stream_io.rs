@@ -23,6 +23,8 @@ use crate::error::{Error, Result};
 use crate::fallback_batch::RingBatch;
 use crate::gpu::stream::{CompletionWord, Stream};
 use crate::inflight::{InFlight, Why};
+#[cfg(feature = "fallback")]
+use crate::storage::ConcretePath;
 use crate::storage::Storage;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -208,7 +210,7 @@ impl StreamIo {
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
         self.born.check("stream")?;
         #[cfg(feature = "fallback")]
-        if storage.data_path().as_file().is_some() && !ops.is_empty() {
+        if matches!(storage.concrete_path(), ConcretePath::File(_)) && !ops.is_empty() {
             return self.submit_to_ring(storage, ops);
         }
         let jobs = ops

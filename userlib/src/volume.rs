@@ -410,10 +410,6 @@ impl DataPath for VolumePath {
     fn max_command_bytes(&self) -> u64 {
         self.chunk
     }
-
-    fn as_volume(&self) -> Option<&VolumePath> {
-        Some(self)
-    }
 }
 
 #[cfg(test)]

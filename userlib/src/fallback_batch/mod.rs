@@ -20,7 +20,7 @@ use crate::fallback::{io_err, PIECE};
 use crate::gpu::STAGING_CHUNK;
 use crate::inflight::{InFlight, Why};
 use crate::mem::HostMemory;
-use crate::storage::Storage;
+use crate::storage::{ConcretePath, Storage};
 use io_uring::{opcode, types, IoUring};
 use staging_slots::{Stage, Staging};
 use std::collections::VecDeque;
@@ -129,7 +129,9 @@ fn ring(entries: u32) -> Result<IoUring> {
 impl RingBatch {
     /// A batch of `capacity` entries on `storage`, which must be a file target.
     pub(crate) fn new(storage: &Arc<Storage>, capacity: usize) -> Result<RingBatch> {
-        let f = storage.data_path().as_file().ok_or_else(|| Error::invalid("storage", "not a file target"))?;
+        let ConcretePath::File(f) = storage.concrete_path() else {
+            return Err(Error::invalid("storage", "not a file target"));
+        };
         // CAST: at most MAX_RING.
         let ring_size = capacity.next_power_of_two().clamp(8, MAX_RING) as u32;
         Ok(RingBatch {

@@ -2,7 +2,7 @@
 //! I/O with no lock and no shared counter on the hot path (SPDK's one-queue-per-thread model).
 //! The storage's `read` and `write` stay the shared, locked mode for callers that need it.
 
-use super::Storage;
+use super::{ConcretePath, Storage};
 use crate::buffer::{Buffer, Lease, Path};
 use crate::device::OwnedQueuePair;
 use crate::error::{Error, Result};
@@ -46,13 +46,10 @@ impl Storage {
     /// [`Error::Unsupported`] (their `read` and `write` work as ever).
     pub fn owned_queue(self: &Arc<Self>) -> Result<OwnedQueue> {
         self.alive()?;
-        let Some(direct) = self.path.as_direct() else {
+        let ConcretePath::Direct(direct) = &*self.path else {
             return Err(Error::Unsupported {
                 what: "an owned queue pair",
-                why: format!(
-                    "{} has no single NVMe namespace whose queue pairs this process drives",
-                    self.path.describe()
-                ),
+                why: format!("{} has no single NVMe namespace whose queue pairs this process drives", self.describe()),
                 fix: "use the storage's read and write (every path has them), or open one ugds node \
                       (/dev/ugds_drvN) for an owned queue pair on its namespace",
             });
@@ -115,7 +112,7 @@ impl OwnedQueue {
     /// The storage's one request check, a lease on the buffer, then the commands on this queue.
     fn rw(&mut self, write: bool, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<u64> {
         self.storage.check(buf, buf_offset, file_offset, len)?;
-        let Some(direct) = self.storage.path.as_direct() else {
+        let ConcretePath::Direct(direct) = self.storage.concrete_path() else {
             // `owned_queue` made this queue on a direct path; a storage never changes path.
             return Err(Error::invalid("queue", "not on the direct path"));
         };
