@@ -18,7 +18,10 @@
 
 pub mod batch;
 pub mod buffer;
+// Public only for the C faces (`c-abi/`, `cufile-shim/`) and their tests: their shared core,
+// not a Rust API (Rust code uses `Storage`, `Buffer` and the batches).
 #[cfg(feature = "fallback")]
+#[doc(hidden)]
 pub mod capi;
 pub(crate) mod cmd;
 pub(crate) mod data_path;

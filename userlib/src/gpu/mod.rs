@@ -10,6 +10,9 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+// Public only for the C face's `ugdsxBufRegisterDmabuf` (`c-abi/`): its core, not a Rust API
+// (Rust code registers a dma-buf with `Storage::register_dmabuf`).
+#[doc(hidden)]
 pub mod dmabuf;
 /// The CUDA backend is not built (feature `cuda` off): what the rest of the crate asks of it.
 #[cfg(not(feature = "cuda"))]
