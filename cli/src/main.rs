@@ -5,6 +5,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ugds::storage::TargetKind;
 use ugds::{pattern, Device, DeviceOptions, Storage};
 
 #[derive(Parser)]
@@ -218,8 +219,9 @@ fn run(cli: Cli) -> Res<()> {
                 gpu_bench::run(gpu_bench::Params { file, file_size, sizes, threads, seconds, cpu, json: cli.json })?
             }
         }
-        Cmd::Info { dev } if !ugds::device::is_ugds_node(&dev) => {
-            // A striped volume (direct path), a file or block device (fallback path).
+        Cmd::Info { dev } if TargetKind::of(&dev)? != TargetKind::Node => {
+            // What the resolver calls anything but a ugds node (a volume, a remote target, a file
+            // or block device): the storage describes itself. A node shows its controller below.
             let s = Storage::open(&dev)?;
             if cli.json {
                 println!(

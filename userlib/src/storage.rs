@@ -31,6 +31,7 @@ pub(crate) mod target;
 pub(crate) use concrete_path::ConcretePath;
 pub use owned::OwnedQueue;
 pub(crate) use target::Target;
+pub use target::TargetKind;
 
 /// I/Os and bytes per path since the storage was opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -29,7 +29,48 @@ pub(crate) enum Target {
     File,
 }
 
+/// What kind of target a name is, as the one resolver decides (the order is [`Storage::open`]'s:
+/// a URI, a `stripe:` spec, a `*.ugds-volume` descriptor, a ugds node, a kernel fabrics namespace,
+/// else a file or block device). For a face that treats one kind its own way (the CLI's `info`
+/// prints a ugds node's controller) without a second rule for what a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TargetKind {
+    /// An NVMe over Fabrics URI (`nvmeof://`): the remote path.
+    Remote,
+    /// A striped volume (`stripe:` spec or descriptor file): the direct path on every member.
+    Volume,
+    /// A ugds node (`/dev/ugds_drvN`): the direct path.
+    Node,
+    /// A namespace of the kernel's NVMe/TCP or NVMe/RDMA initiator: the remote path where we can
+    /// reach its target, else the kernel's block device.
+    KernelFabrics,
+    /// Anything else: a file or block device (the fallback path), or nothing.
+    File,
+}
+
+impl TargetKind {
+    /// The kind of `name`, resolved as [`Storage::open`] resolves it (a volume descriptor is
+    /// read; nothing is opened). A malformed URI or volume spec is that kind's named error; a
+    /// name that is not UTF-8 is [`crate::Error::InvalidArgument`].
+    pub fn of(name: impl AsRef<std::path::Path>) -> Result<TargetKind> {
+        let name = crate::error::utf8_path(name.as_ref())?;
+        Target::resolve(name, name, 1).map(|t| t.kind())
+    }
+}
+
 impl Target {
+    /// Its kind, without what it carries.
+    pub(crate) fn kind(&self) -> TargetKind {
+        match self {
+            Target::Remote(_) => TargetKind::Remote,
+            Target::Volume(_) => TargetKind::Volume,
+            Target::Node => TargetKind::Node,
+            Target::KernelFabrics(_) => TargetKind::KernelFabrics,
+            Target::File => TargetKind::File,
+        }
+    }
+
     /// Resolves the target `name` (the name the caller gave), looking at the file through `at`:
     /// `name` itself, or `/proc/self/fd/N` when the caller gave a descriptor it opened (then the
     /// file read is the one the descriptor leads to). `nsid` is the namespace a volume's members
@@ -95,16 +136,6 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
 
-    fn kind(t: &Target) -> &'static str {
-        match t {
-            Target::Remote(_) => "remote",
-            Target::Volume(_) => "volume",
-            Target::Node => "node",
-            Target::KernelFabrics(_) => "kernel fabrics",
-            Target::File => "file",
-        }
-    }
-
     #[test]
     fn every_kind_of_name_resolves_by_one_rule() {
         let dir = tempfile::tempdir().unwrap();
@@ -114,7 +145,7 @@ mod tests {
         std::fs::write(&desc, b"# ugds volume\nstripe:64K:/dev/ugds_drv0,/dev/ugds_drv1\n").unwrap();
         let (plain, desc) = (plain.to_str().unwrap(), desc.to_str().unwrap());
         let uri = "nvmeof://tcp/127.0.0.1:4420/nqn.2024-01.io.ugds:t?nsid=3";
-        assert_eq!(kind(&Target::resolve(uri, uri, 1).unwrap()), "remote");
+        assert_eq!(Target::resolve(uri, uri, 1).unwrap().kind(), TargetKind::Remote);
         let stripe = Target::resolve("stripe:/dev/ugds_drv0,/dev/ugds_drv1", "", 2).unwrap();
         assert!(matches!(&stripe, Target::Volume(s) if s.nsid == 2 && s.members.len() == 2), "{stripe:?}");
         assert_eq!(stripe.nodes(""), ["/dev/ugds_drv0", "/dev/ugds_drv1"]);
@@ -122,15 +153,19 @@ mod tests {
         // whatever it holds.
         let v = Target::resolve(desc, desc, 1).unwrap();
         assert!(matches!(&v, Target::Volume(s) if s.chunk == 64 << 10), "{v:?}");
-        assert_eq!(kind(&Target::resolve(plain, plain, 1).unwrap()), "file");
+        assert_eq!(Target::resolve(plain, plain, 1).unwrap().kind(), TargetKind::File);
         let f = std::fs::File::open(desc).unwrap();
         let through_fd = Target::resolve(desc, &format!("/proc/self/fd/{}", f.as_raw_fd()), 1).unwrap();
-        assert_eq!(kind(&through_fd), "volume");
+        assert_eq!(through_fd.kind(), TargetKind::Volume);
         assert!(Target::resolve(desc, plain, 1).is_ok(), "the file `at` leads to is read, not the name");
-        assert_eq!(kind(&Target::resolve("/nonexistent/x", "/nonexistent/x", 1).unwrap()), "file");
+        assert_eq!(Target::resolve("/nonexistent/x", "/nonexistent/x", 1).unwrap().kind(), TargetKind::File);
         assert!(Target::File.nodes("x").is_empty());
         // Malformed names of a kind are that kind's named errors, never a file.
         assert!(Target::resolve("nvmeof://tcp/", "nvmeof://tcp/", 1).is_err());
         assert!(Target::resolve("stripe:", "stripe:", 1).is_err());
+        // The public face of the same rule.
+        assert_eq!(TargetKind::of(desc).unwrap(), TargetKind::Volume);
+        assert_eq!(TargetKind::of(plain).unwrap(), TargetKind::File);
+        assert!(TargetKind::of("stripe:").is_err());
     }
 }
