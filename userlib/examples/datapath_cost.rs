@@ -7,10 +7,15 @@
 //! `cargo run --release -p ugds --features test-utils --example datapath_cost -- [COMMANDS] [BURST] [shared|owned]`
 //!
 //! `shared` (the default) goes through the queue pair's lock, as threads sharing a queue do;
-//! `owned` through the single-owner calls a queue batch uses (no lock).
+//! `owned` through the single-owner calls a queue batch uses (no lock). At burst 1 both use the
+//! one-command calls a synchronous request of one command makes.
+//!
+//! `storage` measures the whole synchronous read instead: `Storage::read` of 4 KiB on a
+//! namespace of the device model (its checks, lease, path and the queue), the model stepped
+//! on this thread each time the read's wait finds nothing (burst is 1).
 
 use std::time::{Duration, Instant};
-use ugds::test_utils::{Command, DmaRange, MockConfig, MockQueue, Read, MAX_BURST};
+use ugds::test_utils::{Command, DmaRange, MockConfig, MockQueue, MockStorage, Read, MAX_BURST};
 
 fn run(m: &mut MockQueue, burst: usize, commands: usize, owned: bool) -> ugds::Result<()> {
     // The segments are copied out so the queue pair can be borrowed mutably (single owner).
@@ -25,6 +30,22 @@ fn run(m: &mut MockQueue, burst: usize, commands: usize, owned: bool) -> ugds::R
         .collect();
     let mut cids = [0u16; MAX_BURST];
     let mut out = [None; MAX_BURST];
+    if burst == 1 {
+        // One command per call: the calls a synchronous request of one command makes.
+        for _ in 0..commands {
+            let t = if owned {
+                m.qp.submit_one_owned(1, &cmds[0], &m.status, Duration::from_secs(5))?
+            } else {
+                m.qp.submit_one(1, &cmds[0], &m.status, Duration::from_secs(5))?
+            };
+            m.step();
+            let st = if owned { m.qp.collect_one_owned(t, &m.status)? } else { m.qp.collect_one(t, &m.status)? };
+            if st.is_none() {
+                return Err(ugds::Error::DeviceProtocol("the command did not complete".into()));
+            }
+        }
+        return Ok(());
+    }
     for _ in 0..commands / burst {
         if owned {
             m.qp.submit_owned(1, &cmds, &m.status, Duration::from_secs(5), &mut cids)?;
@@ -45,11 +66,29 @@ fn run(m: &mut MockQueue, burst: usize, commands: usize, owned: bool) -> ugds::R
     Ok(())
 }
 
+/// `commands` synchronous 4 KiB reads through `Storage::read`, at rotating offsets.
+fn run_storage(m: &MockStorage, commands: usize) -> ugds::Result<()> {
+    for k in 0..commands as u64 {
+        let off = (k % 64) * 4096;
+        m.storage.read(&m.buffer, off, off, 4096)?;
+    }
+    Ok(())
+}
+
 fn main() -> ugds::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let commands = args.first().copied().unwrap_or(4_000_000);
     let bursts: Vec<usize> = args.get(1).map(|b| vec![*b]).unwrap_or_else(|| vec![1, 8, 32]);
     let owned = std::env::args().any(|a| a == "owned");
+    if std::env::args().any(|a| a == "storage") {
+        let m = MockStorage::stepped(MockConfig { depth: 256, null: true, ..MockConfig::default() })?;
+        run_storage(&m, 10_000)?;
+        let t = Instant::now();
+        run_storage(&m, commands)?;
+        let ns = t.elapsed().as_nanos() as f64 / commands as f64;
+        println!("burst  1 (storage): {ns:>6.1} ns per 4 KiB read (Storage::read, device model included)");
+        return Ok(());
+    }
     let mut m = MockQueue::with(MockConfig { depth: 256, stepped: true, null: true, ..MockConfig::default() })?;
     for burst in bursts {
         run(&mut m, burst, 10_000, owned)?;

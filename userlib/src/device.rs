@@ -26,6 +26,8 @@ use ugds_uapi::ioctl::*;
 mod admin;
 mod control;
 pub(crate) mod lanes;
+#[cfg(any(test, feature = "test-utils"))]
+pub(crate) mod mock_device;
 #[cfg(test)]
 mod mock_tests;
 mod namespace;

@@ -71,10 +71,11 @@ pub mod test_utils {
     pub use crate::cmd::{
         Command, DatasetManagement, DmaRange, DsmRange, Flush, Read, Transfer, Write, WriteZeroes, DSM_MAX_RANGES,
     };
+    pub use crate::device::mock_device::MockStorage;
     pub use crate::mem::{QueueMemory, TestMemory};
     pub use crate::mmio::StatusView;
     pub use crate::mock::{Behaviour, Fault, HostileCqe, MockConfig, MockQueue, MockStats};
-    pub use crate::queue::{Completion, Completions, QueuePair, Submission, MAX_BURST};
+    pub use crate::queue::{Completion, Completions, QueuePair, Submission, Ticket, MAX_BURST};
     #[cfg(feature = "rdma")]
     pub use crate::remote::harness::{rdma_drive, RdmaEvent};
     pub use crate::remote::harness::{tcp_exchange, HarnessData, HarnessDone};

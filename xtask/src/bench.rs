@@ -111,7 +111,7 @@ fn points_from(output: &str) -> Result<Vec<Value>> {
 /// The data path's own cost at burst 1 (`cargo xtask cost`'s measurement): ns and instructions
 /// per command with the device model included, and the engine's own instructions.
 fn microbench(root: &Path) -> Result<Value> {
-    let c = crate::cost::measure(&root.join("target/release/examples/datapath_cost"), 1, false)?;
+    let c = crate::cost::measure(&root.join("target/release/examples/datapath_cost"), 1, "shared")?;
     Ok(json!({ "ns_per_command": c.ns_total, "instructions_per_command": c.instr_total,
                "engine_instructions_per_command": c.instr_engine() }))
 }

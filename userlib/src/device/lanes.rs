@@ -14,7 +14,7 @@ use crate::cmd::{self, Command};
 use crate::error::Error;
 use crate::inflight::{Failed, InFlight, Why};
 use crate::mmio::StatusView;
-use crate::queue::{self, QueuePair, Waiter, MAX_BURST};
+use crate::queue::{self, QueuePair, Ticket, Waiter, MAX_BURST};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::Status;
@@ -41,6 +41,16 @@ pub(crate) trait LaneQueue {
         status: &StatusView,
         out: &mut [Option<Status>],
     ) -> crate::error::Result<usize>;
+    /// Submits one command (see [`QueuePair::submit_one`]).
+    fn submit_one(
+        &mut self,
+        nsid: u32,
+        cmd: &Command<'_>,
+        status: &StatusView,
+        timeout: Duration,
+    ) -> crate::error::Result<Ticket>;
+    /// Its status once it completed (see [`QueuePair::collect_one`]).
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> crate::error::Result<Option<Status>>;
 }
 
 /// A queue pair shared with other threads: every call takes its lock.
@@ -73,6 +83,22 @@ impl LaneQueue for Shared<'_> {
         out: &mut [Option<Status>],
     ) -> crate::error::Result<usize> {
         self.0.collect_tagged(epoch, cids, status, out)
+    }
+
+    #[inline]
+    fn submit_one(
+        &mut self,
+        nsid: u32,
+        cmd: &Command<'_>,
+        status: &StatusView,
+        timeout: Duration,
+    ) -> crate::error::Result<Ticket> {
+        self.0.submit_one(nsid, cmd, status, timeout)
+    }
+
+    #[inline]
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> crate::error::Result<Option<Status>> {
+        self.0.collect_one(t, status)
     }
 }
 
@@ -111,6 +137,22 @@ impl LaneQueue for Owned<'_> {
         out: &mut [Option<Status>],
     ) -> crate::error::Result<usize> {
         self.0.collect_owned(cids, status, out)
+    }
+
+    #[inline]
+    fn submit_one(
+        &mut self,
+        nsid: u32,
+        cmd: &Command<'_>,
+        status: &StatusView,
+        timeout: Duration,
+    ) -> crate::error::Result<Ticket> {
+        self.0.submit_one_owned(nsid, cmd, status, timeout)
+    }
+
+    #[inline]
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> crate::error::Result<Option<Status>> {
+        self.0.collect_one_owned(t, status)
     }
 }
 
@@ -249,11 +291,61 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
 /// [`run`] for one lane on queue `q` (this thread's shared queue of the lane's controller, or
 /// a queue pair on it the caller owns), its state on the stack: a namespace's synchronous
 /// request allocates nothing.
-pub(crate) fn run_one(write: bool, lane: &Lane<'_>, q: impl LaneQueue) -> Result<(), LaneFailure> {
+pub(crate) fn run_one(write: bool, lane: &Lane<'_>, mut q: impl LaneQueue) -> Result<(), LaneFailure> {
+    if let [e] = lane.extents {
+        if e.len > 0 && e.len <= lane.ns.max_command_bytes() && Arc::ptr_eq(&lane.reg.dev, &lane.ns.dev) {
+            return one_command(write, lane.ns, lane.reg, e, &mut q)
+                .map_err(|failure| LaneFailure { failure, dev_offset: e.dev_offset });
+        }
+    }
     let mut state = [State::new()];
     drive(write, std::slice::from_ref(lane), &mut [q], &mut state);
     let [s] = state;
     s.result.unwrap_or(Ok(()))
+}
+
+/// A request that one command carries (the common synchronous read or write): built, submitted
+/// and waited for with no burst state, so its cost is the queue's own. Failures map as
+/// [`drive`]'s do.
+fn one_command(
+    write: bool,
+    ns: &Namespace,
+    reg: &Registration,
+    e: &Extent,
+    q: &mut impl LaneQueue,
+) -> Result<(), Failed> {
+    let shift = ns.info.lba_shift;
+    let (slba, nlb) = (e.dev_offset >> shift, (e.len >> shift) as u32);
+    // SAFETY: as in `State::fill`: the caller's lease keeps the registration and its memory
+    // for the call (and for good, through the failure's token, when the command may outlive it);
+    // `e.len` is exactly `nlb` blocks.
+    let data = unsafe { reg.range(e.reg_offset, e.len) }.map_err(|err| failure(ns, q, err))?;
+    let cmd = if write { cmd::Write::new(slba, nlb, data).build() } else { cmd::Read::new(slba, nlb, data).build() };
+    let status = &ns.dev.status;
+    let t = q.submit_one(ns.info.nsid, &cmd, status, ns.timeout).map_err(|err| failure(ns, q, err))?;
+    let mut wait = Waiter::new(e.len);
+    let mut since: Option<Instant> = None;
+    loop {
+        match q.collect_one(t, status) {
+            Ok(Some(st)) => {
+                wait.done();
+                if !st.is_success() {
+                    return Err(Error::Nvme { op: cmd.name(), slba, status: st }.into());
+                }
+                return Ok(());
+            }
+            Ok(None) => {}
+            Err(err) => return Err(failure(ns, q, err)),
+        }
+        // The clock is read only every few thousand polls and after each sleep.
+        if wait.pause(q.qp().wait_state()) {
+            let now = Instant::now();
+            if now.duration_since(*since.get_or_insert(now)) > ns.timeout {
+                // The command stays in flight until the reset clears it.
+                return Err(failure(ns, q, queue::timeout_error(&cmd, ns.timeout)));
+            }
+        }
+    }
 }
 
 /// Runs `lanes` to the end, lane `i` on `queues[i]`; each lane's outcome is left in its

@@ -2,54 +2,10 @@
 //! and whose control-plane node is `/dev/null`, so every ioctl fails: a controller reset cannot
 //! confirm that anything stopped, and deregistering does nothing.
 
+use super::mock_device::{mock_buffer, mock_device};
 use super::*;
-use crate::buffer::{Mem, Path};
-use crate::data_path::Registered;
-use crate::mem::HostMemory;
-use crate::mock::{Behaviour, Fault, MockConfig, MockDevice, MockQueue};
-use crate::{Buffer, Storage};
-
-/// A device over a mock made as `cfg` says, with per-command deadline `timeout`.
-fn mock_device(cfg: MockConfig, timeout: Duration) -> (Device, MockDevice) {
-    let (block_size, blocks, depth) = (cfg.block_size, cfg.blocks, cfg.depth);
-    let (qp, status, doorbells, mock) = MockQueue::with(cfg).unwrap().into_parts();
-    let mut info = blank_info();
-    info.abi_version = ABI_VERSION;
-    info.max_qpairs = 1;
-    info.max_queue_entries = depth;
-    info.num_namespaces = 1;
-    // CAST: a power of two below 2^13.
-    let lba_shift = block_size.trailing_zeros() as u8;
-    info.namespaces[0] = NamespaceInfo { nsid: 1, lba_shift, size_lbas: blocks, ..Default::default() };
-    let inner = Inner {
-        fd: Arc::new(DeviceFd::open("/dev/null", false).unwrap()),
-        born: crate::fork::watch().unwrap(),
-        info,
-        status: std::mem::ManuallyDrop::new(status),
-        doorbells: std::mem::ManuallyDrop::new(doorbells),
-        queues: std::mem::ManuallyDrop::new(vec![qp]),
-        timeout,
-        max_cmd_bytes: MAX_CMD_BYTES,
-        dptr: DptrPolicy::PRP_ONLY,
-        wait: super::WaitPolicy { mode: crate::Waiting::Poll, spin_max_bytes: u64::MAX },
-    };
-    (Device { inner: Arc::new(inner) }, mock)
-}
-
-/// A host buffer of `st` whose registration names all of the mock's host memory.
-fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Buffer {
-    let reg = Registration {
-        dev: dev.inner.clone(),
-        handle: RegistrationHandle::default(),
-        segments: mock.segments().to_vec(),
-        live: None,
-    };
-    let len = mock.host_len();
-    let mem = HostMemory::new(len).unwrap();
-    let ptr = mem.as_ptr();
-    let r = Registered { regs: vec![reg], staging: None, path: Path::DirectHost };
-    st.buffer(Mem::Host { ptr, len, own: Some(mem) }, r)
-}
+use crate::mock::{Behaviour, Fault, MockConfig};
+use crate::Storage;
 
 /// A read that times out, with a reset that cannot confirm the controller stopped, leaves its
 /// memory in flight: the buffer's lease is kept, deregistration is refused by name, and dropping
@@ -58,10 +14,10 @@ fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Buffer {
 #[test]
 fn a_stranded_command_keeps_its_registration() {
     let cfg = MockConfig { behaviour: Behaviour::Script(vec![Fault::Never]), ..MockConfig::default() };
-    let (dev, mock) = mock_device(cfg, Duration::from_millis(50));
+    let (dev, mock) = mock_device(cfg, Duration::from_millis(50)).unwrap();
     let st = Storage::direct(&dev, 1).unwrap();
     let refs = Arc::strong_count(&dev.inner);
-    let buf = mock_buffer(&st, &dev, &mock);
+    let buf = mock_buffer(&st, &dev, &mock).unwrap();
     assert_eq!(Arc::strong_count(&dev.inner), refs + 1, "the registration holds the device");
     let e = st.read(&buf, 0, 0, 4096).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
@@ -70,9 +26,39 @@ fn a_stranded_command_keeps_its_registration() {
     assert!(matches!(e, Error::RegistrationBusy { inflight: 1, .. }), "{e:?}");
     drop(buf);
     assert_eq!(Arc::strong_count(&dev.inner), refs + 1, "the registration was released");
-    let ok = mock_buffer(&st, &dev, &mock);
+    let ok = mock_buffer(&st, &dev, &mock).unwrap();
     assert_eq!(st.read(&ok, 0, 8192, 4096).unwrap(), 4096);
     assert_eq!(ok.inflight(), 0);
     drop(ok);
     assert_eq!(Arc::strong_count(&dev.inner), refs + 1, "only the stranded registration is kept");
+}
+
+/// A synchronous request that one command carries goes through the queue's one-command calls:
+/// its data arrives where the registration says, a failed status names the command and its
+/// LBA, and its lease is given back either way.
+#[test]
+fn one_command_requests_move_data_and_report_their_status() {
+    let cfg =
+        MockConfig { behaviour: Behaviour::Script(vec![Fault::None, Fault::Status(0x281)]), ..MockConfig::default() };
+    let (dev, mock) = mock_device(cfg, Duration::from_secs(5)).unwrap();
+    let st = Storage::direct(&dev, 1).unwrap();
+    let buf = mock_buffer(&st, &dev, &mock).unwrap();
+    let block: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    mock.set_backing(5, &block);
+    assert_eq!(st.read(&buf, 8192, 5 * 4096, 4096).unwrap(), 4096);
+    assert_eq!(mock.host_read(8192, 4096), block, "the block landed at the buffer offset");
+    let e = st.read(&buf, 0, 9 * 4096, 4096).unwrap_err();
+    match e {
+        Error::Nvme { op, slba, status } => {
+            assert_eq!((op, slba), ("read", 9));
+            assert!(!status.is_success());
+        }
+        e => panic!("expected the command's status, got {e:?}"),
+    }
+    assert_eq!(buf.inflight(), 0, "both leases given back");
+    // Two pages in one command (PRP2 names the second).
+    let two: Vec<u8> = (0..2 * 4096u32).map(|i| (i % 251) as u8).collect();
+    mock.set_backing(0, &two);
+    assert_eq!(st.read(&buf, 0, 0, 8192).unwrap(), 8192);
+    assert_eq!(mock.host_read(0, 8192), two);
 }

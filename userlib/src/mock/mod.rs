@@ -220,7 +220,42 @@ pub(crate) struct MockDevice {
     device: Option<JoinHandle<()>>,
 }
 
+thread_local! {
+    /// The model a stepped mock's waits run on this thread (see [`MockDevice::step_on_idle_polls`]).
+    static STEP_ON_IDLE: std::cell::RefCell<Option<Arc<Mutex<Model>>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs the model registered for this thread, if any: called by a wait each time its poll found
+/// nothing, so a stepped mock behind a [`crate::Device`] answers synchronous I/O on the
+/// caller's thread.
+#[inline]
+pub(crate) fn on_idle_poll() {
+    STEP_ON_IDLE.with(|m| {
+        if let Some(m) = &*m.borrow() {
+            step_model(m);
+        }
+    });
+}
+
+/// One step of `m`. Never inlined, so a profiler (`cargo xtask cost`) counts the model's work
+/// apart from the engine's.
+#[inline(never)]
+fn step_model(m: &Mutex<Model>) -> usize {
+    m.lock().unwrap_or_else(|p| p.into_inner()).step()
+}
+
+/// Stops running a model on this thread's idle polls.
+pub(crate) fn stop_stepping_on_idle_polls() {
+    STEP_ON_IDLE.with(|m| *m.borrow_mut() = None);
+}
+
 impl MockDevice {
+    /// From now on, every wait of this thread that polls and finds nothing steps this (stepped)
+    /// model once.
+    pub(crate) fn step_on_idle_polls(&self) {
+        STEP_ON_IDLE.with(|m| *m.borrow_mut() = Some(self.model.clone()));
+    }
+
     /// The DMA segments of the mock's host memory.
     pub(crate) fn segments(&self) -> &[Segment] {
         &self.segments
@@ -229,6 +264,20 @@ impl MockDevice {
     /// Bytes of host memory.
     pub(crate) fn host_len(&self) -> usize {
         self.host.len()
+    }
+
+    /// Copies `len` bytes of host memory at `off` (dword aligned, a whole number of dwords).
+    pub(crate) fn host_read(&self, off: usize, len: usize) -> Vec<u8> {
+        (0..len / 4).flat_map(|i| self.host.load32(off + 4 * i).to_le_bytes()).collect()
+    }
+
+    /// Overwrites the namespace's data at block `lba`.
+    pub(crate) fn set_backing(&self, lba: u64, data: &[u8]) {
+        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        let a = (lba * self.block_size as u64) as usize;
+        if let Some(dst) = m.backing.get_mut(a..a + data.len()) {
+            dst.copy_from_slice(data);
+        }
     }
 }
 
@@ -320,7 +369,6 @@ impl MockQueue {
 
     /// The queue pair, its status page and doorbells, and the device side, apart (for a test
     /// [`crate::Device`] over them).
-    #[cfg(test)]
     pub(crate) fn into_parts(self) -> (QueuePair, StatusView, Arc<Doorbells>, MockDevice) {
         (self.qp, self.status, self.doorbells, self.dev)
     }
@@ -366,7 +414,7 @@ impl MockQueue {
 
     /// Copies `len` bytes of host memory at `off` (dword aligned, a whole number of dwords).
     pub fn host_read(&self, off: usize, len: usize) -> Vec<u8> {
-        (0..len / 4).flat_map(|i| self.dev.host.load32(off + 4 * i).to_le_bytes()).collect()
+        self.dev.host_read(off, len)
     }
 
     /// The namespace's data: `blocks` blocks at `lba` (empty on a null device).
@@ -379,11 +427,7 @@ impl MockQueue {
 
     /// Overwrites the namespace's data at block `lba`.
     pub fn set_backing(&self, lba: u64, data: &[u8]) {
-        let mut m = self.model();
-        let a = (lba * self.dev.block_size as u64) as usize;
-        if let Some(dst) = m.backing.get_mut(a..a + data.len()) {
-            dst.copy_from_slice(data);
-        }
+        self.dev.set_backing(lba, data)
     }
 
     /// The SQ tail and CQ head doorbells as the device sees them.

@@ -457,3 +457,49 @@ proptest! {
         }
     }
 }
+
+/// The one-command calls (a synchronous request of one command): the status comes back once,
+/// for the ticket's command only, while other commands' completions reaped on the way stay
+/// recorded for their owners; a ticket from before a reset is refused, not answered with another
+/// command's status; owned and shared calls agree.
+#[test]
+fn one_command_tickets_collect_their_own_status_once() {
+    let mut m = MockQueue::with(MockConfig {
+        depth: 8,
+        stepped: true,
+        behaviour: Behaviour::Script(vec![Fault::None, Fault::Status(0x281)]),
+        ..MockConfig::default()
+    })
+    .unwrap();
+    let want = data(3, 4096);
+    m.host_write(0, &want);
+    let w = Write::new(2, 1, dma(&m, 0, 4096)).build();
+    let t = m.qp.submit_one(1, &w, &m.status, T).unwrap();
+    assert_eq!(m.qp.collect_one(t, &m.status).unwrap(), None, "not fetched yet");
+    // A burst's command goes in behind it; both complete in one step.
+    let mut cids = [0u16; 1];
+    m.qp.submit(1, &[read(&m, 8192, 4096)], &m.status, T, &mut cids).unwrap();
+    assert_ne!(cids[0], t.cid());
+    m.step();
+    assert_eq!(m.qp.collect_one(t, &m.status).unwrap(), Some(Status::SUCCESS));
+    assert_eq!(m.qp.collect_one(t, &m.status).unwrap(), None, "collected once");
+    let mut out = [None];
+    assert_eq!(m.qp.collect(&cids, &m.status, &mut out).unwrap(), 1, "the burst's completion was kept for it");
+    assert!(out[0].is_some_and(|s| !s.is_success()), "{out:?}");
+    // Owned calls: the same answers.
+    let segs = m.segments().to_vec();
+    // SAFETY: as in `dma`: the mock's own memory, one 4 KiB block.
+    let r = Read::new(2, 1, unsafe { DmaRange::new(&segs, 8192, 4096) }).build();
+    let t = m.qp.submit_one_owned(1, &r, &m.status, T).unwrap();
+    m.step();
+    assert_eq!(m.qp.collect_one_owned(t, &m.status).unwrap(), Some(Status::SUCCESS));
+    assert_eq!(m.host_read(8192, 4096), want);
+    // A reset between submission and collection: the ticket names the old rings.
+    let t = m.qp.submit_one(1, &Flush::new().build(), &m.status, T).unwrap();
+    m.reset_controller();
+    // Empty polls read the epoch every so often (a reset leaves the CQ empty).
+    let e = (0..100).find_map(|_| m.qp.collect_one(t, &m.status).err()).expect("the reset is noticed");
+    assert!(matches!(e, Error::EpochChanged { old: 1, new: 2 }), "{e:?}");
+    let e = m.qp.collect_one(t, &m.status).unwrap_err();
+    assert!(matches!(e, Error::EpochChanged { old: 1, new: 2 }), "a stale ticket stays refused: {e:?}");
+}

@@ -31,9 +31,10 @@ use crate::ring::cq::{Cq, CQE_BYTES};
 use crate::ring::sq::{Sq, SQE_BYTES};
 use crate::sys::DeviceFd;
 use cids::Cids;
+use parking_lot::{Mutex, MutexGuard};
 use std::ops::DerefMut;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::ioctl::CreateQpair;
 use ugds_uapi::Status;
@@ -211,10 +212,11 @@ impl QueuePair {
         self.lock().dptr
     }
 
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, Rings> {
-        // A panic while holding the lock cannot leave the rings half-written in a way that
-        // matters more than the panic itself; keep going with the state as is.
-        self.rings.lock().unwrap_or_else(|p| p.into_inner())
+        // No poisoning: a panic while holding the lock cannot leave the rings half-written in
+        // a way that matters more than the panic itself; the next user goes on with them.
+        self.rings.lock()
     }
 
     /// After this process reset the controller itself: adopt the new epoch silently (the
@@ -227,7 +229,7 @@ impl QueuePair {
     /// Opens a submission for namespace `nsid`: checks the epoch (once for the whole burst)
     /// and holds the queue until dropped, which publishes what was pushed with one doorbell
     /// write.
-    #[inline]
+    #[inline(always)]
     pub fn submission(&self, nsid: u32, status: &StatusView) -> Result<Submission<'_>> {
         let mut rings = self.lock();
         check_epoch(&self.core, &mut rings, status)?;
@@ -237,7 +239,7 @@ impl QueuePair {
     /// [`QueuePair::submission`] for the queue's single owner: no lock.
     #[inline]
     pub fn submission_owned(&mut self, nsid: u32, status: &StatusView) -> Result<Submission<'_, &mut Rings>> {
-        let rings = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
+        let rings = self.rings.get_mut();
         check_epoch(&self.core, rings, status)?;
         Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
     }
@@ -305,7 +307,7 @@ impl QueuePair {
         let n = self.check_burst(cmds, cids)?;
         if n == 0 {
             // As the shared call: an empty burst only reads the epoch.
-            return Ok(self.rings.get_mut().unwrap_or_else(|p| p.into_inner()).epoch);
+            return Ok(self.rings.get_mut().epoch);
         }
         let mut sub = self.submission_owned(nsid, status)?;
         let mut wait = Wait::default();
@@ -313,6 +315,51 @@ impl QueuePair {
             wait.spin(&cmds[0], timeout)?;
         }
         sub.push_all(cmds, cids)
+    }
+
+    /// Writes one command into a free slot (waiting for room up to `timeout`) and rings the
+    /// doorbell: a synchronous request of one command, without a burst's slices. Returns its
+    /// [`Ticket`] for [`QueuePair::collect_one`]. Nothing is published on error.
+    #[inline]
+    pub fn submit_one(&self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket> {
+        let mut sub = self.submission(nsid, status)?;
+        let mut wait = Wait::default();
+        while !sub.make_room(1, status)? {
+            drop(sub);
+            wait.spin(cmd, timeout)?;
+            sub = self.submission(nsid, status)?;
+        }
+        sub.push_one(cmd)
+    }
+
+    /// [`QueuePair::submit_one`] for the queue's single owner: no lock.
+    #[inline]
+    pub fn submit_one_owned(
+        &mut self,
+        nsid: u32,
+        cmd: &Command<'_>,
+        status: &StatusView,
+        timeout: Duration,
+    ) -> Result<Ticket> {
+        let mut sub = self.submission_owned(nsid, status)?;
+        let mut wait = Wait::default();
+        while !sub.make_room(1, status)? {
+            wait.spin(cmd, timeout)?;
+        }
+        sub.push_one(cmd)
+    }
+
+    /// Reaps the queue and returns the status of the command `t` names once it completed (its id
+    /// is free again then); `None` while it runs. `EpochChanged` once a reset wiped it.
+    #[inline]
+    pub fn collect_one(&self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
+        collect_one_in(&self.core, &mut self.lock(), t, status)
+    }
+
+    /// [`QueuePair::collect_one`] for the queue's single owner: no lock.
+    #[inline]
+    pub fn collect_one_owned(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
+        collect_one_in(&self.core, self.rings.get_mut(), t, status)
     }
 
     /// The burst's length, when it fits the queue and `cids`.
@@ -336,7 +383,7 @@ impl QueuePair {
 
     /// [`QueuePair::collect`] for the queue's single owner: no lock.
     pub fn collect_owned(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
-        let r = self.rings.get_mut().unwrap_or_else(|p| p.into_inner());
+        let r = self.rings.get_mut();
         let epoch = r.epoch;
         collect_in(&self.core, r, epoch, cids, status, out)
     }
@@ -401,9 +448,19 @@ impl QueuePair {
 /// over, the queue is re-armed (zeroed and re-created on the controller) and the caller learns
 /// that its commands were lost. The caller holds the rings, so no other submitter of this queue
 /// can be between its own epoch check and its doorbell write.
-#[inline]
+#[inline(always)]
 fn check_epoch(core: &Core, r: &mut Rings, status: &StatusView) -> Result<()> {
     let s = status.state();
+    // The common case in one comparison: the rings' epoch, not faulted, the queue usable.
+    if s == ugds_uapi::ioctl::ControllerState::new(r.epoch, false) && !(r.broken | !r.armed) {
+        return Ok(());
+    }
+    check_epoch_slow(core, r, s)
+}
+
+/// [`check_epoch`] once something differs.
+#[cold]
+fn check_epoch_slow(core: &Core, r: &mut Rings, s: ugds_uapi::ioctl::ControllerState) -> Result<()> {
     if s.faulted() {
         return Err(Error::DeviceFaulted);
     }
@@ -464,6 +521,32 @@ fn collect_in(
         }
     }
     Ok(n)
+}
+
+/// A command in flight on a queue pair: its id and the epoch of the rings it went into (a
+/// reset frees every id, which may name other commands afterwards).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    cid: u16,
+    epoch: u64,
+}
+
+impl Ticket {
+    /// Its command id.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
+    pub fn cid(&self) -> u16 {
+        self.cid
+    }
+}
+
+/// Reaps the rings, then collects the status of the one command `t` names.
+#[inline(always)]
+fn collect_one_in(core: &Core, r: &mut Rings, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
+    reap::record_all(core, r, status)?;
+    if r.epoch != t.epoch {
+        return Err(Error::EpochChanged { old: t.epoch, new: r.epoch });
+    }
+    Ok(r.cids.take(t.cid).map(reap::decode))
 }
 
 /// A wait for queue room: spins, reading the clock only every [`SPINS_PER_CHECK`] spins (the
@@ -549,6 +632,13 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
         }
         // Published with this epoch when `self` drops (the doorbell write).
         Ok(self.rings.epoch)
+    }
+
+    /// Pushes one command that fits (see [`Submission::make_room`]) and publishes it on drop.
+    #[inline]
+    fn push_one(mut self, cmd: &Command<'_>) -> Result<Ticket> {
+        let cid = self.push(cmd)?;
+        Ok(Ticket { cid, epoch: self.rings.epoch })
     }
 
     /// Writes `cmd` into the next SQ slot (and its list page); returns its command id. The

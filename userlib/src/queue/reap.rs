@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::mem::QueueMemory;
 use crate::mmio::StatusView;
 use crate::ring::sq::SQE_BYTES;
-use std::sync::MutexGuard;
+use parking_lot::MutexGuard;
 use ugds_uapi::Status;
 
 /// Empty polls between epoch reads: a reset re-creates the queue empty, so the completions a

@@ -229,6 +229,9 @@ impl Waiter {
     /// now (after every sleep; every few thousand spins).
     #[inline]
     pub(crate) fn pause(&mut self, q: &Arc<QueueWait>) -> bool {
+        // The in-memory device model answers on this thread when it is stepped (tests only).
+        #[cfg(any(test, feature = "test-utils"))]
+        crate::mock::on_idle_poll();
         self.spins = self.spins.wrapping_add(1);
         match q.mode {
             Waiting::Poll => {

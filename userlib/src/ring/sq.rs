@@ -11,7 +11,8 @@ pub const SQE_BYTES: usize = 64;
 ///
 /// # Invariants
 ///
-/// `2 <= depth <= MAX_DEPTH`, `tail < depth`, `head < depth`.
+/// `2 <= depth <= MAX_DEPTH`, `tail < depth`, `head < depth`, `used` is the distance from `head`
+/// to `tail` (so `used < depth`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sq {
     depth: u32,
@@ -20,13 +21,15 @@ pub struct Sq {
     /// The device's head as last reported by a completion: slots from here to the tail are
     /// (or may still be) unread by the device.
     head: u16,
+    /// Slots from the head to the tail (kept, not computed: it is read on every push).
+    used: u32,
 }
 
 impl Sq {
     /// An empty ring of `depth` slots; `None` outside `2..=65536`.
     pub fn new(depth: u32) -> Option<Self> {
         // INVARIANT: depth checked; both indices start at 0.
-        (2..=MAX_DEPTH).contains(&depth).then_some(Sq { depth, tail: 0, head: 0 })
+        (2..=MAX_DEPTH).contains(&depth).then_some(Sq { depth, tail: 0, head: 0, used: 0 })
     }
 
     /// Slots in the ring.
@@ -48,7 +51,7 @@ impl Sq {
     /// Entries written and not yet reported consumed.
     #[inline]
     pub fn used(&self) -> u32 {
-        distance(self.head, self.tail, self.depth)
+        self.used
     }
 
     /// Slots free for new entries: one slot always stays empty, to tell a full ring from an
@@ -64,9 +67,10 @@ impl Sq {
     #[inline]
     pub fn push<'m, M: QueueMemory + ?Sized>(&mut self, mem: &'m M) -> Option<SqSlot<'m, M>> {
         let off = self.tail as usize * SQE_BYTES;
-        if self.space() == 0 || off + SQE_BYTES > mem.len() {
+        if self.used + 1 >= self.depth || off + SQE_BYTES > mem.len() {
             return None;
         }
+        self.used += 1;
         // INVARIANT: `off` is a multiple of 64 and the slot lies inside `mem` (checked above).
         let slot = SqSlot { mem, off, index: self.tail };
         // INVARIANT: `next` stays below depth.
@@ -77,9 +81,10 @@ impl Sq {
     /// Gives back the last `n` claimed slots, which were never published (the tail moves back).
     /// Returns false, changing nothing, when fewer than `n` entries are outstanding.
     pub fn unpush(&mut self, n: u32) -> bool {
-        if n > self.used() {
+        if n > self.used {
             return false;
         }
+        self.used -= n;
         // CAST: the result is below depth <= 65536.
         // INVARIANT: below depth (modulo).
         self.tail = ((self.tail as u32 + self.depth - n) % self.depth) as u16;
@@ -91,9 +96,14 @@ impl Sq {
     /// that were never written, nor un-consume entries.
     #[inline]
     pub fn set_head(&mut self, head: u16) -> bool {
-        if head as u32 >= self.depth || distance(self.head, head, self.depth) > self.used() {
+        if head as u32 >= self.depth {
             return false;
         }
+        let consumed = distance(self.head, head, self.depth);
+        if consumed > self.used {
+            return false;
+        }
+        self.used -= consumed;
         // INVARIANT: below depth (checked).
         self.head = head;
         true
@@ -104,6 +114,7 @@ impl Sq {
         // INVARIANT: 0 < depth.
         self.tail = 0;
         self.head = 0;
+        self.used = 0;
     }
 }
 

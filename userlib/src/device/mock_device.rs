@@ -1,0 +1,89 @@
+//! A [`Device`] over the in-memory device model (host tests, and the cost benchmark's
+//! synchronous-read mode): its one queue pair is the mock's and its control-plane node is
+//! `/dev/null`, so every ioctl fails: a controller reset cannot confirm that anything stopped,
+//! and deregistering does nothing.
+
+use super::*;
+use crate::buffer::{Mem, Path};
+use crate::data_path::Registered;
+use crate::mem::HostMemory;
+use crate::mock::{MockConfig, MockDevice, MockQueue};
+use crate::{Buffer, Storage};
+
+/// A device over a mock made as `cfg` says, with per-command deadline `timeout`.
+pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, MockDevice)> {
+    let (block_size, blocks, depth) = (cfg.block_size, cfg.blocks, cfg.depth);
+    let (qp, status, doorbells, mock) = MockQueue::with(cfg)?.into_parts();
+    let mut info = blank_info();
+    info.abi_version = ABI_VERSION;
+    info.max_qpairs = 1;
+    info.max_queue_entries = depth;
+    info.num_namespaces = 1;
+    // CAST: a power of two below 2^13.
+    let lba_shift = block_size.trailing_zeros() as u8;
+    info.namespaces[0] = NamespaceInfo { nsid: 1, lba_shift, size_lbas: blocks, ..Default::default() };
+    let inner = Inner {
+        fd: Arc::new(DeviceFd::open("/dev/null", false)?),
+        born: crate::fork::watch()?,
+        info,
+        status: std::mem::ManuallyDrop::new(status),
+        doorbells: std::mem::ManuallyDrop::new(doorbells),
+        queues: std::mem::ManuallyDrop::new(vec![qp]),
+        timeout,
+        max_cmd_bytes: MAX_CMD_BYTES,
+        dptr: DptrPolicy::PRP_ONLY,
+        wait: super::WaitPolicy { mode: crate::Waiting::Poll, spin_max_bytes: u64::MAX },
+    };
+    Ok((Device { inner: Arc::new(inner) }, mock))
+}
+
+/// A host buffer of `st` whose registration names all of the mock's host memory.
+pub(crate) fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Result<Buffer> {
+    let reg = Registration {
+        dev: dev.inner.clone(),
+        handle: RegistrationHandle::default(),
+        segments: mock.segments().to_vec(),
+        live: None,
+    };
+    let len = mock.host_len();
+    let mem = HostMemory::new(len)?;
+    let ptr = mem.as_ptr();
+    let r = Registered { regs: vec![reg], staging: None, path: Path::DirectHost };
+    Ok(st.buffer(Mem::Host { ptr, len, own: Some(mem) }, r))
+}
+
+/// A [`Storage`] on a namespace of the in-memory device, with a buffer registered on it, whose
+/// device runs on the caller's thread each time a wait of this thread polls and finds nothing:
+/// a synchronous read then costs the same instructions every time (the cost benchmark counts
+/// them). Namespace 1, the mock's geometry; one shared queue pair.
+pub struct MockStorage {
+    /// The storage (the direct path on the mock's namespace 1).
+    pub storage: Arc<Storage>,
+    /// A buffer registered on it, over all of the mock's host memory.
+    pub buffer: Buffer,
+    device: MockDevice,
+}
+
+impl std::fmt::Debug for MockStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MockStorage({} bytes of host memory)", self.device.host_len())
+    }
+}
+
+impl MockStorage {
+    /// A stepped mock made as `cfg` says (its `stepped` is forced on), answering waits of the
+    /// calling thread.
+    pub fn stepped(cfg: MockConfig) -> Result<Self> {
+        let (dev, device) = mock_device(MockConfig { stepped: true, ..cfg }, Duration::from_secs(5))?;
+        let storage = Storage::direct(&dev, 1)?;
+        let buffer = mock_buffer(&storage, &dev, &device)?;
+        device.step_on_idle_polls();
+        Ok(MockStorage { storage, buffer, device })
+    }
+}
+
+impl Drop for MockStorage {
+    fn drop(&mut self) {
+        crate::mock::stop_stepping_on_idle_polls();
+    }
+}
