@@ -5,13 +5,17 @@
 //! whose `result()` waits, without the GIL, for the bytes moved. `Storage.pread` / `pwrite`
 //! (kvikio's calls) return an `AsyncIo` too, run by the binding's I/O threads.
 //!
-//! An `AsyncIo` is awaitable (`await io`) and gives a `concurrent.futures.Future` (`future()`),
-//! so `asyncio` and `concurrent.futures.wait` / `as_completed` take it as they take any other.
+//! An `AsyncIo` is awaitable (`await io`), has a `concurrent.futures.Future`'s methods (code that
+//! calls `result`, `exception`, `add_done_callback`, ... on a future takes it), and gives a real
+//! `concurrent.futures.Future` (`future()`) for `concurrent.futures.wait` / `as_completed`, which
+//! reach into a Future's private state and so take nothing else.
 
 use crate::errors::{invalid, to_py};
 use crate::memory::Place;
 use crate::storage::{operation, PyBuffer, PyStorage};
+use pyo3::exceptions::{PyException, PyTimeoutError};
 use pyo3::prelude::*;
+use pyo3::types::{PyCFunction, PyDict};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use ugds::batch::Op;
@@ -179,7 +183,9 @@ impl Drop for PyCpuStream {
 
 /// A queued operation (stream-ordered, or `pread`/`pwrite`): `done()`, `result(timeout=None)`
 /// (kvikio's `get()` too), which waits for the bytes moved (or raises the operation's error),
-/// `future()`, its `concurrent.futures.Future`, and `await io`.
+/// the rest of a `concurrent.futures.Future`'s methods (`exception`, `add_done_callback`,
+/// `cancel`, `cancelled`, `running`), `future()`, its real `concurrent.futures.Future`, and
+/// `await io`.
 #[pyclass(module = "ugds._ugds", name = "AsyncIo", frozen)]
 pub struct PyAsyncIo {
     slot: Arc<Slot>,
@@ -197,28 +203,64 @@ impl PyAsyncIo {
     /// passed first).
     #[pyo3(signature = (timeout = None))]
     fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
-        let slot = self.slot.clone();
-        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
-        let v = py.detach(move || {
-            let mut r = slot.result.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(v) = *r {
-                    return Some(v);
-                }
-                let wait = match deadline {
-                    Some(d) => match d.checked_duration_since(Instant::now()) {
-                        Some(left) if !left.is_zero() => left,
-                        _ => return None,
-                    },
-                    None => Duration::from_secs(3600),
-                };
-                r = slot.done.wait_timeout(r, wait).unwrap_or_else(|e| e.into_inner()).0;
-            }
-        });
-        let Some(v) = v else {
-            return Err(pyo3::exceptions::PyTimeoutError::new_err(format!("{} has not run yet", self.slot.what)));
-        };
+        let v = self.wait(py, timeout)?;
         self.slot.outcome(py, v)
+    }
+
+    /// Waits as `result()` does; returns None when the operation succeeded, or the exception
+    /// `result()` raises when it failed (the same instance every time), as
+    /// `concurrent.futures.Future.exception` does. TimeoutError when `timeout` passes first.
+    #[pyo3(signature = (timeout = None))]
+    fn exception(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Py<PyAny>>> {
+        let v = self.wait(py, timeout)?;
+        Ok(self.slot.outcome(py, v).err().map(|e| e.into_value(py).into_any()))
+    }
+
+    /// Calls `fn(io)`, with this AsyncIo, once the operation has finished: at once (in this
+    /// thread) when it has already, else in the thread that finishes it, as
+    /// `concurrent.futures.Future.add_done_callback` does; an exception `fn` raises is logged
+    /// (the `concurrent.futures` logger), not raised. Each call adds one call of `fn`.
+    fn add_done_callback(slf: &Bound<'_, Self>, r#fn: Py<PyAny>) -> PyResult<()> {
+        let py = slf.py();
+        if slf.get().done() {
+            // Not through the future: one made before may not be completed yet (the finishing
+            // thread stores the result first, then takes the GIL to complete it), and a callback
+            // added to a finished operation runs now.
+            return match r#fn.call1(py, (slf,)) {
+                Ok(_) => Ok(()),
+                Err(e) => log_callback_error(slf.as_any(), e),
+            };
+        }
+        // The future keeps its callbacks after running them, and this one holds the AsyncIo,
+        // which holds the future: a cycle the garbage collector cannot see through the Rust
+        // fields. Taking the pair on the call breaks it (and makes the call happen once).
+        let once = Mutex::new(Some((slf.clone().unbind(), r#fn)));
+        let call = PyCFunction::new_closure(py, Some(c"ugds_done_callback"), None, move |args, _kwargs| {
+            let taken = once.lock().unwrap_or_else(|e| e.into_inner()).take();
+            match taken {
+                Some((io, f)) => f.call1(args.py(), (io,)).map(drop),
+                None => Ok(()),
+            }
+        })?;
+        slf.get().future(py)?.call_method1(py, "add_done_callback", (call,))?;
+        Ok(())
+    }
+
+    /// Returns False: queued I/O cannot be recalled (the stream or an I/O thread has it
+    /// already), so the operation always runs to its end.
+    fn cancel(&self) -> bool {
+        false
+    }
+
+    /// False: an AsyncIo is never cancelled (see `cancel`).
+    fn cancelled(&self) -> bool {
+        false
+    }
+
+    /// Whether the operation is still under way (`not done()`): it is handed over when queued,
+    /// so there is no pending state a Future's `running()` would tell apart.
+    fn running(&self) -> bool {
+        !self.done()
     }
 
     /// kvikio's name for `result()`: waits and returns the bytes moved.
@@ -266,6 +308,53 @@ impl PyAsyncIo {
         };
         format!("ugds.AsyncIo({}, {state})", self.slot.what)
     }
+}
+
+impl PyAsyncIo {
+    /// Waits (without the GIL: the thread that finishes the operation may need it) until the
+    /// operation has run, up to `timeout` seconds (None: no limit); returns its stored result
+    /// (bytes moved or a negative errno). The only error is TimeoutError when the timeout passed
+    /// first, so callers can tell it from the operation's own errors (`ugds.Timeout` is a
+    /// TimeoutError too).
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<i64> {
+        let slot = self.slot.clone();
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let v = py.detach(move || {
+            let mut r = slot.result.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(v) = *r {
+                    return Some(v);
+                }
+                let wait = match deadline {
+                    Some(d) => match d.checked_duration_since(Instant::now()) {
+                        Some(left) if !left.is_zero() => left,
+                        _ => return None,
+                    },
+                    None => Duration::from_secs(3600),
+                };
+                r = slot.done.wait_timeout(r, wait).unwrap_or_else(|e| e.into_inner()).0;
+            }
+        });
+        v.ok_or_else(|| PyTimeoutError::new_err(format!("{} has not run yet", self.slot.what)))
+    }
+}
+
+/// A done-callback's exception: logged as `concurrent.futures.Future` logs one (its logger, the
+/// same words), since the callback is the caller's and the operation itself went fine. Like
+/// the Future, only an `Exception` is caught; anything else (KeyboardInterrupt) is raised.
+fn log_callback_error(io: &Bound<'_, PyAny>, e: PyErr) -> PyResult<()> {
+    let py = io.py();
+    if !e.is_instance_of::<PyException>(py) {
+        return Err(e);
+    }
+    let kw = PyDict::new(py);
+    kw.set_item("exc_info", e.into_value(py))?;
+    py.import("logging")?.call_method1("getLogger", ("concurrent.futures",))?.call_method(
+        "error",
+        ("exception calling callback for %r", io),
+        Some(&kw),
+    )?;
+    Ok(())
 }
 
 /// The library's stream-ordered I/O for a CUDA stream handle, one per (context, handle) for the

@@ -728,6 +728,65 @@ class AsyncIoFutureTests(Base):
         self.assertIs(ios[0].future(), futs[0])
         self.assertEqual(ios[0].get(), self.bs)
 
+    def test_it_has_a_futures_methods(self) -> None:
+        # Queued behind a job that waits on the gate: pending until the gate opens.
+        s = ugds.CpuStream()
+        gate = threading.Event()
+        s.launch(lambda: gate.wait(60))
+        io = self.st.read_async(bytearray(self.bs), 0, self.bs, stream=s)
+        calls: list = []
+        called = threading.Event()
+
+        def record(f) -> None:
+            calls.append(f)
+            called.set()
+
+        try:
+            io.add_done_callback(record)
+            self.assertEqual(calls, [])
+            self.assertTrue(io.running())
+            self.assertFalse(io.cancel())  # queued I/O cannot be recalled
+            self.assertFalse(io.cancelled())
+            with self.assertRaises(TimeoutError):
+                io.exception(timeout=0)
+        finally:
+            gate.set()  # also when a check failed: the stream's drop waits for the gate's job
+        self.assertTrue(called.wait(60))
+        self.assertEqual(io.result(timeout=60), self.bs)
+        self.assertIsNone(io.exception())
+        self.assertFalse(io.running())
+        self.assertFalse(io.cancel())
+        # Added after the end: called at once, in this thread; the first one is not called again.
+        late: list = []
+        io.add_done_callback(late.append)
+        s.synchronize()
+        self.assertEqual(len(calls), 1)
+        self.assertIs(calls[0], io)
+        self.assertEqual(len(late), 1)
+        self.assertIs(late[0], io)
+        # An operation over before anything asked for its future: the same.
+        done = self.st.pread(bytearray(self.bs), self.bs)
+        self.assertEqual(done.result(timeout=60), self.bs)
+        done.add_done_callback(late.append)
+        self.assertIs(late[1], done)
+        # A callback's exception is logged (as concurrent.futures logs one), not raised.
+        with self.assertLogs("concurrent.futures", "ERROR"):
+            done.add_done_callback(lambda f: 1 / 0)
+
+    def test_exception_gives_a_failed_operations_error(self) -> None:
+        # Far past the end (a read there only comes back short on a file): aligned, so accepted
+        # at the call; refused when the stream runs it (EFBIG on a file, the range on a node).
+        s = ugds.CpuStream()
+        io = self.st.write_async(bytearray(self.bs), 1 << 62, self.bs, stream=s)
+        e = io.exception(timeout=60)
+        self.assertIsInstance(e, ugds.IoError)
+        self.assertTrue(e.errno)
+        self.assertIs(io.exception(), e)
+        with self.assertRaises(ugds.IoError) as c:
+            io.result()
+        self.assertIs(c.exception, e)
+        self.assertFalse(io.cancelled())
+
 
 class KvikioStyleTests(Base):
     def test_pwrite_and_pread_return_futures(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Awaitable, Dict, Generator, Iterable, List, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, Generator, Iterable, List, Optional, Tuple, Union
 
 __version__: str
 
@@ -198,13 +198,23 @@ class CpuStream:
     def synchronize(self) -> None: ...
 
 class AsyncIo:
-    """A queued operation (stream-ordered, or ``pread``/``pwrite``): awaitable, and a
-    ``concurrent.futures.Future`` through ``future()``."""
+    """A queued operation (stream-ordered, or ``pread``/``pwrite``): awaitable, with a
+    ``concurrent.futures.Future``'s methods, and a real ``concurrent.futures.Future`` through
+    ``future()`` (what ``concurrent.futures.wait``/``as_completed`` need)."""
 
     def done(self) -> bool: ...
     def result(self, timeout: Optional[float] = None) -> int:
         """Waits for the bytes moved, or raises the operation's error (TimeoutError when
         ``timeout`` seconds pass first)."""
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """Waits as ``result()`` does; None on success, else the exception ``result()`` raises."""
+    def add_done_callback(self, fn: Callable[[AsyncIo], Any]) -> None:
+        """Calls ``fn(self)`` once the operation has finished (at once when it has already)."""
+    def cancel(self) -> bool:
+        """False: queued I/O cannot be recalled."""
+    def cancelled(self) -> bool: ...
+    def running(self) -> bool:
+        """``not done()``."""
     def get(self) -> int:
         """kvikio's name for ``result()``."""
     def future(self) -> concurrent.futures.Future[int]:
