@@ -50,8 +50,10 @@ pub(crate) fn staged(
         for k in 0..nchunks {
             let i = k % 2;
             let (at, n) = piece(k);
-            // Chunk i is free again (its previous copy finished) / holds chunk k's data.
-            qs[i].wait()?;
+            // Chunk i is free again (its previous copy finished) / holds chunk k's data. A
+            // small I/O polls for it, as for the last copy (a blocking wait sleeps for longer
+            // than the copy takes).
+            gpu.wait_copy(qs[i].as_mut(), len)?;
             if write {
                 if k + 1 < nchunks {
                     let (at1, n1) = piece(k + 1);

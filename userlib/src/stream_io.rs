@@ -27,7 +27,7 @@ use crate::inflight::{InFlight, Why};
 use crate::storage::ConcretePath;
 use crate::storage::Storage;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -112,17 +112,18 @@ struct Tickets {
 /// Stream-ordered I/O on one stream (cuFile's registered stream).
 ///
 /// Dropping it never calls the stream (the application may have destroyed it already): it
-/// waits until the stream has passed every group queued through it, which a host function
-/// queued after each group's wait reports, and only then frees the completion word the
-/// stream's waits read.
+/// waits until the stream has passed every group queued through it, which the stream itself
+/// reports (it writes a second word after each group's wait), and only then frees the words the
+/// stream reads and writes.
 #[derive(Debug)]
 pub struct StreamIo {
     stream: Arc<dyn Stream>,
     word: CompletionWord,
     tickets: Arc<Mutex<Tickets>>,
     next: Mutex<u32>,
-    /// The last ticket whose group the stream has passed (its wait included).
-    passed: Arc<AtomicU32>,
+    /// The last ticket whose group the stream has passed (its wait included), written by the
+    /// stream after each group's wait.
+    passed: CompletionWord,
     /// The ring groups on a file target run on (made at the first, larger when a group is).
     #[cfg(feature = "fallback")]
     ring: Arc<Mutex<Option<RingBatch>>>,
@@ -170,12 +171,14 @@ impl StreamIo {
         let born = crate::fork::watch()?;
         let word = stream.completion_word()?;
         word.store(0);
+        let passed = stream.completion_word()?;
+        passed.store(0);
         Ok(StreamIo {
             stream,
             word,
             tickets: Arc::default(),
             next: Mutex::new(0),
-            passed: Arc::default(),
+            passed,
             #[cfg(feature = "fallback")]
             ring: Arc::default(),
             born,
@@ -290,8 +293,9 @@ impl StreamIo {
         if waited.is_err() {
             cancel.store(true, Ordering::Release);
         }
-        let passed = self.passed.clone();
-        let marked = self.stream.host_fn(Box::new(move || passed.store(last, Ordering::Release)));
+        // Written by the stream, not a host function: a host function here would be a second
+        // round trip to a host thread on every synchronize's critical path.
+        let marked = self.stream.write_word(&self.passed, last);
         waited.and(marked)
     }
 
@@ -304,7 +308,7 @@ impl StreamIo {
     /// Whether the stream has passed every group queued through this registration.
     pub fn idle(&self) -> bool {
         let next = *self.next.lock().unwrap_or_else(|e| e.into_inner());
-        self.passed.load(Ordering::Acquire).wrapping_sub(next) as i32 >= 0
+        self.passed.reached(next)
     }
 }
 
@@ -399,8 +403,9 @@ impl Drop for StreamIo {
     fn drop(&mut self) {
         if self.born.in_child() {
             // The stream and the workers are the parent's: nothing will pass the groups here.
-            // The completion word (pinned memory of the parent's runtime) and the ring stay.
+            // The completion words (pinned memory of the parent's runtime) and the ring stay.
             std::mem::forget(self.word.clone());
+            std::mem::forget(self.passed.clone());
             #[cfg(feature = "fallback")]
             std::mem::forget(self.ring.clone());
             return;
@@ -408,8 +413,9 @@ impl Drop for StreamIo {
         let deadline = Instant::now() + DROP_WAIT;
         while !self.idle() {
             if Instant::now() >= deadline {
-                // The stream may still read the word: a token keeps its memory allocated.
-                InFlight::new(Why::Stream).holding(self.word.clone()).keep();
+                // The stream may still read the one word and write the other: a token keeps
+                // their memory allocated.
+                InFlight::new(Why::Stream).holding((self.word.clone(), self.passed.clone())).keep();
                 return;
             }
             std::thread::sleep(Duration::from_micros(100));

@@ -482,6 +482,16 @@ impl Stream for CudaStream {
         check("cuStreamWaitValue32", unsafe { cu::cuStreamWaitValue32_v2(self.raw, word.device_addr(), value, geq) })
     }
 
+    fn write_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
+        let _ctx = self.cuda.enter()?;
+        let flags = cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: the word's device address is mapped pinned memory that outlives the write
+        // (its owner keeps the word until it has seen the value, i.e. the write is done).
+        check("cuStreamWriteValue32", unsafe {
+            cu::cuStreamWriteValue32_v2(self.raw, word.device_addr(), value, flags)
+        })
+    }
+
     fn synchronize(&self) -> Result<()> {
         let _ctx = self.cuda.enter()?;
         // SAFETY: a live stream.

@@ -95,6 +95,13 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
     fn host_fn(&self, f: HostFn) -> Result<()>;
     /// Queues a wait: later work starts once `word` has reached `value` (cyclic `>=`).
     fn wait_word(&self, word: &CompletionWord, value: u32) -> Result<()>;
+    /// Queues a store of `value` into `word`, done once everything queued before it is. By
+    /// default a host function; a runtime that can write memory from the stream itself
+    /// (CUDA's `cuStreamWriteValue32`) spares the round trip to a host thread.
+    fn write_word(&self, word: &CompletionWord, value: u32) -> Result<()> {
+        let word = word.clone();
+        self.host_fn(Box::new(move || word.store(value)))
+    }
     /// Blocks until everything queued so far is done.
     fn synchronize(&self) -> Result<()>;
     /// The runtime's handle (`CUstream` for CUDA), for callers that launch their own work.
