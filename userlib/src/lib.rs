@@ -55,6 +55,7 @@ pub(crate) mod sgl;
 mod staging_pipeline;
 pub mod storage;
 pub mod storage_batch;
+mod stream_dispatch;
 pub mod stream_io;
 pub(crate) mod sys;
 pub mod sysfs;

@@ -1,9 +1,10 @@
 //! Stream-ordered I/O (cuFile's `cuFileReadAsync`/`cuFileWriteAsync`), without blocking the
 //! GPU runtime's callback thread for an I/O's duration.
 //!
-//! A group of operations becomes two stream entries: a host function that, when the stream
-//! reaches it, reads each operation's late-bound arguments (size, file offset, buffer offset)
-//! from host memory and hands the I/O to worker threads — then returns at once; and a wait on a
+//! A group of operations becomes stream entries: a store of the group's first ticket into a
+//! host-mapped word, which the registration's dispatcher thread ([`crate::stream_dispatch`])
+//! sees when the stream reaches it, and then reads each operation's late-bound arguments (size,
+//! file offset, buffer offset) from host memory and hands the I/O to worker threads; a wait on a
 //! host-mapped completion word, which the workers advance as operations finish (in ticket
 //! order, so the word means "every operation up to this ticket is done"). Work queued after the
 //! group starts only when all of the group's I/O is done; the operations of one group overlap
@@ -26,6 +27,7 @@ use crate::inflight::{InFlight, Why};
 #[cfg(feature = "fallback")]
 use crate::storage::ConcretePath;
 use crate::storage::Storage;
+use crate::stream_dispatch::Dispatcher;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -124,6 +126,8 @@ pub struct StreamIo {
     /// The last ticket whose group the stream has passed (its wait included), written by the
     /// stream after each group's wait.
     passed: CompletionWord,
+    /// Starts each group when the stream reaches it.
+    dispatch: Dispatcher,
     /// The ring groups on a file target run on (made at the first, larger when a group is).
     #[cfg(feature = "fallback")]
     ring: Arc<Mutex<Option<RingBatch>>>,
@@ -173,12 +177,14 @@ impl StreamIo {
         word.store(0);
         let passed = stream.completion_word()?;
         passed.store(0);
+        let dispatch = Dispatcher::new(&*stream)?;
         Ok(StreamIo {
             stream,
             word,
             tickets: Arc::default(),
             next: Mutex::new(0),
             passed,
+            dispatch,
             #[cfg(feature = "fallback")]
             ring: Arc::default(),
             born,
@@ -226,23 +232,21 @@ impl StreamIo {
         self.submit_jobs(&storage.engine()?, jobs)
     }
 
-    /// [`StreamIo::submit`] on a file target: one ticket and one worker job for the group.
+    /// [`StreamIo::submit`] on a file target: one ticket for the group, which runs on the
+    /// registration's dispatcher (nothing else runs there until the stream passes the group:
+    /// its wait comes before the next group's start).
     #[cfg(feature = "fallback")]
     fn submit_to_ring(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
         let engine = storage.engine()?;
         let (s, ops, ring) = (storage.clone(), ops.to_vec(), self.ring.clone());
         let (word, tickets) = (self.word.clone(), self.tickets.clone());
         self.queue(1, move |first, cancelled| {
-            // Finishes the ticket once the group job and any job it handed work to are over
-            // (or were dropped unrun).
+            // Finishes the ticket once the group and any job it handed work to are over (or
+            // were dropped unrun).
             let done = Arc::new(Finish { tickets, word, ticket: first });
-            let workers = engine.clone();
-            let work = move || {
-                if !cancelled.load(Ordering::Acquire) {
-                    run_group(&s, &workers, &ring, &ops, &done);
-                }
-            };
-            let _ = engine.spawn(work);
+            if !cancelled.load(Ordering::Acquire) {
+                run_group(&s, &engine, &ring, &ops, &done);
+            }
         })
     }
 
@@ -256,6 +260,7 @@ impl StreamIo {
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
         // CAST: a group's jobs are counted in u32 tickets (wrapping is how tickets work).
         self.queue(jobs.len() as u32, move |first, cancelled| {
+            let single = jobs.len() == 1;
             for (i, job) in jobs.into_iter().enumerate() {
                 let ticket = first.wrapping_add(i as u32);
                 // Finishes the ticket however the job ends (returns, panics, or is dropped
@@ -268,8 +273,14 @@ impl StreamIo {
                         job();
                     }
                 };
-                // A refused spawn drops `work` and with it `done`: the ticket still finishes.
-                let _ = engine.spawn(work);
+                if single {
+                    // A group of one runs on the dispatcher (no hand-off to a worker: the
+                    // dispatcher is idle until the stream passes this group anyway).
+                    work();
+                } else {
+                    // A refused spawn drops `work` and with it `done`: the ticket still finishes.
+                    let _ = engine.spawn(work);
+                }
             }
         })
     }
@@ -277,7 +288,7 @@ impl StreamIo {
     /// Queues a group of `count` tickets on the stream: `run(first, cancelled)`, which must
     /// see to it that tickets `first..first + count` finish, when the stream reaches the
     /// group, then the wait for them. `cancelled` is set when queuing the group's wait failed
-    /// after its host function was queued: the caller is told the operation failed, so its I/O
+    /// after its start was queued: the caller is told the operation failed, so its I/O
     /// must not start (it would use memory the caller may free); I/O that started before the
     /// flag was set cannot be recalled.
     fn queue(&self, count: u32, run: impl FnOnce(u32, Arc<AtomicBool>) + Send + 'static) -> Result<()> {
@@ -286,8 +297,8 @@ impl StreamIo {
         let last = next.wrapping_add(count);
         let cancelled = Arc::new(AtomicBool::new(false));
         let cancel = cancelled.clone();
-        self.stream.host_fn(Box::new(move || run(first, cancelled)))?;
-        // Whatever happens next, the host function above finishes these tickets.
+        self.dispatch.queue(&*self.stream, first, Box::new(move || run(first, cancelled)))?;
+        // Whatever happens next, the group's start queued above finishes these tickets.
         *next = last;
         let waited = self.stream.wait_word(&self.word, last);
         if waited.is_err() {
@@ -406,6 +417,7 @@ impl Drop for StreamIo {
             // The completion words (pinned memory of the parent's runtime) and the ring stay.
             std::mem::forget(self.word.clone());
             std::mem::forget(self.passed.clone());
+            self.dispatch.forget();
             #[cfg(feature = "fallback")]
             std::mem::forget(self.ring.clone());
             return;
@@ -415,7 +427,10 @@ impl Drop for StreamIo {
             if Instant::now() >= deadline {
                 // The stream may still read the one word and write the other: a token keeps
                 // their memory allocated.
-                InFlight::new(Why::Stream).holding((self.word.clone(), self.passed.clone())).keep();
+                let words = (self.word.clone(), self.passed.clone(), self.dispatch.word().clone());
+                InFlight::new(Why::Stream).holding(words).keep();
+                // Its thread ends on its own should the stream ever reach what is queued.
+                self.dispatch.stop(false);
                 return;
             }
             std::thread::sleep(Duration::from_micros(100));
