@@ -1,10 +1,10 @@
-//! Streams: a GPU runtime's ordered work queue, seen through the two operations stream-ordered
-//! I/O needs — run a short host function when the stream reaches a point, and make the stream
-//! wait until a host-mapped 32-bit word reaches a value.
+//! Streams: a GPU runtime's ordered work queue, seen through the operations stream-ordered I/O
+//! needs — store into a host-mapped 32-bit word (or run a short host function) when the stream
+//! reaches a point, and make the stream wait until such a word reaches a value.
 //!
 //! [`CpuStream`] implements them with a thread, so the ordering logic of
 //! [`crate::stream_io`] is tested without a GPU; `gpu::cuda` implements them with
-//! `cuLaunchHostFunc` and `cuStreamWaitValue32`.
+//! `cuStreamWriteValue32`, `cuLaunchHostFunc` and `cuStreamWaitValue32`.
 
 use crate::error::{Error, Result};
 use std::any::Any;
