@@ -244,6 +244,12 @@ fn step_model(m: &Mutex<Model>) -> usize {
     m.lock().unwrap_or_else(|p| p.into_inner()).step()
 }
 
+/// Whether a model runs on this thread's idle polls.
+#[cfg(test)]
+pub(crate) fn stepping_on_idle_polls() -> bool {
+    STEP_ON_IDLE.with(|m| m.borrow().is_some())
+}
+
 /// Stops running a model on this thread's idle polls.
 pub(crate) fn stop_stepping_on_idle_polls() {
     STEP_ON_IDLE.with(|m| *m.borrow_mut() = None);
