@@ -283,15 +283,7 @@ impl QueuePair {
         if n == 0 {
             return Ok(self.lock().epoch);
         }
-        let mut sub = self.submission(nsid, status)?;
-        let mut wait = Wait::default();
-        while !sub.make_room(n, status)? {
-            // Let the other users of the queue in while the device works.
-            drop(sub);
-            wait.spin(&cmds[0], timeout)?;
-            sub = self.submission(nsid, status)?;
-        }
-        sub.push_all(cmds, cids)
+        self.submission_with_room(nsid, n, status, timeout, &cmds[0])?.push_all(cmds, cids)
     }
 
     /// [`QueuePair::submit_tagged`] for the queue's single owner: no lock, no atomic
@@ -309,12 +301,7 @@ impl QueuePair {
             // As the shared call: an empty burst only reads the epoch.
             return Ok(self.rings.get_mut().epoch);
         }
-        let mut sub = self.submission_owned(nsid, status)?;
-        let mut wait = Wait::default();
-        while !sub.make_room(n, status)? {
-            wait.spin(&cmds[0], timeout)?;
-        }
-        sub.push_all(cmds, cids)
+        self.submission_owned_with_room(nsid, n, status, timeout, &cmds[0])?.push_all(cmds, cids)
     }
 
     /// Writes one command into a free slot (waiting for room up to `timeout`) and rings the
@@ -322,14 +309,7 @@ impl QueuePair {
     /// [`Ticket`] for [`QueuePair::collect_one`]. Nothing is published on error.
     #[inline]
     pub fn submit_one(&self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket> {
-        let mut sub = self.submission(nsid, status)?;
-        let mut wait = Wait::default();
-        while !sub.make_room(1, status)? {
-            drop(sub);
-            wait.spin(cmd, timeout)?;
-            sub = self.submission(nsid, status)?;
-        }
-        sub.push_one(cmd)
+        self.submission_with_room(nsid, 1, status, timeout, cmd)?.push_one(cmd)
     }
 
     /// [`QueuePair::submit_one`] for the queue's single owner: no lock.
@@ -341,12 +321,48 @@ impl QueuePair {
         status: &StatusView,
         timeout: Duration,
     ) -> Result<Ticket> {
+        self.submission_owned_with_room(nsid, 1, status, timeout, cmd)?.push_one(cmd)
+    }
+
+    /// A submission with room for `n` commands (reaping what completed), waiting for room up to
+    /// `timeout` and letting the other users of the queue in meanwhile; `first` names the
+    /// request in a timeout's error.
+    #[inline(always)]
+    fn submission_with_room(
+        &self,
+        nsid: u32,
+        n: usize,
+        status: &StatusView,
+        timeout: Duration,
+        first: &Command<'_>,
+    ) -> Result<Submission<'_>> {
+        let mut sub = self.submission(nsid, status)?;
+        let mut wait = Wait::default();
+        while !sub.make_room(n, status)? {
+            // Let the other users of the queue in while the device works.
+            drop(sub);
+            wait.spin(first, timeout)?;
+            sub = self.submission(nsid, status)?;
+        }
+        Ok(sub)
+    }
+
+    /// [`QueuePair::submission_with_room`] for the queue's single owner: no lock.
+    #[inline(always)]
+    fn submission_owned_with_room(
+        &mut self,
+        nsid: u32,
+        n: usize,
+        status: &StatusView,
+        timeout: Duration,
+        first: &Command<'_>,
+    ) -> Result<Submission<'_, &mut Rings>> {
         let mut sub = self.submission_owned(nsid, status)?;
         let mut wait = Wait::default();
-        while !sub.make_room(1, status)? {
-            wait.spin(cmd, timeout)?;
+        while !sub.make_room(n, status)? {
+            wait.spin(first, timeout)?;
         }
-        sub.push_one(cmd)
+        Ok(sub)
     }
 
     /// Reaps the queue and returns the status of the command `t` names once it completed (its id

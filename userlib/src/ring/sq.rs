@@ -67,7 +67,7 @@ impl Sq {
     #[inline]
     pub fn push<'m, M: QueueMemory + ?Sized>(&mut self, mem: &'m M) -> Option<SqSlot<'m, M>> {
         let off = self.tail as usize * SQE_BYTES;
-        if self.used + 1 >= self.depth || off + SQE_BYTES > mem.len() {
+        if self.space() == 0 || off + SQE_BYTES > mem.len() {
             return None;
         }
         self.used += 1;
