@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::fallback_batch::RingBatch;
 use crate::fork::Born;
 use crate::queue_batch::QueueBatch;
+use crate::remote::batch::RemoteBatch;
 use crate::storage::{ConcretePath, Storage};
 use crate::volume_batch::VolumeQueueBatch;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,6 +71,7 @@ enum Native {
     Volume(VolumeQueueBatch),
     #[cfg(feature = "fallback")]
     Ring(Box<RingBatch>),
+    Remote(Box<RemoteBatch>),
 }
 
 impl Native {
@@ -79,6 +81,7 @@ impl Native {
             Native::Volume(v) => v.in_flight(),
             #[cfg(feature = "fallback")]
             Native::Ring(r) => r.in_flight(),
+            Native::Remote(r) => r.in_flight(),
         }
     }
 
@@ -88,6 +91,7 @@ impl Native {
             Native::One(_) | Native::Volume(_) => r.buf.registration().is_some() && r.len <= max_cmd,
             #[cfg(feature = "fallback")]
             Native::Ring(q) => q.takes(&r.buf, r.buf_offset, r.len),
+            Native::Remote(q) => q.takes(r.buf.mem(), r.len),
         }
     }
 
@@ -97,6 +101,7 @@ impl Native {
             Native::Volume(v) => v.submit(entries),
             #[cfg(feature = "fallback")]
             Native::Ring(r) => r.submit(entries),
+            Native::Remote(r) => r.submit(entries),
         }
     }
 
@@ -106,6 +111,7 @@ impl Native {
             Native::Volume(v) => v.status(min, timeout),
             #[cfg(feature = "fallback")]
             Native::Ring(r) => r.status(min, timeout),
+            Native::Remote(r) => r.status(min, timeout),
         }
     }
 
@@ -115,6 +121,7 @@ impl Native {
             Native::Volume(v) => v.cancel(),
             #[cfg(feature = "fallback")]
             Native::Ring(r) => r.cancel(),
+            Native::Remote(r) => r.cancel(),
         }
     }
 }
@@ -133,7 +140,10 @@ impl StorageBatch {
             ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
             #[cfg(feature = "fallback")]
             ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
-            ConcretePath::Remote(_) => None,
+            // Queues of its own on NVMe/TCP; RDMA's queues run one call at a time.
+            ConcretePath::Remote(r) => {
+                RemoteBatch::new(r.link(), capacity).ok().flatten().map(|b| Native::Remote(Box::new(b)))
+            }
         };
         let queue = matches!(native, Some(Native::One(_) | Native::Volume(_)));
         if queue && !WARM.swap(true, Ordering::AcqRel) {

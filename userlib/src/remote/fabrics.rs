@@ -21,8 +21,8 @@ use zerocopy::{FromBytes, IntoBytes};
 const KATO_MS: u32 = 15_000;
 /// Admin queue entries.
 const ADMIN_DEPTH: u16 = 32;
-/// I/O commands in flight per queue at most.
-const IO_DEPTH: u16 = 64;
+/// I/O queue entries (the Linux initiator's default queue size).
+const IO_DEPTH: u16 = 128;
 /// I/O queues asked for (each is one connection).
 const IO_QUEUES: u16 = 8;
 /// Keep Alive opcode.
@@ -301,32 +301,63 @@ impl Controller {
             if let Some(q) = pool.free.pop() {
                 return Ok(q);
             }
-            let qid = match pool.spare.pop() {
-                Some(q) => Some(q),
-                None if pool.next_qid <= self.max_queues => {
-                    pool.next_qid += 1;
-                    Some(pool.next_qid - 1)
-                }
-                None => None,
-            };
-            if let Some(qid) = qid {
+            if let Some(qid) = self.next_qid(&mut pool) {
                 drop(pool);
-                // CAST: IO_DEPTH fits a u16.
-                let r = connect_queue(&self.spec, &self.hostnqn, self.hostid, qid, self.io_depth as u16, self.cntlid);
-                return match r {
-                    Ok((mut q, _)) => {
-                        q.set_in_capsule(self.in_capsule);
-                        Ok(q)
-                    }
-                    Err(e) => {
-                        self.pool.lock().unwrap_or_else(|e| e.into_inner()).spare.push(qid);
-                        // The target no longer knows the controller, or cannot be reached.
-                        self.dead.store(true, Ordering::Relaxed);
-                        Err(e)
-                    }
-                };
+                return self.connect_io(qid);
             }
             pool = self.returned.wait(pool).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// An I/O queue for a batch to hold, never waiting for one: `None` unless another stays
+    /// free or connectable for synchronous I/O (a batch that took the last one would make
+    /// the next read wait for the batch's end).
+    pub(crate) fn take_spare_queue(&self) -> Result<Option<Queue>> {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let unopened = (self.max_queues + 1).saturating_sub(pool.next_qid);
+        if pool.free.len() + pool.spare.len() + usize::from(unopened) < 2 {
+            return Ok(None);
+        }
+        if let Some(q) = pool.free.pop() {
+            return Ok(Some(q));
+        }
+        match self.next_qid(&mut pool) {
+            Some(qid) => {
+                drop(pool);
+                self.connect_io(qid).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A QID for a new connection: a broken one's, or the next while fewer than the granted
+    /// number exist.
+    fn next_qid(&self, pool: &mut Pool) -> Option<u16> {
+        match pool.spare.pop() {
+            Some(q) => Some(q),
+            None if pool.next_qid <= self.max_queues => {
+                pool.next_qid += 1;
+                Some(pool.next_qid - 1)
+            }
+            None => None,
+        }
+    }
+
+    /// Connects I/O queue `qid`; on failure its QID goes back and the controller is taken
+    /// for gone.
+    fn connect_io(&self, qid: u16) -> Result<Queue> {
+        // CAST: IO_DEPTH fits a u16.
+        match connect_queue(&self.spec, &self.hostnqn, self.hostid, qid, self.io_depth as u16, self.cntlid) {
+            Ok((mut q, _)) => {
+                q.set_in_capsule(self.in_capsule);
+                Ok(q)
+            }
+            Err(e) => {
+                self.pool.lock().unwrap_or_else(|e| e.into_inner()).spare.push(qid);
+                // The target no longer knows the controller, or cannot be reached.
+                self.dead.store(true, Ordering::Relaxed);
+                Err(e)
+            }
         }
     }
 

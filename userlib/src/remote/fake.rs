@@ -47,6 +47,9 @@ pub(crate) struct FakeConfig {
     /// NSZE reported for namespace 1 in place of `blocks` (a hostile target's size; the disk
     /// stays `blocks` long).
     pub(crate) nsze: Option<u64>,
+    /// On I/O queues, after their Connect: read this many command capsules before answering
+    /// any (an initiator that keeps fewer in flight on one connection waits for ever).
+    pub(crate) gather: usize,
 }
 
 impl Default for FakeConfig {
@@ -64,6 +67,7 @@ impl Default for FakeConfig {
             mdts: 0,
             garbage: None,
             nsze: None,
+            gather: 1,
         }
     }
 }
@@ -97,7 +101,8 @@ impl Fake {
                 let (cfg, d) = (cfg.clone(), d.clone());
                 let idx = count.fetch_add(1, Ordering::SeqCst);
                 std::thread::spawn(move || {
-                    if let Err(e) = (Conn { s, cfg, disk: d, idx, sent: 0, pending: Default::default() }.serve()) {
+                    let c = Conn { s, cfg, disk: d, idx, sent: 0, io: false, pending: Default::default() };
+                    if let Err(e) = c.serve() {
                         eprintln!("fake target: connection {idx}: {e}");
                     }
                 });
@@ -125,6 +130,8 @@ struct Conn {
     disk: Arc<Mutex<Vec<u8>>>,
     idx: usize,
     sent: usize,
+    /// An I/O queue (its Connect named a QID above 0).
+    io: bool,
     pending: std::collections::VecDeque<(Sqe, Vec<u8>)>,
 }
 
@@ -262,6 +269,14 @@ impl Conn {
         self.pdu(&[resp.as_bytes()])?;
         let mut cc = 0u32;
         loop {
+            if self.io && self.pending.is_empty() {
+                for _ in 0..self.cfg.gather {
+                    let mut h = [0u8; 8];
+                    self.s.read_exact(&mut h)?;
+                    let c = self.read_capsule(&h)?;
+                    self.pending.push_back(c);
+                }
+            }
             let (sqe, inline) = match self.pending.pop_front() {
                 Some(c) => c,
                 None => {
@@ -289,6 +304,7 @@ impl Conn {
                             st.dnr = true;
                             self.resp(cid, st, 0)?;
                         } else {
+                            self.io = sqe.cdw(10) >> 16 != 0;
                             self.resp(cid, ok, 1)?;
                         }
                     }

@@ -11,6 +11,7 @@
 //! on the fallback path. Every I/O runs on one queue (one connection) with its commands all in
 //! flight.
 
+pub(crate) mod batch;
 mod fabrics;
 mod queue;
 #[cfg(feature = "rdma")]
@@ -22,6 +23,8 @@ pub mod uri;
 #[cfg(feature = "rdma")]
 mod verbs;
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod fake;
 #[cfg(any(test, feature = "test-utils"))]
@@ -57,11 +60,7 @@ const BACKOFF_MAX_MS: u64 = 1000;
 /// A namespace on an NVMe over Fabrics target.
 #[derive(Debug)]
 pub(crate) struct RemotePath {
-    spec: RemoteSpec,
-    /// The controller in use; replaced by a new one when it is found gone.
-    ctrl: RwLock<Arc<Controller>>,
-    ns: NsInfo,
-    reconnects: AtomicU64,
+    link: Arc<Link>,
     /// GPU registrations whose dma-buf the RDMA NIC refused (staged instead), and the last
     /// reason: made visible in `describe()`, never silent.
     dmabuf_refused: AtomicU64,
@@ -87,25 +86,45 @@ fn transport_failed(e: &Error) -> bool {
     matches!(e, Error::RemoteTransport { .. } | Error::RemoteProtocol { .. })
 }
 
+/// The namespace and the controller that reaches it, replaced when it is found gone: what the
+/// path and its batches share.
+#[derive(Debug)]
+pub(crate) struct Link {
+    spec: RemoteSpec,
+    /// The controller in use; replaced by a new one when it is found gone.
+    ctrl: RwLock<Arc<Controller>>,
+    ns: NsInfo,
+    reconnects: AtomicU64,
+}
+
 impl RemotePath {
     /// Connects to the target of `spec` and opens its namespace.
     pub(crate) fn open(spec: &RemoteSpec) -> Result<RemotePath> {
         let ctrl = Controller::connect(spec)?;
         let ns = ctrl.namespace(spec.nsid)?;
         Ok(RemotePath {
-            spec: spec.clone(),
-            ctrl: RwLock::new(Arc::new(ctrl)),
-            ns,
-            reconnects: AtomicU64::new(0),
+            link: Arc::new(Link {
+                spec: spec.clone(),
+                ctrl: RwLock::new(Arc::new(ctrl)),
+                ns,
+                reconnects: AtomicU64::new(0),
+            }),
             dmabuf_refused: AtomicU64::new(0),
             dmabuf_refusal: Mutex::new(None),
         })
     }
 
+    /// What the path's batches share with it.
+    pub(crate) fn link(&self) -> &Arc<Link> {
+        &self.link
+    }
+}
+
+impl Link {
     /// The controller to use: the current one, or, when it is gone, a new one on the same
     /// subsystem, connected with backoff for up to the URI's timeout. Only I/Os that start
     /// after the loss wait here: the ones that were in flight already failed by name.
-    fn controller(&self) -> Result<Arc<Controller>> {
+    pub(crate) fn controller(&self) -> Result<Arc<Controller>> {
         let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
         if !c.is_dead() {
             return Ok(c);
@@ -156,25 +175,44 @@ impl RemotePath {
         r
     }
 
+    /// The largest command's data: whole blocks; a reconnect keeps the first controller's limit
+    /// (the same target).
+    pub(crate) fn max_command_bytes(&self) -> u64 {
+        let max = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).max_transfer;
+        (max / self.ns.block_size).max(1) * self.ns.block_size
+    }
+
+    /// The namespace.
+    pub(crate) fn ns(&self) -> &NsInfo {
+        &self.ns
+    }
+
+    /// The URI's timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.spec.timeout_ms)
+    }
+}
+
+impl RemotePath {
     /// Moves the data of `pieces` (each at most [`RemotePath::max_command_bytes`], whole blocks,
     /// back to back) between memory and the namespace at `file_offset` (`write`: to the
     /// namespace), one command per piece, all on one queue.
     fn rw_pieces(&self, write: bool, pieces: Vec<Data<'_>>, file_offset: u64) -> Result<()> {
-        let bs = self.ns.block_size;
+        let bs = self.link.ns.block_size;
         let (opcode, op) = if write { (nvm::WRITE, "write") } else { (nvm::READ, "read") };
         let mut at = file_offset;
         let mut cmds: Vec<Cmd<'_>> = Vec::with_capacity(pieces.len());
         for data in pieces {
             let n = data.len() as u64;
             let mut s = Sqe::new(opcode, 0);
-            s.set_nsid(self.ns.nsid);
+            s.set_nsid(self.link.ns.nsid);
             s.set_slba(at / bs);
             // CAST: a piece is at most 1 MiB, at least 512-byte blocks: under 65536 blocks.
             s.set_nlb((n / bs) as u32);
             at += n;
             cmds.push(Cmd { sqe: s, data });
         }
-        let r = self.run(&mut cmds, op)?;
+        let r = self.link.run(&mut cmds, op)?;
         for (c, d) in cmds.iter().zip(r) {
             if !d.status.is_success() {
                 return Err(Error::Nvme { op, slba: c.sqe.slba(), status: d.status });
@@ -206,11 +244,11 @@ impl RemotePath {
 
     /// Whether the NIC registers `mem`'s dma-buf (RDMA only); `Err` says why not.
     fn probe_dmabuf(&self, mem: &GpuMemory) -> std::result::Result<(), String> {
-        if self.spec.transport == Transport::Tcp {
+        if self.link.spec.transport == Transport::Tcp {
             return Err("a TCP socket cannot reach GPU memory".into());
         }
         let fd = mem.export_dmabuf().map_err(|e| format!("the GPU memory exports no dma-buf: {e}"))?;
-        let ctrl = self.controller().map_err(|e| e.to_string())?;
+        let ctrl = self.link.controller().map_err(|e| e.to_string())?;
         let q = ctrl.take_queue().map_err(|e| e.to_string())?;
         let r = q.probe_dmabuf(fd.as_fd(), mem.len());
         ctrl.put_queue(q);
@@ -226,7 +264,7 @@ enum HostSlice<'a> {
 
 impl DataPath for RemotePath {
     fn describe(&self) -> String {
-        let c = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let c = self.link.ctrl.read().unwrap_or_else(|e| e.into_inner()).clone();
         let refused = match self.dmabuf_refused.load(Ordering::Relaxed) {
             0 => String::new(),
             n => format!(
@@ -236,28 +274,28 @@ impl DataPath for RemotePath {
         };
         format!(
             "remote path ({}, user-space initiator): namespace {} of {} at {} (controller {}, {} {}), {} bytes in {}-byte blocks, reconnected {} times{refused}",
-            match self.spec.transport {
+            match self.link.spec.transport {
                 Transport::Tcp => "NVMe/TCP",
                 Transport::Rdma => "NVMe/RDMA",
             },
-            self.ns.nsid,
-            self.spec.subsysnqn,
+            self.link.ns.nsid,
+            self.link.spec.subsysnqn,
             c.target,
             c.cntlid,
             c.model,
             c.serial,
-            self.ns.bytes,
-            self.ns.block_size,
-            self.reconnects.load(Ordering::Relaxed)
+            self.link.ns.bytes,
+            self.link.ns.block_size,
+            self.link.reconnects.load(Ordering::Relaxed)
         )
     }
 
     fn capacity(&self) -> Result<u64> {
-        Ok(self.ns.bytes)
+        Ok(self.link.ns.bytes)
     }
 
     fn block_size(&self) -> u64 {
-        self.ns.block_size
+        self.link.ns.block_size
     }
 
     fn buffer_alignment(&self) -> u64 {
@@ -265,7 +303,7 @@ impl DataPath for RemotePath {
     }
 
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
-        within_capacity(file_offset, len, self.ns.bytes, "namespace")
+        within_capacity(file_offset, len, self.link.ns.bytes, "namespace")
     }
 
     fn is_direct(&self) -> bool {
@@ -286,7 +324,7 @@ impl DataPath for RemotePath {
 
     fn register_gpu(&self, mem: &Arc<GpuMemory>, allow_staging: bool) -> Result<Registered> {
         let staged = Registered { regs: Vec::new(), staging: None, path: Path::RemoteStaged };
-        if self.spec.transport == Transport::Tcp {
+        if self.link.spec.transport == Transport::Tcp {
             // A socket cannot reach GPU memory: it is always staged.
             return Ok(staged);
         }
@@ -303,7 +341,7 @@ impl DataPath for RemotePath {
         }
         self.dmabuf_refused.fetch_add(1, Ordering::Relaxed);
         crate::data_path::note_fallback(
-            &format!("GPU memory on {}", self.spec.address()),
+            &format!("GPU memory on {}", self.link.spec.address()),
             "staged through pinned host memory (NVMe/RDMA)",
             &why,
         );
@@ -352,13 +390,13 @@ impl DataPath for RemotePath {
     }
 
     fn flush(&self) -> Result<()> {
-        if !self.controller()?.vwc {
+        if !self.link.controller()?.vwc {
             return Ok(());
         }
         let mut s = Sqe::new(nvm::FLUSH, 0);
-        s.set_nsid(self.ns.nsid);
+        s.set_nsid(self.link.ns.nsid);
         let mut cmds = [Cmd { sqe: s, data: Data::None }];
-        let d = self.run(&mut cmds, "flush")?[0];
+        let d = self.link.run(&mut cmds, "flush")?[0];
         if !d.status.is_success() {
             return Err(Error::Nvme { op: "flush", slba: 0, status: d.status });
         }
@@ -370,8 +408,6 @@ impl DataPath for RemotePath {
     }
 
     fn max_command_bytes(&self) -> u64 {
-        // Whole blocks; a reconnect keeps the first controller's limit (the same target).
-        let max = self.ctrl.read().unwrap_or_else(|e| e.into_inner()).max_transfer;
-        (max / self.ns.block_size).max(1) * self.ns.block_size
+        self.link.max_command_bytes()
     }
 }

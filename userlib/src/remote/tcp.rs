@@ -1,13 +1,18 @@
 //! One NVMe/TCP connection (one queue): the socket, connection setup (ICReq/ICResp), and PDUs
-//! read and checked one at a time. Blocking I/O with a bounded wait on every read and write:
+//! read and checked one at a time. A PDU goes out in one vectored write (with TCP_NODELAY a
+//! write is a segment: header, padding and data written apart cost three system calls and
+//! three segments); what comes in is read into a receive buffer as far as the socket has it,
+//! so one read serves several small PDUs, and a large payload is read straight into its
+//! destination. Blocking I/O with a bounded wait on every read and write:
 //! a target that stops answering gives [`Error::RemoteTransport`], one that answers nonsense
 //! [`Error::RemoteProtocol`]; either way the connection is closed and never used again.
 //!
 //! Digests are not offered (the ICReq asks for none), so a PDU that carries one is refused.
 
 use crate::error::{Error, Result};
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 use ugds_uapi::tcp::{fes, flags, pdu_type, DataPdu, IcPdu, PduHeader, RespPdu, TermPdu, IC_LEN};
 use ugds_uapi::Cqe;
@@ -19,6 +24,11 @@ pub(crate) const SHORT_HLEN: u8 = 24;
 const MAX_TERM_PLEN: u32 = 152;
 /// The smallest MAXH2CDATA the transport allows.
 const MIN_MAXH2CDATA: u32 = 4096;
+/// Receive buffer: room for a burst of small PDUs (responses, 4 KiB C2HData) per read.
+const RECV_BUFFER: usize = 64 << 10;
+/// A payload still this far from complete is read straight into its destination rather than
+/// through the receive buffer.
+const DIRECT_READ: usize = 16 << 10;
 
 /// A PDU from the controller, header checked; a C2HData's data is still in the socket.
 #[derive(Debug, Clone, Copy)]
@@ -37,11 +47,20 @@ pub(crate) enum Pdu {
 pub(crate) trait ByteStream: Read + Write + Send + std::fmt::Debug {
     /// Closes both directions (best effort): the peer sees the connection end.
     fn close(&self);
+    /// The descriptor to wait on for incoming bytes; `None` for a stream that is always
+    /// readable (a scripted target).
+    fn poll_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 impl ByteStream for TcpStream {
     fn close(&self) {
         let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
     }
 }
 
@@ -56,6 +75,10 @@ pub(crate) struct Conn {
     /// The most data one H2CData PDU may carry (MAXH2CDATA).
     pub(crate) max_h2c: usize,
     broken: bool,
+    /// Bytes received and not yet consumed: `rbuf[rpos..rend]`.
+    rbuf: Box<[u8]>,
+    rpos: usize,
+    rend: usize,
 }
 
 impl Conn {
@@ -88,7 +111,16 @@ impl Conn {
     /// Exchanges ICReq/ICResp over `sock`, a connected stream to `target` (`HOST:PORT`, for
     /// messages); the stream bounds its own reads and writes.
     pub(crate) fn over(sock: Box<dyn ByteStream>, target: &str) -> Result<Conn> {
-        let mut c = Conn { sock, target: target.to_string(), data_align: 4, max_h2c: 0, broken: false };
+        let mut c = Conn {
+            sock,
+            target: target.to_string(),
+            data_align: 4,
+            max_h2c: 0,
+            broken: false,
+            rbuf: vec![0u8; RECV_BUFFER].into_boxed_slice(),
+            rpos: 0,
+            rend: 0,
+        };
         c.initialise()?;
         Ok(c)
     }
@@ -150,9 +182,20 @@ impl Conn {
         self.protocol(reason)
     }
 
-    fn fail(&mut self) {
+    /// Closes the connection for good: nothing is read or written on it again.
+    pub(crate) fn fail(&mut self) {
         self.broken = true;
         self.sock.close();
+    }
+
+    /// Bytes received and not yet consumed.
+    pub(crate) fn buffered(&self) -> usize {
+        self.rend - self.rpos
+    }
+
+    /// The descriptor to wait on for incoming bytes (see [`ByteStream::poll_fd`]).
+    pub(crate) fn poll_fd(&self) -> Option<RawFd> {
+        self.sock.poll_fd()
     }
 
     fn io_error(&mut self, op: &str, e: std::io::Error) -> Error {
@@ -177,10 +220,27 @@ impl Conn {
         Ok(())
     }
 
-    /// Writes `parts` back to back.
+    /// Writes `parts` back to back, in one system call where the socket takes them all.
     pub(crate) fn send(&mut self, parts: &[&[u8]], op: &str) -> Result<()> {
         self.check_open(op)?;
-        for p in parts {
+        let mut iov = [IoSlice::new(&[]); 4];
+        let n = parts.len().min(iov.len());
+        for (v, p) in iov.iter_mut().zip(parts) {
+            *v = IoSlice::new(p);
+        }
+        let mut rest = &mut iov[..n];
+        IoSlice::advance_slices(&mut rest, 0);
+        while !rest.is_empty() {
+            match self.sock.write_vectored(rest) {
+                Ok(0) => return Err(self.io_error(op, std::io::ErrorKind::WriteZero.into())),
+                Ok(k) => IoSlice::advance_slices(&mut rest, k),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io_error(op, e)),
+            }
+        }
+        // More than four parts never happens (a PDU is header, padding, data); send the rest
+        // plainly rather than drop them.
+        for p in parts.iter().skip(n) {
             if let Err(e) = self.sock.write_all(p) {
                 return Err(self.io_error(op, e));
             }
@@ -188,9 +248,53 @@ impl Conn {
         Ok(())
     }
 
+    /// Fills `buf` from the receive buffer, then from the socket: a large remainder straight
+    /// into `buf`, a small one through the receive buffer (one read takes whatever the socket
+    /// has, the next PDUs included).
     fn read_exact(&mut self, buf: &mut [u8], op: &str) -> Result<()> {
         self.check_open(op)?;
-        self.sock.read_exact(buf).map_err(|e| self.io_error(op, e))
+        let mut got = self.take_buffered(buf);
+        while got < buf.len() {
+            if buf.len() - got >= DIRECT_READ {
+                match self.sock.read(&mut buf[got..]) {
+                    Ok(0) => return Err(self.io_error(op, std::io::ErrorKind::UnexpectedEof.into())),
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(self.io_error(op, e)),
+                }
+            } else {
+                self.fill(op)?;
+                got += self.take_buffered(&mut buf[got..]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves buffered bytes into `dst`; returns how many.
+    fn take_buffered(&mut self, dst: &mut [u8]) -> usize {
+        let k = dst.len().min(self.buffered());
+        dst[..k].copy_from_slice(&self.rbuf[self.rpos..self.rpos + k]);
+        self.rpos += k;
+        k
+    }
+
+    /// One read from the socket into the (empty) receive buffer: blocks until some bytes
+    /// arrive (bounded by the socket's timeout).
+    fn fill(&mut self, op: &str) -> Result<()> {
+        // Called only when the buffer is drained.
+        self.rpos = 0;
+        self.rend = 0;
+        loop {
+            match self.sock.read(&mut self.rbuf) {
+                Ok(0) => return Err(self.io_error(op, std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(k) => {
+                    self.rend = k;
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io_error(op, e)),
+            }
+        }
     }
 
     /// Reads and discards `n` bytes.

@@ -4,9 +4,11 @@
 //! Connect, Property Get/Set, Identify, Keep Alive, the queue pool and reconnect live once,
 //! in `fabrics.rs` and `mod.rs`, above this seam.
 
+pub(crate) use super::queue::RawData;
 use super::uri::{RemoteSpec, Transport};
 use crate::error::Result;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::ptr::NonNull;
 use ugds_uapi::{Cqe, Sqe, Status};
 use zerocopy::IntoBytes;
 
@@ -35,6 +37,16 @@ pub(crate) enum Data<'a> {
 }
 
 impl Data<'_> {
+    /// Where the data is, for a queue that keeps the command in flight ([`Pipelined::start`]);
+    /// GPU memory has no host address ([`RawData::None`]: the caller refuses it first).
+    pub(crate) fn raw(&mut self) -> RawData {
+        match self {
+            Data::In(b) => RawData::In { ptr: NonNull::from(&mut **b).cast(), len: b.len() },
+            Data::Out(b) => RawData::Out { ptr: NonNull::from(&**b).cast(), len: b.len() },
+            Data::None | Data::DmaBuf { .. } => RawData::None,
+        }
+    }
+
     /// Bytes moved.
     pub(crate) fn len(&self) -> usize {
         match self {
@@ -95,6 +107,39 @@ pub(crate) trait FabricsQueue: Send + std::fmt::Debug {
     fn probe_dmabuf(&self, _fd: BorrowedFd<'_>, _len: usize) -> std::io::Result<()> {
         Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "a TCP socket cannot reach GPU memory"))
     }
+    /// The queue as one whose commands stay in flight across calls (a batch's), if it is one.
+    fn pipelined(&mut self) -> Option<&mut dyn Pipelined> {
+        None
+    }
+}
+
+/// A queue whose commands stay in flight across calls: a batch starts each entry's commands
+/// as it is submitted and reaps completions as they come, whoever else waits.
+pub(crate) trait Pipelined {
+    /// Commands that can start now.
+    fn room(&self) -> usize;
+    /// Commands in flight.
+    fn in_flight(&self) -> usize;
+    /// Whether received bytes wait to be handled (then [`Pipelined::reap`] needs no wait).
+    fn buffered(&self) -> bool;
+    /// The descriptor to wait on for what comes back; `None`: always ready.
+    fn poll_fd(&self) -> Option<RawFd>;
+    /// Sends `sqe` with `data`; returns its command identifier. An error from the connection
+    /// closes it for good (every command in flight is then lost); one about the command
+    /// (no room, a capsule too large) leaves the queue as it was.
+    ///
+    /// # Safety
+    /// `data`'s memory stays valid, and nothing else writes it (nor, for a read, reads it),
+    /// until this command's completion came out of [`Pipelined::reap`] or the queue was
+    /// abandoned, broken or dropped.
+    unsafe fn start(&mut self, sqe: Sqe, data: RawData, op: &str) -> Result<u16>;
+    /// Handles what came back: waits (bounded by the connection's timeout) for one PDU, then
+    /// handles every one already received; appends each completed command's identifier and
+    /// result to `out`. An error closes the connection for good.
+    fn reap(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()>;
+    /// Closes the connection for good and forgets every command in flight: no byte of theirs
+    /// is moved after this returns.
+    fn abandon(&mut self);
 }
 
 /// Connects queue `qid` of `spec`'s target (`depth` entries; `cntlid` the controller an I/O
