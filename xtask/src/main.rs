@@ -133,8 +133,9 @@ enum Cmd {
         /// Seconds per point.
         #[arg(long, default_value_t = 1)]
         seconds: u64,
-        /// Measurements per engine and point, interleaved with the kernel's (the main grid).
-        #[arg(long, default_value_t = 3, conflicts_with_all = ["remote", "members", "p2p"])]
+        /// Measurements per engine and point, interleaved with the kernel's (the main grid and
+        /// --remote).
+        #[arg(long, default_value_t = 3, conflicts_with_all = ["members", "p2p"])]
         repeats: usize,
         /// Output folder (default target/bench, target/bench-volume with --members,
         /// target/bench-remote with --remote).
@@ -368,7 +369,7 @@ fn real_main() -> Result<()> {
             if p2p {
                 bench::p2p::run(seconds.max(1), out)?
             } else if let Some(transport) = remote {
-                let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span };
+                let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats };
                 bench::remote::run(&grid.checked()?, out)?
             } else if members.is_empty() {
                 bench::run(seconds, repeats, out)?

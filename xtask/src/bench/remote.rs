@@ -5,12 +5,16 @@
 //! to a dummy interface (RDMA). Writes JSON, CSV, a markdown table with ratios per point and
 //! geometric means, and PNG plots.
 //!
-//! `ugds bench --depth N` keeps N requests in its batch; on the remote path each request is run
-//! by one of the storage's worker threads on an I/O queue (one TCP connection) of its own, so
-//! the target sees at most as many at once as there are queues in use. The guest samples the
+//! Each point is measured `repeats` times per engine, the engines alternating on the same
+//! target (both initiators stay connected), and reports medians, the median of the per-repeat
+//! ratios with its range, and `noisy` where an engine's repeats disagree (see `repeats`).
+//!
+//! `ugds bench --depth N` keeps N requests in its batch; over TCP the batch holds I/O queues
+//! (TCP connections) of its own with every request's commands in flight. The guest samples the
 //! TCP connections ugds holds to the target during each point and records the I/O queues among
 //! them next to the requested depth.
 
+use super::repeats::{self, Ratio};
 use super::volume::spread;
 use super::{check_axes, f, json_nums, json_strs, points_from, register_font};
 use crate::{kernel, toolchain, vm};
@@ -51,6 +55,8 @@ pub struct Grid {
     pub seconds: u64,
     /// Working set (random offsets within it).
     pub span: u64,
+    /// Measurements per engine and point, interleaved.
+    pub repeats: usize,
 }
 
 impl Grid {
@@ -66,6 +72,9 @@ impl Grid {
             bail!("--span is larger than the target's {} disk", ugds::units::human(DISK_BYTES));
         }
         check_axes(&self.sizes, &self.depths, &self.rws, self.span)?;
+        if self.repeats == 0 {
+            bail!("--repeats must be at least 1");
+        }
         Ok(self)
     }
 
@@ -77,7 +86,7 @@ impl Grid {
     /// As JSON (what the guest gets, and what the results record).
     pub fn to_json(&self) -> Value {
         json!({"transport": self.transport, "sizes": self.sizes, "depths": self.depths, "rws": self.rws,
-               "backend": self.backend, "seconds": self.seconds, "span": self.span})
+               "backend": self.backend, "seconds": self.seconds, "span": self.span, "repeats": self.repeats})
     }
 
     /// From [`Grid::to_json`]'s form.
@@ -92,6 +101,8 @@ impl Grid {
             backend: str1("backend")?,
             seconds: num("seconds")?,
             span: num("span")?,
+            // CAST: a small count.
+            repeats: v["repeats"].as_u64().unwrap_or(1) as usize,
         }
         .checked()
     }
@@ -120,7 +131,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     let cli = root.join("target/release/ugds");
     let me = std::env::current_exe()?;
     let spec = format!("size={}M,lbs=4096,backend={},serial=rbench0", DISK_BYTES >> 20, grid.backend);
-    let points_total = 2 * grid.points();
+    let points_total = 2 * grid.points() * grid.repeats;
     // Under TCG a point costs its seconds plus a few for fio or the CLI to start and warm up.
     let estimate = points_total as u64 * (grid.seconds + 4);
     let cfg = vm::VmConfig {
@@ -139,12 +150,13 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
         p2p: None,
     };
     eprintln!(
-        "bench: booting the VM ({points_total} points over {}: {} sizes x {} depths x {} rw x 2 engines, {} s each; \
-         about {} min)",
+        "bench: booting the VM ({points_total} points over {}: {} sizes x {} depths x {} rw x 2 engines x {} repeats, \
+         {} s each; about {} min)",
         grid.transport,
         grid.sizes.len(),
         grid.depths.len(),
         grid.rws.len(),
+        grid.repeats,
         grid.seconds,
         estimate.div_ceil(60)
     );
@@ -153,12 +165,14 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     if outcome.code != 0 {
         bail!("the remote benchmark failed in the VM (exit {})", outcome.code);
     }
-    let points = points_from(&outcome.output)?;
+    let measurements = points_from(&outcome.output)?;
+    let points = repeats::merge(&measurements, &["rw", "size", "depth"]);
     let dir = out.unwrap_or_else(|| root.join("target/bench-remote"));
     std::fs::create_dir_all(&dir)?;
     let stem = format!("remote-results-{}", grid.transport);
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let all = json!({ "grid": grid.to_json(), "points": points, "vm_seconds": t.elapsed().as_secs(),
+    let all = json!({ "grid": grid.to_json(), "points": points, "measurements": measurements,
+                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(),
                       "host_loadavg_before": load_before.trim(), "host_loadavg_after": load_after.trim() });
     std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(&all)?)?;
     std::fs::write(dir.join(format!("{stem}.csv")), csv(grid, &points))?;
@@ -188,10 +202,22 @@ fn pair<'a>(points: &'a [Value], rw: &str, size: &str, depth: usize) -> Option<(
     Some((k, u))
 }
 
-/// ugds/kernel IOPS and p50 latency at a point (p50 only when both engines report one).
-fn ratios(k: &Value, u: &Value) -> (f64, Option<f64>) {
+/// ugds/kernel IOPS (the median of the repeats' ratios, with their range and whether the
+/// repeats disagree) and p50 latency (of the medians; only when both engines report one).
+fn ratios(k: &Value, u: &Value) -> (Ratio, Option<f64>) {
     let p50 = (f(k, "p50_us") > 0.0 && f(u, "p50_us") > 0.0).then(|| f(u, "p50_us") / f(k, "p50_us"));
-    (f(u, "iops") / f(k, "iops").max(1.0), p50)
+    (repeats::ratio(u, k), p50)
+}
+
+/// The geometric mean of the IOPS ratios that are results `g (lo–hi)`, and how many were noisy.
+fn ratio_summary(rs: &[Ratio]) -> String {
+    let good: Vec<f64> = rs.iter().filter(|r| !r.noisy).map(|r| r.median).collect();
+    let (_, noisy) = repeats::summary(rs);
+    let mut c = spread_cell(&good);
+    if noisy > 0 {
+        let _ = write!(c, ", {noisy} noisy");
+    }
+    c
 }
 
 /// `g (lo–hi)` or `–`.
@@ -205,22 +231,26 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
     let _ = writeln!(
         s,
         "\n### NVMe over Fabrics, {}: ugds initiator vs the kernel's (fio io_uring O_DIRECT)\n\n\
-         Geometric means over the points both engines measured (min–max); p50 below 1 is lower latency for ugds.\n\n\
+         Geometric means over the points both engines measured (min–max), noisy points left out of the IOPS \
+         mean; a point's IOPS ratio is the median of its {} repeats' ratios (their range), `noisy` where an \
+         engine's repeats differ by more than {}x; p50 below 1 is lower latency for ugds.\n\n\
          | rw | sizes | points | ugds/kernel IOPS | ugds/kernel p50 |\n| --- | --- | ---: | ---: | ---: |",
-        grid.transport
+        grid.transport,
+        grid.repeats,
+        repeats::NOISY
     );
     for rw in &grid.rws {
         let mut groups: Vec<(String, Vec<&String>)> = vec![("all".into(), grid.sizes.iter().collect())];
         groups.extend(grid.sizes.iter().map(|s| (s.clone(), vec![s])));
         for (name, sizes) in groups {
-            let rs: Vec<(f64, Option<f64>)> = sizes
+            let rs: Vec<(Ratio, Option<f64>)> = sizes
                 .iter()
                 .flat_map(|size| grid.depths.iter().map(move |d| (*size, *d)))
                 .filter_map(|(size, d)| pair(points, rw, size, d).map(|(k, u)| ratios(k, u)))
                 .collect();
-            let iops: Vec<f64> = rs.iter().map(|r| r.0).collect();
+            let iops: Vec<Ratio> = rs.iter().map(|r| r.0).collect();
             let p50: Vec<f64> = rs.iter().filter_map(|r| r.1).collect();
-            let _ = writeln!(s, "| {rw} | {name} | {} | {} | {} |", rs.len(), spread_cell(&iops), spread_cell(&p50));
+            let _ = writeln!(s, "| {rw} | {name} | {} | {} | {} |", rs.len(), ratio_summary(&iops), spread_cell(&p50));
         }
     }
     let _ = writeln!(
@@ -256,7 +286,7 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
                 let _ = writeln!(
                     s,
                     "| {rw} | {size} | {depth} | {ki} | {ui} | {} | {k50} | {u50} | {} | {k99} | {u99} | {} |",
-                    ratio(ri),
+                    ri.map_or_else(|| "–".into(), repeats::cell),
                     ratio(rp.flatten()),
                     queues.map_or_else(|| "–".into(), |q| q.to_string())
                 );
@@ -270,7 +300,7 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
     if let (Some(kr), Some(ur)) = (stalls("kernel", "tcp_retransmits"), stalls("ugds", "tcp_retransmits")) {
         let _ = writeln!(
             s,
-            "\nTCP during the kernel's points: {kr} segments retransmitted, {} retransmission timeouts, {} zero \
+            "\nTCP during the kernel's points (the first measurement of each): {kr} segments retransmitted, {} retransmission timeouts, {} zero \
              windows advertised, {} window probes; during ugds's: {ur}, {}, {}, {}.",
             stalls("kernel", "tcp_timeouts").unwrap_or(0),
             stalls("kernel", "tcp_zero_windows").unwrap_or(0),
@@ -288,7 +318,7 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
         "\nTarget: the kernel's nvmet over {} on {}, namespace backed by a {} {}-backed emulated NVMe disk; \
          working set {}, {} s per point. Latency is from submission to completion for both (fio's total \
          `lat`, not `clat`: nvme-tcp may send in the submitting call). The kernel initiator keeps QD I/Os in \
-         flight (fio iodepth); ugds keeps QD requests in its batch, and the target sees at most one per I/O queue at a time (the \
+         flight (fio iodepth); ugds keeps QD requests in its batch, all in flight on the batch's own I/O queues (the \
          last column: the most TCP connections ugds held to the target during the point, less the admin \
          queue; – where not sampled).",
         grid.transport,
@@ -304,7 +334,7 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
 /// One line per point: both engines' figures, the ratios, and why a figure is missing.
 pub fn csv(grid: &Grid, points: &[Value]) -> String {
     let mut s = String::from(
-        "transport,rw,size,depth,kernel_iops,ugds_iops,iops_ratio,kernel_p50_us,ugds_p50_us,p50_ratio,\
+        "transport,rw,size,depth,kernel_iops,ugds_iops,iops_ratio,iops_ratio_min,iops_ratio_max,noisy,kernel_p50_us,ugds_p50_us,p50_ratio,\
          kernel_p99_us,ugds_p99_us,ugds_io_queues,kernel_tcp_retransmits,ugds_tcp_retransmits,kernel_error,ugds_error\n",
     );
     let num = |p: Option<&Value>, k: &str| {
@@ -322,11 +352,14 @@ pub fn csv(grid: &Grid, points: &[Value]) -> String {
                 let (ri, rp) = pair(points, rw, size, depth).map(|(k, u)| ratios(k, u)).unzip();
                 let _ = writeln!(
                     s,
-                    "{},{rw},{size},{depth},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                    "{},{rw},{size},{depth},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                     grid.transport,
                     num(k, "iops"),
                     num(u, "iops"),
-                    ri.map_or_else(String::new, |r| format!("{r:.3}")),
+                    ri.map_or_else(String::new, |r| format!("{:.3}", r.median)),
+                    ri.map_or_else(String::new, |r| format!("{:.3}", r.min)),
+                    ri.map_or_else(String::new, |r| format!("{:.3}", r.max)),
+                    ri.map_or_else(String::new, |r| r.noisy.to_string()),
                     num(k, "p50_us"),
                     num(u, "p50_us"),
                     rp.flatten().map_or_else(String::new, |r| format!("{r:.3}")),
@@ -364,7 +397,10 @@ fn plot(grid: &Grid, points: &[Value], dir: &Path) -> Result<usize> {
                 .collect()
         };
         let ratio = |size: &str| -> Vec<(f64, f64)> {
-            grid.depths.iter().filter_map(|&d| pair(points, rw, size, d).map(|(k, u)| (x(d), ratios(k, u).0))).collect()
+            grid.depths
+                .iter()
+                .filter_map(|&d| pair(points, rw, size, d).map(|(k, u)| (x(d), ratios(k, u).0.median)))
+                .collect()
         };
         let all: Vec<f64> =
             grid.sizes.iter().flat_map(|s| [series("ugds", s), series("kernel", s)]).flatten().map(|p| p.1).collect();
@@ -451,6 +487,7 @@ mod tests {
             backend: "null".into(),
             seconds: 1,
             span: 1 << 30,
+            repeats: 1,
         }
         .checked()
         .unwrap()
@@ -477,6 +514,7 @@ mod tests {
         assert!(bad(|g| g.rws = vec!["read".into()]));
         assert!(bad(|g| g.span = 4 << 30));
         assert!(bad(|g| g.depths.clear()));
+        assert!(bad(|g| g.repeats = 0));
     }
 
     fn point(engine: &str, size: &str, depth: usize, iops: f64, p50: f64) -> Value {
@@ -505,11 +543,47 @@ mod tests {
         assert!(t.contains("| randread | 1M | 1 | 100 | failed [1] | – | 1000 | – | – | 2000 | – | – |"), "{t}");
         assert!(t.contains("\n[1] ugds bench exited with 1: \"rdma\" is not implemented\n"), "{t}");
         assert!(t.contains("| randread | 1M | 32 | – | – | – | – | – | – | – | – | – |"), "{t}");
-        assert!(t.contains("during the kernel's points: 9 segments retransmitted, 0 retransmission timeouts, 0 zero windows advertised, 0 window probes; during ugds's: 6, 0, 0, 0."), "{t}");
+        assert!(t.contains("during the kernel's points (the first measurement of each): 9 segments retransmitted, 0 retransmission timeouts, 0 zero windows advertised, 0 window probes; during ugds's: 6, 0, 0, 0."), "{t}");
         let c = csv(&g, &pts);
         assert_eq!(c.lines().count(), 5, "{c}");
-        assert!(c.contains("\ntcp,randread,4K,1,1000.0,2000.0,2.000,100.0,50.0,0.500,200.0,100.0,8,3,3,,\n"), "{c}");
-        assert!(c.contains("\ntcp,randread,1M,1,100.0,,,1000.0,,,2000.0,,,3,,,\"ugds bench exited with 1: \"\"rdma\"\" is not implemented\"\n"), "{c}");
+        assert!(
+            c.contains(
+                "\ntcp,randread,4K,1,1000.0,2000.0,2.000,2.000,2.000,false,100.0,50.0,0.500,200.0,100.0,8,3,3,,\n"
+            ),
+            "{c}"
+        );
+        assert!(c.contains("\ntcp,randread,1M,1,100.0,,,,,,1000.0,,,2000.0,,,3,,,\"ugds bench exited with 1: \"\"rdma\"\" is not implemented\"\n"), "{c}");
+    }
+
+    /// Repeats merge into medians; a point whose repeats disagree is noisy, shown as such and
+    /// left out of the mean.
+    #[test]
+    fn repeats_give_median_ratios_and_noisy_points_stay_out_of_the_mean() {
+        let g = Grid { repeats: 3, ..grid() };
+        let m = |engine: &str, size: &str, r: usize, iops: f64| {
+            let mut p = point(engine, size, 1, iops, 10.0);
+            p["repeat"] = json!(r);
+            p
+        };
+        let raw = vec![
+            m("kernel", "4K", 0, 100.0),
+            m("ugds", "4K", 0, 300.0),
+            m("ugds", "4K", 1, 200.0),
+            m("kernel", "4K", 1, 100.0),
+            m("kernel", "4K", 2, 100.0),
+            m("ugds", "4K", 2, 250.0),
+            m("kernel", "1M", 0, 100.0),
+            m("ugds", "1M", 0, 50.0),
+            m("ugds", "1M", 1, 400.0),
+            m("kernel", "1M", 1, 100.0),
+            m("kernel", "1M", 2, 100.0),
+            m("ugds", "1M", 2, 100.0),
+        ];
+        let pts = repeats::merge(&raw, &["rw", "size", "depth"]);
+        let t = table(&g, &pts);
+        assert!(t.contains("| randread | 4K | 1 | 100 | 250 | 2.50x (2.00–3.00) |"), "{t}");
+        assert!(t.contains("| randread | 1M | 1 | 100 | 100 | noisy (0.50–4.00) |"), "{t}");
+        assert!(t.contains("| randread | all | 2 | 2.50x (2.50–2.50), 1 noisy |"), "{t}");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The remote benchmark's steps inside the VM: the kernel's modules, the nvmet target (and for
-//! RDMA a soft-RoCE device on a dummy interface), the kernel's initiator with fio on every
-//! point, then ours (`ugds bench` on the target's URI) on every point, one JSON line per point.
+//! RDMA a soft-RoCE device on a dummy interface), then every point measured by the kernel's
+//! initiator with fio and by ours (`ugds bench` on the target's URI), in turns, one JSON line
+//! per measurement.
 
 use super::{Grid, CONFIGFS, NQN, PORT, RDMA_ADDR};
 use crate::bench::volume::disk_of;
-use crate::bench::{fio_point_with, sh, Job, Latency, MARK};
+use crate::bench::{fio_point_with, repeats, sh, Job, Latency, MARK};
 use crate::bind;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -160,9 +161,9 @@ fn counter(text: &str, section: &str, name: &str) -> Option<u64> {
 }
 
 /// One `ugds bench` point on the target's URI; on TCP with the most I/O queues (connections
-/// less the admin queue) it held during the point. A failure is the point's `error`, by the
-/// CLI's own message.
-fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Value {
+/// less the admin queue and the `others` that were there before) it held during the point. A
+/// failure is the point's `error`, by the CLI's own message.
+fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize, others: usize) -> Value {
     let mut v = json!({"engine": "ugds", "rw": rw, "size": size, "depth": depth});
     // fio's options under fio's names: `rw` passes through, `size` is the region.
     let child = Command::new(cli)
@@ -199,7 +200,7 @@ fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Val
                 r[k] = v[k].clone();
             }
             if grid.transport == "tcp" {
-                r["io_queues"] = json!(most.saturating_sub(1));
+                r["io_queues"] = json!(most.saturating_sub(others + 1));
             }
             r
         }
@@ -215,8 +216,9 @@ fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Val
     }
 }
 
-/// Guest side: the target, then the kernel's initiator with fio on every point, then ours on
-/// every point, one JSON line per point (a failed point carries its `error`).
+/// Guest side: the target and the kernel's initiator, then every point measured `repeats`
+/// times per engine, the engines alternating, one JSON line per measurement (a failed one
+/// carries its `error`).
 pub fn guest(cli: &str, grid: &str) -> Result<()> {
     let grid = Grid::from_json(&serde_json::from_str(grid)?)?;
     let build = PathBuf::from(std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD")?);
@@ -230,34 +232,40 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
         ))?;
     }
     setup_target(&build, &grid, &backing)?;
-    let each = |f: &mut dyn FnMut(&str, &str, usize) -> Value| {
-        for rw in &grid.rws {
-            for size in &grid.sizes {
-                for &depth in &grid.depths {
+    let (ctrl, dev) = kernel_connect(&build, &grid)?;
+    eprintln!("bench: the kernel's nvme-{} initiator is {ctrl} ({dev})", grid.transport);
+    // The kernel's connections stay open through ugds's turns: counted once, left out of ours.
+    let kernels = if grid.transport == "tcp" { connections_to(PORT) } else { 0 };
+    let mut point = 0usize;
+    for rw in &grid.rws {
+        for size in &grid.sizes {
+            for &depth in &grid.depths {
+                // Alternate which engine starts, so neither always runs on a target just warmed
+                // (or just disturbed) by the other.
+                for (repeat, ugds_side) in repeats::order(grid.repeats, point % 2 == 1) {
                     let before = tcp_stalls();
-                    let mut v = f(rw, size, depth);
+                    let mut v = if ugds_side {
+                        ugds_point(cli, &grid, rw, size, depth, kernels)
+                    } else {
+                        let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
+                        fio_point_with(&dev, job, Latency::Total).unwrap_or_else(|e| {
+                            json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")})
+                        })
+                    };
                     if grid.transport == "tcp" {
                         let after = tcp_stalls();
                         for (i, (key, ..)) in STALLS.iter().enumerate() {
                             v[*key] = json!(after[i].saturating_sub(before[i]));
                         }
                     }
+                    v["repeat"] = json!(repeat);
                     println!("{MARK}{v}");
                 }
+                point += 1;
             }
         }
-    };
-    let (ctrl, dev) = kernel_connect(&build, &grid)?;
-    eprintln!("bench: the kernel's nvme-{} initiator is {ctrl} ({dev})", grid.transport);
-    each(&mut |rw, size, depth| {
-        fio_point_with(&dev, Job { rw, size, depth, seconds: grid.seconds, span: &span }, Latency::Total)
-            .unwrap_or_else(
-                |e| json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")}),
-            )
-    });
-    // Ours alone on the target from here on (its connections are the only ones counted).
+    }
     sh(&format!("echo 1 > /sys/class/nvme/{ctrl}/delete_controller"))?;
-    each(&mut |rw, size, depth| ugds_point(cli, &grid, rw, size, depth));
     Ok(())
 }
 
