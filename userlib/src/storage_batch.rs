@@ -2,9 +2,9 @@
 //! registered memory that fit one command go to a queue batch (a queue pair of its own, one
 //! doorbell per submit; on a striped volume one per member, for entries of at most a chunk); on
 //! the fallback path, host memory and GPU memory up to a staging chunk go to an io_uring of the
-//! batch's own (see [`crate::fallback_batch`]); the rest (staged GPU memory on the direct path,
-//! larger entries) run concurrently on the storage's worker threads. Events are collected with
-//! `status`.
+//! batch's own (see [`crate::fallback_batch`]); on NVMe/TCP, host memory goes to I/O queues the
+//! batch holds (see `remote::batch`); the rest (staged GPU memory, larger entries, RDMA) run
+//! concurrently on the storage's worker threads. Events are collected with `status`.
 //!
 //! Rules: `submit` checks every entry (the storage's one check); invalid entries become
 //! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping

@@ -3,7 +3,11 @@
 //! deep as the queues are, instead of one I/O per queue on the storage's worker threads. An
 //! entry is one command per piece of at most the largest command, all on one queue; its event
 //! comes when its last piece completes. Completions are matched by command identifier and
-//! read straight into the entry's memory.
+//! read straight into the entry's memory. A batch of more than one entry holds two queues at
+//! least: small entries fill the first, large ones go to the queue with the fewest bytes in
+//! flight, and when both have much data coming each is reaped on a thread of its own, so the
+//! copies between sockets and memory use two cores (as the kernel's initiator, whose queues
+//! each have a CPU, does).
 //!
 //! Waiting blocks in `ppoll` on the queues' sockets: the target (on a small machine, the same
 //! cores) needs the CPU more than a spinning reader does. A queue that stays silent with
@@ -27,14 +31,23 @@ use ugds_uapi::Sqe;
 
 /// Entries whose pieces are this many commands or fewer run here (see [`RemoteBatch::takes`]).
 const MAX_PIECES: u64 = 16;
+/// Entries this large go to the queue with the fewest bytes in flight; smaller ones to the
+/// first queue with room, so small I/O stays on as few sockets as it needs.
+const LARGE_ENTRY: u64 = 64 << 10;
+/// Queues with this many bytes in flight each are reaped on threads of their own when several
+/// are ready at once: copying data to and from the sockets is the cost then, and one thread
+/// copies at one core's speed.
+const PARALLEL_BYTES: u64 = 256 << 10;
 
 /// One held I/O queue.
 struct Lane {
     /// The controller the queue belongs to (it goes back there).
     ctrl: Arc<Controller>,
     q: super::fabrics::Queue,
-    /// The entry each command identifier belongs to, while in flight.
-    owner: Vec<Option<u64>>,
+    /// The entry each command identifier belongs to and its data bytes, while in flight.
+    owner: Vec<Option<(u64, u64)>>,
+    /// Data bytes in flight.
+    bytes: u64,
     /// When the queue last made progress (or went from idle to busy).
     quiet_since: Instant,
 }
@@ -44,6 +57,10 @@ impl Lane {
         self.q.pipelined()
     }
 }
+
+/// What reaping one lane gave: its index, the commands it completed, and whether the queue
+/// failed.
+type Reaped = (usize, Vec<(u16, Done)>, Result<()>);
 
 /// An entry with commands in flight.
 struct Pending {
@@ -94,12 +111,13 @@ impl RemoteBatch {
             return Ok(None);
         };
         let per_queue = p.room().max(1);
-        let lane = Lane { owner: vec![None; per_queue], ctrl, q, quiet_since: Instant::now() };
+        let lane = Lane { owner: vec![None; per_queue], bytes: 0, ctrl, q, quiet_since: Instant::now() };
         let mut b = RemoteBatch {
             link: link.clone(),
             lanes: vec![lane],
-            // Enough queues for `capacity` one-command entries.
-            want: capacity.div_ceil(per_queue).max(1),
+            // Enough queues for `capacity` one-command entries, and two once there is more
+            // than one entry: large entries then move data on two cores.
+            want: capacity.div_ceil(per_queue).max(capacity.min(2)),
             piece: link.max_command_bytes(),
             pending: HashMap::new(),
             waiting: VecDeque::new(),
@@ -172,7 +190,7 @@ impl RemoteBatch {
             ctrl.put_queue(q);
             return false;
         };
-        self.lanes.push(Lane { owner: vec![None; room], ctrl, q, quiet_since: Instant::now() });
+        self.lanes.push(Lane { owner: vec![None; room], bytes: 0, ctrl, q, quiet_since: Instant::now() });
         true
     }
 
@@ -180,9 +198,17 @@ impl RemoteBatch {
     fn start_waiting(&mut self) {
         while let Some((_, e)) = self.waiting.front() {
             let pieces = e.len.div_ceil(self.piece).max(1) as usize;
+            let large = e.len >= LARGE_ENTRY;
             let best = |lanes: &mut Vec<Lane>| {
-                let rooms = lanes.iter_mut().map(|l| l.pipe().map_or(0, |p| p.room()));
-                rooms.enumerate().max_by_key(|&(_, r)| r).filter(|&(_, r)| r >= pieces).map(|(i, _)| i)
+                let fits = lanes.iter_mut().enumerate().filter_map(|(i, l)| {
+                    let room = l.pipe().map_or(0, |p| p.room());
+                    (room >= pieces).then_some((i, l.bytes))
+                });
+                if large {
+                    fits.min_by_key(|&(_, b)| b).map(|(i, _)| i)
+                } else {
+                    fits.map(|(i, _)| i).next()
+                }
             };
             let lane = match best(&mut self.lanes) {
                 Some(i) => i,
@@ -244,7 +270,8 @@ impl RemoteBatch {
             // this command completed, or after its queue was abandoned (`fail_lane`).
             match unsafe { pipe.start(sqe, data, op) } {
                 Ok(cid) => {
-                    lane.owner[usize::from(cid)] = Some(id);
+                    lane.owner[usize::from(cid)] = Some((id, n));
+                    lane.bytes += n;
                     if let Some(p) = self.pending.get_mut(&id) {
                         p.remaining += 1;
                     }
@@ -286,21 +313,22 @@ impl RemoteBatch {
             return;
         }
         let ready = self.readable(&busy, wait);
-        for &li in ready.iter().rev() {
-            let op = "batch I/O";
-            let mut reaped = std::mem::take(&mut self.reaped);
-            let r = match self.lanes[li].pipe() {
-                Some(p) => p.reap(&mut reaped, op),
-                None => Ok(()),
-            };
+        let mut results = self.reap_lanes(&ready);
+        // Highest index first: a failed lane is swap-removed, which moves only the last one.
+        results.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
+        for (li, mut reaped, r) in results {
             self.lanes[li].quiet_since = Instant::now();
             for (cid, d) in reaped.drain(..) {
-                let owner = self.lanes[li].owner.get_mut(usize::from(cid)).and_then(Option::take);
-                if let Some(id) = owner {
+                let lane = &mut self.lanes[li];
+                let owner = lane.owner.get_mut(usize::from(cid)).and_then(Option::take);
+                if let Some((id, n)) = owner {
+                    lane.bytes -= n;
                     self.piece_done(id, d);
                 }
             }
-            self.reaped = reaped;
+            if self.reaped.capacity() < reaped.capacity() {
+                self.reaped = reaped;
+            }
             if let Err(e) = r {
                 self.fail_lane(li, e);
             }
@@ -318,6 +346,50 @@ impl RemoteBatch {
                 self.fail_lane(li, err);
             }
         }
+    }
+
+    /// Reaps lanes `ready`: on this thread, or, when several of them move much data, each on a
+    /// thread of its own (scoped: every one has returned when this does).
+    fn reap_lanes(&mut self, ready: &[usize]) -> Vec<Reaped> {
+        let op = "batch I/O";
+        let reap = |li: usize, lane: &mut Lane, mut out: Vec<(u16, Done)>| {
+            let r = lane.pipe().map_or(Ok(()), |p| p.reap(&mut out, op));
+            (li, out, r)
+        };
+        let heavy = ready.iter().filter(|&&i| self.lanes[i].bytes >= PARALLEL_BYTES).count();
+        if heavy < 2 {
+            let mut out = Vec::with_capacity(ready.len());
+            for &li in ready {
+                let buf = std::mem::take(&mut self.reaped);
+                out.push(reap(li, &mut self.lanes[li], buf));
+            }
+            return out;
+        }
+        let mut lanes: Vec<(usize, &mut Lane)> =
+            self.lanes.iter_mut().enumerate().filter(|(i, _)| ready.contains(i)).collect();
+        let Some((first_li, first)) = lanes.pop() else { return Vec::new() };
+        std::thread::scope(|s| {
+            let mut handles = Vec::new();
+            let mut out = Vec::with_capacity(ready.len());
+            for (li, lane) in lanes {
+                let spawned = std::thread::Builder::new()
+                    .name("ugds-nvmeof-rx".into())
+                    .spawn_scoped(s, move || reap(li, lane, Vec::new()));
+                match spawned {
+                    Ok(h) => handles.push(h),
+                    // No thread: this one reaps it (the lane went into the failed closure, so
+                    // it is reaped there on a later call).
+                    Err(e) => log::debug!("remote batch: no receive thread ({e}); reaping in turn"),
+                }
+            }
+            out.push(reap(first_li, first, Vec::new()));
+            for h in handles {
+                if let Ok(r) = h.join() {
+                    out.push(r);
+                }
+            }
+            out
+        })
     }
 
     /// The lanes of `busy` that have something to handle, waiting up to `wait` (ascending).
@@ -362,7 +434,7 @@ impl RemoteBatch {
         if let Some(p) = lane.pipe() {
             p.abandon();
         }
-        let mut ids: Vec<u64> = lane.owner.iter().flatten().copied().collect();
+        let mut ids: Vec<u64> = lane.owner.iter().flatten().map(|&(id, _)| id).collect();
         ids.sort_unstable();
         ids.dedup();
         let reason = e.to_string();

@@ -107,6 +107,33 @@ fn batch_writes_and_reads_move_data_in_capsule_by_r2t_and_in_several_commands() 
 }
 
 #[test]
+fn large_entries_spread_over_two_queues_read_back_what_was_written() {
+    // Eight 1 MiB entries: two queues with megabytes in flight each, reaped side by side.
+    let cfg = FakeConfig { c2h_max: 256 << 10, ..Default::default() };
+    let fake = Fake::start(cfg.clone());
+    let disk = pattern(21, 8 << 20);
+    fake.disk.lock().unwrap()[..8 << 20].copy_from_slice(&disk);
+    let st = Arc::new(Storage::open(fake.uri(&cfg.nqn, 1)).unwrap());
+    let buf = Arc::new(st.alloc_host(8 << 20).unwrap());
+    let mut b = StorageBatch::new(&st, 8).unwrap();
+    for round in 0..3u64 {
+        let reqs: Vec<IoRequest> =
+            (0..8u64).map(|i| request(Op::Read, &buf, i << 20, (7 - i) << 20, 1 << 20, round * 8 + i)).collect();
+        b.submit(&reqs).unwrap();
+        let evs = events(&mut b, 8);
+        assert_eq!(evs.len(), 8);
+        assert!(evs.iter().all(|e| e.status == IoStatus::Complete && e.bytes == 1 << 20), "{evs:?}");
+        let mut back = vec![0u8; 8 << 20];
+        buf.copy_out(0, &mut back).unwrap();
+        for i in 0..8usize {
+            assert!(back[i << 20..(i + 1) << 20] == disk[(7 - i) << 20..(8 - i) << 20], "round {round} entry {i}");
+        }
+        buf.copy_in(0, &vec![0u8; 8 << 20]).unwrap();
+    }
+    assert_eq!(buf.inflight(), 0);
+}
+
+#[test]
 fn a_silent_target_times_the_batch_out_by_name_and_releases_its_buffers() {
     // The fake never answers an I/O queue (it waits for more commands than come).
     let cfg = FakeConfig { gather: 1000, ..Default::default() };

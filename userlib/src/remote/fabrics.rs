@@ -1,8 +1,8 @@
 //! A Fabrics controller over any transport (`transport.rs`: TCP or RDMA): Connect on the admin
 //! queue (QID 0) for a new dynamic controller, Property Get/Set to read CAP and enable it
 //! (CC.EN, then CSTS.RDY), Identify Controller and Namespace, Number of Queues, I/O queues
-//! connected on demand (one connection each, handed to one I/O at a time), and Keep Alive from
-//! a thread of its own.
+//! connected on demand (one connection each, handed to one synchronous I/O at a time or held by
+//! a batch), and Keep Alive from a thread of its own.
 
 use super::transport::{self, Cmd, Data, Done, FabricsQueue};
 use super::uri::RemoteSpec;
