@@ -264,7 +264,10 @@ impl RemoteBatch {
             let p = NonNull::new(base.wrapping_add(at as usize)).unwrap_or(NonNull::dangling());
             let data =
                 if write { RawData::Out { ptr: p, len: n as usize } } else { RawData::In { ptr: p, len: n as usize } };
-            let Some(pipe) = lane.q.pipelined() else { break };
+            let Some(pipe) = lane.q.pipelined() else {
+                broke = Some(Error::invalid("queue", "its commands cannot stay in flight"));
+                break;
+            };
             // SAFETY: the piece lies in the entry's buffer, which the entry's lease keeps
             // alive and out of every CPU reference until its event; the event comes only after
             // this command completed, or after its queue was abandoned (`fail_lane`).
