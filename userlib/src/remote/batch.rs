@@ -3,11 +3,11 @@
 //! deep as the queues are, instead of one I/O per queue on the storage's worker threads. An
 //! entry is one command per piece of at most the largest command, all on one queue; its event
 //! comes when its last piece completes. Completions are matched by command identifier and
-//! read straight into the entry's memory. A batch of more than one entry holds two queues at
-//! least: small entries fill the first, large ones go to the queue with the fewest bytes in
-//! flight, and when both have much data coming each is reaped on a thread of its own, so the
-//! copies between sockets and memory use two cores (as the kernel's initiator, whose queues
-//! each have a CPU, does).
+//! read straight into the entry's memory. A batch holds as many queues as its capacity needs
+//! (127 commands each): small entries fill the first with room, large ones go to the queue
+//! with the fewest bytes in flight. One thread reaps them all: reaping a queue on a thread of
+//! its own when much data is coming was tried and measured slower (a thread per wake-up costs
+//! more than the second core gives back under emulation).
 //!
 //! Waiting blocks in `ppoll` on the queues' sockets: the target (on a small machine, the same
 //! cores) needs the CPU more than a spinning reader does. A queue that stays silent with
@@ -34,10 +34,6 @@ const MAX_PIECES: u64 = 16;
 /// Entries this large go to the queue with the fewest bytes in flight; smaller ones to the
 /// first queue with room, so small I/O stays on as few sockets as it needs.
 const LARGE_ENTRY: u64 = 64 << 10;
-/// Queues with this many bytes in flight each are reaped on threads of their own when several
-/// are ready at once: copying data to and from the sockets is the cost then, and one thread
-/// copies at one core's speed.
-const PARALLEL_BYTES: u64 = 256 << 10;
 
 /// One held I/O queue.
 struct Lane {
@@ -115,9 +111,8 @@ impl RemoteBatch {
         let mut b = RemoteBatch {
             link: link.clone(),
             lanes: vec![lane],
-            // Enough queues for `capacity` one-command entries, and two once there is more
-            // than one entry: large entries then move data on two cores.
-            want: capacity.div_ceil(per_queue).max(capacity.min(2)),
+            // Enough queues for `capacity` one-command entries.
+            want: capacity.div_ceil(per_queue).max(1),
             piece: link.max_command_bytes(),
             pending: HashMap::new(),
             waiting: VecDeque::new(),
@@ -351,48 +346,15 @@ impl RemoteBatch {
         }
     }
 
-    /// Reaps lanes `ready`: on this thread, or, when several of them move much data, each on a
-    /// thread of its own (scoped: every one has returned when this does).
+    /// Reaps lanes `ready`.
     fn reap_lanes(&mut self, ready: &[usize]) -> Vec<Reaped> {
-        let op = "batch I/O";
-        let reap = |li: usize, lane: &mut Lane, mut out: Vec<(u16, Done)>| {
-            let r = lane.pipe().map_or(Ok(()), |p| p.reap(&mut out, op));
-            (li, out, r)
-        };
-        let heavy = ready.iter().filter(|&&i| self.lanes[i].bytes >= PARALLEL_BYTES).count();
-        if heavy < 2 {
-            let mut out = Vec::with_capacity(ready.len());
-            for &li in ready {
-                let buf = std::mem::take(&mut self.reaped);
-                out.push(reap(li, &mut self.lanes[li], buf));
-            }
-            return out;
+        let mut out = Vec::with_capacity(ready.len());
+        for &li in ready {
+            let mut buf = std::mem::take(&mut self.reaped);
+            let r = self.lanes[li].pipe().map_or(Ok(()), |p| p.reap(&mut buf, "batch I/O"));
+            out.push((li, buf, r));
         }
-        let mut lanes: Vec<(usize, &mut Lane)> =
-            self.lanes.iter_mut().enumerate().filter(|(i, _)| ready.contains(i)).collect();
-        let Some((first_li, first)) = lanes.pop() else { return Vec::new() };
-        std::thread::scope(|s| {
-            let mut handles = Vec::new();
-            let mut out = Vec::with_capacity(ready.len());
-            for (li, lane) in lanes {
-                let spawned = std::thread::Builder::new()
-                    .name("ugds-nvmeof-rx".into())
-                    .spawn_scoped(s, move || reap(li, lane, Vec::new()));
-                match spawned {
-                    Ok(h) => handles.push(h),
-                    // No thread: this one reaps it (the lane went into the failed closure, so
-                    // it is reaped there on a later call).
-                    Err(e) => log::debug!("remote batch: no receive thread ({e}); reaping in turn"),
-                }
-            }
-            out.push(reap(first_li, first, Vec::new()));
-            for h in handles {
-                if let Ok(r) = h.join() {
-                    out.push(r);
-                }
-            }
-            out
-        })
+        out
     }
 
     /// The lanes of `busy` that have something to handle, waiting up to `wait` (ascending).

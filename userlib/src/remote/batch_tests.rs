@@ -107,8 +107,8 @@ fn batch_writes_and_reads_move_data_in_capsule_by_r2t_and_in_several_commands() 
 }
 
 #[test]
-fn large_entries_spread_over_two_queues_read_back_what_was_written() {
-    // Eight 1 MiB entries: two queues with megabytes in flight each, reaped side by side.
+fn large_entries_in_several_c2h_pdus_read_back_what_was_written() {
+    // Eight 1 MiB entries in flight at once, each in four C2HData PDUs, three rounds.
     let cfg = FakeConfig { c2h_max: 256 << 10, ..Default::default() };
     let fake = Fake::start(cfg.clone());
     let disk = pattern(21, 8 << 20);
