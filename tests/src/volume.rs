@@ -470,8 +470,9 @@ fn multi_bind() -> Result<()> {
 
 /// A batch on a volume has a queue pair on every member: 192 writes then 192 reads of 4 KiB to
 /// one chunk at chunk-crossing offsets (split into two pieces on two members), plus entries
-/// larger than a chunk (the worker threads) and one past the end (an `Invalid` event); every
-/// event once, data checked through the volume's synchronous path.
+/// of three chunks (pieces on every member, on the same queue pairs: no worker thread) and one
+/// past the end (an `Invalid` event); every event once, data checked through the volume's
+/// synchronous path.
 fn queue_batch() -> Result<()> {
     use std::sync::Arc;
     use ugds::batch::{IoStatus, Op};
@@ -545,6 +546,7 @@ fn queue_batch() -> Result<()> {
             }
         }
         ensure_that!(seen.iter().all(|c| *c == 1), "{phase}: an entry reported other than once");
+        ensure_that!(b.pooled_entries() == 0, "{phase}: {} entries ran on worker threads", b.pooled_entries());
     }
     let v = buf.host_view()?;
     for r in reqs.iter().filter(|r| r.cookie != 90) {

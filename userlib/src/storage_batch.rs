@@ -1,10 +1,11 @@
 //! Batches over any [`Storage`] path (cuFile's batch API). On the direct path, entries of
 //! registered memory that fit one command go to a queue batch (a queue pair of its own, one
-//! doorbell per submit; on a striped volume one per member, for entries of at most a chunk); on
-//! the fallback path, host memory and GPU memory up to a staging chunk go to an io_uring of the
-//! batch's own (see [`crate::fallback_batch`]); the rest (staged GPU memory on the direct path,
-//! larger entries) run concurrently on the storage's worker threads. Events are collected with
-//! `status`.
+//! doorbell per submit); on a striped volume, entries of registered memory of any size go to
+//! queue pairs of the batch's own on every member, split into per-member pieces (see
+//! [`crate::volume_batch`]); on the fallback path, host memory and GPU memory up to a staging
+//! chunk go to an io_uring of the batch's own (see [`crate::fallback_batch`]); the rest (staged
+//! GPU memory, larger entries on one namespace) run concurrently on the storage's worker
+//! threads. Events are collected with `status`.
 //!
 //! Rules: `submit` checks every entry (the storage's one check); invalid entries become
 //! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping
@@ -58,6 +59,8 @@ pub struct StorageBatch {
     native: Option<Native>,
     /// Whether completed entries count in the storage's path counts (not the warm-up's).
     counts: bool,
+    /// Entries handed to the worker threads since it was made.
+    pooled: u64,
     /// The fork generation it was made in.
     born: Born,
 }
@@ -82,10 +85,12 @@ impl Native {
         }
     }
 
-    /// Whether it runs this (unchecked) entry; the rest go to the worker threads.
+    /// Whether it runs this (unchecked) entry; the rest go to the worker threads. A volume's
+    /// batch splits entries of any size into pieces of at most one command each.
     fn takes(&mut self, r: &IoRequest, max_cmd: u64) -> bool {
         match self {
-            Native::One(_) | Native::Volume(_) => r.buf.registration().is_some() && r.len <= max_cmd,
+            Native::One(_) => r.buf.registration().is_some() && r.len <= max_cmd,
+            Native::Volume(_) => r.buf.registration().is_some(),
             #[cfg(feature = "fallback")]
             Native::Ring(q) => q.takes(&r.buf, r.buf_offset, r.len),
         }
@@ -147,6 +152,7 @@ impl StorageBatch {
             state: Arc::default(),
             native,
             counts: true,
+            pooled: 0,
             born: Born::now(),
         })
     }
@@ -211,6 +217,12 @@ impl StorageBatch {
         }
     }
 
+    /// Entries the storage's worker threads took since the batch was made (each as one
+    /// synchronous request); the rest ran on the batch's own queue pairs or ring.
+    pub fn pooled_entries(&self) -> u64 {
+        self.pooled
+    }
+
     /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
     pub fn submit(&mut self, reqs: &[IoRequest]) -> Result<()> {
         self.born.check("batch")?;
@@ -227,7 +239,7 @@ impl StorageBatch {
                 ),
             ));
         }
-        // Checked entries of registered memory that fit one command take the queue batch.
+        // Checked entries the queue batch can carry take it (see `Native::takes`).
         let max_cmd = self.storage.max_command_bytes();
         let mut native = Vec::new();
         let mut pooled = Vec::new();
@@ -269,6 +281,7 @@ impl StorageBatch {
                 cv.notify_all();
                 continue;
             }
+            self.pooled += 1;
             let (s, state, r2) = (self.storage.clone(), self.state.clone(), r.clone());
             let job = move || {
                 let res = s.rw(r2.op == Op::Write, &r2.buf, r2.buf_offset, r2.file_offset, r2.len);
