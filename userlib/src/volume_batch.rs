@@ -52,6 +52,9 @@ struct Member {
     depth: usize,
     /// Its largest command in bytes (whole blocks).
     max_piece: u64,
+    /// Pieces submitted to its batch whose events have not come back: kept here, because the
+    /// batch would count them by a walk over its slots at every poll.
+    running: usize,
     waiting: VecDeque<Entry>,
 }
 
@@ -104,7 +107,7 @@ impl VolumeQueueBatch {
             .into_iter()
             .map(|batch| {
                 let (depth, max_piece) = (batch.capacity(), batch.max_command_bytes());
-                Member { batch, depth, max_piece, waiting: VecDeque::new() }
+                Member { batch, depth, max_piece, running: 0, waiting: VecDeque::new() }
             })
             .collect();
         VolumeQueueBatch { members, names, chunk, capacity, next_piece: 0, pending: BTreeMap::new(), ready: Vec::new() }
@@ -124,15 +127,29 @@ impl VolumeQueueBatch {
         let n = self.members.len();
         let mut touched = vec![false; n];
         for e in entries {
-            let mut ps = Vec::new();
+            // (member, offset on it, offset in the entry, bytes) of each piece.
+            let mut ps: Vec<(usize, u64, u64, u64)> = Vec::new();
             for p in pieces(n, self.chunk, e.dev_offset, e.len) {
-                // A chunk's piece larger than the member's largest command becomes several.
+                // A chunk's piece larger than the member's largest command becomes several;
+                // pieces that continue each other on the member and in the buffer (those of a
+                // one-member volume) become one, up to that size.
                 let step = self.members[p.member].max_piece.max(1);
                 let mut at = 0;
                 while at < p.len {
-                    let len = step.min(p.len - at);
-                    ps.push((p.member, p.member_offset + at, p.request_offset + at, len));
-                    at += len;
+                    let (off, req) = (p.member_offset + at, p.request_offset + at);
+                    let last = ps.last_mut().filter(|l| l.0 == p.member && l.1 + l.3 == off && l.2 + l.3 == req);
+                    match last {
+                        Some(l) if l.3 < step => {
+                            let take = (step - l.3).min(p.len - at);
+                            l.3 += take;
+                            at += take;
+                        }
+                        _ => {
+                            let len = step.min(p.len - at);
+                            ps.push((p.member, off, req, len));
+                            at += len;
+                        }
+                    }
                 }
             }
             // Every piece holds its own lease; all are taken before any piece is queued.
@@ -177,24 +194,38 @@ impl VolumeQueueBatch {
     /// Submits as many of member `m`'s waiting pieces as its queue has room for (one doorbell).
     fn start_waiting(&mut self, m: usize) {
         let member = &mut self.members[m];
-        let room = member.depth.saturating_sub(member.batch.in_flight()).min(member.waiting.len());
+        if member.waiting.is_empty() {
+            return;
+        }
+        let room = member.depth.saturating_sub(member.running).min(member.waiting.len());
         if room == 0 {
             return;
         }
         let batch: Vec<Entry> = member.waiting.drain(..room).collect();
         let cookies: Vec<u64> = batch.iter().map(|e| e.cookie).collect();
-        if let Err(err) = member.batch.submit(batch) {
-            // Nothing of these was submitted (their leases went back): those pieces failed.
-            let why = err.to_string();
-            let evs = cookies
-                .into_iter()
-                .map(|c| {
-                    let e = Error::invalid("batch", format!("submitting to the member failed: {why}"));
-                    (IoEvent { cookie: c, status: IoStatus::Failed, bytes: 0, error: Some(e) }, Path::DirectHost)
-                })
-                .collect();
-            self.absorb(m, evs);
+        match member.batch.submit(batch) {
+            // Refused ones among them come back as events too.
+            Ok(()) => member.running += room,
+            Err(err) => {
+                // Nothing of these was submitted (their leases went back): those pieces failed.
+                let why = err.to_string();
+                let evs = cookies
+                    .into_iter()
+                    .map(|c| {
+                        let e = Error::invalid("batch", format!("submitting to the member failed: {why}"));
+                        (IoEvent { cookie: c, status: IoStatus::Failed, bytes: 0, error: Some(e) }, Path::DirectHost)
+                    })
+                    .collect();
+                self.absorb(m, evs);
+            }
         }
+    }
+
+    /// Takes the events member `m`'s batch returned (of pieces it ran).
+    fn finished(&mut self, m: usize, events: Vec<(IoEvent, Path)>) {
+        let member = &mut self.members[m];
+        member.running = member.running.saturating_sub(events.len());
+        self.absorb(m, events);
     }
 
     /// Takes member `m`'s piece events; entries whose last piece arrived become ready.
@@ -230,8 +261,11 @@ impl VolumeQueueBatch {
         let start = Instant::now();
         loop {
             for m in 0..self.members.len() {
+                if self.members[m].running == 0 {
+                    continue;
+                }
                 let evs = self.members[m].batch.status(0, Duration::ZERO)?;
-                self.absorb(m, evs);
+                self.finished(m, evs);
                 self.start_waiting(m);
             }
             if self.ready.len() >= min || self.pending.is_empty() || start.elapsed() > timeout {
@@ -258,7 +292,7 @@ impl VolumeQueueBatch {
         let mut first_err = None;
         for m in 0..self.members.len() {
             match self.members[m].batch.cancel() {
-                Ok(evs) => self.absorb(m, evs),
+                Ok(evs) => self.finished(m, evs),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -347,11 +381,18 @@ mod tests {
 
     /// Entries of many chunks, more pieces than a member's queue holds, become per-member
     /// pieces that wait for room: every entry completes once, and each piece's bytes land in
-    /// the buffer from the member and offset md RAID0 puts them at.
+    /// the buffer from the member and offset md RAID0 puts them at (on one member: pieces that
+    /// continue each other, merged into commands of up to 1 MiB).
     #[test]
     fn entries_larger_than_a_chunk_run_as_pieces_on_the_members_queues() {
+        for n in [2, 1, 3] {
+            large_entries_on(n);
+        }
+    }
+
+    fn large_entries_on(n: usize) {
         let chunk = 16 << 10;
-        let mut v = volume(2, chunk, 4, 4, Vec::new());
+        let mut v = volume(n, chunk, 4, 4, Vec::new());
         let want = [(0, 4096, 256 << 10), (1 << 20, 5 * chunk - 4096, 3 * chunk + 8192), (2 << 20, 7 * chunk, 4096)];
         let entries = want.iter().enumerate().map(|(i, &(b, d, l))| v.entry(Op::Read, b, d, l, i as u64)).collect();
         let ev = v.run(entries);
@@ -364,10 +405,15 @@ mod tests {
         assert_eq!(seen, [1, 1, 1], "{ev:?}");
         assert_eq!(v.batch.in_flight(), 0);
         for &(b, d, l) in &want {
-            for p in pieces(2, v.chunk, d, l) {
+            for p in pieces(n, v.chunk, d, l) {
                 let got = v.mocks[p.member].host_read((b + p.request_offset) as usize, p.len as usize);
                 let exp: Vec<u8> = (p.member_offset..p.member_offset + p.len).map(|at| byte(p.member, at)).collect();
-                assert!(got == exp, "entry at {d}: the piece at {} of member {} differs", p.member_offset, p.member);
+                assert!(
+                    got == exp,
+                    "{n} members, entry at {d}: member {}'s piece at {} differs",
+                    p.member,
+                    p.member_offset
+                );
             }
         }
     }
@@ -431,7 +477,7 @@ mod tests {
     #[test]
     fn cancel_drops_waiting_pieces_and_reports_the_entry_once() {
         let chunk = 16 << 10;
-        let mut v = volume(1, chunk, 1, 2, Vec::new());
+        let mut v = volume(2, chunk, 1, 2, Vec::new());
         let entry = v.entry(Op::Read, 0, 0, 16 * chunk, 3);
         v.batch.submit(vec![entry]).unwrap();
         let ev = v.batch.cancel().unwrap();
