@@ -65,10 +65,11 @@ pub struct StorageBatch {
     born: Born,
 }
 
-/// The queue batch behind a storage batch: a namespace's own queue pair, one on every member
-/// of a striped volume, or an io_uring of its own on a file or block device.
+/// The queue batch behind a storage batch (and behind stream-ordered groups on a volume or a
+/// file): a namespace's own queue pair, one on every member of a striped volume, or an io_uring
+/// of its own on a file or block device.
 #[derive(Debug)]
-enum Native {
+pub(crate) enum Native {
     One(Box<QueueBatch>),
     Volume(VolumeQueueBatch),
     #[cfg(feature = "fallback")]
@@ -76,6 +77,21 @@ enum Native {
 }
 
 impl Native {
+    /// The queue batch for `capacity` entries on `storage`'s path, when it grants one; `one`:
+    /// also on a single namespace (stream-ordered groups there stay on the worker threads).
+    pub(crate) fn new(storage: &Arc<Storage>, capacity: usize, one: bool) -> Option<Native> {
+        match storage.concrete_path() {
+            ConcretePath::Direct(d) if one => {
+                QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q)))
+            }
+            ConcretePath::Direct(_) => None,
+            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
+            #[cfg(feature = "fallback")]
+            ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
+            ConcretePath::Remote(_) => None,
+        }
+    }
+
     fn in_flight(&self) -> usize {
         match self {
             Native::One(q) => q.in_flight(),
@@ -85,18 +101,21 @@ impl Native {
         }
     }
 
-    /// Whether it runs this (unchecked) entry; the rest go to the worker threads. A volume's
+    /// Whether it runs an (unchecked) entry of `len` bytes at `buf_offset` of `buf`, on a path
+    /// whose largest command is `max_cmd` bytes; the rest go to the worker threads. A volume's
     /// batch splits entries of any size into pieces of at most one command each.
-    fn takes(&mut self, r: &IoRequest, max_cmd: u64) -> bool {
+    // Only the ring looks at the buffer offset.
+    #[cfg_attr(not(feature = "fallback"), allow(unused_variables))]
+    pub(crate) fn takes(&mut self, buf: &Buffer, buf_offset: u64, len: u64, max_cmd: u64) -> bool {
         match self {
-            Native::One(_) => r.buf.registration().is_some() && r.len <= max_cmd,
-            Native::Volume(_) => r.buf.registration().is_some(),
+            Native::One(_) => buf.registration().is_some() && len <= max_cmd,
+            Native::Volume(_) => buf.registration().is_some(),
             #[cfg(feature = "fallback")]
-            Native::Ring(q) => q.takes(&r.buf, r.buf_offset, r.len),
+            Native::Ring(q) => q.takes(buf, buf_offset, len),
         }
     }
 
-    fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
         match self {
             Native::One(q) => q.submit(entries),
             Native::Volume(v) => v.submit(entries),
@@ -105,7 +124,7 @@ impl Native {
         }
     }
 
-    fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
         match self {
             Native::One(q) => q.status(min, timeout),
             Native::Volume(v) => v.status(min, timeout),
@@ -133,13 +152,7 @@ impl StorageBatch {
         storage.engine()?;
         // A queue pair of its own on the direct path (when the controller grants one that deep),
         // one on every member of a volume, a ring of its own on a file (when io_uring works).
-        let native = match storage.concrete_path() {
-            ConcretePath::Direct(d) => QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q))),
-            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
-            #[cfg(feature = "fallback")]
-            ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
-            ConcretePath::Remote(_) => None,
-        };
+        let native = Native::new(storage, capacity, true);
         let queue = matches!(native, Some(Native::One(_) | Native::Volume(_)));
         if queue && !WARM.swap(true, Ordering::AcqRel) {
             // Best effort: a failure here only means the first real batch runs cold, and the
@@ -244,7 +257,7 @@ impl StorageBatch {
         let mut native = Vec::new();
         let mut pooled = Vec::new();
         for r in reqs {
-            if !self.native.as_mut().is_some_and(|n| n.takes(r, max_cmd)) {
+            if !self.native.as_mut().is_some_and(|n| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)) {
                 pooled.push(r);
                 continue;
             }
