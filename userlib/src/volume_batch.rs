@@ -261,11 +261,11 @@ impl VolumeQueueBatch {
         let start = Instant::now();
         loop {
             for m in 0..self.members.len() {
-                if self.members[m].running == 0 {
-                    continue;
+                if self.members[m].running > 0 {
+                    let evs = self.members[m].batch.status(0, Duration::ZERO)?;
+                    self.finished(m, evs);
                 }
-                let evs = self.members[m].batch.status(0, Duration::ZERO)?;
-                self.finished(m, evs);
+                // Also with nothing running: a refused submission leaves the rest waiting.
                 self.start_waiting(m);
             }
             if self.ready.len() >= min || self.pending.is_empty() || start.elapsed() > timeout {
@@ -482,6 +482,25 @@ mod tests {
         v.batch.submit(vec![entry]).unwrap();
         let ev = v.batch.cancel().unwrap();
         assert!(matches!(ev.as_slice(), [(IoEvent { cookie: 3, status: IoStatus::Canceled, .. }, _)]), "{ev:?}");
+        assert_eq!((v.batch.in_flight(), v.buf.inflight()), (0, 0));
+    }
+
+    /// A member that refuses submissions (its controller marked faulted) fails every piece of
+    /// the entry there, also those that waited for room, and the entry's event names it; the
+    /// other member's pieces run.
+    #[test]
+    fn a_member_refusing_submissions_fails_the_entry_with_its_waiting_pieces() {
+        let chunk = 16 << 10;
+        let mut v = volume(2, chunk, 1, 2, Vec::new());
+        v.mocks[1].set_faulted(true);
+        let entry = v.entry(Op::Read, 0, 0, 16 * chunk, 4);
+        let ev = v.run(vec![entry]);
+        match ev.as_slice() {
+            [IoEvent { cookie: 4, status: IoStatus::Failed, error: Some(Error::Member { member, .. }), .. }] => {
+                assert_eq!(member, "m1")
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!((v.batch.in_flight(), v.buf.inflight()), (0, 0));
     }
 }

@@ -292,6 +292,14 @@ impl MockDevice {
         m.backing.get(a..b).map(<[u8]>::to_vec).unwrap_or_default()
     }
 
+    /// Sets or clears the status page's faulted flag.
+    pub(crate) fn set_faulted(&self, on: bool) {
+        let m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        let off = std::mem::offset_of!(StatusPage, state);
+        let s = ControllerState(m.status.load64(off));
+        m.status.store64(off, ControllerState::new(s.epoch(), on).0);
+    }
+
     /// Overwrites the namespace's data at block `lba`.
     pub(crate) fn set_backing(&self, lba: u64, data: &[u8]) {
         let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
@@ -459,10 +467,7 @@ impl MockQueue {
 
     /// Sets or clears the status page's faulted flag.
     pub fn set_faulted(&self, on: bool) {
-        let m = self.model();
-        let off = std::mem::offset_of!(StatusPage, state);
-        let s = ControllerState(m.status.load64(off));
-        m.status.store64(off, ControllerState::new(s.epoch(), on).0);
+        self.dev.set_faulted(on)
     }
 
     /// Resets the controller as the module does: the queue is re-created empty (its commands
