@@ -41,6 +41,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "volume_member_timeout_others_keep_working", variant: V, run: member_timeout },
         Test { name: "volume_kill9_mid_stripe_members_read_cleanly", variant: V, run: kill9_mid_stripe },
         Test { name: "volume_queue_batch_across_members", variant: V, run: queue_batch },
+        Test { name: "volume_stream_ordered_groups_on_member_queues", variant: V, run: stream_groups },
         // That variant's two controllers have 4096- and 512-byte blocks.
         Test { name: "volume_of_mixed_block_sizes_is_refused_by_name", variant: "two-controllers", run: mixed_lbs },
         Test { name: "volume_bound_by_one_multi_bind", variant: V, run: multi_bind },
@@ -470,8 +471,9 @@ fn multi_bind() -> Result<()> {
 
 /// A batch on a volume has a queue pair on every member: 192 writes then 192 reads of 4 KiB to
 /// one chunk at chunk-crossing offsets (split into two pieces on two members), plus entries
-/// larger than a chunk (the worker threads) and one past the end (an `Invalid` event); every
-/// event once, data checked through the volume's synchronous path.
+/// of three chunks (pieces on every member, on the same queue pairs: no worker thread) and one
+/// past the end (an `Invalid` event); every event once, data checked through the volume's
+/// synchronous path.
 fn queue_batch() -> Result<()> {
     use std::sync::Arc;
     use ugds::batch::{IoStatus, Op};
@@ -545,6 +547,7 @@ fn queue_batch() -> Result<()> {
             }
         }
         ensure_that!(seen.iter().all(|c| *c == 1), "{phase}: an entry reported other than once");
+        ensure_that!(b.pooled_entries() == 0, "{phase}: {} entries ran on worker threads", b.pooled_entries());
     }
     let v = buf.host_view()?;
     for r in reqs.iter().filter(|r| r.cookie != 90) {
@@ -574,6 +577,56 @@ fn queue_batch() -> Result<()> {
     }
     let c = st.path_counts();
     println!("    {} entries x 2 through queue pairs on {MEMBERS} members; path counts {c:?}", n - 1);
+    Ok(())
+}
+
+/// Stream-ordered groups on a volume run on queue pairs of the registration's own on every
+/// member: a group of 8 writes of three chunks and a page at chunk-crossing offsets, then a
+/// group reading them back, in stream order; every result the operation's size, the data
+/// checked in memory and through the volume's synchronous path.
+fn stream_groups() -> Result<()> {
+    use std::sync::Arc;
+    use ugds::{AsyncArgs, AsyncOp, CpuStream, Op, StreamIo};
+    let st = Storage::open(&spec()?)?;
+    let (n, len) = (8u64, 3 * CHUNK + 4096);
+    let slot = 4 * CHUNK;
+    let buf = Arc::new(st.alloc_host((2 * n * slot) as usize)?);
+    let at = |i: u64| (i * 29 % 600 + 1) * CHUNK - 4096 * (i % 3);
+    {
+        let mut v = buf.host_view()?;
+        for i in 0..n {
+            pattern::fill(0xC0 ^ i, at(i), &mut v[(i * slot) as usize..(i * slot + len) as usize]);
+        }
+    }
+    let sio = StreamIo::new(CpuStream::new()?)?;
+    let group = |op: Op, base: u64| -> Vec<AsyncOp> {
+        (0..n)
+            .map(|i| AsyncOp {
+                op,
+                buf: buf.clone(),
+                args: AsyncArgs::new(len, at(i) as i64, (base + i * slot) as i64),
+            })
+            .collect()
+    };
+    let (writes, reads) = (group(Op::Write, 0), group(Op::Read, n * slot));
+    sio.submit(&st, &writes)?;
+    sio.submit(&st, &reads)?;
+    sio.synchronize()?;
+    for (i, o) in writes.iter().chain(&reads).enumerate() {
+        ensure_that!(o.args.result() == len as i64, "operation {i}: result {}", o.args.result());
+    }
+    let v = buf.host_view()?;
+    for i in 0..n {
+        let got = &v[((n + i) * slot) as usize..((n + i) * slot + len) as usize];
+        ensure_that!(pattern::first_mismatch(0xC0 ^ i, at(i), got).is_none(), "read {i} differs");
+    }
+    drop(v);
+    let check = st.alloc_host(len as usize)?;
+    for i in 0..n {
+        st.read(&check, 0, at(i), len)?;
+        let got = check.host_view()?;
+        ensure_that!(pattern::first_mismatch(0xC0 ^ i, at(i), &got).is_none(), "write {i} differs through read");
+    }
     Ok(())
 }
 

@@ -86,8 +86,19 @@ impl QueueBatch {
         }
         let epoch = inner.status.state().epoch();
         let qp = create_queue_pair(&inner.fd, depth, inner.wait, &inner.doorbells, epoch, inner.dptr)?;
+        Ok(Self::with_queue(inner, ns, qp, capacity, member))
+    }
+
+    /// A batch on a queue pair the test made (over the device model, which has no control plane
+    /// to create one); `qp` must hold `capacity` commands.
+    #[cfg(test)]
+    pub(crate) fn over(dev: &Device, ns: &Namespace, qp: QueuePair, capacity: usize, member: usize) -> Self {
+        Self::with_queue(dev.inner.clone(), ns, qp, capacity, member)
+    }
+
+    fn with_queue(inner: Arc<Inner>, ns: &Namespace, qp: QueuePair, capacity: usize, member: usize) -> Self {
         let timeout = inner.timeout;
-        Ok(QueueBatch {
+        QueueBatch {
             dev: inner,
             ns: ns.clone(),
             qp: ManuallyDrop::new(qp),
@@ -98,7 +109,17 @@ impl QueueBatch {
             done: Vec::with_capacity(capacity),
             timeout,
             member,
-        })
+        }
+    }
+
+    /// Entries it holds in flight at most.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The largest entry it runs (one command).
+    pub(crate) fn max_command_bytes(&self) -> u64 {
+        self.ns.max_command_bytes() & !(self.ns.block_size() - 1)
     }
 
     /// Entries in flight.

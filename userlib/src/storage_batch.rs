@@ -1,10 +1,12 @@
 //! Batches over any [`Storage`] path (cuFile's batch API). On the direct path, entries of
 //! registered memory that fit one command go to a queue batch (a queue pair of its own, one
-//! doorbell per submit; on a striped volume one per member, for entries of at most a chunk); on
-//! the fallback path, host memory and GPU memory up to a staging chunk go to an io_uring of the
-//! batch's own (see [`crate::fallback_batch`]); on NVMe/TCP, host memory goes to I/O queues the
-//! batch holds (see `remote::batch`); the rest (staged GPU memory, larger entries, RDMA) run
-//! concurrently on the storage's worker threads. Events are collected with `status`.
+//! doorbell per submit); on a striped volume, entries of registered memory of any size go to
+//! queue pairs of the batch's own on every member, split into per-member pieces (see
+//! [`crate::volume_batch`]); on the fallback path, host memory and GPU memory up to a staging
+//! chunk go to an io_uring of the batch's own (see [`crate::fallback_batch`]); on NVMe/TCP, host
+//! memory goes to I/O queues the batch holds (see `remote::batch`); the rest (staged GPU memory,
+//! larger entries on one namespace, RDMA) run concurrently on the storage's worker threads.
+//! Events are collected with `status`.
 //!
 //! Rules: `submit` checks every entry (the storage's one check); invalid entries become
 //! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping
@@ -59,14 +61,17 @@ pub struct StorageBatch {
     native: Option<Native>,
     /// Whether completed entries count in the storage's path counts (not the warm-up's).
     counts: bool,
+    /// Entries handed to the worker threads since it was made.
+    pooled: u64,
     /// The fork generation it was made in.
     born: Born,
 }
 
-/// The queue batch behind a storage batch: a namespace's own queue pair, one on every member
-/// of a striped volume, or an io_uring of its own on a file or block device.
+/// The queue batch behind a storage batch (and behind stream-ordered groups on a volume or a
+/// file): a namespace's own queue pair, one on every member of a striped volume, or an io_uring
+/// of its own on a file or block device.
 #[derive(Debug)]
-enum Native {
+pub(crate) enum Native {
     One(Box<QueueBatch>),
     Volume(VolumeQueueBatch),
     #[cfg(feature = "fallback")]
@@ -75,6 +80,26 @@ enum Native {
 }
 
 impl Native {
+    /// The queue batch for `capacity` entries on `storage`'s path, when it grants one; `one`:
+    /// also on a single namespace or a remote one (stream-ordered groups there stay on the
+    /// worker threads).
+    pub(crate) fn new(storage: &Arc<Storage>, capacity: usize, one: bool) -> Option<Native> {
+        match storage.concrete_path() {
+            ConcretePath::Direct(d) if one => {
+                QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q)))
+            }
+            ConcretePath::Direct(_) => None,
+            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
+            #[cfg(feature = "fallback")]
+            ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
+            // Queues of its own on NVMe/TCP; RDMA's queues run one call at a time.
+            ConcretePath::Remote(r) if one => {
+                RemoteBatch::new(r.link(), capacity).ok().flatten().map(|b| Native::Remote(Box::new(b)))
+            }
+            ConcretePath::Remote(_) => None,
+        }
+    }
+
     fn in_flight(&self) -> usize {
         match self {
             Native::One(q) => q.in_flight(),
@@ -85,17 +110,22 @@ impl Native {
         }
     }
 
-    /// Whether it runs this (unchecked) entry; the rest go to the worker threads.
-    fn takes(&mut self, r: &IoRequest, max_cmd: u64) -> bool {
+    /// Whether it runs an (unchecked) entry of `len` bytes at `buf_offset` of `buf`, on a path
+    /// whose largest command is `max_cmd` bytes; the rest go to the worker threads. A volume's
+    /// batch splits entries of any size into pieces of at most one command each.
+    // Only the ring looks at the buffer offset.
+    #[cfg_attr(not(feature = "fallback"), allow(unused_variables))]
+    pub(crate) fn takes(&mut self, buf: &Buffer, buf_offset: u64, len: u64, max_cmd: u64) -> bool {
         match self {
-            Native::One(_) | Native::Volume(_) => r.buf.registration().is_some() && r.len <= max_cmd,
+            Native::One(_) => buf.registration().is_some() && len <= max_cmd,
+            Native::Volume(_) => buf.registration().is_some(),
             #[cfg(feature = "fallback")]
-            Native::Ring(q) => q.takes(&r.buf, r.buf_offset, r.len),
-            Native::Remote(q) => q.takes(r.buf.mem(), r.len),
+            Native::Ring(q) => q.takes(buf, buf_offset, len),
+            Native::Remote(q) => q.takes(buf.mem(), len),
         }
     }
 
-    fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
         match self {
             Native::One(q) => q.submit(entries),
             Native::Volume(v) => v.submit(entries),
@@ -105,7 +135,7 @@ impl Native {
         }
     }
 
-    fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
         match self {
             Native::One(q) => q.status(min, timeout),
             Native::Volume(v) => v.status(min, timeout),
@@ -135,16 +165,7 @@ impl StorageBatch {
         storage.engine()?;
         // A queue pair of its own on the direct path (when the controller grants one that deep),
         // one on every member of a volume, a ring of its own on a file (when io_uring works).
-        let native = match storage.concrete_path() {
-            ConcretePath::Direct(d) => QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q))),
-            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
-            #[cfg(feature = "fallback")]
-            ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
-            // Queues of its own on NVMe/TCP; RDMA's queues run one call at a time.
-            ConcretePath::Remote(r) => {
-                RemoteBatch::new(r.link(), capacity).ok().flatten().map(|b| Native::Remote(Box::new(b)))
-            }
-        };
+        let native = Native::new(storage, capacity, true);
         let queue = matches!(native, Some(Native::One(_) | Native::Volume(_)));
         if queue && !WARM.swap(true, Ordering::AcqRel) {
             // Best effort: a failure here only means the first real batch runs cold, and the
@@ -157,6 +178,7 @@ impl StorageBatch {
             state: Arc::default(),
             native,
             counts: true,
+            pooled: 0,
             born: Born::now(),
         })
     }
@@ -221,6 +243,12 @@ impl StorageBatch {
         }
     }
 
+    /// Entries the storage's worker threads took since the batch was made (each as one
+    /// synchronous request); the rest ran on the batch's own queue pairs or ring.
+    pub fn pooled_entries(&self) -> u64 {
+        self.pooled
+    }
+
     /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
     pub fn submit(&mut self, reqs: &[IoRequest]) -> Result<()> {
         self.born.check("batch")?;
@@ -237,12 +265,12 @@ impl StorageBatch {
                 ),
             ));
         }
-        // Checked entries of registered memory that fit one command take the queue batch.
+        // Checked entries the queue batch can carry take it (see `Native::takes`).
         let max_cmd = self.storage.max_command_bytes();
         let mut native = Vec::new();
         let mut pooled = Vec::new();
         for r in reqs {
-            if !self.native.as_mut().is_some_and(|n| n.takes(r, max_cmd)) {
+            if !self.native.as_mut().is_some_and(|n| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)) {
                 pooled.push(r);
                 continue;
             }
@@ -279,6 +307,7 @@ impl StorageBatch {
                 cv.notify_all();
                 continue;
             }
+            self.pooled += 1;
             let (s, state, r2) = (self.storage.clone(), self.state.clone(), r.clone());
             let job = move || {
                 let res = s.rw(r2.op == Op::Write, &r2.buf, r2.buf_offset, r2.file_offset, r2.len);

@@ -4,29 +4,23 @@
 //! A group of operations becomes stream entries: a store of the group's first ticket into a
 //! host-mapped word, which the registration's dispatcher thread ([`crate::stream_dispatch`])
 //! sees when the stream reaches it, and then reads each operation's late-bound arguments (size,
-//! file offset, buffer offset) from host memory and hands the I/O to worker threads; a wait on a
-//! host-mapped completion word, which the workers advance as operations finish (in ticket
-//! order, so the word means "every operation up to this ticket is done"). Work queued after the
+//! file offset, buffer offset) from host memory and hands the I/O to worker threads (on a file
+//! or a striped volume: puts the group in flight on a queue batch of the registration's own); a
+//! wait on a host-mapped completion word, advanced as operations finish (in ticket order, so
+//! the word means "every operation up to this ticket is done"). Work queued after the
 //! group starts only when all of the group's I/O is done; the operations of one group overlap
 //! their device time. [`StreamIo::read_async`] is a group of one. Results (bytes, or a negative
 //! errno) are written to each operation's [`AsyncArgs::bytes`] before the word advances; an
 //! invalid argument found at execution time is reported there and later operations still run.
 
-use crate::batch::Op;
-#[cfg(feature = "fallback")]
-use crate::batch::{Entry, IoStatus};
-use crate::buffer::Buffer;
-#[cfg(feature = "fallback")]
-use crate::buffer::Lease;
+use crate::batch::{Entry, IoStatus, Op};
+use crate::buffer::{Buffer, Lease};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-#[cfg(feature = "fallback")]
-use crate::fallback_batch::RingBatch;
 use crate::gpu::stream::{CompletionWord, Stream};
 use crate::inflight::{InFlight, Why};
-#[cfg(feature = "fallback")]
-use crate::storage::ConcretePath;
-use crate::storage::Storage;
+use crate::storage::{ConcretePath, Storage};
+use crate::storage_batch::Native;
 use crate::stream_dispatch::Dispatcher;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -128,9 +122,9 @@ pub struct StreamIo {
     passed: CompletionWord,
     /// Starts each group when the stream reaches it.
     dispatch: Dispatcher,
-    /// The ring groups on a file target run on (made at the first, larger when a group is).
-    #[cfg(feature = "fallback")]
-    ring: Arc<Mutex<Option<RingBatch>>>,
+    /// The queue batch groups on a file or volume target run on (made at the first, again when
+    /// a group is larger or on another target).
+    group: Arc<Mutex<Option<GroupBatch>>>,
     /// The fork generation it was registered in.
     born: crate::fork::Born,
 }
@@ -185,8 +179,7 @@ impl StreamIo {
             next: Mutex::new(0),
             passed,
             dispatch,
-            #[cfg(feature = "fallback")]
-            ring: Arc::default(),
+            group: Arc::default(),
             born,
         })
     }
@@ -215,12 +208,18 @@ impl StreamIo {
     /// Queues a group: its operations run concurrently once the stream reaches it, and later
     /// stream work waits for all of them. On a file or block device the whole group is one job
     /// that puts its operations in flight at once on a ring of this registration's own (see
-    /// [`crate::fallback_batch`]); elsewhere each operation is a job of its own.
+    /// [`crate::fallback_batch`]), on a striped volume on queue pairs of its own on every member
+    /// (see [`crate::volume_batch`]); elsewhere each operation is a job of its own.
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
         self.born.check("stream")?;
-        #[cfg(feature = "fallback")]
-        if matches!(storage.concrete_path(), ConcretePath::File(_)) && !ops.is_empty() {
-            return self.submit_to_ring(storage, ops);
+        let batched = match storage.concrete_path() {
+            #[cfg(feature = "fallback")]
+            ConcretePath::File(_) => true,
+            ConcretePath::Volume(_) => true,
+            _ => false,
+        };
+        if batched && !ops.is_empty() {
+            return self.submit_to_batch(storage, ops);
         }
         let jobs = ops
             .iter()
@@ -232,20 +231,19 @@ impl StreamIo {
         self.submit_jobs(&storage.engine()?, jobs)
     }
 
-    /// [`StreamIo::submit`] on a file target: one ticket for the group, which runs on the
-    /// registration's dispatcher (nothing else runs there until the stream passes the group:
-    /// its wait comes before the next group's start).
-    #[cfg(feature = "fallback")]
-    fn submit_to_ring(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
+    /// [`StreamIo::submit`] on a file or volume target: one ticket for the group, which runs on
+    /// the registration's dispatcher (nothing else runs there until the stream passes the
+    /// group: its wait comes before the next group's start).
+    fn submit_to_batch(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
         let engine = storage.engine()?;
-        let (s, ops, ring) = (storage.clone(), ops.to_vec(), self.ring.clone());
+        let (s, ops, group) = (storage.clone(), ops.to_vec(), self.group.clone());
         let (word, tickets) = (self.word.clone(), self.tickets.clone());
         self.queue(1, move |first, cancelled| {
             // Finishes the ticket once the group and any job it handed work to are over (or
             // were dropped unrun).
             let done = Arc::new(Finish { tickets, word, ticket: first });
             if !cancelled.load(Ordering::Acquire) {
-                run_group(&s, &engine, &ring, &ops, &done);
+                run_group(&s, &engine, &group, &ops, &done);
             }
         })
     }
@@ -343,17 +341,41 @@ fn run_op(s: &Storage, o: &AsyncOp) {
     o.args.store_result(r.map(|n| n as i64).unwrap_or_else(|e| e.errno() as i64));
 }
 
-/// Runs a group on a file target: every operation the ring takes in flight on it at once, each
-/// other one on a worker of its own (holding the group's ticket), then the ring's events stored
-/// as the operations' results. Groups of one registration run one after another (stream
-/// order), so the ring is never shared.
-#[cfg(feature = "fallback")]
-fn run_group(s: &Arc<Storage>, engine: &Engine, ring: &Mutex<Option<RingBatch>>, ops: &[AsyncOp], done: &Arc<Finish>) {
-    let mut slot = ring.lock().unwrap_or_else(|e| e.into_inner());
-    if !slot.as_ref().is_some_and(|r| r.fits(s, ops.len())) {
-        // The old ring (if any) is idle: its groups are over.
-        *slot = RingBatch::new(s, ops.len()).ok();
+/// A registration's queue batch for its groups, and what it was made for.
+#[derive(Debug)]
+struct GroupBatch {
+    storage: Arc<Storage>,
+    capacity: usize,
+    batch: Native,
+}
+
+impl GroupBatch {
+    /// Whether it can run a group of `n` operations on `storage`.
+    fn fits(&self, storage: &Arc<Storage>, n: usize) -> bool {
+        Arc::ptr_eq(&self.storage, storage) && self.capacity >= n
     }
+}
+
+/// Runs a group on a file or volume target: every operation the registration's queue batch
+/// takes in flight on it at once, each other one on a worker of its own (holding the group's
+/// ticket), then the batch's events stored as the operations' results. Groups of one
+/// registration run one after another (stream order), so the batch is never shared.
+fn run_group(
+    s: &Arc<Storage>,
+    engine: &Engine,
+    group: &Mutex<Option<GroupBatch>>,
+    ops: &[AsyncOp],
+    done: &Arc<Finish>,
+) {
+    let mut slot = group.lock().unwrap_or_else(|e| e.into_inner());
+    if !slot.as_ref().is_some_and(|g| g.fits(s, ops.len())) {
+        // The old batch (if any) is idle: its groups are over. It goes first: its controllers
+        // may have no queue pair to spare for both.
+        *slot = None;
+        *slot =
+            Native::new(s, ops.len(), false).map(|batch| GroupBatch { storage: s.clone(), capacity: ops.len(), batch });
+    }
+    let max_cmd = s.max_command_bytes();
     let mut entries = Vec::with_capacity(ops.len());
     for (i, o) in ops.iter().enumerate() {
         let (size, foff, boff) = match load_checked(s, o) {
@@ -363,7 +385,7 @@ fn run_group(s: &Arc<Storage>, engine: &Engine, ring: &Mutex<Option<RingBatch>>,
                 continue;
             }
         };
-        if slot.as_mut().is_some_and(|r| r.takes(&o.buf, boff, size)) {
+        if slot.as_mut().is_some_and(|g| g.batch.takes(&o.buf, boff, size, max_cmd)) {
             match Lease::new(o.buf.clone()) {
                 Ok(lease) => entries.push(Entry {
                     op: o.op,
@@ -388,7 +410,7 @@ fn run_group(s: &Arc<Storage>, engine: &Engine, ring: &Mutex<Option<RingBatch>>,
             ops[i].args.store_result(e.errno() as i64);
         }
     }
-    let (Some(r), n) = (slot.as_mut(), entries.len()) else { return };
+    let (Some(r), n) = (slot.as_mut().map(|g| &mut g.batch), entries.len()) else { return };
     if n == 0 || r.submit(entries).is_err() {
         return;
     }
@@ -414,12 +436,11 @@ impl Drop for StreamIo {
     fn drop(&mut self) {
         if self.born.in_child() {
             // The stream and the workers are the parent's: nothing will pass the groups here.
-            // The completion words (pinned memory of the parent's runtime) and the ring stay.
+            // The completion words (pinned memory of the parent's runtime) and the queue batch stay.
             std::mem::forget(self.word.clone());
             std::mem::forget(self.passed.clone());
             self.dispatch.forget();
-            #[cfg(feature = "fallback")]
-            std::mem::forget(self.ring.clone());
+            std::mem::forget(self.group.clone());
             return;
         }
         let deadline = Instant::now() + DROP_WAIT;

@@ -1,74 +1,116 @@
 //! A striped volume's queue batch: one queue batch per member (each a queue pair of its own,
-//! one doorbell per member per submit). An entry of at most one chunk is split at the chunk
-//! boundary into at most two pieces, one command each, on the members that hold them; its event
-//! comes when its last piece completes: its bytes, or the first failed piece's error naming the
-//! member and the offset on it. Larger entries are refused here: `StorageBatch` sends them to
-//! the storage's worker threads (the volume's largest command is its chunk), each run as one
-//! synchronous request over every member at once.
+//! one doorbell per member per submit). Every entry, whatever its size, is split as md RAID0
+//! lays it out (at chunk boundaries, and a chunk's piece further at the member's largest
+//! command), one command per piece, on the members that hold them; its event comes when its
+//! last piece completes: its bytes, or the first failed piece's error naming the member and the
+//! offset on it.
+//!
+//! Room: an entry counts once against the batch's capacity, however many pieces it has. Each
+//! member's queue pair holds [`member_depth`] pieces; pieces beyond that wait on their member,
+//! in submission order, and go out as that member's pieces complete (at every `submit`,
+//! `status` and `cancel`). Pieces on a queue complete or time out without any other piece's
+//! help, so a waiting piece always gets its turn: no entry can wait for room that only its own
+//! waiting pieces would free.
 
 use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::{Lease, Path};
 use crate::error::{Error, Result};
 use crate::queue_batch::QueueBatch;
 use crate::volume::{pieces, VolumePath};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-/// An entry whose pieces are in flight.
+/// The fewest pieces a member's queue pair holds: a 1 MiB entry at the default 128 KiB chunk is
+/// 8 pieces, all on one member of a one-member volume, and a batch of one such entry should
+/// keep them all in flight, as md does.
+const MIN_MEMBER_DEPTH: usize = 32;
+
+/// Pieces each member's queue pair holds for a batch of `capacity` entries on a controller that
+/// grants queues of `max_entries`: two per entry (an entry of at most a chunk is at most two
+/// pieces, both on the one member of a one-member volume, so such entries never wait), at
+/// least [`MIN_MEMBER_DEPTH`], at most what the controller grants (one entry stays empty).
+fn member_depth(capacity: usize, max_entries: u32) -> usize {
+    let most = (max_entries as usize).saturating_sub(1).max(1);
+    capacity.saturating_mul(2).max(MIN_MEMBER_DEPTH).min(most)
+}
+
+/// An entry whose pieces are in flight or waiting.
 struct Pending {
     cookie: u64,
     len: u64,
     path: Path,
     /// (member, offset on it) of each piece, by piece index.
-    pieces: [(usize, u64); 2],
+    pieces: Vec<(usize, u64)>,
     remaining: usize,
     failure: Option<(IoStatus, Error)>,
 }
 
+/// One member: its queue batch, and its pieces that wait for room there.
+struct Member {
+    batch: QueueBatch,
+    /// Pieces its queue pair holds at once.
+    depth: usize,
+    /// Its largest command in bytes (whole blocks).
+    max_piece: u64,
+    /// Pieces submitted to its batch whose events have not come back: kept here, because the
+    /// batch would count them by a walk over its slots at every poll.
+    running: usize,
+    waiting: VecDeque<Entry>,
+}
+
 /// Queue batches on every member of a volume.
 pub(crate) struct VolumeQueueBatch {
-    members: Vec<QueueBatch>,
+    members: Vec<Member>,
     names: Vec<String>,
     chunk: u64,
     capacity: usize,
-    next_id: u64,
-    pending: HashMap<u64, Pending>,
+    /// The cookie of the next piece in its member's batch: an entry's pieces take consecutive
+    /// cookies, so the entry is the one with the largest first piece not above it.
+    next_piece: u64,
+    /// By the cookie of their first piece.
+    pending: BTreeMap<u64, Pending>,
     ready: Vec<(IoEvent, Path)>,
 }
 
 impl std::fmt::Debug for VolumeQueueBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VolumeQueueBatch({} members, {} pending)", self.members.len(), self.pending.len())
+        let waiting: usize = self.members.iter().map(|m| m.waiting.len()).sum();
+        write!(
+            f,
+            "VolumeQueueBatch({} members, {} pending, {waiting} pieces waiting)",
+            self.members.len(),
+            self.pending.len()
+        )
     }
 }
 
-/// A piece's cookie in its member's batch: the entry's id and the piece's index.
-fn piece_cookie(id: u64, piece: usize) -> u64 {
-    id << 1 | piece as u64
-}
-
 impl VolumeQueueBatch {
-    /// Queue batches of `capacity` entries on every member; `None` when a member's controller
-    /// does not grant a queue that deep or a chunk needs more than one command.
+    /// Queue batches for `capacity` entries on every member; `None` when a member's controller
+    /// does not grant a queue pair.
     pub(crate) fn new(vol: &VolumePath, capacity: usize) -> Option<Self> {
         let mut members = Vec::with_capacity(vol.members().len());
         for (i, m) in vol.members().iter().enumerate() {
-            if m.ns.max_command_bytes() < vol.chunk() {
-                return None;
-            }
-            // An entry crossing a chunk boundary puts two pieces on one member of a
-            // one-member volume: room for two per entry.
-            members.push(QueueBatch::on_member(&m.dev, &m.ns, 2 * capacity, i).ok()?);
+            let depth = member_depth(capacity, m.dev.info().max_queue_entries);
+            members.push(QueueBatch::on_member(&m.dev, &m.ns, depth, i).ok()?);
         }
-        Some(VolumeQueueBatch {
-            members,
-            names: vol.names().to_vec(),
-            chunk: vol.chunk(),
-            capacity,
-            next_id: 0,
-            pending: HashMap::new(),
-            ready: Vec::new(),
-        })
+        Some(Self::from_members(members, vol.names().to_vec(), vol.chunk(), capacity))
+    }
+
+    /// A batch over member batches the test made (in member order, named `names`).
+    #[cfg(test)]
+    pub(crate) fn over(members: Vec<QueueBatch>, names: Vec<String>, chunk: u64, capacity: usize) -> Self {
+        Self::from_members(members, names, chunk, capacity)
+    }
+
+    fn from_members(batches: Vec<QueueBatch>, names: Vec<String>, chunk: u64, capacity: usize) -> Self {
+        let members = batches
+            .into_iter()
+            .map(|batch| {
+                let (depth, max_piece) = (batch.capacity(), batch.max_command_bytes());
+                Member { batch, depth, max_piece, running: 0, waiting: VecDeque::new() }
+            })
+            .collect();
+        VolumeQueueBatch { members, names, chunk, capacity, next_piece: 0, pending: BTreeMap::new(), ready: Vec::new() }
     }
 
     /// Entries in flight.
@@ -76,27 +118,41 @@ impl VolumeQueueBatch {
         self.pending.len()
     }
 
-    /// Submits checked entries (each at most one chunk), one doorbell per member touched.
+    /// Submits checked entries of any size: their pieces go to the members' queues, one
+    /// doorbell per member touched, or wait there for room.
     pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
         if self.in_flight() + entries.len() > self.capacity {
             return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", entries.len())));
         }
         let n = self.members.len();
-        let mut per_member: Vec<Vec<Entry>> = (0..n).map(|_| Vec::new()).collect();
+        let mut touched = vec![false; n];
         for e in entries {
-            let id = self.next_id;
-            self.next_id += 1;
-            let ps: Vec<_> = pieces(n, self.chunk, e.dev_offset, e.len).collect();
-            if ps.len() > 2 || e.len > self.chunk {
-                let err =
-                    Error::invalid("len", format!("{} bytes exceed the volume's {}-byte chunk", e.len, self.chunk));
-                self.ready.push((
-                    IoEvent { cookie: e.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(err) },
-                    e.lease.buffer().path(),
-                ));
-                continue;
+            // (member, offset on it, offset in the entry, bytes) of each piece.
+            let mut ps: Vec<(usize, u64, u64, u64)> = Vec::new();
+            for p in pieces(n, self.chunk, e.dev_offset, e.len) {
+                // A chunk's piece larger than the member's largest command becomes several;
+                // pieces that continue each other on the member and in the buffer (those of a
+                // one-member volume) become one, up to that size.
+                let step = self.members[p.member].max_piece.max(1);
+                let mut at = 0;
+                while at < p.len {
+                    let (off, req) = (p.member_offset + at, p.request_offset + at);
+                    let last = ps.last_mut().filter(|l| l.0 == p.member && l.1 + l.3 == off && l.2 + l.3 == req);
+                    match last {
+                        Some(l) if l.3 < step => {
+                            let take = (step - l.3).min(p.len - at);
+                            l.3 += take;
+                            at += take;
+                        }
+                        _ => {
+                            let len = step.min(p.len - at);
+                            ps.push((p.member, off, req, len));
+                            at += len;
+                        }
+                    }
+                }
             }
-            // Every piece holds its own lease; all are taken before any piece is submitted.
+            // Every piece holds its own lease; all are taken before any piece is queued.
             let leases: Result<Vec<_>> = ps.iter().map(|_| Lease::new(e.lease.holder().clone())).collect();
             let leases = match leases {
                 Ok(l) => l,
@@ -108,32 +164,50 @@ impl VolumeQueueBatch {
                     continue;
                 }
             };
-            let mut at = [(0usize, 0u64); 2];
-            for (k, (p, lease)) in ps.iter().zip(leases).enumerate() {
-                at[k] = (p.member, p.member_offset);
-                per_member[p.member].push(Entry {
+            let first = self.next_piece;
+            for (k, (&(member, member_offset, request_offset, len), lease)) in ps.iter().zip(leases).enumerate() {
+                touched[member] = true;
+                self.members[member].waiting.push_back(Entry {
                     op: e.op,
                     lease,
-                    buf_offset: e.buf_offset + p.request_offset,
-                    dev_offset: p.member_offset,
-                    len: p.len,
-                    cookie: piece_cookie(id, k),
+                    buf_offset: e.buf_offset + request_offset,
+                    dev_offset: member_offset,
+                    len,
+                    cookie: first + k as u64,
                 });
             }
+            self.next_piece += ps.len() as u64;
             let path = e.lease.buffer().path();
-            self.pending.insert(
-                id,
-                Pending { cookie: e.cookie, len: e.len, path, pieces: at, remaining: ps.len(), failure: None },
-            );
+            let at = ps.iter().map(|&(m, off, _, _)| (m, off)).collect();
+            let remaining = ps.len();
+            self.pending
+                .insert(first, Pending { cookie: e.cookie, len: e.len, path, pieces: at, remaining, failure: None });
         }
-        for (m, es) in per_member.into_iter().enumerate() {
-            if es.is_empty() {
-                continue;
+        for (m, t) in touched.into_iter().enumerate() {
+            if t {
+                self.start_waiting(m);
             }
-            let cookies: Vec<u64> = es.iter().map(|e| e.cookie).collect();
-            if let Err(err) = self.members[m].submit(es) {
-                // Nothing of this member's share was submitted (its leases went back): those
-                // pieces failed.
+        }
+        Ok(())
+    }
+
+    /// Submits as many of member `m`'s waiting pieces as its queue has room for (one doorbell).
+    fn start_waiting(&mut self, m: usize) {
+        let member = &mut self.members[m];
+        if member.waiting.is_empty() {
+            return;
+        }
+        let room = member.depth.saturating_sub(member.running).min(member.waiting.len());
+        if room == 0 {
+            return;
+        }
+        let batch: Vec<Entry> = member.waiting.drain(..room).collect();
+        let cookies: Vec<u64> = batch.iter().map(|e| e.cookie).collect();
+        match member.batch.submit(batch) {
+            // Refused ones among them come back as events too.
+            Ok(()) => member.running += room,
+            Err(err) => {
+                // Nothing of these was submitted (their leases went back): those pieces failed.
                 let why = err.to_string();
                 let evs = cookies
                     .into_iter()
@@ -145,24 +219,31 @@ impl VolumeQueueBatch {
                 self.absorb(m, evs);
             }
         }
-        Ok(())
+    }
+
+    /// Takes the events member `m`'s batch returned (of pieces it ran).
+    fn finished(&mut self, m: usize, events: Vec<(IoEvent, Path)>) {
+        let member = &mut self.members[m];
+        member.running = member.running.saturating_sub(events.len());
+        self.absorb(m, events);
     }
 
     /// Takes member `m`'s piece events; entries whose last piece arrived become ready.
     fn absorb(&mut self, m: usize, events: Vec<(IoEvent, Path)>) {
         for (ev, _) in events {
-            let id = ev.cookie >> 1;
-            let Some(p) = self.pending.get_mut(&id) else { continue };
+            let Some((&first, p)) = self.pending.range_mut(..=ev.cookie).next_back() else { continue };
+            let Some(&(member, offset)) = usize::try_from(ev.cookie - first).ok().and_then(|k| p.pieces.get(k)) else {
+                continue;
+            };
             p.remaining = p.remaining.saturating_sub(1);
             if ev.status != IoStatus::Complete && p.failure.is_none() {
-                let (member, offset) = p.pieces[(ev.cookie & 1) as usize];
                 debug_assert_eq!(member, m);
                 let source = ev.error.unwrap_or_else(|| Error::invalid("batch", format!("{:?}", ev.status)));
                 let err = Error::Member { member: self.names[member].clone(), offset, source: Box::new(source) };
                 p.failure = Some((ev.status, err));
             }
             if p.remaining == 0 {
-                if let Some(p) = self.pending.remove(&id) {
+                if let Some(p) = self.pending.remove(&first) {
                     let ev = match p.failure {
                         None => IoEvent { cookie: p.cookie, status: IoStatus::Complete, bytes: p.len, error: None },
                         Some((status, e)) => IoEvent { cookie: p.cookie, status, bytes: 0, error: Some(e) },
@@ -174,13 +255,18 @@ impl VolumeQueueBatch {
     }
 
     /// Waits until at least `min` entries finished (or `timeout` passed, or none runs) and
-    /// returns every finished entry's event with the path its data took.
+    /// returns every finished entry's event with the path its data took. Waiting pieces go out
+    /// as room frees up.
     pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
         let start = Instant::now();
         loop {
             for m in 0..self.members.len() {
-                let evs = self.members[m].status(0, Duration::ZERO)?;
-                self.absorb(m, evs);
+                if self.members[m].running > 0 {
+                    let evs = self.members[m].batch.status(0, Duration::ZERO)?;
+                    self.finished(m, evs);
+                }
+                // Also with nothing running: a refused submission leaves the rest waiting.
+                self.start_waiting(m);
             }
             if self.ready.len() >= min || self.pending.is_empty() || start.elapsed() > timeout {
                 return Ok(std::mem::take(&mut self.ready));
@@ -189,13 +275,24 @@ impl VolumeQueueBatch {
         }
     }
 
-    /// Waits for every piece in flight (each member's batch resets its controller past its
+    /// Cancels the pieces still waiting (never submitted: their memory is free at once), then
+    /// waits for every piece in flight (each member's batch resets its controller past its
     /// deadline, or keeps the leases for good) and returns every entry's event.
     pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
+        for m in 0..self.members.len() {
+            let evs = self.members[m]
+                .waiting
+                .drain(..)
+                .map(|e| {
+                    (IoEvent { cookie: e.cookie, status: IoStatus::Canceled, bytes: 0, error: None }, Path::DirectHost)
+                })
+                .collect();
+            self.absorb(m, evs);
+        }
         let mut first_err = None;
         for m in 0..self.members.len() {
-            match self.members[m].cancel() {
-                Ok(evs) => self.absorb(m, evs),
+            match self.members[m].batch.cancel() {
+                Ok(evs) => self.finished(m, evs),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -205,5 +302,205 @@ impl VolumeQueueBatch {
             Some(e) => Err(e),
             None => Ok(std::mem::take(&mut self.ready)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Op;
+    use crate::buffer::Buffer;
+    use crate::device::mock_device::{mock_batch_device, mock_volume_buffer};
+    use crate::device::Device;
+    use crate::mock::{Behaviour, Fault, MockConfig, MockDevice};
+    use crate::Storage;
+    use std::sync::Arc;
+
+    /// Bytes of every member (and of each mock's host memory).
+    const MEMBER: u64 = 4 << 20;
+
+    /// A volume over mocks, with its queue batch and a buffer registered on every member.
+    struct Vol {
+        batch: VolumeQueueBatch,
+        chunk: u64,
+        mocks: Vec<MockDevice>,
+        _devs: Vec<Device>,
+        buf: Arc<Buffer>,
+    }
+
+    /// Member `m`'s byte at `at`, as the mocks start.
+    fn byte(m: usize, at: u64) -> u8 {
+        (at / 4096 * 31 + at % 251 + m as u64 * 97) as u8
+    }
+
+    /// `n` members of `MEMBER` bytes striped in `chunk`s; the batch holds `capacity` entries,
+    /// each member's queue `depth` pieces; member `m` answers as `scripts[m]` says (else
+    /// honestly).
+    fn volume(n: usize, chunk: u64, capacity: usize, depth: usize, scripts: Vec<Vec<Fault>>) -> Vol {
+        let (mut members, mut mocks, mut devs) = (Vec::new(), Vec::new(), Vec::new());
+        for m in 0..n {
+            let behaviour = scripts.get(m).cloned().map_or(Behaviour::Honest, Behaviour::Script);
+            let cfg = MockConfig {
+                depth: depth as u32 + 1,
+                blocks: MEMBER / 4096,
+                segment_bytes: MEMBER,
+                behaviour,
+                ..MockConfig::default()
+            };
+            let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_secs(5)).unwrap();
+            mock.set_backing(0, &(0..MEMBER).map(|at| byte(m, at)).collect::<Vec<u8>>());
+            let ns = dev.namespace(1).unwrap();
+            members.push(QueueBatch::over(&dev, &ns, qp, depth, m));
+            mocks.push(mock);
+            devs.push(dev);
+        }
+        let st = Storage::direct(&devs[0], 1).unwrap();
+        let pairs: Vec<(&Device, &MockDevice)> = devs.iter().zip(&mocks).collect();
+        let buf = Arc::new(mock_volume_buffer(&st, &pairs).unwrap());
+        let names = (0..n).map(|m| format!("m{m}")).collect();
+        Vol { batch: VolumeQueueBatch::over(members, names, chunk, capacity), chunk, mocks, _devs: devs, buf }
+    }
+
+    impl Vol {
+        fn entry(&self, op: Op, buf_offset: u64, dev_offset: u64, len: u64, cookie: u64) -> Entry {
+            Entry { op, lease: Lease::new(self.buf.clone()).unwrap(), buf_offset, dev_offset, len, cookie }
+        }
+
+        /// Submits `entries` and collects one event per entry (or what came within 20 s).
+        fn run(&mut self, entries: Vec<Entry>) -> Vec<IoEvent> {
+            let n = entries.len();
+            self.batch.submit(entries).unwrap();
+            let (mut out, start) = (Vec::new(), Instant::now());
+            while out.len() < n && start.elapsed() < Duration::from_secs(20) {
+                let got = self.batch.status(n - out.len(), Duration::from_secs(1)).unwrap();
+                out.extend(got.into_iter().map(|(e, _)| e));
+            }
+            out
+        }
+    }
+
+    /// Entries of many chunks, more pieces than a member's queue holds, become per-member
+    /// pieces that wait for room: every entry completes once, and each piece's bytes land in
+    /// the buffer from the member and offset md RAID0 puts them at (on one member: pieces that
+    /// continue each other, merged into commands of up to 1 MiB).
+    #[test]
+    fn entries_larger_than_a_chunk_run_as_pieces_on_the_members_queues() {
+        for n in [2, 1, 3] {
+            large_entries_on(n);
+        }
+    }
+
+    fn large_entries_on(n: usize) {
+        let chunk = 16 << 10;
+        let mut v = volume(n, chunk, 4, 4, Vec::new());
+        let want = [(0, 4096, 256 << 10), (1 << 20, 5 * chunk - 4096, 3 * chunk + 8192), (2 << 20, 7 * chunk, 4096)];
+        let entries = want.iter().enumerate().map(|(i, &(b, d, l))| v.entry(Op::Read, b, d, l, i as u64)).collect();
+        let ev = v.run(entries);
+        let mut seen = [0; 3];
+        for e in &ev {
+            let (_, _, len) = want[e.cookie as usize];
+            assert_eq!((e.status, e.bytes), (IoStatus::Complete, len), "{e:?}");
+            seen[e.cookie as usize] += 1;
+        }
+        assert_eq!(seen, [1, 1, 1], "{ev:?}");
+        assert_eq!(v.batch.in_flight(), 0);
+        for &(b, d, l) in &want {
+            for p in pieces(n, v.chunk, d, l) {
+                let got = v.mocks[p.member].host_read((b + p.request_offset) as usize, p.len as usize);
+                let exp: Vec<u8> = (p.member_offset..p.member_offset + p.len).map(|at| byte(p.member, at)).collect();
+                assert!(
+                    got == exp,
+                    "{n} members, entry at {d}: member {}'s piece at {} differs",
+                    p.member,
+                    p.member_offset
+                );
+            }
+        }
+    }
+
+    /// Writes of several chunks with a chunk larger than one command (2 MiB against the
+    /// model's 1 MiB): each chunk's piece becomes commands of at most 1 MiB, and the members
+    /// hold the buffer's bytes where md RAID0 puts them.
+    #[test]
+    fn large_writes_land_on_every_member_in_commands_of_at_most_the_limit() {
+        let chunk = 2 << 20;
+        let mut v = volume(2, chunk, 2, 2, Vec::new());
+        let (b, d, l) = (4096u64, (1 << 20) + 8192, 3 << 20);
+        let data = |at: u64| (at * 7 / 4096 + 13) as u8;
+        for p in pieces(2, chunk, d, l) {
+            let bytes: Vec<u8> = (0..p.len).map(|i| data(d + p.request_offset + i)).collect();
+            v.mocks[p.member].host_write((b + p.request_offset) as usize, &bytes);
+        }
+        let entry = v.entry(Op::Write, b, d, l, 7);
+        let ev = v.run(vec![entry]);
+        assert!(
+            matches!(ev.as_slice(), [IoEvent { cookie: 7, status: IoStatus::Complete, bytes, .. }] if *bytes == l),
+            "{ev:?}"
+        );
+        for p in pieces(2, chunk, d, l) {
+            let got = v.mocks[p.member].backing(p.member_offset / 4096, p.len / 4096);
+            let exp: Vec<u8> = (0..p.len).map(|i| data(d + p.request_offset + i)).collect();
+            assert!(got == exp, "member {} at {} differs", p.member, p.member_offset);
+        }
+    }
+
+    /// A failed piece of a multi-chunk entry fails the entry, naming the member and the offset
+    /// on it, once all of the entry's pieces are over; the batch goes on.
+    #[test]
+    fn a_failed_piece_of_a_large_entry_names_its_member_and_offset() {
+        let chunk = 16 << 10;
+        // Member 1's second command fails: chunk 3 of the volume, at chunk 1 of member 1.
+        let mut v = volume(2, chunk, 2, 2, vec![Vec::new(), vec![Fault::None, Fault::Status(0x281)]]);
+        let entry = v.entry(Op::Read, 0, 0, 6 * chunk, 1);
+        let ev = v.run(vec![entry]);
+        match ev.as_slice() {
+            [IoEvent {
+                cookie: 1,
+                status: IoStatus::Failed,
+                error: Some(Error::Member { member, offset, source }),
+                ..
+            }] => {
+                assert_eq!((member.as_str(), *offset), ("m1", chunk));
+                assert!(matches!(**source, Error::Nvme { .. }), "{source:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(v.batch.in_flight(), 0);
+        let entry = v.entry(Op::Read, 0, 0, 6 * chunk, 2);
+        let ev = v.run(vec![entry]);
+        assert!(matches!(ev.as_slice(), [IoEvent { cookie: 2, status: IoStatus::Complete, .. }]), "{ev:?}");
+    }
+
+    /// Cancelling while pieces wait: those never start (their leases go back at once), the
+    /// ones in flight finish, and the entry is reported once, canceled, with nothing of the
+    /// buffer left leased.
+    #[test]
+    fn cancel_drops_waiting_pieces_and_reports_the_entry_once() {
+        let chunk = 16 << 10;
+        let mut v = volume(2, chunk, 1, 2, Vec::new());
+        let entry = v.entry(Op::Read, 0, 0, 16 * chunk, 3);
+        v.batch.submit(vec![entry]).unwrap();
+        let ev = v.batch.cancel().unwrap();
+        assert!(matches!(ev.as_slice(), [(IoEvent { cookie: 3, status: IoStatus::Canceled, .. }, _)]), "{ev:?}");
+        assert_eq!((v.batch.in_flight(), v.buf.inflight()), (0, 0));
+    }
+
+    /// A member that refuses submissions (its controller marked faulted) fails every piece of
+    /// the entry there, also those that waited for room, and the entry's event names it; the
+    /// other member's pieces run.
+    #[test]
+    fn a_member_refusing_submissions_fails_the_entry_with_its_waiting_pieces() {
+        let chunk = 16 << 10;
+        let mut v = volume(2, chunk, 1, 2, Vec::new());
+        v.mocks[1].set_faulted(true);
+        let entry = v.entry(Op::Read, 0, 0, 16 * chunk, 4);
+        let ev = v.run(vec![entry]);
+        match ev.as_slice() {
+            [IoEvent { cookie: 4, status: IoStatus::Failed, error: Some(Error::Member { member, .. }), .. }] => {
+                assert_eq!(member, "m1")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((v.batch.in_flight(), v.buf.inflight()), (0, 0));
     }
 }

@@ -12,8 +12,26 @@ use crate::{Buffer, Storage};
 
 /// A device over a mock made as `cfg` says, with per-command deadline `timeout`.
 pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, MockDevice)> {
+    let (dev, qp, mock) = device_over(cfg, timeout, true)?;
+    debug_assert!(qp.is_none());
+    Ok((dev, mock))
+}
+
+/// A device over a mock made as `cfg` says whose one queue pair is handed back apart, for a
+/// queue batch of the test's own ([`crate::queue_batch::QueueBatch::over`]): the device itself
+/// has no synchronous queue pair, so nothing but that batch may do I/O on it.
+#[cfg(test)]
+pub(crate) fn mock_batch_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, QueuePair, MockDevice)> {
+    let (dev, qp, mock) = device_over(cfg, timeout, false)?;
+    let qp = qp.ok_or_else(|| Error::invalid("cfg", "the mock's queue pair was kept"))?;
+    Ok((dev, qp, mock))
+}
+
+/// A device over a new mock; its queue pair is the device's own when `keep`, else returned.
+fn device_over(cfg: MockConfig, timeout: Duration, keep: bool) -> Result<(Device, Option<QueuePair>, MockDevice)> {
     let (block_size, blocks, depth) = (cfg.block_size, cfg.blocks, cfg.depth);
     let (qp, status, doorbells, mock) = MockQueue::with(cfg)?.into_parts();
+    let (queues, spare) = if keep { (vec![qp], None) } else { (Vec::new(), Some(qp)) };
     let mut info = blank_info();
     info.abi_version = ABI_VERSION;
     info.max_qpairs = 1;
@@ -28,13 +46,13 @@ pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device,
         info,
         status: std::mem::ManuallyDrop::new(status),
         doorbells: std::mem::ManuallyDrop::new(doorbells),
-        queues: std::mem::ManuallyDrop::new(vec![qp]),
+        queues: std::mem::ManuallyDrop::new(queues),
         timeout,
         max_cmd_bytes: MAX_CMD_BYTES,
         dptr: DptrPolicy::PRP_ONLY,
         wait: super::WaitPolicy { mode: crate::Waiting::Poll, spin_max_bytes: u64::MAX },
     };
-    Ok((Device { inner: Arc::new(inner) }, mock))
+    Ok((Device { inner: Arc::new(inner) }, spare, mock))
 }
 
 /// A host buffer of `st` whose registration names all of the mock's host memory.
@@ -49,6 +67,27 @@ pub(crate) fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Resu
     let mem = HostMemory::new(len)?;
     let ptr = mem.as_ptr();
     let r = Registered { regs: vec![reg], staging: None, path: Path::DirectHost };
+    Ok(st.buffer(Mem::Host { ptr, len, own: Some(mem) }, r))
+}
+
+/// A host buffer of `st` registered on every member of a volume over mocks (in member order):
+/// each registration names all of its mock's host memory, so what member `m` reads lands in
+/// mock `m`'s host memory at the buffer offset.
+#[cfg(test)]
+pub(crate) fn mock_volume_buffer(st: &Storage, members: &[(&Device, &MockDevice)]) -> Result<Buffer> {
+    let regs: Vec<Registration> = members
+        .iter()
+        .map(|(dev, mock)| Registration {
+            dev: dev.inner.clone(),
+            handle: RegistrationHandle::default(),
+            segments: mock.segments().to_vec(),
+            live: None,
+        })
+        .collect();
+    let len = members.iter().map(|(_, m)| m.host_len()).min().unwrap_or(0);
+    let mem = HostMemory::new(len)?;
+    let ptr = mem.as_ptr();
+    let r = Registered { regs, staging: None, path: Path::DirectHost };
     Ok(st.buffer(Mem::Host { ptr, len, own: Some(mem) }, r))
 }
 

@@ -157,11 +157,6 @@ impl RingBatch {
         self.reqs.len() - self.free.len()
     }
 
-    /// Whether this batch is on `storage` with room for `n` entries.
-    pub(crate) fn fits(&self, storage: &Arc<Storage>, n: usize) -> bool {
-        Arc::ptr_eq(&self.storage, storage) && self.reqs.len() >= n
-    }
-
     /// Entries taken since the batch was made.
     pub(crate) fn taken(&self) -> u64 {
         self.taken

@@ -277,6 +277,29 @@ impl MockDevice {
         (0..len / 4).flat_map(|i| self.host.load32(off + 4 * i).to_le_bytes()).collect()
     }
 
+    /// Copies `data` into host memory at `off` (dword aligned, a whole number of dwords).
+    pub(crate) fn host_write(&self, off: usize, data: &[u8]) {
+        for (i, w) in data.chunks_exact(4).enumerate() {
+            self.host.store32(off + 4 * i, u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+        }
+    }
+
+    /// The namespace's data: `blocks` blocks at `lba` (empty on a null device).
+    pub(crate) fn backing(&self, lba: u64, blocks: u64) -> Vec<u8> {
+        let m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        let bs = self.block_size as u64;
+        let (a, b) = ((lba * bs) as usize, ((lba + blocks) * bs) as usize);
+        m.backing.get(a..b).map(<[u8]>::to_vec).unwrap_or_default()
+    }
+
+    /// Sets or clears the status page's faulted flag.
+    pub(crate) fn set_faulted(&self, on: bool) {
+        let m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        let off = std::mem::offset_of!(StatusPage, state);
+        let s = ControllerState(m.status.load64(off));
+        m.status.store64(off, ControllerState::new(s.epoch(), on).0);
+    }
+
     /// Overwrites the namespace's data at block `lba`.
     pub(crate) fn set_backing(&self, lba: u64, data: &[u8]) {
         let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
@@ -408,9 +431,7 @@ impl MockQueue {
 
     /// Copies `data` into host memory at `off` (dword aligned, a whole number of dwords).
     pub fn host_write(&self, off: usize, data: &[u8]) {
-        for (i, w) in data.chunks_exact(4).enumerate() {
-            self.dev.host.store32(off + 4 * i, u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
-        }
+        self.dev.host_write(off, data)
     }
 
     /// The first 8 bytes (opcode, command id, namespace) of SQ slot `slot`, as the device sees it.
@@ -425,10 +446,7 @@ impl MockQueue {
 
     /// The namespace's data: `blocks` blocks at `lba` (empty on a null device).
     pub fn backing(&self, lba: u64, blocks: u64) -> Vec<u8> {
-        let m = self.model();
-        let bs = self.dev.block_size as u64;
-        let (a, b) = ((lba * bs) as usize, ((lba + blocks) * bs) as usize);
-        m.backing.get(a..b).map(<[u8]>::to_vec).unwrap_or_default()
+        self.dev.backing(lba, blocks)
     }
 
     /// Overwrites the namespace's data at block `lba`.
@@ -449,10 +467,7 @@ impl MockQueue {
 
     /// Sets or clears the status page's faulted flag.
     pub fn set_faulted(&self, on: bool) {
-        let m = self.model();
-        let off = std::mem::offset_of!(StatusPage, state);
-        let s = ControllerState(m.status.load64(off));
-        m.status.store64(off, ControllerState::new(s.epoch(), on).0);
+        self.dev.set_faulted(on)
     }
 
     /// Resets the controller as the module does: the queue is re-created empty (its commands
