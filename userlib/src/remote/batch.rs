@@ -308,6 +308,13 @@ impl RemoteBatch {
         let busy: Vec<usize> =
             (0..self.lanes.len()).filter(|&i| self.lanes[i].pipe().is_some_and(|p| p.in_flight() > 0)).collect();
         if busy.is_empty() {
+            // Entries with nothing in flight anywhere would wait for ever (and `cancel` spin):
+            // they fail by name. The bookkeeping should never leave one.
+            let orphans: Vec<u64> = self.pending.keys().copied().collect();
+            for id in orphans {
+                let err = self.no_queue("batch I/O (its commands were lost)".into(), libc::ECONNABORTED);
+                self.finish_failed(id, IoStatus::Failed, err);
+            }
             return;
         }
         let ready = self.readable(&busy, wait);
