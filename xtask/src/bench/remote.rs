@@ -318,15 +318,20 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
         "\nTarget: the kernel's nvmet over {} on {}, namespace backed by a {} {}-backed emulated NVMe disk; \
          working set {}, {} s per point. Latency is from submission to completion for both (fio's total \
          `lat`, not `clat`: nvme-tcp may send in the submitting call). The kernel initiator keeps QD I/Os in \
-         flight (fio iodepth); ugds keeps QD requests in its batch, all in flight on the batch's own I/O queues (the \
-         last column: the most TCP connections ugds held to the target during the point, less the admin \
-         queue; – where not sampled).",
+         flight (fio iodepth); ugds keeps QD requests in its batch, {}.",
         grid.transport,
         grid.address(),
         ugds::units::human(DISK_BYTES),
         grid.backend,
         ugds::units::human(grid.span),
-        grid.seconds
+        grid.seconds,
+        if grid.transport == "tcp" {
+            "all in flight on the batch's own I/O queues (the last column: the most TCP connections ugds held \
+             to the target during the point, less the admin queue; – where not sampled)"
+        } else {
+            "each request run by one of the storage's worker threads on an I/O queue of its own (an RDMA \
+             queue runs one call at a time)"
+        }
     );
     s
 }
@@ -542,6 +547,9 @@ mod tests {
         assert!(t.contains("| randread | 1M | 0 | – | – |"), "{t}");
         assert!(t.contains("| randread | 1M | 1 | 100 | failed [1] | – | 1000 | – | – | 2000 | – | – |"), "{t}");
         assert!(t.contains("\n[1] ugds bench exited with 1: \"rdma\" is not implemented\n"), "{t}");
+        assert!(t.contains("all in flight on the batch's own I/O queues"), "{t}");
+        let r = table(&Grid { transport: "rdma".into(), ..g.clone() }, &pts);
+        assert!(r.contains("storage's worker threads") && !r.contains("own I/O queues"), "{r}");
         assert!(t.contains("| randread | 1M | 32 | – | – | – | – | – | – | – | – | – |"), "{t}");
         assert!(t.contains("during the kernel's points (the first measurement of each): 9 segments retransmitted, 0 retransmission timeouts, 0 zero windows advertised, 0 window probes; during ugds's: 6, 0, 0, 0."), "{t}");
         let c = csv(&g, &pts);
