@@ -244,16 +244,7 @@ pub fn run(plan: &Plan) -> Result<Summary> {
             p2p: *topology,
         };
         eprintln!("phase VM variant {label}: booting");
-        // A crashed emulator or a stalled boot reports nothing about our code (seen: bookworm's
-        // QEMU 7.2 crashing under the reset tests, which is why the suite runs on QEMU 10 where
-        // the cache has it; the 6.12 kernel once stalling in early boot under QEMU 10): the
-        // variant boots once more, saying so; a second failure counts and the other variants
-        // still run.
-        let once_more = |e: anyhow::Error| {
-            eprintln!("phase VM variant {label}: {e:#}; booting it once more");
-            vm::run(&cfg, &k, true)
-        };
-        let out = match vm::run(&cfg, &k, true).or_else(once_more) {
+        let out = match boot_with_retries(label, || vm::run(&cfg, &k, true)) {
             Ok(o) => o,
             Err(e) => {
                 total.failed += 1;
@@ -280,9 +271,63 @@ pub fn run(plan: &Plan) -> Result<Summary> {
     Ok(total)
 }
 
+/// Boots a variant, again when the boot failed without a word about our code. A stalled boot
+/// or a guest that stopped without an exit code gets one more boot (seen: the 6.12 kernel once
+/// stalling in early boot under QEMU 10). QEMU dying by a signal gets two more: bookworm's QEMU
+/// 7.2 crashed under the reset tests, which is why the suite runs on QEMU 10 where the cache has
+/// it, and QEMU 10.0.2 segfaults in the kmod variant's reset ledger test on Debian's 7.3 kernel
+/// (three of four boots of that variant in one day, never on the 6.12 kernel; not understood:
+/// a QEMU backtrace is the next step). Every retry says why; the last failure is returned.
+fn boot_with_retries<T>(label: &str, mut boot: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut boots = 1;
+    loop {
+        match boot() {
+            Ok(o) => return Ok(o),
+            Err(e) => {
+                let limit = if e.downcast_ref::<vm::EmulatorCrashed>().is_some() { 3 } else { 2 };
+                if boots >= limit {
+                    return Err(e);
+                }
+                eprintln!("phase VM variant {label}: {e:#}; booting it once more");
+                boots += 1;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An emulator crash gets three boots in all, any other failure two; success ends it.
+    #[test]
+    fn emulator_crashes_get_two_more_boots_other_failures_one() {
+        let crash = || anyhow::Error::new(vm::EmulatorCrashed { signal: 11, detail: String::new() });
+        let mut n = 0;
+        let r = boot_with_retries("v", || {
+            n += 1;
+            if n < 3 {
+                Err(crash())
+            } else {
+                Ok(n)
+            }
+        });
+        assert_eq!(r.unwrap(), 3);
+        let mut n = 0;
+        let r: Result<()> = boot_with_retries("v", || {
+            n += 1;
+            Err(crash())
+        });
+        assert!(r.is_err());
+        assert_eq!(n, 3);
+        let mut n = 0;
+        let r: Result<()> = boot_with_retries("v", || {
+            n += 1;
+            anyhow::bail!("a stalled boot")
+        });
+        assert!(r.unwrap_err().to_string().contains("stalled"));
+        assert_eq!(n, 2);
+    }
 
     #[test]
     fn parses_result_lines() {

@@ -624,14 +624,36 @@ pub fn run(cfg: &VmConfig, kernel: &Guest, echo: bool) -> Result<VmOutcome> {
         eprintln!("ugds-vm: the guest did not finish within {:?}: killed it", cfg.timeout);
         return Ok(VmOutcome { code: 124, output });
     }
+    let said = if qemu_err.is_empty() { String::new() } else { format!("\nqemu said: {qemu_err}") };
     match code {
         Some(c) => Ok(VmOutcome { code: c, output }),
-        None => bail!(
-            "the guest stopped without reporting an exit code (qemu: {status}){}",
-            if qemu_err.is_empty() { String::new() } else { format!("\nqemu said: {qemu_err}") }
-        ),
+        None => match std::os::unix::process::ExitStatusExt::signal(&status) {
+            Some(signal) => Err(EmulatorCrashed { signal, detail: format!("(qemu: {status}){said}") }.into()),
+            None => bail!("the guest stopped without reporting an exit code (qemu: {status}){said}"),
+        },
     }
 }
+
+/// QEMU itself died by a signal: a fault of the emulator, whatever the guest did.
+#[derive(Debug)]
+pub struct EmulatorCrashed {
+    /// The signal.
+    pub signal: i32,
+    /// QEMU's status and what it said.
+    pub detail: String,
+}
+
+impl std::fmt::Display for EmulatorCrashed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the guest stopped without reporting an exit code: QEMU died by signal {} {}",
+            self.signal, self.detail
+        )
+    }
+}
+
+impl std::error::Error for EmulatorCrashed {}
 
 /// Kills QEMU (our child) at the timeout.
 fn kill_child(pid: u32) {
