@@ -273,18 +273,19 @@ pub fn run(plan: &Plan) -> Result<Summary> {
 
 /// Boots a variant, again when the boot failed without a word about our code. A stalled boot
 /// or a guest that stopped without an exit code gets one more boot (seen: the 6.12 kernel once
-/// stalling in early boot under QEMU 10). QEMU dying by a signal gets two more: bookworm's QEMU
+/// stalling in early boot under QEMU 10). QEMU dying by a signal gets four more: bookworm's QEMU
 /// 7.2 crashed under the reset tests, which is why the suite runs on QEMU 10 where the cache has
-/// it, and QEMU 10.0.2 segfaults in the kmod variant's reset ledger test on Debian's 7.3 kernel
-/// (three of four boots of that variant in one day, never on the 6.12 kernel; not understood:
-/// a QEMU backtrace is the next step). Every retry says why; the last failure is returned.
+/// it, and QEMU 10.0.2 segfaults in the kmod variant's reset ledger test (a controller reset
+/// every 15 ms under two writers) in some boots on both kernels: five of eight boots of that
+/// variant in one day. Not understood; a QEMU backtrace is the next step. Every retry says why;
+/// the last failure is returned.
 fn boot_with_retries<T>(label: &str, mut boot: impl FnMut() -> Result<T>) -> Result<T> {
     let mut boots = 1;
     loop {
         match boot() {
             Ok(o) => return Ok(o),
             Err(e) => {
-                let limit = if e.downcast_ref::<vm::EmulatorCrashed>().is_some() { 3 } else { 2 };
+                let limit = if e.downcast_ref::<vm::EmulatorCrashed>().is_some() { 5 } else { 2 };
                 if boots >= limit {
                     return Err(e);
                 }
@@ -299,9 +300,9 @@ fn boot_with_retries<T>(label: &str, mut boot: impl FnMut() -> Result<T>) -> Res
 mod tests {
     use super::*;
 
-    /// An emulator crash gets three boots in all, any other failure two; success ends it.
+    /// An emulator crash gets five boots in all, any other failure two; success ends it.
     #[test]
-    fn emulator_crashes_get_two_more_boots_other_failures_one() {
+    fn emulator_crashes_get_four_more_boots_other_failures_one() {
         let crash = || anyhow::Error::new(vm::EmulatorCrashed { signal: 11, detail: String::new() });
         let mut n = 0;
         let r = boot_with_retries("v", || {
@@ -319,7 +320,7 @@ mod tests {
             Err(crash())
         });
         assert!(r.is_err());
-        assert_eq!(n, 3);
+        assert_eq!(n, 5);
         let mut n = 0;
         let r: Result<()> = boot_with_retries("v", || {
             n += 1;
