@@ -93,9 +93,7 @@ impl Native {
             #[cfg(feature = "fallback")]
             ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
             // Queues of its own on NVMe/TCP; RDMA's queues run one call at a time.
-            ConcretePath::Remote(r) if one => {
-                RemoteBatch::new(r.link(), capacity).ok().flatten().map(|b| Native::Remote(Box::new(b)))
-            }
+            ConcretePath::Remote(r) if one => RemoteBatch::new(r.link(), capacity).map(|b| Native::Remote(Box::new(b))),
             ConcretePath::Remote(_) => None,
         }
     }

@@ -54,10 +54,6 @@ impl Lane {
     }
 }
 
-/// What reaping one lane gave: its index, the commands it completed, and whether the queue
-/// failed.
-type Reaped = (usize, Vec<(u16, Done)>, Result<()>);
-
 /// An entry with commands in flight.
 struct Pending {
     entry: Entry,
@@ -96,23 +92,12 @@ impl std::fmt::Debug for RemoteBatch {
 
 impl RemoteBatch {
     /// A batch of up to `capacity` entries on `link`'s namespace: `None` when its queues do not
-    /// keep commands in flight across calls (RDMA), or none can be spared for it.
-    pub(crate) fn new(link: &Arc<Link>, capacity: usize) -> Result<Option<RemoteBatch>> {
-        let ctrl = link.controller()?;
-        let Some(mut q) = ctrl.take_spare_queue()? else {
-            return Ok(None);
-        };
-        let Some(p) = q.pipelined() else {
-            ctrl.put_queue(q);
-            return Ok(None);
-        };
-        let per_queue = p.room().max(1);
-        let lane = Lane { owner: vec![None; per_queue], bytes: 0, ctrl, q, quiet_since: Instant::now() };
+    /// keep commands in flight across calls (RDMA), or none can be spared or connected for it.
+    pub(crate) fn new(link: &Arc<Link>, capacity: usize) -> Option<RemoteBatch> {
         let mut b = RemoteBatch {
             link: link.clone(),
-            lanes: vec![lane],
-            // Enough queues for `capacity` one-command entries.
-            want: capacity.div_ceil(per_queue).max(1),
+            lanes: Vec::new(),
+            want: 1,
             piece: link.max_command_bytes(),
             pending: HashMap::new(),
             waiting: VecDeque::new(),
@@ -120,8 +105,14 @@ impl RemoteBatch {
             next_id: 0,
             reaped: Vec::new(),
         };
+        if !b.add_lane() {
+            return None;
+        }
+        // Enough queues for `capacity` one-command entries.
+        let per_queue = b.lanes.first().map_or(1, |l| l.owner.len().max(1));
+        b.want = capacity.div_ceil(per_queue).max(1);
         while b.lanes.len() < b.want && b.add_lane() {}
-        Ok(Some(b))
+        Some(b)
     }
 
     /// Whether an entry of `len` bytes in `mem` runs here: host memory (a socket cannot reach
@@ -213,8 +204,7 @@ impl RemoteBatch {
                     // by name rather than wait for ever.
                     let Some((id, e)) = self.waiting.pop_front() else { return };
                     let err = self.no_queue("batch I/O (no I/O queue is connected)".into(), libc::ENOTCONN);
-                    self.pending.insert(id, Pending { entry: e, remaining: 0, failure: None });
-                    self.finish_failed(id, IoStatus::Failed, err);
+                    self.fail_unstarted(id, e, err);
                     continue;
                 }
                 None => return,
@@ -229,8 +219,7 @@ impl RemoteBatch {
     fn start(&mut self, li: usize, id: u64, entry: Entry, pieces: usize) {
         let Mem::Host { ptr, .. } = entry.lease.buffer().mem() else {
             let err = Error::invalid("buf", "the remote batch takes host memory only");
-            self.pending.insert(id, Pending { entry, remaining: 0, failure: None });
-            self.finish_failed(id, IoStatus::Failed, err);
+            self.fail_unstarted(id, entry, err);
             return;
         };
         let ns = *self.link.ns();
@@ -318,10 +307,10 @@ impl RemoteBatch {
             return;
         }
         let ready = self.readable(&busy, wait);
-        let mut results = self.reap_lanes(&ready);
         // Highest index first: a failed lane is swap-removed, which moves only the last one.
-        results.sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
-        for (li, mut reaped, r) in results {
+        for &li in ready.iter().rev() {
+            let mut reaped = std::mem::take(&mut self.reaped);
+            let r = self.lanes[li].pipe().map_or(Ok(()), |p| p.reap(&mut reaped, "batch I/O"));
             self.lanes[li].quiet_since = Instant::now();
             for (cid, d) in reaped.drain(..) {
                 let lane = &mut self.lanes[li];
@@ -331,9 +320,7 @@ impl RemoteBatch {
                     self.piece_done(id, d);
                 }
             }
-            if self.reaped.capacity() < reaped.capacity() {
-                self.reaped = reaped;
-            }
+            self.reaped = reaped;
             if let Err(e) = r {
                 self.fail_lane(li, e);
             }
@@ -351,17 +338,6 @@ impl RemoteBatch {
                 self.fail_lane(li, err);
             }
         }
-    }
-
-    /// Reaps lanes `ready`.
-    fn reap_lanes(&mut self, ready: &[usize]) -> Vec<Reaped> {
-        let mut out = Vec::with_capacity(ready.len());
-        for &li in ready {
-            let mut buf = std::mem::take(&mut self.reaped);
-            let r = self.lanes[li].pipe().map_or(Ok(()), |p| p.reap(&mut buf, "batch I/O"));
-            out.push((li, buf, r));
-        }
-        out
     }
 
     /// The lanes of `busy` that have something to handle, waiting up to `wait` (ascending).
@@ -449,6 +425,12 @@ impl RemoteBatch {
         if p.remaining == 0 {
             self.finish(id);
         }
+    }
+
+    /// Entry `id`, none of whose commands went out, fails now with `e`.
+    fn fail_unstarted(&mut self, id: u64, entry: Entry, e: Error) {
+        self.pending.insert(id, Pending { entry, remaining: 0, failure: None });
+        self.finish_failed(id, IoStatus::Failed, e);
     }
 
     /// Entry `id` fails now with `e` (its commands are done or abandoned).
