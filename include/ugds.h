@@ -735,7 +735,8 @@ uGDSError_t uGDSWritevAsync(uGDSHandle_t fh,
 
 /**
  * Registers a stream. As in uGDS's single-runtime builds, nothing needs registering: this
- * always succeeds (also for NULL, the default stream, and before `uGDSDriverOpen`).
+ * always succeeds (also for NULL, the default stream, and before `uGDSDriverOpen`). With the
+ * driver open it sets up what the stream's first stream-ordered I/O would otherwise set up.
  */
 uGDSError_t uGDSStreamRegister(void *stream);
 

@@ -748,10 +748,11 @@ pub unsafe extern "C" fn uGDSWritevAsync(
 }
 
 /// Registers a stream. As in uGDS's single-runtime builds, nothing needs registering: this
-/// always succeeds (also for NULL, the default stream, and before `uGDSDriverOpen`).
+/// always succeeds (also for NULL, the default stream, and before `uGDSDriverOpen`). With the
+/// driver open it sets up what the stream's first stream-ordered I/O would otherwise set up.
 #[no_mangle]
 pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
-    let _ = stream;
+    lib().stream_prepare(key(stream));
     OK
 }
 
@@ -761,12 +762,13 @@ pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
 /// buffer it moves (CUDA for host memory where CUDA loads, else HIP).
 #[no_mangle]
 pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: BackendArg) -> uGDSError_t {
-    let _ = stream;
     match backend.get() {
-        Some(uGDSBackend::UGDS_BACKEND_CUDA) => OK,
-        Some(uGDSBackend::UGDS_BACKEND_HIP) if ugds::capi::hip().is_some() => OK,
-        _ => code(UGDS_INVALID_VALUE),
+        Some(uGDSBackend::UGDS_BACKEND_CUDA) => {}
+        Some(uGDSBackend::UGDS_BACKEND_HIP) if ugds::capi::hip().is_some() => {}
+        _ => return code(UGDS_INVALID_VALUE),
     }
+    lib().stream_prepare(key(stream));
+    OK
 }
 
 /// Deregisters a stream: the library forgets it once its own queued I/O on it has run. The

@@ -428,7 +428,11 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let open_start = Instant::now();
     // Owned queues are created per job: the device keeps one shared queue pair of its own.
     let shared_queues = if queue == QueueMode::Owned { 1 } else { numjobs };
-    let st = open_target(&t, DeviceOptions { queues: shared_queues, waiting: wait, ..Default::default() })?;
+    // No per-thread queues: `--queue shared` measures the device's shared, locked queue pairs
+    // (what a thread gets when the controller has none to spare), `--queue owned` the jobs'
+    // `OwnedQueue`s.
+    let opts = DeviceOptions { queues: shared_queues, thread_queues: Some(0), waiting: wait, ..Default::default() };
+    let st = open_target(&t, opts)?;
     let open_time = open_start.elapsed();
     let blocks = region_blocks(st.capacity()?, offset, size, bs)?;
     let job = Job { st: &st, bs, offset, depth: iodepth, deadline: Duration::from_secs_f64(runtime) };

@@ -362,12 +362,14 @@ pub unsafe extern "C" fn cuFileWriteAsync(
 }
 
 /// Registers a stream; `flags` say which arguments are known aligned (hints; no effect here).
+/// Sets up what the stream's first stream-ordered I/O would otherwise set up.
 #[no_mangle]
 pub extern "C" fn cuFileStreamRegister(stream: *mut c_void, flags: c_uint) -> CUfileError_t {
-    let _ = (stream, flags);
+    let _ = flags;
     if let Err(f) = lib().require_open() {
         return err(fail_code(&f));
     }
+    lib().stream_prepare(u::stream_key(stream));
     err(CU_FILE_SUCCESS)
 }
 

@@ -20,6 +20,13 @@
 #             example; cufile: the cuFile round-trip programs; bench: `ugds bench-gpu` + probe
 #   smallio   `ugds bench-gpu --breakdown` (4K, 64K: disk, copy, sync vs poll) and `--depths`
 #             (4K batches of 1..128 against the naive pread + copy loop)
+#   streamfloor tests/gpu/stream_floor.cu: the stream machinery's own round trip (the stream
+#             writes a word, a host thread answers with another), against a synchronize
+#   overlap   uGDS's own perf programs (target/gpu/ugds-perf: test/perf/bench_overlap.cu,
+#             cufile_bench.cu and bench_utils.h from ScaleX-IO/uGDS, never committed), compiled
+#             unchanged against our header: 16 queued asynchronous 1 MiB writes beside kernels vs
+#             synchronous ones, and a 4 KiB read synchronous vs stream-ordered at depth 1;
+#             then tests/gpu/overlap_probe.cu, the overlap loop with timestamps
 #   copypaths tests/gpu/small_copy_paths.cu: a small read's copy to the GPU by the copy engine
 #             vs a kernel reading mapped pinned host memory, with and without the disk
 # Every step has a time limit and reports its exit status; a failing step never stops the rest.
@@ -353,6 +360,40 @@ python_clients() {
     T=300 run "$B/ugds" bench-gpu "$DIR/ugds-small.dat" --file-size 1G --sizes 4K,64K --breakdown
     T=300 run "$B/ugds" bench-gpu "$DIR/ugds-small.dat" --file-size 1G --sizes 4K --depths 1,8,32,128
     rm -f "$DIR/ugds-small.dat"
+  fi
+  if want streamfloor; then
+    section "the stream machinery's own round trip"
+    run "$NVCC" -O2 -o "$DIR/stream_floor" tests/gpu/stream_floor.cu -lcuda -lpthread &&
+      T=120 run "$DIR/stream_floor" 3000
+  fi
+  if want overlap; then
+    section "uGDS's own perf programs (ScaleX-IO/uGDS test/perf, unchanged) against a file"
+    PD=$B/ugds-perf W=$DIR/ugds-perf
+    if [ ! -d "$PD" ]; then
+      echo "SKIP: $PD is missing (fetch the sources first)"
+    else
+      mkdir -p "$W"
+      if run "$NVCC" -O2 -I"$P/include" -I"$PD" "$PD/bench_overlap.cu" -L"$P/lib" -lugds -lcudart \
+        -Xlinker -rpath="$P/lib" -o "$W/bench_overlap"; then
+        # It opens the file without O_CREAT: 16 MiB of it are written.
+        head -c 64M /dev/zero >"$W/overlap.dat" && sync
+        for i in 1 2 3; do T=120 run "$W/bench_overlap" "$W/overlap.dat" 0 1M 16; done
+      fi
+      if run "$NVCC" -O2 -I"$P/include" tests/gpu/overlap_probe.cu -L"$P/lib" -lugds -lcudart \
+        -Xlinker -rpath="$P/lib" -o "$W/overlap_probe"; then
+        T=300 run "$W/overlap_probe" "$W/probe.dat" 1024 200
+        T=300 run "$W/overlap_probe" "$W/probe.dat" 4 500 200
+      fi
+      if run "$NVCC" -O2 -I"$P/include" -I"$PD" "$PD/cufile_bench.cu" -L"$P/lib" -lugds -lcudart -lpthread \
+        -Xlinker -rpath="$P/lib" -o "$W/cufile_bench"; then
+        head -c 1G /dev/zero >"$W/bench.dat" && sync
+        for i in 1 2; do
+          T=120 run "$W/cufile_bench" -f "$W/bench.dat" -l 1G -s 4K -m read
+          T=120 run "$W/cufile_bench" -f "$W/bench.dat" -l 1G -s 4K -m async-read
+        done
+      fi
+      rm -rf "$W"
+    fi
   fi
   if want copypaths; then
     section "small reads into GPU memory: copy engine vs a kernel reading mapped host memory"

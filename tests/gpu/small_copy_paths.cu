@@ -32,20 +32,7 @@
 #include <unistd.h>
 #include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
-
-static double now_us() {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
+#include "gpu_check.h"
 
 // 16-byte loads from mapped host memory, one per thread.
 __global__ void copy16(const uint4 *src, uint4 *dst, size_t n) {
@@ -62,11 +49,6 @@ static bool check(const unsigned char *dev, size_t len, unsigned seed, unsigned 
   for (size_t i = 0; i < len; i += 4)
     if (*(unsigned *)(tmp + i) != seed * 2654435761u + (unsigned)i) return false;
   return true;
-}
-
-static double p50(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 enum {

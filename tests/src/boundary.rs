@@ -360,7 +360,7 @@ fn reset_ledger() -> Result<()> {
     let start = Instant::now();
     let mut resets = 0;
     while start.elapsed() < Duration::from_secs(secs) {
-        std::thread::sleep(Duration::from_millis(15));
+        std::thread::sleep(Duration::from_millis(50));
         if dev.reset().is_ok() {
             resets += 1;
         }

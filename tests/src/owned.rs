@@ -80,7 +80,11 @@ fn thread_work(st: &Arc<Storage>, q: &mut OwnedQueue, t: u64) -> Result<(u64, u6
 fn threads_both_ways() -> Result<()> {
     let addr = nvme_controllers()?[0].clone();
     let node = bound_node(0)?;
-    let dev = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
+    // Shared means the device's shared queue here, and the queue pair count moves with owned
+    // queues only: no queues of the threads' own (they would stay with the device after their
+    // threads exit).
+    let opts = DeviceOptions { queues: 1, thread_queues: Some(0), ..Default::default() };
+    let dev = Device::open_with(&node, opts)?;
     let st = Storage::direct(&dev, 1)?;
     let qpairs0 = dev.counters()?.qpairs;
     // Owned transfers go to the owned queue only.
@@ -182,7 +186,8 @@ fn force_timeout(
 fn timeout_like_shared() -> Result<()> {
     let addr = nvme_controllers()?[4].clone();
     let node = bound_node(4)?;
-    let opts = |timeout| DeviceOptions { queues: 1, timeout, ..Default::default() };
+    // The shared path is the device's shared queue here (no queues of the threads' own).
+    let opts = |timeout| DeviceOptions { queues: 1, thread_queues: Some(0), timeout, ..Default::default() };
     let hasty_dev = Device::open_with(&node, opts(Duration::from_millis(5)))?;
     let patient_dev = Device::open_with(&node, opts(Duration::from_secs(10)))?;
     let hasty = Storage::direct(&hasty_dev, 1)?;

@@ -12,7 +12,9 @@
 //!
 //! `storage` measures the whole synchronous read instead: `Storage::read` of 4 KiB on a
 //! namespace of the device model (its checks, lease, path and the queue), the model stepped
-//! on this thread each time the read's wait finds nothing (burst is 1).
+//! on this thread each time the read's wait finds nothing (burst is 1), through the device's
+//! shared queue (what a thread gets when the controller has no queue to spare);
+//! `storage-owned` the same through the thread's own queue (claimed by its first read).
 
 use std::time::{Duration, Instant};
 use ugds::test_utils::{Command, DmaRange, MockConfig, MockQueue, MockStorage, Read, MAX_BURST};
@@ -80,13 +82,16 @@ fn main() -> ugds::Result<()> {
     let commands = args.first().copied().unwrap_or(4_000_000);
     let bursts: Vec<usize> = args.get(1).map(|b| vec![*b]).unwrap_or_else(|| vec![1, 8, 32]);
     let owned = std::env::args().any(|a| a == "owned");
-    if std::env::args().any(|a| a == "storage") {
-        let m = MockStorage::stepped(MockConfig { depth: 256, null: true, ..MockConfig::default() })?;
+    let storage_owned = std::env::args().any(|a| a == "storage-owned");
+    if storage_owned || std::env::args().any(|a| a == "storage") {
+        let cfg = MockConfig { depth: 256, null: true, ..MockConfig::default() };
+        let m = if storage_owned { MockStorage::stepped_thread_queue(cfg)? } else { MockStorage::stepped(cfg)? };
         run_storage(&m, 10_000)?;
         let t = Instant::now();
         run_storage(&m, commands)?;
         let ns = t.elapsed().as_nanos() as f64 / commands as f64;
-        println!("burst  1 (storage): {ns:>6.1} ns per 4 KiB read (Storage::read, device model included)");
+        let mode = if storage_owned { "storage-owned" } else { "storage" };
+        println!("burst  1 ({mode}): {ns:>6.1} ns per 4 KiB read (Storage::read, device model included)");
         return Ok(());
     }
     let mut m = MockQueue::with(MockConfig { depth: 256, stepped: true, null: true, ..MockConfig::default() })?;

@@ -233,14 +233,16 @@ impl<'a> Command<'a> {
     {
         let (dptr, kind) = self.data_pointers(page, policy)?;
         let psdt = if matches!(kind, Dptr::Sgl | Dptr::SglList) { PSDT_SGL } else { 0 };
-        slot.store(0, (self.opcode as u64 | psdt | (cid as u64) << 16) | (nsid as u64) << 32);
-        slot.store(1, 0);
-        slot.store(2, 0);
-        slot.store(3, dptr[0]);
-        slot.store(4, dptr[1]);
-        slot.store(5, self.cdw[0] as u64 | (self.cdw[1] as u64) << 32);
-        slot.store(6, self.cdw[2] as u64 | (self.cdw[3] as u64) << 32);
-        slot.store(7, self.cdw[4] as u64 | (self.cdw[5] as u64) << 32);
+        slot.store_all([
+            (self.opcode as u64 | psdt | (cid as u64) << 16) | (nsid as u64) << 32,
+            0,
+            0,
+            dptr[0],
+            dptr[1],
+            self.cdw[0] as u64 | (self.cdw[1] as u64) << 32,
+            self.cdw[2] as u64 | (self.cdw[3] as u64) << 32,
+            self.cdw[4] as u64 | (self.cdw[5] as u64) << 32,
+        ]);
         Ok(kind)
     }
 

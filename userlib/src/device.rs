@@ -35,19 +35,32 @@ mod node;
 mod owned;
 mod registration;
 mod revocation;
+#[cfg(test)]
+mod thread_queue_tests;
+mod thread_queues;
 
 use namespace::usable_namespace;
 pub use namespace::Namespace;
 pub use node::{describe_path, is_ugds_node, NODE_CLASS};
 pub(crate) use owned::OwnedQueuePair;
 pub(crate) use registration::Registration;
+use thread_queues::ThreadQueues;
 
 /// Tuning for [`Device::open_with`].
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
-    /// I/O queue pairs for synchronous I/O (threads are spread over them); 0 picks
-    /// `min(4, what the controller grants)`.
+    /// Shared I/O queue pairs for synchronous I/O (threads without a queue of their own are
+    /// spread over them); 0 picks `min(4, what the controller grants)`.
     pub queues: usize,
+    /// Queue pairs a thread may claim for its own synchronous I/O, at most (SPDK's queue pair
+    /// per thread: no lock per request): a thread's first request claims a free one, created
+    /// then, and holds it until the thread exits (it is free then for the next thread; the
+    /// device gives its queues back to the controller when it closes). Threads beyond them, or
+    /// when the controller
+    /// has no queue pair to spare, use the shared queues. `Some(0)` turns them off; `None`
+    /// picks `min(16, half of what the controller grants beyond the shared queues)`, leaving
+    /// the rest for batches and owned queues.
+    pub thread_queues: Option<usize>,
     /// Entries per queue; 0 picks `min(256, what the controller allows)` (CAP.MQES, which
     /// some controllers set as low as 127, i.e. 128 entries).
     pub depth: u32,
@@ -74,6 +87,7 @@ impl Default for DeviceOptions {
     fn default() -> Self {
         DeviceOptions {
             queues: 0,
+            thread_queues: None,
             depth: 0,
             timeout: Duration::from_secs(30),
             waiting: Waiting::Adaptive,
@@ -98,6 +112,8 @@ pub(crate) struct Inner {
     /// The doorbell page(s), shared by every queue pair of this open file.
     pub(crate) doorbells: ManuallyDrop<Arc<Doorbells>>,
     queues: ManuallyDrop<Vec<QueuePair>>,
+    /// Queue pairs threads claim for their own synchronous I/O.
+    threads: ManuallyDrop<Arc<ThreadQueues>>,
     /// The fork generation it was opened in.
     pub(crate) born: Born,
     pub(crate) timeout: Duration,
@@ -269,6 +285,14 @@ impl Device {
         if nqueues == 0 || nqueues > info.max_qpairs as usize {
             return Err(Error::invalid("queues", format!("must be 1..={} on this controller", info.max_qpairs)));
         }
+        let spare = info.max_qpairs as usize - nqueues;
+        let thread_queues = opts.thread_queues.unwrap_or((spare / 2).min(16));
+        if thread_queues > spare {
+            return Err(Error::invalid(
+                "thread_queues",
+                format!("must be 0..={spare} on this controller with {nqueues} shared queues"),
+            ));
+        }
         let depth = if opts.depth == 0 { 256.min(info.max_queue_entries) } else { opts.depth };
         if depth < 2 || depth > info.max_queue_entries {
             return Err(Error::invalid("depth", format!("must be 2..={}", info.max_queue_entries)));
@@ -291,6 +315,7 @@ impl Device {
                 status: ManuallyDrop::new(status),
                 doorbells: ManuallyDrop::new(doorbells),
                 queues: ManuallyDrop::new(queues),
+                threads: ManuallyDrop::new(Arc::new(ThreadQueues::new(thread_queues, Vec::new()))),
                 born,
                 timeout: opts.timeout,
                 max_cmd_bytes: mdts.min(MAX_CMD_BYTES),
@@ -336,6 +361,9 @@ impl Device {
     pub fn dptr_counts(&self) -> DptrCounts {
         let mut c = DptrCounts::default();
         for q in self.inner.queues.iter() {
+            c += q.dptr_counts();
+        }
+        for q in self.inner.threads.made() {
             c += q.dptr_counts();
         }
         c
@@ -442,6 +470,13 @@ impl Inner {
         Ok(n as usize)
     }
 
+    /// A new queue pair for a thread's own synchronous I/O: as deep as the shared queues,
+    /// waiting the same way.
+    fn create_thread_queue(&self) -> Result<QueuePair> {
+        let depth = self.queues.first().map_or(2, QueuePair::depth);
+        create_queue_pair(&self.fd, depth, self.wait, &self.doorbells, self.status.state().epoch(), self.dptr)
+    }
+
     /// Asks the module for a reset, the one way this crate does: skipped by the module when a
     /// reset ends while this waits for it (a revocation's, another thread's or opener's), as the
     /// epoch read here then has passed. Ok once the controller is known to have stopped since.
@@ -462,6 +497,7 @@ impl Drop for Inner {
         // away). Queue pairs first: they hold the doorbells too.
         unsafe {
             ManuallyDrop::drop(&mut self.queues);
+            ManuallyDrop::drop(&mut self.threads);
             ManuallyDrop::drop(&mut self.doorbells);
             ManuallyDrop::drop(&mut self.status);
         }

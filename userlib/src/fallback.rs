@@ -82,6 +82,14 @@ fn with_ring<R>(f: impl FnOnce(&mut IoUring) -> IoResult<R>) -> IoResult<R> {
     }
 }
 
+/// Sets up the calling thread's ring now, so that its first I/O does not pay for it (a thread
+/// that will serve stream-ordered I/O). A failure is left for that I/O to meet and report.
+pub(crate) fn prepare_thread() {
+    if let Err(e) = with_ring(|_| Ok(())) {
+        log::debug!("setting up a thread's io_uring ahead of its first I/O: {}", e.error);
+    }
+}
+
 /// The failure of a ring call that left requests in the ring (see [`with_ring`]).
 fn ring_left(e: Error) -> Failed {
     Failed::running(e, InFlight::new(Why::Ring))

@@ -57,6 +57,19 @@ pub trait QueueMemory {
     unsafe fn store64_unchecked(&self, off: usize, v: u64) {
         self.store64(off, v)
     }
+
+    /// Stores the eight quadwords `q` at `off..off + 64` in order, each once, without checks.
+    ///
+    /// # Safety
+    ///
+    /// `off` is a multiple of 8 and `off + 64 <= self.len()`.
+    #[inline]
+    unsafe fn store_entry_unchecked(&self, off: usize, q: &[u64; 8]) {
+        for (i, v) in q.iter().enumerate() {
+            // SAFETY: `off + 8 * i + 8 <= off + 64 <= len` (caller), 8-byte aligned.
+            unsafe { self.store64_unchecked(off + 8 * i, *v) }
+        }
+    }
 }
 
 #[inline]
@@ -151,6 +164,19 @@ impl QueueMemory for DeviceShared {
         // SAFETY: aligned and in bounds (caller; the mapping is page aligned) in a live writable
         // mapping (invariant); volatile, as in `store32`.
         unsafe { std::ptr::write_volatile(self.map.ptr().add(off).cast::<u64>(), v.to_le()) }
+    }
+    #[inline]
+    unsafe fn store_entry_unchecked(&self, off: usize, q: &[u64; 8]) {
+        // The base is read once: the volatile stores below could otherwise make the compiler
+        // reload it before each one.
+        // SAFETY: `off..off + 64` is in bounds and 8-byte aligned (caller) in a live writable
+        // mapping (invariant).
+        let p = unsafe { self.map.ptr().add(off).cast::<u64>() };
+        for (i, v) in q.iter().enumerate() {
+            // SAFETY: `p + i` for `i < 8` lies in the 64 bytes checked by the caller; volatile,
+            // as in `store32`.
+            unsafe { std::ptr::write_volatile(p.add(i), v.to_le()) }
+        }
     }
 }
 

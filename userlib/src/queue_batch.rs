@@ -122,6 +122,11 @@ impl QueueBatch {
         self.ns.max_command_bytes() & !(self.ns.block_size() - 1)
     }
 
+    /// Its queue pair's waiting state (for a wait over several batches).
+    pub(crate) fn wait_state(&self) -> &std::sync::Arc<crate::queue::QueueWait> {
+        self.qp.wait_state()
+    }
+
     /// Entries in flight.
     pub(crate) fn in_flight(&self) -> usize {
         self.pending.iter().filter(|s| s.status.is_none()).count()

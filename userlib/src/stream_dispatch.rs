@@ -6,11 +6,15 @@
 //! critical path; a store by the stream is seen by a polling thread within a microsecond. The
 //! dispatcher polls only while a group is queued: it spins for a short budget (a group queued
 //! right before a synchronize is reached at once), then checks every [`POLL_SLEEP`] (a group
-//! queued behind a long kernel), and sleeps on a condition variable while nothing is queued.
+//! queued behind a long kernel). With nothing queued it spins for [`IDLE_SPIN`] (a loop of one
+//! stream-ordered I/O and a synchronize queues its next group within microseconds, and waking a
+//! sleeping thread costs more than that), then sleeps on a condition variable, which `queue`
+//! signals only while it sleeps.
 
 use crate::error::{Error, Result};
 use crate::gpu::stream::{CompletionWord, Stream};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +22,8 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(200);
 /// The interval of its checks after that.
 const POLL_SLEEP: Duration = Duration::from_micros(50);
+/// How long the dispatcher spins for the next group before it sleeps.
+const IDLE_SPIN: Duration = Duration::from_micros(100);
 
 /// A group's start, run by the dispatcher.
 type Start = Box<dyn FnOnce() + Send + 'static>;
@@ -26,8 +32,21 @@ type Start = Box<dyn FnOnce() + Send + 'static>;
 struct Queued {
     /// (the value the stream writes when it reaches the group, what starts it)
     groups: VecDeque<(u32, Start)>,
+    /// Work for the dispatcher thread itself, run before the next group (not stream-ordered:
+    /// setting up the thread, see [`Dispatcher::prepare`]).
+    now: Vec<Start>,
     /// The registration is going: exit once nothing is queued.
     stop: bool,
+    /// The thread waits on the condition variable (set and read under the lock, so a signal
+    /// is never lost).
+    sleeping: bool,
+}
+
+impl Queued {
+    /// Nothing for the thread to do but wait.
+    fn idle(&self) -> bool {
+        self.groups.is_empty() && self.now.is_empty() && !self.stop
+    }
 }
 
 /// What the dispatcher thread and the registration share.
@@ -35,7 +54,12 @@ struct Shared {
     /// Written by the stream: the first ticket of the last group it reached.
     reached: CompletionWord,
     queued: Mutex<Queued>,
+    /// Set under the lock whenever something is queued, cleared by the thread when it takes
+    /// the queue empty: what its idle spin watches without the lock.
+    pending: AtomicBool,
     wake: Condvar,
+    /// Times the thread slept on the condition variable (tests).
+    sleeps: AtomicU64,
 }
 
 /// A registration's dispatcher: its thread and the word the stream writes.
@@ -57,8 +81,10 @@ impl Dispatcher {
         reached.store(0);
         let shared = Arc::new(Shared {
             reached,
-            queued: Mutex::new(Queued { groups: VecDeque::new(), stop: false }),
+            queued: Mutex::new(Queued { groups: VecDeque::new(), now: Vec::new(), stop: false, sleeping: false }),
+            pending: AtomicBool::new(false),
             wake: Condvar::new(),
+            sleeps: AtomicU64::new(0),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -73,14 +99,44 @@ impl Dispatcher {
     /// never runs.
     pub(crate) fn queue(&self, stream: &dyn Stream, key: u32, start: Start) -> Result<()> {
         // Known to the dispatcher before the stream can write the key.
-        self.lock().groups.push_back((key, start));
+        let sleeping = self.add(|q| q.groups.push_back((key, start)));
         if let Err(e) = stream.write_word(&self.shared.reached, key) {
             // The caller holds the registration's queue lock, so this group is the last one.
             self.lock().groups.pop_back();
             return Err(e);
         }
-        self.shared.wake.notify_one();
+        self.wake_if(sleeping);
         Ok(())
+    }
+
+    /// Runs `f` on the dispatcher thread before the next group, whatever the stream does: for
+    /// setting the thread up (its CUDA context, its io_uring), so that the first group does
+    /// not pay for it.
+    pub(crate) fn prepare(&self, f: Start) {
+        let sleeping = self.add(|q| q.now.push(f));
+        self.wake_if(sleeping);
+    }
+
+    /// Changes the queue under its lock and marks it pending (what the thread's idle spin
+    /// watches); returns whether the thread sleeps, and so needs [`Dispatcher::wake_if`].
+    fn add(&self, change: impl FnOnce(&mut Queued)) -> bool {
+        let mut q = self.lock();
+        change(&mut q);
+        self.shared.pending.store(true, Ordering::Release);
+        q.sleeping
+    }
+
+    /// Signals the thread when [`Dispatcher::add`] found it asleep.
+    fn wake_if(&self, sleeping: bool) {
+        if sleeping {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// How many times the thread has slept waiting for work (tests).
+    #[cfg(test)]
+    pub(crate) fn sleeps(&self) -> u64 {
+        self.shared.sleeps.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queued> {
@@ -95,7 +151,8 @@ impl Dispatcher {
     /// Stops the thread once nothing is queued; waits for it when `join` (else it ends on its
     /// own, if the stream ever reaches what is queued).
     pub(crate) fn stop(&mut self, join: bool) {
-        self.lock().stop = true;
+        // Signalled whether or not the thread sleeps: a lost signal would leave it for good.
+        self.add(|q| q.stop = true);
         self.shared.wake.notify_one();
         if let Some(t) = self.thread.take() {
             if join {
@@ -123,17 +180,37 @@ impl Drop for Dispatcher {
 /// The dispatcher thread: runs each queued group once the stream has written its key.
 fn run(s: &Shared) {
     loop {
-        // The next group, once queued; `None` when told to stop with nothing queued.
-        let key = {
+        // The next group, once queued; returns when told to stop with nothing queued.
+        let key = loop {
             let mut q = s.queued.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some((k, _)) = q.groups.front() {
-                    break *k;
+            let now = std::mem::take(&mut q.now);
+            if !now.is_empty() {
+                drop(q);
+                for f in now {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
                 }
-                if q.stop {
-                    return;
+                continue;
+            }
+            if let Some((k, _)) = q.groups.front() {
+                break *k;
+            }
+            if q.stop {
+                return;
+            }
+            s.pending.store(false, Ordering::Release);
+            drop(q);
+            let idle = Instant::now();
+            while !s.pending.load(Ordering::Acquire) && idle.elapsed() < IDLE_SPIN {
+                std::hint::spin_loop();
+            }
+            let mut q = s.queued.lock().unwrap_or_else(|e| e.into_inner());
+            if q.idle() {
+                q.sleeping = true;
+                s.sleeps.fetch_add(1, Ordering::Relaxed);
+                while q.idle() {
+                    q = s.wake.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
-                q = s.wake.wait(q).unwrap_or_else(|e| e.into_inner());
+                q.sleeping = false;
             }
         };
         let since = Instant::now();
@@ -150,5 +227,40 @@ fn run(s: &Shared) {
             // start's own guards finish its tickets).
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::stream::CpuStream;
+    use std::sync::mpsc;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn prepared_work_runs_on_the_dispatcher_thread_with_nothing_queued_on_the_stream() {
+        let stream = CpuStream::new().unwrap();
+        let d = Dispatcher::new(&*stream).unwrap();
+        let (tx, rx) = mpsc::channel();
+        d.prepare(Box::new(move || {
+            let _ = tx.send(std::thread::current().name().map(String::from));
+        }));
+        assert_eq!(rx.recv_timeout(WAIT).unwrap().as_deref(), Some("ugds-stream"));
+    }
+
+    #[test]
+    fn groups_queued_after_the_dispatcher_fell_asleep_still_start() {
+        let stream = CpuStream::new().unwrap();
+        let d = Dispatcher::new(&*stream).unwrap();
+        let (tx, rx) = mpsc::channel();
+        for key in 1..=3u32 {
+            // Longer than the idle spin: the thread is asleep when the group comes.
+            std::thread::sleep(IDLE_SPIN * 20);
+            let tx = tx.clone();
+            d.queue(&*stream, key, Box::new(move || tx.send(key).unwrap())).unwrap();
+            assert_eq!(rx.recv_timeout(WAIT).unwrap(), key);
+        }
+        assert!(d.sleeps() >= 1, "the dispatcher never slept between groups");
     }
 }

@@ -164,7 +164,9 @@ fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
 }
 
 impl StreamIo {
-    /// Registers a stream for stream-ordered I/O.
+    /// Registers a stream for stream-ordered I/O. The thread that will start its groups is set
+    /// up at once (its context bound, its io_uring made), so the first group does not wait for
+    /// that.
     pub fn new(stream: Arc<dyn Stream>) -> Result<StreamIo> {
         let born = crate::fork::watch()?;
         let word = stream.completion_word()?;
@@ -172,7 +174,7 @@ impl StreamIo {
         let passed = stream.completion_word()?;
         passed.store(0);
         let dispatch = Dispatcher::new(&*stream)?;
-        Ok(StreamIo {
+        let sio = StreamIo {
             stream,
             word,
             tickets: Arc::default(),
@@ -181,7 +183,23 @@ impl StreamIo {
             dispatch,
             group: Arc::default(),
             born,
-        })
+        };
+        sio.prepare();
+        Ok(sio)
+    }
+
+    /// Sets up the thread that starts this registration's groups (the stream's context bound
+    /// on it, its io_uring made) now rather than at the first group, whose latency it would
+    /// be.
+    fn prepare(&self) {
+        let stream = self.stream.clone();
+        self.dispatch.prepare(Box::new(move || {
+            if let Err(e) = stream.bind_thread() {
+                log::debug!("binding a stream's context on its dispatcher: {e}");
+            }
+            #[cfg(feature = "fallback")]
+            crate::fallback::prepare_thread();
+        }));
     }
 
     /// The stream.

@@ -15,6 +15,7 @@
 use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::{Lease, Path};
 use crate::error::{Error, Result};
+use crate::queue::Waiter;
 use crate::queue_batch::QueueBatch;
 use crate::volume::{pieces, VolumePath};
 use std::collections::{BTreeMap, VecDeque};
@@ -259,6 +260,8 @@ impl VolumeQueueBatch {
     /// as room frees up.
     pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
         let start = Instant::now();
+        let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
+        let mut wait = Waiter::new(largest);
         loop {
             for m in 0..self.members.len() {
                 if self.members[m].running > 0 {
@@ -269,9 +272,19 @@ impl VolumeQueueBatch {
                 self.start_waiting(m);
             }
             if self.ready.len() >= min || self.pending.is_empty() || start.elapsed() > timeout {
+                wait.done();
                 return Ok(std::mem::take(&mut self.ready));
             }
-            std::hint::spin_loop();
+            // Waits as a queue's own waits do (spinning while it pays, then asleep on an
+            // interrupt), on the member with the most pieces in flight: a volume kept busy
+            // completes on every member, and a spinning thread on a core the device's own work
+            // needs slows everything down.
+            match self.members.iter().filter(|m| m.running > 0).max_by_key(|m| m.running) {
+                Some(m) => {
+                    wait.pause(m.batch.wait_state());
+                }
+                None => std::hint::spin_loop(),
+            }
         }
     }
 

@@ -69,6 +69,19 @@ fn ugds_refuses_what_cufile_stages() {
     std::fs::remove_file(path).unwrap();
 }
 
+#[test]
+fn registering_a_stream_sets_it_up_before_its_first_io() {
+    let lib = leak_lib(Face::Ugds);
+    let s = lib.cpu_stream_create().unwrap();
+    lib.stream_prepare(s);
+    assert!(!lib.stream_is_set_up(s), "nothing is set up before the driver is open");
+    lib.driver_open().unwrap();
+    lib.stream_prepare(s);
+    assert!(lib.stream_is_set_up(s), "registration set the stream up");
+    lib.stream_forget(s);
+    assert!(!lib.stream_is_set_up(s));
+}
+
 const LEN: usize = 256 << 10;
 
 proptest! {

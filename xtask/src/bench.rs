@@ -7,7 +7,7 @@
 //! with its range, noisy points marked. Plus the data path's own cost on the host. Writes JSON,
 //! a markdown table with ratios and PNG plots.
 
-use crate::{bind, kernel, kmod, toolchain, vm};
+use crate::{kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
 use serde_json::{json, Value};
@@ -16,9 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod measure;
 pub mod p2p;
 pub mod remote;
 pub mod repeats;
+pub mod spdk;
 pub mod volume;
 
 const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
@@ -33,49 +35,82 @@ const UGDS: &str = "ugds";
 const FIO_UGDS: &str = "fio-ugds";
 /// The engine name of `ugds bench --queue owned` points (synchronous calls, QD 1 only).
 const OWNED: &str = "ugds-owned";
+/// `spdk_nvme_perf` points.
+const SPDK: &str = spdk::SPDK;
 /// What a point is, besides its engine.
 const KEYS: &[&str] = &["backend", "rw", "size", "depth"];
 
+pub use measure::guest;
+use measure::{fio_point, fio_point_with, sh, ugds_point, Job, Latency};
+
 /// Host side.
-pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>) -> Result<()> {
+pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>, backends: &[String], spdk: bool) -> Result<()> {
     let t = Instant::now();
     if repeats == 0 {
         bail!("--repeats must be at least 1");
     }
+    // SPDK first: what is missing is said before anything is built.
+    let perf = if spdk { Some(crate::spdk::cached()?.perf()) } else { None };
     let root = toolchain::workspace_root();
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     toolchain::setup_and_build_release(&["-p", "ugds-fio", "--lib"])?;
     toolchain::setup_and_build_release(&["-p", "ugds", "--features", "test-utils", "--example", "datapath_cost"])?;
     let k = kernel::Choice::Test612.ensure()?;
     let ko = kmod::build_for(&k)?;
+    let mut env = vec![("UGDS_KMOD".into(), ko.display().to_string())];
+    if spdk {
+        let vm::Guest::Built(built) = &k else { bail!("--spdk needs the test kernel") };
+        let uio = built.build.join("drivers/uio/uio_pci_generic.ko");
+        if !uio.exists() {
+            bail!(
+                "--spdk: the test kernel has no {} (ci/kernel.fragment sets CONFIG_UIO_PCI_GENERIC=m)",
+                uio.display()
+            );
+        }
+        env.extend(k.suite_env());
+    }
     let cli = root.join("target/release/ugds");
     let engine = root.join("target/release/libugds_fio.so");
     let me = std::env::current_exe()?;
     let points = SIZES.len() * DEPTHS.len() * RWS.len();
-    // Per controller: 3 engines at every point, ugds's owned queues at QD 1, each `repeats`
-    // times; about 2 s per measurement and rebind besides the measuring.
-    let measured = 2 * repeats as u64 * (3 * points as u64 + (points / DEPTHS.len()) as u64);
-    let estimate = Duration::from_secs(measured * (seconds + 2) + 120);
+    // Per controller: 3 engines at every point (4 with SPDK), ugds's owned queues at QD 1, each
+    // `repeats` times; about 2 s per measurement and rebind besides the measuring, SPDK's
+    // start (DPDK under TCG) another 3 s.
+    let engines = if spdk { 4 } else { 3 };
+    let per_controller = repeats as u64 * (engines * points as u64 + (points / DEPTHS.len()) as u64);
+    let measured = backends.len() as u64 * per_controller;
+    let spdk_start = if spdk { backends.len() as u64 * repeats as u64 * points as u64 * 3 } else { 0 };
+    let estimate = Duration::from_secs(measured * (seconds + 2) + spdk_start + 120);
+    let nvme = backends
+        .iter()
+        .map(|b| format!("size=2G,lbs=4096,backend={}", if b == "file" { "memory" } else { "null" }).parse())
+        .collect::<Result<Vec<vm::NvmeSpec>>>()?;
+    let mut cmd = vec![
+        me.display().to_string(),
+        "bench-guest".into(),
+        cli.display().to_string(),
+        engine.display().to_string(),
+        seconds.to_string(),
+        repeats.to_string(),
+        format!("--backends={}", backends.join(",")),
+    ];
+    if let Some(p) = &perf {
+        cmd.push(format!("--spdk={}", p.display()));
+    }
     let cfg = vm::VmConfig {
-        nvme: vec!["size=2G,lbs=4096,backend=memory".parse()?, "size=2G,lbs=4096,backend=null".parse()?],
+        nvme,
         iommu: false,
         bind_module: None,
         mem: "2G".into(),
         timeout: (estimate * 2).max(Duration::from_secs(1800)),
-        env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
-        cmd: vec![
-            me.display().to_string(),
-            "bench-guest".into(),
-            cli.display().to_string(),
-            engine.display().to_string(),
-            seconds.to_string(),
-            repeats.to_string(),
-        ],
+        env,
+        cmd,
         p2p: None,
     };
     eprintln!(
-        "bench: booting the VM ({points} points x 3 engines x 2 controllers, and ugds on owned queues at QD 1, \
-         {repeats} times each, interleaved, {seconds} s per measurement: about {} min)",
+        "bench: booting the VM ({points} points x {engines} engines x {} controller(s), and ugds on owned queues at \
+         QD 1, {repeats} times each, interleaved, {seconds} s per measurement: about {} min)",
+        backends.len(),
         estimate.as_secs().div_ceil(60)
     );
     let outcome = vm::run(&cfg, &k, true)?;
@@ -88,8 +123,13 @@ pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>) -> Result<()> {
     let micro = microbench(&root)?;
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
-    let all = json!({ "points": points, "measurements": raw, "datapath_cost": micro, "seconds_per_point": seconds,
+    let mut all = json!({ "points": points, "measurements": raw, "datapath_cost": micro, "seconds_per_point": seconds,
                       "repeats": repeats, "noisy_above": repeats::NOISY });
+    if spdk {
+        all["spdk"] = json!({ "version": crate::spdk::VERSION, "dpdk": toolchain::output(Command::new("pkg-config").args(["--modversion", "libdpdk"]))?,
+                              "driver": "uio_pci_generic", "options": "-c 0x1 -L (one core, latency summary)",
+                              "hugepages_2m": spdk::HUGEPAGES });
+    }
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&all)?)?;
     let md = table(&points, &micro, repeats, seconds);
     std::fs::write(dir.join("results.md"), &md)?;
@@ -120,11 +160,6 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(0.0)
 }
 
-/// `kernel IOPS | ugds IOPS | ugds/kernel` cells of a table row.
-fn iops_cells(k: &Value, u: &Value) -> String {
-    format!("{:.0} | {:.0} | {:.2}x", f(k, "iops"), f(u, "iops"), f(u, "iops") / f(k, "iops").max(1.0))
-}
-
 /// ugds p50 over the kernel's at the same point; `None` unless both measured one. Like with like:
 /// the total latency (fio `lat`, `lat_p50_us`: from the submission call to the completion) of
 /// whichever side has it (`ugds bench` times each I/O from the call to its return, which is
@@ -136,22 +171,42 @@ fn p50_ratio(k: &Value, u: &Value) -> Option<f64> {
     (kernel > 0.0 && ours > 0.0).then(|| ours / kernel)
 }
 
-/// The kernel's point beside `u` (same backend, rw, size and depth).
+/// The point of `engine` beside `u` (same backend, rw, size and depth).
+fn beside<'a>(points: &'a [Value], u: &Value, engine: &str) -> Option<&'a Value> {
+    points.iter().find(|k| k["engine"] == engine && KEYS.iter().all(|key| k[*key] == u[*key]))
+}
+
+/// The kernel's point beside `u`.
 fn kernel_beside<'a>(points: &'a [Value], u: &Value) -> Option<&'a Value> {
-    points.iter().find(|k| k["engine"] == KERNEL && KEYS.iter().all(|key| k[*key] == u[*key]))
+    beside(points, u, KERNEL)
 }
 
 /// Adds `iops_ratio` (median of the per-repeat ratios), `iops_ratio_range`, `noisy` and
-/// `p50_ratio` (of the medians) to every point of ours that has a kernel point beside it. Only
-/// adds keys: a reader of the older JSON reads this one.
+/// `p50_ratio` (of the medians) to every point of ours, and SPDK's, that has a kernel point
+/// beside it; and to ours with an SPDK point beside them the same against SPDK under `spdk_`
+/// names (`spdk_iops_ratio`, ...: ours over SPDK's). Only adds keys: a reader of the older
+/// JSON reads this one.
 fn add_ratios(points: &mut [Value]) {
-    let kernel: Vec<Value> = points.iter().filter(|p| p["engine"] == KERNEL).cloned().collect();
-    for u in points.iter_mut().filter(|p| [UGDS, OWNED, FIO_UGDS].iter().any(|e| p["engine"] == *e)) {
-        let Some(k) = kernel_beside(&kernel, u) else { continue };
-        let r = repeats::ratio(u, k);
-        repeats::annotate(u, r);
-        if let Some(r) = p50_ratio(k, u) {
-            u["p50_ratio"] = json!(r);
+    let theirs: Vec<Value> = points.iter().filter(|p| p["engine"] == KERNEL || p["engine"] == SPDK).cloned().collect();
+    for u in points.iter_mut().filter(|p| [UGDS, OWNED, FIO_UGDS, SPDK].iter().any(|e| p["engine"] == *e)) {
+        if let Some(k) = kernel_beside(&theirs, u) {
+            let r = repeats::ratio(u, k);
+            repeats::annotate(u, r);
+            if let Some(r) = p50_ratio(k, u) {
+                u["p50_ratio"] = json!(r);
+            }
+        }
+        if u["engine"] == SPDK {
+            continue;
+        }
+        if let Some(sp) = beside(&theirs, u, SPDK) {
+            let r = repeats::ratio(u, sp);
+            u["spdk_iops_ratio"] = json!(r.median);
+            u["spdk_iops_ratio_range"] = json!([r.min, r.max]);
+            u["spdk_noisy"] = json!(r.noisy);
+            if let Some(r) = p50_ratio(sp, u) {
+                u["spdk_p50_ratio"] = json!(r);
+            }
         }
     }
 }
@@ -167,7 +222,10 @@ fn repeats_cell(k: &Value, u: Option<&Value>) -> String {
 }
 
 /// The row of one point: the kernel, `ugds bench` and fio with ugds's engine, IOPS, latency and
-/// ratios, and `ugds bench` on owned queues where it ran (QD 1), with its own ratios.
+/// ratios, and `ugds bench` on owned queues where it ran (QD 1), with its own ratios. With
+/// `spdk` (an SPDK point, or `Some(None)` where the table has SPDK's column and this point no
+/// SPDK measurement), ugds/SPDK beside ugds/kernel.
+#[allow(clippy::too_many_arguments)]
 fn table_row(
     rw: &str,
     size: &str,
@@ -176,10 +234,15 @@ fn table_row(
     u: &Value,
     fio: Option<&Value>,
     owned: Option<&Value>,
+    spdk: Option<Option<&Value>>,
 ) -> String {
     let iops = |v: Option<&Value>| v.map_or_else(|| "–".into(), |v| format!("{:.0}", f(v, "iops")));
+    let versus_spdk = match spdk {
+        None => String::new(),
+        Some(sp) => format!(" {} |", sp.map_or_else(|| "–".into(), |sp| repeats::cell(repeats::ratio(u, sp)))),
+    };
     format!(
-        "| {rw} | {size} | {depth} | {:.0} | {:.0} | {} | {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {} | {} |",
+        "| {rw} | {size} | {depth} | {:.0} | {:.0} | {} |{versus_spdk} {} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {} | {} |",
         f(k, "iops"),
         f(u, "iops"),
         repeats_cell(k, Some(u)),
@@ -196,39 +259,138 @@ fn table_row(
     )
 }
 
-/// One engine's ratios to the kernel over a backend's grid, summarised.
-fn summary_line(points: &[Value], backend: &str, engine: &str, name: &str) -> Option<String> {
+/// One engine's ratios to `reference` (kernel or SPDK) over a backend's grid, summarised.
+fn summary_line(points: &[Value], backend: &str, engine: &str, name: &str, reference: &str) -> Option<String> {
     let rs: Vec<repeats::Ratio> = points
         .iter()
         .filter(|p| p["backend"] == backend && p["engine"] == engine)
-        .filter_map(|u| kernel_beside(points, u).map(|k| repeats::ratio(u, k)))
+        .filter_map(|u| beside(points, u, reference).map(|k| repeats::ratio(u, k)))
         .collect();
     if rs.is_empty() {
         return None;
     }
+    let theirs = if reference == SPDK { "SPDK" } else { reference };
     let (g, noisy) = repeats::summary(&rs);
     let lo = rs.iter().filter(|r| !r.noisy).map(|r| r.median).fold(f64::INFINITY, f64::min);
     let hi = rs.iter().filter(|r| !r.noisy).map(|r| r.median).fold(0.0, f64::max);
     Some(match g {
         Some(g) => format!(
-            "{name}/kernel IOPS: geometric mean {g:.2}x over {} points ({lo:.2}x to {hi:.2}x), {noisy} noisy",
+            "{name}/{theirs} IOPS: geometric mean {g:.2}x over {} points ({lo:.2}x to {hi:.2}x), {noisy} noisy",
             rs.len() - noisy
         ),
-        None => format!("{name}/kernel IOPS: all {noisy} points noisy"),
+        None => format!("{name}/{theirs} IOPS: all {noisy} points noisy"),
     })
+}
+
+/// The goal against SPDK: at least SPDK's IOPS at QD 1, at least [`SPDK_GOAL`] of them deeper.
+const SPDK_GOAL: f64 = 0.90;
+
+/// What `engine` needs of SPDK's IOPS at `depth` to meet the goal.
+fn goal_at(depth: usize) -> f64 {
+    if depth == 1 {
+        1.0
+    } else {
+        SPDK_GOAL
+    }
+}
+
+/// Whether `engine` (ugds bench, or the owned queues) met the goal against SPDK over a
+/// backend's grid: the points measured, those missed (with their ratio), those too noisy to say.
+fn goal_line(points: &[Value], backend: &str, engine: &str, name: &str) -> Option<String> {
+    let mut judged = 0;
+    let mut missed = Vec::new();
+    let mut noisy = Vec::new();
+    for u in points.iter().filter(|p| p["backend"] == backend && p["engine"] == engine) {
+        let Some(sp) = beside(points, u, SPDK) else { continue };
+        let r = repeats::ratio(u, sp);
+        let at = format!("{} {} QD {}", u["rw"].as_str().unwrap_or(""), u["size"].as_str().unwrap_or(""), u["depth"]);
+        if r.noisy {
+            noisy.push(at);
+            continue;
+        }
+        judged += 1;
+        let depth = u["depth"].as_u64().unwrap_or(0) as usize;
+        if r.median < goal_at(depth) {
+            missed.push(format!("{at} ({:.2}x)", r.median));
+        }
+    }
+    if judged == 0 && noisy.is_empty() {
+        return None;
+    }
+    let mut l = format!(
+        "goal for {name} (>= SPDK's IOPS at QD 1, >= {SPDK_GOAL:.2}x deeper): met at {} of {judged} points",
+        judged - missed.len()
+    );
+    if !missed.is_empty() {
+        let _ = write!(l, "; missed at {}", missed.join(", "));
+    }
+    if !noisy.is_empty() {
+        let _ = write!(l, "; {} noisy, not judged: {}", noisy.len(), noisy.join(", "));
+    }
+    Some(l)
+}
+
+/// SPDK's own figures per point, beside the ratios of ours to them.
+fn spdk_table(s: &mut String, points: &[Value], backend: &str) {
+    let _ = writeln!(
+        s,
+        "\nSPDK's `spdk_nvme_perf` on the same controller (its own figures; latencies from submission to completion):\n\n| rw | size | QD | SPDK IOPS | SPDK MiB/s | SPDK avg / min / max us | SPDK p50 / p99 us | SPDK/kernel | ugds/SPDK | ugds/SPDK p50 | fio+ugds/SPDK | owned/SPDK | goal |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    );
+    for sp in points.iter().filter(|p| p["backend"] == backend && p["engine"] == SPDK) {
+        let ours = |engine: &str| beside(points, sp, engine);
+        let versus = |engine: &str| ours(engine).map_or_else(|| "–".into(), |u| repeats::cell(repeats::ratio(u, sp)));
+        let goal = ours(UGDS).map_or_else(
+            || "–".into(),
+            |u| {
+                let r = repeats::ratio(u, sp);
+                let depth = sp["depth"].as_u64().unwrap_or(0) as usize;
+                if r.noisy {
+                    "noisy".into()
+                } else if r.median >= goal_at(depth) {
+                    "met".into()
+                } else {
+                    format!("missed (needs {:.2}x)", goal_at(depth))
+                }
+            },
+        );
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {} | {} | {} | {} | {goal} |",
+            sp["rw"].as_str().unwrap_or(""),
+            sp["size"].as_str().unwrap_or(""),
+            sp["depth"],
+            f(sp, "iops"),
+            f(sp, "mib_s"),
+            f(sp, "avg_us"),
+            f(sp, "min_us"),
+            f(sp, "max_us"),
+            f(sp, "p50_us"),
+            f(sp, "p99_us"),
+            kernel_beside(points, sp).map_or_else(|| "–".into(), |k| repeats::cell(repeats::ratio(sp, k))),
+            versus(UGDS),
+            ratio_cell(ours(UGDS).and_then(|u| p50_ratio(sp, u))),
+            versus(FIO_UGDS),
+            versus(OWNED),
+        );
+    }
 }
 
 fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64) -> String {
     let mut s = String::new();
+    let with_spdk = points.iter().any(|p| p["engine"] == SPDK);
     for backend in ["file", "null"] {
+        if !points.iter().any(|p| p["backend"] == backend) {
+            continue;
+        }
         let title = if backend == "file" {
             "controller on an image file in the host's memory"
         } else {
             "null-backed controller (no data)"
         };
+        let (spdk_head, spdk_rule) = if with_spdk { (" ugds/SPDK |", " ---: |") } else { ("", "") };
         let _ = writeln!(
             s,
-            "\n### {title}\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel | fio+ugds IOPS | fio+ugds/kernel | kernel p50/p99 us | ugds p50/p99 us | ugds/kernel p50 | owned IOPS | owned/kernel | owned/kernel p50 |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "\n### {title}\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel |{spdk_head} fio+ugds IOPS | fio+ugds/kernel | kernel p50/p99 us | ugds p50/p99 us | ugds/kernel p50 | owned IOPS | owned/kernel | owned/kernel p50 |\n| --- | --- | ---: | ---: | ---: | ---: |{spdk_rule} ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for rw in RWS {
             for size in SIZES {
@@ -243,16 +405,30 @@ fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64) -> Strin
                         })
                     };
                     if let (Some(k), Some(u)) = (find(KERNEL), find(UGDS)) {
-                        let _ = writeln!(s, "{}", table_row(rw, size, *depth, k, u, find(FIO_UGDS), find(OWNED)));
+                        let sp = with_spdk.then(|| find(SPDK));
+                        let _ = writeln!(s, "{}", table_row(rw, size, *depth, k, u, find(FIO_UGDS), find(OWNED), sp));
                     }
                 }
             }
         }
         s.push('\n');
-        for (engine, name) in [(UGDS, "ugds"), (FIO_UGDS, "fio+ugds"), (OWNED, "owned")] {
-            if let Some(l) = summary_line(points, backend, engine, name) {
+        for (engine, name) in [(UGDS, "ugds"), (FIO_UGDS, "fio+ugds"), (OWNED, "owned"), (SPDK, "SPDK")] {
+            if let Some(l) = summary_line(points, backend, engine, name, KERNEL) {
                 let _ = writeln!(s, "- {l}");
             }
+        }
+        if with_spdk {
+            for (engine, name) in [(UGDS, "ugds"), (FIO_UGDS, "fio+ugds"), (OWNED, "owned")] {
+                if let Some(l) = summary_line(points, backend, engine, name, SPDK) {
+                    let _ = writeln!(s, "- {l}");
+                }
+            }
+            for (engine, name) in [(UGDS, "`ugds bench`"), (OWNED, "owned queues (QD 1)")] {
+                if let Some(l) = goal_line(points, backend, engine, name) {
+                    let _ = writeln!(s, "- {l}");
+                }
+            }
+            spdk_table(&mut s, points, backend);
         }
     }
     let _ = writeln!(
@@ -260,6 +436,13 @@ fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64) -> Strin
         "\nEvery point was measured {repeats} times per engine for {seconds} s, the engines interleaved (kernel, ours, ours, kernel, ...; the controller rebound in between); IOPS and latencies are medians, a ratio is the median of the ratios of measurements made side by side, with their range in brackets. A point where an engine's measurements disagree by more than {}x is noisy: not a result, left out of the means. fio+ugds: the kernel's fio job with ugds's ioengine (`ioengine=external:libugds_fio.so`) on the ugds node. ugds/kernel p50 below 1 is lower latency for ugds; it compares total latencies (from the submission call to the completion: fio `lat`, `ugds bench`'s call to return), where the columns show the kernel's completion latency (fio `clat`). owned: `ugds bench --queue owned`, each thread's synchronous calls on a queue pair of its own (no lock); QD 1 only (deeper points are batches, which own their queue pair already).",
         repeats::NOISY
     );
+    if with_spdk {
+        let _ = writeln!(
+            s,
+            "\nSPDK: `spdk_nvme_perf -q QD -o SIZE -w RW -t {seconds} -c 0x1 -L -r 'trtype:PCIe traddr:ADDR'` (SPDK {}, Debian's DPDK, the controller bound to uio_pci_generic for its turn), taking turns with ugds and the kernel (ugds, kernel, SPDK, then back: SPDK, kernel, ugds, ...). It picks its offsets over the whole 2 GiB namespace, where the others keep to the first 1 GiB (the same on the null-backed controller). ugds/SPDK above 1 is more IOPS for ugds; the goal: at least SPDK's IOPS at every QD 1 point, at least {SPDK_GOAL:.2}x of them everywhere else.",
+            crate::spdk::VERSION
+        );
+    }
     let _ = writeln!(
         s,
         "\nData path's own cost (host, in-memory device stepped on the same thread, 4 KiB reads, burst 1): {:.1} ns and {:.0} instructions per command (device model included).",
@@ -287,6 +470,9 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
     register_font()?;
     let mut n = 0;
     for backend in ["file", "null"] {
+        if !points.iter().any(|p| p["backend"] == backend) {
+            continue;
+        }
         for rw in RWS {
             let path = dir.join(format!("iops-{backend}-{rw}.png"));
             let root = BitMapBackend::new(&path, (900, 600)).into_drawing_area();
@@ -309,7 +495,7 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                 .draw()?;
             let colors = [RED, BLUE, GREEN, MAGENTA];
             for (ci, size) in SIZES.iter().enumerate() {
-                for (engine, width) in [(UGDS, 3), (FIO_UGDS, 2), (KERNEL, 1)] {
+                for (engine, width) in [(UGDS, 3), (FIO_UGDS, 2), (KERNEL, 1), (SPDK, 1)] {
                     let series: Vec<(f64, f64)> = DEPTHS
                         .iter()
                         .filter_map(|d| {
@@ -329,6 +515,10 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                         continue;
                     }
                     let style = colors[ci].stroke_width(width);
+                    if engine == SPDK {
+                        // SPDK: a thin line with a triangle at each point.
+                        chart.draw_series(series.iter().map(|&p| TriangleMarker::new(p, 6, colors[ci].filled())))?;
+                    }
                     chart
                         .draw_series(LineSeries::new(series, style))?
                         .label(format!("{engine} {size}"))
@@ -358,10 +548,6 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
         }
     }
     Ok(n)
-}
-
-fn sh(cmd: &str) -> Result<String> {
-    toolchain::output(Command::new("/bin/sh").arg("-c").arg(cmd))
 }
 
 /// Checks a grid's axes: sizes (multiples of 4K, none larger than `span`), depths (at least 1)
@@ -406,158 +592,9 @@ fn json_nums(v: &Value, k: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Which of fio's latencies a point reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Latency {
-    /// `clat`: from the submission's return to the completion.
-    Completion,
-    /// `lat`: from the start of the submission to the completion, as `ugds bench` measures (a
-    /// transport that sends in the submitting call, as nvme-tcp can, hides its work from clat).
-    Total,
-}
-
-/// What every engine runs at one point of a grid, in fio's terms: `rw`, block `size`, queue
-/// `depth`, `seconds`, and the working set `span`.
-#[derive(Debug, Clone, Copy)]
-struct Job<'a> {
-    rw: &'a str,
-    size: &'a str,
-    depth: usize,
-    seconds: u64,
-    span: &'a str,
-}
-
-/// One fio point on a block device (io_uring, O_DIRECT, fixed buffers, registered files):
-/// `iops`, `p50_us`, `p99_us` (completion latency).
-fn fio_point(dev: &str, job: Job) -> Result<Value> {
-    fio_point_with(dev, job, Latency::Completion)
-}
-
-/// [`fio_point`] with the latency `lat` names (recorded as the point's `latency`).
-fn fio_point_with(dev: &str, job: Job, lat: Latency) -> Result<Value> {
-    fio_job(KERNEL, KERNEL_ENGINE, dev, job, lat)
-}
-
-/// The kernel path's fio engine options: io_uring, O_DIRECT, fixed buffers, registered files.
-const KERNEL_ENGINE: &str = "--ioengine=io_uring --direct=1 --fixedbufs --registerfiles";
-
-/// One fio job (`engine_args`: its ioengine and that engine's options) on `target`, as point
-/// `engine`: `iops`, `p50_us`, `p99_us` (the latency `lat` names), and for completion points
-/// the total latency's `lat_p50_us` / `lat_p99_us`.
-fn fio_job(engine: &str, engine_args: &str, target: &str, job: Job, lat: Latency) -> Result<Value> {
-    let Job { rw, size, depth, seconds, span } = job;
-    // Completion points also ask for the total latency (fio 3.20 and later report both), kept as
-    // `lat_p50_us` / `lat_p99_us` beside the completion latency's `p50_us` / `p99_us`.
-    let (flag, key) = match lat {
-        Latency::Completion => (" --lat_percentiles=1 --clat_percentiles=1", "clat_ns"),
-        Latency::Total => (" --lat_percentiles=1", "lat_ns"),
-    };
-    let out = sh(&format!(
-        "fio --output-format=json --name=k --filename={target} {engine_args} --rw={rw} --bs={size} \
-         --iodepth={depth} --size={span} --runtime={seconds} --time_based --randrepeat=0{flag}"
-    ))?;
-    let v: Value = serde_json::from_str(out.get(out.find('{').unwrap_or(0)..).unwrap_or(""))?;
-    let side = if rw.contains("write") { &v["jobs"][0]["write"] } else { &v["jobs"][0]["read"] };
-    let pct = |p: &str| side[key]["percentile"][p].as_f64().unwrap_or(0.0) / 1000.0;
-    let mut point = json!({"engine": engine, "rw": rw, "size": size, "depth": depth,
-              "iops": side["iops"].as_f64().unwrap_or(0.0), "p50_us": pct("50.000000"), "p99_us": pct("99.000000")});
-    if lat == Latency::Total {
-        point["latency"] = json!("total");
-    } else {
-        let total = |p: &str| side["lat_ns"]["percentile"][p].as_f64().filter(|v| *v > 0.0).map(|v| v / 1000.0);
-        if let (Some(p50), Some(p99)) = (total("50.000000"), total("99.000000")) {
-            point["lat_p50_us"] = json!(p50);
-            point["lat_p99_us"] = json!(p99);
-        }
-    }
-    Ok(point)
-}
-
-/// One `ugds bench` point on a target (a node or a `stripe:` volume), as the CLI's JSON with
-/// the grid's names (`engine`, `rw` as fio says it, `size` as given).
-fn ugds_point(cli: &str, target: &str, job: Job) -> Result<Value> {
-    ugds_point_on(cli, target, job, false)
-}
-
-/// [`ugds_point`]; `owned`: synchronous calls on owned queue pairs (`--queue owned`, engine
-/// [`OWNED`]).
-fn ugds_point_on(cli: &str, target: &str, job: Job, owned: bool) -> Result<Value> {
-    let Job { rw, size, depth, seconds, span } = job;
-    let queue = if owned { " --queue owned" } else { "" };
-    // fio's options under fio's names: `rw` passes through.
-    let out = sh(&format!(
-        "{cli} --json bench {target} --rw {rw} --bs {size} --iodepth {depth} --runtime {seconds} --size {span}{queue}"
-    ))?;
-    let mut v: Value = serde_json::from_str(&out)?;
-    v["engine"] = json!(if owned { OWNED } else { "ugds" });
-    v["rw"] = json!(rw);
-    v["size"] = json!(size);
-    v["depth"] = json!(depth);
-    Ok(v)
-}
-
-/// Guest side: every engine on both controllers, one JSON line per measurement (with its
-/// `repeat`), the kernel's and ours interleaved at every point (the controller rebound between).
-pub fn guest(cli: &str, fio_engine: &str, seconds: u64, repeats: usize) -> Result<()> {
-    if !Path::new("/sys/module/ugds").exists() {
-        sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
-    }
-    let ours = format!("--ioengine=external:{fio_engine}");
-    for (addr, backend) in bind::nvme_controllers()?.into_iter().zip(["file", "null"]) {
-        let blk = || bind::first_namespace(&addr).with_context(|| format!("no block device on {addr}"));
-        // Fill the working set once, so reads of the file-backed drive read data.
-        if backend == "file" {
-            sh(&format!(
-                "fio --name=fill --filename={} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size=1G --output=/dev/null",
-                blk()?
-            ))?;
-        }
-        let mut on_ugds = false;
-        let emit = |mut v: Value, repeat: usize| {
-            v["backend"] = json!(backend);
-            v["repeat"] = json!(repeat);
-            println!("{MARK}{v}");
-        };
-        for rw in RWS {
-            for size in SIZES {
-                for &depth in DEPTHS {
-                    let job = Job { rw, size, depth, seconds, span: "1G" };
-                    for (repeat, ugds_side) in repeats::order(repeats, on_ugds) {
-                        if ugds_side != on_ugds {
-                            if ugds_side {
-                                bind::bind(&addr)?;
-                            } else {
-                                bind::unbind(&addr)?;
-                            }
-                            on_ugds = ugds_side;
-                        }
-                        if !ugds_side {
-                            emit(fio_point(&blk()?, job)?, repeat);
-                            continue;
-                        }
-                        let node =
-                            bind::ugds_nodes(&addr).first().map(|n| format!("/dev/{n}")).context("no ugds node")?;
-                        emit(ugds_point(cli, &node, job)?, repeat);
-                        let fio = fio_job(FIO_UGDS, &ours, &node, job, Latency::Completion)?;
-                        emit(fio, repeat);
-                        // Synchronous calls again, each on a queue pair the thread owns.
-                        if depth == 1 {
-                            emit(ugds_point_on(cli, &node, job, true)?, repeat);
-                        }
-                    }
-                }
-            }
-        }
-        if on_ugds {
-            bind::unbind(&addr)?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{add_ratios, plot, repeats, table, FIO_UGDS, KEYS, OWNED};
+    use super::{add_ratios, plot, repeats, table, FIO_UGDS, KEYS, OWNED, SPDK};
     use crate::vm;
     use serde_json::{json, Value};
     use std::path::Path;
@@ -658,8 +695,97 @@ mod tests {
             return;
         }
         let dir = vm::TempDir::new("ugds-bench-main-plot").unwrap();
-        assert_eq!(plot(&grid(), dir.path()).unwrap(), 4);
+        // The grid has the null-backed controller only: its two plots, none for the file one.
+        assert_eq!(plot(&grid(), dir.path()).unwrap(), 2);
+        assert!(!dir.path().join("iops-file-randread.png").exists());
         let png = std::fs::read(dir.path().join("iops-null-randread.png")).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
+    }
+
+    /// The grid of [`measurements`] with SPDK beside it: at QD 1 SPDK does 16000 and 19200
+    /// IOPS (ugds 20000 and 24000: 1.25x), at QD 8 (ugds noisy) 50000 both times.
+    fn grid_with_spdk() -> Vec<Value> {
+        let mut raw = measurements();
+        for (repeat, scale) in [(0, 1.0), (1, 1.2)] {
+            for (depth, iops) in [(1, 16000.0 * scale), (8, 50000.0)] {
+                let mut p = point(SPDK, depth, iops, 30.0);
+                p["lat_p50_us"] = json!(30.0);
+                p["mib_s"] = json!(iops * 4096.0 / 1048576.0);
+                p["avg_us"] = json!(33.0);
+                p["min_us"] = json!(9.5);
+                p["max_us"] = json!(900.0);
+                p["repeat"] = json!(repeat);
+                raw.push(p);
+            }
+        }
+        // A QD 32 point where ugds falls short of SPDK by more than 10 %: 0.80x.
+        for repeat in [0, 1] {
+            for (engine, iops) in [("kernel", 60000.0), ("ugds", 64000.0), (SPDK, 80000.0)] {
+                let mut p = point(engine, 32, iops, 50.0);
+                p["repeat"] = json!(repeat);
+                raw.push(p);
+            }
+        }
+        let mut pts = repeats::merge(&raw, KEYS);
+        add_ratios(&mut pts);
+        pts
+    }
+
+    /// With SPDK: ugds/SPDK sits beside ugds/kernel in the main table, SPDK's own figures and
+    /// the ratios to them in a table of their own, summaries against SPDK, and the goal says
+    /// where it was missed; the JSON carries the `spdk_` ratios on our points and SPDK's
+    /// ratio to the kernel on its own.
+    #[test]
+    fn spdk_stands_beside_the_kernel() {
+        let pts = grid_with_spdk();
+        let get = |engine: &str, depth: usize| {
+            pts.iter().find(|p| p["engine"] == engine && p["depth"] == depth).expect("point").clone()
+        };
+        let u = get("ugds", 1);
+        assert_eq!(u["spdk_iops_ratio"], json!(1.25));
+        assert_eq!(u["spdk_iops_ratio_range"], json!([1.25, 1.25]));
+        assert_eq!(u["spdk_noisy"], json!(false));
+        // Total latency against total latency: ugds bench's 20 us over SPDK's 30.
+        assert!((u["spdk_p50_ratio"].as_f64().unwrap() - 20.0 / 30.0).abs() < 1e-9);
+        assert_eq!(u["iops_ratio"], json!(2.0), "the kernel ratio stays");
+        let sp = get(SPDK, 1);
+        // SPDK over the kernel: 16000/10000 and 19200/12000.
+        assert_eq!(sp["iops_ratio"], json!(1.6));
+        assert!(sp.get("spdk_iops_ratio").is_none());
+        assert_eq!(get("ugds", 8)["spdk_noisy"], json!(true));
+
+        let t = table(&pts, &json!({}), 2, 1);
+        let header = t.lines().find(|l| l.starts_with("| rw | size | QD/batch |")).expect("header");
+        let heads: Vec<&str> = header.split('|').map(str::trim).collect();
+        assert_eq!(&heads[6..8], &["ugds/kernel", "ugds/SPDK"], "{header}");
+        let qd1 = t.lines().find(|l| l.starts_with("| randread | 4K | 1 |")).expect("QD 1 row");
+        let cells: Vec<&str> = qd1.split('|').map(str::trim).collect();
+        assert_eq!(&cells[4..9], &["11000", "22000", "2.00x", "1.25x", "16500"], "{qd1}");
+        assert_eq!(header.matches('|').count(), qd1.matches('|').count());
+        let row = t.lines().find(|l| l.starts_with("| randread | 4K | 1 | 17600 |")).expect("SPDK row");
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // | rw | size | QD | IOPS | MiB/s | avg/min/max | p50/p99 | SPDK/kernel | ugds/SPDK | p50 | fio+ugds/SPDK | owned/SPDK | goal |
+        assert_eq!(
+            &cells[5..14],
+            &["68.8", "33.0 / 9.5 / 900.0", "30.0 / 60.0", "1.60x", "1.25x", "0.67x", "0.94x", "1.56x", "met"],
+            "{row}"
+        );
+        let qd32 = t.lines().find(|l| l.starts_with("| randread | 4K | 32 | 80000 |")).expect("SPDK QD 32 row");
+        assert!(qd32.ends_with("| missed (needs 0.90x) |"), "{qd32}");
+        assert!(t.contains("- ugds/SPDK IOPS: geometric mean"), "{t}");
+        assert!(t.contains("- SPDK/kernel IOPS: geometric mean"), "{t}");
+        assert!(
+            t.contains("- goal for `ugds bench` (>= SPDK's IOPS at QD 1, >= 0.90x deeper): met at 1 of 2 points; missed at randread 4K QD 32 (0.80x); 1 noisy, not judged: randread 4K QD 8"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "- goal for owned queues (QD 1) (>= SPDK's IOPS at QD 1, >= 0.90x deeper): met at 1 of 1 points"
+            ),
+            "{t}"
+        );
+        // Without SPDK points the table keeps its old columns.
+        let plain = table(&grid(), &json!({}), 2, 1);
+        assert!(!plain.contains("SPDK"), "{plain}");
     }
 }

@@ -4,8 +4,9 @@
 //! Both ways of using a queue pair are measured: `shared` (through its lock, as threads sharing
 //! a queue do) and `owned` (the single-owner calls a queue batch uses: no lock); at burst 1
 //! through the one-command calls a synchronous request of one command makes. `storage` is the
-//! whole synchronous 4 KiB read from `Storage::read` (checks, lease, path, queue), the model
-//! stepped on the same thread each time the read's wait finds nothing.
+//! whole synchronous 4 KiB read from `Storage::read` (checks, lease, path, queue) on the
+//! device's shared queue, `storage-owned` on the thread's own queue, the model stepped on the
+//! same thread each time the read's wait finds nothing.
 //!
 //! - `ns/command`: native wall time per command, bursts 1 and 32, the model's work included
 //!   (a native clock cannot separate two pieces of code on one thread without disturbing them).
@@ -24,8 +25,10 @@ use std::process::Command;
 /// wait that found nothing (`storage`). Neither calls the other (nested toggles would cancel).
 const MODEL_FNS: [&str; 2] = ["*MockQueue*step*", "*mock*step_model*"];
 
-/// What the cost program drives: the queue pair shared, owned, or the whole `Storage::read`.
-const MODES: [(usize, &str); 5] = [(1, "shared"), (1, "owned"), (32, "shared"), (32, "owned"), (1, "storage")];
+/// What the cost program drives: the queue pair shared, owned, or the whole `Storage::read` on a
+/// shared queue or on the thread's own.
+const MODES: [(usize, &str); 6] =
+    [(1, "shared"), (1, "owned"), (32, "shared"), (32, "owned"), (1, "storage"), (1, "storage-owned")];
 
 /// One burst size's figures.
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +66,7 @@ pub fn run() -> Result<Vec<Cost>> {
     for (burst, mode) in MODES {
         let c = measure(&bin, burst, mode)?;
         println!(
-            "burst {burst:>2} {mode:<7}: instructions/command: {:.0} (engine; model {:.0} subtracted from {:.0})  \
+            "burst {burst:>2} {mode:<13}: instructions/command: {:.0} (engine; model {:.0} subtracted from {:.0})  \
              ns/command: {:.1} (native, model included; engine about {:.1})",
             c.instr_engine(),
             c.instr_model,

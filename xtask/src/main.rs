@@ -22,6 +22,7 @@ mod kmod;
 mod nixl;
 mod p2p;
 mod soname;
+mod spdk;
 mod stock;
 mod suite;
 mod toolchain;
@@ -133,9 +134,8 @@ enum Cmd {
         /// Seconds per point.
         #[arg(long, default_value_t = 1)]
         seconds: u64,
-        /// Measurements per engine and point, interleaved with the kernel's (the main grid and
-        /// --remote).
-        #[arg(long, default_value_t = 3, conflicts_with_all = ["members", "p2p"])]
+        /// Measurements per engine and point, interleaved with the kernel's (not with --p2p).
+        #[arg(long, default_value_t = 3, conflicts_with = "p2p")]
         repeats: usize,
         /// Output folder (default target/bench, target/bench-volume with --members,
         /// target/bench-remote with --remote).
@@ -156,10 +156,16 @@ enum Cmd {
         /// randread, randwrite or both, comma-separated (volume and remote benchmarks).
         #[arg(long = "rw", value_delimiter = ',', default_value = "randread,randwrite", requires = "grid")]
         rws: Vec<String>,
-        /// Emulated controllers' backend: file, null or both (volume benchmark; file or null behind the
-        /// remote benchmark's target).
-        #[arg(long, default_value = "null", requires = "grid")]
-        backend: String,
+        /// Emulated controllers' backend: file, null or both (the main grid: both unless given;
+        /// volume benchmark: null unless given; file or null behind the remote benchmark's
+        /// target, null unless given).
+        #[arg(long)]
+        backend: Option<String>,
+        /// SPDK's `spdk_nvme_perf` as a third engine of the main grid, on the same controllers
+        /// (bound to uio_pci_generic for its turn), interleaved with the others; built by
+        /// `cargo xtask spdk`.
+        #[arg(long, conflicts_with_all = ["members", "remote", "p2p"])]
+        spdk: bool,
         /// Working set over the volume or the remote namespace.
         #[arg(long, value_parser = vm::parse_size, default_value = "1G", requires = "grid")]
         span: u64,
@@ -198,6 +204,21 @@ enum Cmd {
         seconds: u64,
         /// Measurements per engine and point.
         repeats: usize,
+        /// The controllers' backends, in PCI order.
+        #[arg(long, value_delimiter = ',', default_value = "file,null")]
+        backends: Vec<String>,
+        /// spdk_nvme_perf, for SPDK's turns.
+        #[arg(long)]
+        spdk: Option<String>,
+    },
+    /// Builds SPDK's `spdk_nvme_perf` (the release `cargo xtask bench --spdk` measures) from
+    /// SPDK's source against Debian's DPDK, into the cache (~/.cache/ugds/spdk-VERSION-KEY);
+    /// installs the Debian packages it needs. Prints the application's path.
+    Spdk {
+        /// SPDK's git repository (holding the release's tag) or the release's source tree; not
+        /// needed when the cache holds the build. Default: $UGDS_SPDK_SRC.
+        #[arg(long, value_name = "DIR")]
+        src: Option<PathBuf>,
     },
     /// (internal) The demo's steps inside the VM.
     #[command(hide = true)]
@@ -365,23 +386,31 @@ fn real_main() -> Result<()> {
             }
         }
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, repeats, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p } => {
+        Cmd::Bench { seconds, repeats, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p, spdk } => {
+            let grid_only = members.is_empty() && remote.is_none() && !p2p;
+            let backend = backend.unwrap_or_else(|| if grid_only { "both".into() } else { "null".into() });
             if p2p {
                 bench::p2p::run(seconds.max(1), out)?
             } else if let Some(transport) = remote {
                 let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats };
                 bench::remote::run(&grid.checked()?, out)?
             } else if members.is_empty() {
-                bench::run(seconds, repeats, out)?
+                bench::run(seconds, repeats, out, &bench::volume::backends(&backend)?, spdk)?
             } else {
                 let backends = bench::volume::backends(&backend)?;
-                let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk };
+                let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk, repeats };
                 bench::volume::run(&grid.checked()?, out)?
             }
         }
         Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
         Cmd::BenchRemoteGuest { cli, grid } => bench::remote::guest(&cli, &grid)?,
-        Cmd::BenchGuest { cli, fio_engine, seconds, repeats } => bench::guest(&cli, &fio_engine, seconds, repeats)?,
+        Cmd::BenchGuest { cli, fio_engine, seconds, repeats, backends, spdk } => {
+            bench::guest(&cli, &fio_engine, seconds, repeats, &backends, spdk.as_deref())?
+        }
+        Cmd::Spdk { src } => {
+            let src = src.or_else(|| std::env::var_os("UGDS_SPDK_SRC").map(PathBuf::from));
+            println!("{}", spdk::ensure(src.as_deref())?.perf().display());
+        }
         Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
         Cmd::Cost => {
             cost::run()?;

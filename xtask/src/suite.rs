@@ -276,8 +276,10 @@ pub fn run(plan: &Plan) -> Result<Summary> {
 /// stalling in early boot under QEMU 10). QEMU dying by a signal gets four more: bookworm's QEMU
 /// 7.2 crashed under the reset tests, which is why the suite runs on QEMU 10 where the cache has
 /// it, and QEMU 10.0.2 segfaults in the kmod variant's reset ledger test (a controller reset
-/// every 15 ms under two writers) in some boots on both kernels: five of eight boots of that
-/// variant in one day. Not understood; a QEMU backtrace is the next step. Every retry says why;
+/// every 50 ms under two writers) in some boots on both kernels: five of eight boots of that
+/// variant in one day. Its core dumps show a use-after-free in the emulator: its NVMe model
+/// completes a write whose submission queue it already freed (docs/testing.md has the
+/// evidence); the reset with writes in flight is what the test is for. Every retry says why;
 /// the last failure is returned.
 fn boot_with_retries<T>(label: &str, mut boot: impl FnMut() -> Result<T>) -> Result<T> {
     let mut boots = 1;

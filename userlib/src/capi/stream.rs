@@ -161,6 +161,27 @@ impl Library {
         Ok(sio)
     }
 
+    /// A stream registration call (`uGDSStreamRegister`, `cuFileStreamRegister`): sets up the
+    /// stream's state now (its words, and its dispatcher thread with the stream's context bound
+    /// and its io_uring made) instead of inside the first stream-ordered I/O, which an
+    /// application times. Registration never fails for it: when the library is not open or no
+    /// runtime loads, the first I/O sets it up (or reports why not) as before.
+    pub fn stream_prepare(&self, stream: usize) {
+        if !self.is_open() {
+            return;
+        }
+        match self.stream_io(stream, &[]) {
+            Ok(_) => {}
+            Err(f) => log::debug!("stream {stream:#x} is set up at its first I/O instead: {f:?}"),
+        }
+    }
+
+    /// Whether `stream` (a non-default stream) has its stream-ordered state set up.
+    pub fn stream_is_set_up(&self, stream: usize) -> bool {
+        let io = self.streams.io.lock().unwrap_or_else(|e| e.into_inner());
+        io.keys().any(|k| k.0 == stream)
+    }
+
     /// Forgets `stream` after the library's own work on it is done (never calls the stream).
     pub fn stream_forget(&self, stream: usize) {
         let gone: Vec<Arc<StreamIo>> = {

@@ -14,15 +14,20 @@ use crate::cmd::{self, Command};
 use crate::error::Error;
 use crate::inflight::{Failed, InFlight, Why};
 use crate::mmio::StatusView;
-use crate::queue::{self, QueuePair, Ticket, Waiter, MAX_BURST};
+use crate::queue::{self, Held, QueuePair, QueueWait, Ticket, Waiter, MAX_BURST};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::Status;
 
 /// How a lane submits to and collects from its queue pair.
 pub(crate) trait LaneQueue {
-    /// The queue pair (for what needs no ring state: depth, waiting, resync).
-    fn qp(&self) -> &QueuePair;
+    /// Entries per ring.
+    fn depth(&self) -> u32;
+    /// Its waiting state, for [`Waiter::pause`].
+    fn wait_state(&self) -> &Arc<QueueWait>;
+    /// Adopts the controller's new epoch after this thread's own reset (see
+    /// [`QueuePair::resync`]).
+    fn resync(&mut self, status: &StatusView);
     /// Submits a burst (see [`QueuePair::submit_tagged`]); returns the rings' epoch.
     fn submit(
         &mut self,
@@ -58,8 +63,16 @@ pub(crate) trait LaneQueue {
 pub(crate) struct Shared<'q>(pub(crate) &'q QueuePair);
 
 impl LaneQueue for Shared<'_> {
-    fn qp(&self) -> &QueuePair {
-        self.0
+    fn depth(&self) -> u32 {
+        self.0.depth()
+    }
+
+    fn wait_state(&self) -> &Arc<QueueWait> {
+        self.0.wait_state()
+    }
+
+    fn resync(&mut self, status: &StatusView) {
+        self.0.resync(status)
     }
 
     #[inline]
@@ -102,18 +115,26 @@ impl LaneQueue for Shared<'_> {
     }
 }
 
-/// A queue pair this thread owns: the `&mut` borrow proves nobody else uses its rings, so they
-/// are used with no lock.
+/// A queue pair's rings this thread holds (a queue pair it owns, or the device's queue it
+/// claimed): the borrow proves nobody else uses them, so they are used with no lock.
 ///
-/// Untagged collection is exact here: only the owner's own calls reset the rings (a new epoch
+/// Untagged collection is exact here: only the holder's own calls reset the rings (a new epoch
 /// seen by its submit or reap, reported to it as `EpochChanged`, or its own `resync` after its
 /// own reset), so the command ids of a burst cannot name another burst's commands.
 #[derive(Debug)]
-pub(crate) struct Owned<'q>(pub(crate) &'q mut QueuePair);
+pub(crate) struct Owned<'q>(pub(crate) Held<'q>);
 
 impl LaneQueue for Owned<'_> {
-    fn qp(&self) -> &QueuePair {
-        self.0
+    fn depth(&self) -> u32 {
+        self.0.depth()
+    }
+
+    fn wait_state(&self) -> &Arc<QueueWait> {
+        self.0.wait_state()
+    }
+
+    fn resync(&mut self, status: &StatusView) {
+        self.0.resync(status)
     }
 
     #[inline]
@@ -125,7 +146,7 @@ impl LaneQueue for Owned<'_> {
         timeout: Duration,
         cids: &mut [u16],
     ) -> crate::error::Result<u64> {
-        self.0.submit_owned(nsid, cmds, status, timeout, cids)
+        self.0.submit(nsid, cmds, status, timeout, cids)
     }
 
     #[inline]
@@ -136,7 +157,7 @@ impl LaneQueue for Owned<'_> {
         status: &StatusView,
         out: &mut [Option<Status>],
     ) -> crate::error::Result<usize> {
-        self.0.collect_owned(cids, status, out)
+        self.0.collect(cids, status, out)
     }
 
     #[inline]
@@ -147,12 +168,12 @@ impl LaneQueue for Owned<'_> {
         status: &StatusView,
         timeout: Duration,
     ) -> crate::error::Result<Ticket> {
-        self.0.submit_one_owned(nsid, cmd, status, timeout)
+        self.0.submit_one(nsid, cmd, status, timeout)
     }
 
     #[inline]
     fn collect_one(&mut self, t: Ticket, status: &StatusView) -> crate::error::Result<Option<Status>> {
-        self.0.collect_one_owned(t, status)
+        self.0.collect_one(t, status)
     }
 }
 
@@ -267,7 +288,7 @@ fn failure(ns: &Namespace, q: &mut impl LaneQueue, error: Error) -> Failed {
     match error {
         e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_)) => {
             if ns.reset_controller() {
-                q.qp().resync(&ns.dev.status);
+                q.resync(&ns.dev.status);
                 return e.into();
             }
             Failed::running(e, InFlight::new(Why::Command))
@@ -291,6 +312,7 @@ pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure
 /// [`run`] for one lane on queue `q` (this thread's shared queue of the lane's controller, or
 /// a queue pair on it the caller owns), its state on the stack: a namespace's synchronous
 /// request allocates nothing.
+#[inline]
 pub(crate) fn run_one(write: bool, lane: &Lane<'_>, mut q: impl LaneQueue) -> Result<(), LaneFailure> {
     if let [e] = lane.extents {
         if e.len > 0 && e.len <= lane.ns.max_command_bytes() && Arc::ptr_eq(&lane.reg.dev, &lane.ns.dev) {
@@ -307,6 +329,7 @@ pub(crate) fn run_one(write: bool, lane: &Lane<'_>, mut q: impl LaneQueue) -> Re
 /// A request that one command carries (the common synchronous read or write): built, submitted
 /// and waited for with no burst state, so its cost is the queue's own. Failures map as
 /// [`drive`]'s do.
+#[inline]
 fn one_command(
     write: bool,
     ns: &Namespace,
@@ -338,7 +361,7 @@ fn one_command(
             Err(err) => return Err(failure(ns, q, err)),
         }
         // The clock is read only every few thousand polls and after each sleep.
-        if wait.pause(q.qp().wait_state()) {
+        if wait.pause(q.wait_state()) {
             let now = Instant::now();
             if now.duration_since(*since.get_or_insert(now)) > ns.timeout {
                 // The command stays in flight until the reset clears it.
@@ -388,7 +411,7 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
                 let n = if failed {
                     0
                 } else {
-                    match st.fill(write, lane, q.qp().depth()) {
+                    match st.fill(write, lane, q.depth()) {
                         Ok(n) => n,
                         Err((e, off)) => {
                             // Nothing of the burst was built: nothing is in flight.
@@ -456,7 +479,7 @@ fn drive<'a, Q: LaneQueue>(write: bool, lanes: &[Lane<'a>], queues: &mut [Q], st
         let Some(w) = waiting else { continue };
         // The clock is read only every few thousand polls and after each sleep (each lane's
         // deadline counts from the first read after its burst went out).
-        if wait.pause(queues[w].qp().wait_state()) {
+        if wait.pause(queues[w].wait_state()) {
             let now = Instant::now();
             for ((lane, st), q) in lanes.iter().zip(states.iter_mut()).zip(queues.iter_mut()) {
                 if st.result.is_some() || st.n == 0 || st.got == st.n {
@@ -504,7 +527,7 @@ mod tests {
 
     /// Writes 8 KiB from host offset 0 to LBA 3 and reads it back to host offset 64 KiB.
     fn round_trip(q: &mut impl LaneQueue, status: &StatusView, segs: &[Segment]) {
-        assert_eq!(q.qp().depth(), 8);
+        assert_eq!(q.depth(), 8);
         // SAFETY: the mock's segments name its own memory, which only its device model touches;
         // each range is exactly the command's 2 blocks of 4096 bytes.
         let (src, dst) = unsafe { (DmaRange::new(segs, 0, 8192), DmaRange::new(segs, 65536, 8192)) };
@@ -522,7 +545,7 @@ mod tests {
             m.host_write(0, &data);
             let segs = m.segments().to_vec();
             if owned {
-                round_trip(&mut Owned(&mut m.qp), &m.status, &segs);
+                round_trip(&mut Owned(m.qp.held()), &m.status, &segs);
             } else {
                 round_trip(&mut Shared(&m.qp), &m.status, &segs);
             }
@@ -535,15 +558,15 @@ mod tests {
     fn flush(m: &mut MockQueue, owned: bool, resync: bool) -> crate::error::Result<()> {
         let status = &m.status;
         if owned {
-            let mut q = Owned(&mut m.qp);
+            let mut q = Owned(m.qp.held());
             if resync {
-                q.qp().resync(status);
+                q.resync(status);
             }
             one(&mut q, status, Flush::new().build())
         } else {
             let mut q = Shared(&m.qp);
             if resync {
-                q.qp().resync(status);
+                q.resync(status);
             }
             one(&mut q, status, Flush::new().build())
         }

@@ -12,7 +12,7 @@ use crate::{Buffer, Storage};
 
 /// A device over a mock made as `cfg` says, with per-command deadline `timeout`.
 pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, MockDevice)> {
-    let (dev, qp, mock) = device_over(cfg, timeout, true)?;
+    let (dev, qp, mock) = device_over(cfg, timeout, true, Vec::new())?;
     debug_assert!(qp.is_none());
     Ok((dev, mock))
 }
@@ -22,13 +22,40 @@ pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device,
 /// has no synchronous queue pair, so nothing but that batch may do I/O on it.
 #[cfg(test)]
 pub(crate) fn mock_batch_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, QueuePair, MockDevice)> {
-    let (dev, qp, mock) = device_over(cfg, timeout, false)?;
+    let (dev, qp, mock) = device_over(cfg, timeout, false, Vec::new())?;
     let qp = qp.ok_or_else(|| Error::invalid("cfg", "the mock's queue pair was kept"))?;
     Ok((dev, qp, mock))
 }
 
+/// A device over a mock made as `cfg` says, with `n` per-thread queues, each over a mock of its
+/// own made alike (returned in slot order). The mocks' status pages are apart: the device reads
+/// the first one's, so a test resets every mock to reset "the controller". A read on a thread's
+/// queue lands in its own mock's host memory, at the offset the buffer names.
+#[cfg(any(test, feature = "test-utils"))]
+pub(crate) fn mock_device_with_thread_queues(
+    cfg: MockConfig,
+    n: usize,
+    timeout: Duration,
+) -> Result<(Device, MockDevice, Vec<MockDevice>)> {
+    let mut thread = Vec::new();
+    let mut mocks = Vec::new();
+    for _ in 0..n {
+        let (qp, _status, _doorbells, mock) = MockQueue::with(cfg.clone())?.into_parts();
+        thread.push(qp);
+        mocks.push(mock);
+    }
+    let (dev, _, mock) = device_over(cfg, timeout, true, thread)?;
+    Ok((dev, mock, mocks))
+}
+
 /// A device over a new mock; its queue pair is the device's own when `keep`, else returned.
-fn device_over(cfg: MockConfig, timeout: Duration, keep: bool) -> Result<(Device, Option<QueuePair>, MockDevice)> {
+/// `thread` are its per-thread queues.
+fn device_over(
+    cfg: MockConfig,
+    timeout: Duration,
+    keep: bool,
+    thread: Vec<QueuePair>,
+) -> Result<(Device, Option<QueuePair>, MockDevice)> {
     let (block_size, blocks, depth) = (cfg.block_size, cfg.blocks, cfg.depth);
     let (qp, status, doorbells, mock) = MockQueue::with(cfg)?.into_parts();
     let (queues, spare) = if keep { (vec![qp], None) } else { (Vec::new(), Some(qp)) };
@@ -47,6 +74,7 @@ fn device_over(cfg: MockConfig, timeout: Duration, keep: bool) -> Result<(Device
         status: std::mem::ManuallyDrop::new(status),
         doorbells: std::mem::ManuallyDrop::new(doorbells),
         queues: std::mem::ManuallyDrop::new(queues),
+        threads: std::mem::ManuallyDrop::new(Arc::new(ThreadQueues::new(0, thread))),
         timeout,
         max_cmd_bytes: MAX_CMD_BYTES,
         dptr: DptrPolicy::PRP_ONLY,
@@ -101,6 +129,8 @@ pub struct MockStorage {
     /// A buffer registered on it, over all of the mock's host memory.
     pub buffer: Buffer,
     device: MockDevice,
+    /// The per-thread queue's device, when there is one (it is the one stepped).
+    _thread: Vec<MockDevice>,
 }
 
 impl std::fmt::Debug for MockStorage {
@@ -117,7 +147,19 @@ impl MockStorage {
         let storage = Storage::direct(&dev, 1)?;
         let buffer = mock_buffer(&storage, &dev, &device)?;
         device.step_on_idle_polls();
-        Ok(MockStorage { storage, buffer, device })
+        Ok(MockStorage { storage, buffer, device, _thread: Vec::new() })
+    }
+
+    /// [`MockStorage::stepped`] whose device has one per-thread queue (over a mock of its own,
+    /// the one stepped): the calling thread's reads claim it, as a thread does where the
+    /// controller has queues to spare. The shared queue's mock is never stepped.
+    pub fn stepped_thread_queue(cfg: MockConfig) -> Result<Self> {
+        let cfg = MockConfig { stepped: true, ..cfg };
+        let (dev, device, thread) = mock_device_with_thread_queues(cfg, 1, Duration::from_secs(5))?;
+        let storage = Storage::direct(&dev, 1)?;
+        let buffer = mock_buffer(&storage, &dev, &device)?;
+        thread.iter().for_each(MockDevice::step_on_idle_polls);
+        Ok(MockStorage { storage, buffer, device, _thread: thread })
     }
 }
 

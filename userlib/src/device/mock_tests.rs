@@ -64,15 +64,31 @@ fn one_command_requests_move_data_and_report_their_status() {
 }
 
 /// A stepped mock behind a `Storage` answers the reader's own idle polls (what the cost
-/// benchmark's whole-read mode relies on): reads complete on one thread, with no device thread,
-/// and stop being answered once the mock storage is gone.
+/// benchmark's whole-read modes rely on), on the shared queue and on the thread's own: reads
+/// complete on one thread, with no device thread, and stop being answered once the mock
+/// storage is gone.
 #[test]
 fn a_stepped_mock_storage_answers_on_the_readers_thread() {
-    let m = super::mock_device::MockStorage::stepped(MockConfig::default()).unwrap();
-    for k in 0..8u64 {
-        assert_eq!(m.storage.read(&m.buffer, k * 4096, k * 4096, 4096).unwrap(), 4096);
-    }
-    assert_eq!(m.buffer.inflight(), 0);
-    drop(m);
-    assert!(!crate::mock::stepping_on_idle_polls(), "no model is stepped on this thread's polls any more");
+    use super::mock_device::MockStorage;
+    // On a thread of its own: the per-thread queue's claim is this thread's.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for own in [false, true] {
+                let m = if own {
+                    MockStorage::stepped_thread_queue(MockConfig::default())
+                } else {
+                    MockStorage::stepped(MockConfig::default())
+                }
+                .unwrap();
+                for k in 0..8u64 {
+                    assert_eq!(m.storage.read(&m.buffer, k * 4096, k * 4096, 4096).unwrap(), 4096);
+                }
+                assert_eq!(m.buffer.inflight(), 0);
+                drop(m);
+                assert!(!crate::mock::stepping_on_idle_polls(), "no model is stepped on this thread's polls any more");
+            }
+        })
+        .join()
+        .unwrap()
+    });
 }

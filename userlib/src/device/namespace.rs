@@ -1,7 +1,7 @@
 //! [`Namespace`]: where a controller's reads and writes go, and the checks that a namespace and
 //! an optional command can be used at all.
 
-use super::{lanes, thread_index, Inner, Registration, WaitPolicy};
+use super::{lanes, thread_index, thread_queues, Inner, Registration, WaitPolicy};
 use crate::cmd::{self, Command, DsmRange};
 use crate::error::{Error, Result};
 use crate::inflight::IoResult;
@@ -146,10 +146,12 @@ impl Namespace {
     }
 
     /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset`, in
-    /// bursts of commands all in flight at once. The request was checked by [`crate::Storage`]
-    /// (the PRP builder still refuses a range outside the registration). On a timeout the
-    /// controller is reset; when that fails the failure carries an [`InFlight`] token (the
-    /// commands may still run), and the caller must keep the memory pinned with it.
+    /// bursts of commands all in flight at once, on the calling thread's own queue pair where
+    /// it has one (see [`DeviceOptions::thread_queues`](super::DeviceOptions)), else on a
+    /// shared one. The request was checked by [`crate::Storage`] (the PRP builder still
+    /// refuses a range outside the registration). On a timeout the controller is reset; when
+    /// that fails the failure carries an [`InFlight`] token (the commands may still run), and
+    /// the caller must keep the memory pinned with it.
     pub(crate) fn rw(
         &self,
         write: bool,
@@ -158,10 +160,24 @@ impl Namespace {
         dev_offset: u64,
         len: u64,
     ) -> IoResult<()> {
-        self.rw_on(lanes::Shared(self.queue()), write, reg, reg_offset, dev_offset, len)
+        // Before the thread's claim is looked at: a forked child's claims are its parent's.
+        self.dev.born.check("device")?;
+        let dev = &self.dev;
+        // Written in place by the closure: returned through `with_own`'s layers, the result (a
+        // hundred bytes) was copied at each.
+        let mut own = None;
+        thread_queues::with_own(
+            &dev.threads,
+            || dev.create_thread_queue(),
+            |held| own = Some(self.rw_on(lanes::Owned(held), write, reg, reg_offset, dev_offset, len)),
+        );
+        match own {
+            Some(r) => r,
+            None => self.rw_on(lanes::Shared(self.queue()), write, reg, reg_offset, dev_offset, len),
+        }
     }
 
-    /// [`Namespace::rw`] on queue `q` (one of the device's shared queues, or an owned one).
+    /// [`Namespace::rw`] on queue `q`: the thread's own, a shared one, or one the caller owns.
     pub(super) fn rw_on(
         &self,
         q: impl lanes::LaneQueue,
@@ -171,7 +187,6 @@ impl Namespace {
         dev_offset: u64,
         len: u64,
     ) -> IoResult<()> {
-        // The one entry of every synchronous request, shared or owned queue.
         self.dev.born.check("device")?;
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };

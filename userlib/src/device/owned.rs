@@ -88,7 +88,7 @@ impl OwnedQueuePair {
         dev_offset: u64,
         len: u64,
     ) -> IoResult<()> {
-        self.ns.rw_on(Owned(&mut self.qp), write, reg, reg_offset, dev_offset, len)
+        self.ns.rw_on(Owned(self.qp.held()), write, reg, reg_offset, dev_offset, len)
     }
 }
 

@@ -443,6 +443,10 @@ unsafe extern "C" fn run_host_fn(data: *mut c_void) {
 }
 
 impl Stream for CudaStream {
+    fn bind_thread(&self) -> Result<()> {
+        self.cuda.bind()
+    }
+
     fn completion_word(&self) -> Result<CompletionWord> {
         let _ctx = self.cuda.enter()?;
         let mut p = std::ptr::null_mut();

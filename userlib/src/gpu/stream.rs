@@ -102,6 +102,11 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
         let word = word.clone();
         self.host_fn(Box::new(move || word.store(value)))
     }
+    /// Makes the stream's context current on the calling thread and leaves it so (a thread of
+    /// the library's own that serves the stream: its GPU calls then find the context bound).
+    fn bind_thread(&self) -> Result<()> {
+        Ok(())
+    }
     /// Blocks until everything queued so far is done.
     fn synchronize(&self) -> Result<()>;
     /// The runtime's handle (`CUstream` for CUDA), for callers that launch their own work.

@@ -292,6 +292,19 @@ impl MockDevice {
         m.backing.get(a..b).map(<[u8]>::to_vec).unwrap_or_default()
     }
 
+    /// What the device did so far.
+    #[cfg(test)]
+    pub(crate) fn stats(&self) -> MockStats {
+        self.model.lock().unwrap_or_else(|p| p.into_inner()).stats
+    }
+
+    /// Resets the controller as the module does (see [`MockQueue::reset_controller`]).
+    #[cfg(test)]
+    pub(crate) fn reset_controller(&self) {
+        let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        m.reset(std::mem::offset_of!(StatusPage, state));
+    }
+
     /// Sets or clears the status page's faulted flag.
     pub(crate) fn set_faulted(&self, on: bool) {
         let m = self.model.lock().unwrap_or_else(|p| p.into_inner());

@@ -52,9 +52,13 @@ impl Cids {
     /// Takes a free id; it is in flight from now on.
     #[inline]
     pub(crate) fn alloc(&mut self) -> Option<u16> {
-        self.nfree = self.nfree.checked_sub(1)?;
-        let cid = self.free[self.nfree];
-        self.state[cid as usize] = BUSY;
+        let top = self.nfree.checked_sub(1)?;
+        // SAFETY: `top < nfree <= free.len()` (invariant), so the read is in bounds.
+        let cid = unsafe { *self.free.get_unchecked(top) };
+        self.nfree = top;
+        // SAFETY: every id on the stack is below `state.len()` (invariant: the stack holds ids of
+        // `state`, each once).
+        unsafe { *self.state.get_unchecked_mut(cid as usize) = BUSY };
         // INVARIANT: popped from the stack and no longer FREE.
         Some(cid)
     }
@@ -103,11 +107,18 @@ impl Cids {
         }
     }
 
+    /// Frees `cid`, which callers found not FREE (and not id 0) in `state`.
+    #[inline]
     fn put(&mut self, cid: u16) {
         self.state[cid as usize] = FREE;
-        self.free[self.nfree] = cid;
-        // INVARIANT: the id was not FREE, so it was not on the stack, and the stack has room.
-        self.nfree += 1;
+        // An id that was not FREE was not on the stack, so the stack has room: `nfree <
+        // free.len()` by the invariant (`free.len() + 1 == state.len()` ids, id 0 never on it).
+        // Checked anyway where that does not hold (a caller breaking it), without unsafe code.
+        if let Some(slot) = self.free.get_mut(self.nfree) {
+            *slot = cid;
+            // INVARIANT: the id was not FREE, so it was not on the stack, and the stack has room.
+            self.nfree += 1;
+        }
     }
 
     /// Every id free again (the controller re-created the queue; its commands are gone).

@@ -12,9 +12,11 @@
 //! that finds completions.
 
 mod cids;
+mod held;
 mod reap;
 mod wait;
 
+pub(crate) use held::{ClaimableQueue, Held, RingsClaim};
 #[cfg(any(test, feature = "test-utils"))]
 pub use reap::Completion;
 #[cfg(feature = "test-utils")]
@@ -33,7 +35,7 @@ use crate::sys::DeviceFd;
 use cids::Cids;
 use parking_lot::{Mutex, MutexGuard};
 use std::ops::DerefMut;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_uapi::ioctl::CreateQpair;
@@ -61,8 +63,6 @@ pub struct Rings {
     armed: bool,
     /// Polls that found nothing since the epoch was last read.
     idle: u32,
-    /// Transfers written, by data pointer.
-    dptr: DptrCounts,
 }
 
 /// Transfers (reads and writes) a queue pair wrote, by the kind of data pointer they got: what
@@ -75,6 +75,32 @@ pub struct DptrCounts {
     pub sgl: u64,
     /// Of those, SGLs with a segment in the list page (more than one data block).
     pub sgl_lists: u64,
+}
+
+/// [`DptrCounts`] kept beside the rings, readable without them (a thread's claimed queue holds
+/// its rings for good). Only a holder of the rings writes them (under the lock, or as their
+/// single owner or claimer), so an increment is a load and a store, not an atomic
+/// read-modify-write, and loses nothing.
+#[derive(Debug, Default)]
+struct DptrCounters {
+    prp: AtomicU64,
+    sgl: AtomicU64,
+    sgl_lists: AtomicU64,
+}
+
+impl DptrCounters {
+    #[inline]
+    fn bump(c: &AtomicU64) {
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> DptrCounts {
+        DptrCounts {
+            prp: self.prp.load(Ordering::Relaxed),
+            sgl: self.sgl.load(Ordering::Relaxed),
+            sgl_lists: self.sgl_lists.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl std::ops::AddAssign for DptrCounts {
@@ -122,6 +148,8 @@ struct Core {
     /// The module's file, to re-arm the queue after a reset (`None` over the device model,
     /// which re-creates its queue itself).
     fd: Option<Arc<DeviceFd>>,
+    /// Transfers written, by data pointer.
+    dptr: DptrCounters,
 }
 
 impl Core {
@@ -183,17 +211,20 @@ impl QueuePair {
         cq_db.ring(0);
         // INVARIANT: memory sizes checked above; both rings have `depth` slots.
         Ok(QueuePair {
-            core: Core { qid, depth, sq_mem, cq_mem, prp, sq_db, cq_db, policy, wait: Arc::new(wait), fd: None },
-            rings: Mutex::new(Rings {
-                sq,
-                cq,
-                cids: Cids::new(depth),
-                epoch,
-                broken: false,
-                armed: true,
-                idle: 0,
-                dptr: DptrCounts::default(),
-            }),
+            core: Core {
+                qid,
+                depth,
+                sq_mem,
+                cq_mem,
+                prp,
+                sq_db,
+                cq_db,
+                policy,
+                wait: Arc::new(wait),
+                fd: None,
+                dptr: DptrCounters::default(),
+            },
+            rings: Mutex::new(Rings { sq, cq, cids: Cids::new(depth), epoch, broken: false, armed: true, idle: 0 }),
         })
     }
 
@@ -209,7 +240,7 @@ impl QueuePair {
 
     /// Transfers written so far, by data pointer (PRPs or an SGL).
     pub fn dptr_counts(&self) -> DptrCounts {
-        self.lock().dptr
+        self.core.dptr.get()
     }
 
     #[inline]
@@ -233,14 +264,6 @@ impl QueuePair {
     pub fn submission(&self, nsid: u32, status: &StatusView) -> Result<Submission<'_>> {
         let mut rings = self.lock();
         check_epoch(&self.core, &mut rings, status)?;
-        Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
-    }
-
-    /// [`QueuePair::submission`] for the queue's single owner: no lock.
-    #[inline]
-    pub fn submission_owned(&mut self, nsid: u32, status: &StatusView) -> Result<Submission<'_, &mut Rings>> {
-        let rings = self.rings.get_mut();
-        check_epoch(&self.core, rings, status)?;
         Ok(Submission { core: &self.core, rings, nsid, pushed: 0 })
     }
 
@@ -296,12 +319,7 @@ impl QueuePair {
         timeout: Duration,
         cids: &mut [u16],
     ) -> Result<u64> {
-        let n = self.check_burst(cmds, cids)?;
-        if n == 0 {
-            // As the shared call: an empty burst only reads the epoch.
-            return Ok(self.rings.get_mut().epoch);
-        }
-        self.submission_owned_with_room(nsid, n, status, timeout, &cmds[0])?.push_all(cmds, cids)
+        self.held().submit(nsid, cmds, status, timeout, cids)
     }
 
     /// Writes one command into a free slot (waiting for room up to `timeout`) and rings the
@@ -313,6 +331,7 @@ impl QueuePair {
     }
 
     /// [`QueuePair::submit_one`] for the queue's single owner: no lock.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     #[inline]
     pub fn submit_one_owned(
         &mut self,
@@ -321,7 +340,7 @@ impl QueuePair {
         status: &StatusView,
         timeout: Duration,
     ) -> Result<Ticket> {
-        self.submission_owned_with_room(nsid, 1, status, timeout, cmd)?.push_one(cmd)
+        self.held().submit_one(nsid, cmd, status, timeout)
     }
 
     /// A submission with room for `n` commands (reaping what completed), waiting for room up to
@@ -347,24 +366,6 @@ impl QueuePair {
         Ok(sub)
     }
 
-    /// [`QueuePair::submission_with_room`] for the queue's single owner: no lock.
-    #[inline(always)]
-    fn submission_owned_with_room(
-        &mut self,
-        nsid: u32,
-        n: usize,
-        status: &StatusView,
-        timeout: Duration,
-        first: &Command<'_>,
-    ) -> Result<Submission<'_, &mut Rings>> {
-        let mut sub = self.submission_owned(nsid, status)?;
-        let mut wait = Wait::default();
-        while !sub.make_room(n, status)? {
-            wait.spin(first, timeout)?;
-        }
-        Ok(sub)
-    }
-
     /// Reaps the queue and returns the status of the command `t` names once it completed (its id
     /// is free again then); `None` while it runs. `EpochChanged` once a reset wiped it.
     #[inline]
@@ -373,18 +374,15 @@ impl QueuePair {
     }
 
     /// [`QueuePair::collect_one`] for the queue's single owner: no lock.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     #[inline]
     pub fn collect_one_owned(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
-        collect_one_in(&self.core, self.rings.get_mut(), t, status)
+        self.held().collect_one(t, status)
     }
 
     /// The burst's length, when it fits the queue and `cids`.
     fn check_burst(&self, cmds: &[Command<'_>], cids: &[u16]) -> Result<usize> {
-        let n = cmds.len();
-        if n >= self.core.depth as usize || cids.len() < n {
-            return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", self.core.depth)));
-        }
-        Ok(n)
+        check_burst(&self.core, cmds, cids)
     }
 
     /// Reaps the queue and collects the completions of `cids` that arrived: for each `i` with
@@ -399,9 +397,7 @@ impl QueuePair {
 
     /// [`QueuePair::collect`] for the queue's single owner: no lock.
     pub fn collect_owned(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
-        let r = self.rings.get_mut();
-        let epoch = r.epoch;
-        collect_in(&self.core, r, epoch, cids, status, out)
+        self.held().collect(cids, status, out)
     }
 
     /// [`QueuePair::collect`] for a burst [`QueuePair::submit_tagged`] put into the rings of
@@ -457,6 +453,15 @@ impl QueuePair {
             }
         }
     }
+}
+
+/// The burst's length, when it fits the queue and `cids`.
+fn check_burst(core: &Core, cmds: &[Command<'_>], cids: &[u16]) -> Result<usize> {
+    let n = cmds.len();
+    if n >= core.depth as usize || cids.len() < n {
+        return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", core.depth)));
+    }
+    Ok(n)
 }
 
 /// Checks the controller's epoch and fault flag against the rings' (one load: the module
@@ -685,11 +690,11 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
             bus: core.prp.bus(cid as usize * PAGE as usize),
         };
         match cmd.write(&slot, cid, self.nsid, &page, core.policy) {
-            Ok(Dptr::Prp) => r.dptr.prp += 1,
-            Ok(Dptr::Sgl) => r.dptr.sgl += 1,
+            Ok(Dptr::Prp) => DptrCounters::bump(&core.dptr.prp),
+            Ok(Dptr::Sgl) => DptrCounters::bump(&core.dptr.sgl),
             Ok(Dptr::SglList) => {
-                r.dptr.sgl += 1;
-                r.dptr.sgl_lists += 1;
+                DptrCounters::bump(&core.dptr.sgl);
+                DptrCounters::bump(&core.dptr.sgl_lists);
             }
             Ok(Dptr::Other) => {}
             Err(e) => {

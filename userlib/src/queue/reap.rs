@@ -91,7 +91,10 @@ fn apply_sq_head(qp: &Core, r: &mut Rings, head: u16) -> std::result::Result<(),
     }
     let mut i = old;
     while i != head {
-        qp.sq_mem.store64(i as usize * SQE_BYTES, 0);
+        // SAFETY: `i` starts at the ring's old head (below depth: `Sq`'s invariant) and wraps at
+        // depth, so `i < depth`; `sq_mem` holds `depth` entries (`Core`'s invariant), so the
+        // first 8 bytes of entry `i` lie in it, 8-byte aligned.
+        unsafe { qp.sq_mem.store64_unchecked(i as usize * SQE_BYTES, 0) };
         i = if u32::from(i) + 1 == qp.depth { 0 } else { i + 1 };
     }
     Ok(())

@@ -130,8 +130,8 @@ fn distance(from: u16, to: u16, depth: u32) -> u32 {
     }
 }
 
-/// One claimed SQ slot. The command is written straight into it, each of the entry's eight
-/// quadwords exactly once: no 64-byte entry is built elsewhere and copied.
+/// One claimed SQ slot. The command is written into it in one call, each of the entry's eight
+/// quadwords exactly once (built in registers, not in a 64-byte entry elsewhere that is copied).
 ///
 /// # Invariants
 ///
@@ -145,13 +145,11 @@ pub struct SqSlot<'m, M: ?Sized> {
 }
 
 impl<M: QueueMemory + ?Sized> SqSlot<'_, M> {
-    /// Stores quadword `i` (`0..8`) of the entry: bytes `8 * i..8 * i + 8` (little-endian).
+    /// Stores the whole entry, quadword `i` from `q[i]`, each once.
     #[inline]
-    pub fn store(&self, i: usize, v: u64) {
-        debug_assert!(i < SQE_BYTES / 8);
-        // SAFETY: `8 * (i % 8) + 8 <= 64`, so the quadword lies in the slot, which lies in `mem`
-        // and is 64-byte aligned (invariant).
-        unsafe { self.mem.store64_unchecked(self.off + 8 * (i % 8), v) }
+    pub fn store_all(&self, q: [u64; 8]) {
+        // SAFETY: the slot's 64 bytes lie in `mem`, 64-byte aligned (invariant).
+        unsafe { self.mem.store_entry_unchecked(self.off, &q) }
     }
 
     /// The slot's index in the ring.
@@ -175,7 +173,7 @@ mod tests {
         for want in [0, 1] {
             let slot = sq.push(&mem).unwrap();
             assert_eq!(slot.index(), want);
-            slot.store(7, 0xABCD);
+            slot.store_all([0, 0, 0, 0, 0, 0, 0, 0xABCD]);
         }
         assert!(sq.push(&mem).is_none(), "full at depth - 1");
         assert_eq!(mem.load64(SQE_BYTES + 56), 0xABCD);

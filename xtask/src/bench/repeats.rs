@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 /// the smallest.
 pub const NOISY: f64 = 1.5;
 
-/// The latency fields a point's medians are taken of (those the point has).
-const LATENCIES: &[&str] = &["p50_us", "p99_us", "lat_p50_us", "lat_p99_us"];
+/// The fields besides `iops` a point's medians are taken of (those the point has): latencies,
+/// and SPDK's own throughput and average, min and max latency.
+const LATENCIES: &[&str] = &["p50_us", "p99_us", "lat_p50_us", "lat_p99_us", "mib_s", "avg_us", "min_us", "max_us"];
 
 /// The median (the mean of the middle two for an even count); 0 for none.
 pub fn median(v: &[f64]) -> f64 {
@@ -31,7 +32,7 @@ fn num(v: &Value, k: &str) -> Option<f64> {
 
 /// One point per engine and position on the grid (`keys`, with `engine`) from the repeats'
 /// points, in first-seen order: the first repeat's fields, `iops` and the latencies replaced by
-/// their medians, plus `iops_repeats` (in the order measured) and `iops_spread` (largest over
+/// their medians (SPDK's MiB/s and average, min and max latency too), plus `iops_repeats` (in the order measured) and `iops_spread` (largest over
 /// smallest).
 pub fn merge(points: &[Value], keys: &[&str]) -> Vec<Value> {
     let same = |a: &Value, b: &Value| a["engine"] == b["engine"] && keys.iter().all(|k| a[*k] == b[*k]);
@@ -143,12 +144,27 @@ pub fn summary(rs: &[Ratio]) -> (Option<f64>, usize) {
 /// the side the previous one ended on (`start` for the first), so a side's turn needs one
 /// switch (a rebind of the controller) per round. `true` is the second side.
 pub fn order(repeats: usize, start: bool) -> Vec<(usize, bool)> {
-    let mut side = start;
-    let mut out = Vec::with_capacity(repeats * 2);
+    snake(repeats, 2, usize::from(start)).into_iter().map(|(r, s)| (r, s == 1)).collect()
+}
+
+/// The order of a point's measurements over `sides` sides in a line, where a switch costs one
+/// step between neighbours (the ugds driver, the kernel's nvme driver, uio_pci_generic for
+/// SPDK): `repeats` rounds, each visiting every side once, end to end, each round going back
+/// the way the previous one came, so a round starts on the side the last one ended on. The
+/// first round starts at the end nearer `start` (the side the controller is with), the first
+/// end on a tie. Returns (repeat, side) pairs.
+pub fn snake(repeats: usize, sides: usize, start: usize) -> Vec<(usize, usize)> {
+    let last = sides.saturating_sub(1);
+    let at = start.min(last);
+    let mut forward = at <= last - at;
+    let mut out = Vec::with_capacity(repeats * sides);
     for r in 0..repeats {
-        out.push((r, side));
-        out.push((r, !side));
-        side = !side;
+        if forward {
+            out.extend((0..sides).map(|s| (r, s)));
+        } else {
+            out.extend((0..sides).rev().map(|s| (r, s)));
+        }
+        forward = !forward;
     }
     out
 }
@@ -222,5 +238,24 @@ mod tests {
         assert_eq!(o, vec![(0, true), (0, false), (1, false), (1, true)]);
         let switches = o.windows(2).filter(|w| w[0].1 != w[1].1).count();
         assert_eq!(switches, 2);
+    }
+
+    /// Three sides in a line (ugds, kernel, SPDK): every round measures each once, rounds go
+    /// back and forth, so consecutive measurements are never more than one switch apart; from
+    /// the middle (the kernel's driver, where a controller starts) the first end is nearer.
+    #[test]
+    fn three_sides_snake_with_single_steps() {
+        let o = snake(3, 3, 1);
+        assert_eq!(o, vec![(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0), (2, 0), (2, 1), (2, 2)]);
+        assert!(o.windows(2).all(|w| w[0].1.abs_diff(w[1].1) <= 1));
+        for r in 0..3 {
+            let mut sides: Vec<usize> = o.iter().filter(|(rr, _)| *rr == r).map(|(_, s)| *s).collect();
+            sides.sort();
+            assert_eq!(sides, [0, 1, 2]);
+        }
+        // Ending on SPDK's side (2), the next point starts there.
+        assert_eq!(snake(2, 3, 2), vec![(0, 2), (0, 1), (0, 0), (1, 0), (1, 1), (1, 2)]);
+        assert_eq!(snake(1, 3, 0)[0], (0, 0));
+        assert_eq!(snake(2, 1, 0), vec![(0, 0), (1, 0)]);
     }
 }

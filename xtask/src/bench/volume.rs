@@ -1,11 +1,13 @@
 //! `cargo xtask bench --members 1,2,4`: a striped ugds volume against the kernel's md RAID0 (fio,
 //! io_uring, O_DIRECT) over the same emulated controllers, per member count; one VM boot with as
-//! many controllers per backend as the largest member count. Writes JSON, a markdown table with
-//! ratios and scaling per point, and PNG scaling plots (members on the x axis).
+//! many controllers per backend as the largest member count. Each point is measured `--repeats`
+//! times per engine, the engines taking turns (see [`super::repeats`]): the controllers move
+//! between the kernel's nvme driver (md) and ugds at each turn, which costs a rebind per round,
+//! outside the measured time. Writes JSON, a markdown table with median ratios, their range and
+//! scaling per point, and PNG scaling plots (members on the x axis).
 
-use super::{
-    check_axes, f, fio_point, iops_cells, json_nums, json_strs, points_from, register_font, sh, ugds_point, Job, MARK,
-};
+use super::repeats::{self, Ratio};
+use super::{check_axes, f, fio_point, json_nums, json_strs, points_from, register_font, sh, ugds_point, Job, MARK};
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 
 /// Bytes per emulated controller (each member uses at most `span` of it).
 const CONTROLLER_BYTES: u64 = 2 << 30;
+/// What a point is, besides its engine (the keys its repeats are merged on).
+const KEYS: &[&str] = &["backend", "members", "rw", "size", "depth"];
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +40,8 @@ pub struct Grid {
     pub span: u64,
     /// Chunk size (ugds volume and md RAID0 alike).
     pub chunk: u64,
+    /// Measurements per engine and point, the engines taking turns.
+    pub repeats: usize,
 }
 
 /// The default grid's sizes.
@@ -55,6 +61,9 @@ impl Grid {
         check_axes(&self.sizes, &self.depths, &self.rws, self.span)?;
         if self.backends.is_empty() {
             bail!("the grid is empty (--backend needs a value)");
+        }
+        if self.repeats == 0 {
+            bail!("--repeats must be at least 1");
         }
         if let Some(b) = self.backends.iter().find(|b| !matches!(b.as_str(), "file" | "null")) {
             bail!("--backend takes file, null or both, not {b}");
@@ -81,7 +90,8 @@ impl Grid {
     /// As JSON (what the guest gets, and what the results record).
     pub fn to_json(&self) -> Value {
         json!({"members": self.members, "sizes": self.sizes, "depths": self.depths, "rws": self.rws,
-               "backends": self.backends, "seconds": self.seconds, "span": self.span, "chunk": self.chunk})
+               "backends": self.backends, "seconds": self.seconds, "span": self.span, "chunk": self.chunk,
+               "repeats": self.repeats})
     }
 
     /// From [`Grid::to_json`]'s form.
@@ -96,6 +106,8 @@ impl Grid {
             seconds: num("seconds")?,
             span: num("span")?,
             chunk: num("chunk")?,
+            // Recorded before repeats existed: one measurement per engine and point.
+            repeats: v["repeats"].as_u64().unwrap_or(1) as usize,
         }
         .checked()
     }
@@ -126,8 +138,9 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
         }
     }
     let points_total = 2 * grid.points() * grid.backends.len();
-    // Under TCG a point costs its seconds plus a few for fio or the CLI to start and warm up.
-    let estimate = points_total as u64 * (grid.seconds + 4);
+    // Under TCG a measurement costs its seconds plus a few for fio or the CLI to start and warm
+    // up, and each round a rebind of the controllers.
+    let estimate = (points_total * grid.repeats) as u64 * (grid.seconds + 5);
     let cfg = vm::VmConfig {
         nvme,
         iommu: false,
@@ -145,12 +158,13 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     };
     eprintln!(
         "bench: booting the VM ({points_total} points: members {:?} x {} sizes x {} depths x {} rw x 2 engines x {} \
-         backend(s), {} s each; about {} min)",
+         backend(s), {} times each, interleaved, {} s per measurement; about {} min)",
         grid.members,
         grid.sizes.len(),
         grid.depths.len(),
         grid.rws.len(),
         grid.backends.len(),
+        grid.repeats,
         grid.seconds,
         estimate.div_ceil(60)
     );
@@ -158,10 +172,12 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     if outcome.code != 0 {
         bail!("the volume benchmark failed in the VM (exit {})", outcome.code);
     }
-    let points = points_from(&outcome.output)?;
+    let raw = points_from(&outcome.output)?;
+    let points = merged(&raw);
     let dir = out.unwrap_or_else(|| root.join("target/bench-volume"));
     std::fs::create_dir_all(&dir)?;
-    let all = json!({ "grid": grid.to_json(), "points": points, "vm_seconds": t.elapsed().as_secs() });
+    let all = json!({ "grid": grid.to_json(), "points": points, "measurements": raw,
+                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs() });
     std::fs::write(dir.join("volume-results.json"), serde_json::to_string_pretty(&all)?)?;
     let md = table(grid, &points);
     std::fs::write(dir.join("volume-results.md"), &md)?;
@@ -173,6 +189,19 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
         t.elapsed()
     );
     Ok(())
+}
+
+/// One point per engine and position from the repeats' measurements, each ugds volume point
+/// with its ratio against md beside it (`iops_ratio`, `iops_ratio_range`, `noisy`).
+pub fn merged(raw: &[Value]) -> Vec<Value> {
+    let mut points = repeats::merge(raw, KEYS);
+    let kernel: Vec<Value> = points.iter().filter(|p| p["engine"] == "kernel").cloned().collect();
+    for u in points.iter_mut().filter(|p| p["engine"] == "ugds") {
+        if let Some(k) = kernel.iter().find(|k| KEYS.iter().all(|key| k[*key] == u[*key])) {
+            repeats::annotate(u, repeats::ratio(u, k));
+        }
+    }
+    points
 }
 
 fn find<'a>(
@@ -211,28 +240,33 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
     for backend in &grid.backends {
         let _ = writeln!(
             s,
-            "\n### {backend}-backed controllers\n\nugds/kernel IOPS per member count (geometric mean over sizes and depths; min–max):\n\n| members | {} |\n| ---: |{}",
+            "\n### {backend}-backed controllers\n\nugds/kernel IOPS per member count (geometric mean over sizes and depths of the per-point median ratios; min–max; noisy points left out):\n\n| members | {} |\n| ---: |{}",
             grid.rws.join(" | "),
             " ---: |".repeat(grid.rws.len())
         );
         for &n in &grid.members {
             let mut row = format!("| {n} |");
             for rw in &grid.rws {
-                let ratios: Vec<f64> = grid
+                let rs: Vec<Ratio> = grid
                     .sizes
                     .iter()
                     .flat_map(|size| grid.depths.iter().map(move |d| (size, *d)))
                     .filter_map(|(size, d)| {
                         let k = find(points, backend, "kernel", n, rw, size, d)?;
                         let u = find(points, backend, "ugds", n, rw, size, d)?;
-                        Some(f(u, "iops") / f(k, "iops").max(1.0))
+                        Some(repeats::ratio(u, k))
                     })
                     .collect();
-                match spread(&ratios) {
+                let good: Vec<f64> = rs.iter().filter(|r| !r.noisy).map(|r| r.median).collect();
+                let noisy = rs.len() - good.len();
+                let noted = if noisy > 0 { format!(", {noisy} noisy left out") } else { String::new() };
+                match spread(&good) {
                     Some((g, lo, hi)) => {
-                        let _ = write!(row, " {g:.2}x ({lo:.2}–{hi:.2}) |");
+                        let _ = write!(row, " {g:.2}x ({lo:.2}–{hi:.2}{noted}) |");
                     }
-                    None => row.push_str(" – |"),
+                    None => {
+                        let _ = write!(row, " –{noted} |");
+                    }
                 }
             }
             let _ = writeln!(s, "{row}");
@@ -258,8 +292,10 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
                         };
                         let _ = writeln!(
                             s,
-                            "| {rw} | {size} | {depth} | {n} | {} | {:.0} | {:.0} | {:.2}x | {} | {} |",
-                            iops_cells(k, u),
+                            "| {rw} | {size} | {depth} | {n} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.2}x | {} | {} |",
+                            f(k, "iops"),
+                            f(u, "iops"),
+                            repeats::cell(repeats::ratio(u, k)),
                             f(k, "p50_us"),
                             f(u, "p50_us"),
                             f(u, "p50_us") / f(k, "p50_us").max(0.001),
@@ -297,8 +333,12 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
     }
     let _ = writeln!(
         s,
-        "\nScaling: IOPS against the same engine's {base}-member figure at the same point. ugds/kernel p50 below 1 is \
-         lower latency for ugds. Chunk {}, working set {} over the volume, {} s per point.",
+        "\nIOPS and p50 are medians of {} measurements per engine, the engines taking turns; ugds/kernel IOPS is the \
+         median of the per-turn ratios with their range, `noisy` where an engine's measurements differ by more than \
+         {}x. Scaling: IOPS against the same engine's {base}-member figure at the same point. ugds/kernel p50 below 1 \
+         is lower latency for ugds. Chunk {}, working set {} over the volume, {} s per measurement.",
+        grid.repeats,
+        repeats::NOISY,
         ugds::units::human(grid.chunk),
         ugds::units::human(grid.span),
         grid.seconds
@@ -408,8 +448,9 @@ pub(super) fn disk_of(addr: &str) -> Result<String> {
     bail!("{addr} has no namespace block device")
 }
 
-/// Guest side: per backend, the kernel's md RAID0 over the first N namespaces, then the ugds
-/// volume over the same controllers, one JSON line per point.
+/// Guest side: per backend, every point measured in turns by the kernel's md RAID0 over the
+/// first N namespaces and by the ugds volume over the same controllers, one JSON line per
+/// measurement.
 pub fn guest(cli: &str, grid: &str) -> Result<()> {
     let grid = Grid::from_json(&serde_json::from_str(grid)?)?;
     if !Path::new("/sys/module/ugds").exists() {
@@ -421,7 +462,6 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
         bail!("{} controllers, expected {} x {}", all.len(), m, grid.backends.len());
     }
     let span = ugds::units::human(grid.span);
-    let chunk_k = grid.chunk >> 10;
     for (group, backend) in all.chunks(m).zip(&grid.backends) {
         let disks: Vec<String> = group.iter().map(|a| disk_of(a)).collect::<Result<_>>()?;
         if backend == "file" {
@@ -435,64 +475,111 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
             ))?;
             eprintln!("bench: filled {} x {span} in {:.0?}", disks.len(), t.elapsed());
         }
-        for &n in &grid.members {
-            // --force: mdadm asks for it before a one-device array.
-            sh(&format!(
-                "mdadm --build /dev/md0 --force --level=0 --chunk={chunk_k} --raid-devices={n} {} 2>&1",
-                disks[..n].join(" ")
-            ))
-            .context("mdadm --build (needs md RAID0 in the test kernel and mdadm)")?;
-            let r = (|| -> Result<()> {
+        let mut side = Side::Kernel(None);
+        let r = (|| -> Result<()> {
+            // Each round starts on the side the last one ended on: one switch per round.
+            let mut start = false;
+            for &n in &grid.members {
                 for rw in &grid.rws {
                     for size in &grid.sizes {
                         for &depth in &grid.depths {
-                            let mut v =
-                                fio_point("/dev/md0", Job { rw, size, depth, seconds: grid.seconds, span: &span })?;
-                            v["backend"] = json!(backend);
-                            v["members"] = json!(n);
-                            println!("{MARK}{v}");
+                            let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
+                            for (repeat, ours) in repeats::order(grid.repeats, start) {
+                                let mut out = Vec::new();
+                                if ours {
+                                    let nodes = side.switch_to_ugds(group)?;
+                                    out.push((
+                                        ugds_point(cli, &bind::volume_spec(grid.chunk, &nodes[..n])?, job)?,
+                                        "ugds",
+                                    ));
+                                    // Reference: the first member's node itself (the single-device
+                                    // path, no volume).
+                                    if n == 1 {
+                                        out.push((ugds_point(cli, &nodes[0], job)?, "ugds-node"));
+                                    }
+                                } else {
+                                    side.switch_to_md(n, group, grid.chunk)?;
+                                    out.push((fio_point("/dev/md0", job)?, "kernel"));
+                                }
+                                for (mut v, engine) in out {
+                                    v["engine"] = json!(engine);
+                                    v["backend"] = json!(backend);
+                                    v["members"] = json!(n);
+                                    v["repeat"] = json!(repeat);
+                                    println!("{MARK}{v}");
+                                }
+                                start = ours;
+                            }
                         }
                     }
                 }
-                Ok(())
-            })();
-            sh("mdadm --stop /dev/md0 2>&1")?;
-            r?;
-        }
-        let (bound, _) = bind::bind_many(group, false)?;
-        let nodes: Vec<String> = bound.into_iter().map(|b| b.node).collect();
-        // Reference: the first member's node itself (the single-device path, no volume).
-        if grid.members.contains(&1) {
-            for rw in &grid.rws {
-                for size in &grid.sizes {
-                    for &depth in &grid.depths {
-                        let mut v =
-                            ugds_point(cli, &nodes[0], Job { rw, size, depth, seconds: grid.seconds, span: &span })?;
-                        v["engine"] = json!("ugds-node");
-                        v["backend"] = json!(backend);
-                        v["members"] = json!(1);
-                        println!("{MARK}{v}");
-                    }
-                }
             }
-        }
-        for &n in &grid.members {
-            let spec = bind::volume_spec(grid.chunk, &nodes[..n])?;
-            for rw in &grid.rws {
-                for size in &grid.sizes {
-                    for &depth in &grid.depths {
-                        let mut v =
-                            ugds_point(cli, &spec, Job { rw, size, depth, seconds: grid.seconds, span: &span })?;
-                        v["backend"] = json!(backend);
-                        v["members"] = json!(n);
-                        println!("{MARK}{v}");
-                    }
-                }
-            }
-        }
-        bind::unbind_many(group, false)?;
+            Ok(())
+        })();
+        side.release(group)?;
+        r?;
     }
     Ok(())
+}
+
+/// Who drives a backend's controllers now: the kernel's nvme driver (with md0 built over the
+/// first N of them, or none), or ugds (its nodes).
+enum Side {
+    Kernel(Option<usize>),
+    Ugds(Vec<String>),
+}
+
+impl Side {
+    /// md0 over the first `n` controllers' disks, the controllers on the kernel's driver.
+    fn switch_to_md(&mut self, n: usize, group: &[String], chunk: u64) -> Result<()> {
+        if let Side::Kernel(Some(built)) = *self {
+            if built == n {
+                return Ok(());
+            }
+        }
+        self.release(group)?;
+        // The kernel may name a controller's disk anew after a rebind: asked each time.
+        let disks: Vec<String> = group[..n].iter().map(|a| disk_of(a)).collect::<Result<_>>()?;
+        // --force: mdadm asks for it before a one-device array.
+        sh(&format!(
+            "mdadm --build /dev/md0 --force --level=0 --chunk={} --raid-devices={n} {} 2>&1",
+            chunk >> 10,
+            disks.join(" ")
+        ))
+        .context("mdadm --build (needs md RAID0 in the test kernel and mdadm)")?;
+        *self = Side::Kernel(Some(n));
+        Ok(())
+    }
+
+    /// The controllers on ugds; their nodes.
+    fn switch_to_ugds(&mut self, group: &[String]) -> Result<Vec<String>> {
+        if let Side::Ugds(nodes) = self {
+            return Ok(nodes.clone());
+        }
+        self.release_md()?;
+        let (bound, _) = bind::bind_many(group, false)?;
+        let nodes: Vec<String> = bound.into_iter().map(|b| b.node).collect();
+        *self = Side::Ugds(nodes.clone());
+        Ok(nodes)
+    }
+
+    fn release_md(&mut self) -> Result<()> {
+        if let Side::Kernel(Some(_)) = self {
+            sh("mdadm --stop /dev/md0 2>&1")?;
+            *self = Side::Kernel(None);
+        }
+        Ok(())
+    }
+
+    /// Leaves the controllers on the kernel's driver with no array.
+    fn release(&mut self, group: &[String]) -> Result<()> {
+        self.release_md()?;
+        if let Side::Ugds(_) = self {
+            bind::unbind_many(group, false)?;
+            *self = Side::Kernel(None);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -509,6 +596,7 @@ mod tests {
             seconds: 1,
             span: 1 << 30,
             chunk: 128 << 10,
+            repeats: 3,
         }
         .checked()
         .unwrap()
@@ -569,6 +657,40 @@ mod tests {
         let (g3, lo, hi) = spread(&[1.0, 4.0]).unwrap();
         assert!((g3 - 2.0).abs() < 1e-9 && lo == 1.0 && hi == 4.0);
         assert!(spread(&[]).is_none());
+    }
+
+    #[test]
+    fn repeats_give_median_ratios_and_noisy_points_leave_the_summary() {
+        let g = grid();
+        let mut raw = Vec::new();
+        let measure = |raw: &mut Vec<Value>, engine: &str, m: usize, iops: [f64; 3]| {
+            for (r, v) in iops.into_iter().enumerate() {
+                let mut p = point(engine, m, "4K", 32, v, 100.0);
+                p["repeat"] = json!(r);
+                raw.push(p);
+            }
+        };
+        // Per-turn ratios 2.4, 2.5 and 3.3: their median is 2.5, where the medians' ratio is 3.
+        measure(&mut raw, "kernel", 2, [1000.0, 1200.0, 1000.0]);
+        measure(&mut raw, "ugds", 2, [2400.0, 3000.0, 3300.0]);
+        // md's turns disagree by 3x: noisy, left out of the member count's mean.
+        measure(&mut raw, "kernel", 4, [1000.0, 3000.0, 1000.0]);
+        measure(&mut raw, "ugds", 4, [5000.0, 5000.0, 5000.0]);
+        let pts = merged(&raw);
+        assert_eq!(pts.len(), 4, "one point per engine and position");
+        let u2 = find(&pts, "null", "ugds", 2, "randread", "4K", 32).unwrap();
+        assert!((u2["iops_ratio"].as_f64().unwrap() - 2.5).abs() < 1e-9, "{u2}");
+        assert_eq!(u2["noisy"], json!(false));
+        assert_eq!(find(&pts, "null", "ugds", 4, "randread", "4K", 32).unwrap()["noisy"], json!(true));
+        let t = table(&g, &pts);
+        assert!(t.contains("| randread | 4K | 32 | 2 | 1000 | 3000 | 2.50x (2.40–3.30) |"), "{t}");
+        assert!(t.contains("| randread | 4K | 32 | 4 | 1000 | 5000 | noisy (1.67–5.00) |"), "{t}");
+        assert!(t.contains("| 4 | –, 1 noisy left out |"), "{t}");
+        assert!(t.contains("| 2 | 2.50x (2.50–2.50) |"), "{t}");
+        // A grid recorded before repeats existed reads as one measurement per point.
+        let mut old = g.to_json();
+        old.as_object_mut().unwrap().remove("repeats");
+        assert_eq!(Grid::from_json(&old).unwrap().repeats, 1);
     }
 
     #[test]
