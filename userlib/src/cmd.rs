@@ -262,12 +262,13 @@ impl<'a> Command<'a> {
                 // after the first, none for one or two pages). Pages counted from the offset
                 // inside the registration, whose segments start on page boundaries.
                 // Saturating: a range past the registration is refused by the builders below.
-                let pages = (r.off % PAGE).saturating_add(r.len).div_ceil(PAGE);
-                let budget = match (policy.prefer, pages) {
+                let span = (r.off % PAGE).saturating_add(r.len);
+                let budget = match (policy.prefer, span) {
                     (true, _) => sgl::PER_PAGE,
-                    (false, 0..=2) => 0,
+                    // One or two pages: no list either way.
+                    (false, s) if s <= 2 * PAGE => 0,
                     // CAST: at most a few thousand pages per command.
-                    (false, p) => ((p as usize - 2) / 2).max(1),
+                    (false, s) => ((s.div_ceil(PAGE) as usize - 2) / 2).max(1),
                 };
                 if budget > 0 {
                     if let Ok(s) = sgls(r, page, align, budget) {

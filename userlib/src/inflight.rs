@@ -121,31 +121,61 @@ impl Drop for InFlight {
     }
 }
 
-/// Why an I/O failed, and what of it may still run (`in_flight`): the result of every path's
-/// I/O below the public API.
+/// Why an I/O failed, and what of it may still run: the result of every path's I/O below the
+/// public API. Boxed, so that an [`IoResult`] is two words and the success path, which returns
+/// it through every layer, copies no error-sized result (an `Error` is 72 bytes, a token 32).
 #[derive(Debug)]
-pub(crate) struct Failed<E = Error> {
+pub(crate) struct Failed<E = Error>(Box<Failure<E>>);
+
+// Two words: every layer of the I/O path returns one (see `Failed`).
+const _: () = assert!(size_of::<IoResult<u64>>() <= 16);
+
+/// What a [`Failed`] holds.
+#[derive(Debug)]
+pub(crate) struct Failure<E> {
     /// The error.
     pub(crate) error: E,
     /// What the device, the kernel or a copy engine may still access.
     pub(crate) in_flight: Option<InFlight>,
 }
 
+impl<E> std::ops::Deref for Failed<E> {
+    type Target = Failure<E>;
+    fn deref(&self) -> &Failure<E> {
+        &self.0
+    }
+}
+
+impl<E> std::ops::DerefMut for Failed<E> {
+    fn deref_mut(&mut self) -> &mut Failure<E> {
+        &mut self.0
+    }
+}
+
 impl<E> From<E> for Failed<E> {
+    #[cold]
     fn from(error: E) -> Self {
-        Failed { error, in_flight: None }
+        Failed(Box::new(Failure { error, in_flight: None }))
     }
 }
 
 impl<E> Failed<E> {
     /// A failure whose movement may still run.
+    #[cold]
     pub(crate) fn running(error: E, in_flight: InFlight) -> Self {
-        Failed { error, in_flight: Some(in_flight) }
+        Failed(Box::new(Failure { error, in_flight: Some(in_flight) }))
+    }
+
+    /// The error and the token, if any.
+    pub(crate) fn into_parts(self) -> (E, Option<InFlight>) {
+        let Failure { error, in_flight } = *self.0;
+        (error, in_flight)
     }
 
     /// The same failure with another error (the token goes along).
     pub(crate) fn map<F>(self, f: impl FnOnce(E) -> F) -> Failed<F> {
-        Failed { error: f(self.error), in_flight: self.in_flight }
+        let (error, in_flight) = self.into_parts();
+        Failed(Box::new(Failure { error: f(error), in_flight }))
     }
 
     /// Keeps `x` with the token when there is one; otherwise `x` is handed back.
@@ -177,10 +207,11 @@ impl<E> Failed<E> {
 
     /// The error for the public API: the token, if any, is kept for good.
     pub(crate) fn into_error(self) -> E {
-        if let Some(t) = self.in_flight {
+        let (error, in_flight) = self.into_parts();
+        if let Some(t) = in_flight {
             t.keep();
         }
-        self.error
+        error
     }
 }
 

@@ -28,6 +28,7 @@ use std::sync::{Arc, OnceLock};
 mod concrete_path;
 mod owned;
 pub(crate) mod target;
+use concrete_path::with_path;
 pub(crate) use concrete_path::ConcretePath;
 pub use owned::OwnedQueue;
 pub(crate) use target::Target;
@@ -431,6 +432,12 @@ impl Storage {
     /// storage and holds the range, offsets and length are block multiples, the buffer offset
     /// suits the path, and the range fits the target.
     pub(crate) fn check(&self, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<()> {
+        with_path!(&*self.path, p => self.check_on(p, buf, buf_offset, file_offset, len))
+    }
+
+    /// [`Storage::check`] against `path`, this storage's own path by its kind (static calls).
+    #[inline(always)]
+    fn check_on<P: DataPath>(&self, path: &P, buf: &Buffer, buf_offset: u64, file_offset: u64, len: u64) -> Result<()> {
         // Before anything else: in a forked child nothing of the parent's is touched.
         self.alive()?;
         buf.alive()?;
@@ -438,12 +445,12 @@ impl Storage {
             return Err(Error::invalid("buf", "registered for another storage"));
         }
         buf.check(buf_offset, len)?;
-        self.check_blocks(file_offset, len)?;
-        let a = self.data_path().buffer_alignment();
+        check_blocks(path.block_size(), file_offset, len)?;
+        let a = path.buffer_alignment();
         if !buf_offset.is_multiple_of(a) {
             return Err(Error::invalid("buf_offset", format!("must be a multiple of {a} on this path")));
         }
-        self.data_path().check_extent(file_offset, len)
+        path.check_extent(file_offset, len)
     }
 
     /// The part of the request check that is about the target alone: the length is non-zero,
@@ -451,26 +458,8 @@ impl Storage {
     /// moves one range in several I/Os (the CLI's 8 MiB chunks) checks the whole range with it
     /// first, so a bad range is refused before anything is written.
     pub fn check_range(&self, file_offset: u64, len: u64) -> Result<()> {
-        self.check_blocks(file_offset, len)?;
+        check_blocks(self.block_size(), file_offset, len)?;
         self.data_path().check_extent(file_offset, len)
-    }
-
-    /// A non-zero length; offset and length block multiples.
-    fn check_blocks(&self, file_offset: u64, len: u64) -> Result<()> {
-        let bs = self.block_size();
-        if len == 0 {
-            return Err(Error::invalid("len", "must be non-zero"));
-        }
-        if !len.is_multiple_of(bs) {
-            return Err(Error::invalid("len", format!("{len} is not a multiple of the {bs}-byte block size")));
-        }
-        if !file_offset.is_multiple_of(bs) {
-            return Err(Error::invalid(
-                "file_offset",
-                format!("{file_offset} is not a multiple of the {bs}-byte block size"),
-            ));
-        }
-        Ok(())
     }
 
     /// Reads `len` bytes at `file_offset` into `buf` at `buf_offset`; returns the bytes read
@@ -500,10 +489,14 @@ impl Storage {
         file_offset: u64,
         len: u64,
     ) -> IoResult<u64> {
-        self.check(buf, buf_offset, file_offset, len)?;
-        let n = self.data_path().rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
-        self.count(buf.path(), n);
-        Ok(n)
+        // One match on the path's kind for the whole request: its checks and its I/O are
+        // static calls.
+        with_path!(&*self.path, p => {
+            self.check_on(p, buf, buf_offset, file_offset, len)?;
+            let n = p.rw(write, Lease::new(buf)?, buf_offset, file_offset, len)?;
+            self.count(buf.path(), n);
+            Ok(n)
+        })
     }
 
     /// Flushes written data (NVMe Flush when the controller has a volatile write cache, or
@@ -526,4 +519,22 @@ impl Drop for Storage {
         // SAFETY: dropped once, here; `self` is going away.
         unsafe { ManuallyDrop::drop(&mut self.path) };
     }
+}
+
+/// A non-zero length; offset and length multiples of the block size `bs`.
+#[inline]
+fn check_blocks(bs: u64, file_offset: u64, len: u64) -> Result<()> {
+    if len == 0 {
+        return Err(Error::invalid("len", "must be non-zero"));
+    }
+    if !len.is_multiple_of(bs) {
+        return Err(Error::invalid("len", format!("{len} is not a multiple of the {bs}-byte block size")));
+    }
+    if !file_offset.is_multiple_of(bs) {
+        return Err(Error::invalid(
+            "file_offset",
+            format!("{file_offset} is not a multiple of the {bs}-byte block size"),
+        ));
+    }
+    Ok(())
 }

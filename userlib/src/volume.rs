@@ -383,10 +383,11 @@ impl DataPath for VolumePath {
             let Err(f) = r else { continue };
             let (member, offset) = (self.names[m].clone(), f.dev_offset);
             let f = f.failure.map(|e| Error::Member { member, offset, source: Box::new(e) });
-            match (&mut first, f.in_flight) {
-                (None, in_flight) => first = Some(Failed { error: f.error, in_flight }),
-                (Some(fst), Some(t)) => fst.add(t),
-                (Some(_), None) => {}
+            match (&mut first, f.into_parts()) {
+                (None, (error, Some(t))) => first = Some(Failed::running(error, t)),
+                (None, (error, None)) => first = Some(error.into()),
+                (Some(fst), (_, Some(t))) => fst.add(t),
+                (Some(_), (_, None)) => {}
             }
         }
         settle(first.map_or(Ok(len), Err), lease)

@@ -163,13 +163,10 @@ impl Namespace {
         // Before the thread's claim is looked at: a forked child's claims are its parent's.
         self.dev.born.check("device")?;
         let dev = &self.dev;
-        // Written in place by the closure: returned through `with_own`'s layers, the result (a
-        // hundred bytes) was copied at each.
-        let mut own = None;
-        thread_queues::with_own(
+        let own = thread_queues::with_own(
             &dev.threads,
             || dev.create_thread_queue(),
-            |held| own = Some(self.rw_on(lanes::Owned(held), write, reg, reg_offset, dev_offset, len)),
+            |held| self.rw_on(lanes::Owned(held), write, reg, reg_offset, dev_offset, len),
         );
         match own {
             Some(r) => r,

@@ -373,6 +373,26 @@ fn completed_sq_entries_are_disarmed_so_a_stray_tail_replays_nothing() {
     }
 }
 
+/// Disarming runs from the old SQ head to the new one, in two runs where a reap's entries wrap
+/// the ring, and one store where it consumed one entry: no slot is left armed or skipped.
+#[test]
+fn disarming_covers_reaps_that_wrap_the_ring_and_single_commands() {
+    let m = MockQueue::new(8, Behaviour::Honest).unwrap();
+    let write = |k: u64| Write::new(k, 1, dma(&m, 0, 4096)).build();
+    // Slots 0..5, then 5, 6, 7, 0, 1 in one burst (the reap's head wraps from 5 to 2).
+    m.qp.execute(1, &(0..5).map(write).collect::<Vec<_>>(), &m.status, T).unwrap();
+    m.qp.execute(1, &(5..10).map(write).collect::<Vec<_>>(), &m.status, T).unwrap();
+    for slot in 0..8 {
+        assert_eq!(m.sq_word(slot), 0, "slot {slot} still holds its command");
+    }
+    // One command at a time across the wrap: slots 2..8, then 0 and 1 again.
+    for k in 0..9u64 {
+        m.qp.execute(1, &[write(k)], &m.status, T).unwrap();
+        let slot = (2 + k as usize) % 8;
+        assert_eq!(m.sq_word(slot), 0, "slot {slot} still holds command {k}");
+    }
+}
+
 #[test]
 fn too_large_for_one_prp_list_is_rejected_before_submit() {
     let m = MockQueue::new(8, Behaviour::Hostile(vec![])).unwrap();

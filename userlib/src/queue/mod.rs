@@ -83,23 +83,22 @@ pub struct DptrCounts {
 /// read-modify-write, and loses nothing.
 #[derive(Debug, Default)]
 struct DptrCounters {
-    prp: AtomicU64,
-    sgl: AtomicU64,
-    sgl_lists: AtomicU64,
+    /// Transfers written, indexed by their [`Dptr`] (one indexed increment per command).
+    by_kind: [AtomicU64; 4],
 }
 
 impl DptrCounters {
     #[inline]
-    fn bump(c: &AtomicU64) {
+    fn bump(&self, kind: Dptr) {
+        // CAST: a fieldless enum's discriminant, below 4.
+        let c = &self.by_kind[kind as usize];
         c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
     fn get(&self) -> DptrCounts {
-        DptrCounts {
-            prp: self.prp.load(Ordering::Relaxed),
-            sgl: self.sgl.load(Ordering::Relaxed),
-            sgl_lists: self.sgl_lists.load(Ordering::Relaxed),
-        }
+        let n = |k: Dptr| self.by_kind[k as usize].load(Ordering::Relaxed);
+        let lists = n(Dptr::SglList);
+        DptrCounts { prp: n(Dptr::Prp), sgl: n(Dptr::Sgl) + lists, sgl_lists: lists }
     }
 }
 
@@ -674,9 +673,6 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
         if let Err(old) = cmd.valid_in(r.epoch) {
             return Err(Error::EpochChanged { old, new: r.epoch });
         }
-        if r.cids.available() == 0 {
-            return Err(Error::invalid("cmds", "the queue is full"));
-        }
         let Some(slot) = r.sq.push(&core.sq_mem) else {
             return Err(Error::invalid("cmds", "the queue is full"));
         };
@@ -690,13 +686,7 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
             bus: core.prp.bus(cid as usize * PAGE as usize),
         };
         match cmd.write(&slot, cid, self.nsid, &page, core.policy) {
-            Ok(Dptr::Prp) => DptrCounters::bump(&core.dptr.prp),
-            Ok(Dptr::Sgl) => DptrCounters::bump(&core.dptr.sgl),
-            Ok(Dptr::SglList) => {
-                DptrCounters::bump(&core.dptr.sgl);
-                DptrCounters::bump(&core.dptr.sgl_lists);
-            }
-            Ok(Dptr::Other) => {}
+            Ok(kind) => core.dptr.bump(kind),
             Err(e) => {
                 r.cids.release(cid);
                 r.sq.unpush(1);

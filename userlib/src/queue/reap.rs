@@ -89,15 +89,36 @@ fn apply_sq_head(qp: &Core, r: &mut Rings, head: u16) -> std::result::Result<(),
         r.broken = true;
         return Err(Violation::SqHead(head));
     }
-    let mut i = old;
-    while i != head {
-        // SAFETY: `i` starts at the ring's old head (below depth: `Sq`'s invariant) and wraps at
-        // depth, so `i < depth`; `sq_mem` holds `depth` entries (`Core`'s invariant), so the
-        // first 8 bytes of entry `i` lie in it, 8-byte aligned.
-        unsafe { qp.sq_mem.store64_unchecked(i as usize * SQE_BYTES, 0) };
-        i = if u32::from(i) + 1 == qp.depth { 0 } else { i + 1 };
+    // The entries from the old head up to the new one, in at most two runs (the ring wraps).
+    let (old, head) = (usize::from(old), usize::from(head));
+    if head == old + 1 {
+        // One entry (a synchronous request's): no loop to set up.
+        // SAFETY: `old` is the ring's head before, below depth (`Sq`'s invariant), and
+        // `sq_mem` holds `depth` entries (`Core`'s invariant): the first 8 bytes of entry
+        // `old` lie in it, 8-byte aligned.
+        unsafe { qp.sq_mem.store64_unchecked(old * SQE_BYTES, 0) };
+    } else if head >= old {
+        disarm(qp, old, head);
+    } else {
+        // CAST: depth <= 65536.
+        disarm(qp, old, qp.depth as usize);
+        disarm(qp, 0, head);
     }
     Ok(())
+}
+
+/// Zeroes the first 8 bytes of SQ entries `from..to`, which lie below the ring's depth (the
+/// old head, below depth by `Sq`'s invariant, and the new one, checked by `Sq::set_head`, or
+/// the depth itself).
+#[inline(always)]
+fn disarm(qp: &Core, from: usize, to: usize) {
+    // CAST: depth <= 65536.
+    let to = to.min(qp.depth as usize);
+    for i in from..to {
+        // SAFETY: `i < depth` (clamped above) and `sq_mem` holds `depth` entries (`Core`'s
+        // invariant), so the first 8 bytes of entry `i` lie in it, 8-byte aligned.
+        unsafe { qp.sq_mem.store64_unchecked(i * SQE_BYTES, 0) };
+    }
 }
 
 /// Releases `n` consumed CQ slots to the device with one head doorbell write.
@@ -111,7 +132,10 @@ fn release_slots(qp: &Core, r: &Rings, n: u32) {
 /// Reaps every posted completion, recording each for its owner. Returns how many. The epoch is
 /// checked before anything is consumed (a reset leaves a zeroed CQ that must not be read as
 /// completions), and on every 64th poll that finds nothing.
-#[inline]
+///
+/// The poll that finds nothing (most polls of a wait) is inlined into the caller; the reap
+/// itself is not (a call's register saves cost more than the empty poll itself).
+#[inline(always)]
 pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize> {
     if r.broken || !r.cq.ready(&qp.cq_mem) {
         r.idle = r.idle.wrapping_add(1);
@@ -120,6 +144,12 @@ pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Resul
         }
         return Ok(0);
     }
+    record_posted(qp, r, status)
+}
+
+/// [`record_all`] once an entry is posted.
+#[inline(never)]
+fn record_posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize> {
     check_epoch(qp, r, status)?;
     let (mut consumed, mut bad, mut head) = (0u32, None, None);
     while let Some(c) = reap_one(qp, r, false) {
