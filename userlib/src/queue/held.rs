@@ -59,9 +59,11 @@ impl<'q> Held<'q> {
         first: &Command<'_>,
     ) -> Result<Submission<'_, &mut Rings>> {
         let mut sub = Held { core: self.core, rings: &mut *self.rings }.into_submission(nsid, status)?;
-        let mut wait = Wait::default();
-        while !sub.make_room(n, status)? {
-            wait.spin(first, timeout)?;
+        if sub.space() < n {
+            let mut wait = Wait::default();
+            while !sub.make_room(n, status)? {
+                wait.spin(first, timeout)?;
+            }
         }
         Ok(sub)
     }

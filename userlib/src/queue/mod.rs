@@ -355,12 +355,14 @@ impl QueuePair {
         first: &Command<'_>,
     ) -> Result<Submission<'_>> {
         let mut sub = self.submission(nsid, status)?;
-        let mut wait = Wait::default();
-        while !sub.make_room(n, status)? {
-            // Let the other users of the queue in while the device works.
-            drop(sub);
-            wait.spin(first, timeout)?;
-            sub = self.submission(nsid, status)?;
+        if sub.space() < n {
+            let mut wait = Wait::default();
+            while !sub.make_room(n, status)? {
+                // Let the other users of the queue in while the device works.
+                drop(sub);
+                wait.spin(first, timeout)?;
+                sub = self.submission(nsid, status)?;
+            }
         }
         Ok(sub)
     }
@@ -673,7 +675,8 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
         if let Err(old) = cmd.valid_in(r.epoch) {
             return Err(Error::EpochChanged { old, new: r.epoch });
         }
-        let Some(slot) = r.sq.push(&core.sq_mem) else {
+        // SAFETY: `sq_mem` holds `depth` entries (`Core`'s invariant), the depth of `r.sq`.
+        let Some(slot) = (unsafe { r.sq.push_unchecked(&core.sq_mem) }) else {
             return Err(Error::invalid("cmds", "the queue is full"));
         };
         let Some(cid) = r.cids.alloc() else {

@@ -61,7 +61,8 @@ impl Violation {
 /// after a reset). It is consumed and otherwise ignored (`Ok(None)`), its SQ head too.
 #[inline(always)]
 fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<Option<Reaped>, Violation>> {
-    let e = r.cq.pop(&qp.cq_mem)?;
+    // SAFETY: `cq_mem` holds `depth` entries (`Core`'s invariant), the depth of `r.cq`.
+    let e = unsafe { r.cq.pop_unchecked(&qp.cq_mem) }?;
     let cid = e.cid;
     if cid == 0 {
         return Some(Ok(None));
@@ -137,7 +138,8 @@ fn release_slots(qp: &Core, r: &Rings, n: u32) {
 /// itself is not (a call's register saves cost more than the empty poll itself).
 #[inline(always)]
 pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize> {
-    if r.broken || !r.cq.ready(&qp.cq_mem) {
+    // SAFETY: as in `reap_one`.
+    if r.broken || !unsafe { r.cq.ready_unchecked(&qp.cq_mem) } {
         r.idle = r.idle.wrapping_add(1);
         if r.broken || r.idle.is_multiple_of(IDLE_POLLS_PER_EPOCH_CHECK) {
             check_epoch(qp, r, status)?;

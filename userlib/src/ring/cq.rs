@@ -54,37 +54,77 @@ impl Cq {
         self.phase
     }
 
-    /// The entry at the head's dword 3 (command id, phase tag, status), or `None` when `mem`
-    /// cannot hold the slot (a queue pair rules that out when it is made).
+    /// True when `mem` holds every slot of the ring (what the unchecked calls require).
     #[inline]
-    fn dw3<M: QueueMemory + ?Sized>(&self, mem: &M) -> Option<(usize, u32)> {
-        let off = self.head as usize * CQE_BYTES;
-        if off + CQE_BYTES > mem.len() {
-            return None;
-        }
-        // SAFETY: the slot lies in `mem` (checked above) and `off` is a multiple of 16.
-        Some((off, unsafe { mem.load32_unchecked(off + 12) }))
+    fn fits<M: QueueMemory + ?Sized>(&self, mem: &M) -> bool {
+        self.depth as usize * CQE_BYTES <= mem.len()
     }
 
-    /// True when the device has posted the entry at the head.
+    /// The entry at the head's dword 3 (command id, phase tag, status).
+    ///
+    /// # Safety
+    ///
+    /// `mem` holds `depth` entries.
+    #[inline(always)]
+    unsafe fn dw3_unchecked<M: QueueMemory + ?Sized>(&self, mem: &M) -> (usize, u32) {
+        let off = self.head as usize * CQE_BYTES;
+        // SAFETY: `head < depth` (invariant) and `mem` holds `depth` entries (caller), so the
+        // slot lies in `mem`; `off` is a multiple of 16.
+        (off, unsafe { mem.load32_unchecked(off + 12) })
+    }
+
+    /// True when the device has posted the entry at the head (false when `mem` cannot hold the
+    /// ring).
+    #[cfg_attr(not(test), allow(dead_code))]
     #[inline]
     pub fn ready<M: QueueMemory + ?Sized>(&self, mem: &M) -> bool {
-        self.dw3(mem).is_some_and(|(_, dw3)| ((dw3 >> 16) & 1 != 0) == self.phase)
+        // SAFETY: `fits` checked that `mem` holds `depth` entries.
+        self.fits(mem) && unsafe { self.ready_unchecked(mem) }
+    }
+
+    /// [`Cq::ready`] without the size check: one load and one comparison, for a queue pair
+    /// whose memory was checked when it was made.
+    ///
+    /// # Safety
+    ///
+    /// `mem` holds `depth` entries.
+    #[inline(always)]
+    pub unsafe fn ready_unchecked<M: QueueMemory + ?Sized>(&self, mem: &M) -> bool {
+        // SAFETY: the caller's contract is `dw3_unchecked`'s.
+        let (_, dw3) = unsafe { self.dw3_unchecked(mem) };
+        ((dw3 >> 16) & 1 != 0) == self.phase
     }
 
     /// The entry at the head, if the device has posted it (its phase tag is the current one);
     /// the head advances past it, flipping the phase at the wrap. The slot may be overwritten by
-    /// the device once the head doorbell says so.
+    /// the device once the head doorbell says so. `None` too when `mem` cannot hold the ring.
+    #[cfg_attr(not(test), allow(dead_code))]
     #[inline]
     pub fn pop<M: QueueMemory + ?Sized>(&mut self, mem: &M) -> Option<Entry> {
-        let (off, dw3) = self.dw3(mem)?;
+        if !self.fits(mem) {
+            return None;
+        }
+        // SAFETY: `fits` checked that `mem` holds `depth` entries.
+        unsafe { self.pop_unchecked(mem) }
+    }
+
+    /// [`Cq::pop`] without the size check.
+    ///
+    /// # Safety
+    ///
+    /// `mem` holds `depth` entries.
+    #[inline(always)]
+    pub unsafe fn pop_unchecked<M: QueueMemory + ?Sized>(&mut self, mem: &M) -> Option<Entry> {
+        // SAFETY: the caller's contract is `dw3_unchecked`'s.
+        let (off, dw3) = unsafe { self.dw3_unchecked(mem) };
         if ((dw3 >> 16) & 1 != 0) != self.phase {
             return None;
         }
         // Orders the phase tag's load before the loads of the entry's other fields (the device
         // writes them first).
         fence(Ordering::Acquire);
-        // SAFETY: in the slot checked by `dw3`.
+        // SAFETY: the slot at the head lies in `mem` (as in `dw3_unchecked`); `off` is a
+        // multiple of 16.
         let (dw0, dw2) = unsafe { (mem.load32_unchecked(off), mem.load32_unchecked(off + 8)) };
         // INVARIANT: `next` stays below depth.
         self.head = next(self.head, self.depth);
@@ -137,6 +177,22 @@ mod tests {
         assert!(cq.pop(&mem).is_none(), "slot 0 still holds last pass's entry");
         post(&mem, 0, &Cqe::new(0, 0, 1, 44, Status::SUCCESS, false));
         assert_eq!(cq.pop(&mem).unwrap().cid, 44);
+    }
+
+    #[test]
+    fn memory_that_cannot_hold_the_ring_is_never_read() {
+        // One slot short: even the head's slot (which fits) is not read, since the safe calls
+        // check the whole ring, what the unchecked ones rely on.
+        let mem = TestMemory::new(3 * CQE_BYTES);
+        post(&mem, 0, &Cqe::new(7, 1, 1, 42, Status::SUCCESS, true));
+        let mut cq = Cq::new(4).unwrap();
+        assert!(!cq.ready(&mem));
+        assert!(cq.pop(&mem).is_none());
+        assert_eq!((cq.head(), cq.phase()), (0, true), "nothing consumed");
+        let big = TestMemory::new(4 * CQE_BYTES);
+        post(&big, 0, &Cqe::new(7, 1, 1, 42, Status::SUCCESS, true));
+        assert!(cq.ready(&big));
+        assert_eq!(cq.pop(&big).unwrap().cid, 42);
     }
 
     proptest! {

@@ -62,16 +62,33 @@ impl Sq {
     }
 
     /// Claims the slot at the tail and advances the tail; the entry is written through the
-    /// returned slot. `None` when the ring is full (or `mem` cannot hold the slot, which a
+    /// returned slot. `None` when the ring is full (or `mem` cannot hold the ring, which a
     /// queue pair rules out when it is made).
+    #[cfg_attr(not(test), allow(dead_code))]
     #[inline]
     pub fn push<'m, M: QueueMemory + ?Sized>(&mut self, mem: &'m M) -> Option<SqSlot<'m, M>> {
-        let off = self.tail as usize * SQE_BYTES;
-        if self.space() == 0 || off + SQE_BYTES > mem.len() {
+        if (self.depth as usize * SQE_BYTES) > mem.len() {
+            return None;
+        }
+        // SAFETY: checked above: `mem` holds `depth` entries.
+        unsafe { self.push_unchecked(mem) }
+    }
+
+    /// [`Sq::push`] without the size check, for a queue pair whose memory was checked when it
+    /// was made.
+    ///
+    /// # Safety
+    ///
+    /// `mem` holds `depth` entries.
+    #[inline(always)]
+    pub unsafe fn push_unchecked<'m, M: QueueMemory + ?Sized>(&mut self, mem: &'m M) -> Option<SqSlot<'m, M>> {
+        if self.space() == 0 {
             return None;
         }
         self.used += 1;
-        // INVARIANT: `off` is a multiple of 64 and the slot lies inside `mem` (checked above).
+        let off = self.tail as usize * SQE_BYTES;
+        // INVARIANT: `off` is a multiple of 64 and the slot lies inside `mem` (`tail < depth`,
+        // and `mem` holds `depth` entries: the caller).
         let slot = SqSlot { mem, off, index: self.tail };
         // INVARIANT: `next` stays below depth.
         self.tail = next(self.tail, self.depth);
@@ -182,6 +199,17 @@ mod tests {
         assert_eq!(sq.push(&mem).unwrap().index(), 0, "wrapped");
         assert_eq!((sq.tail(), sq.space()), (1, 0));
         assert!(Sq::new(1).is_none() && Sq::new(65537).is_none() && Sq::new(65536).is_some());
+    }
+
+    #[test]
+    fn memory_that_cannot_hold_the_ring_gets_no_slot() {
+        // The tail's slot fits, the ring does not: refused, and the tail stays.
+        let mem = TestMemory::new(3 * SQE_BYTES);
+        let mut sq = Sq::new(4).unwrap();
+        assert!(sq.push(&mem).is_none());
+        assert_eq!((sq.tail(), sq.space()), (0, 3));
+        let big = TestMemory::new(4 * SQE_BYTES);
+        assert_eq!(sq.push(&big).unwrap().index(), 0);
     }
 
     #[test]
