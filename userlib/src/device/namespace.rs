@@ -4,10 +4,10 @@
 use super::{lanes, thread_index, thread_queues, Inner, Registration, WaitPolicy};
 use crate::cmd::{self, Command, DsmRange};
 use crate::error::{Error, Result};
-use crate::inflight::IoResult;
-use crate::queue::QueuePair;
+use crate::inflight::{Failed, InFlight, IoResult, Why};
+use crate::queue::{self, QueuePair, RequestQueue, Waiter};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use ugds_uapi::ioctl::*;
 
 /// Refuses a namespace whose blocks carry metadata or protection information, or whose size in
@@ -166,18 +166,20 @@ impl Namespace {
         let own = thread_queues::with_own(
             &dev.threads,
             || dev.create_thread_queue(),
-            |held| self.rw_on(lanes::Owned(held), write, reg, reg_offset, dev_offset, len),
+            |held| self.rw_on(held, write, reg, reg_offset, dev_offset, len),
         );
         match own {
             Some(r) => r,
-            None => self.rw_on(lanes::Shared(self.queue()), write, reg, reg_offset, dev_offset, len),
+            None => self.rw_on(self.queue(), write, reg, reg_offset, dev_offset, len),
         }
     }
 
     /// [`Namespace::rw`] on queue `q`: the thread's own, a shared one, or one the caller owns.
+    /// A request one command carries (the common synchronous read or write) goes straight to the
+    /// queue; a larger one runs as a lane ([`lanes::run_one`]).
     pub(super) fn rw_on(
         &self,
-        q: impl lanes::LaneQueue,
+        mut q: impl RequestQueue,
         write: bool,
         reg: &Registration,
         reg_offset: u64,
@@ -185,9 +187,77 @@ impl Namespace {
         len: u64,
     ) -> IoResult<()> {
         self.dev.born.check("device")?;
+        if len > 0 && len <= self.max_command_bytes() && Arc::ptr_eq(&reg.dev, &self.dev) {
+            return self.rw_one_command(write, reg, reg_offset, dev_offset, len, &mut q);
+        }
         let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
         lanes::run_one(write, &lane, q).map_err(|f| f.failure)
+    }
+
+    /// A request that one command carries: built, submitted and waited for with no burst
+    /// state, so its cost is the queue's own. Failures map as a lane's do.
+    #[inline]
+    fn rw_one_command(
+        &self,
+        write: bool,
+        reg: &Registration,
+        reg_offset: u64,
+        dev_offset: u64,
+        len: u64,
+        q: &mut impl RequestQueue,
+    ) -> IoResult<()> {
+        let shift = self.info.lba_shift;
+        // CAST: `len` fits one command (checked by the caller), at most 65536 blocks.
+        let (slba, nlb) = (dev_offset >> shift, (len >> shift) as u32);
+        // SAFETY: the caller's lease keeps the registration and its memory for the call (and for
+        // good, through the failure's token, when the command may outlive it); `len` is exactly
+        // `nlb` blocks (`Storage` checked it is a multiple of the block size).
+        let data = unsafe { reg.range(reg_offset, len) }.map_err(|err| self.failure(q, err))?;
+        let cmd =
+            if write { cmd::Write::new(slba, nlb, data).build() } else { cmd::Read::new(slba, nlb, data).build() };
+        let status = &self.dev.status;
+        let t = q.submit_one(self.info.nsid, &cmd, status, self.timeout).map_err(|err| self.failure(q, err))?;
+        let mut wait = Waiter::new(len);
+        let mut since: Option<Instant> = None;
+        loop {
+            match q.collect_one(t, status) {
+                Ok(Some(st)) => {
+                    wait.done();
+                    if !st.is_success() {
+                        return Err(Error::Nvme { op: cmd.name(), slba, status: st }.into());
+                    }
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(err) => return Err(self.failure(q, err)),
+            }
+            // The clock is read only every few thousand polls and after each sleep.
+            if wait.pause(q.wait_state()) {
+                let now = Instant::now();
+                if now.duration_since(*since.get_or_insert(now)) > self.timeout {
+                    // The command stays in flight until the reset clears it.
+                    return Err(self.failure(q, queue::timeout_error(&cmd, self.timeout)));
+                }
+            }
+        }
+    }
+
+    /// The failure for `error`: a timeout, a faulted controller or a completion the queue could
+    /// not believe may leave commands running (an [`InFlight`] token), unless a reset confirms
+    /// the controller stopped (then `q`, the queue the caller was using, adopts the new epoch,
+    /// as the shared path's does).
+    pub(super) fn failure(&self, q: &mut impl RequestQueue, error: Error) -> Failed {
+        match error {
+            e @ (Error::Timeout { .. } | Error::DeviceFaulted | Error::DeviceProtocol(_)) => {
+                if self.reset_controller() {
+                    q.resync(&self.dev.status);
+                    return e.into();
+                }
+                Failed::running(e, InFlight::new(Why::Command))
+            }
+            e => e.into(),
+        }
     }
 
     fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {

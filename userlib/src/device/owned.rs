@@ -1,9 +1,8 @@
 //! A queue pair one thread owns on a namespace (SPDK's model: a queue pair is not thread-safe
 //! by contract, each thread gets its own): synchronous requests run on it through the same
-//! [`lanes`](super::lanes) logic as on the device's shared queues, with no lock and no atomic
+//! logic as on the device's shared queues ([`Namespace::rw_on`]), with no lock and no atomic
 //! read-modify-write per command. The storage-level face is [`crate::OwnedQueue`].
 
-use super::lanes::Owned;
 use super::{create_queue_pair, delete_queue_pair, Namespace, Registration};
 use crate::error::Result;
 use crate::inflight::IoResult;
@@ -88,7 +87,7 @@ impl OwnedQueuePair {
         dev_offset: u64,
         len: u64,
     ) -> IoResult<()> {
-        self.ns.rw_on(Owned(self.qp.held()), write, reg, reg_offset, dev_offset, len)
+        self.ns.rw_on(self.qp.held(), write, reg, reg_offset, dev_offset, len)
     }
 }
 

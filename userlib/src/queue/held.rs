@@ -1,6 +1,7 @@
 //! Rings held by one user, used with no lock: [`Held`], borrowed by a queue pair's single owner
 //! or by the thread whose claim holds a [`ClaimableQueue`]'s rings (a device's per-thread
-//! queues, SPDK's queue pair per thread handed out at run time).
+//! queues, SPDK's queue pair per thread handed out at run time). [`RequestQueue`] is what a
+//! request needs of a queue either way, held or shared (locked per call).
 
 use super::{
     check_burst, check_epoch, collect_in, collect_one_in, Core, DptrCounts, QueuePair, QueueWait, Rings, Submission,
@@ -112,6 +113,120 @@ impl<'q> Held<'q> {
     }
 }
 
+/// What a request needs of a queue pair, whichever way it reaches it: shared with other threads
+/// (`&QueuePair`: every call takes the lock) or held ([`Held`]: no lock, no atomic
+/// read-modify-write). A request's logic is written once over this.
+pub(crate) trait RequestQueue {
+    /// Entries per ring.
+    fn depth(&self) -> u32;
+    /// Its waiting state, for [`super::Waiter::pause`].
+    fn wait_state(&self) -> &Arc<QueueWait>;
+    /// Adopts the controller's new epoch after this thread's own reset (see
+    /// [`QueuePair::resync`]).
+    fn resync(&mut self, status: &StatusView);
+    /// Submits a burst (see [`QueuePair::submit_tagged`]); returns the rings' epoch.
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<u64>;
+    /// Collects what completed of a burst submitted in `epoch` (see
+    /// [`QueuePair::collect_tagged`]).
+    fn collect(&mut self, epoch: u64, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize>;
+    /// Submits one command (see [`QueuePair::submit_one`]).
+    fn submit_one(&mut self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket>;
+    /// Its status once it completed (see [`QueuePair::collect_one`]).
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>>;
+}
+
+impl RequestQueue for &QueuePair {
+    fn depth(&self) -> u32 {
+        QueuePair::depth(self)
+    }
+
+    fn wait_state(&self) -> &Arc<QueueWait> {
+        QueuePair::wait_state(self)
+    }
+
+    fn resync(&mut self, status: &StatusView) {
+        QueuePair::resync(self, status)
+    }
+
+    #[inline]
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<u64> {
+        QueuePair::submit_tagged(self, nsid, cmds, status, timeout, cids)
+    }
+
+    #[inline]
+    fn collect(&mut self, epoch: u64, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
+        QueuePair::collect_tagged(self, epoch, cids, status, out)
+    }
+
+    #[inline]
+    fn submit_one(&mut self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket> {
+        QueuePair::submit_one(self, nsid, cmd, status, timeout)
+    }
+
+    #[inline]
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
+        QueuePair::collect_one(self, t, status)
+    }
+}
+
+/// Untagged collection is exact on held rings: only the holder's own calls reset them (a new
+/// epoch seen by its submit or reap, reported to it as `EpochChanged`, or its own `resync`
+/// after its own reset), so the command ids of a burst cannot name another burst's commands.
+impl RequestQueue for Held<'_> {
+    fn depth(&self) -> u32 {
+        Held::depth(self)
+    }
+
+    fn wait_state(&self) -> &Arc<QueueWait> {
+        Held::wait_state(self)
+    }
+
+    fn resync(&mut self, status: &StatusView) {
+        Held::resync(self, status)
+    }
+
+    #[inline]
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<u64> {
+        Held::submit(self, nsid, cmds, status, timeout, cids)
+    }
+
+    #[inline]
+    fn collect(&mut self, _epoch: u64, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
+        Held::collect(self, cids, status, out)
+    }
+
+    #[inline]
+    fn submit_one(&mut self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket> {
+        Held::submit_one(self, nsid, cmd, status, timeout)
+    }
+
+    #[inline]
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
+        Held::collect_one(self, t, status)
+    }
+}
+
 /// A thread's hold on a [`ClaimableQueue`]'s rings: their lock, taken once when the thread
 /// claimed the queue and kept until the claim is dropped. The guard keeps the rings (plain
 /// data) alive by itself, so a claim outliving its queue's memory (the device closed) names
@@ -163,5 +278,98 @@ impl ClaimableQueue {
     /// Transfers written so far, by data pointer (read without the rings).
     pub(crate) fn dptr_counts(&self) -> DptrCounts {
         self.core.dptr.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RequestQueue;
+    use crate::cmd::{DmaRange, Flush, Read, Write};
+    use crate::error::Error;
+    use crate::mmio::StatusView;
+    use crate::mock::{Behaviour, MockQueue};
+    use crate::pattern;
+    use std::time::{Duration, Instant};
+    use ugds_uapi::ioctl::Segment;
+
+    const T: Duration = Duration::from_secs(10);
+
+    /// Submits one command through `q` and collects it (the device thread answers).
+    fn one(q: &mut impl RequestQueue, status: &StatusView, cmd: crate::cmd::Command<'_>) -> crate::error::Result<()> {
+        let mut cids = [0u16; 1];
+        let epoch = q.submit(1, &[cmd], status, T, &mut cids)?;
+        let mut out = [None; 1];
+        let start = Instant::now();
+        while q.collect(epoch, &cids, status, &mut out)? == 0 {
+            assert!(start.elapsed() < T, "no completion");
+            std::hint::spin_loop();
+        }
+        assert!(out[0].is_some_and(|s| s.is_success()), "{out:?}");
+        Ok(())
+    }
+
+    /// Writes 8 KiB from host offset 0 to LBA 3 and reads it back to host offset 64 KiB.
+    fn round_trip(q: &mut impl RequestQueue, status: &StatusView, segs: &[Segment]) {
+        assert_eq!(q.depth(), 8);
+        // SAFETY: the mock's segments name its own memory, which only its device model touches;
+        // each range is exactly the command's 2 blocks of 4096 bytes.
+        let (src, dst) = unsafe { (DmaRange::new(segs, 0, 8192), DmaRange::new(segs, 65536, 8192)) };
+        one(q, status, Write::new(3, 2, src).build()).unwrap();
+        one(q, status, Read::new(3, 2, dst).build()).unwrap();
+    }
+
+    /// Held rings move the same data as the shared queue, through the single-owner calls.
+    #[test]
+    fn shared_and_held_queues_move_the_same_data() {
+        for owned in [false, true] {
+            let mut m = MockQueue::new(8, Behaviour::Honest).unwrap();
+            let mut data = vec![0u8; 8192];
+            pattern::fill(31, 0, &mut data);
+            m.host_write(0, &data);
+            let segs = m.segments().to_vec();
+            if owned {
+                round_trip(&mut m.qp.held(), &m.status, &segs);
+            } else {
+                round_trip(&mut &m.qp, &m.status, &segs);
+            }
+            assert_eq!(m.host_read(65536, 8192), data, "owned: {owned}");
+            assert_eq!(m.backing(3, 2), data, "owned: {owned}");
+        }
+    }
+
+    /// One command through `m`'s queue pair, held or shared.
+    fn flush(m: &mut MockQueue, owned: bool, resync: bool) -> crate::error::Result<()> {
+        let status = &m.status;
+        if owned {
+            let mut q = m.qp.held();
+            if resync {
+                q.resync(status);
+            }
+            one(&mut q, status, Flush::new().build())
+        } else {
+            let mut q = &m.qp;
+            if resync {
+                q.resync(status);
+            }
+            one(&mut q, status, Flush::new().build())
+        }
+    }
+
+    /// After a controller reset both ways report the epoch change once to their next
+    /// submission, then carry on; after a reset this thread made itself, `resync` adopts the
+    /// new epoch silently on either.
+    #[test]
+    fn both_ways_see_a_reset_once_and_resync_after_their_own() {
+        for owned in [false, true] {
+            let mut m = MockQueue::new(8, Behaviour::Honest).unwrap();
+            flush(&mut m, owned, false).unwrap();
+            m.reset_controller();
+            let e = flush(&mut m, owned, false);
+            assert!(matches!(e, Err(Error::EpochChanged { old: 1, new: 2 })), "owned {owned}: {e:?}");
+            flush(&mut m, owned, false).unwrap();
+            // Another reset, this time "ours": resync, and the next command goes through.
+            m.reset_controller();
+            flush(&mut m, owned, true).unwrap();
+        }
     }
 }
