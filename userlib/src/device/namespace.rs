@@ -145,10 +145,10 @@ impl Namespace {
         self.dev.queues.first().map_or(2, |q| q.depth())
     }
 
-    /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset`, in
-    /// bursts of commands all in flight at once, on the calling thread's own queue pair where
-    /// it has one (see [`DeviceOptions::thread_queues`](super::DeviceOptions)), else on a
-    /// shared one. The request was checked by [`crate::Storage`] (the PRP builder still
+    /// Moves `len` bytes between `reg` at `reg_offset` and the namespace at `dev_offset` (one
+    /// command, or bursts of commands all in flight at once), on the calling thread's own queue
+    /// pair where it has one (see [`DeviceOptions::thread_queues`](super::DeviceOptions)), else
+    /// on a shared one. The request was checked by [`crate::Storage`] (the PRP builder still
     /// refuses a range outside the registration). On a timeout the controller is reset; when
     /// that fails the failure carries an [`InFlight`] token (the commands may still run), and
     /// the caller must keep the memory pinned with it.
@@ -176,7 +176,8 @@ impl Namespace {
 
     /// [`Namespace::rw`] on queue `q`: the thread's own, a shared one, or one the caller owns.
     /// A request one command carries (the common synchronous read or write) goes straight to the
-    /// queue; a larger one runs as a lane ([`lanes::run_one`]).
+    /// queue; any other (larger, empty, or with memory registered on another device, which the
+    /// lane refuses by name) runs as a lane ([`lanes::run_one`]).
     pub(super) fn rw_on(
         &self,
         mut q: impl RequestQueue,

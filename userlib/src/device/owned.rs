@@ -77,7 +77,7 @@ impl OwnedQueuePair {
         self.qp.dptr_counts()
     }
 
-    /// [`Namespace::rw`] on this queue pair: the same bursts, deadlines, reset and failure
+    /// [`Namespace::rw`] on this queue pair: the same commands, deadlines, reset and failure
     /// reporting, through the single-owner queue calls.
     pub(crate) fn rw(
         &mut self,

@@ -231,7 +231,17 @@ impl RequestQueue for Held<'_> {
 /// claimed the queue and kept until the claim is dropped. The guard keeps the rings (plain
 /// data) alive by itself, so a claim outliving its queue's memory (the device closed) names
 /// nothing that is gone; it is only of use with the queue it came from.
-pub(crate) type RingsClaim = parking_lot::ArcMutexGuard<parking_lot::RawMutex, Rings>;
+///
+/// Opaque: nothing outside this module reaches the rings through it (no `DerefMut`), so no code
+/// can swap one queue's rings for another's and pair a queue's memory with rings of another
+/// depth; [`ClaimableQueue::held`] is the only way in.
+pub(crate) struct RingsClaim(parking_lot::ArcMutexGuard<parking_lot::RawMutex, Rings>);
+
+impl std::fmt::Debug for RingsClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RingsClaim").field(&*self.0).finish()
+    }
+}
 
 /// A queue pair for one thread at a time (a device's per-thread queues): the thread that claims
 /// it ([`ClaimableQueue::try_claim`]) holds its rings' lock for as long as it keeps the claim,
@@ -258,16 +268,17 @@ impl QueuePair {
 impl ClaimableQueue {
     /// Claims the queue: `None` while another claim holds it.
     pub(crate) fn try_claim(&self) -> Option<RingsClaim> {
-        self.rings.try_lock_arc()
+        self.rings.try_lock_arc().map(RingsClaim)
     }
 
     /// The rings held by `claim`, for lock-free use; `None` when `claim` is another queue's.
     #[inline]
     pub(crate) fn held<'a>(&'a self, claim: &'a mut RingsClaim) -> Option<Held<'a>> {
-        if !Arc::ptr_eq(RingsClaim::mutex(claim), &self.rings) {
+        if !Arc::ptr_eq(parking_lot::ArcMutexGuard::mutex(&claim.0), &self.rings) {
             return None;
         }
-        Some(Held { core: &self.core, rings: &mut *claim })
+        // INVARIANT: this queue's own rings (the same mutex), made with its memory's depth.
+        Some(Held { core: &self.core, rings: &mut claim.0 })
     }
 
     /// Queue id.

@@ -129,7 +129,10 @@ pub struct QueuePair {
 /// # Invariants
 ///
 /// `sq_mem` holds `depth` entries, `cq_mem` `depth` entries and `prp` `depth` pages (one per
-/// command id); `depth` is the depth of both rings.
+/// command id). Every [`Rings`] a `Core` is used with (its queue pair's, moved together into a
+/// [`ClaimableQueue`], lent together as a [`Held`], a [`Submission`] or a reap) has rings of
+/// `depth` slots: both are made from one depth in [`QueuePair::new`], a ring's depth never
+/// changes, and rings are only reached through their own queue (a [`RingsClaim`] is opaque).
 #[derive(Debug)]
 struct Core {
     qid: u16,
@@ -675,7 +678,8 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
         if let Err(old) = cmd.valid_in(r.epoch) {
             return Err(Error::EpochChanged { old, new: r.epoch });
         }
-        // SAFETY: `sq_mem` holds `depth` entries (`Core`'s invariant), the depth of `r.sq`.
+        // SAFETY: `sq_mem` holds `depth` entries and `r.sq` has `depth` slots (`Core`'s
+        // invariant: these rings are this core's).
         let Some(slot) = (unsafe { r.sq.push_unchecked(&core.sq_mem) }) else {
             return Err(Error::invalid("cmds", "the queue is full"));
         };

@@ -61,7 +61,8 @@ impl Violation {
 /// after a reset). It is consumed and otherwise ignored (`Ok(None)`), its SQ head too.
 #[inline(always)]
 fn reap_one(qp: &Core, r: &mut Rings, hand_out: bool) -> Option<std::result::Result<Option<Reaped>, Violation>> {
-    // SAFETY: `cq_mem` holds `depth` entries (`Core`'s invariant), the depth of `r.cq`.
+    // SAFETY: `cq_mem` holds `depth` entries and `r.cq` has `depth` slots (`Core`'s invariant:
+    // these rings are this core's).
     let e = unsafe { r.cq.pop_unchecked(&qp.cq_mem) }?;
     let cid = e.cid;
     if cid == 0 {

@@ -22,7 +22,8 @@ pub struct Entry {
     pub status: u16,
 }
 
-/// Completion ring state (no memory: the slots are passed to [`Cq::pop`]).
+/// Completion ring state (no memory: the slots are passed to [`Cq::pop`], or by a queue pair,
+/// whose memory was checked against the depth once, to [`Cq::pop_unchecked`]).
 ///
 /// # Invariants
 ///

@@ -7,7 +7,8 @@ use crate::mem::QueueMemory;
 /// Bytes of one submission queue entry.
 pub const SQE_BYTES: usize = 64;
 
-/// Submission ring state (no memory: the slots are passed to [`Sq::push`]).
+/// Submission ring state (no memory: the slots are passed to [`Sq::push`], or by a queue pair,
+/// whose memory was checked against the depth once, to [`Sq::push_unchecked`]).
 ///
 /// # Invariants
 ///
