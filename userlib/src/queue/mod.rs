@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::mem::{DeviceShared, QueueMemory};
 use crate::mmio::{Doorbell, Doorbells, StatusView};
 use crate::prp::PAGE;
-use crate::ring::cq::{Cq, CQE_BYTES};
+use crate::ring::cq::Cq;
 use crate::ring::sq::{Sq, SQE_BYTES};
 use crate::sys::DeviceFd;
 use cids::Cids;
@@ -200,8 +200,8 @@ impl QueuePair {
         let depth = args.depth;
         let bad = |what: &str| Error::DeviceProtocol(format!("queue {}: {what} for depth {depth}", args.qid));
         let (Some(sq), Some(cq)) = (Sq::new(depth), Cq::new(depth)) else { return Err(bad("invalid depth")) };
-        let d = depth as usize;
-        if sq_mem.len() < d * SQE_BYTES || cq_mem.len() < d * CQE_BYTES || prp.len() < d * PAGE as usize {
+        // The rings' own test of their memory: what their unchecked calls rely on (`Core`).
+        if !sq.fits(&sq_mem) || !cq.fits(&cq_mem) || prp.len() < depth as usize * PAGE as usize {
             return Err(bad("queue memory too small"));
         }
         // CAST: queue ids are 16-bit in NVMe.

@@ -57,7 +57,7 @@ impl Cq {
 
     /// True when `mem` holds every slot of the ring (what the unchecked calls require).
     #[inline]
-    fn fits<M: QueueMemory + ?Sized>(&self, mem: &M) -> bool {
+    pub fn fits<M: QueueMemory + ?Sized>(&self, mem: &M) -> bool {
         self.depth as usize * CQE_BYTES <= mem.len()
     }
 

@@ -62,13 +62,19 @@ impl Sq {
         self.depth - 1 - self.used()
     }
 
+    /// True when `mem` holds every slot of the ring (what [`Sq::push_unchecked`] requires).
+    #[inline]
+    pub fn fits<M: QueueMemory + ?Sized>(&self, mem: &M) -> bool {
+        self.depth as usize * SQE_BYTES <= mem.len()
+    }
+
     /// Claims the slot at the tail and advances the tail; the entry is written through the
     /// returned slot. `None` when the ring is full (or `mem` cannot hold the ring, which a
     /// queue pair rules out when it is made).
     #[cfg_attr(not(test), allow(dead_code))]
     #[inline]
     pub fn push<'m, M: QueueMemory + ?Sized>(&mut self, mem: &'m M) -> Option<SqSlot<'m, M>> {
-        if (self.depth as usize * SQE_BYTES) > mem.len() {
+        if !self.fits(mem) {
             return None;
         }
         // SAFETY: checked above: `mem` holds `depth` entries.
