@@ -3,9 +3,10 @@
 //! and verifies data through ugds, cross-checks it through the kernel nvme driver, and prints a
 //! short ugds-vs-kernel (fio, io_uring, O_DIRECT) comparison measured in the same run.
 
+use crate::bench::repeats;
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -115,7 +116,7 @@ fn announce(device: bool) -> Result<()> {
 
 /// Host side: check the machine, say what will be installed, set up, build, boot the VM (or run
 /// on a real device), report.
-pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
+pub fn run(device: Option<String>, seconds: u64, repeats: u64) -> Result<()> {
     let os = OsRelease::parse(&std::fs::read_to_string("/etc/os-release").unwrap_or_default());
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
@@ -128,7 +129,7 @@ pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
     let cli = release.join("ugds");
     let me = std::env::current_exe()?;
     if let Some(dev) = device {
-        return guest(&cli.display().to_string(), &dev, seconds);
+        return guest(&cli.display().to_string(), &dev, seconds, repeats);
     }
     let k = kernel::Choice::Test612.ensure()?;
     let ko = kmod::build_for(&k)?;
@@ -139,9 +140,15 @@ pub fn run(device: Option<String>, seconds: u64) -> Result<()> {
         iommu: false,
         bind_module: None,
         mem: "2G".into(),
-        timeout: Duration::from_secs(1200),
+        timeout: Duration::from_secs(1200 + 2 * repeats * seconds * ROWS.len() as u64),
         env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
-        cmd: vec![me.display().to_string(), "demo-guest".into(), cli.display().to_string(), seconds.to_string()],
+        cmd: vec![
+            me.display().to_string(),
+            "demo-guest".into(),
+            cli.display().to_string(),
+            seconds.to_string(),
+            repeats.to_string(),
+        ],
         p2p: None,
     };
     let out = vm::run(&cfg, &k, true)?;
@@ -208,7 +215,7 @@ fn block_of(addr: &str) -> Result<String> {
 }
 
 /// Guest side (or a real machine with `--device`): verify, compare, print.
-pub fn guest(cli: &str, device: &str, seconds: u64) -> Result<()> {
+pub fn guest(cli: &str, device: &str, seconds: u64, repeats: u64) -> Result<()> {
     let in_vm = device == "vm";
     if in_vm && !Path::new("/sys/module/ugds").exists() {
         let ko = std::env::var("UGDS_KMOD").context("UGDS_KMOD not set")?;
@@ -235,32 +242,62 @@ pub fn guest(cli: &str, device: &str, seconds: u64) -> Result<()> {
     }
     println!("kernel nvme driver read the same 64 MiB back from {blk}: identical");
 
-    println!("\n== 2. ugds vs the kernel driver (fio, io_uring, O_DIRECT, fixed buffers, registered files), {seconds} s each, same controller");
-    let mut kernel_rows = Vec::new();
-    for (_, rw, bs, jobs, _) in ROWS {
-        kernel_rows.push(fio(&blk, rw, bs, *jobs, seconds)?);
+    let rounds = if repeats > 1 { format!(", {repeats} times each") } else { String::new() };
+    println!(
+        "\n== 2. ugds vs the kernel driver (fio, io_uring, O_DIRECT, fixed buffers, registered files), {seconds} s each{rounds}, same controller, the engines taking turns row by row"
+    );
+    // The controller is with the kernel's driver after the cross-check.
+    let mut with_ugds = false;
+    let mut points = Vec::new();
+    for (row, (_, rw, bs, jobs, wait)) in ROWS.iter().enumerate() {
+        for (_, ugds_turn) in repeats::order(repeats as usize, with_ugds) {
+            if ugds_turn != with_ugds {
+                if ugds_turn {
+                    bind::bind(&addr)?;
+                } else {
+                    bind::unbind(&addr)?;
+                }
+                with_ugds = ugds_turn;
+            }
+            let (engine, f) = if ugds_turn {
+                ("ugds", ugds_bench(cli, &node(&addr)?, rw, bs, *jobs, wait, seconds)?)
+            } else {
+                // The kernel may name the controller anew after each rebind.
+                ("kernel", fio(&block_of(&addr)?, rw, bs, *jobs, seconds)?)
+            };
+            points.push(json!({"engine": engine, "row": row, "iops": f.iops, "p50_us": f.p50_us, "p99_us": f.p99_us}));
+        }
     }
-    bind::bind(&addr)?;
-    let n = node(&addr)?;
-    let mut ugds_rows = Vec::new();
-    for (_, rw, bs, jobs, wait) in ROWS {
-        ugds_rows.push(ugds_bench(cli, &n, rw, bs, *jobs, wait, seconds)?);
-    }
-    if in_vm {
+    // In the VM the controller goes back to the kernel; a real one stays with ugds, as it came.
+    if in_vm && with_ugds {
         bind::unbind(&addr)?;
+    } else if !in_vm && !with_ugds {
+        bind::bind(&addr)?;
     }
+    let merged = repeats::merge(&points, &["row"]);
+    let of = |engine: &str, row: usize| {
+        merged.iter().find(|p| p["engine"] == engine && p["row"] == row).cloned().unwrap_or(Value::Null)
+    };
     println!("\n| workload | kernel IOPS | ugds IOPS | ugds/kernel | kernel p50/p99 us | ugds p50/p99 us |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    for ((name, ..), (k, u)) in ROWS.iter().zip(kernel_rows.iter().zip(ugds_rows.iter())) {
+    for (row, (name, ..)) in ROWS.iter().enumerate() {
+        let (k, u) = (of("kernel", row), of("ugds", row));
+        let f = |v: &Value, key: &str| v[key].as_f64().unwrap_or(0.0);
         println!(
-            "| {name} | {:.0} | {:.0} | {:.2}x | {:.0} / {:.0} | {:.0} / {:.0} |",
-            k.iops,
-            u.iops,
-            u.iops / k.iops.max(1.0),
-            k.p50_us,
-            k.p99_us,
-            u.p50_us,
-            u.p99_us
+            "| {name} | {:.0} | {:.0} | {} | {:.0} / {:.0} | {:.0} / {:.0} |",
+            f(&k, "iops"),
+            f(&u, "iops"),
+            repeats::cell(repeats::ratio(&u, &k)),
+            f(&k, "p50_us"),
+            f(&k, "p99_us"),
+            f(&u, "p50_us"),
+            f(&u, "p99_us")
+        );
+    }
+    if repeats > 1 {
+        println!(
+            "\nIOPS and latencies are medians of {repeats}; a ratio is the median of the ratios of turns taken side by side, with their range; noisy: an engine's measurements of the row disagree by more than {}x.",
+            repeats::NOISY
         );
     }
     if in_vm {

@@ -117,6 +117,10 @@ enum Cmd {
         /// Seconds per benchmark point.
         #[arg(long, default_value_t = 3)]
         seconds: u64,
+        /// Measurements per engine and row, the engines taking turns (kernel, ugds, ugds,
+        /// kernel, ...); the table gives medians and the ratios' range.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+        repeats: u64,
     },
     /// Benchmark grid: the kernel driver (fio + io_uring) vs ugds (`ugds bench`, and fio with
     /// ugds's ioengine, same job) on the same emulated controllers (an image in host memory,
@@ -227,6 +231,8 @@ enum Cmd {
         cli: String,
         /// Seconds per point.
         seconds: u64,
+        /// Measurements per engine and row.
+        repeats: u64,
     },
     /// Generates include/ugds.h from the C ABI with cbindgen (`--check`: fail when stale).
     Header {
@@ -373,7 +379,7 @@ fn real_main() -> Result<()> {
                 println!("md RAID0 with the same layout: {}", bind::md_build_line(chunk, &disks));
             }
         }
-        Cmd::Demo { device, seconds } => demo::run(device, seconds)?,
+        Cmd::Demo { device, seconds, repeats } => demo::run(device, seconds, repeats)?,
         Cmd::Header { check } => clib::header(check)?,
         Cmd::FioBindings { fio_src, check } => fio::bindings(&fio_src, check)?,
         Cmd::InstallLib { prefix } => clib::install(&prefix)?,
@@ -411,7 +417,7 @@ fn real_main() -> Result<()> {
             let src = src.or_else(|| std::env::var_os("UGDS_SPDK_SRC").map(PathBuf::from));
             println!("{}", spdk::ensure(src.as_deref())?.perf().display());
         }
-        Cmd::DemoGuest { cli, seconds } => demo::guest(&cli, "vm", seconds)?,
+        Cmd::DemoGuest { cli, seconds, repeats } => demo::guest(&cli, "vm", seconds, repeats)?,
         Cmd::Cost => {
             cost::run()?;
         }
