@@ -25,6 +25,8 @@ pub enum Waiting {
     #[default]
     Adaptive,
     /// Busy-poll every wait: the lowest latency while every waiter has a core of its own.
+    /// With more threads of the process waiting than it has CPUs but one, a poller yields its
+    /// CPU every few polls (it never sleeps).
     Poll,
     /// Sleep on the interrupt without spinning: system calls per wait, no CPU spent waiting.
     Interrupts,
@@ -213,6 +215,8 @@ pub(crate) struct Waiter {
     /// Counted in [`WAITING`] in every phase but `Start`.
     phase: Phase,
     spins: u32,
+    /// How often a busy poll gave its CPU up (see [`Waiter::poll`]).
+    yields: u32,
     /// When the first pause came.
     since: Option<Instant>,
 }
@@ -221,7 +225,7 @@ impl Waiter {
     /// A wait for a request of `bytes` bytes.
     #[inline]
     pub(crate) fn new(bytes: u64) -> Self {
-        Waiter { q: None, bytes, phase: Phase::Start, spins: 0, since: None }
+        Waiter { q: None, bytes, phase: Phase::Start, spins: 0, yields: 0, since: None }
     }
 
     /// Pauses once on queue `q`: spins, or sleeps on its interrupt, as its mode and this
@@ -234,14 +238,32 @@ impl Waiter {
         crate::mock::on_idle_poll();
         self.spins = self.spins.wrapping_add(1);
         match q.mode {
-            Waiting::Poll => {
-                std::hint::spin_loop();
-                self.spins.is_multiple_of(super::SPINS_PER_CHECK)
-            }
+            Waiting::Poll => self.poll(),
             // Interrupt mode is adaptive waiting that never spins: its sleepers are counted the
             // same way, so a reaper wakes them.
             Waiting::Interrupts | Waiting::Adaptive => self.spin_or_sleep(q),
         }
+    }
+
+    /// A busy poll's pause. While more threads of the process wait than it has CPUs to spare,
+    /// it yields its CPU every few polls: a spinner that keeps its CPU for a whole time slice
+    /// holds up a waiter whose completion came (on 2 CPUs, 4 polling threads had a p99 of 8 to
+    /// 11 ms against the kernel's 1 to 2.5 ms); with a CPU of its own it never makes a system
+    /// call.
+    #[inline]
+    fn poll(&mut self) -> bool {
+        std::hint::spin_loop();
+        if self.phase == Phase::Start {
+            // Counted among the waiters until `release`.
+            WAITING.fetch_add(1, Ordering::AcqRel);
+            self.phase = Phase::Spinning;
+        } else if self.spins.is_multiple_of(SPINS_PER_BUDGET_CHECK)
+            && !may_spin(WAITING.load(Ordering::Acquire), spin_slots())
+        {
+            self.yields = self.yields.wrapping_add(1);
+            std::thread::yield_now();
+        }
+        self.spins.is_multiple_of(super::SPINS_PER_CHECK)
     }
 
     fn spin_or_sleep(&mut self, q: &Arc<QueueWait>) -> bool {
@@ -433,6 +455,26 @@ mod tests {
         assert!(start.elapsed() < MAX_SPIN, "{:?}", start.elapsed());
         drop(waiters);
         assert_eq!(q.sleepers.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn polling_yields_its_cpu_among_more_waiters_than_spare_cpus() {
+        let q = Arc::new(QueueWait::new(Waiting::Poll, None, u64::MAX));
+        // Every spare CPU's worth of other waiters, asleep (an interrupt-mode queue).
+        let other = Arc::new(QueueWait::new(
+            Waiting::Interrupts,
+            Some(Interrupt::always(EventFd::new().expect("eventfd"))),
+            u64::MAX,
+        ));
+        let mut others: Vec<Waiter> = (0..spin_slots()).map(|_| Waiter::new(4096)).collect();
+        for w in &mut others {
+            w.pause(&other);
+        }
+        let mut w = Waiter::new(4096);
+        for _ in 0..4 * SPINS_PER_BUDGET_CHECK {
+            w.pause(&q);
+        }
+        assert!(w.yields >= 3, "a poller among {} waiters yielded {} times", spin_slots() + 1, w.yields);
     }
 
     #[test]
