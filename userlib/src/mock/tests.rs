@@ -523,3 +523,31 @@ fn one_command_tickets_collect_their_own_status_once() {
     let e = m.qp.collect_one(t, &m.status).unwrap_err();
     assert!(matches!(e, Error::EpochChanged { old: 1, new: 2 }), "a stale ticket stays refused: {e:?}");
 }
+
+#[test]
+fn a_queue_pair_refuses_memory_that_cannot_hold_its_rings() {
+    let depth = 16u32;
+    let d = depth as usize;
+    let args = CreateQpair { depth, qid: 1, prp_dma: PRP_BUS, sq_doorbell: 0, cq_doorbell: 4, ..Default::default() };
+    let dbfd = memfd(4096).expect("memfd");
+    let doorbells = Arc::new(Doorbells::over(dbfd.as_raw_fd(), 4096).expect("doorbells"));
+    let make = |sq_len: usize, cq_len: usize, prp_len: usize| {
+        let (sq, _) = shared(sq_len, 0).expect("sq");
+        let (cq, _) = shared(cq_len, 0).expect("cq");
+        let (prp, _) = shared(prp_len, PRP_BUS).expect("prp");
+        let wait = QueueWait::new(Waiting::Poll, None, u64::MAX);
+        QueuePair::new(&args, sq, cq, prp, &doorbells, 1, wait, DptrPolicy::new(DataPointers::PrpOnly, 0))
+    };
+    let page = PAGE as usize;
+    assert!(make(d * 64, d * 16, d * page).is_ok(), "memory of the exact size is refused");
+    // One entry (or PRP page) short in any region: the pair is never made, so the unchecked
+    // ring calls never see that memory.
+    for (sq, cq, prp) in
+        [(d * 64 - 64, d * 16, d * page), (d * 64, d * 16 - 16, d * page), (d * 64, d * 16, (d - 1) * page)]
+    {
+        match make(sq, cq, prp) {
+            Err(Error::DeviceProtocol(m)) => assert!(m.contains("too small"), "{m}"),
+            other => panic!("SQ {sq}, CQ {cq}, PRP {prp} bytes for depth {depth}: {other:?}"),
+        }
+    }
+}
