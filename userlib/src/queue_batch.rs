@@ -54,7 +54,14 @@ pub(crate) struct QueueBatch {
     /// Leaked in a child forked after the batch was made: its mappings are the parent's.
     qp: ManuallyDrop<QueuePair>,
     capacity: usize,
+    /// Entries in flight, then completed ones until they are reported.
     pending: Vec<Slot>,
+    /// Entries of `pending` whose command completed and that were not reported yet (the rest
+    /// are in flight): what a poll counts without walking `pending`.
+    unreported: usize,
+    /// Polls that walked `pending` (what a poll that found nothing must not do).
+    #[cfg(test)]
+    walks: usize,
     ready: Vec<IoEvent>,
     cids: Vec<u16>,
     done: Vec<Option<Status>>,
@@ -104,6 +111,9 @@ impl QueueBatch {
             qp: ManuallyDrop::new(qp),
             capacity,
             pending: Vec::with_capacity(capacity),
+            unreported: 0,
+            #[cfg(test)]
+            walks: 0,
             ready: Vec::with_capacity(capacity),
             cids: Vec::with_capacity(capacity),
             done: Vec::with_capacity(capacity),
@@ -129,7 +139,7 @@ impl QueueBatch {
 
     /// Entries in flight.
     pub(crate) fn in_flight(&self) -> usize {
-        self.pending.iter().filter(|s| s.status.is_none()).count()
+        self.pending.len() - self.unreported
     }
 
     /// Submits checked entries with one doorbell write. An entry the queue cannot carry as one
@@ -213,7 +223,18 @@ impl QueueBatch {
         Ok(())
     }
 
-    fn collect_once(&mut self) -> Result<()> {
+    /// Collects what completed; returns whether an entry completed or failed (a poll that
+    /// found nothing costs one look at the CQ, not a walk over the entries).
+    fn collect_once(&mut self) -> Result<bool> {
+        match self.qp.reap_owned(&self.dev.status) {
+            Ok(0) => return Ok(false),
+            Ok(_) => {}
+            Err(e) => return self.fail_on_reset(e),
+        }
+        #[cfg(test)]
+        {
+            self.walks += 1;
+        }
         self.cids.clear();
         self.done.clear();
         for s in self.pending.iter().filter(|s| s.status.is_none()) {
@@ -221,33 +242,38 @@ impl QueueBatch {
             self.done.push(None);
         }
         if self.cids.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         match self.qp.collect_owned(&self.cids, &self.dev.status, &mut self.done) {
+            Ok(0) => return Ok(false),
             Ok(_) => {}
-            Err(Error::EpochChanged { old, new }) => {
-                // The controller was reset: it stopped, and every command still pending here
-                // was lost. Fail them (their command ids will be reused) and release their
-                // memory.
-                for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
-                    s.lease = None;
-                    s.reported = true;
-                    let error = Some(Error::EpochChanged { old, new });
-                    self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
-                }
-                self.pending.retain(|s| !s.reported);
-                return Ok(());
-            }
-            Err(e) => return Err(e),
+            Err(e) => return self.fail_on_reset(e),
         }
         for (s, done) in self.pending.iter_mut().filter(|s| s.status.is_none()).zip(&self.done) {
             if let Some(st) = *done {
                 s.status = Some(st);
+                self.unreported += 1;
                 // The command is over: the device no longer uses the memory.
                 s.lease = None;
             }
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// A reap or collect failed with `e`. When the controller was reset (`EpochChanged`), it
+    /// stopped, and every command still in flight here was lost: fails them (their command ids
+    /// will be reused), releases their memory and returns `Ok(true)`. Any other error is the
+    /// caller's.
+    fn fail_on_reset(&mut self, e: Error) -> Result<bool> {
+        let Error::EpochChanged { old, new } = e else { return Err(e) };
+        for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
+            s.lease = None;
+            s.reported = true;
+            let error = Some(Error::EpochChanged { old, new });
+            self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
+        }
+        self.pending.retain(|s| !s.reported);
+        Ok(true)
     }
 
     /// Waits until at least `min` events are available (or `timeout` passed) and returns all
@@ -257,8 +283,7 @@ impl QueueBatch {
         let mut wait = Waiter::new(self.pending.iter().map(|s| s.len).max().unwrap_or(0));
         loop {
             self.collect_once()?;
-            let avail = self.ready.len() + self.pending.iter().filter(|s| s.status.is_some() && !s.reported).count();
-            if avail >= min || self.pending.iter().all(|s| s.status.is_some()) {
+            if self.ready.len() + self.unreported >= min || self.in_flight() == 0 {
                 wait.done();
                 break;
             }
@@ -268,6 +293,10 @@ impl QueueBatch {
             wait.pause(self.qp.wait_state());
         }
         let mut out: Vec<(IoEvent, Path)> = self.ready.drain(..).map(|e| (e, Path::DirectHost)).collect();
+        if self.unreported == 0 {
+            return Ok(out);
+        }
+        self.unreported = 0;
         for s in self.pending.iter_mut().filter(|s| s.status.is_some() && !s.reported) {
             s.reported = true;
             let st = s.status.unwrap_or(Status::SUCCESS);
@@ -337,5 +366,52 @@ impl Drop for QueueBatch {
         delete_queue_pair(&self.dev.fd, self.qp.qid());
         // SAFETY: dropped once, here; `self` is going away.
         unsafe { ManuallyDrop::drop(&mut self.qp) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::mock_device::{mock_batch_device, mock_buffer};
+    use crate::mock::{stop_stepping_on_idle_polls, MockConfig};
+    use crate::Storage;
+
+    /// A poll that finds nothing posted looks at the CQ only: with many entries in flight it
+    /// walks none of them, and the entries still complete once the device answers.
+    #[test]
+    fn a_poll_that_finds_nothing_walks_no_entries() {
+        let cfg = MockConfig { depth: 33, stepped: true, ..MockConfig::default() };
+        let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_secs(5)).expect("mock");
+        let ns = dev.namespace(1).expect("namespace");
+        let st = Storage::direct(&dev, 1).expect("storage");
+        let buf = Arc::new(mock_buffer(&st, &dev, &mock).expect("buffer"));
+        let mut b = QueueBatch::over(&dev, &ns, qp, 32, 0);
+        let entries = (0..32u64)
+            .map(|i| Entry {
+                op: Op::Read,
+                lease: Lease::new(buf.clone()).expect("lease"),
+                buf_offset: i * 4096,
+                dev_offset: i * 4096,
+                len: 4096,
+                cookie: i,
+            })
+            .collect();
+        b.submit(entries).expect("submit");
+        // The device has not run: nothing to report, and nothing walked.
+        for _ in 0..100 {
+            assert!(b.status(0, Duration::ZERO).expect("status").is_empty());
+        }
+        assert_eq!((b.walks, b.in_flight()), (0, 32));
+        mock.step_on_idle_polls();
+        let mut got = Vec::new();
+        while got.len() < 32 {
+            let ev = b.status(32 - got.len(), Duration::from_secs(5)).expect("status");
+            assert!(!ev.is_empty(), "no completion within 5 s");
+            got.extend(ev.into_iter().map(|(e, _)| (e.cookie, e.status)));
+        }
+        stop_stepping_on_idle_polls();
+        got.sort_by_key(|g| g.0);
+        assert_eq!(got, (0..32).map(|i| (i, IoStatus::Complete)).collect::<Vec<_>>());
+        assert!(b.walks >= 1 && b.in_flight() == 0, "walks {}", b.walks);
     }
 }

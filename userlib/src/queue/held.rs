@@ -4,8 +4,8 @@
 //! request needs of a queue either way, held or shared (locked per call).
 
 use super::{
-    check_burst, check_epoch, collect_in, collect_one_in, Core, DptrCounts, QueuePair, QueueWait, Rings, Submission,
-    Ticket, Wait,
+    check_burst, check_epoch, collect_in, collect_one_in, reap, Core, DptrCounts, QueuePair, QueueWait, Rings,
+    Submission, Ticket, Wait,
 };
 use crate::cmd::Command;
 use crate::error::Result;
@@ -97,6 +97,13 @@ impl<'q> Held<'q> {
         timeout: Duration,
     ) -> Result<Ticket> {
         self.submission_with_room(nsid, 1, status, timeout, cmd)?.push_one(cmd)
+    }
+
+    /// [`QueuePair::reap_owned`].
+    #[inline]
+    pub(crate) fn reap(&mut self, status: &StatusView) -> Result<usize> {
+        reap::record_all(self.core, self.rings, status)?;
+        Ok(self.rings.cids.done())
     }
 
     /// [`QueuePair::collect_owned`].

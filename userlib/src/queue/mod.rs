@@ -399,6 +399,13 @@ impl QueuePair {
         collect_in(&self.core, &mut r, epoch, cids, status, out)
     }
 
+    /// Takes what the device posted off the CQ (as [`QueuePair::collect_owned`] does) and
+    /// returns how many commands completed whose status nobody collected yet: a single owner
+    /// that polls many commands looks for them only when this is not 0.
+    pub(crate) fn reap_owned(&mut self, status: &StatusView) -> Result<usize> {
+        self.held().reap(status)
+    }
+
     /// [`QueuePair::collect`] for the queue's single owner: no lock.
     pub fn collect_owned(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
         self.held().collect(cids, status, out)
