@@ -188,12 +188,13 @@ impl QueueWait {
     }
 }
 
-/// Where an adaptive wait stands.
+/// Where a wait stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Not yet paused: the first poll found nothing.
     Start,
-    /// Spinning, holding one of the process's spin slots.
+    /// Spinning: counted among the process's waiters (an adaptive wait holding one of its spin
+    /// slots, or a busy poll).
     Spinning,
     /// Counted among the queue's sleepers; the caller polls once more before the first sleep.
     Sleeping,
@@ -253,6 +254,12 @@ impl Waiter {
     #[inline]
     fn poll(&mut self) -> bool {
         std::hint::spin_loop();
+        if self.q.is_some() {
+            // A wait over several queues came here from an adaptive or interrupt-mode one:
+            // it gives back its place there (among that queue's sleepers too) and starts over.
+            self.release();
+            self.q = None;
+        }
         if self.phase == Phase::Start {
             // Counted among the waiters until `release`.
             WAITING.fetch_add(1, Ordering::AcqRel);
@@ -267,8 +274,9 @@ impl Waiter {
     }
 
     fn spin_or_sleep(&mut self, q: &Arc<QueueWait>) -> bool {
-        if self.q.as_ref().is_some_and(|held| !Arc::ptr_eq(held, q)) {
-            // A wait over several queues moved to another one: start over there.
+        if self.phase != Phase::Start && !self.q.as_ref().is_some_and(|held| Arc::ptr_eq(held, q)) {
+            // A wait over several queues moved to another one (or came from a polling one,
+            // which holds none): start over there.
             self.release();
         }
         match self.phase {
@@ -475,6 +483,25 @@ mod tests {
             w.pause(&q);
         }
         assert!(w.yields >= 3, "a poller among {} waiters yielded {} times", spin_slots() + 1, w.yields);
+    }
+
+    #[test]
+    fn a_wait_moving_between_polling_and_interrupt_queues_leaves_no_place_behind() {
+        let polled = Arc::new(QueueWait::new(Waiting::Poll, None, u64::MAX));
+        let irq = || Some(Interrupt::always(EventFd::new().expect("eventfd")));
+        let sleepy = Arc::new(QueueWait::new(Waiting::Interrupts, irq(), u64::MAX));
+        let mut w = Waiter::new(4096);
+        w.pause(&polled);
+        w.pause(&polled);
+        // On an interrupt-mode queue it never spins, and it counts among that queue's sleepers.
+        w.pause(&sleepy);
+        assert_eq!((w.phase, sleepy.sleepers.load(Ordering::Acquire)), (Phase::Sleeping, 1));
+        // Back on the polling queue, it is no longer one of them.
+        w.pause(&polled);
+        assert_eq!((w.phase, sleepy.sleepers.load(Ordering::Acquire)), (Phase::Spinning, 0));
+        w.pause(&sleepy);
+        drop(w);
+        assert_eq!(sleepy.sleepers.load(Ordering::Acquire), 0);
     }
 
     #[test]
