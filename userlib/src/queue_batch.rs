@@ -214,6 +214,11 @@ impl QueueBatch {
                     s.lease = None;
                 }
                 self.pending.truncate(first);
+                if let Error::EpochChanged { old, new } = e {
+                    // The submission met a reset: the commands of earlier bursts were lost with
+                    // it, and their ids are free for others now.
+                    self.fail_in_flight(old, new);
+                }
                 return Err(e);
             }
         };
@@ -223,11 +228,16 @@ impl QueueBatch {
         Ok(())
     }
 
-    /// Collects what completed; returns whether an entry completed or failed (a poll that
-    /// found nothing costs one look at the CQ, not a walk over the entries).
-    fn collect_once(&mut self) -> Result<bool> {
+    /// Collects what completed (a poll that finds nothing costs one look at the CQ, not a walk
+    /// over the entries).
+    fn collect_once(&mut self) -> Result<()> {
+        if self.in_flight() == 0 {
+            // Nothing to wait for: the device is not asked (its faults are for the next
+            // submission to meet), and completed entries are reported as they are.
+            return Ok(());
+        }
         match self.qp.reap_owned(&self.dev.status) {
-            Ok(0) => return Ok(false),
+            Ok(0) => return Ok(()),
             Ok(_) => {}
             Err(e) => return self.fail_on_reset(e),
         }
@@ -242,10 +252,10 @@ impl QueueBatch {
             self.done.push(None);
         }
         if self.cids.is_empty() {
-            return Ok(false);
+            return Ok(());
         }
         match self.qp.collect_owned(&self.cids, &self.dev.status, &mut self.done) {
-            Ok(0) => return Ok(false),
+            Ok(0) => return Ok(()),
             Ok(_) => {}
             Err(e) => return self.fail_on_reset(e),
         }
@@ -257,15 +267,21 @@ impl QueueBatch {
                 s.lease = None;
             }
         }
-        Ok(true)
+        Ok(())
     }
 
     /// A reap or collect failed with `e`. When the controller was reset (`EpochChanged`), it
     /// stopped, and every command still in flight here was lost: fails them (their command ids
-    /// will be reused), releases their memory and returns `Ok(true)`. Any other error is the
-    /// caller's.
-    fn fail_on_reset(&mut self, e: Error) -> Result<bool> {
+    /// will be reused) and releases their memory. Any other error is the caller's.
+    fn fail_on_reset(&mut self, e: Error) -> Result<()> {
         let Error::EpochChanged { old, new } = e else { return Err(e) };
+        self.fail_in_flight(old, new);
+        Ok(())
+    }
+
+    /// Fails every entry in flight with the reset from epoch `old` to `new` (its command was
+    /// lost) and releases its memory (the controller stopped).
+    fn fail_in_flight(&mut self, old: u64, new: u64) {
         for s in self.pending.iter_mut().filter(|s| s.status.is_none()) {
             s.lease = None;
             s.reported = true;
@@ -273,7 +289,6 @@ impl QueueBatch {
             self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
         }
         self.pending.retain(|s| !s.reported);
-        Ok(true)
     }
 
     /// Waits until at least `min` events are available (or `timeout` passed) and returns all
@@ -373,30 +388,39 @@ impl Drop for QueueBatch {
 mod tests {
     use super::*;
     use crate::device::mock_device::{mock_batch_device, mock_buffer};
-    use crate::mock::{stop_stepping_on_idle_polls, MockConfig};
+    use crate::mock::{stop_stepping_on_idle_polls, MockConfig, MockDevice};
     use crate::Storage;
 
-    /// A poll that finds nothing posted looks at the CQ only: with many entries in flight it
-    /// walks none of them, and the entries still complete once the device answers.
-    #[test]
-    fn a_poll_that_finds_nothing_walks_no_entries() {
+    /// A batch of 32 entries on its own queue over the device model, which answers only when
+    /// stepped; a buffer registered on it.
+    fn batch() -> (QueueBatch, Arc<Buffer>, MockDevice, Device) {
         let cfg = MockConfig { depth: 33, stepped: true, ..MockConfig::default() };
         let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_secs(5)).expect("mock");
         let ns = dev.namespace(1).expect("namespace");
         let st = Storage::direct(&dev, 1).expect("storage");
         let buf = Arc::new(mock_buffer(&st, &dev, &mock).expect("buffer"));
-        let mut b = QueueBatch::over(&dev, &ns, qp, 32, 0);
-        let entries = (0..32u64)
-            .map(|i| Entry {
-                op: Op::Read,
-                lease: Lease::new(buf.clone()).expect("lease"),
-                buf_offset: i * 4096,
-                dev_offset: i * 4096,
-                len: 4096,
-                cookie: i,
-            })
-            .collect();
-        b.submit(entries).expect("submit");
+        (QueueBatch::over(&dev, &ns, qp, 32, 0), buf, mock, dev)
+    }
+
+    /// 4 KiB reads, entry `i` at block `i` into page `i` of `buf`, its cookie `i`.
+    fn reads(buf: &Arc<Buffer>, ids: std::ops::Range<u64>) -> Vec<Entry> {
+        ids.map(|i| Entry {
+            op: Op::Read,
+            lease: Lease::new(buf.clone()).expect("lease"),
+            buf_offset: i * 4096,
+            dev_offset: i * 4096,
+            len: 4096,
+            cookie: i,
+        })
+        .collect()
+    }
+
+    /// A poll that finds nothing posted looks at the CQ only: with many entries in flight it
+    /// walks none of them, and the entries still complete once the device answers.
+    #[test]
+    fn a_poll_that_finds_nothing_walks_no_entries() {
+        let (mut b, buf, mock, _dev) = batch();
+        b.submit(reads(&buf, 0..32)).expect("submit");
         // The device has not run: nothing to report, and nothing walked.
         for _ in 0..100 {
             assert!(b.status(0, Duration::ZERO).expect("status").is_empty());
@@ -413,5 +437,26 @@ mod tests {
         got.sort_by_key(|g| g.0);
         assert_eq!(got, (0..32).map(|i| (i, IoStatus::Complete)).collect::<Vec<_>>());
         assert!(b.walks >= 1 && b.in_flight() == 0, "walks {}", b.walks);
+    }
+
+    /// A submission that meets a controller reset fails the entries of earlier bursts, whose
+    /// commands were lost with it (their ids are free for other commands now), instead of
+    /// leaving them to wait for completions that never come.
+    #[test]
+    fn a_submission_that_meets_a_reset_fails_the_entries_in_flight() {
+        let (mut b, buf, mock, _dev) = batch();
+        b.submit(reads(&buf, 0..4)).expect("submit");
+        mock.reset_controller();
+        let e = b.submit(reads(&buf, 4..5)).expect_err("a submission across a reset");
+        assert!(matches!(e, Error::EpochChanged { .. }), "{e:?}");
+        assert_eq!(b.in_flight(), 0, "entries still wait for lost commands");
+        let mut ev: Vec<_> =
+            b.status(4, Duration::from_millis(100)).expect("status").into_iter().map(|(e, _)| e).collect();
+        ev.sort_by_key(|e| e.cookie);
+        assert_eq!(
+            ev.iter().map(|e| (e.cookie, e.status)).collect::<Vec<_>>(),
+            (0..4).map(|i| (i, IoStatus::Failed)).collect::<Vec<_>>()
+        );
+        assert!(ev.iter().all(|e| matches!(e.error, Some(Error::EpochChanged { .. }))), "{ev:?}");
     }
 }
