@@ -208,8 +208,9 @@ enum Phase {
 /// gives back its spin slot or its place among the sleepers on every path.
 #[derive(Debug)]
 pub(crate) struct Waiter {
-    /// The queue it spins or sleeps for (set at the first pause: a wait whose first poll found
-    /// everything costs nothing).
+    /// The adaptive or interrupt-mode queue it spins or sleeps for (set at the first pause
+    /// there: a wait whose first poll found everything costs nothing). A busy poll holds none:
+    /// it has no per-queue place to give back.
     q: Option<Arc<QueueWait>>,
     /// Whether this wait may spin at all (adaptive mode: its request's size).
     bytes: u64,
