@@ -5,9 +5,9 @@
 //! comes when its last piece completes. Completions are matched by command identifier and
 //! read straight into the entry's memory. A batch holds as many queues as its capacity needs
 //! (127 commands each): small entries fill the first with room, large ones go to the queue
-//! with the fewest bytes in flight. One thread reaps them all: reaping a queue on a thread of
-//! its own when much data is coming was tried and measured slower (a thread per wake-up costs
-//! more than the second core gives back under emulation).
+//! with the fewest bytes in flight. Large entries, where the machine has CPUs to spare, go to
+//! threads of the batch's own instead, one queue each (`remote::spread`): one thread reading
+//! every connection does all their receive work on one core.
 //!
 //! Waiting blocks in `ppoll` on the queues' sockets: the target (on a small machine, the same
 //! cores) needs the CPU more than a spinning reader does. A queue that stays silent with
@@ -17,11 +17,13 @@
 //! data is closed for good (`Pipelined::abandon`) before any of its entries' leases go.
 
 use super::fabrics::Controller;
+use super::spread::Spread;
 use super::transport::{Done, Pipelined, RawData};
 use super::Link;
 use crate::batch::{Entry, IoEvent, IoStatus, Op};
 use crate::buffer::{Mem, Path};
 use crate::error::{Error, Result};
+use crate::sys::EventFd;
 use std::collections::{HashMap, VecDeque};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -76,6 +78,15 @@ pub(crate) struct RemoteBatch {
     ready: Vec<(IoEvent, Path)>,
     next_id: u64,
     reaped: Vec<(u16, Done)>,
+    /// Threads running the entries of [`LARGE_ENTRY`] bytes or more, once one came.
+    spread: Option<Spread>,
+    /// Whether large entries may still get threads (not on a thread's own batch, nor after
+    /// the machine could not give them).
+    may_spread: bool,
+    /// On a thread's batch: signalled when the thread has orders; a wait ends on it.
+    inbox: Option<Arc<EventFd>>,
+    /// The inbox was signalled during the current wait.
+    woken: bool,
 }
 
 impl std::fmt::Debug for RemoteBatch {
@@ -94,6 +105,21 @@ impl RemoteBatch {
     /// A batch of up to `capacity` entries on `link`'s namespace: `None` when its queues do not
     /// keep commands in flight across calls (RDMA), or none can be spared or connected for it.
     pub(crate) fn new(link: &Arc<Link>, capacity: usize) -> Option<RemoteBatch> {
+        Self::with(link, capacity, true)
+    }
+
+    /// A batch like [`RemoteBatch::new`]'s that keeps every entry on its own queues: the one a
+    /// spreading thread runs.
+    pub(crate) fn single(link: &Arc<Link>, capacity: usize) -> Option<RemoteBatch> {
+        Self::with(link, capacity, false)
+    }
+
+    /// Makes every later wait of this batch end when `inbox` is signalled (it is cleared then).
+    pub(crate) fn end_waits_on(&mut self, inbox: Arc<EventFd>) {
+        self.inbox = Some(inbox);
+    }
+
+    fn with(link: &Arc<Link>, capacity: usize, may_spread: bool) -> Option<RemoteBatch> {
         let mut b = RemoteBatch {
             link: link.clone(),
             lanes: Vec::new(),
@@ -104,6 +130,10 @@ impl RemoteBatch {
             ready: Vec::new(),
             next_id: 0,
             reaped: Vec::new(),
+            spread: None,
+            may_spread,
+            inbox: None,
+            woken: false,
         };
         if !b.add_lane() {
             return None;
@@ -123,13 +153,21 @@ impl RemoteBatch {
 
     /// Entries started or waiting.
     pub(crate) fn in_flight(&self) -> usize {
-        self.pending.len() + self.waiting.len()
+        self.pending.len() + self.waiting.len() + self.spread.as_ref().map_or(0, Spread::in_flight)
     }
 
     /// Starts `entries` (checked, leased, each [`RemoteBatch::takes`]); those that find no
     /// room wait for it, in order.
     pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
         for e in entries {
+            if e.len >= LARGE_ENTRY && self.spread_ready() {
+                // The caller's queues count as one thread more.
+                let own = self.pending.len() + self.waiting.len();
+                if let Some(s) = self.spread.as_mut().filter(|s| s.least() < own) {
+                    s.submit(e);
+                    continue;
+                }
+            }
             let id = self.next_id;
             self.next_id += 1;
             self.waiting.push_back((id, e));
@@ -146,8 +184,12 @@ impl RemoteBatch {
         self.progress(Duration::ZERO);
         loop {
             self.start_waiting();
+            if let Some(s) = self.spread.as_mut() {
+                s.drain(&mut self.ready);
+            }
             let now = Instant::now();
-            if self.ready.len() >= min || self.in_flight() == 0 || now >= deadline {
+            let woken = std::mem::take(&mut self.woken);
+            if self.ready.len() >= min || self.in_flight() == 0 || now >= deadline || woken {
                 return Ok(std::mem::take(&mut self.ready));
             }
             self.progress(deadline - now);
@@ -161,11 +203,25 @@ impl RemoteBatch {
             let ev = IoEvent { cookie: e.cookie, status: IoStatus::Canceled, bytes: 0, error: None };
             self.ready.push((ev, Path::Remote));
         }
+        if let Some(s) = self.spread.as_mut() {
+            s.cancel(&mut self.ready);
+        }
         while !self.pending.is_empty() {
             // Bounded: a silent queue is closed after the URI's timeout.
             self.progress(self.link.timeout());
         }
         Ok(std::mem::take(&mut self.ready))
+    }
+
+    /// Whether large entries have threads, starting them at the first one.
+    fn spread_ready(&mut self) -> bool {
+        if self.spread.is_none() && self.may_spread {
+            // Whatever happens, tried once.
+            self.may_spread = false;
+            let capacity = self.lanes.iter().map(|l| l.owner.len()).sum::<usize>().max(1);
+            self.spread = Spread::new(&self.link, capacity);
+        }
+        self.spread.is_some()
     }
 
     /// One more queue, if the controller spares one.
@@ -304,6 +360,10 @@ impl RemoteBatch {
                 let err = self.no_queue("batch I/O (its commands were lost)".into(), libc::ECONNABORTED);
                 self.finish_failed(id, IoStatus::Failed, err);
             }
+            // Only the threads' entries run: wait for their events.
+            if let Some(s) = self.spread.as_ref().filter(|s| s.in_flight() > 0) {
+                s.wait(wait);
+            }
             return;
         }
         let ready = self.readable(&busy, wait);
@@ -358,6 +418,15 @@ impl RemoteBatch {
                 revents: 0,
             })
             .collect();
+        // Last: what else ends the wait (a thread's orders, or events from the threads).
+        let other = match (&self.inbox, &self.spread) {
+            (Some(inbox), _) => Some(inbox.raw()),
+            (None, Some(s)) if s.in_flight() > 0 => Some(s.wake_fd()),
+            _ => None,
+        };
+        if let Some(fd) = other {
+            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        }
         let ts = libc::timespec {
             // CAST: a wait of more than 2^63 seconds is not asked for; clamp anyway.
             tv_sec: wait.as_secs().min(i64::MAX as u64) as libc::time_t,
@@ -369,6 +438,17 @@ impl RemoteBatch {
         let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
         if n <= 0 {
             return Vec::new();
+        }
+        if other.is_some() && fds.last().is_some_and(|f| f.revents != 0) {
+            match (&self.inbox, &self.spread) {
+                (Some(inbox), _) => {
+                    inbox.wait(0);
+                    self.woken = true;
+                }
+                // Cleared here, taken by `status`.
+                (None, Some(s)) => s.wait(Duration::ZERO),
+                _ => {}
+            }
         }
         // Errors and hang-ups are read too: the read names them.
         busy.iter().zip(&fds).filter(|(_, f)| f.revents != 0).map(|(&i, _)| i).collect()

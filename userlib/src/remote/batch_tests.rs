@@ -183,3 +183,68 @@ fn a_restarted_target_fails_the_batch_by_name_and_the_next_batch_reconnects() {
     drop(b);
     assert_eq!(buf.inflight(), 0);
 }
+
+/// The threads a batch starts for its large entries (the caller's is one more).
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4) - 1
+}
+
+#[test]
+fn large_entries_run_on_threads_each_with_a_connection_of_its_own() {
+    let cfg = FakeConfig::default();
+    let fake = Fake::start(cfg.clone());
+    let disk: Vec<u8> = pattern(23, 16 << 17);
+    fake.disk.lock().unwrap()[..disk.len()].copy_from_slice(&disk);
+    let st = Arc::new(Storage::open(fake.uri(&cfg.nqn, 1)).unwrap());
+    let mut b = StorageBatch::new(&st, 8).unwrap();
+    let buf = Arc::new(st.alloc_host(8 << 17).unwrap());
+    // Small entries stay on the batch's own queue: no connection is added for them.
+    let small: Vec<IoRequest> = (0..4u64).map(|i| request(Op::Read, &buf, i * 4096, i * 4096, 4096, i)).collect();
+    b.submit(&small).unwrap();
+    assert_eq!(events(&mut b, 4).len(), 4);
+    let before = fake.connections();
+    // 128 KiB entries (twice, so the threads outlive one round), from the disk's back half.
+    for round in 0..2u64 {
+        let large: Vec<IoRequest> =
+            (0..8u64).map(|i| request(Op::Read, &buf, i << 17, (15 - i - round) << 17, 1 << 17, 10 + i)).collect();
+        b.submit(&large).unwrap();
+        assert_eq!(b.in_flight(), 8);
+        let evs = events(&mut b, 8);
+        assert_eq!(evs.len(), 8, "{evs:?}");
+        for e in &evs {
+            assert_eq!((e.status, e.bytes), (IoStatus::Complete, 1 << 17), "{e:?}");
+        }
+        let mut back = vec![0u8; 8 << 17];
+        buf.copy_out(0, &mut back).unwrap();
+        for i in 0..8usize {
+            let at = (15 - i - round as usize) << 17;
+            assert!(back[i << 17..(i + 1) << 17] == disk[at..at + (1 << 17)], "round {round} entry {i}: wrong bytes");
+        }
+        assert_eq!(buf.inflight(), 0, "every lease is back");
+    }
+    let added = fake.connections() - before;
+    if threads() >= 1 {
+        assert_eq!(added, threads(), "a connection per thread, made once");
+    } else {
+        assert_eq!(added, 0, "one CPU: no threads");
+    }
+}
+
+#[test]
+fn a_batch_dropped_with_large_entries_in_flight_closes_their_queues_and_releases_its_buffers() {
+    // The fake never answers an I/O queue: the entries stay in flight until the batch goes.
+    let cfg = FakeConfig { gather: 1000, ..Default::default() };
+    let fake = Fake::start(cfg.clone());
+    let st = Arc::new(Storage::open(fake.uri(&cfg.nqn, 1)).unwrap());
+    let buf = Arc::new(st.alloc_host(4 << 17).unwrap());
+    let mut b = StorageBatch::new(&st, 4).unwrap();
+    let reqs: Vec<IoRequest> = (0..4u64).map(|i| request(Op::Read, &buf, i << 17, i << 17, 1 << 17, i)).collect();
+    b.submit(&reqs).unwrap();
+    assert_eq!(b.status(1, Duration::from_millis(20)).unwrap().len(), 0);
+    assert_eq!(buf.inflight(), 4);
+    let t = Instant::now();
+    drop(b);
+    // Dropping cancels: started entries get the URI's timeout (300 ms), then the threads stop.
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(buf.inflight(), 0, "every lease is back once the batch is gone");
+}

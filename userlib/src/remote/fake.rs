@@ -80,6 +80,8 @@ pub(crate) struct Fake {
     pub(crate) disk: Arc<Mutex<Vec<u8>>>,
     /// Every connection so far (for [`Fake::kill`]).
     conns: Arc<Mutex<Vec<TcpStream>>>,
+    /// Connections accepted so far.
+    accepted: Arc<AtomicUsize>,
 }
 
 impl Fake {
@@ -90,6 +92,7 @@ impl Fake {
         let disk = Arc::new(Mutex::new(vec![0u8; cfg.block_size * cfg.blocks]));
         let d = disk.clone();
         let count = Arc::new(AtomicUsize::new(0));
+        let accepted = count.clone();
         let conns = Arc::new(Mutex::new(Vec::new()));
         let all = conns.clone();
         std::thread::spawn(move || {
@@ -108,7 +111,12 @@ impl Fake {
                 });
             }
         });
-        Fake { addr, disk, conns }
+        Fake { addr, disk, conns, accepted }
+    }
+
+    /// Connections accepted so far (the admin queue's included).
+    pub(crate) fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// Closes every connection (a target restart that keeps its data); new ones are served.
