@@ -108,10 +108,9 @@ impl RemoteBatch {
         Self::with(link, capacity, true)
     }
 
-    /// A batch like [`RemoteBatch::new`]'s that keeps every entry on its own queues: the one a
-    /// spreading thread runs.
-    pub(crate) fn single(link: &Arc<Link>, capacity: usize) -> Option<RemoteBatch> {
-        Self::with(link, capacity, false)
+    /// A batch of one queue that keeps every entry on it: the one a spreading thread runs.
+    pub(crate) fn single(link: &Arc<Link>) -> Option<RemoteBatch> {
+        Self::with(link, 1, false)
     }
 
     /// Makes every later wait of this batch end when `inbox` is signalled (it is cleared then).
@@ -203,14 +202,20 @@ impl RemoteBatch {
             let ev = IoEvent { cookie: e.cookie, status: IoStatus::Canceled, bytes: 0, error: None };
             self.ready.push((ev, Path::Remote));
         }
-        if let Some(s) = self.spread.as_mut() {
-            s.cancel(&mut self.ready);
+        if let Some(s) = &self.spread {
+            s.cancel();
         }
-        while !self.pending.is_empty() {
-            // Bounded: a silent queue is closed after the URI's timeout.
+        // The threads' entries and this thread's own are waited for together.
+        loop {
+            if let Some(s) = self.spread.as_mut() {
+                s.drain(&mut self.ready);
+            }
+            if self.pending.is_empty() && self.spread.as_ref().is_none_or(|s| s.in_flight() == 0) {
+                return Ok(std::mem::take(&mut self.ready));
+            }
+            // Bounded: a silent queue is closed after the URI's timeout, here and on the threads.
             self.progress(self.link.timeout());
         }
-        Ok(std::mem::take(&mut self.ready))
     }
 
     /// Whether large entries have threads, starting them at the first one.
@@ -218,8 +223,7 @@ impl RemoteBatch {
         if self.spread.is_none() && self.may_spread {
             // Whatever happens, tried once.
             self.may_spread = false;
-            let capacity = self.lanes.iter().map(|l| l.owner.len()).sum::<usize>().max(1);
-            self.spread = Spread::new(&self.link, capacity);
+            self.spread = Spread::new(&self.link);
         }
         self.spread.is_some()
     }

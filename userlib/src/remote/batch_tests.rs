@@ -248,3 +248,32 @@ fn a_batch_dropped_with_large_entries_in_flight_closes_their_queues_and_releases
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert_eq!(buf.inflight(), 0, "every lease is back once the batch is gone");
 }
+
+#[test]
+fn large_entries_fail_by_name_when_their_threads_find_no_connection() {
+    let cfg = FakeConfig::default();
+    let fake = Fake::start(cfg.clone());
+    let st = Arc::new(Storage::open(fake.uri(&cfg.nqn, 1)).unwrap());
+    let mut b = StorageBatch::new(&st, 8).unwrap();
+    let buf = Arc::new(st.alloc_host(4 << 17).unwrap());
+    let reqs: Vec<IoRequest> = (0..4u64).map(|i| request(Op::Read, &buf, i << 17, i << 17, 1 << 17, i)).collect();
+    // The first round starts the threads.
+    b.submit(&reqs).unwrap();
+    assert!(events(&mut b, 4).iter().all(|e| e.status == IoStatus::Complete));
+    // The target goes away for good: its connections close and no new one is accepted.
+    fake.refuse();
+    fake.kill();
+    // The first round after finds the connections broken, the next finds none to make: each
+    // entry still gets its event, on the caller's queues and on the threads'.
+    for round in 0..3 {
+        b.submit(&reqs).unwrap();
+        let evs = events(&mut b, 4);
+        assert_eq!(evs.len(), 4, "round {round}: {evs:?}");
+        for e in &evs {
+            assert_ne!(e.status, IoStatus::Complete, "round {round}: {e:?}");
+            assert!(matches!(e.error, Some(Error::RemoteTransport { .. })), "round {round}: {e:?}");
+        }
+        assert_eq!(b.in_flight(), 0, "round {round}");
+    }
+    assert_eq!(buf.inflight(), 0, "every lease is back");
+}

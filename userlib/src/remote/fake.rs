@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds_uapi::tcp::{fctype, flags, pdu_type, ConnectData, DataPdu, IcPdu, PduHeader, FABRICS_OPCODE};
@@ -82,6 +82,8 @@ pub(crate) struct Fake {
     conns: Arc<Mutex<Vec<TcpStream>>>,
     /// Connections accepted so far.
     accepted: Arc<AtomicUsize>,
+    /// New connections are closed at once (a target gone for good).
+    refusing: Arc<AtomicBool>,
 }
 
 impl Fake {
@@ -93,11 +95,16 @@ impl Fake {
         let d = disk.clone();
         let count = Arc::new(AtomicUsize::new(0));
         let accepted = count.clone();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let refuse = refusing.clone();
         let conns = Arc::new(Mutex::new(Vec::new()));
         let all = conns.clone();
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(s) = s else { return };
+                if refuse.load(Ordering::SeqCst) {
+                    continue;
+                }
                 if let Ok(c) = s.try_clone() {
                     all.lock().unwrap().push(c);
                 }
@@ -111,12 +118,18 @@ impl Fake {
                 });
             }
         });
-        Fake { addr, disk, conns, accepted }
+        Fake { addr, disk, conns, accepted, refusing }
     }
 
     /// Connections accepted so far (the admin queue's included).
     pub(crate) fn connections(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Closes every new connection at once from now on (with [`Fake::kill`]: a target gone for
+    /// good).
+    pub(crate) fn refuse(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
     }
 
     /// Closes every connection (a target restart that keeps its data); new ones are served.

@@ -20,6 +20,7 @@ use super::batch::RemoteBatch;
 use super::Link;
 use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::Path;
+use crate::error::Error;
 use crate::sys::EventFd;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -52,17 +53,21 @@ struct Outbox {
     wake: EventFd,
 }
 
+/// One thread, as the batch sees it.
 struct Worker {
     inbox: Arc<Inbox>,
     thread: Option<JoinHandle<()>>,
-    /// Entries handed to it whose events have not come back.
-    in_flight: usize,
+    /// The cookies of the entries handed to it whose events have not come back (the batch
+    /// answers them itself should the thread end).
+    cookies: Vec<u64>,
 }
 
 /// A batch's threads for large entries.
 pub(crate) struct Spread {
     workers: Vec<Worker>,
     out: Arc<Outbox>,
+    /// `HOST:PORT`, for errors.
+    target: String,
 }
 
 impl std::fmt::Debug for Spread {
@@ -72,16 +77,15 @@ impl std::fmt::Debug for Spread {
 }
 
 impl Spread {
-    /// Threads for a batch of `capacity` entries on `link`, one per CPU besides the caller's
-    /// (which keeps running large entries on the batch's own queues), at most
+    /// Threads on `link`, each with one queue (127 entries in flight), one per CPU besides the
+    /// caller's (which keeps running large entries on the batch's own queues), at most
     /// [`MAX_THREADS`] in all: `None` on one CPU, or where no queue can be spared.
-    pub(crate) fn new(link: &Arc<Link>, capacity: usize) -> Option<Spread> {
+    pub(crate) fn new(link: &Arc<Link>) -> Option<Spread> {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
         let threads = cpus.saturating_sub(1);
-        let per = capacity.div_ceil(cpus).max(1);
         let mut batches = Vec::new();
         while batches.len() < threads {
-            match RemoteBatch::single(link, per) {
+            match RemoteBatch::single(link) {
                 Some(b) => batches.push(b),
                 None => break,
             }
@@ -101,30 +105,32 @@ impl Spread {
             let spawned =
                 std::thread::Builder::new().name(format!("ugds-remote-{i}")).spawn(move || run(i, b, &ib, &o, timeout));
             match spawned {
-                Ok(t) => workers.push(Worker { inbox, thread: Some(t), in_flight: 0 }),
+                Ok(t) => workers.push(Worker { inbox, thread: Some(t), cookies: Vec::new() }),
                 Err(e) => {
                     log::warn!("remote batch: no thread for queue {i}: {e}");
                     break;
                 }
             }
         }
-        (!workers.is_empty()).then_some(Spread { workers, out })
+        let target = link.spec.address();
+        (!workers.is_empty()).then_some(Spread { workers, out, target })
     }
 
     /// Entries handed to threads whose events have not come back.
     pub(crate) fn in_flight(&self) -> usize {
-        self.workers.iter().map(|w| w.in_flight).sum()
+        self.workers.iter().map(|w| w.cookies.len()).sum()
     }
 
     /// The fewest entries in flight on one thread.
     pub(crate) fn least(&self) -> usize {
-        self.workers.iter().map(|w| w.in_flight).min().unwrap_or(usize::MAX)
+        self.workers.iter().map(|w| w.cookies.len()).min().unwrap_or(usize::MAX)
     }
 
     /// Hands `e` to the thread with the fewest entries in flight.
     pub(crate) fn submit(&mut self, e: Entry) {
-        let Some(w) = self.workers.iter_mut().min_by_key(|w| w.in_flight) else { return };
-        w.in_flight += 1;
+        // `new` made at least one.
+        let Some(w) = self.workers.iter_mut().min_by_key(|w| w.cookies.len()) else { return };
+        w.cookies.push(e.cookie);
         lock(&w.inbox.orders).entries.push(e);
         w.inbox.wake.signal();
     }
@@ -136,35 +142,45 @@ impl Spread {
 
     /// Waits up to `wait` for an event to come back (without taking it).
     pub(crate) fn wait(&self, wait: Duration) {
+        // Rounded up: a wait of less than a millisecond would not sleep at all.
         // CAST: clamped to an i32 of milliseconds; a wait is never negative.
-        self.out.wake.wait(wait.as_millis().min(i32::MAX as u128) as i32);
+        self.out.wake.wait(wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
     }
 
-    /// Moves the events that came back into `ready`.
+    /// Moves the events that came back into `ready`; answers the entries of a thread that
+    /// ended (it never does while the batch lives) with a failure naming it.
     pub(crate) fn drain(&mut self, ready: &mut Vec<(IoEvent, Path)>) {
         let events = std::mem::take(&mut *lock(&self.out.events));
         for (i, ev, path) in events {
             if let Some(w) = self.workers.get_mut(i) {
-                w.in_flight = w.in_flight.saturating_sub(1);
+                if let Some(at) = w.cookies.iter().position(|&c| c == ev.cookie) {
+                    w.cookies.swap_remove(at);
+                }
             }
             ready.push((ev, path));
         }
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            if w.cookies.is_empty() || !w.thread.as_ref().is_none_or(|t| t.is_finished()) {
+                continue;
+            }
+            log::error!("remote batch: the thread of queue {i} ended with {} entries", w.cookies.len());
+            for cookie in w.cookies.drain(..) {
+                let error = Error::RemoteTransport {
+                    target: self.target.clone(),
+                    op: format!("batch I/O (the batch's thread for queue {i} ended)"),
+                    source: std::io::Error::from_raw_os_error(libc::ECONNABORTED),
+                };
+                ready.push((IoEvent { cookie, status: IoStatus::Failed, bytes: 0, error: Some(error) }, Path::Remote));
+            }
+        }
     }
 
-    /// Cancels every thread's entries not yet started and waits for the rest (each thread's
-    /// wait is bounded by the URI's timeout); moves every event into `ready`.
-    pub(crate) fn cancel(&mut self, ready: &mut Vec<(IoEvent, Path)>) {
+    /// Tells every thread to cancel its entries not yet started and to wait for the rest (each
+    /// thread's wait is bounded by the URI's timeout); their events come back as usual.
+    pub(crate) fn cancel(&self) {
         for w in &self.workers {
             lock(&w.inbox.orders).cancel = true;
             w.inbox.wake.signal();
-        }
-        loop {
-            self.drain(ready);
-            // A thread that ended (it never does while its batch lives) returns nothing more.
-            if self.workers.iter().all(|w| w.in_flight == 0 || w.thread.as_ref().is_none_or(|t| t.is_finished())) {
-                return;
-            }
-            self.wait(Duration::from_millis(100));
         }
     }
 }
@@ -188,10 +204,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Locks `m`, taking it over from a thread that panicked with it (what it guards stays
+/// consistent: every change is one assignment or push).
 /// Thread `index`: runs `batch` on the entries `inbox` brings and sends their events out.
 fn run(index: usize, mut batch: RemoteBatch, inbox: &Inbox, out: &Outbox, timeout: Duration) {
     batch.end_waits_on(inbox.wake.clone());
     loop {
+        // Cleared before the orders are taken: a signal after this is for orders still to come.
+        inbox.wake.wait(0);
         let Orders { entries, cancel, stop } = std::mem::take(&mut *lock(&inbox.orders));
         if stop {
             // `batch` drops here: its queues close before its entries' leases go.
@@ -209,13 +229,19 @@ fn run(index: usize, mut batch: RemoteBatch, inbox: &Inbox, out: &Outbox, timeou
                 // Never fails: an entry that cannot start fails by its event.
                 let _ = batch.submit(entries);
             }
-            if batch.in_flight() == 0 {
+            events = if batch.in_flight() == 0 {
+                // Entries that failed as they were submitted (their queue gone and no other
+                // connectable) have their events ready already.
+                batch.status(0, Duration::ZERO).unwrap_or_default()
+            } else {
+                // Ends early when orders come.
+                batch.status(1, timeout).unwrap_or_default()
+            };
+            if events.is_empty() && batch.in_flight() == 0 {
                 // Sleeps until the batch gives orders (a signal already given ends it at once).
                 inbox.wake.wait(-1);
                 continue;
             }
-            // Ends early when orders come.
-            events = batch.status(1, timeout).unwrap_or_default();
         }
         if !events.is_empty() {
             lock(&out.events).extend(events.into_iter().map(|(ev, p)| (index, ev, p)));
