@@ -183,9 +183,7 @@ impl RemoteBatch {
         self.progress(Duration::ZERO);
         loop {
             self.start_waiting();
-            if let Some(s) = self.spread.as_mut() {
-                s.drain(&mut self.ready);
-            }
+            self.take_spread_events();
             let now = Instant::now();
             let woken = std::mem::take(&mut self.woken);
             if self.ready.len() >= min || self.in_flight() == 0 || now >= deadline || woken {
@@ -207,14 +205,23 @@ impl RemoteBatch {
         }
         // The threads' entries and this thread's own are waited for together.
         loop {
-            if let Some(s) = self.spread.as_mut() {
-                s.drain(&mut self.ready);
-            }
+            self.take_spread_events();
             if self.pending.is_empty() && self.spread.as_ref().is_none_or(|s| s.in_flight() == 0) {
                 return Ok(std::mem::take(&mut self.ready));
             }
             // Bounded: a silent queue is closed after the URI's timeout, here and on the threads.
             self.progress(self.link.timeout());
+        }
+    }
+
+    /// Takes the events the threads sent back; entries a thread ended without answering fail
+    /// by name.
+    fn take_spread_events(&mut self) {
+        let Some(s) = self.spread.as_mut() else { return };
+        for cookie in s.drain(&mut self.ready) {
+            let err = self.no_queue("batch I/O (the batch's thread for its queue ended)".into(), libc::ECONNABORTED);
+            let ev = IoEvent { cookie, status: IoStatus::Failed, bytes: 0, error: Some(err) };
+            self.ready.push((ev, Path::Remote));
         }
     }
 
@@ -424,12 +431,12 @@ impl RemoteBatch {
             .collect();
         // Last: what else ends the wait (a thread's orders, or events from the threads).
         let other = match (&self.inbox, &self.spread) {
-            (Some(inbox), _) => Some(inbox.raw()),
-            (None, Some(s)) if s.in_flight() > 0 => Some(s.wake_fd()),
+            (Some(inbox), _) => Some(&**inbox),
+            (None, Some(s)) if s.in_flight() > 0 => Some(s.wake()),
             _ => None,
         };
-        if let Some(fd) = other {
-            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        if let Some(e) = other {
+            fds.push(libc::pollfd { fd: e.raw(), events: libc::POLLIN, revents: 0 });
         }
         let ts = libc::timespec {
             // CAST: a wait of more than 2^63 seconds is not asked for; clamp anyway.
@@ -443,16 +450,11 @@ impl RemoteBatch {
         if n <= 0 {
             return Vec::new();
         }
-        if other.is_some() && fds.last().is_some_and(|f| f.revents != 0) {
-            match (&self.inbox, &self.spread) {
-                (Some(inbox), _) => {
-                    inbox.wait(0);
-                    self.woken = true;
-                }
-                // Cleared here, taken by `status`.
-                (None, Some(s)) => s.wait(Duration::ZERO),
-                _ => {}
-            }
+        if let Some(e) = other.filter(|_| fds.last().is_some_and(|f| f.revents != 0)) {
+            // Cleared here; the threads' events are taken by `status`, a thread's orders by
+            // its loop once the wait ends.
+            e.wait(0);
+            self.woken = self.inbox.is_some();
         }
         // Errors and hang-ups are read too: the read names them.
         busy.iter().zip(&fds).filter(|(_, f)| f.revents != 0).map(|(&i, _)| i).collect()

@@ -20,7 +20,6 @@ use super::batch::RemoteBatch;
 use super::Link;
 use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::Path;
-use crate::error::Error;
 use crate::sys::EventFd;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -66,8 +65,6 @@ struct Worker {
 pub(crate) struct Spread {
     workers: Vec<Worker>,
     out: Arc<Outbox>,
-    /// `HOST:PORT`, for errors.
-    target: String,
 }
 
 impl std::fmt::Debug for Spread {
@@ -112,8 +109,7 @@ impl Spread {
                 }
             }
         }
-        let target = link.spec.address();
-        (!workers.is_empty()).then_some(Spread { workers, out, target })
+        (!workers.is_empty()).then_some(Spread { workers, out })
     }
 
     /// Entries handed to threads whose events have not come back.
@@ -135,9 +131,9 @@ impl Spread {
         w.inbox.wake.signal();
     }
 
-    /// The descriptor that becomes readable when an event comes back.
-    pub(crate) fn wake_fd(&self) -> i32 {
-        self.out.wake.raw()
+    /// Signalled when an event comes back.
+    pub(crate) fn wake(&self) -> &EventFd {
+        &self.out.wake
     }
 
     /// Waits up to `wait` for an event to come back (without taking it).
@@ -147,9 +143,10 @@ impl Spread {
         self.out.wake.wait(wait.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32);
     }
 
-    /// Moves the events that came back into `ready`; answers the entries of a thread that
-    /// ended (it never does while the batch lives) with a failure naming it.
-    pub(crate) fn drain(&mut self, ready: &mut Vec<(IoEvent, Path)>) {
+    /// Moves the events that came back into `ready`; returns the cookies of entries whose
+    /// thread ended without answering them (it never does while the batch lives), which are
+    /// no longer in flight.
+    pub(crate) fn drain(&mut self, ready: &mut Vec<(IoEvent, Path)>) -> Vec<u64> {
         let events = std::mem::take(&mut *lock(&self.out.events));
         for (i, ev, path) in events {
             if let Some(w) = self.workers.get_mut(i) {
@@ -159,20 +156,15 @@ impl Spread {
             }
             ready.push((ev, path));
         }
+        let mut lost = Vec::new();
         for (i, w) in self.workers.iter_mut().enumerate() {
             if w.cookies.is_empty() || !w.thread.as_ref().is_none_or(|t| t.is_finished()) {
                 continue;
             }
             log::error!("remote batch: the thread of queue {i} ended with {} entries", w.cookies.len());
-            for cookie in w.cookies.drain(..) {
-                let error = Error::RemoteTransport {
-                    target: self.target.clone(),
-                    op: format!("batch I/O (the batch's thread for queue {i} ended)"),
-                    source: std::io::Error::from_raw_os_error(libc::ECONNABORTED),
-                };
-                ready.push((IoEvent { cookie, status: IoStatus::Failed, bytes: 0, error: Some(error) }, Path::Remote));
-            }
+            lost.append(&mut w.cookies);
         }
+        lost
     }
 
     /// Tells every thread to cancel its entries not yet started and to wait for the rest (each
