@@ -160,6 +160,9 @@ impl QueueWait {
     /// The waiting state of a queue created in `mode`, with `irq` when it has an interrupt.
     pub(crate) fn new(mode: Waiting, irq: Option<Interrupt>, spin_max_bytes: u64) -> Self {
         let mode = if irq.is_none() { Waiting::Poll } else { mode };
+        // Learned here, with the queue, rather than at a wait's first check of the waiters:
+        // learning it makes system calls, which a wait must not.
+        spin_slots();
         QueueWait { mode, irq, spin_max_bytes, recent_ns: AtomicU64::new(MIN_SPIN_NS), sleepers: AtomicU32::new(0) }
     }
 
@@ -464,6 +467,67 @@ mod tests {
         assert!(start.elapsed() < MAX_SPIN, "{:?}", start.elapsed());
         drop(waiters);
         assert_eq!(q.sleepers.load(Ordering::Acquire), 0);
+    }
+
+    /// Set in the process [`a_poll_makes_no_system_call_once_its_queue_exists`] starts.
+    const SECCOMP_CHILD: &str = "UGDS_TEST_POLL_UNDER_SECCOMP";
+
+    #[test]
+    fn a_poll_makes_no_system_call_once_its_queue_exists() {
+        // A fresh process runs the child below alone, so nothing has learned the CPU count
+        // before its queue is made.
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "queue::wait::tests::poll_under_seccomp", "--ignored", "--test-threads=1"])
+            .env(SECCOMP_CHILD, "1")
+            .output()
+            .expect("child");
+        use std::os::unix::process::ExitStatusExt;
+        assert_ne!(out.status.signal(), Some(libc::SIGSYS), "a poll made a system call (killed by seccomp)");
+        assert!(out.status.success(), "{:?} {}", out.status, String::from_utf8_lossy(&out.stdout));
+    }
+
+    /// The child of [`a_poll_makes_no_system_call_once_its_queue_exists`]: a polling queue's
+    /// waits, long enough to check the waiters against the CPUs, under a seccomp filter that
+    /// kills the process on any system call but exit.
+    #[test]
+    #[ignore = "run in a process of its own by a_poll_makes_no_system_call_once_its_queue_exists"]
+    fn poll_under_seccomp() {
+        if std::env::var_os(SECCOMP_CHILD).is_none() {
+            return;
+        }
+        let q = Arc::new(QueueWait::new(Waiting::Poll, None, u64::MAX));
+        let mut w = Waiter::new(4096);
+        #[repr(C)]
+        struct SockFilter {
+            code: u16,
+            jt: u8,
+            jf: u8,
+            k: u32,
+        }
+        #[repr(C)]
+        struct SockFprog {
+            len: u16,
+            filter: *const SockFilter,
+        }
+        let prog = [
+            SockFilter { code: 0x20, jt: 0, jf: 0, k: 0 },   // ld seccomp_data.nr
+            SockFilter { code: 0x15, jt: 2, jf: 0, k: 231 }, // exit_group: allow
+            SockFilter { code: 0x15, jt: 1, jf: 0, k: 60 },  // exit: allow
+            SockFilter { code: 0x06, jt: 0, jf: 0, k: 0x8000_0000 }, // kill the process
+            SockFilter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 }, // allow
+        ];
+        let fprog = SockFprog { len: prog.len() as u16, filter: prog.as_ptr() };
+        // SAFETY: prctl and seccomp with a valid filter program that outlives the calls.
+        unsafe {
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0, "no_new_privs");
+            assert_eq!(libc::syscall(libc::SYS_seccomp, 1, 0, &fprog as *const SockFprog), 0, "seccomp");
+        }
+        for _ in 0..4 * SPINS_PER_BUDGET_CHECK {
+            w.pause(&q);
+        }
+        std::mem::forget(w);
+        // SAFETY: exit_group is allowed; nothing needs to run after the waits.
+        unsafe { libc::_exit(0) }
     }
 
     #[test]
