@@ -196,6 +196,49 @@ fn the_device_waits_for_cq_room_released_by_the_head_doorbell() {
 }
 
 #[test]
+fn the_head_doorbell_gives_slots_back_a_quarter_of_the_ring_at_a_time() {
+    let m = MockQueue::with(MockConfig { depth: 16, stepped: true, ..MockConfig::default() }).unwrap();
+    let read = |k: u64| Read::new(k, 1, dma(&m, k * 4096, 4096)).build();
+    let reap = || m.qp.completions(&m.status).unwrap().inspect(|c| assert!(c.is_ok(), "{c:?}")).count();
+    let mut cids = [0u16; 3];
+    m.qp.submit(1, &[read(0), read(1), read(2)], &m.status, T, &mut cids).unwrap();
+    assert_eq!(m.step(), 3);
+    assert_eq!(reap(), 3);
+    assert_eq!(m.doorbells().1, 0, "3 consumed of a 16-slot ring: not yet given back");
+    let mut one = [0u16; 1];
+    m.qp.submit(1, &[read(3)], &m.status, T, &mut one).unwrap();
+    assert_eq!(m.doorbells().1, 0, "the device has room for what is in flight");
+    assert_eq!(m.step(), 1);
+    assert_eq!(reap(), 1);
+    assert_eq!(m.doorbells().1, 4, "a quarter consumed: given back with one write");
+    assert_eq!(m.stats().cq_full, 0);
+}
+
+#[test]
+fn a_submission_gives_slots_back_before_the_device_could_find_its_cq_full() {
+    // Depth 8: 7 command ids, slots given back 2 at a time.
+    let m = MockQueue::with(MockConfig { depth: 8, stepped: true, ..MockConfig::default() }).unwrap();
+    let read = |k: u64| Read::new(k, 1, dma(&m, k * 4096, 4096)).build();
+    let mut cids = [0u16; 7];
+    let reads: Vec<_> = (0..7).map(read).collect();
+    m.qp.submit(1, &reads, &m.status, T, &mut cids).unwrap();
+    assert_eq!(m.step(), 7);
+    {
+        let mut it = m.qp.completions(&m.status).unwrap();
+        assert_eq!(it.next().unwrap().unwrap().cid, 1);
+    }
+    assert_eq!(m.doorbells().1, 0, "one slot consumed, below the batch");
+    // Id 1 again: 7 commands in flight and one unreleased slot would fill the CQ's 7.
+    let mut one = [0u16; 1];
+    m.qp.submit(1, &[read(7)], &m.status, T, &mut one).unwrap();
+    assert_eq!(m.doorbells().1, 1, "given back before the tail doorbell");
+    assert_eq!(m.step(), 1, "the device found room for the new completion");
+    assert_eq!(m.stats().cq_full, 0);
+    let got: Vec<u16> = m.qp.completions(&m.status).unwrap().map(|c| c.unwrap().cid).collect();
+    assert_eq!(got, vec![2, 3, 4, 5, 6, 7, 1]);
+}
+
+#[test]
 fn a_submission_rings_the_doorbell_once_when_dropped() {
     let m = MockQueue::with(MockConfig { stepped: true, ..MockConfig::default() }).unwrap();
     let mut sub = m.qp.submission(1, &m.status).unwrap();

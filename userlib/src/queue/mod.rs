@@ -744,6 +744,7 @@ impl<G: DerefMut<Target = Rings>> Drop for Submission<'_, G> {
             // never fetches a half-written entry. ugds runs on x86-64, where stores are not
             // reordered with older stores (uncached MMIO included): this keeps the compiler
             // from reordering; a weakly ordered CPU would need a device-scope barrier here.
+            reap::make_room(self.core, &mut self.rings);
             fence(Ordering::Release);
             self.core.sq_db.ring(self.rings.sq.tail() as u32);
         }

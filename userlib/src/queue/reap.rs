@@ -1,6 +1,6 @@
 //! Reaping: completion entries taken off the CQ by phase tag, checked against the commands in
 //! flight, and either recorded for their owners or handed to the caller; the CQ head doorbell
-//! is written once per reap.
+//! gives the consumed slots back a quarter of the ring at a time.
 
 use super::{check_epoch, Core, Rings};
 use crate::error::{Error, Result};
@@ -123,11 +123,30 @@ fn disarm(qp: &Core, from: usize, to: usize) {
     }
 }
 
-/// Releases `n` consumed CQ slots to the device with one head doorbell write.
+/// Gives consumed CQ slots back to the device, with one head doorbell write, once a quarter of
+/// the ring is waiting (every reap on a ring of fewer than 8 slots).
+///
+/// Not at every reap: a head doorbell written the moment a completion is seen reaches the
+/// device while it is still busy posting that completion (under emulation, a wait for the
+/// emulator's lock at every command; SPDK, with shadow doorbells, writes almost none). The
+/// device never goes without room: a submission that would leave it without gives the slots
+/// back first ([`make_room`]), and a full CQ is reaped until a quarter of it is waiting.
 #[inline]
-fn release_slots(qp: &Core, r: &Rings, n: u32) {
-    if n > 0 {
-        qp.cq_db.ring(r.cq.head() as u32);
+fn release_slots(qp: &Core, r: &mut Rings) {
+    if r.cq.unreleased() >= (qp.depth / 4).max(1) {
+        qp.cq_db.ring(r.cq.release() as u32);
+    }
+}
+
+/// Gives the consumed CQ slots back before a submission publishes its entries, where the
+/// commands the device will then hold could otherwise find the CQ full: those in flight
+/// and the unreleased slots together may fill the ring's `depth - 1` usable slots, no more.
+#[inline]
+pub(super) fn make_room(qp: &Core, r: &mut Rings) {
+    let unreleased = r.cq.unreleased() as usize;
+    // In flight: the ids neither free nor completed-and-uncollected (of `depth - 1`).
+    if unreleased > r.cids.available() + r.cids.done() {
+        qp.cq_db.ring(r.cq.release() as u32);
     }
 }
 
@@ -170,7 +189,7 @@ fn record_posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize>
     if let Some(Err(v)) = head.map(|h| apply_sq_head(qp, r, h)) {
         bad = Some(v);
     }
-    release_slots(qp, r, consumed);
+    release_slots(qp, r);
     // Completions recorded here may be a sleeping waiter's, whose interrupt woke somebody else.
     qp.wait.reaped();
     match bad {
@@ -192,21 +211,20 @@ pub(super) fn decode(raw: u16) -> Status {
 
 /// Posted completions as an iterator (from [`QueuePair::completions`]): each yielded command
 /// id is free again. A protocol violation is yielded as an error, after which the iterator
-/// ends and the queue is broken until a reset. Dropping it releases the consumed CQ slots with
-/// one head doorbell write.
+/// ends and the queue is broken until a reset. Dropping it gives the consumed CQ slots back as
+/// a reap does.
 #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
 #[derive(Debug)]
 pub struct Completions<'q> {
     qp: &'q Core,
     rings: MutexGuard<'q, Rings>,
-    consumed: u32,
     done: bool,
 }
 
 #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
 impl<'q> Completions<'q> {
     pub(super) fn new(qp: &'q Core, rings: MutexGuard<'q, Rings>) -> Self {
-        Completions { qp, rings, consumed: 0, done: false }
+        Completions { qp, rings, done: false }
     }
 }
 
@@ -219,7 +237,6 @@ impl Iterator for Completions<'_> {
         }
         let c = loop {
             let c = reap_one(self.qp, &mut self.rings, true)?;
-            self.consumed += 1;
             match c {
                 Ok(None) => continue,
                 Ok(Some(c)) => break Ok(c),
@@ -238,6 +255,6 @@ impl Iterator for Completions<'_> {
 
 impl Drop for Completions<'_> {
     fn drop(&mut self) {
-        release_slots(self.qp, &self.rings, self.consumed);
+        release_slots(self.qp, &mut self.rings);
     }
 }

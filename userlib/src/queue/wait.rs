@@ -75,6 +75,17 @@ const BUDGET_FACTOR: u64 = 4;
 /// Polls between clock reads while spinning (adaptive mode: the budget is short).
 const SPINS_PER_BUDGET_CHECK: u32 = 64;
 
+/// A spinning poll's pause: the CPU's spin-wait hint once every [`SPINS_PER_BUDGET_CHECK`]
+/// polls, not at each. An emulated CPU (QEMU's TCG) leaves its translated code at every PAUSE
+/// and takes the emulator's lock, the one its device model needs to post the completion being
+/// waited for; SPDK's and the kernel's pollers read the CQ without one as well.
+#[inline(always)]
+fn relax(spins: u32) {
+    if spins.is_multiple_of(SPINS_PER_BUDGET_CHECK) {
+        std::hint::spin_loop();
+    }
+}
+
 /// The longest one sleep lasts before the waiter polls again (and checks its deadline). A
 /// completion wakes it earlier: the sleeper arms the interrupt first, and a reaper that took a
 /// sleeper's completion off the CQ signals it.
@@ -257,7 +268,7 @@ impl Waiter {
     /// call.
     #[inline]
     fn poll(&mut self) -> bool {
-        std::hint::spin_loop();
+        relax(self.spins);
         if self.q.is_some() {
             // A wait over several queues came here from an adaptive or interrupt-mode one:
             // it gives back its place there (among that queue's sleepers too) and starts over.
@@ -292,14 +303,13 @@ impl Waiter {
                 let spinnable = q.mode == Waiting::Adaptive && self.bytes <= q.spin_max_bytes;
                 if spinnable && may_spin(WAITING.load(Ordering::Acquire), spin_slots()) {
                     self.phase = Phase::Spinning;
-                    std::hint::spin_loop();
                 } else {
                     self.start_sleeping(q);
                 }
                 false
             }
             Phase::Spinning => {
-                std::hint::spin_loop();
+                relax(self.spins);
                 if !self.spins.is_multiple_of(SPINS_PER_BUDGET_CHECK) {
                     return false;
                 }

@@ -27,7 +27,7 @@ pub struct Entry {
 ///
 /// # Invariants
 ///
-/// `2 <= depth <= MAX_DEPTH`, `head < depth`.
+/// `2 <= depth <= MAX_DEPTH`, `head < depth`, `released < depth`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cq {
     depth: u32,
@@ -35,17 +35,37 @@ pub struct Cq {
     /// The phase tag of entries posted in this pass over the ring (starts at 1, flips at
     /// every wrap).
     phase: bool,
+    /// The head the device was last given: the slots from here up to `head` are consumed but
+    /// still occupied as far as the device knows.
+    released: u16,
 }
 
 impl Cq {
     /// An empty ring of `depth` slots; `None` outside `2..=65536`.
     pub fn new(depth: u32) -> Option<Self> {
-        // INVARIANT: depth checked; the head starts at 0.
-        (2..=MAX_DEPTH).contains(&depth).then_some(Cq { depth, head: 0, phase: true })
+        // INVARIANT: depth checked; the head starts at 0, released.
+        (2..=MAX_DEPTH).contains(&depth).then_some(Cq { depth, head: 0, phase: true, released: 0 })
     }
 
-    /// The next slot to read (the value the head doorbell is given).
+    /// The next slot to read.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn head(&self) -> u16 {
+        self.head
+    }
+
+    /// Consumed slots the device has not been given back yet (the head doorbell lags the head
+    /// by this many).
+    #[inline]
+    pub fn unreleased(&self) -> u32 {
+        // CAST: both below depth <= 65536.
+        (self.head as u32 + self.depth - self.released as u32) % self.depth
+    }
+
+    /// Marks every consumed slot given back; returns the head for the head doorbell.
+    #[inline]
+    pub fn release(&mut self) -> u16 {
+        // INVARIANT: `head < depth`.
+        self.released = self.head;
         self.head
     }
 
@@ -141,6 +161,7 @@ impl Cq {
         // INVARIANT: 0 < depth.
         self.head = 0;
         self.phase = true;
+        self.released = 0;
     }
 }
 
@@ -178,6 +199,29 @@ mod tests {
         assert!(cq.pop(&mem).is_none(), "slot 0 still holds last pass's entry");
         post(&mem, 0, &Cqe::new(0, 0, 1, 44, Status::SUCCESS, false));
         assert_eq!(cq.pop(&mem).unwrap().cid, 44);
+    }
+
+    #[test]
+    fn consumed_slots_stay_unreleased_until_released_across_the_wrap() {
+        let mem = TestMemory::new(4 * CQE_BYTES);
+        let mut cq = Cq::new(4).unwrap();
+        for (tail, cid) in [(0, 1), (1, 2), (2, 3)] {
+            post(&mem, tail, &Cqe::new(0, 0, 1, cid, Status::SUCCESS, true));
+        }
+        assert_eq!(cq.unreleased(), 0);
+        cq.pop(&mem).unwrap();
+        cq.pop(&mem).unwrap();
+        assert_eq!(cq.unreleased(), 2);
+        assert_eq!(cq.release(), 2, "the doorbell gets the head");
+        assert_eq!(cq.unreleased(), 0);
+        cq.pop(&mem).unwrap();
+        post(&mem, 3, &Cqe::new(0, 0, 1, 4, Status::SUCCESS, true));
+        post(&mem, 0, &Cqe::new(0, 0, 1, 5, Status::SUCCESS, false));
+        cq.pop(&mem).unwrap();
+        cq.pop(&mem).unwrap();
+        assert_eq!((cq.head(), cq.unreleased()), (1, 3), "counted across the wrap");
+        cq.reset();
+        assert_eq!(cq.unreleased(), 0, "a re-created queue starts released");
     }
 
     #[test]
