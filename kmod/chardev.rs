@@ -202,6 +202,23 @@ impl FileOps for Chardev {
                 }
                 vma.deny_write();
             }
+            MmapKind::ShadowDoorbells | MmapKind::EventIndexes => {
+                // Like the doorbell registers: every opener's queues share the page.
+                let s = inner.hw.as_ref().and_then(|hw| hw.shadow.as_ref()).ok_or(ENODEV)?;
+                if qid != 0 || vma.len() > s.size() {
+                    return Err(EINVAL);
+                }
+                if c.doorbells.blocked {
+                    return Err(EACCES);
+                }
+                if kind == MmapKind::EventIndexes {
+                    // The controller's to write.
+                    if vma.is_writable() {
+                        return Err(EPERM);
+                    }
+                    vma.deny_write();
+                }
+            }
             MmapKind::Sq | MmapKind::Cq | MmapKind::PrpPool => {
                 let qp = inner.qpairs.iter().find(|q| q.qid == qid && q.owner == handle).ok_or(ENOENT)?;
                 if Some(vma.len()) != qp.region_size(kind) {
@@ -237,6 +254,11 @@ impl FileOps for Chardev {
                     }
                     hw.bar.pfn(REG_DOORBELL_BASE as u64 + r)
                 })
+            }
+            MmapKind::ShadowDoorbells | MmapKind::EventIndexes => {
+                // Unbound: the pages went with the controller's hardware state.
+                let s = inner.hw.as_ref().and_then(|hw| hw.shadow.as_ref()).ok_or(ENODEV)?;
+                fault.fill(|off| s.pfn(kind, rel(off)?))
             }
             MmapKind::Sq | MmapKind::Cq | MmapKind::PrpPool => {
                 // Deleted (or unbound): the memory is gone or going.

@@ -3,7 +3,7 @@
 use crate::admin::{AdminQueue, IdentifyBuffers, ADMIN_DEPTH};
 use crate::shim::delay::read_poll_timeout;
 use crate::shim::dma::{dma_read, DmaAddress};
-use crate::uapi::ioctl::{DeviceInfo, NamespaceInfo, ABI_VERSION, MAX_NAMESPACES};
+use crate::uapi::ioctl::{DeviceInfo, NamespaceInfo, ABI_VERSION, DEVICE_SHADOW_DOORBELLS, MAX_NAMESPACES};
 use crate::uapi::queue::{admin, cns, feature, Sqe};
 use crate::uapi::regs::{Aqa, Cap, Cc, Csts, REG_ACQ, REG_AQA, REG_ASQ, REG_CC, REG_CSTS, REG_INTMS};
 use crate::Bar0;
@@ -82,6 +82,8 @@ pub(crate) fn identify_all(bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Res
     identify(bar, adminq, |b| b.controller.dma_handle(), cns::CONTROLLER, 0)?;
     let id = &adminq.ident.controller;
     let mdts = dma_read!(id[0].mdts)?;
+    // OACS bit 8: Doorbell Buffer Config. Cleared again by the probe if the pages are not set up.
+    let oacs = u16::from_le(dma_read!(id[0].oacs)?);
     let mut info = DeviceInfo {
         abi_version: ABI_VERSION,
         instance: 0,
@@ -105,7 +107,7 @@ pub(crate) fn identify_all(bar: &Bar0, cap: Cap, adminq: &mut AdminQueue) -> Res
         namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
         // User space builds SGLs for I/O commands when bits 1:0 say the controller takes them.
         sgls: u32::from_le(dma_read!(id[0].sgls)?),
-        reserved: 0,
+        flags: if oacs & 1 << 8 != 0 { DEVICE_SHADOW_DOORBELLS } else { 0 },
     };
 
     // Active namespace list (CNS 02h): NSIDs in increasing order, zero-terminated.

@@ -16,6 +16,7 @@ use crate::shim::dmabuf::Revoker;
 use crate::shim::dma::{dma_write, CoherentAllocation};
 use crate::shim::irq::IrqVectors;
 use crate::shim::pci;
+use crate::shadow::ShadowDoorbells;
 use crate::table::Table;
 use crate::uapi::ioctl::{ControllerState, DeviceInfo, StatusPage, ABI_VERSION, STATUS_MAGIC};
 use crate::uapi::queue::{feature, Sqe};
@@ -37,6 +38,9 @@ pub(crate) struct Hw {
     pub(crate) admin: ManuallyDrop<AdminQueue>,
     /// MSI-X vectors (vector N serves queue pair N; 0 is the admin queue's, unused: polled).
     pub(crate) irqs: Option<IrqVectors>,
+    /// Shadow doorbells, where the controller takes them; freed by `Drop` only once the
+    /// controller stopped (it reads one page and writes the other).
+    pub(crate) shadow: ManuallyDrop<Option<ShadowDoorbells>>,
     /// Memory decoding and bus mastering; dropped last.
     pub(crate) enabled: pci::Enabled,
 }
@@ -44,10 +48,13 @@ pub(crate) struct Hw {
 impl Drop for Hw {
     fn drop(&mut self) {
         if ctrl::disable(&self.bar, self.cap).is_ok() {
-            // SAFETY: dropped exactly once, here; the controller no longer uses the queue.
-            unsafe { ManuallyDrop::drop(&mut self.admin) };
+            // SAFETY: each dropped exactly once, here; the controller no longer uses them.
+            unsafe {
+                ManuallyDrop::drop(&mut self.admin);
+                ManuallyDrop::drop(&mut self.shadow);
+            }
         } else {
-            pr_err!("controller did not stop: leaking its admin queue memory\n");
+            pr_err!("controller did not stop: leaking its admin queue and shadow doorbell memory\n");
         }
     }
 }
@@ -202,6 +209,11 @@ impl Controller {
         let q = self.info.max_qpairs - 1;
         sqe.set_cdw(11, q | q << 16);
         hw.admin.submit(&hw.bar, sqe, ADMIN_TIMEOUT_MS)?;
+        // User space skips doorbell writes the event indexes say are not needed: a controller
+        // that no longer takes the pages would never see those queues move, so it stays faulted.
+        if let Some(s) = hw.shadow.as_ref() {
+            s.configure(&hw.bar, &mut hw.admin)?;
+        }
         inner.faulted = false;
         inner.resets += 1;
         inner.epoch += 1;
@@ -215,6 +227,10 @@ impl Controller {
     /// caller learns whether the memory is now safe to free (`Err((e, safe))`).
     pub(crate) fn arm_locked(&self, inner: &mut Inner, qp: &mut Qpair) -> core::result::Result<(), (Error, bool)> {
         let Some(hw) = inner.hw.as_mut() else { return Err((ENODEV, true)) };
+        if let Some(s) = hw.shadow.as_ref() {
+            // Not created yet: nothing on the controller reads these entries.
+            s.clear_queue(qp.qid).map_err(|e| (e, true))?;
+        }
         match qp.create_on_device(&hw.bar, &mut hw.admin) {
             Ok(()) => {
                 qp.armed = true;

@@ -131,7 +131,7 @@ impl Qpair {
             MmapKind::Sq => self.sq.pfn(offset),
             MmapKind::Cq => self.cq.pfn(offset),
             MmapKind::PrpPool => self.prp.pfn(offset),
-            MmapKind::Doorbells | MmapKind::Status => Err(EINVAL),
+            _ => Err(EINVAL),
         }
     }
 
@@ -141,7 +141,7 @@ impl Qpair {
             MmapKind::Sq => Some(self.sq.size()),
             MmapKind::Cq => Some(self.cq.size()),
             MmapKind::PrpPool => Some(self.prp.size()),
-            MmapKind::Doorbells | MmapKind::Status => None,
+            _ => None,
         }
     }
 

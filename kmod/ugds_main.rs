@@ -22,6 +22,7 @@ mod errno;
 mod openers;
 mod qpair;
 mod registry;
+mod shadow;
 mod shim;
 mod table;
 mod uapi;
@@ -30,6 +31,7 @@ use device::{Controller, Hw};
 use kernel::sync::Arc;
 use shim::chrdev;
 use shim::pci;
+use uapi::ioctl::DEVICE_SHADOW_DOORBELLS;
 use uapi::regs::{Cap, Vs, REG_CAP, REG_DOORBELL_BASE, REG_VS};
 
 // `module!`'s keys differ by series: `author` on 6.12, `authors` later.
@@ -158,6 +160,55 @@ fn doorbell_window(dev: &pci::Device, bar: &Bar0, cap: Cap, max_qpairs: u32) -> 
     Ok(device::DoorbellWindow { len, blocked })
 }
 
+/// Stops the controller after a failed probe step before its admin queue memory is freed; if
+/// it does not stop, that memory stays allocated. Returns the step's error.
+fn stop_after_failed_probe(name: &CStr, bar: &Bar0, cap: Cap, adminq: admin::AdminQueue, e: Error) -> Error {
+    if ctrl::disable(bar, cap).is_err() {
+        pr_err!("{}: controller did not stop after a failed probe: leaking its admin queue\n", name);
+        core::mem::forget(adminq);
+    }
+    e
+}
+
+/// Shadow doorbells for a controller that advertises them (`info.flags`), given to it: `None`
+/// where it does not, where the pages cannot cover its queues, or where it refuses them (an
+/// error status: it then uses the registers alone). An admin command that never completes is
+/// an error: the probe fails.
+fn shadow_doorbells(
+    dev: &pci::Device,
+    bar: &Bar0,
+    cap: Cap,
+    adminq: &mut admin::AdminQueue,
+    info: &uapi::ioctl::DeviceInfo,
+) -> Result<Option<shadow::ShadowDoorbells>> {
+    if info.flags & DEVICE_SHADOW_DOORBELLS == 0 {
+        return Ok(None);
+    }
+    let name = dev.name();
+    let Some(s) = shadow::ShadowDoorbells::alloc(dev, info.max_qpairs + 1, 4 << cap.dstrd())? else {
+        pr_info!("{}: shadow doorbells do not fit one page at this stride: registers only\n", name);
+        return Ok(None);
+    };
+    match s.configure(bar, adminq) {
+        Ok(()) => {
+            pr_info!("{}: shadow doorbells on\n", name);
+            Ok(Some(s))
+        }
+        Err(e) if adminq.is_broken() => {
+            // The controller may have taken the pages: they go only once it stopped.
+            if ctrl::disable(bar, cap).is_err() {
+                pr_err!("{}: controller did not stop: leaking its shadow doorbell pages\n", name);
+                core::mem::forget(s);
+            }
+            Err(e)
+        }
+        Err(e) => {
+            pr_warn!("{}: Doorbell Buffer Config failed ({:?}): registers only\n", name, e);
+            Ok(None)
+        }
+    }
+}
+
 fn step<T>(name: &CStr, what: &str, r: Result<T>) -> Result<T> {
     r.inspect_err(|e| pr_err!("{}: probe step '{}' failed: {:?}\n", name, what, e))
 }
@@ -207,15 +258,7 @@ impl pci::Driver for NvmeDriver {
             .and_then(|_| step(name, "identify", ctrl::identify_all(&bar, cap, &mut adminq)));
         let mut info = match brought_up {
             Ok(i) => i,
-            Err(e) => {
-                // Stop the controller before its admin queue memory is freed; if it does not
-                // stop, that memory stays allocated.
-                if ctrl::disable(&bar, cap).is_err() {
-                    pr_err!("{}: controller did not stop after a failed probe: leaking its admin queue\n", name);
-                    core::mem::forget(adminq);
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(stop_after_failed_probe(name, &bar, cap, adminq, e)),
         };
         info.vs = vs.0;
         // One MSI-X vector per I/O queue pair plus the admin queue's; without MSI-X, queues
@@ -250,7 +293,15 @@ impl pci::Driver for NvmeDriver {
                 return Err(e);
             }
         };
-        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, enabled };
+        let shadow = match shadow_doorbells(dev, &bar, cap, &mut adminq, &info) {
+            Ok(s) => s,
+            Err(e) => return Err(stop_after_failed_probe(name, &bar, cap, adminq, e)),
+        };
+        if shadow.is_none() {
+            info.flags &= !DEVICE_SHADOW_DOORBELLS;
+        }
+        let shadow = core::mem::ManuallyDrop::new(shadow);
+        let hw = Hw { bar, cap, admin: core::mem::ManuallyDrop::new(adminq), irqs, shadow, enabled };
         // On failure `hw` was dropped by the constructor, which stopped the controller.
         let controller = Controller::new(dev, info, cap, doorbells, hw)?;
         let fops = &chardev::FOPS;

@@ -237,6 +237,7 @@ fn run(cli: Cli) -> Res<()> {
         Cmd::Info { dev } => {
             let d = Device::open_with(&dev, DeviceOptions { queues: 1, ..Default::default() })?;
             let i = d.info();
+            let shadow = i.flags & ugds::uapi::ioctl::DEVICE_SHADOW_DOORBELLS != 0;
             if cli.json {
                 let ns: Vec<_> = d
                     .namespaces()
@@ -246,14 +247,19 @@ fn run(cli: Cli) -> Res<()> {
                 let v = serde_json::json!({
                     "target": dev, "path": "direct", "model": d.model(), "serial": d.serial(),
                     "firmware": d.firmware(), "mdts": i.mdts_bytes, "max_qpairs": i.max_qpairs,
-                    "max_queue_entries": i.max_queue_entries, "irq_vectors": i.irq_vectors, "namespaces": ns,
+                    "max_queue_entries": i.max_queue_entries, "irq_vectors": i.irq_vectors,
+                    "shadow_doorbells": shadow, "namespaces": ns,
                 });
                 println!("{v}");
             } else {
                 println!("{dev}: {} (serial {}, firmware {})", d.model(), d.serial(), d.firmware());
                 println!(
-                    "  MDTS {} bytes, {} I/O queue pairs of up to {} entries, {} interrupt vectors",
-                    i.mdts_bytes, i.max_qpairs, i.max_queue_entries, i.irq_vectors
+                    "  MDTS {} bytes, {} I/O queue pairs of up to {} entries, {} interrupt vectors, shadow doorbells {}",
+                    i.mdts_bytes,
+                    i.max_qpairs,
+                    i.max_queue_entries,
+                    i.irq_vectors,
+                    if shadow { "on" } else { "off" }
                 );
                 for n in d.namespaces() {
                     let extra = if n.metadata_bytes() > 0 || n.pi_type() > 0 {

@@ -35,6 +35,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "kmod_bad_ids_generations_double_free", variant: V, run: bad_ids },
         Test { name: "kmod_bad_qpair_depth", variant: V, run: bad_depth },
         Test { name: "kmod_bad_mmap_offsets_sizes_permissions", variant: V, run: bad_mmap },
+        Test { name: "kmod_shadow_doorbells_given_to_the_controller", variant: V, run: shadow_doorbells },
         Test { name: "kmod_bad_other_files_objects", variant: V, run: bad_other_file },
         Test { name: "kmod_bad_unknown_ioctl", variant: V, run: bad_unknown_ioctl },
     ]
@@ -404,6 +405,38 @@ fn bad_depth() -> Result<()> {
         expect_errno("unknown flags", ioctl_raw(dev.fd(), IOCTL_CREATE_QPAIR, &mut a), errno::EINVAL)?;
         Ok(())
     })
+}
+
+/// QEMU's controller offers Doorbell Buffer Config: the module gives it the pages, the event
+/// indexes map read-only, and the controller publishes in them how far it read a queue.
+fn shadow_doorbells() -> Result<()> {
+    let dev = RawDev::open(&bound_node(0)?)?;
+    ensure_that!(
+        dev.info.flags & DEVICE_SHADOW_DOORBELLS != 0,
+        "the controller offers Doorbell Buffer Config, yet the module reports no shadow doorbells"
+    );
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let writable = Mapping::new(dev.fd(), MMAP_EVENT_INDEXES, 4096, rw).map(|_| ());
+    expect_errno("writable event indexes", writable, errno::EPERM)?;
+    let long = Mapping::new(dev.fd(), MMAP_SHADOW_DOORBELLS, 8192, rw).map(|_| ());
+    expect_errno("shadow doorbells past their page", long, errno::EINVAL)?;
+    let events = Mapping::new(dev.fd(), MMAP_EVENT_INDEXES, 4096, libc::PROT_READ)?;
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair(16)?;
+    let buf = HostBuf::new(4096)?;
+    let h = dev.register(buf.addr(), 4096)?;
+    let segs = dev.segments(h)?;
+    for _ in 0..3 {
+        qp.rw_sync(false, &ns, 0, &segs, 0, 4096)?;
+    }
+    let sq_event = events.read32(qp.args.sq_doorbell as usize);
+    ensure_that!(
+        sq_event == 3,
+        "the SQ's event index is {sq_event} after 3 commands: the controller did not use the pages"
+    );
+    dev.delete_qpair(qp.qid)?;
+    dev.deregister(h.id, h.generation)?;
+    Ok(())
 }
 
 fn bad_mmap() -> Result<()> {

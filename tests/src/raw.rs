@@ -207,6 +207,11 @@ impl RawDev {
             cq: Mapping::new(self.fd(), a.cq_offset, a.cq_size as usize, rw)?,
             prp: Mapping::new(self.fd(), a.prp_offset, a.prp_size as usize, rw)?,
             db: Mapping::new(self.fd(), MMAP_DOORBELLS, 4096, rw)?,
+            shadow: if self.info.flags & DEVICE_SHADOW_DOORBELLS != 0 {
+                Some(Mapping::new(self.fd(), MMAP_SHADOW_DOORBELLS, 4096, rw)?)
+            } else {
+                None
+            },
             args: a,
             tail: 0,
             head: 0,
@@ -258,6 +263,9 @@ pub struct RawQpair {
     cq: Mapping,
     prp: Mapping,
     db: Mapping,
+    /// The shadow doorbell page, where the controller takes shadow doorbells: every doorbell
+    /// value goes there too (the controller reads its queues' values there).
+    shadow: Option<Mapping>,
     /// What CREATE_QPAIR returned.
     pub args: CreateQpair,
     tail: u32,
@@ -350,10 +358,20 @@ impl RawQpair {
         self.sq.read32(0)
     }
 
-    /// Rings the SQ tail doorbell.
+    /// Rings the SQ tail doorbell (the shadow one too, where there is one).
     pub fn ring(&self) {
+        self.write_doorbell(self.args.sq_doorbell, self.tail);
+    }
+
+    /// Writes a doorbell: the shadow value first, then always the register (never wrong; only
+    /// ugds's library skips the writes the controller does not wait for).
+    fn write_doorbell(&self, off: u64, value: u32) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        self.db.write32(self.args.sq_doorbell as usize, self.tail);
+        if let Some(s) = &self.shadow {
+            s.write32(off as usize, value);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        }
+        self.db.write32(off as usize, value);
     }
 
     /// Polls for `n` completions within `timeout`.
@@ -376,7 +394,7 @@ impl RawQpair {
                     self.head = 0;
                     self.phase = !self.phase;
                 }
-                self.db.write32(self.args.cq_doorbell as usize, self.head);
+                self.write_doorbell(self.args.cq_doorbell, self.head);
                 continue;
             }
             if start.elapsed() > timeout {

@@ -37,7 +37,7 @@
 //! names a queue the controller does not have.
 
 /// Version of this ABI.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// The ioctl type byte of ugds requests.
 pub const IOCTL_TYPE: u8 = 0xD7;
@@ -172,9 +172,14 @@ pub struct DeviceInfo {
     /// Identify Controller SGLS (bits 1:0: SGLs for NVM I/O commands: 00b none, 01b supported,
     /// 10b supported with dword alignment and granularity); ABI 3.
     pub sgls: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// [`DEVICE_SHADOW_DOORBELLS`] and future flags; ABI 8.
+    pub flags: u32,
 }
+
+/// [`DeviceInfo::flags`]: the controller takes shadow doorbells (Doorbell Buffer Config): a
+/// queue's tail and head are written to [`MmapKind::ShadowDoorbells`] and the doorbell register
+/// only when [`MmapKind::EventIndexes`] says the controller waits for it.
+pub const DEVICE_SHADOW_DOORBELLS: u32 = 1;
 
 const _: () = assert!(core::mem::size_of::<DeviceInfo>() == 392);
 const _: () = assert!(core::mem::offset_of!(DeviceInfo, sgls) == 384);
@@ -604,6 +609,12 @@ pub enum MmapKind {
     Cq = 4,
     /// A queue pair's PRP-list pool.
     PrpPool = 5,
+    /// The shadow doorbell page (one page, the doorbells' layout from offset 0), read-write;
+    /// only where [`DEVICE_SHADOW_DOORBELLS`] is set.
+    ShadowDoorbells = 6,
+    /// The event index page the controller writes (same layout), read-only; only where
+    /// [`DEVICE_SHADOW_DOORBELLS`] is set.
+    EventIndexes = 7,
 }
 
 impl MmapKind {
@@ -615,6 +626,8 @@ impl MmapKind {
             3 => Some(MmapKind::Sq),
             4 => Some(MmapKind::Cq),
             5 => Some(MmapKind::PrpPool),
+            6 => Some(MmapKind::ShadowDoorbells),
+            7 => Some(MmapKind::EventIndexes),
             _ => None,
         }
     }
@@ -641,3 +654,7 @@ pub const fn parse_mmap_offset(off: u64) -> Option<(MmapKind, u16)> {
 pub const MMAP_DOORBELLS: u64 = mmap_offset(MmapKind::Doorbells, 0);
 /// The mmap offset of the status page.
 pub const MMAP_STATUS: u64 = mmap_offset(MmapKind::Status, 0);
+/// The mmap offset of the shadow doorbell page.
+pub const MMAP_SHADOW_DOORBELLS: u64 = mmap_offset(MmapKind::ShadowDoorbells, 0);
+/// The mmap offset of the event index page.
+pub const MMAP_EVENT_INDEXES: u64 = mmap_offset(MmapKind::EventIndexes, 0);

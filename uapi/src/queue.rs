@@ -25,6 +25,8 @@ pub mod admin {
     pub const SET_FEATURES: u8 = 0x09;
     /// Get Features.
     pub const GET_FEATURES: u8 = 0x0A;
+    /// Doorbell Buffer Config (shadow doorbells, NVMe 1.3).
+    pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7C;
 }
 
 /// NVM command set opcodes used by ugds.

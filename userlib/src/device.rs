@@ -215,7 +215,7 @@ pub(crate) fn blank_info() -> DeviceInfo {
         page_size: 0,
         namespaces: [NamespaceInfo::default(); MAX_NAMESPACES],
         sgls: 0,
-        reserved: 0,
+        flags: 0,
     }
 }
 
@@ -301,7 +301,8 @@ impl Device {
         let epoch = status.state().epoch();
         let db_len = (4096usize)
             .max(((2 * info.max_qpairs as usize + 2) * info.doorbell_stride as usize).next_multiple_of(4096));
-        let doorbells = Arc::new(Doorbells::map(fd.raw(), db_len)?);
+        let shadow = info.flags & ugds_uapi::ioctl::DEVICE_SHADOW_DOORBELLS != 0;
+        let doorbells = Arc::new(Doorbells::map(fd.raw(), db_len, shadow)?);
         let dptr = DptrPolicy::new(opts.data_pointers, info.sgls);
         let mut queues = Vec::with_capacity(nqueues);
         for _ in 0..nqueues {

@@ -6,8 +6,11 @@ use crate::error::{Error, Result};
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
-use ugds_uapi::ioctl::{ControllerState, StatusPage, MMAP_DOORBELLS, MMAP_STATUS};
+use ugds_uapi::ioctl::{
+    ControllerState, StatusPage, MMAP_DOORBELLS, MMAP_EVENT_INDEXES, MMAP_SHADOW_DOORBELLS, MMAP_STATUS,
+};
 
 /// An owned mapping of `len` bytes, unmapped on drop. It has no accessors of its own: the typed
 /// views ([`Doorbells`], [`StatusView`], [`crate::mem::DeviceShared`], [`crate::mem::HostMemory`])
@@ -80,63 +83,148 @@ impl Drop for Mmap {
 }
 
 /// A controller's doorbell registers (MMIO, mapped uncached): the host only ever writes them.
+/// Where the controller takes shadow doorbells, also the shadow doorbell page (written by the
+/// host) and the event index page (written by the controller), in the registers' layout.
 ///
 /// # Invariants
 ///
-/// `map` is writable.
+/// `map` is writable; `shadow`'s doorbell page is writable and both its pages are as long as
+/// each other.
 #[derive(Debug)]
 pub struct Doorbells {
     map: Mmap,
+    shadow: Option<Shadow>,
 }
 
+/// The two pages of shadow doorbells.
+#[derive(Debug)]
+struct Shadow {
+    doorbells: Mmap,
+    event_indexes: Mmap,
+}
+
+/// Largest ring whose indexes [`need_event`] compares exactly in 16 bits (one wrap of the ring
+/// must stay below half of 65536).
+const SHADOW_MAX_DEPTH: u32 = 32768;
+
 impl Doorbells {
-    /// Maps `len` bytes of the device's doorbells.
-    pub(crate) fn map(fd: i32, len: usize) -> Result<Self> {
-        // INVARIANT: mapped writable.
-        Ok(Doorbells { map: Mmap::shared(fd, MMAP_DOORBELLS, len, true, "mmap doorbells")? })
+    /// Maps `len` bytes of the device's doorbells and, with `shadow`, its shadow doorbell and
+    /// event index pages.
+    pub(crate) fn map(fd: i32, len: usize, shadow: bool) -> Result<Self> {
+        let shadow = if shadow {
+            Some(Shadow {
+                doorbells: Mmap::shared(fd, MMAP_SHADOW_DOORBELLS, 4096, true, "mmap shadow doorbells")?,
+                event_indexes: Mmap::shared(fd, MMAP_EVENT_INDEXES, 4096, false, "mmap event indexes")?,
+            })
+        } else {
+            None
+        };
+        // INVARIANT: mapped writable; the shadow pages one page each, its doorbells writable.
+        Ok(Doorbells { map: Mmap::shared(fd, MMAP_DOORBELLS, len, true, "mmap doorbells")?, shadow })
     }
 
-    /// Doorbells over any shared writable memory object (the device model's doorbell page).
+    /// Doorbells over any shared writable memory object (the device model's doorbell page),
+    /// with shadow doorbell and event index pages over two more where given.
     #[cfg(any(test, feature = "test-utils"))]
-    pub(crate) fn over(fd: i32, len: usize) -> Result<Self> {
-        // INVARIANT: mapped writable.
-        Ok(Doorbells { map: Mmap::shared(fd, 0, len, true, "mmap doorbells")? })
+    pub(crate) fn over(fd: i32, len: usize, shadow: Option<(i32, i32)>) -> Result<Self> {
+        let shadow = match shadow {
+            Some((d, e)) => Some(Shadow {
+                doorbells: Mmap::shared(d, 0, 4096, true, "mmap shadow doorbells")?,
+                event_indexes: Mmap::shared(e, 0, 4096, false, "mmap event indexes")?,
+            }),
+            None => None,
+        };
+        // INVARIANT: as in `map`.
+        Ok(Doorbells { map: Mmap::shared(fd, 0, len, true, "mmap doorbells")?, shadow })
     }
 
-    /// The doorbell at byte `off`, checked here once (dword aligned, inside the mapping) so that
-    /// ringing it needs no check.
-    pub(crate) fn doorbell(self: &Arc<Self>, off: u64) -> Result<Doorbell> {
-        let ok = off.is_multiple_of(4) && off.checked_add(4).is_some_and(|end| end <= self.map.len() as u64);
-        if !ok {
+    /// The doorbell at byte `off` of a ring of `depth` slots, checked here once (dword aligned,
+    /// inside the mappings) so that ringing it needs no check. It uses the shadow doorbells
+    /// where the controller takes them and the ring is small enough for their comparison.
+    pub(crate) fn doorbell(self: &Arc<Self>, off: u64, depth: u32) -> Result<Doorbell> {
+        let inside = |len: usize| off.is_multiple_of(4) && off.checked_add(4).is_some_and(|end| end <= len as u64);
+        if !inside(self.map.len()) || self.shadow.as_ref().is_some_and(|s| !inside(s.doorbells.len())) {
             return Err(Error::DeviceProtocol(format!(
                 "doorbell offset {off:#x} outside the {}-byte doorbell mapping",
                 self.map.len()
             )));
         }
+        let shadowed = self.shadow.is_some() && depth <= SHADOW_MAX_DEPTH;
         // CAST: below the mapping's length (checked), so it fits usize.
-        // INVARIANT: aligned and in range, checked above.
-        Ok(Doorbell { dbs: self.clone(), off: off as usize })
+        // INVARIANT: aligned and in range of every mapping, checked above.
+        Ok(Doorbell { dbs: self.clone(), off: off as usize, shadowed })
     }
+}
+
+/// True when a doorbell value moving from `old` to `new` passes the controller's event index
+/// `event`: the controller has consumed up to there and waits for a register write (the
+/// comparison of virtio's used-event index, which the NVMe shadow doorbells share). Exact for
+/// ring indexes below [`SHADOW_MAX_DEPTH`].
+#[inline]
+pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
 /// One doorbell register (an SQ tail or a CQ head).
 ///
 /// # Invariants
 ///
-/// `off` is a multiple of 4 and `off + 4 <= dbs.map.len()`.
+/// `off` is a multiple of 4 and `off + 4 <= dbs.map.len()`; with `shadowed`, `dbs.shadow` is
+/// there and `off + 4` within its pages too.
 #[derive(Debug)]
 pub struct Doorbell {
     dbs: Arc<Doorbells>,
     off: usize,
+    shadowed: bool,
 }
 
 impl Doorbell {
-    /// Writes `value` to the register (one 32-bit MMIO store).
+    /// Writes `value` to the register (one 32-bit MMIO store), and to the shadow doorbell
+    /// first where there is one.
     #[inline]
     pub(crate) fn ring(&self, value: u32) {
+        if let Some(s) = self.shadow() {
+            // SAFETY: in range and aligned in the live writable shadow page (invariant); the
+            // controller reads it, so the store is volatile.
+            unsafe { std::ptr::write_volatile(s.doorbells.ptr().add(self.off).cast::<u32>(), value.to_le()) };
+        }
         // SAFETY: in range and aligned (invariant) in a live writable mapping (`Doorbells`'
         // invariant, kept alive by the `Arc`); a volatile store is how MMIO is written.
         unsafe { std::ptr::write_volatile(self.dbs.map.ptr().add(self.off).cast::<u32>(), value.to_le()) }
+    }
+
+    /// Moves the doorbell from `old` to `new` (ring indexes). With shadow doorbells the value
+    /// goes to the shadow page, and to the register only when the controller's event index
+    /// says it waits for one ([`need_event`]); otherwise to the register.
+    #[inline]
+    pub(crate) fn publish(&self, new: u16, old: u16) {
+        let Some(s) = self.shadow() else {
+            self.ring(u32::from(new));
+            return;
+        };
+        // SAFETY: as in `ring`.
+        unsafe { std::ptr::write_volatile(s.doorbells.ptr().add(self.off).cast::<u32>(), u32::from(new).to_le()) };
+        // The shadow store must be visible before the event index is read: otherwise the
+        // controller may have read the old value and published an index this store then skips
+        // past, and nobody rings (a store-load order: a full fence).
+        fence(Ordering::SeqCst);
+        // SAFETY: in range and aligned in the live event index page (invariant), which the
+        // controller writes at any time: a volatile load.
+        let event = u32::from_le(unsafe { std::ptr::read_volatile(s.event_indexes.ptr().add(self.off).cast::<u32>()) });
+        // CAST: indexes of rings below 65536 slots.
+        if need_event(event as u16, new, old) {
+            // SAFETY: as in `ring`.
+            unsafe { std::ptr::write_volatile(self.dbs.map.ptr().add(self.off).cast::<u32>(), u32::from(new).to_le()) }
+        }
+    }
+
+    #[inline]
+    fn shadow(&self) -> Option<&Shadow> {
+        if self.shadowed {
+            self.dbs.shadow.as_ref()
+        } else {
+            None
+        }
     }
 }
 
@@ -210,5 +298,73 @@ impl StatusView {
             timeouts: self.load64(offset_of!(StatusPage, timeouts)),
             revocations: self.revocations(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::memfd;
+    use proptest::prelude::*;
+    use std::os::fd::AsRawFd;
+
+    /// A page of a memory file seen from the test (the device's side).
+    fn page(fd: i32) -> Mmap {
+        Mmap::shared(fd, 0, 4096, true, "test page").unwrap()
+    }
+
+    fn load(m: &Mmap, off: usize) -> u32 {
+        // SAFETY: in the page, aligned; the memory is plain shared memory.
+        unsafe { std::ptr::read_volatile(m.ptr().add(off).cast::<u32>()) }
+    }
+
+    fn store(m: &Mmap, off: usize, v: u32) {
+        // SAFETY: as in `load`, writable.
+        unsafe { std::ptr::write_volatile(m.ptr().add(off).cast::<u32>(), v) }
+    }
+
+    proptest! {
+        /// The controller waits for a register write exactly when its event index lies in the
+        /// slots the doorbell moved over (`old..new`, around the ring).
+        #[test]
+        fn need_event_is_the_event_index_inside_the_move(depth in 2u32..=SHADOW_MAX_DEPTH, a: u32, b: u32, e: u32) {
+            let (old, new, event) = ((a % depth) as u16, (b % depth) as u16, (e % depth) as u16);
+            let moved = (u32::from(new) + depth - u32::from(old)) % depth;
+            let passed = (u32::from(event) + depth - u32::from(old)) % depth;
+            prop_assert_eq!(need_event(event, new, old), passed < moved);
+        }
+    }
+
+    #[test]
+    fn a_shadowed_doorbell_writes_the_register_only_when_the_controller_waits() {
+        let (reg, dbs, eis) = (memfd(4096).unwrap(), memfd(4096).unwrap(), memfd(4096).unwrap());
+        let d = Arc::new(Doorbells::over(reg.as_raw_fd(), 4096, Some((dbs.as_raw_fd(), eis.as_raw_fd()))).unwrap());
+        let (regs, shadow, events) = (page(reg.as_raw_fd()), page(dbs.as_raw_fd()), page(eis.as_raw_fd()));
+        let db = d.doorbell(8, 16).unwrap();
+        // The controller has consumed up to 3 and waits there: moving 3 -> 5 passes it.
+        store(&events, 8, 3);
+        db.publish(5, 3);
+        assert_eq!((load(&shadow, 8), load(&regs, 8)), (5, 5));
+        // Still busy at 3 (it will read the shadow value): 5 -> 7 needs no register write.
+        db.publish(7, 5);
+        assert_eq!((load(&shadow, 8), load(&regs, 8)), (7, 5));
+        // Across the wrap: the controller waits at 15, the doorbell moves 14 -> 1.
+        store(&events, 8, 15);
+        db.publish(1, 14);
+        assert_eq!((load(&shadow, 8), load(&regs, 8)), (1, 1));
+        assert_eq!(load(&shadow, 0), 0, "another queue's entry untouched");
+    }
+
+    #[test]
+    fn without_shadow_pages_or_for_a_huge_ring_every_move_writes_the_register() {
+        let (reg, dbs, eis) = (memfd(4096).unwrap(), memfd(4096).unwrap(), memfd(4096).unwrap());
+        let plain = Arc::new(Doorbells::over(reg.as_raw_fd(), 4096, None).unwrap());
+        let regs = page(reg.as_raw_fd());
+        plain.doorbell(4, 16).unwrap().publish(9, 8);
+        assert_eq!(load(&regs, 4), 9);
+        let d = Arc::new(Doorbells::over(reg.as_raw_fd(), 4096, Some((dbs.as_raw_fd(), eis.as_raw_fd()))).unwrap());
+        d.doorbell(4, 65536).unwrap().publish(10, 9);
+        assert_eq!(load(&regs, 4), 10, "a ring past the comparison's range rings every time");
+        assert_eq!(load(&page(dbs.as_raw_fd()), 4), 0);
     }
 }

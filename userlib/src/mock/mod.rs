@@ -174,7 +174,7 @@ impl HostLayout {
 
 /// Shared memory of `len` bytes (a memfd), to map once for the host side and once for the
 /// device side.
-fn memfd(len: usize) -> Result<OwnedFd> {
+pub(crate) fn memfd(len: usize) -> Result<OwnedFd> {
     // SAFETY: a valid NUL-terminated name; the fd is owned below.
     let fd = unsafe { libc::memfd_create(c"ugds-mock".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -361,7 +361,7 @@ impl MockQueue {
         let (prp, dprp) = shared(d * PAGE as usize, PRP_BUS)?;
         let (host, dhost) = shared(host_len, 0)?;
         let dbfd = memfd(4096)?;
-        let doorbells = Arc::new(Doorbells::over(dbfd.as_raw_fd(), 4096)?);
+        let doorbells = Arc::new(Doorbells::over(dbfd.as_raw_fd(), 4096, None)?);
         let ddb = DeviceShared::map(dbfd.as_raw_fd(), 0, 4096, 0, "mock")?;
         let stfd = memfd(4096)?;
         let status = StatusView::over(stfd.as_raw_fd())?;

@@ -573,7 +573,7 @@ fn a_queue_pair_refuses_memory_that_cannot_hold_its_rings() {
     let d = depth as usize;
     let args = CreateQpair { depth, qid: 1, prp_dma: PRP_BUS, sq_doorbell: 0, cq_doorbell: 4, ..Default::default() };
     let dbfd = memfd(4096).expect("memfd");
-    let doorbells = Arc::new(Doorbells::over(dbfd.as_raw_fd(), 4096).expect("doorbells"));
+    let doorbells = Arc::new(Doorbells::over(dbfd.as_raw_fd(), 4096, None).expect("doorbells"));
     let make = |sq_len: usize, cq_len: usize, prp_len: usize| {
         let (sq, _) = shared(sq_len, 0).expect("sq");
         let (cq, _) = shared(cq_len, 0).expect("cq");

@@ -208,7 +208,8 @@ impl QueuePair {
         let qid = u16::try_from(args.qid).map_err(|_| bad("queue id out of range"))?;
         // The module maps its doorbells at the first fault: take it now, at setup. Both values
         // are the empty queue's own (tail 0, head 0), so the controller sees no change.
-        let (sq_db, cq_db) = (doorbells.doorbell(args.sq_doorbell)?, doorbells.doorbell(args.cq_doorbell)?);
+        let (sq_db, cq_db) =
+            (doorbells.doorbell(args.sq_doorbell, depth)?, doorbells.doorbell(args.cq_doorbell, depth)?);
         sq_db.ring(0);
         cq_db.ring(0);
         // INVARIANT: memory sizes checked above; both rings have `depth` slots.
@@ -746,7 +747,11 @@ impl<G: DerefMut<Target = Rings>> Drop for Submission<'_, G> {
             // from reordering; a weakly ordered CPU would need a device-scope barrier here.
             reap::make_room(self.core, &mut self.rings);
             fence(Ordering::Release);
-            self.core.sq_db.ring(self.rings.sq.tail() as u32);
+            let tail = self.rings.sq.tail();
+            // Fewer entries pushed than the ring has slots: the tail this submission started at.
+            let before = (u32::from(tail) + self.core.depth - self.pushed) % self.core.depth;
+            // CAST: below depth.
+            self.core.sq_db.publish(tail, before as u16);
         }
     }
 }

@@ -134,7 +134,8 @@ fn disarm(qp: &Core, from: usize, to: usize) {
 #[inline]
 fn release_slots(qp: &Core, r: &mut Rings) {
     if r.cq.unreleased() >= (qp.depth / 4).max(1) {
-        qp.cq_db.ring(r.cq.release() as u32);
+        let (old, new) = r.cq.release();
+        qp.cq_db.publish(new, old);
     }
 }
 
@@ -146,7 +147,8 @@ pub(super) fn make_room(qp: &Core, r: &mut Rings) {
     let unreleased = r.cq.unreleased() as usize;
     // In flight: the ids neither free nor completed-and-uncollected (of `depth - 1`).
     if unreleased > r.cids.available() + r.cids.done() {
-        qp.cq_db.ring(r.cq.release() as u32);
+        let (old, new) = r.cq.release();
+        qp.cq_db.publish(new, old);
     }
 }
 

@@ -61,12 +61,14 @@ impl Cq {
         (self.head as u32 + self.depth - self.released as u32) % self.depth
     }
 
-    /// Marks every consumed slot given back; returns the head for the head doorbell.
+    /// Marks every consumed slot given back; returns the head the doorbell had and the one it
+    /// gets now.
     #[inline]
-    pub fn release(&mut self) -> u16 {
+    pub fn release(&mut self) -> (u16, u16) {
+        let old = self.released;
         // INVARIANT: `head < depth`.
         self.released = self.head;
-        self.head
+        (old, self.head)
     }
 
     /// The phase tag expected at the head.
@@ -212,7 +214,7 @@ mod tests {
         cq.pop(&mem).unwrap();
         cq.pop(&mem).unwrap();
         assert_eq!(cq.unreleased(), 2);
-        assert_eq!(cq.release(), 2, "the doorbell gets the head");
+        assert_eq!(cq.release(), (0, 2), "the doorbell moves to the head");
         assert_eq!(cq.unreleased(), 0);
         cq.pop(&mem).unwrap();
         post(&mem, 3, &Cqe::new(0, 0, 1, 4, Status::SUCCESS, true));
