@@ -259,9 +259,10 @@ impl VolumeQueueBatch {
     /// returns every finished entry's event with the path its data took. Waiting pieces go out
     /// as room frees up.
     pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
-        let start = Instant::now();
         let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
         let mut wait = Waiter::new(largest);
+        // The clock is read when the waiter says, as in a queue batch's wait.
+        let (mut start, mut check) = (None, true);
         loop {
             for m in 0..self.members.len() {
                 if self.members[m].running > 0 {
@@ -271,7 +272,8 @@ impl VolumeQueueBatch {
                 // Also with nothing running: a refused submission leaves the rest waiting.
                 self.start_waiting(m);
             }
-            if self.ready.len() >= min || self.pending.is_empty() || start.elapsed() > timeout {
+            let done = self.ready.len() >= min || self.pending.is_empty();
+            if done || (check && start.get_or_insert_with(Instant::now).elapsed() > timeout) {
                 wait.done();
                 return Ok(std::mem::take(&mut self.ready));
             }
@@ -280,9 +282,7 @@ impl VolumeQueueBatch {
             // completes on every member, and a spinning thread on a core the device's own work
             // needs slows everything down.
             match self.members.iter().filter(|m| m.running > 0).max_by_key(|m| m.running) {
-                Some(m) => {
-                    wait.pause(m.batch.wait_state());
-                }
+                Some(m) => check = wait.pause(m.batch.wait_state()),
                 None => std::hint::spin_loop(),
             }
         }
