@@ -103,6 +103,17 @@ struct Shadow {
     event_indexes: Mmap,
 }
 
+impl Shadow {
+    /// Maps one page of each (file, offset): the shadow doorbells writable, the event indexes
+    /// read-only.
+    fn map(doorbells: (i32, u64), event_indexes: (i32, u64)) -> Result<Self> {
+        Ok(Shadow {
+            doorbells: Mmap::shared(doorbells.0, doorbells.1, 4096, true, "mmap shadow doorbells")?,
+            event_indexes: Mmap::shared(event_indexes.0, event_indexes.1, 4096, false, "mmap event indexes")?,
+        })
+    }
+}
+
 /// Largest ring whose indexes [`need_event`] compares exactly in 16 bits (one wrap of the ring
 /// must stay below half of 65536).
 const SHADOW_MAX_DEPTH: u32 = 32768;
@@ -111,14 +122,8 @@ impl Doorbells {
     /// Maps `len` bytes of the device's doorbells and, with `shadow`, its shadow doorbell and
     /// event index pages.
     pub(crate) fn map(fd: i32, len: usize, shadow: bool) -> Result<Self> {
-        let shadow = if shadow {
-            Some(Shadow {
-                doorbells: Mmap::shared(fd, MMAP_SHADOW_DOORBELLS, 4096, true, "mmap shadow doorbells")?,
-                event_indexes: Mmap::shared(fd, MMAP_EVENT_INDEXES, 4096, false, "mmap event indexes")?,
-            })
-        } else {
-            None
-        };
+        let shadow =
+            if shadow { Some(Shadow::map((fd, MMAP_SHADOW_DOORBELLS), (fd, MMAP_EVENT_INDEXES))?) } else { None };
         // INVARIANT: mapped writable; the shadow pages one page each, its doorbells writable.
         Ok(Doorbells { map: Mmap::shared(fd, MMAP_DOORBELLS, len, true, "mmap doorbells")?, shadow })
     }
@@ -128,10 +133,7 @@ impl Doorbells {
     #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn over(fd: i32, len: usize, shadow: Option<(i32, i32)>) -> Result<Self> {
         let shadow = match shadow {
-            Some((d, e)) => Some(Shadow {
-                doorbells: Mmap::shared(d, 0, 4096, true, "mmap shadow doorbells")?,
-                event_indexes: Mmap::shared(e, 0, 4096, false, "mmap event indexes")?,
-            }),
+            Some((d, e)) => Some(Shadow::map((d, 0), (e, 0))?),
             None => None,
         };
         // INVARIANT: as in `map`.
@@ -184,13 +186,9 @@ impl Doorbell {
     #[inline]
     pub(crate) fn ring(&self, value: u32) {
         if let Some(s) = self.shadow() {
-            // SAFETY: in range and aligned in the live writable shadow page (invariant); the
-            // controller reads it, so the store is volatile.
-            unsafe { std::ptr::write_volatile(s.doorbells.ptr().add(self.off).cast::<u32>(), value.to_le()) };
+            self.store(&s.doorbells, value);
         }
-        // SAFETY: in range and aligned (invariant) in a live writable mapping (`Doorbells`'
-        // invariant, kept alive by the `Arc`); a volatile store is how MMIO is written.
-        unsafe { std::ptr::write_volatile(self.dbs.map.ptr().add(self.off).cast::<u32>(), value.to_le()) }
+        self.store(&self.dbs.map, value);
     }
 
     /// Moves the doorbell from `old` to `new` (ring indexes). With shadow doorbells the value
@@ -199,11 +197,10 @@ impl Doorbell {
     #[inline]
     pub(crate) fn publish(&self, new: u16, old: u16) {
         let Some(s) = self.shadow() else {
-            self.ring(u32::from(new));
+            self.store(&self.dbs.map, u32::from(new));
             return;
         };
-        // SAFETY: as in `ring`.
-        unsafe { std::ptr::write_volatile(s.doorbells.ptr().add(self.off).cast::<u32>(), u32::from(new).to_le()) };
+        self.store(&s.doorbells, u32::from(new));
         // The shadow store must be visible before the event index is read: otherwise the
         // controller may have read the old value and published an index this store then skips
         // past, and nobody rings (a store-load order: a full fence).
@@ -213,9 +210,19 @@ impl Doorbell {
         let event = u32::from_le(unsafe { std::ptr::read_volatile(s.event_indexes.ptr().add(self.off).cast::<u32>()) });
         // CAST: indexes of rings below 65536 slots.
         if need_event(event as u16, new, old) {
-            // SAFETY: as in `ring`.
-            unsafe { std::ptr::write_volatile(self.dbs.map.ptr().add(self.off).cast::<u32>(), u32::from(new).to_le()) }
+            self.store(&self.dbs.map, u32::from(new));
         }
+    }
+
+    /// One volatile 32-bit store at this doorbell's offset of `map`, which is the register
+    /// mapping or the shadow doorbell page (the only writable mappings a doorbell reaches).
+    #[inline(always)]
+    fn store(&self, map: &Mmap, value: u32) {
+        // SAFETY: `map` is `dbs.map` or, with `shadowed`, `dbs.shadow`'s doorbell page (the
+        // callers'), both writable and live while the `Arc` is, with `off + 4` inside and
+        // `off` aligned (invariant); the device reads either at any time, so the store is
+        // volatile (an MMIO store for the register).
+        unsafe { std::ptr::write_volatile(map.ptr().add(self.off).cast::<u32>(), value.to_le()) }
     }
 
     #[inline]

@@ -134,8 +134,7 @@ fn disarm(qp: &Core, from: usize, to: usize) {
 #[inline]
 fn release_slots(qp: &Core, r: &mut Rings) {
     if r.cq.unreleased() >= (qp.depth / 4).max(1) {
-        let (old, new) = r.cq.release();
-        qp.cq_db.publish(new, old);
+        give_back(qp, r);
     }
 }
 
@@ -147,9 +146,15 @@ pub(super) fn make_room(qp: &Core, r: &mut Rings) {
     let unreleased = r.cq.unreleased() as usize;
     // In flight: the ids neither free nor completed-and-uncollected (of `depth - 1`).
     if unreleased > r.cids.available() + r.cids.done() {
-        let (old, new) = r.cq.release();
-        qp.cq_db.publish(new, old);
+        give_back(qp, r);
     }
+}
+
+/// Gives every consumed CQ slot back: the head doorbell moves to the head.
+#[inline]
+fn give_back(qp: &Core, r: &mut Rings) {
+    let (old, new) = r.cq.release();
+    qp.cq_db.publish(new, old);
 }
 
 /// Reaps every posted completion, recording each for its owner. Returns how many. The epoch is
