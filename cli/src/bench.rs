@@ -285,6 +285,9 @@ pub struct Report {
     cpu_us_per_io: f64,
     queue: &'static str,
     path_ios: PathIos,
+    /// The most contiguous bus ranges one job's buffer is in (direct path only): 1 per 2 MiB
+    /// where the buffers came from huge pages.
+    buffer_dma_segments: Option<usize>,
 }
 
 /// User + system CPU time of this process.
@@ -295,6 +298,14 @@ fn cpu_time() -> Duration {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// A job's buffer of at least `len` bytes, rounded up to whole 2 MiB so that it comes from huge
+/// pages where the system has them free (as `spdk_nvme_perf`'s do): contiguous memory spares
+/// the device a descriptor per page.
+fn job_buffer(st: &Storage, len: usize) -> Res<ugds::Buffer> {
+    let len = len.checked_next_multiple_of(2 << 20).ok_or("the job's buffer size overflows")?;
+    Ok(st.alloc_host(len)?)
 }
 
 /// What one job needs to know.
@@ -308,10 +319,10 @@ struct Job<'a> {
 
 /// Keeps `depth` I/Os in flight through a [`ugds::StorageBatch`], resubmitting as they
 /// complete.
-fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<()> {
+fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<Option<usize>> {
     let (st, bs, depth) = (j.st, j.bs, j.depth);
     let total = usize::try_from(bs).ok().and_then(|s| s.checked_mul(depth)).ok_or("--bs x --iodepth overflows")?;
-    let buf = Arc::new(st.alloc_host(total)?);
+    let buf = Arc::new(job_buffer(st, total)?);
     let mut b = StorageBatch::new(st, depth)?;
     let mut sent = vec![(Instant::now(), false); depth];
     let make = |slot: usize, pat: &mut Pattern| {
@@ -370,13 +381,13 @@ fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<()> {
         b.submit(&again)?;
     }
     b.cancel()?;
-    Ok(())
+    Ok(buf.dma_segments())
 }
 
 /// One job of synchronous calls (iodepth 1).
-fn sync_loop(j: &Job, queue: QueueMode, pat: &mut Pattern, lat: &mut Lat) -> Res<()> {
+fn sync_loop(j: &Job, queue: QueueMode, pat: &mut Pattern, lat: &mut Lat) -> Res<Option<usize>> {
     let (st, bs) = (j.st, j.bs);
-    let buf = st.alloc_host(bs as usize)?;
+    let buf = job_buffer(st, usize::try_from(bs)?)?;
     let mut owned = match queue {
         QueueMode::Owned => Some(st.owned_queue()?),
         QueueMode::Shared => None,
@@ -396,7 +407,7 @@ fn sync_loop(j: &Job, queue: QueueMode, pat: &mut Pattern, lat: &mut Lat) -> Res
     }
     // Dropped here: its I/Os join the storage's path counts.
     drop(owned);
-    Ok(())
+    Ok(buf.dma_segments())
 }
 
 /// The region's blocks: `size` bytes (default: to the end) from `offset`, whole blocks only.
@@ -437,19 +448,19 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let blocks = region_blocks(st.capacity()?, offset, size, bs)?;
     let job = Job { st: &st, bs, offset, depth: iodepth, deadline: Duration::from_secs_f64(runtime) };
     let cpu0 = cpu_time();
-    let results: Vec<Res<Lat>> = std::thread::scope(|s| {
+    let results: Vec<Res<(Lat, Option<usize>)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..numjobs)
             .map(|ji| {
                 let job = &job;
-                s.spawn(move || -> Res<Lat> {
+                s.spawn(move || -> Res<(Lat, Option<usize>)> {
                     let mut pat = Pattern::new(rw, rwmixread, blocks, ji);
                     let mut lat = Lat::new()?;
-                    if iodepth > 1 {
-                        batch_loop(job, &mut pat, &mut lat)?;
+                    let segs = if iodepth > 1 {
+                        batch_loop(job, &mut pat, &mut lat)?
                     } else {
-                        sync_loop(job, queue, &mut pat, &mut lat)?;
-                    }
-                    Ok(lat)
+                        sync_loop(job, queue, &mut pat, &mut lat)?
+                    };
+                    Ok((lat, segs))
                 })
             })
             .collect();
@@ -457,8 +468,11 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     });
     let cpu = cpu_time() - cpu0;
     let mut all = Lat::new()?;
+    let mut segments = None;
     for r in results {
-        all.add(&r?)?;
+        let (lat, segs) = r?;
+        all.add(&lat)?;
+        segments = segments.max(segs);
     }
     let mut both = all.read.clone();
     both.add(&all.write)?;
@@ -500,6 +514,7 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
             remote: c.remote,
             remote_staged: c.remote_staged,
         },
+        buffer_dma_segments: segments,
     };
     if json {
         println!("{}", serde_json::to_string(&report)?);
@@ -543,6 +558,9 @@ fn print_report(r: &Report, st: &Storage) {
         c.remote,
         st.describe()
     );
+    if let Some(n) = r.buffer_dma_segments {
+        println!("  buffers: at most {n} DMA segments each");
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,64 @@ pub fn tests() -> Vec<Test> {
             variant: V,
             run: hugepages_and_fragments,
         },
+        Test { name: "ugds_alloc_host_takes_free_huge_pages", variant: V, run: alloc_host_huge_pages },
     ]
+}
+
+/// The free 2 MiB huge pages and the pool's size.
+fn huge_pages() -> Result<(usize, usize)> {
+    let dir = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+    let read = |f: &str| -> Result<usize> { Ok(std::fs::read_to_string(format!("{dir}/{f}"))?.trim().parse()?) };
+    Ok((read("free_hugepages")?, read("nr_hugepages")?))
+}
+
+fn set_huge_pages(n: usize) -> Result<()> {
+    let pool = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+    std::fs::write(pool, n.to_string()).with_context(|| format!("sizing {pool}"))?;
+    ensure_that!(huge_pages()?.1 == n, "{pool}: {:?} where {n} was asked", huge_pages()?);
+    Ok(())
+}
+
+/// `alloc_host` of a multiple of 2 MiB takes huge pages while the pool has them free: one DMA
+/// segment per huge page, each command inside it a single SGL data block (no segment list, no
+/// PRPs), the data intact; with the pool empty, it falls back to ordinary pages; any other
+/// length never takes them.
+fn alloc_host_huge_pages() -> Result<()> {
+    let (_, pool) = huge_pages()?;
+    let node = crate::kmod::bound_node(0)?;
+    let dev = Device::open_with(&node, DeviceOptions { queues: 1, ..Default::default() })?;
+    let st = Storage::direct(&dev, 1)?;
+    let run = || -> Result<()> {
+        set_huge_pages(pool + 2)?;
+        let (free, _) = huge_pages()?;
+        let odd = st.alloc_host((2 << 20) + 4096)?;
+        ensure_that!(huge_pages()?.0 == free, "a length of 2 MiB + 4 KiB took huge pages: {:?}", huge_pages()?);
+        drop(odd);
+        let buf = st.alloc_host(2 << 20)?;
+        ensure_that!(huge_pages()?.0 == free - 1, "free huge pages {free} -> {:?}", huge_pages()?);
+        ensure_that!(buf.dma_segments() == Some(1), "2 MiB of a huge page in {:?} DMA segments", buf.dma_segments());
+        let before = dev.dptr_counts();
+        pattern::fill(77, 0, &mut buf.host_view()?);
+        st.write(&buf, 0, 0, 2 << 20)?;
+        buf.host_view()?.fill(0);
+        st.read(&buf, 0, 0, 2 << 20)?;
+        ensure_that!(pattern::first_mismatch(77, 0, &buf.host_view()?).is_none(), "data read back differs");
+        let after = dev.dptr_counts();
+        ensure_that!(
+            after.sgl > before.sgl && after.sgl_lists == before.sgl_lists && after.prp == before.prp,
+            "commands on one huge page should each take one SGL data block: {before:?} -> {after:?}"
+        );
+        drop(buf);
+        ensure_that!(huge_pages()?.0 == free, "the huge page was not given back: {:?}", huge_pages()?);
+        set_huge_pages(0)?;
+        let small = st.alloc_host(2 << 20)?;
+        println!("    without huge pages: 2 MiB in {:?} DMA segments", small.dma_segments());
+        st.read(&small, 0, 0, 2 << 20)?;
+        Ok(())
+    };
+    let r = run();
+    set_huge_pages(pool)?;
+    r
 }
 
 fn sgl_writes() -> Result<()> {

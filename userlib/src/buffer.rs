@@ -261,6 +261,15 @@ impl Buffer {
         }
     }
 
+    /// How many contiguous bus ranges the device sees the buffer in, on the direct path (a
+    /// volume's first member); `None` on other paths. Fewer is cheaper per command: a command
+    /// inside one range takes a single SGL data block. Memory from huge pages (a multiple of
+    /// 2 MiB from [`crate::Storage::alloc_host`] where the system has them free) is one range
+    /// per huge page at most; ordinary pages may be one range each.
+    pub fn dma_segments(&self) -> Option<usize> {
+        self.registration().map(|r| r.segment_count())
+    }
+
     /// The memory.
     pub(crate) fn mem(&self) -> &Mem {
         &self.mem

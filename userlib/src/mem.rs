@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::fork::Born;
-use crate::mmio::Mmap;
+use crate::mmio::{Mmap, HUGE_PAGE};
 use std::mem::ManuallyDrop;
 
 /// Memory holding queue entries or PRP lists, accessed one aligned field at a time.
@@ -188,6 +188,11 @@ impl QueueMemory for DeviceShared {
 /// The library's own DMA memory, so it is `MADV_DONTFORK`: a child made by `fork` does not
 /// inherit it, and dropped there it is leaked (nothing is mapped at its address in the child,
 /// or something else of the child's is).
+///
+/// A length of whole 2 MiB pages comes from the system's reserved huge pages while enough are
+/// free (`/proc/sys/vm/nr_hugepages`), as SPDK's buffers do, and from ordinary pages otherwise:
+/// a huge page is physically contiguous, so a command inside one names one DMA segment (one SGL
+/// data block) where ordinary pages need one per 4 KiB.
 #[derive(Debug)]
 pub struct HostMemory {
     map: ManuallyDrop<Mmap>,
@@ -195,12 +200,23 @@ pub struct HostMemory {
 }
 
 impl HostMemory {
-    /// `len` zeroed bytes (`len > 0`; whole pages are mapped), not inherited by a forked child.
+    /// `len` zeroed bytes (`len > 0`; whole pages are mapped), not inherited by a forked child;
+    /// from huge pages where `len` is a multiple of 2 MiB and enough are free.
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid("len", "must be non-zero"));
         }
-        let map = Mmap::anonymous(len)?;
+        let huge = if len.is_multiple_of(HUGE_PAGE) {
+            Mmap::anonymous_huge(len)
+                .inspect_err(|e| log::debug!("{len} bytes from ordinary pages: no huge pages ({e})"))
+                .ok()
+        } else {
+            None
+        };
+        let map = match huge {
+            Some(m) => m,
+            None => Mmap::anonymous(len)?,
+        };
         // SAFETY: our own fresh mapping of `map.len()` bytes.
         unsafe { crate::fork::dont_fork(map.ptr(), map.len()) }?;
         Ok(HostMemory { map: ManuallyDrop::new(map), born: Born::now() })
@@ -294,5 +310,15 @@ mod tests {
         let s = unsafe { std::slice::from_raw_parts(h.as_ptr(), h.len()) };
         assert!(s.len() >= 5000 && s.iter().all(|b| *b == 0));
         assert!(HostMemory::new(0).is_err());
+    }
+
+    #[test]
+    fn whole_huge_pages_are_asked_for_and_ordinary_pages_stand_in() {
+        assert!(matches!(Mmap::anonymous_huge(HUGE_PAGE + 4096), Err(Error::InvalidArgument { .. })));
+        // Huge pages or not (the host's pool decides), 2 MiB of zeroes come back.
+        let h = HostMemory::new(HUGE_PAGE).unwrap();
+        // SAFETY: `h` owns `len()` bytes and was never registered: nothing else can touch them.
+        let s = unsafe { std::slice::from_raw_parts(h.as_ptr(), h.len()) };
+        assert!(s.len() == HUGE_PAGE && s.iter().all(|b| *b == 0));
     }
 }

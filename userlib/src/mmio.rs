@@ -12,6 +12,9 @@ use ugds_uapi::ioctl::{
     ControllerState, StatusPage, MMAP_DOORBELLS, MMAP_EVENT_INDEXES, MMAP_SHADOW_DOORBELLS, MMAP_STATUS,
 };
 
+/// The huge page size [`Mmap::anonymous_huge`] maps.
+pub(crate) const HUGE_PAGE: usize = 2 << 20;
+
 /// An owned mapping of `len` bytes, unmapped on drop. It has no accessors of its own: the typed
 /// views ([`Doorbells`], [`StatusView`], [`crate::mem::DeviceShared`], [`crate::mem::HostMemory`])
 /// decide how the memory may be touched.
@@ -43,6 +46,17 @@ impl Mmap {
     pub(crate) fn anonymous(len: usize) -> Result<Self> {
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         Self::new(-1, 0, len, libc::PROT_READ | libc::PROT_WRITE, flags, "mmap (host buffer)")
+    }
+
+    /// As [`Mmap::anonymous`], from the system's reserved 2 MiB huge pages (hugetlb): `len` must
+    /// be a multiple of [`HUGE_PAGE`]. The pages are reserved by the mmap itself, so it fails
+    /// (`ENOMEM`) when too few are free, rather than faulting later.
+    pub(crate) fn anonymous_huge(len: usize) -> Result<Self> {
+        if !len.is_multiple_of(HUGE_PAGE) {
+            return Err(Error::invalid("len", format!("{len} bytes are not whole 2 MiB huge pages")));
+        }
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB;
+        Self::new(-1, 0, len, libc::PROT_READ | libc::PROT_WRITE, flags, "mmap (huge page host buffer)")
     }
 
     fn new(fd: i32, offset: u64, len: usize, prot: i32, flags: i32, what: &'static str) -> Result<Self> {

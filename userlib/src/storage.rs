@@ -357,7 +357,9 @@ impl Storage {
         Buffer::new(mem, r.regs, r.staging, r.path, self.id)
     }
 
-    /// Allocates and registers `len` bytes of page-aligned host memory.
+    /// Allocates and registers `len` bytes of page-aligned host memory. A multiple of 2 MiB
+    /// comes from the system's reserved huge pages while enough are free (physically
+    /// contiguous: see [`Buffer::dma_segments`]), else from ordinary pages.
     pub fn alloc_host(&self, len: usize) -> Result<Buffer> {
         self.alive()?;
         if len == 0 {

@@ -35,6 +35,11 @@ impl Registration {
         self.live.as_ref().map(|l| l.epoch(&self.dev, self.handle)).transpose()
     }
 
+    /// How many contiguous bus ranges the module found the memory in.
+    pub(crate) fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
     /// Bytes `[off, off + len)` of the registration for one command: checked alive first where
     /// its exporter may revoke it, and then valid only in the controller epoch of that check.
     ///
