@@ -292,6 +292,19 @@ impl MockDevice {
         m.backing.get(a..b).map(<[u8]>::to_vec).unwrap_or_default()
     }
 
+    /// Runs the device once (see [`MockQueue::step`]).
+    #[cfg(test)]
+    pub(crate) fn step(&self) -> usize {
+        step_model(&self.model)
+    }
+
+    /// The SQ tail and CQ head doorbells as the device sees them.
+    #[cfg(test)]
+    pub(crate) fn doorbells(&self) -> (u32, u32) {
+        let m = self.model.lock().unwrap_or_else(|p| p.into_inner());
+        (m.doorbells.load32(m.sq_db), m.doorbells.load32(m.cq_db))
+    }
+
     /// What the device did so far.
     #[cfg(test)]
     pub(crate) fn stats(&self) -> MockStats {
