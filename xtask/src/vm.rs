@@ -367,6 +367,22 @@ fn make_initramfs(dir: &Path, init: &str, early: &[(String, Vec<u8>)]) -> Result
     Ok(cpio)
 }
 
+/// The variable naming a Unix socket for QEMU's human monitor (HMP): unset, the VM has none.
+/// For looking inside the emulator while something runs, e.g. `sync-profile on` and later
+/// `info sync-profile` (which locks the vCPUs wait for, where and how long), or `log
+/// trace:pci_nvme_mmio_doorbell*` (each doorbell register write the NVMe model sees).
+const MONITOR_ENV: &str = "UGDS_QEMU_MONITOR";
+
+/// `-monitor`'s value for the socket path `path` (none without one).
+fn monitor(path: Option<std::ffi::OsString>) -> Result<String> {
+    let Some(p) = path else { return Ok("none".into()) };
+    let p = p.into_string().map_err(|p| anyhow::anyhow!("{MONITOR_ENV}={p:?} is not UTF-8"))?;
+    if p.is_empty() || p.contains(',') {
+        bail!("{MONITOR_ENV}={p:?}: a socket path, without commas (QEMU's option separator)");
+    }
+    Ok(format!("unix:{p},server=on,wait=off"))
+}
+
 /// QEMU's arguments; image files go into `dir`, those of `backend=memory` controllers into
 /// `shm` (a folder on tmpfs) where there is one.
 fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, shm: Option<&Path>, initrd: &Path) -> Result<Vec<String>> {
@@ -385,12 +401,11 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, shm: Option<&Path>, ini
         "-no-reboot",
         "-nic",
         "none",
-        "-monitor",
-        "none",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    a.extend(["-monitor".into(), monitor(std::env::var_os(MONITOR_ENV))?]);
     // tsc=reliable: keep the vDSO clock (TSC) even if TCG timing trips the clocksource watchdog.
     let mut append = String::from("console=ttyS0 panic=-1 loglevel=4 rdinit=/init tsc=reliable");
     if cfg.iommu {
@@ -698,6 +713,14 @@ impl Drop for TempDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_monitor_is_off_unless_a_socket_is_named() {
+        assert_eq!(monitor(None).unwrap(), "none");
+        assert_eq!(monitor(Some("/tmp/m.sock".into())).unwrap(), "unix:/tmp/m.sock,server=on,wait=off");
+        assert!(monitor(Some("/tmp/a,b".into())).is_err());
+        assert!(monitor(Some("".into())).is_err());
+    }
 
     #[test]
     fn parses_nvme_specs() {
