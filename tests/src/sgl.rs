@@ -29,16 +29,18 @@ pub fn tests() -> Vec<Test> {
     ]
 }
 
+/// The kernel's pool of 2 MiB huge pages.
+const HUGE_POOL: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+
 /// The free 2 MiB huge pages and the pool's size.
 fn huge_pages() -> Result<(usize, usize)> {
-    let dir = "/sys/kernel/mm/hugepages/hugepages-2048kB";
-    let read = |f: &str| -> Result<usize> { Ok(std::fs::read_to_string(format!("{dir}/{f}"))?.trim().parse()?) };
+    let read = |f: &str| -> Result<usize> { Ok(std::fs::read_to_string(format!("{HUGE_POOL}/{f}"))?.trim().parse()?) };
     Ok((read("free_hugepages")?, read("nr_hugepages")?))
 }
 
 fn set_huge_pages(n: usize) -> Result<()> {
-    let pool = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
-    std::fs::write(pool, n.to_string()).with_context(|| format!("sizing {pool}"))?;
+    let pool = format!("{HUGE_POOL}/nr_hugepages");
+    std::fs::write(&pool, n.to_string()).with_context(|| format!("sizing {pool}"))?;
     ensure_that!(huge_pages()?.1 == n, "{pool}: {:?} where {n} was asked", huge_pages()?);
     Ok(())
 }
@@ -109,9 +111,9 @@ struct Hugepages {
 
 impl Hugepages {
     fn new(len: usize) -> Result<Self> {
-        let pool = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+        let pool = format!("{HUGE_POOL}/nr_hugepages");
         let want = len / (2 << 20) + 2;
-        std::fs::write(pool, want.to_string()).with_context(|| format!("reserving hugepages in {pool}"))?;
+        std::fs::write(&pool, want.to_string()).with_context(|| format!("reserving hugepages in {pool}"))?;
         let got: usize = std::fs::read_to_string(pool)?.trim().parse()?;
         ensure_that!(got >= len / (2 << 20), "{got} hugepages reserved, {want} asked");
         // SAFETY: a fresh anonymous mapping; no existing memory is touched.

@@ -310,7 +310,7 @@ fn boot_with_retries<T>(label: &str, mut boot: impl FnMut() -> Result<T>) -> Res
 mod tests {
     use super::*;
 
-    /// An emulator crash gets ten boots in all, any other failure two; success ends it.
+    /// An emulator crash gets twenty boots in all, any other failure two; success ends it.
     #[test]
     fn emulator_crashes_get_their_boots_other_failures_one_more() {
         let crash = || anyhow::Error::new(vm::EmulatorCrashed { signal: 11, detail: String::new() });
@@ -330,7 +330,7 @@ mod tests {
             Err(crash())
         });
         assert!(r.is_err());
-        assert_eq!(n, EMULATOR_CRASH_BOOTS);
+        assert_eq!(n, 20);
         let mut n = 0;
         let r: Result<()> = boot_with_retries("v", || {
             n += 1;

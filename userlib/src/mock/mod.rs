@@ -299,7 +299,6 @@ impl MockDevice {
     }
 
     /// The SQ tail and CQ head doorbells as the device sees them.
-    #[cfg(test)]
     pub(crate) fn doorbells(&self) -> (u32, u32) {
         let m = self.model.lock().unwrap_or_else(|p| p.into_inner());
         (m.doorbells.load32(m.sq_db), m.doorbells.load32(m.cq_db))
@@ -482,8 +481,7 @@ impl MockQueue {
 
     /// The SQ tail and CQ head doorbells as the device sees them.
     pub fn doorbells(&self) -> (u32, u32) {
-        let m = self.model();
-        (m.doorbells.load32(m.sq_db), m.doorbells.load32(m.cq_db))
+        self.dev.doorbells()
     }
 
     /// What the device did so far.
