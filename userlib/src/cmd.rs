@@ -46,6 +46,12 @@ impl<'a> DmaRange<'a> {
         DmaRange { segs, off, len, epoch: None }
     }
 
+    /// The segments it is walked in and its offset into the first of them (tests).
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (&'a [Segment], u64) {
+        (self.segs, self.off)
+    }
+
     /// The same range, valid only while the controller is in `epoch`: an exporter's revocation
     /// resets the controller (a new epoch), and a queue refuses a command tagged with an older
     /// epoch than its own ([`Command::valid_in`]).

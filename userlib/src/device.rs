@@ -43,7 +43,7 @@ use namespace::usable_namespace;
 pub use namespace::Namespace;
 pub use node::{describe_path, is_ugds_node, NODE_CLASS};
 pub(crate) use owned::OwnedQueuePair;
-pub(crate) use registration::Registration;
+pub(crate) use registration::{Registration, SegmentTable};
 use thread_queues::ThreadQueues;
 
 /// Tuning for [`Device::open_with`].
@@ -444,10 +444,11 @@ impl Device {
     fn finish_registration(&self, h: RegistrationHandle) -> Result<Registration> {
         let mut segments = vec![Segment::default(); h.nsegs as usize];
         // Built before GET_SEGMENTS so that a failure still deregisters (on drop).
-        let mut reg = Registration { dev: self.inner.clone(), handle: h, segments: Vec::new(), live: None };
+        let mut reg =
+            Registration { dev: self.inner.clone(), handle: h, segments: SegmentTable::default(), live: None };
         let n = self.inner.segments_into(h, &mut segments)?;
         segments.truncate(n);
-        reg.segments = segments;
+        reg.segments = SegmentTable::new(segments);
         Ok(reg)
     }
 }

@@ -88,7 +88,7 @@ pub(crate) fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Resu
     let reg = Registration {
         dev: dev.inner.clone(),
         handle: RegistrationHandle::default(),
-        segments: mock.segments().to_vec(),
+        segments: SegmentTable::new(mock.segments().to_vec()),
         live: None,
     };
     let len = mock.host_len();
@@ -108,7 +108,7 @@ pub(crate) fn mock_volume_buffer(st: &Storage, members: &[(&Device, &MockDevice)
         .map(|(dev, mock)| Registration {
             dev: dev.inner.clone(),
             handle: RegistrationHandle::default(),
-            segments: mock.segments().to_vec(),
+            segments: SegmentTable::new(mock.segments().to_vec()),
             live: None,
         })
         .collect();
