@@ -101,9 +101,8 @@ impl<'q> Held<'q> {
 
     /// [`QueuePair::reap_owned`].
     #[inline]
-    pub(crate) fn reap(&mut self, status: &StatusView) -> Result<usize> {
-        reap::record_all(self.core, self.rings, status)?;
-        Ok(self.rings.cids.done())
+    pub(crate) fn reap(&mut self, status: &StatusView, sink: impl FnMut(u16, Status)) -> Result<usize> {
+        reap::hand_out_all(self.core, self.rings, status, sink)
     }
 
     /// [`QueuePair::collect_owned`].

@@ -400,14 +400,16 @@ impl QueuePair {
         collect_in(&self.core, &mut r, epoch, cids, status, out)
     }
 
-    /// Takes what the device posted off the CQ (as [`QueuePair::collect_owned`] does) and
-    /// returns how many commands completed whose status nobody collected yet: a single owner
-    /// that polls many commands looks for them only when this is not 0.
-    pub(crate) fn reap_owned(&mut self, status: &StatusView) -> Result<usize> {
-        self.held().reap(status)
+    /// Takes what the device posted off the CQ and hands each completion to `sink` as its
+    /// command id (free again) and status, for the queue's single owner that keeps its commands
+    /// by id: a reap costs what it found, whatever is in flight. Returns how many entries it
+    /// consumed. A protocol violation breaks the queue (as any reap's does).
+    pub(crate) fn reap_owned(&mut self, status: &StatusView, sink: impl FnMut(u16, Status)) -> Result<usize> {
+        self.held().reap(status, sink)
     }
 
     /// [`QueuePair::collect`] for the queue's single owner: no lock.
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn collect_owned(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
         self.held().collect(cids, status, out)
     }

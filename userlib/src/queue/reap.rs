@@ -165,26 +165,64 @@ fn give_back(qp: &Core, r: &mut Rings) {
 /// itself is not (a call's register saves cost more than the empty poll itself).
 #[inline(always)]
 pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize> {
+    if !posted(qp, r, status)? {
+        return Ok(0);
+    }
+    take_posted(qp, r, status, false, |_, _| {})
+}
+
+/// Reaps every posted completion and hands each to `sink` as its command id (free again) and
+/// status: for a queue's single owner that keeps its own table of commands by id, so that a
+/// reap costs what it found rather than what is in flight. Returns how many entries it
+/// consumed. Epoch checks and the empty poll as in [`record_all`].
+#[inline(always)]
+pub(super) fn hand_out_all(
+    qp: &Core,
+    r: &mut Rings,
+    status: &StatusView,
+    sink: impl FnMut(u16, Status),
+) -> Result<usize> {
+    if !posted(qp, r, status)? {
+        return Ok(0);
+    }
+    take_posted(qp, r, status, true, sink)
+}
+
+/// Whether an entry is posted. A poll that finds none counts itself and reads the epoch every
+/// 64th time (or at once on a broken queue).
+#[inline(always)]
+fn posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<bool> {
     // SAFETY: as in `reap_one`.
     if r.broken || !unsafe { r.cq.ready_unchecked(&qp.cq_mem) } {
         r.idle = r.idle.wrapping_add(1);
         if r.broken || r.idle.is_multiple_of(IDLE_POLLS_PER_EPOCH_CHECK) {
             check_epoch(qp, r, status)?;
         }
-        return Ok(0);
+        return Ok(false);
     }
-    record_posted(qp, r, status)
+    Ok(true)
 }
 
-/// [`record_all`] once an entry is posted.
+/// [`record_all`] or [`hand_out_all`] once an entry is posted.
 #[inline(never)]
-fn record_posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<usize> {
+fn take_posted(
+    qp: &Core,
+    r: &mut Rings,
+    status: &StatusView,
+    hand_out: bool,
+    mut sink: impl FnMut(u16, Status),
+) -> Result<usize> {
     check_epoch(qp, r, status)?;
     let (mut consumed, mut bad, mut head) = (0u32, None, None);
-    while let Some(c) = reap_one(qp, r, false) {
+    while let Some(c) = reap_one(qp, r, hand_out) {
         consumed += 1;
         match c {
-            Ok(Some((_, _, h))) => head = Some(h),
+            Ok(Some((cid, raw, h))) => {
+                if hand_out {
+                    sink(cid, decode(raw));
+                }
+                head = Some(h);
+            }
             Ok(None) => {}
             Err(v) => {
                 bad = Some(v);
