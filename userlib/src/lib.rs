@@ -72,7 +72,7 @@ pub mod test_utils {
     pub use crate::cmd::{
         Command, DatasetManagement, DmaRange, DsmRange, Flush, Read, Transfer, Write, WriteZeroes, DSM_MAX_RANGES,
     };
-    pub use crate::device::mock_device::MockStorage;
+    pub use crate::device::mock_device::{MockBatch, MockStorage};
     pub use crate::mem::{QueueMemory, TestMemory};
     pub use crate::mmio::StatusView;
     pub use crate::mock::{Behaviour, Fault, HostileCqe, MockConfig, MockQueue, MockStats};

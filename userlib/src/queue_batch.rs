@@ -90,7 +90,7 @@ const BATCH_RING: u32 = 256;
 /// that could leave it no room: on a ring of just `capacity + 1` slots that was before nearly
 /// every submission (4K reads at QD 8 in the VM: 0.22 head doorbell writes per I/O, each one a
 /// trip through the emulator's lock).
-fn ring_depth(capacity: usize, max_entries: u32) -> Result<u32> {
+pub(crate) fn ring_depth(capacity: usize, max_entries: u32) -> Result<u32> {
     let least = u32::try_from(capacity).ok().and_then(|c| c.checked_add(1)).filter(|&d| d <= max_entries);
     let Some(least) = least else {
         return Err(Error::invalid("capacity", format!("at most {}", max_entries.saturating_sub(1))));
@@ -117,7 +117,7 @@ impl QueueBatch {
 
     /// A batch on a queue pair the test made (over the device model, which has no control plane
     /// to create one); `qp` must hold `capacity` commands.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn over(dev: &Device, ns: &Namespace, qp: QueuePair, capacity: usize, member: usize) -> Self {
         Self::with_queue(dev.inner.clone(), ns, qp, capacity, member)
     }

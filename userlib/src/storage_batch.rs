@@ -181,6 +181,22 @@ impl StorageBatch {
         })
     }
 
+    /// A batch whose queue batch is `q` (over the device model, which has no control plane to
+    /// create a queue pair), for tests and the cost benchmark; no warm-up.
+    #[cfg(any(test, feature = "test-utils"))]
+    pub(crate) fn over_queue(storage: &Arc<Storage>, q: QueueBatch) -> Result<StorageBatch> {
+        storage.engine()?;
+        Ok(StorageBatch {
+            storage: storage.clone(),
+            capacity: q.capacity(),
+            state: Arc::default(),
+            native: Some(Native::One(Box::new(q))),
+            counts: true,
+            pooled: 0,
+            born: Born::now(),
+        })
+    }
+
     /// Once per process, runs a few reads through a throwaway batch on a queue pair:
     /// `submit` and `status` down to the queue batch's code are then resident (under an
     /// emulator: translated), so the first real batch does not pay for that. It goes through

@@ -6,7 +6,9 @@
 //! through the one-command calls a synchronous request of one command makes. `storage` is the
 //! whole synchronous 4 KiB read from `Storage::read` (checks, lease, path, queue) on the
 //! device's shared queue, `storage-owned` on the thread's own queue, the model stepped on the
-//! same thread each time the read's wait finds nothing.
+//! same thread each time the read's wait finds nothing. `batch` is a `StorageBatch` of 32 or 128
+//! entries kept full as `ugds bench --iodepth` keeps it, on the model's queue pair, the model
+//! posting at most 4 completions per step (its figures are per read).
 //!
 //! - `ns/command`: native wall time per command, bursts 1 and 32, the model's work included
 //!   (a native clock cannot separate two pieces of code on one thread without disturbing them).
@@ -25,10 +27,18 @@ use std::process::Command;
 /// wait that found nothing (`storage`). Neither calls the other (nested toggles would cancel).
 const MODEL_FNS: [&str; 2] = ["*MockQueue*step*", "*mock*step_model*"];
 
-/// What the cost program drives: the queue pair shared, owned, or the whole `Storage::read` on a
-/// shared queue or on the thread's own.
-const MODES: [(usize, &str); 6] =
-    [(1, "shared"), (1, "owned"), (32, "shared"), (32, "owned"), (1, "storage"), (1, "storage-owned")];
+/// What the cost program drives: the queue pair shared, owned, the whole `Storage::read` on a
+/// shared queue or on the thread's own, or a `StorageBatch` of 32 and of 128 entries.
+const MODES: [(usize, &str); 8] = [
+    (1, "shared"),
+    (1, "owned"),
+    (32, "shared"),
+    (32, "owned"),
+    (1, "storage"),
+    (1, "storage-owned"),
+    (32, "batch"),
+    (128, "batch"),
+];
 
 /// One burst size's figures.
 #[derive(Debug, Clone, Copy)]
@@ -57,8 +67,8 @@ impl Cost {
     }
 }
 
-/// Builds the cost program and measures bursts 1 and 32, shared and owned, and the whole
-/// synchronous read.
+/// Builds the cost program and measures bursts 1 and 32, shared and owned, the whole
+/// synchronous read, and batches of 32 and 128 entries.
 pub fn run() -> Result<Vec<Cost>> {
     toolchain::setup_and_build_release(&["-p", "ugds", "--features", "test-utils", "--example", "datapath_cost"])?;
     let bin = toolchain::workspace_root().join("target/release/examples/datapath_cost");
@@ -66,7 +76,7 @@ pub fn run() -> Result<Vec<Cost>> {
     for (burst, mode) in MODES {
         let c = measure(&bin, burst, mode)?;
         println!(
-            "burst {burst:>2} {mode:<13}: instructions/command: {:.0} (engine; model {:.0} subtracted from {:.0})  \
+            "burst {burst:>3} {mode:<13}: instructions/command: {:.0} (engine; model {:.0} subtracted from {:.0})  \
              ns/command: {:.1} (native, model included; engine about {:.1})",
             c.instr_engine(),
             c.instr_model,
@@ -78,7 +88,8 @@ pub fn run() -> Result<Vec<Cost>> {
     }
     println!(
         "goals: instructions/command <= 400 at burst 1 and <= 250 at burst 32, shared and owned \
-         (storage: the whole synchronous read, for comparison)"
+         (storage: the whole synchronous read, for comparison; batch: per read of a batch of BURST \
+         entries kept full, 4 completions per step of the model)"
     );
     Ok(out)
 }

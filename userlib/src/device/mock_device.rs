@@ -8,7 +8,7 @@ use crate::buffer::{Mem, Path};
 use crate::data_path::Registered;
 use crate::mem::HostMemory;
 use crate::mock::{MockConfig, MockDevice, MockQueue};
-use crate::{Buffer, Storage};
+use crate::{Buffer, Storage, StorageBatch};
 
 /// A device over a mock made as `cfg` says, with per-command deadline `timeout`.
 pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, MockDevice)> {
@@ -20,7 +20,7 @@ pub(crate) fn mock_device(cfg: MockConfig, timeout: Duration) -> Result<(Device,
 /// A device over a mock made as `cfg` says whose one queue pair is handed back apart, for a
 /// queue batch of the test's own ([`crate::queue_batch::QueueBatch::over`]): the device itself
 /// has no synchronous queue pair, so nothing but that batch may do I/O on it.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-utils"))]
 pub(crate) fn mock_batch_device(cfg: MockConfig, timeout: Duration) -> Result<(Device, QueuePair, MockDevice)> {
     let (dev, qp, mock) = device_over(cfg, timeout, false, Vec::new())?;
     let qp = qp.ok_or_else(|| Error::invalid("cfg", "the mock's queue pair was kept"))?;
@@ -160,6 +160,51 @@ impl MockStorage {
         let buffer = mock_buffer(&storage, &dev, &device)?;
         thread.iter().for_each(MockDevice::step_on_idle_polls);
         Ok(MockStorage { storage, buffer, device, _thread: thread })
+    }
+}
+
+/// A [`StorageBatch`] on the device model's queue pair, the model stepped on this thread each
+/// time the batch's wait finds nothing (the cost benchmark's batch mode), with a buffer
+/// registered over all of the model's host memory.
+#[cfg(any(test, feature = "test-utils"))]
+pub struct MockBatch {
+    /// The batch (dropped first: it waits for what it has in flight).
+    pub batch: StorageBatch,
+    /// The buffer.
+    pub buffer: Arc<Buffer>,
+    device: MockDevice,
+}
+
+#[cfg(any(test, feature = "test-utils"))]
+impl MockBatch {
+    /// A batch of `capacity` entries over a stepped model made as `cfg` says (its `stepped` is
+    /// forced on, and its depth is the batch's ring).
+    pub fn stepped(cfg: MockConfig, capacity: usize) -> Result<Self> {
+        let depth = crate::queue_batch::ring_depth(capacity, 4096)?;
+        let cfg = MockConfig { stepped: true, depth, ..cfg };
+        let (dev, qp, device) = mock_batch_device(cfg, Duration::from_secs(5))?;
+        let storage = Storage::direct(&dev, 1)?;
+        let buffer = Arc::new(mock_buffer(&storage, &dev, &device)?);
+        let ns = dev.namespace(1)?;
+        let batch =
+            StorageBatch::over_queue(&storage, crate::queue_batch::QueueBatch::over(&dev, &ns, qp, capacity, 0))?;
+        device.step_on_idle_polls();
+        Ok(MockBatch { batch, buffer, device })
+    }
+
+    /// From now on each step of the model posts at most `n` completions: commands finish a few
+    /// at a time, as on a device with many in flight, rather than all at once.
+    pub fn post_at_most(&self, n: usize) {
+        self.device.post_at_most(n);
+    }
+}
+
+#[cfg(any(test, feature = "test-utils"))]
+impl Drop for MockBatch {
+    fn drop(&mut self) {
+        // While the model still steps on this thread's idle polls: what is in flight completes.
+        let _ = self.batch.cancel();
+        crate::mock::stop_stepping_on_idle_polls();
     }
 }
 

@@ -256,6 +256,12 @@ pub(crate) fn stop_stepping_on_idle_polls() {
 }
 
 impl MockDevice {
+    /// From now on each step posts at most `n` completions (at least 1), the rest waiting for
+    /// later steps: commands that finish a few at a time, as on a device with many in flight.
+    pub(crate) fn post_at_most(&self, n: usize) {
+        self.model.lock().unwrap_or_else(|p| p.into_inner()).posts_per_step = n.max(1);
+    }
+
     /// From now on, every wait of this thread that polls and finds nothing steps this (stepped)
     /// model once.
     pub(crate) fn step_on_idle_polls(&self) {

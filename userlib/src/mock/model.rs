@@ -112,6 +112,9 @@ pub(super) struct Model {
     pub(super) cq_tail: u16,
     pub(super) phase: bool,
     pending: VecDeque<Post>,
+    /// The most completions one step posts (the rest wait for later steps), as a device whose
+    /// commands finish a few at a time: `usize::MAX` unless set.
+    pub(super) posts_per_step: usize,
     /// Reused for every transfer's pieces.
     scratch: Vec<Piece>,
     pub(super) stats: MockStats,
@@ -156,6 +159,7 @@ impl Model {
             cq_tail: 0,
             phase: true,
             pending: VecDeque::with_capacity(depth as usize * 2),
+            posts_per_step: usize::MAX,
             scratch: Vec::with_capacity(PAGE as usize / 8 + 1),
             stats: MockStats::default(),
         }
@@ -216,7 +220,12 @@ impl Model {
 
     /// Posts pending completions while the CQ has room.
     fn post_pending(&mut self) {
+        let mut budget = self.posts_per_step;
         while let Some(p) = self.pending.front().copied() {
+            if budget == 0 {
+                break;
+            }
+            budget -= 1;
             if !self.room() {
                 self.stats.cq_full += 1;
                 break;
