@@ -165,10 +165,20 @@ impl Doorbells {
                 self.map.len()
             )));
         }
-        let shadowed = self.shadow.is_some() && depth <= SHADOW_MAX_DEPTH;
-        // CAST: below the mapping's length (checked), so it fits usize.
-        // INVARIANT: aligned and in range of every mapping, checked above.
-        Ok(Doorbell { dbs: self.clone(), off: off as usize, shadowed })
+        // CAST: below the mappings' lengths (checked), so it fits usize.
+        let off = off as usize;
+        let at = |m: &Mmap| {
+            // SAFETY: `off + 4` lies inside `m` (checked above), so the result is in bounds.
+            NonNull::new(unsafe { m.ptr().add(off) }.cast::<u32>())
+        };
+        let reg = at(&self.map).ok_or_else(|| Error::DeviceProtocol("a null doorbell mapping".into()))?;
+        let shadow = match &self.shadow {
+            Some(s) if depth <= SHADOW_MAX_DEPTH => at(&s.doorbells).zip(at(&s.event_indexes)),
+            _ => None,
+        };
+        // INVARIANT: aligned, inside the mappings `self` keeps (checked above); the register and
+        // the shadow entry in writable ones.
+        Ok(Doorbell { _dbs: self.clone(), reg, shadow })
     }
 }
 
@@ -181,28 +191,40 @@ pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
-/// One doorbell register (an SQ tail or a CQ head).
+/// One doorbell register (an SQ tail or a CQ head), its address resolved once: ringing it is
+/// one store (two and a load with shadow doorbells), with no lookup through the mappings.
 ///
 /// # Invariants
 ///
-/// `off` is a multiple of 4 and `off + 4 <= dbs.map.len()`; with `shadowed`, `dbs.shadow` is
-/// there and `off + 4` within its pages too.
+/// `reg`, and with `shadow` its shadow entry and event index, are 4-byte aligned addresses
+/// inside the mappings `_dbs` keeps alive; `reg` and the shadow entry are writable.
 #[derive(Debug)]
 pub struct Doorbell {
-    dbs: Arc<Doorbells>,
-    off: usize,
-    shadowed: bool,
+    _dbs: Arc<Doorbells>,
+    reg: NonNull<u32>,
+    /// The shadow doorbell entry and the controller's event index, where the controller takes
+    /// shadow doorbells and the ring is small enough for their comparison.
+    shadow: Option<(NonNull<u32>, NonNull<u32>)>,
 }
+
+// SAFETY: the pointers name device-shared memory that the `Arc` keeps mapped for as long as the
+// doorbell lives, accessed only by volatile loads and stores, which any thread may make (the
+// device makes its own at any time); callers order their stores (the queue's lock or owner).
+unsafe impl Send for Doorbell {}
+// SAFETY: as for `Send`: `&Doorbell` allows only volatile accesses to that memory.
+unsafe impl Sync for Doorbell {}
 
 impl Doorbell {
     /// Writes `value` to the register (one 32-bit MMIO store), and to the shadow doorbell
     /// first where there is one.
     #[inline]
     pub(crate) fn ring(&self, value: u32) {
-        if let Some(s) = self.shadow() {
-            self.store(&s.doorbells, value);
+        if let Some((entry, _)) = self.shadow {
+            // SAFETY: the shadow entry: writable, aligned and mapped while `self` lives
+            // (invariant); the controller reads it at any time, so the store is volatile.
+            unsafe { std::ptr::write_volatile(entry.as_ptr(), value.to_le()) };
         }
-        self.store(&self.dbs.map, value);
+        self.store_reg(value);
     }
 
     /// Moves the doorbell from `old` to `new` (ring indexes). With shadow doorbells the value
@@ -210,42 +232,31 @@ impl Doorbell {
     /// says it waits for one ([`need_event`]); otherwise to the register.
     #[inline]
     pub(crate) fn publish(&self, new: u16, old: u16) {
-        let Some(s) = self.shadow() else {
-            self.store(&self.dbs.map, u32::from(new));
+        let Some((entry, event)) = self.shadow else {
+            self.store_reg(u32::from(new));
             return;
         };
-        self.store(&s.doorbells, u32::from(new));
+        // SAFETY: as in `ring`.
+        unsafe { std::ptr::write_volatile(entry.as_ptr(), u32::from(new).to_le()) };
         // The shadow store must be visible before the event index is read: otherwise the
         // controller may have read the old value and published an index this store then skips
         // past, and nobody rings (a store-load order: a full fence).
         fence(Ordering::SeqCst);
-        // SAFETY: in range and aligned in the live event index page (invariant), which the
+        // SAFETY: aligned and inside the live event index page (invariant), which the
         // controller writes at any time: a volatile load.
-        let event = u32::from_le(unsafe { std::ptr::read_volatile(s.event_indexes.ptr().add(self.off).cast::<u32>()) });
+        let event = u32::from_le(unsafe { std::ptr::read_volatile(event.as_ptr()) });
         // CAST: indexes of rings below 65536 slots.
         if need_event(event as u16, new, old) {
-            self.store(&self.dbs.map, u32::from(new));
+            self.store_reg(u32::from(new));
         }
     }
 
-    /// One volatile 32-bit store at this doorbell's offset of `map`, which is the register
-    /// mapping or the shadow doorbell page (the only writable mappings a doorbell reaches).
+    /// One volatile 32-bit store to the register (an MMIO store).
     #[inline(always)]
-    fn store(&self, map: &Mmap, value: u32) {
-        // SAFETY: `map` is `dbs.map` or, with `shadowed`, `dbs.shadow`'s doorbell page (the
-        // callers'), both writable and live while the `Arc` is, with `off + 4` inside and
-        // `off` aligned (invariant); the device reads either at any time, so the store is
-        // volatile (an MMIO store for the register).
-        unsafe { std::ptr::write_volatile(map.ptr().add(self.off).cast::<u32>(), value.to_le()) }
-    }
-
-    #[inline]
-    fn shadow(&self) -> Option<&Shadow> {
-        if self.shadowed {
-            self.dbs.shadow.as_ref()
-        } else {
-            None
-        }
+    fn store_reg(&self, value: u32) {
+        // SAFETY: the register: writable, aligned and mapped while `self` lives (invariant);
+        // the device reads it at any time, so the store is volatile.
+        unsafe { std::ptr::write_volatile(self.reg.as_ptr(), value.to_le()) }
     }
 }
 

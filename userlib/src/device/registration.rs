@@ -93,6 +93,10 @@ impl SegmentTable {
     /// the first of them.
     #[inline]
     fn from(&self, off: u64) -> (&[Segment], u64) {
+        if self.segments.len() <= 1 {
+            // One contiguous run (huge pages, most GPU memory): nothing to search.
+            return (&self.segments, off);
+        }
         let i = self.starts.partition_point(|&s| s <= off).saturating_sub(1);
         match self.starts.get(i) {
             Some(&start) => (&self.segments[i..], off - start),

@@ -741,6 +741,7 @@ impl<G: DerefMut<Target = Rings>> Submission<'_, G> {
 }
 
 impl<G: DerefMut<Target = Rings>> Drop for Submission<'_, G> {
+    #[inline]
     fn drop(&mut self) {
         if self.pushed > 0 {
             // Orders the slot and list-page stores before the doorbell store, so the device
@@ -749,11 +750,12 @@ impl<G: DerefMut<Target = Rings>> Drop for Submission<'_, G> {
             // from reordering; a weakly ordered CPU would need a device-scope barrier here.
             reap::make_room(self.core, &mut self.rings);
             fence(Ordering::Release);
-            let tail = self.rings.sq.tail();
-            // Fewer entries pushed than the ring has slots: the tail this submission started at.
-            let before = (u32::from(tail) + self.core.depth - self.pushed) % self.core.depth;
-            // CAST: below depth.
-            self.core.sq_db.publish(tail, before as u16);
+            let tail = u32::from(self.rings.sq.tail());
+            // Fewer entries pushed than the ring has slots: the tail this submission started at
+            // (no division: this runs for every submission).
+            let before = if tail >= self.pushed { tail - self.pushed } else { tail + self.core.depth - self.pushed };
+            // CAST: ring indexes, below depth (at most 65536), fit 16 bits.
+            self.core.sq_db.publish(tail as u16, before as u16);
         }
     }
 }

@@ -168,7 +168,7 @@ pub(super) fn record_all(qp: &Core, r: &mut Rings, status: &StatusView) -> Resul
     if !posted(qp, r, status)? {
         return Ok(0);
     }
-    take_posted(qp, r, status, false, |_, _| {})
+    take_posted::<false>(qp, r, status, |_, _| {})
 }
 
 /// Reaps every posted completion and hands each to `sink` as its command id (free again) and
@@ -185,7 +185,7 @@ pub(super) fn hand_out_all(
     if !posted(qp, r, status)? {
         return Ok(0);
     }
-    take_posted(qp, r, status, true, sink)
+    take_posted::<true>(qp, r, status, sink)
 }
 
 /// Whether an entry is posted. A poll that finds none counts itself and reads the epoch every
@@ -203,22 +203,22 @@ fn posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<bool> {
     Ok(true)
 }
 
-/// [`record_all`] or [`hand_out_all`] once an entry is posted.
+/// [`record_all`] or [`hand_out_all`] (`HAND_OUT`, a constant so that each has its own copy
+/// without the other's branches) once an entry is posted.
 #[inline(never)]
-fn take_posted(
+fn take_posted<const HAND_OUT: bool>(
     qp: &Core,
     r: &mut Rings,
     status: &StatusView,
-    hand_out: bool,
     mut sink: impl FnMut(u16, Status),
 ) -> Result<usize> {
     check_epoch(qp, r, status)?;
     let (mut consumed, mut bad, mut head) = (0u32, None, None);
-    while let Some(c) = reap_one(qp, r, hand_out) {
+    while let Some(c) = reap_one(qp, r, HAND_OUT) {
         consumed += 1;
         match c {
             Ok(Some((cid, raw, h))) => {
-                if hand_out {
+                if HAND_OUT {
                     sink(cid, decode(raw));
                 }
                 head = Some(h);

@@ -27,7 +27,8 @@ pub struct Entry {
 ///
 /// # Invariants
 ///
-/// `2 <= depth <= MAX_DEPTH`, `head < depth`, `released < depth`.
+/// `2 <= depth <= MAX_DEPTH`, `head < depth`, `released < depth`, and `unreleased` is the
+/// number of slots from `released` up to `head` (modulo `depth`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cq {
     depth: u32,
@@ -38,13 +39,16 @@ pub struct Cq {
     /// The head the device was last given: the slots from here up to `head` are consumed but
     /// still occupied as far as the device knows.
     released: u16,
+    /// How many slots that is, counted as they are consumed: asked for before every submission
+    /// and after every reap, where working it out from the two heads took a division.
+    unreleased: u32,
 }
 
 impl Cq {
     /// An empty ring of `depth` slots; `None` outside `2..=65536`.
     pub fn new(depth: u32) -> Option<Self> {
         // INVARIANT: depth checked; the head starts at 0, released.
-        (2..=MAX_DEPTH).contains(&depth).then_some(Cq { depth, head: 0, phase: true, released: 0 })
+        (2..=MAX_DEPTH).contains(&depth).then_some(Cq { depth, head: 0, phase: true, released: 0, unreleased: 0 })
     }
 
     /// The next slot to read.
@@ -57,8 +61,7 @@ impl Cq {
     /// by this many).
     #[inline]
     pub fn unreleased(&self) -> u32 {
-        // CAST: both below depth <= 65536.
-        (self.head as u32 + self.depth - self.released as u32) % self.depth
+        self.unreleased
     }
 
     /// Marks every consumed slot given back; returns the head the doorbell had and the one it
@@ -66,8 +69,9 @@ impl Cq {
     #[inline]
     pub fn release(&mut self) -> (u16, u16) {
         let old = self.released;
-        // INVARIANT: `head < depth`.
+        // INVARIANT: `head < depth`; nothing lies between the two now.
         self.released = self.head;
+        self.unreleased = 0;
         (old, self.head)
     }
 
@@ -149,8 +153,10 @@ impl Cq {
         // SAFETY: the slot at the head lies in `mem` (as in `dw3_unchecked`); `off` is a
         // multiple of 16.
         let (dw0, dw2) = unsafe { (mem.load32_unchecked(off), mem.load32_unchecked(off + 8)) };
-        // INVARIANT: `next` stays below depth.
+        // INVARIANT: `next` stays below depth; one more slot consumed and not given back (at
+        // most depth - 1: the device posts into a slot only once it was given back).
         self.head = next(self.head, self.depth);
+        self.unreleased += 1;
         if self.head == 0 {
             self.phase = !self.phase;
         }
@@ -164,6 +170,7 @@ impl Cq {
         self.head = 0;
         self.phase = true;
         self.released = 0;
+        self.unreleased = 0;
     }
 }
 
