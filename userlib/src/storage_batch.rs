@@ -355,7 +355,9 @@ impl StorageBatch {
     /// running) and returns all available events.
     pub fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<IoEvent>> {
         self.born.check("batch")?;
-        let deadline = Instant::now() + timeout;
+        // The clock is read only once this waits: a status that finds what it wants, or hands
+        // the wait to the queue batch (which reads it lazily), reads none.
+        let mut start: Option<Instant> = None;
         let mut out = Vec::new();
         loop {
             if let Some(q) = self.native.as_mut() {
@@ -370,8 +372,11 @@ impl StorageBatch {
             let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
             out.append(&mut st.events);
             let native_busy = self.native.as_ref().is_some_and(|q| q.in_flight() > 0);
-            let now = Instant::now();
-            if out.len() >= min || (st.running == 0 && !native_busy) || now >= deadline {
+            let left = match start {
+                None => timeout,
+                Some(t) => timeout.saturating_sub(t.elapsed()),
+            };
+            if out.len() >= min || (st.running == 0 && !native_busy) || left.is_zero() {
                 return Ok(out);
             }
             if native_busy && st.running == 0 {
@@ -379,7 +384,7 @@ impl StorageBatch {
                 drop(st);
                 let want = min.saturating_sub(out.len());
                 if let Some(q) = self.native.as_mut() {
-                    for (e, path) in q.status(want, deadline - now)? {
+                    for (e, path) in q.status(want, left)? {
                         if e.status == IoStatus::Complete && self.counts {
                             self.storage.count(path, e.bytes);
                         }
@@ -387,12 +392,14 @@ impl StorageBatch {
                     }
                 }
                 return Ok(out);
-            } else if native_busy {
+            }
+            start.get_or_insert_with(Instant::now);
+            if native_busy {
                 // Both run: poll the queue, and let the workers run.
                 drop(st);
                 std::thread::yield_now();
             } else {
-                let _ = cv.wait_timeout(st, (deadline - now).min(Duration::from_millis(10)));
+                let _ = cv.wait_timeout(st, left.min(Duration::from_millis(10)));
             }
         }
     }
