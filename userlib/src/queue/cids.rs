@@ -14,13 +14,11 @@ const BUSY_NEVER: u32 = 3;
 /// # Invariants
 ///
 /// `free[..nfree]` are exactly the ids whose state is `FREE`, each once; `free.len() + 1 ==
-/// state.len() <= 65536` (id 0 is never on the stack). `done` is the number of ids in state
-/// `DONE`.
+/// state.len() <= 65536` (id 0 is never on the stack).
 pub(crate) struct Cids {
     free: Box<[u16]>,
     nfree: usize,
     state: Box<[u32]>,
-    done: usize,
 }
 
 impl std::fmt::Debug for Cids {
@@ -42,7 +40,7 @@ impl Cids {
         // Id 0 is never free, never in flight: completions for it are strays.
         state[0] = BUSY_NEVER;
         // INVARIANT: every id but 0 free and on the stack once.
-        Cids { nfree: free.len(), free, state, done: 0 }
+        Cids { nfree: free.len(), free, state }
     }
 
     /// Free ids.
@@ -65,13 +63,6 @@ impl Cids {
         Some(cid)
     }
 
-    /// Completed ids whose status was not collected yet: what a poll that found nothing new
-    /// can skip looking for.
-    #[inline]
-    pub(crate) fn done(&self) -> usize {
-        self.done
-    }
-
     /// True when `cid` is in flight (not completed, not free).
     #[inline]
     pub(crate) fn in_flight(&self, cid: u16) -> bool {
@@ -85,8 +76,6 @@ impl Cids {
         match self.state.get_mut(cid as usize) {
             Some(s) if *s == BUSY => {
                 *s = DONE | (raw as u32) << 16;
-                // INVARIANT: one more id in state DONE.
-                self.done += 1;
                 true
             }
             _ => false,
@@ -121,10 +110,6 @@ impl Cids {
     /// Frees `cid`, which callers found not FREE (and not id 0) in `state`.
     #[inline]
     fn put(&mut self, cid: u16) {
-        if self.state[cid as usize] & 0xFFFF == DONE {
-            // INVARIANT: one id fewer in state DONE.
-            self.done -= 1;
-        }
         self.state[cid as usize] = FREE;
         // An id that was not FREE was not on the stack, so the stack has room: `nfree <
         // free.len()` by the invariant (`free.len() + 1 == state.len()` ids, id 0 never on it).
@@ -152,20 +137,15 @@ mod tests {
         assert_eq!([c.alloc(), c.alloc(), c.alloc(), c.alloc()], [Some(1), Some(2), Some(3), None]);
         assert!(c.in_flight(1) && !c.in_flight(4));
         assert!(!c.in_flight(0) && !c.complete(0, 0) && !c.release(0), "id 0 is never a command");
-        assert_eq!(c.done(), 0);
         assert!(c.complete(2, 0x7FFF));
         assert!(!c.complete(2, 0), "duplicate");
         assert!(!c.complete(9, 0), "unknown");
-        assert_eq!(c.done(), 1, "one completion waits to be collected");
         assert_eq!(c.take(1), None, "still in flight");
         assert_eq!(c.take(2), Some(0x7FFF));
         assert_eq!(c.take(2), None, "taken once");
-        assert_eq!(c.done(), 0);
-        // A completed id given up without being collected no longer counts either.
+        // A completed id given up without being collected is free again.
         assert!(c.complete(3, 0));
-        assert_eq!(c.done(), 1);
         assert!(c.release(3) && !c.release(3));
-        assert_eq!(c.done(), 0);
         assert_eq!(c.available(), 2);
         assert_eq!(c.alloc(), Some(3));
         c.reset();
