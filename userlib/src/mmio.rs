@@ -167,13 +167,12 @@ impl Doorbells {
         }
         // CAST: below the mappings' lengths (checked), so it fits usize.
         let off = off as usize;
-        let at = |m: &Mmap| {
-            // SAFETY: `off + 4` lies inside `m` (checked above), so the result is in bounds.
-            NonNull::new(unsafe { m.ptr().add(off) }.cast::<u32>())
-        };
-        let reg = at(&self.map).ok_or_else(|| Error::DeviceProtocol("a null doorbell mapping".into()))?;
+        // SAFETY: `off + 4` lies inside each mapping this is called with (checked above), so the
+        // address stays in bounds.
+        let at = |m: &Mmap| unsafe { m.ptr.add(off) }.cast::<u32>();
+        let reg = at(&self.map);
         let shadow = match &self.shadow {
-            Some(s) if depth <= SHADOW_MAX_DEPTH => at(&s.doorbells).zip(at(&s.event_indexes)),
+            Some(s) if depth <= SHADOW_MAX_DEPTH => Some((at(&s.doorbells), at(&s.event_indexes))),
             _ => None,
         };
         // INVARIANT: aligned, inside the mappings `self` keeps (checked above); the register and

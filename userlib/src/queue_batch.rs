@@ -302,12 +302,10 @@ impl QueueBatch {
     /// Fails every entry in flight with the reset from epoch `old` to `new` (its command was
     /// lost) and releases its memory (the controller stopped).
     fn fail_in_flight(&mut self, old: u64, new: u64) {
-        for slot in self.slots.iter_mut().filter(|s| s.as_ref().is_some_and(|s| s.status.is_none())) {
-            if let Some(mut s) = slot.take() {
-                s.lease = None;
-                let error = Some(Error::EpochChanged { old, new });
-                self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
-            }
+        for mut s in self.slots.iter_mut().filter_map(|slot| slot.take_if(|s| s.status.is_none())) {
+            s.lease = None;
+            let error = Some(Error::EpochChanged { old, new });
+            self.ready.push(IoEvent { cookie: s.cookie, status: IoStatus::Failed, bytes: 0, error });
         }
         self.in_flight = 0;
     }

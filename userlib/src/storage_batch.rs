@@ -170,15 +170,7 @@ impl StorageBatch {
             // batch below reports its own errors when used.
             let _ = Self::warm_up(storage, capacity);
         }
-        Ok(StorageBatch {
-            storage: storage.clone(),
-            capacity,
-            state: Arc::default(),
-            native,
-            counts: true,
-            pooled: 0,
-            born: Born::now(),
-        })
+        Ok(Self::with_native(storage, capacity, native))
     }
 
     /// A batch whose queue batch is `q` (over the device model, which has no control plane to
@@ -186,15 +178,20 @@ impl StorageBatch {
     #[cfg(any(test, feature = "test-utils"))]
     pub(crate) fn over_queue(storage: &Arc<Storage>, q: QueueBatch) -> Result<StorageBatch> {
         storage.engine()?;
-        Ok(StorageBatch {
+        Ok(Self::with_native(storage, q.capacity(), Some(Native::One(Box::new(q)))))
+    }
+
+    /// A fresh batch of `capacity` entries on `storage` with `native` behind it.
+    fn with_native(storage: &Arc<Storage>, capacity: usize, native: Option<Native>) -> StorageBatch {
+        StorageBatch {
             storage: storage.clone(),
-            capacity: q.capacity(),
+            capacity,
             state: Arc::default(),
-            native: Some(Native::One(Box::new(q))),
+            native,
             counts: true,
             pooled: 0,
             born: Born::now(),
-        })
+        }
     }
 
     /// Once per process, runs a few reads through a throwaway batch on a queue pair:

@@ -37,7 +37,7 @@ impl Registration {
 
     /// How many contiguous bus ranges the module found the memory in.
     pub(crate) fn segment_count(&self) -> usize {
-        self.segments.segments.len()
+        self.segments.len()
     }
 
     /// Bytes `[off, off + len)` of the registration for one command: checked alive first where
@@ -86,6 +86,11 @@ impl SegmentTable {
             })
             .collect();
         SegmentTable { segments, starts }
+    }
+
+    /// How many segments.
+    pub(crate) fn len(&self) -> usize {
+        self.segments.len()
     }
 
     /// The segments from the one holding byte `off` of the registration on (the last one when
