@@ -364,10 +364,12 @@ fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<Option<usize>> {
     }
     let start = Instant::now();
     b.submit(&first)?;
+    // Kept from one round to the next: the loop allocates nothing.
+    let (mut ev, mut again) = (Vec::with_capacity(depth), first);
     while start.elapsed() < j.deadline {
-        let ev = b.status(1, Duration::from_secs(30))?;
-        let mut again = Vec::with_capacity(ev.len());
-        for e in ev {
+        b.status_into(1, Duration::from_secs(30), &mut ev)?;
+        again.clear();
+        for e in ev.drain(..) {
             if e.status != ugds::IoStatus::Complete {
                 return Err(format!("batch I/O failed: {:?}", e.error).into());
             }

@@ -130,6 +130,8 @@ pub(crate) struct Thread {
     ready: VecDeque<Done>,
     /// What the last `getevents` returned, for `event(i)`.
     pub(crate) events: Vec<Done>,
+    /// A batch's events as a reap takes them (kept: a reap allocates nothing).
+    reaped: Vec<IoEvent>,
 }
 
 /// The errno for a library error (EIO for what has none).
@@ -203,6 +205,7 @@ impl Thread {
             targets: Vec::new(),
             ready: VecDeque::new(),
             events: Vec::new(),
+            reaped: Vec::new(),
         }
     }
 
@@ -416,9 +419,9 @@ impl Thread {
     fn reap(&mut self, i: usize, min: usize, wait: Duration) {
         let Some(t) = self.targets.get_mut(i).and_then(Option::as_mut) else { return };
         let Some(b) = t.batch.as_mut() else { return };
-        match b.status(min, wait) {
-            Ok(evs) => {
-                for e in evs {
+        match b.status_into(min, wait, &mut self.reaped) {
+            Ok(_) => {
+                for e in self.reaped.drain(..) {
                     self.ready.push_back(done(&t.name, e));
                 }
             }

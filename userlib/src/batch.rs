@@ -47,6 +47,7 @@ pub struct IoEvent {
 
 /// One checked entry: direction, the lease on its buffer, buffer offset, device offset, bytes,
 /// cookie.
+#[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) op: Op,
     pub(crate) lease: Lease<Arc<Buffer>>,

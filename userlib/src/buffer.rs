@@ -115,6 +115,12 @@ impl std::fmt::Debug for Buffer {
 /// ABI), borrowed (`Lease<&Buffer>`) or owning the buffer (`Lease<Arc<Buffer>>`).
 pub(crate) struct Lease<B: Deref<Target = Buffer>>(B);
 
+impl<B: Deref<Target = Buffer>> std::fmt::Debug for Lease<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lease({:?})", &*self.0)
+    }
+}
+
 impl<B: Deref<Target = Buffer>> Lease<B> {
     /// Takes an I/O lease; refused while the CPU holds the buffer.
     pub(crate) fn new(buf: B) -> Result<Self> {

@@ -16,6 +16,8 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(test)]
+mod alloc_count;
 pub mod batch;
 pub mod buffer;
 // Public only for the C faces (`c-abi/`, `cufile-shim/`) and their tests: their shared core,

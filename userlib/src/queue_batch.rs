@@ -15,6 +15,7 @@ use crate::cmd::{self, Command};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
+use crate::mmio::StatusView;
 use crate::queue::{QueuePair, Waiter};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -32,6 +33,56 @@ struct Slot {
     status: Option<Status>,
     /// Held until the command is over.
     lease: Option<Lease<Arc<Buffer>>>,
+}
+
+impl Slot {
+    /// Its command, on the registration of member `member`'s controller.
+    fn command(&self, member: usize) -> Result<Command<'_>> {
+        let reg = self
+            .lease
+            .as_ref()
+            .and_then(|l| l.buffer().registration_on(member))
+            .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
+        // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the command is
+        // over (kept for good when that cannot be confirmed), so the registration stays and the
+        // CPU keeps out; `one_command` made `len` exactly `nlb` blocks.
+        let data = unsafe { reg.range(self.buf_offset, self.len) }?;
+        Ok(if self.write {
+            cmd::Write::new(self.slba, self.nlb, data).build()
+        } else {
+            cmd::Read::new(self.slba, self.nlb, data).build()
+        })
+    }
+}
+
+/// Writes the commands of `staged` into `qp` as each is built (no list of commands gathered
+/// first) and publishes them with one doorbell write; their ids go to `cids`, in order. On
+/// any failure (a registration revoked since it was checked, a reset, no room in time)
+/// nothing is published. `to`: namespace id, the controller's status, the wait for room.
+fn push_staged(
+    qp: &mut QueuePair,
+    staged: &[Slot],
+    member: usize,
+    to: (u32, &StatusView, Duration),
+    cids: &mut Vec<u16>,
+) -> Result<()> {
+    let (nsid, status, timeout) = to;
+    let Some(head) = staged.first() else { return Ok(()) };
+    let first = head.command(member)?;
+    let mut sub = qp.submission_owned(nsid, staged.len(), status, timeout, &first)?;
+    let pushed = (|| {
+        cids.push(sub.push(&first)?);
+        for s in &staged[1..] {
+            cids.push(sub.push(&s.command(member)?)?);
+        }
+        Ok(())
+    })();
+    if pushed.is_err() {
+        sub.cancel();
+        cids.clear();
+    }
+    // Otherwise dropping `sub` rings the doorbell once for all of them.
+    pushed
 }
 
 impl Drop for Slot {
@@ -166,7 +217,12 @@ impl QueueBatch {
     /// Submits checked entries with one doorbell write. An entry the queue cannot carry as one
     /// command becomes an `Invalid` event; the rest run. Fails as a whole only when the batch
     /// has no room or the device refuses the submission.
-    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
+    where
+        I: IntoIterator<Item = Entry>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let entries = entries.into_iter();
         if self.in_flight + entries.len() > self.capacity {
             return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", entries.len())));
         }
@@ -198,34 +254,14 @@ impl QueueBatch {
         if self.staged.is_empty() {
             return Ok(());
         }
-        let cmds: Result<Vec<Command<'_>>> = self
-            .staged
-            .iter()
-            .map(|s| {
-                let reg = s
-                    .lease
-                    .as_ref()
-                    .and_then(|l| l.buffer().registration_on(self.member))
-                    .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
-                // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the
-                // command is over (kept for good when that cannot be confirmed), so the
-                // registration stays and the CPU keeps out; `one_command` made `len` exactly
-                // `nlb` blocks.
-                let data = unsafe { reg.range(s.buf_offset, s.len) }?;
-                Ok(if s.write {
-                    cmd::Write::new(s.slba, s.nlb, data).build()
-                } else {
-                    cmd::Read::new(s.slba, s.nlb, data).build()
-                })
-            })
-            .collect();
-        // One revoked in between (checked above): nothing of this burst is submitted.
-        let submitted = cmds.and_then(|cmds| {
-            self.cids.clear();
-            self.cids.resize(cmds.len(), 0);
-            // The batch owns its queue pair: the single-owner calls take no lock.
-            self.qp.submit_owned(self.ns.id(), &cmds, &self.dev.status, self.timeout, &mut self.cids)
-        });
+        self.cids.clear();
+        let submitted = push_staged(
+            &mut self.qp,
+            &self.staged,
+            self.member,
+            (self.ns.id(), &self.dev.status, self.timeout),
+            &mut self.cids,
+        );
         if let Err(e) = submitted {
             // Nothing was submitted: the leases go back.
             for s in &mut self.staged {
@@ -310,9 +346,17 @@ impl QueueBatch {
         self.in_flight = 0;
     }
 
-    /// Waits until at least `min` events are available (or `timeout` passed) and returns all
-    /// available events, each with the path its data took. A completed entry is reported once.
+    /// [`QueueBatch::status_into`] a new vector.
     pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+        let mut out = Vec::new();
+        self.status_into(min, timeout, &mut out)?;
+        Ok(out)
+    }
+
+    /// Waits until at least `min` events are available (or `timeout` passed) and appends all
+    /// available events to `out`, each with the path its data took (a caller that keeps `out`
+    /// allocates nothing here). A completed entry is reported once.
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         let mut wait = Waiter::new(self.largest);
         // The clock is read when the waiter says (every few thousand polls, after a sleep) and
         // the deadline counts from the first read: at depth 8 in the VM, reading it at every
@@ -332,7 +376,7 @@ impl QueueBatch {
         if self.in_flight == 0 {
             self.largest = 0;
         }
-        let mut out = Vec::with_capacity(self.ready.len() + self.completed.len());
+        out.reserve(self.ready.len() + self.completed.len());
         out.extend(self.ready.drain(..).map(|e| (e, Path::DirectHost)));
         for cid in self.completed.drain(..) {
             let Some(s) = self.slots.get_mut(usize::from(cid)).and_then(Option::take) else { continue };
@@ -349,7 +393,7 @@ impl QueueBatch {
             };
             out.push((ev, s.path));
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Waits for every entry in flight (up to the deadline; then resets the controller, after

@@ -59,9 +59,16 @@ pub struct StorageBatch {
     capacity: usize,
     state: Arc<(Mutex<State>, Condvar)>,
     native: Option<Native>,
+    /// Checked entries on their way to the queue batch (kept: a submit allocates nothing).
+    entries: Vec<Entry>,
+    /// The queue batch's events as they come back (kept: a poll allocates nothing).
+    events: Vec<(IoEvent, Path)>,
+    /// Events of entries refused at submit, not reported yet.
+    refused: Vec<IoEvent>,
     /// Whether completed entries count in the storage's path counts (not the warm-up's).
     counts: bool,
-    /// Entries handed to the worker threads since it was made.
+    /// Entries handed to the worker threads since it was made: until one is, nothing else
+    /// touches `state`, and this thread leaves its lock alone.
     pooled: u64,
     /// The fork generation it was made in.
     born: Born,
@@ -123,7 +130,11 @@ impl Native {
         }
     }
 
-    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
+    where
+        I: IntoIterator<Item = Entry>,
+        I::IntoIter: ExactSizeIterator,
+    {
         match self {
             Native::One(q) => q.submit(entries),
             Native::Volume(v) => v.submit(entries),
@@ -133,13 +144,15 @@ impl Native {
         }
     }
 
-    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+    /// Waits until at least `min` events are available (or `timeout` passed, or nothing runs)
+    /// and appends every available event to `out`, with the path its data took.
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         match self {
-            Native::One(q) => q.status(min, timeout),
-            Native::Volume(v) => v.status(min, timeout),
+            Native::One(q) => q.status_into(min, timeout, out),
+            Native::Volume(v) => v.status_into(min, timeout, out),
             #[cfg(feature = "fallback")]
-            Native::Ring(r) => r.status(min, timeout),
-            Native::Remote(r) => r.status(min, timeout),
+            Native::Ring(r) => r.status_into(min, timeout, out),
+            Native::Remote(r) => r.status_into(min, timeout, out),
         }
     }
 
@@ -188,6 +201,9 @@ impl StorageBatch {
             capacity,
             state: Arc::default(),
             native,
+            entries: Vec::with_capacity(capacity.min(1024)),
+            events: Vec::with_capacity(capacity.min(1024)),
+            refused: Vec::new(),
             counts: true,
             pooled: 0,
             born: Born::now(),
@@ -234,8 +250,15 @@ impl StorageBatch {
 
     /// Entries running.
     pub fn in_flight(&self) -> usize {
-        let pool = self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running;
-        pool + self.native.as_ref().map_or(0, Native::in_flight)
+        self.pool_running() + self.native.as_ref().map_or(0, Native::in_flight)
+    }
+
+    /// Entries running on the worker threads.
+    fn pool_running(&self) -> usize {
+        if self.pooled == 0 {
+            return 0;
+        }
+        self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running
     }
 
     /// Whether a queue batch (a queue pair of its own, one doorbell per submit) or, on a file,
@@ -278,8 +301,8 @@ impl StorageBatch {
         }
         // Checked entries the queue batch can carry take it (see `Native::takes`).
         let max_cmd = self.storage.max_command_bytes();
-        let mut native = Vec::new();
         let mut pooled = Vec::new();
+        self.entries.clear();
         for r in reqs {
             if !self.native.as_mut().is_some_and(|n| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)) {
                 pooled.push(r);
@@ -288,7 +311,7 @@ impl StorageBatch {
             let lease =
                 self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len).and_then(|()| Lease::new(r.buf.clone()));
             match lease {
-                Ok(lease) => native.push(Entry {
+                Ok(lease) => self.entries.push(Entry {
                     op: r.op,
                     lease,
                     buf_offset: r.buf_offset,
@@ -297,28 +320,23 @@ impl StorageBatch {
                     cookie: r.cookie,
                 }),
                 Err(e) => {
-                    let ev = IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) };
-                    self.state.0.lock().unwrap_or_else(|e| e.into_inner()).events.push(ev);
+                    self.refused.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) })
                 }
             }
         }
         if let Some(q) = self.native.as_mut() {
-            if !native.is_empty() {
-                q.submit(native)?;
+            if !self.entries.is_empty() {
+                q.submit(self.entries.drain(..))?;
             }
         }
-        let (m, cv) = &*self.state;
-        m.lock().unwrap_or_else(|e| e.into_inner()).running += pooled.len();
         for r in pooled {
-            let event = |status, bytes, error| IoEvent { cookie: r.cookie, status, bytes, error };
             if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
-                let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-                st.running -= 1;
-                st.events.push(event(IoStatus::Invalid, 0, Some(e)));
-                cv.notify_all();
+                self.refused.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) });
                 continue;
             }
             self.pooled += 1;
+            let (m, cv) = &*self.state;
+            m.lock().unwrap_or_else(|e| e.into_inner()).running += 1;
             let (s, state, r2) = (self.storage.clone(), self.state.clone(), r.clone());
             let job = move || {
                 let res = s.rw(r2.op == Op::Write, &r2.buf, r2.buf_offset, r2.file_offset, r2.len);
@@ -342,7 +360,8 @@ impl StorageBatch {
             if let Err(e) = engine.spawn(job) {
                 let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
                 st.running -= 1;
-                st.events.push(event(IoStatus::Failed, 0, Some(e)));
+                st.events.push(IoEvent { cookie: r.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) });
+                cv.notify_all();
             }
         }
         Ok(())
@@ -351,53 +370,72 @@ impl StorageBatch {
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing is
     /// running) and returns all available events.
     pub fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<IoEvent>> {
+        let mut out = Vec::new();
+        self.status_into(min, timeout, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`StorageBatch::status`] appending the events to `out`; returns how many it appended. A
+    /// caller that keeps `out` between calls (clearing or draining it) allocates nothing here.
+    pub fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<IoEvent>) -> Result<usize> {
         self.born.check("batch")?;
+        let before = out.len();
+        out.append(&mut self.refused);
         // The clock is read only once this waits: a status that finds what it wants, or hands
         // the wait to the queue batch (which reads it lazily), reads none.
         let mut start: Option<Instant> = None;
-        let mut out = Vec::new();
         loop {
             if let Some(q) = self.native.as_mut() {
-                for (e, path) in q.status(0, Duration::ZERO)? {
-                    if e.status == IoStatus::Complete && self.counts {
-                        self.storage.count(path, e.bytes);
-                    }
-                    out.push(e);
-                }
+                q.status_into(0, Duration::ZERO, &mut self.events)?;
+                self.report(out);
             }
             let (m, cv) = &*self.state;
-            let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-            out.append(&mut st.events);
+            // Only once an entry went to the worker threads can they have left anything there.
+            let mut pool = (self.pooled > 0).then(|| m.lock().unwrap_or_else(|e| e.into_inner()));
+            let running = pool.as_mut().map_or(0, |st| {
+                out.append(&mut st.events);
+                st.running
+            });
             let native_busy = self.native.as_ref().is_some_and(|q| q.in_flight() > 0);
             let left = match start {
                 None => timeout,
                 Some(t) => timeout.saturating_sub(t.elapsed()),
             };
-            if out.len() >= min || (st.running == 0 && !native_busy) || left.is_zero() {
-                return Ok(out);
+            let got = out.len() - before;
+            if got >= min || (running == 0 && !native_busy) || left.is_zero() {
+                return Ok(got);
             }
-            if native_busy && st.running == 0 {
+            if running == 0 {
                 // Only the queue batch runs: let it poll for what is missing (no system call).
-                drop(st);
-                let want = min.saturating_sub(out.len());
+                drop(pool);
                 if let Some(q) = self.native.as_mut() {
-                    for (e, path) in q.status(want, left)? {
-                        if e.status == IoStatus::Complete && self.counts {
-                            self.storage.count(path, e.bytes);
-                        }
-                        out.push(e);
-                    }
+                    q.status_into(min - got, left, &mut self.events)?;
+                    self.report(out);
                 }
-                return Ok(out);
+                return Ok(out.len() - before);
             }
             start.get_or_insert_with(Instant::now);
-            if native_busy {
-                // Both run: poll the queue, and let the workers run.
-                drop(st);
-                std::thread::yield_now();
-            } else {
-                let _ = cv.wait_timeout(st, left.min(Duration::from_millis(10)));
+            match pool {
+                Some(st) if !native_busy => {
+                    let _ = cv.wait_timeout(st, left.min(Duration::from_millis(10)));
+                }
+                _ => {
+                    // Both run: poll the queue, and let the workers run.
+                    drop(pool);
+                    std::thread::yield_now();
+                }
             }
+        }
+    }
+
+    /// Moves the queue batch's events to `out`, counting the completed ones in the storage's
+    /// path counts.
+    fn report(&mut self, out: &mut Vec<IoEvent>) {
+        for (e, path) in self.events.drain(..) {
+            if e.status == IoStatus::Complete && self.counts {
+                self.storage.count(path, e.bytes);
+            }
+            out.push(e);
         }
     }
 
@@ -405,7 +443,7 @@ impl StorageBatch {
     /// returns all events.
     pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
         self.born.check("batch")?;
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.refused);
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
         let native = self.native.as_mut().map(Native::cancel).transpose();

@@ -432,10 +432,12 @@ fn run_group(
     if n == 0 || r.submit(entries).is_err() {
         return;
     }
-    let mut got = 0;
+    let (mut got, mut events) = (0, Vec::with_capacity(n));
     while got < n {
-        let Ok(events) = r.status(n - got, Duration::from_secs(1)) else { return };
-        for (e, path) in events {
+        if r.status_into(n - got, Duration::from_secs(1), &mut events).is_err() {
+            return;
+        }
+        for (e, path) in events.drain(..) {
             got += 1;
             let Some(o) = ops.get(e.cookie as usize) else { continue };
             match (e.status, e.error) {

@@ -71,6 +71,8 @@ pub(crate) struct VolumeQueueBatch {
     /// By the cookie of their first piece.
     pending: BTreeMap<u64, Pending>,
     ready: Vec<(IoEvent, Path)>,
+    /// A member batch's events as they come back (kept: a poll allocates nothing).
+    piece_events: Vec<(IoEvent, Path)>,
 }
 
 impl std::fmt::Debug for VolumeQueueBatch {
@@ -111,7 +113,16 @@ impl VolumeQueueBatch {
                 Member { batch, depth, max_piece, running: 0, waiting: VecDeque::new() }
             })
             .collect();
-        VolumeQueueBatch { members, names, chunk, capacity, next_piece: 0, pending: BTreeMap::new(), ready: Vec::new() }
+        VolumeQueueBatch {
+            members,
+            names,
+            chunk,
+            capacity,
+            next_piece: 0,
+            pending: BTreeMap::new(),
+            ready: Vec::new(),
+            piece_events: Vec::new(),
+        }
     }
 
     /// Entries in flight.
@@ -121,7 +132,12 @@ impl VolumeQueueBatch {
 
     /// Submits checked entries of any size: their pieces go to the members' queues, one
     /// doorbell per member touched, or wait there for room.
-    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
+    where
+        I: IntoIterator<Item = Entry>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let entries = entries.into_iter();
         if self.in_flight() + entries.len() > self.capacity {
             return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", entries.len())));
         }
@@ -216,21 +232,21 @@ impl VolumeQueueBatch {
                         let e = Error::invalid("batch", format!("submitting to the member failed: {why}"));
                         (IoEvent { cookie: c, status: IoStatus::Failed, bytes: 0, error: Some(e) }, Path::DirectHost)
                     })
-                    .collect();
+                    .collect::<Vec<_>>();
                 self.absorb(m, evs);
             }
         }
     }
 
     /// Takes the events member `m`'s batch returned (of pieces it ran).
-    fn finished(&mut self, m: usize, events: Vec<(IoEvent, Path)>) {
+    fn finished(&mut self, m: usize, events: impl ExactSizeIterator<Item = (IoEvent, Path)>) {
         let member = &mut self.members[m];
         member.running = member.running.saturating_sub(events.len());
         self.absorb(m, events);
     }
 
     /// Takes member `m`'s piece events; entries whose last piece arrived become ready.
-    fn absorb(&mut self, m: usize, events: Vec<(IoEvent, Path)>) {
+    fn absorb(&mut self, m: usize, events: impl IntoIterator<Item = (IoEvent, Path)>) {
         for (ev, _) in events {
             let Some((&first, p)) = self.pending.range_mut(..=ev.cookie).next_back() else { continue };
             let Some(&(member, offset)) = usize::try_from(ev.cookie - first).ok().and_then(|k| p.pieces.get(k)) else {
@@ -256,9 +272,9 @@ impl VolumeQueueBatch {
     }
 
     /// Waits until at least `min` entries finished (or `timeout` passed, or none runs) and
-    /// returns every finished entry's event with the path its data took. Waiting pieces go out
-    /// as room frees up.
-    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+    /// appends every finished entry's event to `out` with the path its data took. Waiting
+    /// pieces go out as room frees up.
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
         let mut wait = Waiter::new(largest);
         // The clock is read when the waiter says, as in a queue batch's wait.
@@ -266,8 +282,11 @@ impl VolumeQueueBatch {
         loop {
             for m in 0..self.members.len() {
                 if self.members[m].running > 0 {
-                    let evs = self.members[m].batch.status(0, Duration::ZERO)?;
-                    self.finished(m, evs);
+                    let mut evs = std::mem::take(&mut self.piece_events);
+                    let got = self.members[m].batch.status_into(0, Duration::ZERO, &mut evs);
+                    self.finished(m, evs.drain(..));
+                    self.piece_events = evs;
+                    got?;
                 }
                 // Also with nothing running: a refused submission leaves the rest waiting.
                 self.start_waiting(m);
@@ -275,7 +294,8 @@ impl VolumeQueueBatch {
             let done = self.ready.len() >= min || self.pending.is_empty();
             if done || (check && start.get_or_insert_with(Instant::now).elapsed() > timeout) {
                 wait.done();
-                return Ok(std::mem::take(&mut self.ready));
+                out.append(&mut self.ready);
+                return Ok(());
             }
             // Waits as a queue's own waits do (spinning while it pays, then asleep on an
             // interrupt), on the member with the most pieces in flight: a volume kept busy
@@ -299,13 +319,13 @@ impl VolumeQueueBatch {
                 .map(|e| {
                     (IoEvent { cookie: e.cookie, status: IoStatus::Canceled, bytes: 0, error: None }, Path::DirectHost)
                 })
-                .collect();
+                .collect::<Vec<_>>();
             self.absorb(m, evs);
         }
         let mut first_err = None;
         for m in 0..self.members.len() {
             match self.members[m].batch.cancel() {
-                Ok(evs) => self.finished(m, evs),
+                Ok(evs) => self.finished(m, evs.into_iter()),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -385,7 +405,8 @@ mod tests {
             self.batch.submit(entries).unwrap();
             let (mut out, start) = (Vec::new(), Instant::now());
             while out.len() < n && start.elapsed() < Duration::from_secs(20) {
-                let got = self.batch.status(n - out.len(), Duration::from_secs(1)).unwrap();
+                let mut got = Vec::new();
+                self.batch.status_into(n - out.len(), Duration::from_secs(1), &mut got).unwrap();
                 out.extend(got.into_iter().map(|(e, _)| e));
             }
             out

@@ -8,7 +8,7 @@ use super::library::{Face, IoKind, Library, Memory};
 use super::types::uGDSIOSegParams;
 use super::types::uGDSOpError::*;
 use super::{CResult, Fail, Handle};
-use crate::batch::{IoStatus, Op};
+use crate::batch::{IoEvent, IoStatus, Op};
 use crate::storage_batch::{IoRequest, StorageBatch};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -103,6 +103,8 @@ pub struct CBatch {
     per_handle: HashMap<usize, (Arc<Handle>, StorageBatch)>,
     side: Arc<(Mutex<Side>, Condvar)>,
     ready: VecDeque<Event>,
+    /// The storage batches' events as `collect` takes them (kept: it allocates nothing).
+    reaped: Vec<IoEvent>,
     /// Native entries: the caller's cookie, direction and submit time, by our id.
     cookies: HashMap<u64, (*mut c_void, bool, Instant)>,
     next: u64,
@@ -155,6 +157,7 @@ impl Library {
             per_handle: HashMap::new(),
             side: Arc::default(),
             ready: VecDeque::new(),
+            reaped: Vec::new(),
             cookies: HashMap::new(),
             next: 0,
             outstanding: 0,
@@ -447,11 +450,11 @@ impl CBatch {
 
     /// Moves finished entries to `ready`, waiting up to `wait` for the side jobs.
     fn collect(&mut self, lib: &Library, wait: Duration) -> CResult<()> {
-        let mut evs = Vec::new();
+        let mut evs = std::mem::take(&mut self.reaped);
         for (_, sb) in self.per_handle.values_mut() {
-            evs.extend(sb.status(0, Duration::ZERO)?);
+            sb.status_into(0, Duration::ZERO, &mut evs)?;
         }
-        for e in evs {
+        for e in evs.drain(..) {
             let (cookie, write, since) =
                 self.cookies.remove(&e.cookie).unwrap_or((std::ptr::null_mut(), false, Instant::now()));
             let status = status_of(e.status);
@@ -469,6 +472,7 @@ impl CBatch {
             );
             self.ready.push_back(Event { cookie, status, ret });
         }
+        self.reaped = evs;
         let (m, cv) = &*self.side;
         let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
         if st.events.is_empty() && st.running > 0 && !wait.is_zero() {

@@ -122,3 +122,49 @@ fn a_storage_batch_on_the_model_reaps_completions_a_few_at_a_time() {
     seen.sort_by_key(|s| s.0);
     assert_eq!(seen, (0..32).map(|i| (i, IoStatus::Complete)).collect::<Vec<_>>());
 }
+
+/// A storage batch kept full the way `ugds bench` keeps it (wait for at least one event into a
+/// kept vector, submit a new read for each from another) allocates nothing once running: its
+/// submit and its wait reuse their own vectors. `status_into` appends after what the caller's
+/// vector holds and returns how many it appended.
+#[test]
+fn a_storage_batch_kept_full_allocates_nothing_per_round() {
+    use super::mock_device::MockBatch;
+    use crate::alloc_count::allocations_in;
+    use crate::{IoEvent, IoRequest, IoStatus, Op};
+    let mut m = MockBatch::stepped(MockConfig { null: true, ..MockConfig::default() }, 32).unwrap();
+    m.post_at_most(4);
+    let buf = m.buffer.clone();
+    let read = |slot: u64| IoRequest {
+        op: Op::Read,
+        buf: buf.clone(),
+        buf_offset: slot * 4096,
+        file_offset: slot * 4096,
+        len: 4096,
+        cookie: slot,
+    };
+    let mut again: Vec<IoRequest> = (0..32).map(read).collect();
+    m.batch.submit(&again).unwrap();
+    let marker = IoEvent { cookie: u64::MAX, status: IoStatus::Pending, bytes: 0, error: None };
+    let mut ev = vec![marker];
+    let got = m.batch.status_into(1, Duration::from_secs(5), &mut ev).unwrap();
+    assert!((1..=4).contains(&got) && ev.len() == got + 1, "{got} appended, {} held", ev.len());
+    assert_eq!(ev[0].cookie, u64::MAX, "what the vector held stays first");
+    ev.remove(0);
+    let mut round = |ev: &mut Vec<IoEvent>, again: &mut Vec<IoRequest>| {
+        again.clear();
+        again.extend(ev.drain(..).map(|e| {
+            assert_eq!(e.status, IoStatus::Complete);
+            read(e.cookie)
+        }));
+        m.batch.submit(again).unwrap();
+        m.batch.status_into(1, Duration::from_secs(5), ev).unwrap()
+    };
+    // The first rounds size the id table and the model's own queues.
+    for _ in 0..100 {
+        round(&mut ev, &mut again);
+    }
+    let (done, allocations) = allocations_in(|| (0..1000).map(|_| round(&mut ev, &mut again)).sum::<usize>());
+    assert!(done >= 1000, "{done} reads completed in 1000 rounds");
+    assert_eq!(allocations, 0, "allocations in 1000 rounds of a full batch");
+}

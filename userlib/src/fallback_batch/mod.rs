@@ -180,7 +180,7 @@ impl RingBatch {
 
     /// Puts `entries` in flight (the caller checked they fit the capacity and that the batch
     /// takes each); an entry that cannot start becomes a failed event.
-    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit(&mut self, entries: impl IntoIterator<Item = Entry>) -> Result<()> {
         for e in entries {
             let Some(idx) = self.free.pop() else {
                 let error = Some(Error::invalid("reqs", "the batch is full"));
@@ -516,8 +516,8 @@ impl RingBatch {
     }
 
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing is in
-    /// flight) and returns all available events with the path their data took.
-    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+    /// flight) and appends all available events to `out` with the path their data took.
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
             let copying = self.progress();
@@ -538,7 +538,8 @@ impl RingBatch {
                 break;
             }
         }
-        Ok(std::mem::take(&mut self.ready))
+        out.append(&mut self.ready);
+        Ok(())
     }
 
     /// Waits for every entry in flight (the kernel and copies cannot be recalled) and returns
@@ -546,7 +547,7 @@ impl RingBatch {
     pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
         let mut out = std::mem::take(&mut self.ready);
         while self.in_flight() > 0 {
-            out.extend(self.status(usize::MAX, Duration::from_secs(1))?);
+            self.status_into(usize::MAX, Duration::from_secs(1), &mut out)?;
         }
         out.append(&mut self.ready);
         Ok(out)

@@ -49,17 +49,25 @@ impl<'q> Held<'q> {
         Ok(Submission { core: self.core, rings: self.rings, nsid, pushed: 0 })
     }
 
-    /// [`QueuePair::submission_with_room`] on the held rings: the wait for room only spins.
+    /// The same rings, borrowed for a shorter while.
     #[inline(always)]
-    fn submission_with_room(
-        &mut self,
+    fn reborrow(&mut self) -> Held<'_> {
+        Held { core: self.core, rings: &mut *self.rings }
+    }
+
+    /// [`QueuePair::submission_with_room`] on the held rings (the wait for room only spins),
+    /// keeping their borrow (see [`QueuePair::submission_owned`]). `n` must be below the depth
+    /// (the wait would never end).
+    #[inline(always)]
+    pub(crate) fn into_submission_with_room(
+        self,
         nsid: u32,
         n: usize,
         status: &StatusView,
         timeout: Duration,
         first: &Command<'_>,
-    ) -> Result<Submission<'_, &mut Rings>> {
-        let mut sub = Held { core: self.core, rings: &mut *self.rings }.into_submission(nsid, status)?;
+    ) -> Result<Submission<'q, &'q mut Rings>> {
+        let mut sub = self.into_submission(nsid, status)?;
         if sub.space() < n {
             let mut wait = Wait::default();
             while !sub.make_room(n, status)? {
@@ -84,7 +92,7 @@ impl<'q> Held<'q> {
             // As the shared call: an empty burst only reads the epoch.
             return Ok(self.rings.epoch);
         }
-        self.submission_with_room(nsid, n, status, timeout, &cmds[0])?.push_all(cmds, cids)
+        self.reborrow().into_submission_with_room(nsid, n, status, timeout, &cmds[0])?.push_all(cmds, cids)
     }
 
     /// [`QueuePair::submit_one_owned`].
@@ -96,7 +104,7 @@ impl<'q> Held<'q> {
         status: &StatusView,
         timeout: Duration,
     ) -> Result<Ticket> {
-        self.submission_with_room(nsid, 1, status, timeout, cmd)?.push_one(cmd)
+        self.reborrow().into_submission_with_room(nsid, 1, status, timeout, cmd)?.push_one(cmd)
     }
 
     /// [`QueuePair::reap_owned`].

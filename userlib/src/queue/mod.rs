@@ -314,6 +314,7 @@ impl QueuePair {
 
     /// [`QueuePair::submit_tagged`] for the queue's single owner: no lock, no atomic
     /// read-modify-write (the `&mut` borrow is the proof that nobody else uses the rings).
+    #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn submit_owned(
         &mut self,
         nsid: u32,
@@ -323,6 +324,23 @@ impl QueuePair {
         cids: &mut [u16],
     ) -> Result<u64> {
         self.held().submit(nsid, cmds, status, timeout, cids)
+    }
+
+    /// A submission with room for `n` commands (waiting for it up to `timeout`; `first`, the
+    /// burst's first command, names the timeout), for the queue's single owner: it pushes each
+    /// command as it builds it (no slice of commands to gather first), and dropping the
+    /// submission publishes them with one doorbell write.
+    #[inline]
+    pub(crate) fn submission_owned(
+        &mut self,
+        nsid: u32,
+        n: usize,
+        status: &StatusView,
+        timeout: Duration,
+        first: &Command<'_>,
+    ) -> Result<Submission<'_, &mut Rings>> {
+        check_burst_len(&self.core, n, n)?;
+        self.held().into_submission_with_room(nsid, n, status, timeout, first)
     }
 
     /// Writes one command into a free slot (waiting for room up to `timeout`) and rings the
@@ -471,8 +489,13 @@ impl QueuePair {
 
 /// The burst's length, when it fits the queue and `cids`.
 fn check_burst(core: &Core, cmds: &[Command<'_>], cids: &[u16]) -> Result<usize> {
-    let n = cmds.len();
-    if n >= core.depth as usize || cids.len() < n {
+    check_burst_len(core, cmds.len(), cids.len())
+}
+
+/// [`check_burst`] by lengths: `n` commands, room for `ids` of their ids.
+#[inline]
+fn check_burst_len(core: &Core, n: usize, ids: usize) -> Result<usize> {
+    if n >= core.depth as usize || ids < n {
         return Err(Error::invalid("cmds", format!("{n} commands do not fit a {}-entry queue", core.depth)));
     }
     Ok(n)

@@ -157,7 +157,7 @@ impl RemoteBatch {
 
     /// Starts `entries` (checked, leased, each [`RemoteBatch::takes`]); those that find no
     /// room wait for it, in order.
-    pub(crate) fn submit(&mut self, entries: Vec<Entry>) -> Result<()> {
+    pub(crate) fn submit(&mut self, entries: impl IntoIterator<Item = Entry>) -> Result<()> {
         for e in entries {
             if e.len >= LARGE_ENTRY && self.spread_ready() {
                 // The caller's queues count as one thread more.
@@ -176,8 +176,8 @@ impl RemoteBatch {
     }
 
     /// Waits until at least `min` events are ready (or `timeout` passed, or nothing runs) and
-    /// returns every ready event.
-    pub(crate) fn status(&mut self, min: usize, timeout: Duration) -> Result<Vec<(IoEvent, Path)>> {
+    /// appends every ready event to `out`.
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         let deadline = Instant::now() + timeout;
         // Whatever already arrived is handled first, without waiting.
         self.progress(Duration::ZERO);
@@ -187,7 +187,8 @@ impl RemoteBatch {
             let now = Instant::now();
             let woken = std::mem::take(&mut self.woken);
             if self.ready.len() >= min || self.in_flight() == 0 || now >= deadline || woken {
-                return Ok(std::mem::take(&mut self.ready));
+                out.append(&mut self.ready);
+                return Ok(());
             }
             self.progress(deadline - now);
         }

@@ -192,12 +192,12 @@ impl Drop for Spread {
     }
 }
 
+/// Locks `m`, taking it over from a thread that panicked with it (what it guards stays
+/// consistent: every change is one assignment or push).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Locks `m`, taking it over from a thread that panicked with it (what it guards stays
-/// consistent: every change is one assignment or push).
 /// Thread `index`: runs `batch` on the entries `inbox` brings and sends their events out.
 fn run(index: usize, mut batch: RemoteBatch, inbox: &Inbox, out: &Outbox, timeout: Duration) {
     batch.end_waits_on(inbox.wake.clone());
@@ -221,14 +221,11 @@ fn run(index: usize, mut batch: RemoteBatch, inbox: &Inbox, out: &Outbox, timeou
                 // Never fails: an entry that cannot start fails by its event.
                 let _ = batch.submit(entries);
             }
-            events = if batch.in_flight() == 0 {
-                // Entries that failed as they were submitted (their queue gone and no other
-                // connectable) have their events ready already.
-                batch.status(0, Duration::ZERO).unwrap_or_default()
-            } else {
-                // Ends early when orders come.
-                batch.status(1, timeout).unwrap_or_default()
-            };
+            // Entries that failed as they were submitted (their queue gone and no other
+            // connectable) have their events ready already; otherwise this ends early when
+            // orders come.
+            let (min, wait) = if batch.in_flight() == 0 { (0, Duration::ZERO) } else { (1, timeout) };
+            let _ = batch.status_into(min, wait, &mut events);
             if events.is_empty() && batch.in_flight() == 0 {
                 // Sleeps until the batch gives orders (a signal already given ends it at once).
                 inbox.wake.wait(-1);
