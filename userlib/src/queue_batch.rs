@@ -16,10 +16,10 @@ use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespa
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
 use crate::mmio::StatusView;
-use crate::queue::{QueuePair, Waiter};
+use crate::queue::{Deadline, QueuePair, Waiter};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use ugds_uapi::Status;
 
 struct Slot {
@@ -358,17 +358,14 @@ impl QueueBatch {
     /// allocates nothing here). A completed entry is reported once.
     pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         let mut wait = Waiter::new(self.largest);
-        // The clock is read when the waiter says (every few thousand polls, after a sleep) and
-        // the deadline counts from the first read: at depth 8 in the VM, reading it at every
-        // poll took a quarter of the CPU time.
-        let (mut start, mut check) = (None, true);
+        let (mut deadline, mut check) = (Deadline::new(timeout), true);
         loop {
             self.collect_once()?;
             if self.ready.len() + self.completed.len() >= min || self.in_flight == 0 {
                 wait.done();
                 break;
             }
-            if check && start.get_or_insert_with(Instant::now).elapsed() > timeout {
+            if check && deadline.passed() {
                 break;
             }
             check = wait.pause(self.qp.wait_state());
@@ -400,10 +397,9 @@ impl QueueBatch {
     /// which their memory is safe) and reports them as `Canceled` unless they completed. When
     /// the reset fails, the entries' leases are kept for good (their memory stays pinned).
     pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
-        let start = Instant::now();
         let mut wait = Waiter::new(u64::MAX);
-        let mut check = true;
-        while self.in_flight() > 0 && !(check && start.elapsed() >= self.timeout) {
+        let (mut deadline, mut check) = (Deadline::new(self.timeout), true);
+        while self.in_flight() > 0 && !(check && deadline.passed()) {
             self.collect_once()?;
             check = wait.pause(self.qp.wait_state());
         }

@@ -18,13 +18,14 @@ use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
 use crate::fallback_batch::RingBatch;
 use crate::fork::Born;
+use crate::queue::Deadline;
 use crate::queue_batch::QueueBatch;
 use crate::remote::batch::RemoteBatch;
 use crate::storage::{ConcretePath, Storage};
 use crate::volume_batch::VolumeQueueBatch;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Whether this process has run [`StorageBatch::warm_up`].
 static WARM: AtomicBool = AtomicBool::new(false);
@@ -286,7 +287,7 @@ impl StorageBatch {
     /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
     pub fn submit(&mut self, reqs: &[IoRequest]) -> Result<()> {
         self.born.check("batch")?;
-        let engine = self.storage.engine()?;
+        self.storage.alive()?;
         let busy = self.in_flight();
         if busy + reqs.len() > self.capacity {
             return Err(Error::invalid(
@@ -324,11 +325,26 @@ impl StorageBatch {
                 }
             }
         }
+        // The worker threads, when any entry goes to them (before anything is submitted: the
+        // call fails as a whole or not at all).
+        let engine = if pooled.is_empty() {
+            None
+        } else {
+            match self.storage.engine() {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    self.entries.clear();
+                    return Err(e);
+                }
+            }
+        };
         if let Some(q) = self.native.as_mut() {
             if !self.entries.is_empty() {
                 q.submit(self.entries.drain(..))?;
             }
         }
+        // Every entry that goes to the worker threads found them above.
+        let Some(engine) = engine else { return Ok(()) };
         for r in pooled {
             if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
                 self.refused.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) });
@@ -381,26 +397,29 @@ impl StorageBatch {
         self.born.check("batch")?;
         let before = out.len();
         out.append(&mut self.refused);
+        if self.pooled == 0 {
+            // Nothing ever went to the worker threads: the queue batch (if any) is all there is
+            // to wait for, and it polls and waits by itself.
+            if let Some(q) = self.native.as_mut() {
+                q.status_into(min.saturating_sub(out.len() - before), timeout, &mut self.events)?;
+                self.report(out);
+            }
+            return Ok(out.len() - before);
+        }
         // The clock is read only once this waits: a status that finds what it wants, or hands
         // the wait to the queue batch (which reads it lazily), reads none.
-        let mut start: Option<Instant> = None;
+        let mut deadline = Deadline::new(timeout);
         loop {
             if let Some(q) = self.native.as_mut() {
                 q.status_into(0, Duration::ZERO, &mut self.events)?;
                 self.report(out);
             }
             let (m, cv) = &*self.state;
-            // Only once an entry went to the worker threads can they have left anything there.
-            let mut pool = (self.pooled > 0).then(|| m.lock().unwrap_or_else(|e| e.into_inner()));
-            let running = pool.as_mut().map_or(0, |st| {
-                out.append(&mut st.events);
-                st.running
-            });
+            let mut pool = m.lock().unwrap_or_else(|e| e.into_inner());
+            out.append(&mut pool.events);
+            let running = pool.running;
             let native_busy = self.native.as_ref().is_some_and(|q| q.in_flight() > 0);
-            let left = match start {
-                None => timeout,
-                Some(t) => timeout.saturating_sub(t.elapsed()),
-            };
+            let left = deadline.left();
             let got = out.len() - before;
             if got >= min || (running == 0 && !native_busy) || left.is_zero() {
                 return Ok(got);
@@ -414,16 +433,13 @@ impl StorageBatch {
                 }
                 return Ok(out.len() - before);
             }
-            start.get_or_insert_with(Instant::now);
-            match pool {
-                Some(st) if !native_busy => {
-                    let _ = cv.wait_timeout(st, left.min(Duration::from_millis(10)));
-                }
-                _ => {
-                    // Both run: poll the queue, and let the workers run.
-                    drop(pool);
-                    std::thread::yield_now();
-                }
+            deadline.start();
+            if native_busy {
+                // Both run: poll the queue, and let the workers run.
+                drop(pool);
+                std::thread::yield_now();
+            } else {
+                let _ = cv.wait_timeout(pool, left.min(Duration::from_millis(10)));
             }
         }
     }

@@ -15,11 +15,11 @@
 use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::{Lease, Path};
 use crate::error::{Error, Result};
-use crate::queue::Waiter;
+use crate::queue::{Deadline, Waiter};
 use crate::queue_batch::QueueBatch;
 use crate::volume::{pieces, VolumePath};
 use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The fewest pieces a member's queue pair holds: a 1 MiB entry at the default 128 KiB chunk is
 /// 8 pieces, all on one member of a one-member volume, and a batch of one such entry should
@@ -277,8 +277,7 @@ impl VolumeQueueBatch {
     pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
         let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
         let mut wait = Waiter::new(largest);
-        // The clock is read when the waiter says, as in a queue batch's wait.
-        let (mut start, mut check) = (None, true);
+        let (mut deadline, mut check) = (Deadline::new(timeout), true);
         loop {
             for m in 0..self.members.len() {
                 if self.members[m].running > 0 {
@@ -292,7 +291,7 @@ impl VolumeQueueBatch {
                 self.start_waiting(m);
             }
             let done = self.ready.len() >= min || self.pending.is_empty();
-            if done || (check && start.get_or_insert_with(Instant::now).elapsed() > timeout) {
+            if done || (check && deadline.passed()) {
                 wait.done();
                 out.append(&mut self.ready);
                 return Ok(());
@@ -348,6 +347,7 @@ mod tests {
     use crate::mock::{Behaviour, Fault, MockConfig, MockDevice};
     use crate::Storage;
     use std::sync::Arc;
+    use std::time::Instant;
 
     /// Bytes of every member (and of each mock's host memory).
     const MEMBER: u64 = 4 << 20;

@@ -22,7 +22,7 @@ pub use reap::Completion;
 #[cfg(feature = "test-utils")]
 pub use reap::Completions;
 pub use wait::Waiting;
-pub(crate) use wait::{Interrupt, QueueWait, Waiter};
+pub(crate) use wait::{Deadline, Interrupt, QueueWait, Waiter};
 
 use crate::cmd::{Command, Dptr, DptrPolicy, ListPage};
 use crate::error::{Error, Result};
