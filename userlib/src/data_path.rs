@@ -12,15 +12,21 @@ use crate::inflight::IoResult;
 use std::sync::{Arc, Mutex};
 
 /// Checks that `[file_offset, file_offset + len)` lies inside `cap` bytes of `what` (a
-/// namespace, a volume): the extent check of the paths whose capacity is fixed.
+/// namespace, a volume): the extent check of the paths whose capacity is fixed. Inlined into
+/// every request's check; its error, built once in a while, is not.
+#[inline]
 pub(crate) fn within_capacity(file_offset: u64, len: u64, cap: u64, what: &str) -> Result<()> {
-    if file_offset.checked_add(len).is_none_or(|e| e > cap) {
-        return Err(crate::error::Error::invalid(
-            "file_offset",
-            format!("[{file_offset}, +{len}) runs past the {what}'s {cap} bytes"),
-        ));
+    if file_offset.checked_add(len).is_some_and(|e| e <= cap) {
+        return Ok(());
     }
-    Ok(())
+    Err(past_capacity(file_offset, len, cap, what))
+}
+
+/// [`within_capacity`]'s error.
+#[cold]
+#[inline(never)]
+fn past_capacity(file_offset: u64, len: u64, cap: u64, what: &str) -> crate::error::Error {
+    crate::error::Error::invalid("file_offset", format!("[{file_offset}, +{len}) runs past the {what}'s {cap} bytes"))
 }
 
 /// What registering memory on a path produced.
