@@ -396,16 +396,25 @@ impl StorageBatch {
     pub fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<IoEvent>) -> Result<usize> {
         self.born.check("batch")?;
         let before = out.len();
+        self.wait_into(min.saturating_sub(self.refused.len()), timeout, out)?;
+        // Entries refused at submit go out with a wait that succeeded (a failed one keeps them).
         out.append(&mut self.refused);
+        Ok(out.len() - before)
+    }
+
+    /// Waits for at least `min` events of running entries (see [`StorageBatch::status`]) and
+    /// appends every one available to `out`.
+    fn wait_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<IoEvent>) -> Result<()> {
         if self.pooled == 0 {
             // Nothing ever went to the worker threads: the queue batch (if any) is all there is
             // to wait for, and it polls and waits by itself.
             if let Some(q) = self.native.as_mut() {
-                q.status_into(min.saturating_sub(out.len() - before), timeout, &mut self.events)?;
+                q.status_into(min, timeout, &mut self.events)?;
                 self.report(out);
             }
-            return Ok(out.len() - before);
+            return Ok(());
         }
+        let before = out.len();
         // The clock is read only once this waits: a status that finds what it wants, or hands
         // the wait to the queue batch (which reads it lazily), reads none.
         let mut deadline = Deadline::new(timeout);
@@ -422,7 +431,7 @@ impl StorageBatch {
             let left = deadline.left();
             let got = out.len() - before;
             if got >= min || (running == 0 && !native_busy) || left.is_zero() {
-                return Ok(got);
+                return Ok(());
             }
             if running == 0 {
                 // Only the queue batch runs: let it poll for what is missing (no system call).
@@ -431,7 +440,7 @@ impl StorageBatch {
                     q.status_into(min - got, left, &mut self.events)?;
                     self.report(out);
                 }
-                return Ok(out.len() - before);
+                return Ok(());
             }
             deadline.start();
             if native_busy {

@@ -197,6 +197,11 @@ impl MockBatch {
     pub fn post_at_most(&self, n: usize) {
         self.device.post_at_most(n);
     }
+
+    /// Sets or clears the status page's faulted flag (the queue's calls fail while it is set).
+    pub fn set_faulted(&self, on: bool) {
+        self.device.set_faulted(on);
+    }
 }
 
 #[cfg(any(test, feature = "test-utils"))]

@@ -168,3 +168,34 @@ fn a_storage_batch_kept_full_allocates_nothing_per_round() {
     assert!(done >= 1000, "{done} reads completed in 1000 rounds");
     assert_eq!(allocations, 0, "allocations in 1000 rounds of a full batch");
 }
+
+/// An entry refused at submit is reported by a later wait even when the wait it would have
+/// come with failed (the controller faulted meanwhile): its event goes out only with a wait
+/// that succeeds.
+#[test]
+fn a_refused_entry_outlives_a_failed_wait() {
+    use super::mock_device::MockBatch;
+    use crate::{IoRequest, IoStatus, Op};
+    let mut m = MockBatch::stepped(MockConfig { null: true, ..MockConfig::default() }, 4).unwrap();
+    let read = |cookie: u64, len: u64| IoRequest {
+        op: Op::Read,
+        buf: m.buffer.clone(),
+        buf_offset: cookie * 4096,
+        file_offset: cookie * 4096,
+        len,
+        cookie,
+    };
+    // Entry 1 is refused (zero bytes); entry 0 runs.
+    m.batch.submit(&[read(0, 4096), read(1, 0)]).unwrap();
+    m.set_faulted(true);
+    assert!(m.batch.status(2, Duration::from_millis(100)).is_err(), "a wait on a faulted controller fails");
+    m.set_faulted(false);
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen.extend(m.batch.status(0, Duration::from_millis(100)).unwrap().into_iter().map(|e| (e.cookie, e.status)));
+        if seen.iter().any(|s| s.0 == 1) {
+            break;
+        }
+    }
+    assert!(seen.contains(&(1, IoStatus::Invalid)), "the refused entry's event: {seen:?}");
+}
