@@ -27,6 +27,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+/// An entry running on a worker thread; dropping it finishes the entry: its request lets go of
+/// its buffer first (whoever waited for the entry may deregister the buffer at once; found by
+/// the `capi` fuzz target), then its event goes to the batch, a failed one where the job
+/// stopped before it had one (it panicked).
+struct PooledRun {
+    state: Arc<(Mutex<State>, Condvar)>,
+    cookie: u64,
+    req: Option<IoRequest>,
+    event: Option<IoEvent>,
+}
+
+impl Drop for PooledRun {
+    fn drop(&mut self) {
+        drop(self.req.take());
+        let ev = self.event.take().unwrap_or_else(|| IoEvent {
+            cookie: self.cookie,
+            status: IoStatus::Failed,
+            bytes: 0,
+            error: Some(Error::Io {
+                op: "a batch entry on an I/O worker".into(),
+                source: std::io::Error::other("the worker's job panicked"),
+            }),
+        });
+        let (m, cv) = &*self.state;
+        let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
+        st.running -= 1;
+        st.events.push(ev);
+        cv.notify_all();
+    }
+}
+
 /// Whether this process has run [`StorageBatch::warm_up`].
 static WARM: AtomicBool = AtomicBool::new(false);
 
@@ -64,8 +95,8 @@ pub struct StorageBatch {
     entries: Vec<Entry>,
     /// The queue batch's events as they come back (kept: a poll allocates nothing).
     events: Vec<(IoEvent, Path)>,
-    /// Events of entries refused at submit, not reported yet.
-    refused: Vec<IoEvent>,
+    /// Events not reported yet: entries refused at submit, and what a failed wait had gathered.
+    ready: Vec<IoEvent>,
     /// Whether completed entries count in the storage's path counts (not the warm-up's).
     counts: bool,
     /// Entries handed to the worker threads since it was made: until one is, nothing else
@@ -204,7 +235,7 @@ impl StorageBatch {
             native,
             entries: Vec::with_capacity(capacity.min(1024)),
             events: Vec::with_capacity(capacity.min(1024)),
-            refused: Vec::new(),
+            ready: Vec::new(),
             counts: true,
             pooled: 0,
             born: Born::now(),
@@ -321,7 +352,7 @@ impl StorageBatch {
                     cookie: r.cookie,
                 }),
                 Err(e) => {
-                    self.refused.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) })
+                    self.ready.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) })
                 }
             }
         }
@@ -347,7 +378,7 @@ impl StorageBatch {
         let Some(engine) = engine else { return Ok(()) };
         for r in pooled {
             if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
-                self.refused.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) });
+                self.ready.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) });
                 continue;
             }
             self.pooled += 1;
@@ -355,23 +386,20 @@ impl StorageBatch {
             m.lock().unwrap_or_else(|e| e.into_inner()).running += 1;
             let (s, state, r2) = (self.storage.clone(), self.state.clone(), r.clone());
             let job = move || {
-                let res = s.rw(r2.op == Op::Write, &r2.buf, r2.buf_offset, r2.file_offset, r2.len);
+                // From here the entry finishes once, whatever happens: a job that panics
+                // (the worker survives it) still counts as finished, as a failed entry.
+                let mut run = PooledRun { state, cookie: r2.cookie, req: Some(r2), event: None };
+                let Some(r) = run.req.as_ref() else { return };
+                let res = s.rw(r.op == Op::Write, &r.buf, r.buf_offset, r.file_offset, r.len);
                 let ev = match res {
-                    Ok(n) => IoEvent { cookie: r2.cookie, status: IoStatus::Complete, bytes: n, error: None },
+                    Ok(n) => IoEvent { cookie: r.cookie, status: IoStatus::Complete, bytes: n, error: None },
                     // A volume's timeout arrives naming its member.
                     Err(e) if matches!(e.root(), Error::Timeout { .. }) => {
-                        IoEvent { cookie: r2.cookie, status: IoStatus::Timeout, bytes: 0, error: Some(e) }
+                        IoEvent { cookie: r.cookie, status: IoStatus::Timeout, bytes: 0, error: Some(e) }
                     }
-                    Err(e) => IoEvent { cookie: r2.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) },
+                    Err(e) => IoEvent { cookie: r.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) },
                 };
-                // The entry lets go of its buffer before it counts as finished: whoever waited for
-                // it may deregister the buffer at once (found by the `capi` fuzz target).
-                drop(r2);
-                let (m, cv) = &*state;
-                let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-                st.running -= 1;
-                st.events.push(ev);
-                cv.notify_all();
+                run.event = Some(ev);
             };
             if let Err(e) = engine.spawn(job) {
                 let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -396,9 +424,15 @@ impl StorageBatch {
     pub fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<IoEvent>) -> Result<usize> {
         self.born.check("batch")?;
         let before = out.len();
-        self.wait_into(min.saturating_sub(self.refused.len()), timeout, out)?;
-        // Entries refused at submit go out with a wait that succeeded (a failed one keeps them).
-        out.append(&mut self.refused);
+        if let Err(e) = self.wait_into(min.saturating_sub(self.ready.len()), timeout, out) {
+            // What this wait gathered before it failed (a worker's entry finished, then a look
+            // at the queue batch failed) goes out with a later wait.
+            self.ready.extend(out.drain(before..));
+            return Err(e);
+        }
+        // Events kept back (entries refused at submit, a failed wait's) go out with a wait
+        // that succeeded.
+        out.append(&mut self.ready);
         Ok(out.len() - before)
     }
 
@@ -468,7 +502,7 @@ impl StorageBatch {
     /// returns all events.
     pub fn cancel(&mut self) -> Result<Vec<IoEvent>> {
         self.born.check("batch")?;
-        let mut out = std::mem::take(&mut self.refused);
+        let mut out = std::mem::take(&mut self.ready);
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
         let native = self.native.as_mut().map(Native::cancel).transpose();

@@ -202,6 +202,21 @@ impl MockBatch {
     pub fn set_faulted(&self, on: bool) {
         self.device.set_faulted(on);
     }
+
+    /// Sets the status page's faulted flag from another thread once `after` passed.
+    pub fn fault_after(&self, after: Duration) -> std::thread::JoinHandle<()> {
+        self.device.fault_after(after)
+    }
+
+    /// Whether the model steps on this thread's idle polls (it does from the start): while it
+    /// does not, what the batch submitted stays in flight.
+    pub fn step_on_idle_polls(&self, on: bool) {
+        if on {
+            self.device.step_on_idle_polls();
+        } else {
+            crate::mock::stop_stepping_on_idle_polls();
+        }
+    }
 }
 
 #[cfg(any(test, feature = "test-utils"))]

@@ -199,3 +199,70 @@ fn a_refused_entry_outlives_a_failed_wait() {
     }
     assert!(seen.contains(&(1, IoStatus::Invalid)), "the refused entry's event: {seen:?}");
 }
+
+/// Events a storage batch's wait gathered before a look at its queue batch failed in the same
+/// call (a worker thread's entry finished, then the controller faulted) are reported by a later
+/// wait, not dropped with the failed one.
+#[test]
+fn events_gathered_before_a_failed_look_outlive_it() {
+    use super::mock_device::MockBatch;
+    use crate::{IoRequest, Op};
+    let cfg = MockConfig { null: true, segments: 2, blocks: 512, ..MockConfig::default() };
+    let mut m = MockBatch::stepped(cfg, 4).unwrap();
+    let read = |cookie: u64, len: u64| IoRequest {
+        op: Op::Read,
+        buf: m.buffer.clone(),
+        buf_offset: 0,
+        file_offset: cookie * 4096,
+        len,
+        cookie,
+    };
+    // Entry 0 runs on the queue batch and stays in flight (the model is not stepped); entry 1,
+    // larger than one command, goes to a worker thread.
+    m.step_on_idle_polls(false);
+    m.batch.submit(&[read(0, 4096), read(1, (1 << 20) + 4096)]).unwrap();
+    assert_eq!(m.batch.pooled_entries(), 1, "the large entry went to the worker threads");
+    let fault = m.fault_after(Duration::from_millis(300));
+    let e = m.batch.status(2, Duration::from_secs(4)).unwrap_err();
+    assert!(matches!(e, Error::DeviceFaulted), "{e:?}");
+    fault.join().unwrap();
+    m.set_faulted(false);
+    m.step_on_idle_polls(true);
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen.extend(m.batch.status(1, Duration::from_millis(100)).unwrap().into_iter().map(|e| e.cookie));
+        if seen.len() >= 2 {
+            break;
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1], "both entries' events");
+}
+
+/// An entry whose job panics on a worker thread (the worker survives it) finishes as a failed
+/// entry: its event says so, and the batch does not wait for it for ever. Here the pooled read
+/// panics because the model's batch device has no shared queue pair (a device opened on a
+/// controller always has one).
+#[test]
+fn a_worker_entry_that_panics_finishes_failed() {
+    use super::mock_device::MockBatch;
+    use crate::{IoRequest, IoStatus, Op};
+    let cfg = MockConfig { null: true, segments: 2, blocks: 512, ..MockConfig::default() };
+    let mut m = MockBatch::stepped(cfg, 4).unwrap();
+    let big = IoRequest {
+        op: Op::Read,
+        buf: m.buffer.clone(),
+        buf_offset: 0,
+        file_offset: 0,
+        len: (1 << 20) + 4096,
+        cookie: 7,
+    };
+    m.batch.submit(&[big]).unwrap();
+    assert_eq!(m.batch.pooled_entries(), 1, "the large entry went to the worker threads");
+    let ev = m.batch.status(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!((ev[0].cookie, ev[0].status), (7, IoStatus::Failed));
+    let e = ev[0].error.as_ref().map(ToString::to_string).unwrap_or_default();
+    assert!(e.contains("panicked"), "{e}");
+    assert_eq!(m.batch.in_flight(), 0, "nothing runs");
+}

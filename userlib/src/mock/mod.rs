@@ -250,6 +250,14 @@ pub(crate) fn stepping_on_idle_polls() -> bool {
     STEP_ON_IDLE.with(|m| m.borrow().is_some())
 }
 
+/// Sets or clears `model`'s status page's faulted flag.
+fn set_faulted(model: &Mutex<Model>, on: bool) {
+    let m = model.lock().unwrap_or_else(|p| p.into_inner());
+    let off = std::mem::offset_of!(StatusPage, state);
+    let s = ControllerState(m.status.load64(off));
+    m.status.store64(off, ControllerState::new(s.epoch(), on).0);
+}
+
 /// Stops running a model on this thread's idle polls.
 pub(crate) fn stop_stepping_on_idle_polls() {
     STEP_ON_IDLE.with(|m| *m.borrow_mut() = None);
@@ -325,10 +333,17 @@ impl MockDevice {
 
     /// Sets or clears the status page's faulted flag.
     pub(crate) fn set_faulted(&self, on: bool) {
-        let m = self.model.lock().unwrap_or_else(|p| p.into_inner());
-        let off = std::mem::offset_of!(StatusPage, state);
-        let s = ControllerState(m.status.load64(off));
-        m.status.store64(off, ControllerState::new(s.epoch(), on).0);
+        set_faulted(&self.model, on);
+    }
+
+    /// Sets the status page's faulted flag from another thread once `after` passed: a fault
+    /// that arrives while this thread waits.
+    pub(crate) fn fault_after(&self, after: std::time::Duration) -> JoinHandle<()> {
+        let model = self.model.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            set_faulted(&model, true);
+        })
     }
 
     /// Overwrites the namespace's data at block `lba`.
