@@ -16,6 +16,7 @@ mod fabrics;
 mod queue;
 #[cfg(feature = "rdma")]
 mod rdma;
+mod splice;
 mod spread;
 pub(crate) mod sysfs;
 mod tcp;

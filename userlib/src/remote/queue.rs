@@ -342,7 +342,9 @@ impl TcpQueue {
                 (pdo + n) as u32,
             );
             let pdu = DataPdu::new(hdr, cid, ttag, (base + at) as u32, n as u32);
-            self.conn.send(&[pdu.as_bytes(), &PAD[..pdo - hlen], &data[at..at + n]], op)?;
+            // SAFETY: `data` is the command's, unwritten while it is in flight (`start`'s
+            // contract), and the command completes only after the target received it.
+            unsafe { self.conn.send_payload(&[pdu.as_bytes(), &PAD[..pdo - hlen]], &data[at..at + n], op)? };
             at += n;
         }
         Ok(())

@@ -1,7 +1,8 @@
 //! One NVMe/TCP connection (one queue): the socket, connection setup (ICReq/ICResp), and PDUs
 //! read and checked one at a time. A PDU goes out in one vectored write (with TCP_NODELAY a
 //! write is a segment: header, padding and data written apart cost three system calls and
-//! three segments); what comes in is read into a receive buffer as far as the socket has it,
+//! three segments), but a large H2CData payload is spliced in after its header, not copied
+//! (see [`crate::remote::splice`]); what comes in is read into a receive buffer as far as the socket has it,
 //! so one read serves several small PDUs, and a large payload is read straight into its
 //! destination. Blocking I/O with a bounded wait on every read and write:
 //! a target that stops answering gives [`Error::RemoteTransport`], one that answers nonsense
@@ -9,6 +10,7 @@
 //!
 //! Digests are not offered (the ICReq asks for none), so a PDU that carries one is refused.
 
+use super::splice::{PagePipe, Stopped};
 use crate::error::{Error, Result};
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -26,6 +28,9 @@ const MAX_TERM_PLEN: u32 = 152;
 const MIN_MAXH2CDATA: u32 = 4096;
 /// Receive buffer: room for a burst of small PDUs (responses, 4 KiB C2HData) per read.
 const RECV_BUFFER: usize = 64 << 10;
+/// The smallest payload spliced rather than copied into the socket: below it, the copy costs
+/// less than the extra system calls.
+const SPLICE_MIN: usize = 32 << 10;
 /// A payload still this far from complete is read straight into its destination rather than
 /// through the receive buffer.
 const DIRECT_READ: usize = 16 << 10;
@@ -52,6 +57,11 @@ pub(crate) trait ByteStream: Read + Write + Send + std::fmt::Debug {
     fn poll_fd(&self) -> Option<RawFd> {
         None
     }
+    /// The socket that large payloads are spliced into (see [`crate::remote::splice`]);
+    /// `None` for a scripted target, whose payloads are written.
+    fn splice_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 impl ByteStream for TcpStream {
@@ -62,6 +72,21 @@ impl ByteStream for TcpStream {
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.as_raw_fd())
     }
+
+    fn splice_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
+    }
+}
+
+/// A connection's pipe for large payloads.
+#[derive(Debug)]
+enum Pages {
+    /// Made at the first large payload.
+    Unmade,
+    /// Ready.
+    Made(PagePipe),
+    /// Making one failed, or a splice failed: payloads are copied.
+    Off,
 }
 
 /// An open, initialised connection.
@@ -75,6 +100,8 @@ pub(crate) struct Conn {
     /// The most data one H2CData PDU may carry (MAXH2CDATA).
     pub(crate) max_h2c: usize,
     broken: bool,
+    /// The pipe large payloads go out through.
+    pages: Pages,
     /// Bytes received and not yet consumed: `rbuf[rpos..rend]`.
     rbuf: Box<[u8]>,
     rpos: usize,
@@ -117,6 +144,7 @@ impl Conn {
             data_align: 4,
             max_h2c: 0,
             broken: false,
+            pages: Pages::Unmade,
             rbuf: vec![0u8; RECV_BUFFER].into_boxed_slice(),
             rpos: 0,
             rend: 0,
@@ -246,6 +274,92 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Writes `head` (at most three parts), then `payload`: a payload of [`SPLICE_MIN`] bytes or
+    /// more on a socket goes through the connection's pipe, not copied into the socket; a
+    /// smaller one, or memory the pipe refuses, in one vectored write with `head`.
+    ///
+    /// # Safety
+    ///
+    /// `payload` stays unwritten until the peer has received it (the socket may read its pages
+    /// after this returns): a command's data while the command is in flight.
+    pub(crate) unsafe fn send_payload(&mut self, head: &[&[u8]], payload: &[u8], op: &str) -> Result<()> {
+        let fd = self.sock.splice_fd().filter(|_| payload.len() >= SPLICE_MIN);
+        let pipe = match (fd, std::mem::replace(&mut self.pages, Pages::Off)) {
+            (Some(_), Pages::Made(p)) => Some(p),
+            (Some(_), Pages::Unmade) => {
+                PagePipe::new().map_err(|e| log::debug!("no pipe for NVMe/TCP payloads ({e}): they are copied")).ok()
+            }
+            (_, kept) => {
+                self.pages = kept;
+                None
+            }
+        };
+        let (Some(fd), Some(mut pipe)) = (fd, pipe) else {
+            let mut parts = [&[][..]; 4];
+            let n = head.len().min(3);
+            parts[..n].copy_from_slice(&head[..n]);
+            parts[n] = payload;
+            return self.send(&parts[..=n], op);
+        };
+        // SAFETY: the caller's contract.
+        let r = unsafe { self.splice_payload(fd, &mut pipe, head, payload, op) };
+        // After a failed splice the pipe may hold bytes of this payload: it is never used again.
+        if r.is_ok() {
+            self.pages = Pages::Made(pipe);
+        }
+        r
+    }
+
+    /// [`Conn::send_payload`] through `pipe` into socket `fd`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Conn::send_payload`].
+    unsafe fn splice_payload(
+        &mut self,
+        fd: RawFd,
+        pipe: &mut PagePipe,
+        head: &[&[u8]],
+        payload: &[u8],
+        op: &str,
+    ) -> Result<()> {
+        self.check_open(op)?;
+        // The header goes first, held back until the payload follows (MSG_MORE).
+        let mut iov = [IoSlice::new(&[]); 3];
+        let n = head.len().min(iov.len());
+        for (v, p) in iov.iter_mut().zip(head) {
+            *v = IoSlice::new(p);
+        }
+        let mut rest = &mut iov[..n];
+        while !rest.is_empty() {
+            // SAFETY: `msg` names `rest`'s slices (an IoSlice is an iovec), valid for the call.
+            let k = unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = rest.as_mut_ptr().cast();
+                msg.msg_iovlen = rest.len();
+                libc::sendmsg(fd, &msg, libc::MSG_MORE | libc::MSG_NOSIGNAL)
+            };
+            if k < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(self.io_error(op, e));
+            }
+            // CAST: at most the bytes asked for.
+            IoSlice::advance_slices(&mut rest, k as usize);
+        }
+        // SAFETY: the caller's contract.
+        match unsafe { pipe.send(fd, payload, false) } {
+            Ok(()) => Ok(()),
+            Err((sent, Stopped::Refused(e))) => {
+                log::debug!("a payload's memory is not spliceable ({e}): it is copied");
+                self.send(&[&payload[sent..]], op)
+            }
+            Err((_, Stopped::Socket(e))) => Err(self.io_error(op, e)),
+        }
     }
 
     /// Fills `buf` from the receive buffer, then from the socket: a large remainder straight
