@@ -10,7 +10,7 @@
 //! on the same two. Any error closes the connection for good, so no PDU that arrives later can
 //! reach memory whose command was given up.
 
-use super::tcp::{Conn, Pdu, SHORT_HLEN};
+use super::tcp::{Conn, Pdu, DIRECT_READ, SHORT_HLEN};
 use super::transport::{result_of, set_psdt_sgl, Cmd, Data, Done, FabricsQueue, Pipelined};
 use crate::error::{Error, Result};
 use std::os::fd::RawFd;
@@ -244,6 +244,11 @@ impl TcpQueue {
 
     /// Handles one PDU; the command it completed, if any.
     fn step(&mut self, op: &str) -> Result<Option<(u16, Done)>> {
+        if self.conn.buffered() == 0 {
+            // The next read starts a PDU: when only large reads are in flight, it is one's
+            // C2HData header, and its payload should not go through the receive buffer.
+            self.conn.expect_large_payload(self.large_reads_only());
+        }
         match self.conn.recv(op)? {
             Pdu::Resp(cqe) => {
                 let cid = cqe.cid();
@@ -305,6 +310,16 @@ impl TcpQueue {
                 Ok(None)
             }
         }
+    }
+
+    /// Whether every command in flight (at least one) is a read with at least
+    /// [`DIRECT_READ`] bytes still to come.
+    fn large_reads_only(&self) -> bool {
+        self.in_flight() > 0
+            && self.slots.iter().filter(|s| s.live).all(|s| match s.data {
+                RawData::In { len, .. } => len - s.moved >= DIRECT_READ,
+                _ => false,
+            })
     }
 
     /// The in-flight command `cid`'s slot, or the protocol error.

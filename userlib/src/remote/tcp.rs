@@ -33,7 +33,7 @@ const RECV_BUFFER: usize = 64 << 10;
 const SPLICE_MIN: usize = 32 << 10;
 /// A payload still this far from complete is read straight into its destination rather than
 /// through the receive buffer.
-const DIRECT_READ: usize = 16 << 10;
+pub(crate) const DIRECT_READ: usize = 16 << 10;
 
 /// A PDU from the controller, header checked; a C2HData's data is still in the socket.
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +102,10 @@ pub(crate) struct Conn {
     broken: bool,
     /// The pipe large payloads go out through.
     pages: Pages,
+    /// The most bytes one read takes into the receive buffer while a PDU header is read: the
+    /// whole buffer while small PDUs may follow one another, one short header when a large
+    /// payload follows (what the buffer took of it would be copied a second time).
+    header_fill: usize,
     /// Bytes received and not yet consumed: `rbuf[rpos..rend]`.
     rbuf: Box<[u8]>,
     rpos: usize,
@@ -145,6 +149,7 @@ impl Conn {
             max_h2c: 0,
             broken: false,
             pages: Pages::Unmade,
+            header_fill: RECV_BUFFER,
             rbuf: vec![0u8; RECV_BUFFER].into_boxed_slice(),
             rpos: 0,
             rend: 0,
@@ -214,6 +219,13 @@ impl Conn {
     pub(crate) fn fail(&mut self) {
         self.broken = true;
         self.sock.close();
+    }
+
+    /// Whether the next PDU most likely carries a large payload (every command in flight is a
+    /// read with at least [`DIRECT_READ`] bytes to come): its header is then read alone, so the
+    /// payload goes straight to its destination instead of partly through the receive buffer.
+    pub(crate) fn expect_large_payload(&mut self, large: bool) {
+        self.header_fill = if large { usize::from(SHORT_HLEN) } else { RECV_BUFFER };
     }
 
     /// Bytes received and not yet consumed.
@@ -366,6 +378,11 @@ impl Conn {
     /// into `buf`, a small one through the receive buffer (one read takes whatever the socket
     /// has, the next PDUs included).
     fn read_exact(&mut self, buf: &mut [u8], op: &str) -> Result<()> {
+        self.read_exact_filling(buf, RECV_BUFFER, op)
+    }
+
+    /// [`Conn::read_exact`] taking at most `fill` bytes into the receive buffer per read.
+    fn read_exact_filling(&mut self, buf: &mut [u8], fill: usize, op: &str) -> Result<()> {
         self.check_open(op)?;
         let mut got = self.take_buffered(buf);
         while got < buf.len() {
@@ -377,7 +394,7 @@ impl Conn {
                     Err(e) => return Err(self.io_error(op, e)),
                 }
             } else {
-                self.fill(op)?;
+                self.fill(fill, op)?;
                 got += self.take_buffered(&mut buf[got..]);
             }
         }
@@ -392,14 +409,15 @@ impl Conn {
         k
     }
 
-    /// One read from the socket into the (empty) receive buffer: blocks until some bytes
-    /// arrive (bounded by the socket's timeout).
-    fn fill(&mut self, op: &str) -> Result<()> {
+    /// One read of at most `max` bytes from the socket into the (empty) receive buffer: blocks
+    /// until some bytes arrive (bounded by the socket's timeout).
+    fn fill(&mut self, max: usize, op: &str) -> Result<()> {
         // Called only when the buffer is drained.
         self.rpos = 0;
         self.rend = 0;
+        let max = max.clamp(1, self.rbuf.len());
         loop {
-            match self.sock.read(&mut self.rbuf) {
+            match self.sock.read(&mut self.rbuf[..max]) {
                 Ok(0) => return Err(self.io_error(op, std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(k) => {
                     self.rend = k;
@@ -411,12 +429,12 @@ impl Conn {
         }
     }
 
-    /// Reads and discards `n` bytes.
-    fn skip(&mut self, mut n: usize, op: &str) -> Result<()> {
+    /// Reads and discards `n` bytes, taking at most `fill` into the receive buffer per read.
+    fn skip(&mut self, mut n: usize, fill: usize, op: &str) -> Result<()> {
         let mut junk = [0u8; 256];
         while n > 0 {
             let k = n.min(junk.len());
-            self.read_exact(&mut junk[..k], op)?;
+            self.read_exact_filling(&mut junk[..k], fill, op)?;
             n -= k;
         }
         Ok(())
@@ -425,7 +443,7 @@ impl Conn {
     /// Reads the next PDU's header and checks it against what this transport allows.
     pub(crate) fn recv(&mut self, op: &str) -> Result<Pdu> {
         let mut b = [0u8; SHORT_HLEN as usize];
-        self.read_exact(&mut b[..8], op)?;
+        self.read_exact_filling(&mut b[..8], self.header_fill, op)?;
         let hdr = read_header(&b[..8]);
         if hdr.flags() & (flags::HDGST | flags::DDGST) != 0 {
             return Err(
@@ -435,21 +453,21 @@ impl Conn {
         let short = hdr.hlen() == SHORT_HLEN;
         match hdr.pdu_type() {
             pdu_type::C2H_TERM_REQ if short && (24..=MAX_TERM_PLEN).contains(&hdr.plen()) => {
-                self.read_exact(&mut b[8..], op)?;
-                let _ = self.skip(hdr.plen() as usize - 24, op);
+                self.read_exact_filling(&mut b[8..], self.header_fill, op)?;
+                let _ = self.skip(hdr.plen() as usize - 24, RECV_BUFFER, op);
                 Err(self.term_req_from(&b))
             }
             pdu_type::CAPSULE_RESP if short && hdr.plen() == 24 && hdr.pdo() == 0 => {
-                self.read_exact(&mut b[8..], op)?;
+                self.read_exact_filling(&mut b[8..], self.header_fill, op)?;
                 let r = RespPdu::read_from_bytes(&b[..]).map_err(|_| self.protocol("short response".into()))?;
                 Ok(Pdu::Resp(r.cqe))
             }
             pdu_type::R2T if short && hdr.plen() == 24 && hdr.pdo() == 0 => {
-                self.read_exact(&mut b[8..], op)?;
+                self.read_exact_filling(&mut b[8..], self.header_fill, op)?;
                 Ok(Pdu::R2t(self.data_pdu(&b)?))
             }
             pdu_type::C2H_DATA if short && hdr.pdo() >= SHORT_HLEN => {
-                self.read_exact(&mut b[8..], op)?;
+                self.read_exact_filling(&mut b[8..], self.header_fill, op)?;
                 let d = self.data_pdu(&b)?;
                 if u64::from(hdr.plen()) != u64::from(hdr.pdo()) + u64::from(d.length()) || d.length() == 0 {
                     return Err(self.terminate(
@@ -461,7 +479,7 @@ impl Conn {
                     return Err(self.terminate(fes::INVALID_HEADER, "C2HData SUCCESS without LAST".into()));
                 }
                 // Padding up to the data (an HPDA we did not ask for is still honoured).
-                self.skip(usize::from(hdr.pdo() - SHORT_HLEN), op)?;
+                self.skip(usize::from(hdr.pdo() - SHORT_HLEN), self.header_fill, op)?;
                 Ok(Pdu::C2h(d))
             }
             t => Err(self.terminate(
@@ -498,4 +516,76 @@ impl Conn {
 /// Decodes a common header (the caller passes 8 bytes).
 fn read_header(b: &[u8]) -> PduHeader {
     PduHeader::read_from_bytes(b).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A target whose answers have all arrived, each as one burst: a read returns bytes of one
+    /// burst at most.
+    #[derive(Debug)]
+    struct Sent {
+        bursts: std::collections::VecDeque<Vec<u8>>,
+    }
+
+    impl Read for Sent {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let Some(b) = self.bursts.front_mut() else { return Ok(0) };
+            let k = buf.len().min(b.len());
+            buf[..k].copy_from_slice(&b[..k]);
+            b.drain(..k);
+            if b.is_empty() {
+                self.bursts.pop_front();
+            }
+            Ok(k)
+        }
+    }
+
+    impl Write for Sent {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl ByteStream for Sent {
+        fn close(&self) {}
+    }
+
+    /// With a large payload expected, a C2HData's header is read alone and its payload goes
+    /// straight into the destination, none of it through the receive buffer (which would copy
+    /// it twice); without, one read takes as much as the buffer holds.
+    #[test]
+    fn a_large_payload_after_its_header_skips_the_receive_buffer() {
+        let payload: Vec<u8> = (0..128 * 1024u32).map(|i| (i % 253) as u8).collect();
+        let ic = IcPdu::new(pdu_type::IC_RESP, 0, 0, 1 << 20);
+        let hdr = PduHeader::new(
+            pdu_type::C2H_DATA,
+            flags::DATA_LAST | flags::DATA_SUCCESS,
+            SHORT_HLEN,
+            SHORT_HLEN,
+            u32::from(SHORT_HLEN) + payload.len() as u32,
+        );
+        let c2h = DataPdu::new(hdr, 3, 0, 0, payload.len() as u32);
+        let data = [c2h.as_bytes(), &payload[..]].concat();
+        for large in [false, true] {
+            let sent = Sent { bursts: [ic.as_bytes().to_vec(), data.clone()].into() };
+            let mut c = Conn::over(Box::new(sent), "test:4420").unwrap();
+            c.expect_large_payload(large);
+            let Pdu::C2h(d) = c.recv("read").unwrap() else { panic!("expected C2HData") };
+            assert_eq!((d.cccid(), d.length() as usize), (3, payload.len()));
+            let buffered = c.buffered();
+            let mut dst = vec![0u8; payload.len()];
+            c.read_data(&mut dst, "read").unwrap();
+            assert!(dst == payload, "the payload arrived intact");
+            if large {
+                assert_eq!(buffered, 0, "nothing of the payload was read into the buffer");
+            } else {
+                assert!(buffered > 0, "the buffer took part of the payload with its header");
+            }
+        }
+    }
 }
