@@ -382,8 +382,7 @@ impl StorageBatch {
                 continue;
             }
             self.pooled += 1;
-            let (m, cv) = &*self.state;
-            m.lock().unwrap_or_else(|e| e.into_inner()).running += 1;
+            self.state.0.lock().unwrap_or_else(|e| e.into_inner()).running += 1;
             let (s, state, r2) = (self.storage.clone(), self.state.clone(), r.clone());
             let job = move || {
                 // From here the entry finishes once, whatever happens: a job that panics
@@ -402,10 +401,10 @@ impl StorageBatch {
                 run.event = Some(ev);
             };
             if let Err(e) = engine.spawn(job) {
-                let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
-                st.running -= 1;
-                st.events.push(IoEvent { cookie: r.cookie, status: IoStatus::Failed, bytes: 0, error: Some(e) });
-                cv.notify_all();
+                // The job never ran: the entry finishes here, failed with why.
+                let error = Some(e);
+                let event = Some(IoEvent { cookie: r.cookie, status: IoStatus::Failed, bytes: 0, error });
+                drop(PooledRun { state: self.state.clone(), cookie: r.cookie, req: None, event });
             }
         }
         Ok(())

@@ -50,9 +50,8 @@ impl PagePipe {
         Ok(PagePipe { read, write })
     }
 
-    /// Moves all of `data` into `sock` (a connected, blocking stream socket) through the pipe;
-    /// `more` tells the socket more bytes follow at once (don't push a short segment). On a
-    /// [`Stopped::Refused`], the returned count of bytes already in the socket is in it.
+    /// Moves all of `data` into `sock` (a connected, blocking stream socket) through the pipe.
+    /// On a [`Stopped::Refused`], the returned count of bytes already in the socket is in it.
     ///
     /// # Safety
     ///
@@ -60,7 +59,7 @@ impl PagePipe {
     /// them): the caller must not write `data` before the peer has received it, or the peer may
     /// receive the new bytes. Memory safety does not depend on it (the kernel holds its own
     /// references to the pages).
-    pub(crate) unsafe fn send(&mut self, sock: RawFd, data: &[u8], more: bool) -> Result<(), (usize, Stopped)> {
+    pub(crate) unsafe fn send(&mut self, sock: RawFd, data: &[u8]) -> Result<(), (usize, Stopped)> {
         // A splice into a socket the peer closed raises SIGPIPE (it has no MSG_NOSIGNAL), which
         // kills a program that did not ignore it: held back on this thread meanwhile.
         let _held = SigpipeHeld::new();
@@ -82,8 +81,9 @@ impl PagePipe {
             // CAST: vmsplice returns at most `rest.len()` (a usize) when it succeeds.
             let mut left = queued as usize;
             while left > 0 {
-                let last = sent + left == data.len();
-                let flags = libc::SPLICE_F_MOVE | if more || !last { libc::SPLICE_F_MORE } else { 0 };
+                // More of the payload follows: don't push a short segment.
+                let more = if sent + left < data.len() { libc::SPLICE_F_MORE } else { 0 };
+                let flags = libc::SPLICE_F_MOVE | more;
                 // SAFETY: plain descriptors; no memory of ours is passed.
                 let moved = unsafe {
                     libc::splice(self.read.as_raw_fd(), std::ptr::null_mut(), sock, std::ptr::null_mut(), left, flags)
@@ -116,6 +116,8 @@ impl PagePipe {
 
 /// SIGPIPE blocked on this thread until dropped (the thread's mask as it was is restored).
 struct SigpipeHeld {
+    /// SIGPIPE alone.
+    set: libc::sigset_t,
     old: libc::sigset_t,
     /// SIGPIPE was pending here before: one found later is not ours to discard.
     was_pending: bool,
@@ -137,7 +139,7 @@ impl SigpipeHeld {
             let mut pending: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut pending);
             let was_pending = libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGPIPE) == 1;
-            Some(SigpipeHeld { old, was_pending })
+            Some(SigpipeHeld { set, old, was_pending })
         }
     }
 
@@ -146,14 +148,9 @@ impl SigpipeHeld {
         if self.was_pending {
             return;
         }
-        // SAFETY: as in `new`; a zero timeout only polls.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            libc::sigaddset(&mut set, libc::SIGPIPE);
-            let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-            libc::sigtimedwait(&set, std::ptr::null_mut(), &zero);
-        }
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: reads the set made in `new`; a zero timeout only polls.
+        unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &zero) };
     }
 }
 
@@ -190,7 +187,7 @@ mod tests {
         tx.write_all(b"head").unwrap();
         let mut pipe = PagePipe::new().unwrap();
         // SAFETY: `data` is not written until the reader has it all (joined below).
-        unsafe { pipe.send(tx.as_raw_fd(), payload, true) }.map_err(|(n, e)| format!("{n}: {e:?}")).unwrap();
+        unsafe { pipe.send(tx.as_raw_fd(), payload) }.map_err(|(n, e)| format!("{n}: {e:?}")).unwrap();
         tx.write_all(b"tail").unwrap();
         drop(tx);
         let got = reader.join().unwrap();
@@ -220,7 +217,7 @@ mod tests {
         let mut failed = None;
         for _ in 0..64 {
             // SAFETY: `data` is never written.
-            if let Err((_, e)) = unsafe { pipe.send(tx.as_raw_fd(), &data, false) } {
+            if let Err((_, e)) = unsafe { pipe.send(tx.as_raw_fd(), &data) } {
                 failed = Some(e);
                 break;
             }

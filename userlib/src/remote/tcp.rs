@@ -2,9 +2,9 @@
 //! read and checked one at a time. A PDU goes out in one vectored write (with TCP_NODELAY a
 //! write is a segment: header, padding and data written apart cost three system calls and
 //! three segments), but a large H2CData payload is spliced in after its header, not copied
-//! (see [`crate::remote::splice`]); what comes in is read into a receive buffer as far as the socket has it,
-//! so one read serves several small PDUs, and a large payload is read straight into its
-//! destination. Blocking I/O with a bounded wait on every read and write:
+//! (see [`crate::remote::splice`]); what comes in is read into a receive buffer as far as the
+//! socket has it, so one read serves several small PDUs, and a large payload is read straight
+//! into its destination. Blocking I/O with a bounded wait on every read and write:
 //! a target that stops answering gives [`Error::RemoteTransport`], one that answers nonsense
 //! [`Error::RemoteProtocol`]; either way the connection is closed and never used again.
 //!
@@ -52,14 +52,10 @@ pub(crate) enum Pdu {
 pub(crate) trait ByteStream: Read + Write + Send + std::fmt::Debug {
     /// Closes both directions (best effort): the peer sees the connection end.
     fn close(&self);
-    /// The descriptor to wait on for incoming bytes; `None` for a stream that is always
-    /// readable (a scripted target).
+    /// The socket: waited on for incoming bytes, and large payloads are spliced into it (see
+    /// [`crate::remote::splice`]). `None` for a scripted target, always readable, whose payloads
+    /// are written.
     fn poll_fd(&self) -> Option<RawFd> {
-        None
-    }
-    /// The socket that large payloads are spliced into (see [`crate::remote::splice`]);
-    /// `None` for a scripted target, whose payloads are written.
-    fn splice_fd(&self) -> Option<RawFd> {
         None
     }
 }
@@ -70,10 +66,6 @@ impl ByteStream for TcpStream {
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.as_raw_fd())
-    }
-
-    fn splice_fd(&self) -> Option<RawFd> {
         Some(self.as_raw_fd())
     }
 }
@@ -297,7 +289,7 @@ impl Conn {
     /// `payload` stays unwritten until the peer has received it (the socket may read its pages
     /// after this returns): a command's data while the command is in flight.
     pub(crate) unsafe fn send_payload(&mut self, head: &[&[u8]], payload: &[u8], op: &str) -> Result<()> {
-        let fd = self.sock.splice_fd().filter(|_| payload.len() >= SPLICE_MIN);
+        let fd = self.sock.poll_fd().filter(|_| payload.len() >= SPLICE_MIN);
         let pipe = match (fd, std::mem::replace(&mut self.pages, Pages::Off)) {
             (Some(_), Pages::Made(p)) => Some(p),
             (Some(_), Pages::Unmade) => {
@@ -364,7 +356,7 @@ impl Conn {
             IoSlice::advance_slices(&mut rest, k as usize);
         }
         // SAFETY: the caller's contract.
-        match unsafe { pipe.send(fd, payload, false) } {
+        match unsafe { pipe.send(fd, payload) } {
             Ok(()) => Ok(()),
             Err((sent, Stopped::Refused(e))) => {
                 log::debug!("a payload's memory is not spliceable ({e}): it is copied");
