@@ -15,7 +15,6 @@ use crate::cmd::{self, Command};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
-use crate::mmio::StatusView;
 use crate::queue::{Deadline, QueuePair, Waiter};
 use std::mem::ManuallyDrop;
 use std::sync::Arc;
@@ -28,61 +27,30 @@ struct Slot {
     path: Path,
     write: bool,
     slba: u64,
-    nlb: u32,
-    buf_offset: u64,
     status: Option<Status>,
     /// Held until the command is over.
     lease: Option<Lease<Arc<Buffer>>>,
 }
 
-impl Slot {
-    /// Its command, on the registration of member `member`'s controller.
-    fn command(&self, member: usize) -> Result<Command<'_>> {
-        let reg = self
-            .lease
-            .as_ref()
-            .and_then(|l| l.buffer().registration_on(member))
-            .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
-        // SAFETY: the slot holds an I/O lease on the buffer that owns `reg` until the command is
-        // over (kept for good when that cannot be confirmed), so the registration stays and the
-        // CPU keeps out; `one_command` made `len` exactly `nlb` blocks.
-        let data = unsafe { reg.range(self.buf_offset, self.len) }?;
-        Ok(if self.write {
-            cmd::Write::new(self.slba, self.nlb, data).build()
-        } else {
-            cmd::Read::new(self.slba, self.nlb, data).build()
-        })
-    }
-}
-
-/// Writes the commands of `staged` into `qp` as each is built (no list of commands gathered
-/// first) and publishes them with one doorbell write; their ids go to `cids`, in order. On
-/// any failure (a registration revoked since it was checked, a reset, no room in time)
-/// nothing is published. `to`: namespace id, the controller's status, the wait for room.
-fn push_staged(
-    qp: &mut QueuePair,
-    staged: &[Slot],
-    member: usize,
-    to: (u32, &StatusView, Duration),
-    cids: &mut Vec<u16>,
-) -> Result<()> {
-    let (nsid, status, timeout) = to;
-    let Some(head) = staged.first() else { return Ok(()) };
-    let first = head.command(member)?;
-    let mut sub = qp.submission_owned(nsid, staged.len(), status, timeout, &first)?;
-    let pushed = (|| {
-        cids.push(sub.push(&first)?);
-        for s in &staged[1..] {
-            cids.push(sub.push(&s.command(member)?)?);
-        }
-        Ok(())
-    })();
-    if pushed.is_err() {
-        sub.cancel();
-        cids.clear();
-    }
-    // Otherwise dropping `sub` rings the doorbell once for all of them.
-    pushed
+/// The one command that carries `e` on `ns`, on the registration of member `member`'s
+/// controller, with its first block.
+fn command_for<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Command<'e>, u64)> {
+    let (slba, nlb) = ns.one_command(e.dev_offset, e.len)?;
+    let reg = e
+        .lease
+        .buffer()
+        .registration_on(member)
+        .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
+    // SAFETY: the entry holds an I/O lease on the buffer that owns `reg`, which its slot keeps
+    // until the command is over (for good when that cannot be confirmed), so the registration
+    // stays and the CPU keeps out; `one_command` made `len` exactly `nlb` blocks. `range`
+    // checks that the registration is alive.
+    let data = unsafe { reg.range(e.buf_offset, e.len) }?;
+    let cmd = match e.op {
+        Op::Write => cmd::Write::new(slba, nlb, data).build(),
+        Op::Read => cmd::Read::new(slba, nlb, data).build(),
+    };
+    Ok((cmd, slba))
 }
 
 impl Drop for Slot {
@@ -113,8 +81,6 @@ pub(crate) struct QueueBatch {
     in_flight: usize,
     /// The largest entry submitted since nothing was in flight (whether a wait may spin).
     largest: u64,
-    /// A submission's entries, checked, before their command ids are known.
-    staged: Vec<Slot>,
     /// Reaps that found completions (a poll that found nothing must not reap).
     #[cfg(test)]
     reaps: usize,
@@ -184,7 +150,6 @@ impl QueueBatch {
             completed: Vec::with_capacity(capacity),
             in_flight: 0,
             largest: 0,
-            staged: Vec::with_capacity(capacity),
             #[cfg(test)]
             reaps: 0,
             ready: Vec::with_capacity(capacity),
@@ -214,84 +179,119 @@ impl QueueBatch {
         self.in_flight
     }
 
-    /// Submits checked entries with one doorbell write. An entry the queue cannot carry as one
-    /// command becomes an `Invalid` event; the rest run. Fails as a whole only when the batch
-    /// has no room or the device refuses the submission.
+    /// Submits checked entries with one doorbell write, writing each command into the queue as
+    /// it is built (no list of commands gathered first). An entry the queue cannot carry as one
+    /// command, or whose registration was revoked since it was checked, becomes an `Invalid`
+    /// event; the rest run. Fails as a whole, publishing nothing, only when the batch has no
+    /// room or the device refuses the submission (a reset, no queue room in time).
     pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
     where
         I: IntoIterator<Item = Entry>,
         I::IntoIter: ExactSizeIterator,
     {
         let entries = entries.into_iter();
-        if self.in_flight + entries.len() > self.capacity {
-            return Err(Error::invalid("ios", format!("{} entries exceed the batch's free capacity", entries.len())));
-        }
-        self.staged.clear();
-        for e in entries {
-            let cmd = self.ns.one_command(e.dev_offset, e.len).and_then(|c| {
-                match e.lease.buffer().registration_on(self.member) {
-                    Some(r) => r.alive().map(|()| c),
-                    None => Err(Error::invalid("buf", "not registered with the controller")),
-                }
-            });
-            match cmd {
-                Ok((slba, nlb)) => self.staged.push(Slot {
-                    cookie: e.cookie,
-                    len: e.len,
-                    path: e.lease.buffer().path(),
-                    write: e.op == Op::Write,
-                    slba,
-                    nlb,
-                    buf_offset: e.buf_offset,
-                    status: None,
-                    lease: Some(e.lease),
-                }),
-                Err(err) => {
-                    self.ready.push(IoEvent { cookie: e.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(err) })
-                }
-            }
-        }
-        if self.staged.is_empty() {
-            return Ok(());
+        let n = entries.len();
+        if self.in_flight + n > self.capacity {
+            return Err(Error::invalid("ios", format!("{n} entries exceed the batch's free capacity")));
         }
         self.cids.clear();
-        let submitted = push_staged(
-            &mut self.qp,
-            &self.staged,
-            self.member,
-            (self.ns.id(), &self.dev.status, self.timeout),
-            &mut self.cids,
-        );
-        if let Err(e) = submitted {
-            // Nothing was submitted: the leases go back.
-            for s in &mut self.staged {
-                s.lease = None;
+        let failed = {
+            let Self { dev, ns, qp, slots, in_flight, largest, ready, cids, timeout, member, .. } = self;
+            let (nsid, status, member) = (ns.id(), &dev.status, *member);
+            let mut place = |e: Entry, cid: u16, slba: u64| {
+                cids.push(cid);
+                *largest = (*largest).max(e.len);
+                *in_flight += 1;
+                let write = e.op == Op::Write;
+                let path = e.lease.buffer().path();
+                let slot = Slot { cookie: e.cookie, len: e.len, path, write, slba, status: None, lease: Some(e.lease) };
+                let i = usize::from(cid);
+                if i >= slots.len() {
+                    // Ids come from a fixed stack below the ring's depth: this grows a few times.
+                    slots.resize_with(i + 1, || None);
+                }
+                if let Some(old) = slots[i].replace(slot) {
+                    // The queue hands out an id only once it is free, and this batch reports
+                    // (and forgets) an entry before its id can come back: not reached. Kept
+                    // safe anyway: the old entry's lease stays held for good (its `Drop`).
+                    log::error!("queue batch: command id {cid} handed out while entry {} holds it", old.cookie);
+                    *in_flight -= 1;
+                }
+            };
+            let mut invalid = |cookie: u64, error: Error| {
+                ready.push(IoEvent { cookie, status: IoStatus::Invalid, bytes: 0, error: Some(error) });
+            };
+            let mut entries = entries;
+            let (mut sub, mut failed) = (None, None);
+            // The first entry that makes a command opens the submission, with room for every
+            // entry of the call (a few more than run when some are invalid; the ring has four
+            // times the batch's entries).
+            for e in entries.by_ref() {
+                let (cmd, slba) = match command_for(ns, &e, member) {
+                    Ok(c) => c,
+                    Err(error) => {
+                        invalid(e.cookie, error);
+                        continue;
+                    }
+                };
+                let opened = qp.submission_owned(nsid, n, status, *timeout, &cmd).and_then(|mut s| {
+                    let cid = s.push(&cmd)?;
+                    Ok((s, cid))
+                });
+                match opened {
+                    Ok((s, cid)) => {
+                        place(e, cid, slba);
+                        sub = Some(s);
+                    }
+                    Err(error) => failed = Some(error),
+                }
+                break;
             }
-            self.staged.clear();
-            if let Error::EpochChanged { old, new } = e {
-                // The submission met a reset: the commands of earlier bursts were lost with
-                // it, and their ids are free for others now.
-                self.fail_in_flight(old, new);
+            if let Some(s) = &mut sub {
+                for e in entries {
+                    let (cmd, slba) = match command_for(ns, &e, member) {
+                        Ok(c) => c,
+                        Err(error) => {
+                            invalid(e.cookie, error);
+                            continue;
+                        }
+                    };
+                    match s.push(&cmd) {
+                        Ok(cid) => place(e, cid, slba),
+                        Err(error) => {
+                            failed = Some(error);
+                            break;
+                        }
+                    }
+                }
             }
-            return Err(e);
+            if failed.is_some() {
+                // Nothing is published: the entries' ids go back, and their leases with them.
+                if let Some(s) = sub.take() {
+                    s.cancel();
+                }
+                for &cid in cids.iter() {
+                    if let Some(mut s) = slots.get_mut(usize::from(cid)).and_then(Option::take) {
+                        s.lease = None;
+                        *in_flight -= 1;
+                    }
+                }
+                cids.clear();
+            }
+            // Otherwise dropping the submission rings the doorbell once for every entry.
+            failed
+        };
+        match failed {
+            None => Ok(()),
+            Some(e) => {
+                if let Error::EpochChanged { old, new } = e {
+                    // The submission met a reset: the commands of earlier bursts were lost with
+                    // it, and their ids are free for others now.
+                    self.fail_in_flight(old, new);
+                }
+                Err(e)
+            }
         }
-        for (s, &cid) in self.staged.drain(..).zip(&self.cids) {
-            let i = usize::from(cid);
-            if i >= self.slots.len() {
-                // Ids come from a fixed stack below the ring's depth: this grows a few times.
-                self.slots.resize_with(i + 1, || None);
-            }
-            self.largest = self.largest.max(s.len);
-            self.in_flight += 1;
-            if let Some(old) = self.slots[i].replace(s) {
-                // The queue hands out an id only once it is free, and this batch reports (and
-                // forgets) an entry before its id can come back: not reached. Kept safe anyway:
-                // the old entry's lease stays held for good (its `Drop`).
-                log::error!("queue batch: command id {cid} handed out while entry {} holds it", old.cookie);
-                self.in_flight -= 1;
-            }
-        }
-        Ok(())
     }
 
     /// Collects what completed (a poll that finds nothing costs one look at the CQ; one that

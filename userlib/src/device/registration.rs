@@ -23,11 +23,6 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// [`Error::Revoked`] once the exporter revoked it (checked once per controller epoch).
-    pub(crate) fn alive(&self) -> Result<()> {
-        self.valid_epoch().map(drop)
-    }
-
     /// The controller epoch its segments may be named in: any (`None`, host pages), or the
     /// current one once it is known alive in it.
     #[inline]
