@@ -23,9 +23,12 @@ pub mod repeats;
 pub mod spdk;
 pub mod volume;
 
+/// The main grid's sizes, depths and patterns unless `--sizes`, `--depths` and `--rw` say.
 const SIZES: &[&str] = &["4K", "16K", "64K", "128K"];
 const DEPTHS: &[usize] = &[1, 8, 32, 128];
 const RWS: &[&str] = &["randread", "randwrite"];
+/// The main grid's working set (random offsets within it) on each controller.
+const SPAN: &str = "1G";
 const MARK: &str = "BENCH-POINT ";
 /// The kernel path: fio with io_uring on the kernel's block device.
 const KERNEL: &str = "kernel";
@@ -43,12 +46,87 @@ const KEYS: &[&str] = &["backend", "rw", "size", "depth"];
 pub use measure::guest;
 use measure::{fio_point, fio_point_with, sh, ugds_point, Job, Latency};
 
+/// A grid's axes: I/O sizes (`4K`, `1M`), queue depths (fio `iodepth`; `ugds bench
+/// --iodepth`), and `randread` and/or `randwrite`. The main grid measures them rw by rw, size by
+/// size, depth by depth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Axes {
+    pub sizes: Vec<String>,
+    pub depths: Vec<usize>,
+    pub rws: Vec<String>,
+}
+
+impl Axes {
+    /// The main grid's: [`SIZES`] x [`DEPTHS`] x [`RWS`].
+    pub fn main() -> Axes {
+        Axes::of(SIZES, DEPTHS, RWS)
+    }
+
+    /// The volume and remote grids': [`volume::DEFAULT_SIZES`] x [`volume::DEFAULT_DEPTHS`] x
+    /// [`RWS`].
+    pub fn volume() -> Axes {
+        Axes::of(volume::DEFAULT_SIZES, volume::DEFAULT_DEPTHS, RWS)
+    }
+
+    fn of(sizes: &[&str], depths: &[usize], rws: &[&str]) -> Axes {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        Axes { sizes: strings(sizes), depths: depths.to_vec(), rws: strings(rws) }
+    }
+
+    /// These axes with each one given (`--sizes`, `--depths`, `--rw`) in place of its default.
+    pub fn with(self, sizes: Option<Vec<String>>, depths: Option<Vec<usize>>, rws: Option<Vec<String>>) -> Axes {
+        Axes { sizes: sizes.unwrap_or(self.sizes), depths: depths.unwrap_or(self.depths), rws: rws.unwrap_or(self.rws) }
+    }
+
+    /// Checks the axes as the main grid's: [`check_axes`] within its working set ([`SPAN`]),
+    /// no value twice.
+    pub fn checked_main(self) -> Result<Axes> {
+        check_axes(&self.sizes, &self.depths, &self.rws, u64::MAX)?;
+        let span = vm::parse_size(SPAN)?;
+        if let Some(s) = self.sizes.iter().find(|s| vm::parse_size(s).is_ok_and(|n| n > span)) {
+            bail!("size {s} is larger than the grid's working set ({SPAN})");
+        }
+        fn twice<T: PartialEq + std::fmt::Display>(flag: &str, v: &[T]) -> Result<()> {
+            match v.iter().enumerate().find(|(i, x)| v[..*i].contains(x)) {
+                Some((_, x)) => bail!("{flag} names {x} twice"),
+                None => Ok(()),
+            }
+        }
+        twice("--sizes", &self.sizes)?;
+        twice("--depths", &self.depths)?;
+        twice("--rw", &self.rws)?;
+        Ok(self)
+    }
+
+    /// Points per controller and engine.
+    fn points(&self) -> usize {
+        self.sizes.len() * self.depths.len() * self.rws.len()
+    }
+
+    /// Points at QD 1 (where ugds also runs on owned queues).
+    fn qd1_points(&self) -> usize {
+        if self.depths.contains(&1) {
+            self.sizes.len() * self.rws.len()
+        } else {
+            0
+        }
+    }
+}
+
 /// Host side.
-pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>, backends: &[String], spdk: bool) -> Result<()> {
+pub fn run(
+    seconds: u64,
+    repeats: usize,
+    out: Option<PathBuf>,
+    backends: &[String],
+    spdk: bool,
+    axes: Axes,
+) -> Result<()> {
     let t = Instant::now();
     if repeats == 0 {
         bail!("--repeats must be at least 1");
     }
+    let axes = axes.checked_main()?;
     // SPDK first: what is missing is said before anything is built.
     let perf = if spdk { Some(crate::spdk::cached()?.perf()) } else { None };
     let root = toolchain::workspace_root();
@@ -72,12 +150,12 @@ pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>, backends: &[Strin
     let cli = root.join("target/release/ugds");
     let engine = root.join("target/release/libugds_fio.so");
     let me = std::env::current_exe()?;
-    let points = SIZES.len() * DEPTHS.len() * RWS.len();
+    let points = axes.points();
     // Per controller: 3 engines at every point (4 with SPDK), ugds's owned queues at QD 1, each
     // `repeats` times; about 2 s per measurement and rebind besides the measuring, SPDK's
     // start (DPDK under TCG) another 3 s.
     let engines = if spdk { 4 } else { 3 };
-    let per_controller = repeats as u64 * (engines * points as u64 + (points / DEPTHS.len()) as u64);
+    let per_controller = repeats as u64 * (engines * points as u64 + axes.qd1_points() as u64);
     let measured = backends.len() as u64 * per_controller;
     let spdk_start = if spdk { backends.len() as u64 * repeats as u64 * points as u64 * 3 } else { 0 };
     let estimate = Duration::from_secs(measured * (seconds + 2) + spdk_start + 120);
@@ -93,6 +171,9 @@ pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>, backends: &[Strin
         seconds.to_string(),
         repeats.to_string(),
         format!("--backends={}", backends.join(",")),
+        format!("--sizes={}", axes.sizes.join(",")),
+        format!("--depths={}", axes.depths.iter().map(usize::to_string).collect::<Vec<_>>().join(",")),
+        format!("--rws={}", axes.rws.join(",")),
     ];
     if let Some(p) = &perf {
         cmd.push(format!("--spdk={}", p.display()));
@@ -107,9 +188,10 @@ pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>, backends: &[Strin
         cmd,
         p2p: None,
     };
+    let owned = if axes.qd1_points() > 0 { ", and ugds on owned queues at QD 1" } else { "" };
     eprintln!(
-        "bench: booting the VM ({points} points x {engines} engines x {} controller(s), and ugds on owned queues at \
-         QD 1, {repeats} times each, interleaved, {seconds} s per measurement: about {} min)",
+        "bench: booting the VM ({points} points x {engines} engines x {} controller(s){owned}, {repeats} times \
+         each, interleaved, {seconds} s per measurement: about {} min)",
         backends.len(),
         estimate.as_secs().div_ceil(60)
     );
@@ -131,9 +213,9 @@ pub fn run(seconds: u64, repeats: usize, out: Option<PathBuf>, backends: &[Strin
                               "hugepages_2m": spdk::HUGEPAGES });
     }
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&all)?)?;
-    let md = table(&points, &micro, repeats, seconds);
+    let md = table(&points, &micro, repeats, seconds, &axes);
     std::fs::write(dir.join("results.md"), &md)?;
-    let plots = plot(&points, &dir)?;
+    let plots = plot(&points, &dir, &axes)?;
     println!("{md}");
     println!("wrote results.json, results.md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
     Ok(())
@@ -375,7 +457,9 @@ fn spdk_table(s: &mut String, points: &[Value], backend: &str) {
     }
 }
 
-fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64) -> String {
+/// The markdown of a run: per controller, a row per point of `axes` measured by the kernel and
+/// `ugds bench` (points not measured have none), geometric means over the rows, SPDK's table.
+fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64, axes: &Axes) -> String {
     let mut s = String::new();
     let with_spdk = points.iter().any(|p| p["engine"] == SPDK);
     for backend in ["file", "null"] {
@@ -392,9 +476,9 @@ fn table(points: &[Value], micro: &Value, repeats: usize, seconds: u64) -> Strin
             s,
             "\n### {title}\n\n| rw | size | QD/batch | kernel IOPS | ugds IOPS | ugds/kernel |{spdk_head} fio+ugds IOPS | fio+ugds/kernel | kernel p50/p99 us | ugds p50/p99 us | ugds/kernel p50 | owned IOPS | owned/kernel | owned/kernel p50 |\n| --- | --- | ---: | ---: | ---: | ---: |{spdk_rule} ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
-        for rw in RWS {
-            for size in SIZES {
-                for depth in DEPTHS {
+        for rw in &axes.rws {
+            for size in &axes.sizes {
+                for depth in &axes.depths {
                     let find = |engine: &str| {
                         points.iter().find(|p| {
                             p["backend"] == backend
@@ -466,14 +550,31 @@ fn register_font() -> Result<()> {
     Ok(())
 }
 
-fn plot(points: &[Value], dir: &Path) -> Result<usize> {
+/// A plot per controller and rw of `axes`: IOPS against log2 of the depth, a line per engine
+/// and size over the points measured.
+fn plot(points: &[Value], dir: &Path, axes: &Axes) -> Result<usize> {
     register_font()?;
+    let log2 = |d: usize| (d as f64).log2();
+    let right = axes.depths.iter().map(|&d| log2(d)).fold(0.0, f64::max) + 0.2;
+    let ticks = axes
+        .depths
+        .iter()
+        .map(|&d| {
+            let l = log2(d);
+            if l.fract() == 0.0 {
+                format!("{l:.0} = {d}")
+            } else {
+                format!("{l:.1} = {d}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     let mut n = 0;
     for backend in ["file", "null"] {
         if !points.iter().any(|p| p["backend"] == backend) {
             continue;
         }
-        for rw in RWS {
+        for rw in &axes.rws {
             let path = dir.join(format!("iops-{backend}-{rw}.png"));
             let root = BitMapBackend::new(&path, (900, 600)).into_drawing_area();
             root.fill(&WHITE)?;
@@ -487,16 +588,14 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                 .margin(15)
                 .x_label_area_size(40)
                 .y_label_area_size(70)
-                .build_cartesian_2d(0f64..7.2f64, 0f64..max * 1.1)?;
-            chart
-                .configure_mesh()
-                .x_desc("log2(queue depth or batch size): 0 = 1, 3 = 8, 5 = 32, 7 = 128")
-                .y_desc("IOPS")
-                .draw()?;
+                .build_cartesian_2d(0f64..right, 0f64..max * 1.1)?;
+            chart.configure_mesh().x_desc(format!("log2(queue depth or batch size): {ticks}")).y_desc("IOPS").draw()?;
             let colors = [RED, BLUE, GREEN, MAGENTA];
-            for (ci, size) in SIZES.iter().enumerate() {
+            for (ci, size) in axes.sizes.iter().enumerate() {
+                let color = colors[ci % colors.len()];
                 for (engine, width) in [(UGDS, 3), (FIO_UGDS, 2), (KERNEL, 1), (SPDK, 1)] {
-                    let series: Vec<(f64, f64)> = DEPTHS
+                    let series: Vec<(f64, f64)> = axes
+                        .depths
                         .iter()
                         .filter_map(|d| {
                             points
@@ -508,16 +607,16 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                                         && p["size"] == *size
                                         && p["depth"] == *d
                                 })
-                                .map(|p| ((*d as f64).log2(), f(p, "iops")))
+                                .map(|p| (log2(*d), f(p, "iops")))
                         })
                         .collect();
                     if series.is_empty() {
                         continue;
                     }
-                    let style = colors[ci].stroke_width(width);
+                    let style = color.stroke_width(width);
                     if engine == SPDK {
                         // SPDK: a thin line with a triangle at each point.
-                        chart.draw_series(series.iter().map(|&p| TriangleMarker::new(p, 6, colors[ci].filled())))?;
+                        chart.draw_series(series.iter().map(|&p| TriangleMarker::new(p, 6, color.filled())))?;
                     }
                     chart
                         .draw_series(LineSeries::new(series, style))?
@@ -526,7 +625,7 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                 }
             }
             // ugds on owned queue pairs: synchronous calls only, so one dot per size at QD 1.
-            for (ci, size) in SIZES.iter().enumerate() {
+            for (ci, size) in axes.sizes.iter().enumerate() {
                 let owned = points.iter().find(|p| {
                     p["backend"] == backend
                         && p["engine"] == OWNED
@@ -535,7 +634,7 @@ fn plot(points: &[Value], dir: &Path) -> Result<usize> {
                         && p["depth"] == 1
                 });
                 if let Some(p) = owned {
-                    let color = colors[ci];
+                    let color = colors[ci % colors.len()];
                     chart
                         .draw_series(std::iter::once(Circle::new((0.0, f(p, "iops")), 5, color.filled())))?
                         .label(format!("ugds owned queue {size}"))
@@ -566,7 +665,7 @@ fn check_axes(sizes: &[String], depths: &[usize], rws: &[String], span: u64) -> 
         }
     }
     if depths.contains(&0) {
-        bail!("a depth of 0");
+        bail!("--depths takes depths of at least 1, not 0");
     }
     if let Some(rw) = rws.iter().find(|r| !matches!(r.as_str(), "randread" | "randwrite")) {
         bail!("--rw takes randread and randwrite, not {rw}");
@@ -594,7 +693,7 @@ fn json_nums(v: &Value, k: &str) -> Result<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{add_ratios, plot, repeats, table, FIO_UGDS, KEYS, OWNED, SPDK};
+    use super::{add_ratios, plot, repeats, table, volume, Axes, DEPTHS, FIO_UGDS, KEYS, OWNED, SIZES, SPDK};
     use crate::vm;
     use serde_json::{json, Value};
     use std::path::Path;
@@ -640,7 +739,7 @@ mod tests {
     /// whose repeats disagree says noisy; one without a measurement shows `–`.
     #[test]
     fn rows_carry_median_ratios_fio_ugds_and_the_owned_mode() {
-        let t = table(&grid(), &json!({}), 2, 1);
+        let t = table(&grid(), &json!({}), 2, 1, &Axes::main());
         let qd1 = t.lines().find(|l| l.starts_with("| randread | 4K | 1 |")).expect("QD 1 row");
         let cells: Vec<&str> = qd1.split('|').map(str::trim).collect();
         // | rw | size | QD | kernel IOPS | ugds IOPS | ugds/kernel | fio+ugds IOPS | fio+ugds/kernel |
@@ -696,7 +795,7 @@ mod tests {
         }
         let dir = vm::TempDir::new("ugds-bench-main-plot").unwrap();
         // The grid has the null-backed controller only: its two plots, none for the file one.
-        assert_eq!(plot(&grid(), dir.path()).unwrap(), 2);
+        assert_eq!(plot(&grid(), dir.path(), &Axes::main()).unwrap(), 2);
         assert!(!dir.path().join("iops-file-randread.png").exists());
         let png = std::fs::read(dir.path().join("iops-null-randread.png")).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
@@ -754,7 +853,7 @@ mod tests {
         assert!(sp.get("spdk_iops_ratio").is_none());
         assert_eq!(get("ugds", 8)["spdk_noisy"], json!(true));
 
-        let t = table(&pts, &json!({}), 2, 1);
+        let t = table(&pts, &json!({}), 2, 1, &Axes::main());
         let header = t.lines().find(|l| l.starts_with("| rw | size | QD/batch |")).expect("header");
         let heads: Vec<&str> = header.split('|').map(str::trim).collect();
         assert_eq!(&heads[6..8], &["ugds/kernel", "ugds/SPDK"], "{header}");
@@ -785,7 +884,78 @@ mod tests {
             "{t}"
         );
         // Without SPDK points the table keeps its old columns.
-        let plain = table(&grid(), &json!({}), 2, 1);
+        let plain = table(&grid(), &json!({}), 2, 1, &Axes::main());
         assert!(!plain.contains("SPDK"), "{plain}");
+    }
+
+    fn axes(sizes: &[&str], depths: &[usize], rws: &[&str]) -> Axes {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        Axes { sizes: strings(sizes), depths: depths.to_vec(), rws: strings(rws) }
+    }
+
+    /// A part of the grid (`--sizes 4K --depths 1,8 --rw randread`): rows for its points only,
+    /// means over them, a plot per rw it has; more sizes than the plot has colours, and axes
+    /// with nothing measured, draw without a panic.
+    #[test]
+    fn a_part_of_the_grid_shows_its_points_only() {
+        let part = axes(&["4K"], &[1, 8], &["randread"]);
+        let t = table(&grid(), &json!({}), 2, 1, &part);
+        let rows: Vec<&str> = t.lines().filter(|l| l.starts_with("| rand")).collect();
+        assert_eq!(rows.len(), 2, "{t}");
+        assert!(rows[0].starts_with("| randread | 4K | 1 |") && rows[1].starts_with("| randread | 4K | 8 |"), "{t}");
+        assert!(t.contains("- ugds/kernel IOPS: geometric mean 2.00x over 1 points"), "{t}");
+        // QD 8 alone: no owned queues, no QD 1 row.
+        let t = table(&grid(), &json!({}), 2, 1, &axes(&["4K"], &[8], &["randread"]));
+        assert_eq!(t.lines().filter(|l| l.starts_with("| rand")).count(), 1, "{t}");
+        // Nothing measured: no rows, no means, no panic.
+        let t = table(&[], &json!({}), 1, 1, &part);
+        assert!(!t.contains("| randread") && !t.contains("geometric mean"), "{t}");
+
+        if !Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists() {
+            return;
+        }
+        let dir = vm::TempDir::new("ugds-bench-main-part").unwrap();
+        let wide = axes(&["4K", "8K", "16K", "32K", "64K", "128K"], &[1, 6, 8, 256], &["randread"]);
+        assert_eq!(plot(&grid(), dir.path(), &wide).unwrap(), 1);
+        assert!(dir.path().join("iops-null-randread.png").exists());
+        assert!(!dir.path().join("iops-null-randwrite.png").exists());
+        assert_eq!(plot(&[], dir.path(), &part).unwrap(), 0);
+    }
+
+    /// The main grid's axes are checked before the VM boots, each error naming what is wrong.
+    #[test]
+    fn the_main_grid_refuses_bad_axes() {
+        assert_eq!(Axes::main().checked_main().unwrap(), Axes::main());
+        assert_eq!(Axes::main().points(), 32);
+        assert_eq!(Axes::main().qd1_points(), 8);
+        let err = |a: Axes| format!("{:#}", a.checked_main().unwrap_err());
+        assert!(err(axes(&["4K"], &[0], &["randread"])).contains("--depths takes depths of at least 1, not 0"));
+        assert!(err(axes(&["4K"], &[1], &["read"])).contains("not read"));
+        assert!(err(axes(&["3K"], &[1], &["randread"])).contains("3K is not a multiple of 4K"));
+        assert!(err(axes(&["2G"], &[1], &["randread"])).contains("working set (1G)"));
+        assert!(err(axes(&["4K", "4K"], &[1], &["randread"])).contains("--sizes names 4K twice"));
+        assert!(err(axes(&["4K"], &[1, 8, 1], &["randread"])).contains("--depths names 1 twice"));
+        assert!(err(axes(&[], &[1], &["randread"])).contains("the grid is empty"));
+        let given = Axes::main().with(Some(vec!["64K".into()]), None, Some(vec!["randwrite".into()]));
+        assert_eq!(given, axes(&["64K"], DEPTHS, &["randwrite"]));
+    }
+
+    /// `cargo xtask bench --help` names each grid's default sizes and depths as they are.
+    #[test]
+    fn the_help_names_the_defaults() {
+        use clap::CommandFactory;
+        let mut cli = crate::Cli::command();
+        let bench = cli.find_subcommand_mut("bench").expect("bench");
+        let help = |id: &str| {
+            let arg = bench.get_arguments().find(|a| a.get_id() == id).expect(id);
+            arg.get_help().expect("help").to_string().replace('\n', " ")
+        };
+        let joined = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+        let sizes = help("sizes");
+        assert!(sizes.contains(&format!("main grid {}", SIZES.join(","))), "{sizes}");
+        assert!(sizes.contains(&format!("remote {}", volume::DEFAULT_SIZES.join(","))), "{sizes}");
+        let depths = help("depths");
+        assert!(depths.contains(&format!("main grid {}", joined(DEPTHS))), "{depths}");
+        assert!(depths.contains(&format!("remote {}", joined(volume::DEFAULT_DEPTHS))), "{depths}");
     }
 }

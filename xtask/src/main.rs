@@ -151,15 +151,17 @@ enum Cmd {
         /// The remote benchmark's transport: tcp or rdma.
         #[arg(long, value_parser = ["tcp", "rdma"])]
         remote: Option<String>,
-        /// I/O sizes (volume and remote benchmarks).
-        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_SIZES, requires = "grid")]
-        sizes: Vec<String>,
-        /// Queue depths (volume and remote benchmarks).
-        #[arg(long, value_delimiter = ',', default_value = bench::volume::DEFAULT_DEPTHS, requires = "grid")]
-        depths: Vec<usize>,
-        /// randread, randwrite or both, comma-separated (volume and remote benchmarks).
-        #[arg(long = "rw", value_delimiter = ',', default_value = "randread,randwrite", requires = "grid")]
-        rws: Vec<String>,
+        /// I/O sizes, comma-separated (default: the main grid 4K,16K,64K,128K; volume and remote
+        /// 4K,64K,128K,1M).
+        #[arg(long, value_delimiter = ',', conflicts_with = "p2p")]
+        sizes: Option<Vec<String>>,
+        /// Queue depths, comma-separated (default: the main grid 1,8,32,128; volume and remote
+        /// 1,32,128).
+        #[arg(long, value_delimiter = ',', conflicts_with = "p2p")]
+        depths: Option<Vec<usize>>,
+        /// randread, randwrite or both, comma-separated (default: both).
+        #[arg(long = "rw", value_delimiter = ',', conflicts_with = "p2p")]
+        rws: Option<Vec<String>>,
         /// Emulated controllers' backend: file, null or both (the main grid: both unless given;
         /// volume benchmark: null unless given; file or null behind the remote benchmark's
         /// target, null unless given).
@@ -214,6 +216,15 @@ enum Cmd {
         /// spdk_nvme_perf, for SPDK's turns.
         #[arg(long)]
         spdk: Option<String>,
+        /// I/O sizes (default: the main grid's).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<String>>,
+        /// Queue depths (default: the main grid's).
+        #[arg(long, value_delimiter = ',')]
+        depths: Option<Vec<usize>>,
+        /// randread and/or randwrite (default: both).
+        #[arg(long, value_delimiter = ',')]
+        rws: Option<Vec<String>>,
     },
     /// Builds SPDK's `spdk_nvme_perf` (the release `cargo xtask bench --spdk` measures) from
     /// SPDK's source against Debian's DPDK, into the cache (~/.cache/ugds/spdk-VERSION-KEY);
@@ -395,13 +406,16 @@ fn real_main() -> Result<()> {
         Cmd::Bench { seconds, repeats, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p, spdk } => {
             let grid_only = members.is_empty() && remote.is_none() && !p2p;
             let backend = backend.unwrap_or_else(|| if grid_only { "both".into() } else { "null".into() });
+            // Each grid's own defaults for the axes not given.
+            let axes = if grid_only { bench::Axes::main() } else { bench::Axes::volume() }.with(sizes, depths, rws);
+            let bench::Axes { sizes, depths, rws } = axes.clone();
             if p2p {
                 bench::p2p::run(seconds.max(1), out)?
             } else if let Some(transport) = remote {
                 let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats };
                 bench::remote::run(&grid.checked()?, out)?
             } else if members.is_empty() {
-                bench::run(seconds, repeats, out, &bench::volume::backends(&backend)?, spdk)?
+                bench::run(seconds, repeats, out, &bench::volume::backends(&backend)?, spdk, axes)?
             } else {
                 let backends = bench::volume::backends(&backend)?;
                 let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk, repeats };
@@ -410,8 +424,9 @@ fn real_main() -> Result<()> {
         }
         Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
         Cmd::BenchRemoteGuest { cli, grid } => bench::remote::guest(&cli, &grid)?,
-        Cmd::BenchGuest { cli, fio_engine, seconds, repeats, backends, spdk } => {
-            bench::guest(&cli, &fio_engine, seconds, repeats, &backends, spdk.as_deref())?
+        Cmd::BenchGuest { cli, fio_engine, seconds, repeats, backends, spdk, sizes, depths, rws } => {
+            let axes = bench::Axes::main().with(sizes, depths, rws).checked_main()?;
+            bench::guest(&cli, &fio_engine, seconds, repeats, &backends, spdk.as_deref(), &axes)?
         }
         Cmd::Spdk { src } => {
             let src = src.or_else(|| std::env::var_os("UGDS_SPDK_SRC").map(PathBuf::from));

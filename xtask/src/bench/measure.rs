@@ -2,7 +2,7 @@
 //! kernel's block device, fio with ugds's ioengine, `ugds bench`, `spdk_nvme_perf`), and the
 //! turns that hand the controller from one driver to the next between them.
 
-use super::{repeats, spdk, DEPTHS, FIO_UGDS, KERNEL, MARK, OWNED, RWS, SIZES};
+use super::{repeats, spdk, Axes, FIO_UGDS, KERNEL, MARK, OWNED, SPAN};
 use crate::{bind, toolchain};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -143,10 +143,10 @@ fn switch(addr: &str, from: Owner, to: Owner) -> Result<()> {
     Ok(())
 }
 
-/// Guest side: every engine on each controller (`backends`, in PCI order), one JSON line per
-/// measurement (with its `repeat`), the engines' turns interleaved at every point (the
-/// controller rebound between turns, outside the measured time). `spdk`: `spdk_nvme_perf`'s
-/// path, SPDK taking a turn of its own.
+/// Guest side: every engine on each controller (`backends`, in PCI order) at every point of
+/// `axes`, one JSON line per measurement (with its `repeat`), the engines' turns interleaved at
+/// every point (the controller rebound between turns, outside the measured time). `spdk`:
+/// `spdk_nvme_perf`'s path, SPDK taking a turn of its own.
 pub fn guest(
     cli: &str,
     fio_engine: &str,
@@ -154,6 +154,7 @@ pub fn guest(
     repeats: usize,
     backends: &[String],
     spdk: Option<&str>,
+    axes: &Axes,
 ) -> Result<()> {
     if !Path::new("/sys/module/ugds").exists() {
         sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
@@ -172,7 +173,7 @@ pub fn guest(
         // Fill the working set once, so reads of the file-backed drive read data.
         if backend == "file" {
             sh(&format!(
-                "fio --name=fill --filename={} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size=1G --output=/dev/null",
+                "fio --name=fill --filename={} --ioengine=io_uring --direct=1 --rw=write --bs=1M --size={SPAN} --output=/dev/null",
                 blk()?
             ))?;
         }
@@ -182,10 +183,10 @@ pub fn guest(
             v["repeat"] = json!(repeat);
             println!("{MARK}{v}");
         };
-        for rw in RWS {
-            for size in SIZES {
-                for &depth in DEPTHS {
-                    let job = Job { rw, size, depth, seconds, span: "1G" };
+        for rw in &axes.rws {
+            for size in &axes.sizes {
+                for &depth in &axes.depths {
+                    let job = Job { rw, size, depth, seconds, span: SPAN };
                     let at = line.iter().position(|o| *o == owner).unwrap_or(0);
                     for (repeat, side) in repeats::snake(repeats, line.len(), at) {
                         let side = line[side];

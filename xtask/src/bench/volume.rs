@@ -44,10 +44,10 @@ pub struct Grid {
     pub repeats: usize,
 }
 
-/// The default grid's sizes.
-pub const DEFAULT_SIZES: &str = "4K,64K,128K,1M";
-/// The default grid's depths.
-pub const DEFAULT_DEPTHS: &str = "1,32,128";
+/// The volume and remote grids' sizes unless `--sizes` says ([`super::Axes::volume`]).
+pub const DEFAULT_SIZES: &[&str] = &["4K", "64K", "128K", "1M"];
+/// The volume and remote grids' depths unless `--depths` says.
+pub const DEFAULT_DEPTHS: &[usize] = &[1, 32, 128];
 
 impl Grid {
     /// Checks the grid and puts member counts in order.
