@@ -2,7 +2,7 @@
 //! [`crate::StorageBatch`] over them, and the C, cuFile and Python faces): an entry's direction,
 //! a checked entry, and the events and states a batch reports.
 
-use crate::buffer::{Buffer, Lease};
+use crate::buffer::{Buffer, Lease, Path};
 use crate::error::Error;
 use std::sync::Arc;
 
@@ -43,6 +43,31 @@ pub struct IoEvent {
     pub bytes: u64,
     /// Why it failed.
     pub error: Option<Error>,
+}
+
+/// Where a batch puts its events, each with the path its entry's data took: a vector of both,
+/// or a storage batch's caller's events (counted in the storage's path counts on the way).
+pub(crate) trait EventSink {
+    /// Takes one event.
+    fn put(&mut self, ev: IoEvent, path: Path);
+
+    /// Takes every event of `events`, leaving it empty.
+    fn put_all(&mut self, events: &mut Vec<(IoEvent, Path)>) {
+        for (ev, path) in events.drain(..) {
+            self.put(ev, path);
+        }
+    }
+}
+
+impl EventSink for Vec<(IoEvent, Path)> {
+    #[inline]
+    fn put(&mut self, ev: IoEvent, path: Path) {
+        self.push((ev, path));
+    }
+
+    fn put_all(&mut self, events: &mut Vec<(IoEvent, Path)>) {
+        self.append(events);
+    }
 }
 
 /// One checked entry: direction, the lease on its buffer, buffer offset, device offset, bytes,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 /// Checks that `[file_offset, file_offset + len)` lies inside `cap` bytes of `what` (a
 /// namespace, a volume): the extent check of the paths whose capacity is fixed. Inlined into
 /// every request's check; its error, built once in a while, is not.
-#[inline]
+#[inline(always)]
 pub(crate) fn within_capacity(file_offset: u64, len: u64, cap: u64, what: &str) -> Result<()> {
     if file_offset.checked_add(len).is_some_and(|e| e <= cap) {
         return Ok(());

@@ -94,6 +94,7 @@ impl DataPath for DirectPath {
         4
     }
 
+    #[inline(always)]
     fn check_extent(&self, file_offset: u64, len: u64) -> Result<()> {
         within_capacity(file_offset, len, self.ns.capacity(), "namespace")
     }

@@ -9,7 +9,7 @@
 //! (resetting the controller if they do not finish); when even the reset fails, their leases are
 //! kept for good.
 
-use crate::batch::{Entry, IoEvent, IoStatus, Op};
+use crate::batch::{Entry, EventSink, IoEvent, IoStatus, Op};
 use crate::buffer::{Buffer, Lease, Path};
 use crate::cmd::{self, Command};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
@@ -34,6 +34,7 @@ struct Slot {
 
 /// The one command that carries `e` on `ns`, on the registration of member `member`'s
 /// controller, with its first block.
+#[inline(always)]
 fn command_for<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Command<'e>, u64)> {
     let (slba, nlb) = ns.one_command(e.dev_offset, e.len)?;
     let reg = e
@@ -51,6 +52,52 @@ fn command_for<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Comma
         Op::Read => cmd::Read::new(slba, nlb, data).build(),
     };
     Ok((cmd, slba))
+}
+
+/// A submission's entries going into the batch's table by command id as each is pushed.
+struct Placing<'a> {
+    slots: &'a mut Vec<Option<Slot>>,
+    /// The ids placed, in order.
+    cids: &'a mut Vec<u16>,
+    largest: &'a mut u64,
+    in_flight: &'a mut usize,
+}
+
+impl Placing<'_> {
+    /// Puts `e`, whose command (first block `slba`) went out as `cid`, into its slot.
+    #[inline(always)]
+    fn put(&mut self, e: Entry, cid: u16, slba: u64) {
+        self.cids.push(cid);
+        *self.largest = (*self.largest).max(e.len);
+        *self.in_flight += 1;
+        let write = e.op == Op::Write;
+        let path = e.lease.buffer().path();
+        let slot = Slot { cookie: e.cookie, len: e.len, path, write, slba, status: None, lease: Some(e.lease) };
+        let i = usize::from(cid);
+        if i >= self.slots.len() {
+            // Ids come from a fixed stack below the ring's depth: this grows a few times.
+            self.slots.resize_with(i + 1, || None);
+        }
+        if let Some(old) = self.slots[i].replace(slot) {
+            // The queue hands out an id only once it is free, and this batch reports (and
+            // forgets) an entry before its id can come back: not reached. Kept safe anyway: the
+            // old entry's lease stays held for good (its `Drop`).
+            log::error!("queue batch: command id {cid} handed out while entry {} holds it", old.cookie);
+            *self.in_flight -= 1;
+        }
+    }
+
+    /// Takes every entry placed back out (their commands were withdrawn, never published), and
+    /// their leases with them.
+    fn take_back(&mut self) {
+        for &cid in self.cids.iter() {
+            if let Some(mut s) = self.slots.get_mut(usize::from(cid)).and_then(Option::take) {
+                s.lease = None;
+                *self.in_flight -= 1;
+            }
+        }
+        self.cids.clear();
+    }
 }
 
 impl Drop for Slot {
@@ -198,26 +245,7 @@ impl QueueBatch {
         let failed = {
             let Self { dev, ns, qp, slots, in_flight, largest, ready, cids, timeout, member, .. } = self;
             let (nsid, status, member) = (ns.id(), &dev.status, *member);
-            let mut place = |e: Entry, cid: u16, slba: u64| {
-                cids.push(cid);
-                *largest = (*largest).max(e.len);
-                *in_flight += 1;
-                let write = e.op == Op::Write;
-                let path = e.lease.buffer().path();
-                let slot = Slot { cookie: e.cookie, len: e.len, path, write, slba, status: None, lease: Some(e.lease) };
-                let i = usize::from(cid);
-                if i >= slots.len() {
-                    // Ids come from a fixed stack below the ring's depth: this grows a few times.
-                    slots.resize_with(i + 1, || None);
-                }
-                if let Some(old) = slots[i].replace(slot) {
-                    // The queue hands out an id only once it is free, and this batch reports
-                    // (and forgets) an entry before its id can come back: not reached. Kept
-                    // safe anyway: the old entry's lease stays held for good (its `Drop`).
-                    log::error!("queue batch: command id {cid} handed out while entry {} holds it", old.cookie);
-                    *in_flight -= 1;
-                }
-            };
+            let mut placing = Placing { slots, cids, largest, in_flight };
             let mut invalid = |cookie: u64, error: Error| {
                 ready.push(IoEvent { cookie, status: IoStatus::Invalid, bytes: 0, error: Some(error) });
             };
@@ -240,7 +268,7 @@ impl QueueBatch {
                 });
                 match opened {
                     Ok((s, cid)) => {
-                        place(e, cid, slba);
+                        placing.put(e, cid, slba);
                         sub = Some(s);
                     }
                     Err(error) => failed = Some(error),
@@ -257,7 +285,7 @@ impl QueueBatch {
                         }
                     };
                     match s.push(&cmd) {
-                        Ok(cid) => place(e, cid, slba),
+                        Ok(cid) => placing.put(e, cid, slba),
                         Err(error) => {
                             failed = Some(error);
                             break;
@@ -270,13 +298,7 @@ impl QueueBatch {
                 if let Some(s) = sub.take() {
                     s.cancel();
                 }
-                for &cid in cids.iter() {
-                    if let Some(mut s) = slots.get_mut(usize::from(cid)).and_then(Option::take) {
-                        s.lease = None;
-                        *in_flight -= 1;
-                    }
-                }
-                cids.clear();
+                placing.take_back();
             }
             // Otherwise dropping the submission rings the doorbell once for every entry.
             failed
@@ -356,7 +378,7 @@ impl QueueBatch {
     /// Waits until at least `min` events are available (or `timeout` passed) and appends all
     /// available events to `out`, each with the path its data took (a caller that keeps `out`
     /// allocates nothing here). A completed entry is reported once.
-    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let mut wait = Waiter::new(self.largest);
         let (mut deadline, mut check) = (Deadline::new(timeout), true);
         loop {
@@ -373,8 +395,9 @@ impl QueueBatch {
         if self.in_flight == 0 {
             self.largest = 0;
         }
-        out.reserve(self.ready.len() + self.completed.len());
-        out.extend(self.ready.drain(..).map(|e| (e, Path::DirectHost)));
+        for e in self.ready.drain(..) {
+            out.put(e, Path::DirectHost);
+        }
         for cid in self.completed.drain(..) {
             let Some(s) = self.slots.get_mut(usize::from(cid)).and_then(Option::take) else { continue };
             let st = s.status.unwrap_or(Status::SUCCESS);
@@ -388,7 +411,7 @@ impl QueueBatch {
                     error: Some(Error::Nvme { op: if s.write { "write" } else { "read" }, slba: s.slba, status: st }),
                 }
             };
-            out.push((ev, s.path));
+            out.put(ev, s.path);
         }
         Ok(())
     }

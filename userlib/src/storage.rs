@@ -524,7 +524,7 @@ impl Drop for Storage {
 }
 
 /// A non-zero length; offset and length multiples of the block size `bs`.
-#[inline]
+#[inline(always)]
 fn check_blocks(bs: u64, file_offset: u64, len: u64) -> Result<()> {
     if len != 0 && len.is_multiple_of(bs) && file_offset.is_multiple_of(bs) {
         return Ok(());

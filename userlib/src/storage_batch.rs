@@ -12,7 +12,7 @@
 //! `Invalid` events and the rest run. Every running entry holds a lease on its buffer. Dropping
 //! the batch waits for its entries.
 
-use crate::batch::{Entry, IoEvent, IoStatus, Op};
+use crate::batch::{Entry, EventSink, IoEvent, IoStatus, Op};
 use crate::buffer::{Buffer, Lease, Path};
 use crate::error::{Error, Result};
 #[cfg(feature = "fallback")]
@@ -93,8 +93,6 @@ pub struct StorageBatch {
     native: Option<Native>,
     /// Checked entries on their way to the queue batch (kept: a submit allocates nothing).
     entries: Vec<Entry>,
-    /// The queue batch's events as they come back (kept: a poll allocates nothing).
-    events: Vec<(IoEvent, Path)>,
     /// Events not reported yet: entries refused at submit, and what a failed wait had gathered.
     ready: Vec<IoEvent>,
     /// Whether completed entries count in the storage's path counts (not the warm-up's).
@@ -104,6 +102,51 @@ pub struct StorageBatch {
     pooled: u64,
     /// The fork generation it was made in.
     born: Born,
+}
+
+/// A storage batch's caller's events, taken from its queue batch: the completed ones are
+/// counted in the storage's path counts, which every thread shares, once per path and wait
+/// rather than once per event.
+struct Counted<'a> {
+    out: &'a mut Vec<IoEvent>,
+    storage: &'a Storage,
+    counts: bool,
+    /// Completed I/Os and their bytes on one path, not counted yet.
+    tally: Option<(Path, u64, u64)>,
+}
+
+impl<'a> Counted<'a> {
+    fn new(out: &'a mut Vec<IoEvent>, storage: &'a Storage, counts: bool) -> Self {
+        Counted { out, storage, counts, tally: None }
+    }
+}
+
+impl EventSink for Counted<'_> {
+    #[inline]
+    fn put(&mut self, ev: IoEvent, path: Path) {
+        if ev.status == IoStatus::Complete && self.counts {
+            match &mut self.tally {
+                Some((p, ios, bytes)) if *p == path => {
+                    *ios += 1;
+                    *bytes += ev.bytes;
+                }
+                tally => {
+                    if let Some((p, ios, bytes)) = tally.replace((path, 1, ev.bytes)) {
+                        self.storage.count_many(p, ios, bytes);
+                    }
+                }
+            }
+        }
+        self.out.push(ev);
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        if let Some((p, ios, bytes)) = self.tally.take() {
+            self.storage.count_many(p, ios, bytes);
+        }
+    }
 }
 
 /// The queue batch behind a storage batch (and behind stream-ordered groups on a volume or a
@@ -178,7 +221,7 @@ impl Native {
 
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing runs)
     /// and appends every available event to `out`, with the path its data took.
-    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         match self {
             Native::One(q) => q.status_into(min, timeout, out),
             Native::Volume(v) => v.status_into(min, timeout, out),
@@ -234,7 +277,6 @@ impl StorageBatch {
             state: Arc::default(),
             native,
             entries: Vec::with_capacity(capacity.min(1024)),
-            events: Vec::with_capacity(capacity.min(1024)),
             ready: Vec::new(),
             counts: true,
             pooled: 0,
@@ -442,8 +484,7 @@ impl StorageBatch {
             // Nothing ever went to the worker threads: the queue batch (if any) is all there is
             // to wait for, and it polls and waits by itself.
             if let Some(q) = self.native.as_mut() {
-                q.status_into(min, timeout, &mut self.events)?;
-                self.report(out);
+                q.status_into(min, timeout, &mut Counted::new(out, &self.storage, self.counts))?;
             }
             return Ok(());
         }
@@ -453,8 +494,7 @@ impl StorageBatch {
         let mut deadline = Deadline::new(timeout);
         loop {
             if let Some(q) = self.native.as_mut() {
-                q.status_into(0, Duration::ZERO, &mut self.events)?;
-                self.report(out);
+                q.status_into(0, Duration::ZERO, &mut Counted::new(out, &self.storage, self.counts))?;
             }
             let (m, cv) = &*self.state;
             let mut pool = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -470,8 +510,7 @@ impl StorageBatch {
                 // Only the queue batch runs: let it poll for what is missing (no system call).
                 drop(pool);
                 if let Some(q) = self.native.as_mut() {
-                    q.status_into(min - got, left, &mut self.events)?;
-                    self.report(out);
+                    q.status_into(min - got, left, &mut Counted::new(out, &self.storage, self.counts))?;
                 }
                 return Ok(());
             }
@@ -483,17 +522,6 @@ impl StorageBatch {
             } else {
                 let _ = cv.wait_timeout(pool, left.min(Duration::from_millis(10)));
             }
-        }
-    }
-
-    /// Moves the queue batch's events to `out`, counting the completed ones in the storage's
-    /// path counts.
-    fn report(&mut self, out: &mut Vec<IoEvent>) {
-        for (e, path) in self.events.drain(..) {
-            if e.status == IoStatus::Complete && self.counts {
-                self.storage.count(path, e.bytes);
-            }
-            out.push(e);
         }
     }
 
@@ -533,5 +561,47 @@ impl Drop for StorageBatch {
             return;
         }
         let _ = self.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::mock_device::MockBatch;
+    use crate::mock::MockConfig;
+
+    fn event(cookie: u64, status: IoStatus, bytes: u64) -> IoEvent {
+        IoEvent { cookie, status, bytes, error: None }
+    }
+
+    /// The events a storage batch takes from its queue batch reach the caller in order, and
+    /// the completed ones are counted on their paths (runs of one path counted together, the
+    /// last run when the wait ends); a batch that does not count (the warm-up's) counts none.
+    #[test]
+    fn events_taken_from_the_queue_batch_are_counted_on_their_paths() {
+        let m = MockBatch::stepped(MockConfig::default(), 8).unwrap();
+        let storage = m.batch.storage.clone();
+        let before = storage.path_counts();
+        let mut out = Vec::new();
+        {
+            let mut sink = Counted::new(&mut out, &storage, true);
+            sink.put(event(0, IoStatus::Complete, 4096), Path::DirectHost);
+            sink.put(event(1, IoStatus::Complete, 8192), Path::DirectP2p);
+            sink.put(event(2, IoStatus::Complete, 4096), Path::DirectHost);
+            sink.put(event(3, IoStatus::Failed, 0), Path::DirectHost);
+            sink.put(event(4, IoStatus::Complete, 4096), Path::DirectHost);
+        }
+        let cookies: Vec<u64> = out.iter().map(|e| e.cookie).collect();
+        assert_eq!(cookies, [0, 1, 2, 3, 4]);
+        let after = storage.path_counts();
+        assert_eq!(after.direct_host - before.direct_host, 3, "{after:?}");
+        assert_eq!(after.direct_p2p - before.direct_p2p, 1, "{after:?}");
+        assert_eq!(after.bytes - before.bytes, 3 * 4096 + 8192, "{after:?}");
+        {
+            let mut sink = Counted::new(&mut out, &storage, false);
+            sink.put(event(5, IoStatus::Complete, 4096), Path::DirectHost);
+        }
+        assert_eq!(out.len(), 6);
+        assert_eq!(storage.path_counts(), after, "a batch that does not count counted");
     }
 }

@@ -12,7 +12,7 @@
 //! help, so a waiting piece always gets its turn: no entry can wait for room that only its own
 //! waiting pieces would free.
 
-use crate::batch::{Entry, IoEvent, IoStatus};
+use crate::batch::{Entry, EventSink, IoEvent, IoStatus};
 use crate::buffer::{Lease, Path};
 use crate::error::{Error, Result};
 use crate::queue::{Deadline, Waiter};
@@ -274,7 +274,7 @@ impl VolumeQueueBatch {
     /// Waits until at least `min` entries finished (or `timeout` passed, or none runs) and
     /// appends every finished entry's event to `out` with the path its data took. Waiting
     /// pieces go out as room frees up.
-    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
         let mut wait = Waiter::new(largest);
         let (mut deadline, mut check) = (Deadline::new(timeout), true);
@@ -293,7 +293,7 @@ impl VolumeQueueBatch {
             let done = self.ready.len() >= min || self.pending.is_empty();
             if done || (check && deadline.passed()) {
                 wait.done();
-                out.append(&mut self.ready);
+                out.put_all(&mut self.ready);
                 return Ok(());
             }
             // Waits as a queue's own waits do (spinning while it pays, then asleep on an

@@ -13,7 +13,7 @@
 //! tokens keep the queue and its entries' leases and staging memory for good. Dropping the batch
 //! waits for everything in flight.
 
-use crate::batch::{Entry, IoEvent, IoStatus, Op};
+use crate::batch::{Entry, EventSink, IoEvent, IoStatus, Op};
 use crate::buffer::{Mem, Path};
 use crate::error::{Error, Result};
 use crate::fallback::{io_err, PIECE};
@@ -517,7 +517,7 @@ impl RingBatch {
 
     /// Waits until at least `min` events are available (or `timeout` passed, or nothing is in
     /// flight) and appends all available events to `out` with the path their data took.
-    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let deadline = Instant::now().checked_add(timeout);
         loop {
             let copying = self.progress();
@@ -538,7 +538,7 @@ impl RingBatch {
                 break;
             }
         }
-        out.append(&mut self.ready);
+        out.put_all(&mut self.ready);
         Ok(())
     }
 

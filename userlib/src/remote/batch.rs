@@ -20,7 +20,7 @@ use super::fabrics::Controller;
 use super::spread::Spread;
 use super::transport::{Done, Pipelined, RawData};
 use super::Link;
-use crate::batch::{Entry, IoEvent, IoStatus, Op};
+use crate::batch::{Entry, EventSink, IoEvent, IoStatus, Op};
 use crate::buffer::{Mem, Path};
 use crate::error::{Error, Result};
 use crate::sys::EventFd;
@@ -177,7 +177,7 @@ impl RemoteBatch {
 
     /// Waits until at least `min` events are ready (or `timeout` passed, or nothing runs) and
     /// appends every ready event to `out`.
-    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<(IoEvent, Path)>) -> Result<()> {
+    pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let deadline = Instant::now() + timeout;
         // Whatever already arrived is handled first, without waiting.
         self.progress(Duration::ZERO);
@@ -187,7 +187,7 @@ impl RemoteBatch {
             let now = Instant::now();
             let woken = std::mem::take(&mut self.woken);
             if self.ready.len() >= min || self.in_flight() == 0 || now >= deadline || woken {
-                out.append(&mut self.ready);
+                out.put_all(&mut self.ready);
                 return Ok(());
             }
             self.progress(deadline - now);
