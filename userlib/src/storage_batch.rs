@@ -431,6 +431,10 @@ impl StorageBatch {
                 // (the worker survives it) still counts as finished, as a failed entry.
                 let mut run = PooledRun { state, cookie: r2.cookie, req: Some(r2), event: None };
                 let Some(r) = run.req.as_ref() else { return };
+                #[cfg(test)]
+                if r.cookie == tests::PANICKING_COOKIE {
+                    panic!("a test's pooled entry panics on purpose");
+                }
                 let res = s.rw(r.op == Op::Write, &r.buf, r.buf_offset, r.file_offset, r.len);
                 let ev = match res {
                     Ok(n) => IoEvent { cookie: r.cookie, status: IoStatus::Complete, bytes: n, error: None },
@@ -565,10 +569,14 @@ impl Drop for StorageBatch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::device::mock_device::MockBatch;
     use crate::mock::MockConfig;
+
+    /// The cookie of an entry whose job on a worker thread panics (for the tests of what a
+    /// panicking job leaves behind).
+    pub(crate) const PANICKING_COOKIE: u64 = u64::MAX - 0x9a1c;
 
     fn event(cookie: u64, status: IoStatus, bytes: u64) -> IoEvent {
         IoEvent { cookie, status, bytes, error: None }

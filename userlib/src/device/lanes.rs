@@ -14,7 +14,7 @@ use super::{Namespace, Registration};
 use crate::cmd::{self, Command};
 use crate::error::Error;
 use crate::inflight::Failed;
-use crate::queue::{self, QueuePair, RequestQueue, Waiter, MAX_BURST};
+use crate::queue::{self, RequestQueue, Waiter, MAX_BURST};
 use std::sync::Arc;
 use std::time::Instant;
 use ugds_uapi::Status;
@@ -129,7 +129,22 @@ impl<'a> State<'a> {
 /// returns unless a failure's token says so.
 pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure>> {
     let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
-    let mut queues: Vec<&QueuePair> = lanes.iter().map(|l| l.ns.queue()).collect();
+    let mut queues = Vec::with_capacity(lanes.len());
+    for l in lanes {
+        match l.ns.queue() {
+            Ok(q) => queues.push(q),
+            // Nothing started: every lane fails, at its first byte, with why.
+            Err(_) => {
+                return lanes
+                    .iter()
+                    .map(|l| {
+                        let dev_offset = l.extents.first().map_or(0, |e| e.dev_offset);
+                        Err(LaneFailure { failure: super::namespace::no_shared_queue().into(), dev_offset })
+                    })
+                    .collect()
+            }
+        }
+    }
     drive(write, lanes, &mut queues, &mut states);
     states.into_iter().map(|s| s.result.unwrap_or(Ok(()))).collect()
 }

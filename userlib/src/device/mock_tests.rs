@@ -239,30 +239,43 @@ fn events_gathered_before_a_failed_look_outlive_it() {
     assert_eq!(seen, [0, 1], "both entries' events");
 }
 
+/// A batch entry larger than one command on the model's batch device, on a worker thread.
+fn pooled_read(m: &mut super::mock_device::MockBatch, cookie: u64) -> crate::IoEvent {
+    use crate::{IoRequest, Op};
+    let big =
+        IoRequest { op: Op::Read, buf: m.buffer.clone(), buf_offset: 0, file_offset: 0, len: (1 << 20) + 4096, cookie };
+    m.batch.submit(&[big]).unwrap();
+    assert_eq!(m.batch.pooled_entries(), 1, "the large entry went to the worker threads");
+    let mut ev = m.batch.status(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(m.batch.in_flight(), 0, "nothing runs");
+    ev.remove(0)
+}
+
 /// An entry whose job panics on a worker thread (the worker survives it) finishes as a failed
-/// entry: its event says so, and the batch does not wait for it for ever. Here the pooled read
-/// panics because the model's batch device has no shared queue pair (a device opened on a
-/// controller always has one).
+/// entry: its event says so, and the batch does not wait for it for ever.
 #[test]
 fn a_worker_entry_that_panics_finishes_failed() {
     use super::mock_device::MockBatch;
-    use crate::{IoRequest, IoStatus, Op};
+    use crate::storage_batch::tests::PANICKING_COOKIE;
     let cfg = MockConfig { null: true, segments: 2, blocks: 512, ..MockConfig::default() };
     let mut m = MockBatch::stepped(cfg, 4).unwrap();
-    let big = IoRequest {
-        op: Op::Read,
-        buf: m.buffer.clone(),
-        buf_offset: 0,
-        file_offset: 0,
-        len: (1 << 20) + 4096,
-        cookie: 7,
-    };
-    m.batch.submit(&[big]).unwrap();
-    assert_eq!(m.batch.pooled_entries(), 1, "the large entry went to the worker threads");
-    let ev = m.batch.status(1, Duration::from_secs(5)).unwrap();
-    assert_eq!(ev.len(), 1, "{ev:?}");
-    assert_eq!((ev[0].cookie, ev[0].status), (7, IoStatus::Failed));
-    let e = ev[0].error.as_ref().map(ToString::to_string).unwrap_or_default();
+    let ev = pooled_read(&mut m, PANICKING_COOKIE);
+    assert_eq!((ev.cookie, ev.status), (PANICKING_COOKIE, crate::IoStatus::Failed));
+    let e = ev.error.as_ref().map(ToString::to_string).unwrap_or_default();
     assert!(e.contains("panicked"), "{e}");
-    assert_eq!(m.batch.in_flight(), 0, "nothing runs");
+}
+
+/// A synchronous request on a device without a shared queue pair (the model's batch device,
+/// whose one queue pair its batch owns; a device opened on a controller always has one) fails
+/// with an error that says so, rather than panicking.
+#[test]
+fn a_request_on_a_device_without_a_shared_queue_fails_by_name() {
+    use super::mock_device::MockBatch;
+    let cfg = MockConfig { null: true, segments: 2, blocks: 512, ..MockConfig::default() };
+    let mut m = MockBatch::stepped(cfg, 4).unwrap();
+    let ev = pooled_read(&mut m, 7);
+    assert_eq!((ev.cookie, ev.status), (7, crate::IoStatus::Failed));
+    let e = ev.error.as_ref().map(ToString::to_string).unwrap_or_default();
+    assert!(e.contains("no shared queue pair"), "{e}");
 }

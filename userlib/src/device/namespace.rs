@@ -131,8 +131,11 @@ impl Namespace {
         Ok(())
     }
 
-    pub(super) fn queue(&self) -> &QueuePair {
-        &self.dev.queues[thread_index() % self.dev.queues.len()]
+    /// This thread's shared queue pair. A device opened on a controller has at least one; a
+    /// device made over a single queue pair its batch owns (a test's) has none.
+    pub(super) fn queue(&self) -> Result<&QueuePair> {
+        let i = thread_index().checked_rem(self.dev.queues.len()).ok_or_else(no_shared_queue)?;
+        Ok(&self.dev.queues[i])
     }
 
     /// How the device's queue pairs wait (owned ones too).
@@ -170,7 +173,7 @@ impl Namespace {
         );
         match own {
             Some(r) => r,
-            None => self.rw_on(self.queue(), write, reg, reg_offset, dev_offset, len),
+            None => self.rw_on(self.queue()?, write, reg, reg_offset, dev_offset, len),
         }
     }
 
@@ -262,7 +265,7 @@ impl Namespace {
     }
 
     fn execute(&self, cmds: &[Command<'_>]) -> Result<()> {
-        self.queue().execute(self.info.nsid, cmds, &self.dev.status, self.timeout)
+        self.queue()?.execute(self.info.nsid, cmds, &self.dev.status, self.timeout)
     }
 
     /// After a timeout: reset the controller (the module disables it, waits for CSTS.RDY=0,
@@ -277,8 +280,8 @@ impl Namespace {
     /// [`Namespace::reset_controller`], then this thread's shared queue adopts the new epoch.
     fn recover(&self) -> bool {
         let ok = self.reset_controller();
-        if ok {
-            self.queue().resync(&self.dev.status);
+        if let (true, Ok(q)) = (ok, self.queue()) {
+            q.resync(&self.dev.status);
         }
         ok
     }
@@ -335,6 +338,11 @@ impl Namespace {
         }
         Ok(())
     }
+}
+
+/// The error of a request on a device without a shared queue pair ([`Namespace::queue`]).
+pub(super) fn no_shared_queue() -> Error {
+    Error::invalid("queues", "the device has no shared queue pair")
 }
 
 #[cfg(test)]
