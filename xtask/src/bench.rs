@@ -5,7 +5,8 @@
 //! `ugds bench` also on owned queue pairs (`--queue owned`). Every point is measured several
 //! times per engine, interleaved with the kernel's (see [`repeats`]): medians, the median ratio
 //! with its range, noisy points marked. Plus the data path's own cost on the host. Writes JSON,
-//! a markdown table with ratios and PNG plots.
+//! a markdown table with ratios and PNG plots. With `--baseline-cli`, another build's `ugds
+//! bench` in the same turns as ours, compared with it point by point (see [`baseline`]).
 
 use crate::{kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod baseline;
 mod measure;
 pub mod p2p;
 pub mod remote;
@@ -38,6 +40,8 @@ const UGDS: &str = "ugds";
 const FIO_UGDS: &str = "fio-ugds";
 /// The engine name of `ugds bench --queue owned` points (synchronous calls, QD 1 only).
 const OWNED: &str = "ugds-owned";
+/// `ugds bench` points of the baseline CLI (`--baseline-cli`), measured in ugds's turns.
+const BASELINE: &str = "ugds-baseline";
 /// `spdk_nvme_perf` points.
 const SPDK: &str = spdk::SPDK;
 /// What a point is, besides its engine.
@@ -113,7 +117,8 @@ impl Axes {
     }
 }
 
-/// Host side.
+/// Host side. `baseline`: another build's `ugds` CLI, whose `ugds bench` runs in the same
+/// turns as ours (engine [`BASELINE`]) and is compared with it point by point.
 pub fn run(
     seconds: u64,
     repeats: usize,
@@ -121,12 +126,14 @@ pub fn run(
     backends: &[String],
     spdk: bool,
     axes: Axes,
+    baseline: Option<&Path>,
 ) -> Result<()> {
     let t = Instant::now();
     if repeats == 0 {
         bail!("--repeats must be at least 1");
     }
     let axes = axes.checked_main()?;
+    let baseline = baseline.map(baseline::checked).transpose()?;
     // SPDK first: what is missing is said before anything is built.
     let perf = if spdk { Some(crate::spdk::cached()?.perf()) } else { None };
     let root = toolchain::workspace_root();
@@ -151,10 +158,10 @@ pub fn run(
     let engine = root.join("target/release/libugds_fio.so");
     let me = std::env::current_exe()?;
     let points = axes.points();
-    // Per controller: 3 engines at every point (4 with SPDK), ugds's owned queues at QD 1, each
-    // `repeats` times; about 2 s per measurement and rebind besides the measuring, SPDK's
-    // start (DPDK under TCG) another 3 s.
-    let engines = if spdk { 4 } else { 3 };
+    // Per controller: 3 engines at every point (one more each with SPDK and with a baseline
+    // CLI), ugds's owned queues at QD 1, each `repeats` times; about 2 s per measurement and
+    // rebind besides the measuring, SPDK's start (DPDK under TCG) another 3 s.
+    let engines = 3 + u64::from(spdk) + u64::from(baseline.is_some());
     let per_controller = repeats as u64 * (engines * points as u64 + axes.qd1_points() as u64);
     let measured = backends.len() as u64 * per_controller;
     let spdk_start = if spdk { backends.len() as u64 * repeats as u64 * points as u64 * 3 } else { 0 };
@@ -177,6 +184,9 @@ pub fn run(
     ];
     if let Some(p) = &perf {
         cmd.push(format!("--spdk={}", p.display()));
+    }
+    if let Some(b) = &baseline {
+        cmd.push(format!("--baseline-cli={}", b.display()));
     }
     let cfg = vm::VmConfig {
         nvme,
@@ -202,6 +212,8 @@ pub fn run(
     let raw = points_from(&outcome.output)?;
     let mut points = repeats::merge(&raw, KEYS);
     add_ratios(&mut points);
+    let versus = baseline::compare(&raw, &points);
+    baseline::annotate(&mut points, &versus);
     let micro = microbench(&root)?;
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
@@ -212,8 +224,14 @@ pub fn run(
                               "driver": "uio_pci_generic", "options": "-c 0x1 -L (one core, latency summary)",
                               "hugepages_2m": spdk::HUGEPAGES });
     }
+    if let Some(b) = &baseline {
+        all["baseline_cli"] = json!(b.display().to_string());
+    }
     std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(&all)?)?;
-    let md = table(&points, &micro, repeats, seconds, &axes);
+    let mut md = table(&points, &micro, repeats, seconds, &axes);
+    if let Some(b) = &baseline {
+        md.push_str(&baseline::table(&points, &versus, b));
+    }
     std::fs::write(dir.join("results.md"), &md)?;
     let plots = plot(&points, &dir, &axes)?;
     println!("{md}");
@@ -264,13 +282,13 @@ fn kernel_beside<'a>(points: &'a [Value], u: &Value) -> Option<&'a Value> {
 }
 
 /// Adds `iops_ratio` (median of the per-repeat ratios), `iops_ratio_range`, `noisy` and
-/// `p50_ratio` (of the medians) to every point of ours, and SPDK's, that has a kernel point
+/// `p50_ratio` (of the medians) to every point of ours (the baseline CLI's too), and SPDK's, that has a kernel point
 /// beside it; and to ours with an SPDK point beside them the same against SPDK under `spdk_`
 /// names (`spdk_iops_ratio`, ...: ours over SPDK's). Only adds keys: a reader of the older
 /// JSON reads this one.
 fn add_ratios(points: &mut [Value]) {
     let theirs: Vec<Value> = points.iter().filter(|p| p["engine"] == KERNEL || p["engine"] == SPDK).cloned().collect();
-    for u in points.iter_mut().filter(|p| [UGDS, OWNED, FIO_UGDS, SPDK].iter().any(|e| p["engine"] == *e)) {
+    for u in points.iter_mut().filter(|p| [UGDS, OWNED, FIO_UGDS, BASELINE, SPDK].iter().any(|e| p["engine"] == *e)) {
         if let Some(k) = kernel_beside(&theirs, u) {
             let r = repeats::ratio(u, k);
             repeats::annotate(u, r);
@@ -348,19 +366,25 @@ fn summary_line(points: &[Value], backend: &str, engine: &str, name: &str, refer
         .filter(|p| p["backend"] == backend && p["engine"] == engine)
         .filter_map(|u| beside(points, u, reference).map(|k| repeats::ratio(u, k)))
         .collect();
+    let theirs = if reference == SPDK { "SPDK" } else { reference };
+    summary_of(&format!("{name}/{theirs} IOPS"), &rs)
+}
+
+/// `what: geometric mean ...` of the ratios `rs` (the noisy ones counted, not averaged);
+/// `None` for none.
+fn summary_of(what: &str, rs: &[repeats::Ratio]) -> Option<String> {
     if rs.is_empty() {
         return None;
     }
-    let theirs = if reference == SPDK { "SPDK" } else { reference };
-    let (g, noisy) = repeats::summary(&rs);
+    let (g, noisy) = repeats::summary(rs);
     let lo = rs.iter().filter(|r| !r.noisy).map(|r| r.median).fold(f64::INFINITY, f64::min);
     let hi = rs.iter().filter(|r| !r.noisy).map(|r| r.median).fold(0.0, f64::max);
     Some(match g {
         Some(g) => format!(
-            "{name}/{theirs} IOPS: geometric mean {g:.2}x over {} points ({lo:.2}x to {hi:.2}x), {noisy} noisy",
+            "{what}: geometric mean {g:.2}x over {} points ({lo:.2}x to {hi:.2}x), {noisy} noisy",
             rs.len() - noisy
         ),
-        None => format!("{name}/{theirs} IOPS: all {noisy} points noisy"),
+        None => format!("{what}: all {noisy} points noisy"),
     })
 }
 

@@ -178,6 +178,11 @@ enum Cmd {
         /// Chunk size of the volume and of md RAID0 (volume benchmark).
         #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members", conflicts_with = "remote")]
         chunk: u64,
+        /// Another build's `ugds` CLI (e.g. target/release/ugds of an older commit's worktree):
+        /// the main grid runs its `ugds bench` in the same turns as ours and adds a table of
+        /// ours over it per point (IOPS and p50 latency).
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["members", "remote", "p2p"])]
+        baseline_cli: Option<PathBuf>,
         /// Reads into another device's memory BAR (peer-to-peer, Debian's 7.3 kernel) against host
         /// memory and against the kernel nvme driver's own peer-to-peer read, in one VM.
         #[arg(long, conflicts_with_all = ["remote", "members"])]
@@ -225,6 +230,9 @@ enum Cmd {
         /// randread and/or randwrite (default: both).
         #[arg(long, value_delimiter = ',')]
         rws: Option<Vec<String>>,
+        /// Another build's ugds CLI, measured in ugds's turns beside ours.
+        #[arg(long)]
+        baseline_cli: Option<String>,
     },
     /// Builds SPDK's `spdk_nvme_perf` (the release `cargo xtask bench --spdk` measures) from
     /// SPDK's source against Debian's DPDK, into the cache (~/.cache/ugds/spdk-VERSION-KEY);
@@ -403,7 +411,22 @@ fn real_main() -> Result<()> {
             }
         }
         Cmd::Wheel => wheel::run()?,
-        Cmd::Bench { seconds, repeats, out, members, remote, sizes, depths, rws, backend, span, chunk, p2p, spdk } => {
+        Cmd::Bench {
+            seconds,
+            repeats,
+            out,
+            members,
+            remote,
+            sizes,
+            depths,
+            rws,
+            backend,
+            span,
+            chunk,
+            p2p,
+            spdk,
+            baseline_cli,
+        } => {
             let grid_only = members.is_empty() && remote.is_none() && !p2p;
             let backend = backend.unwrap_or_else(|| if grid_only { "both".into() } else { "null".into() });
             // Each grid's own defaults for the axes not given.
@@ -415,7 +438,8 @@ fn real_main() -> Result<()> {
                 let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats };
                 bench::remote::run(&grid.checked()?, out)?
             } else if members.is_empty() {
-                bench::run(seconds, repeats, out, &bench::volume::backends(&backend)?, spdk, axes)?
+                let backends = bench::volume::backends(&backend)?;
+                bench::run(seconds, repeats, out, &backends, spdk, axes, baseline_cli.as_deref())?
             } else {
                 let backends = bench::volume::backends(&backend)?;
                 let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk, repeats };
@@ -424,9 +448,18 @@ fn real_main() -> Result<()> {
         }
         Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
         Cmd::BenchRemoteGuest { cli, grid } => bench::remote::guest(&cli, &grid)?,
-        Cmd::BenchGuest { cli, fio_engine, seconds, repeats, backends, spdk, sizes, depths, rws } => {
+        Cmd::BenchGuest { cli, fio_engine, seconds, repeats, backends, spdk, sizes, depths, rws, baseline_cli } => {
             let axes = bench::Axes::main().with(sizes, depths, rws).checked_main()?;
-            bench::guest(&cli, &fio_engine, seconds, repeats, &backends, spdk.as_deref(), &axes)?
+            bench::guest(
+                &cli,
+                &fio_engine,
+                seconds,
+                repeats,
+                &backends,
+                spdk.as_deref(),
+                &axes,
+                baseline_cli.as_deref(),
+            )?
         }
         Cmd::Spdk { src } => {
             let src = src.or_else(|| std::env::var_os("UGDS_SPDK_SRC").map(PathBuf::from));

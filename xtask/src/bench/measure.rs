@@ -2,7 +2,7 @@
 //! kernel's block device, fio with ugds's ioengine, `ugds bench`, `spdk_nvme_perf`), and the
 //! turns that hand the controller from one driver to the next between them.
 
-use super::{repeats, spdk, Axes, FIO_UGDS, KERNEL, MARK, OWNED, SPAN};
+use super::{repeats, spdk, Axes, BASELINE, FIO_UGDS, KERNEL, MARK, OWNED, SPAN};
 use crate::{bind, toolchain};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -104,6 +104,13 @@ pub(super) fn ugds_point_on(cli: &str, target: &str, job: Job, owned: bool) -> R
     Ok(v)
 }
 
+/// [`ugds_point`] with another build's CLI, as engine [`BASELINE`].
+fn baseline_point(cli: &str, target: &str, job: Job) -> Result<Value> {
+    let mut v = ugds_point(cli, target, job)?;
+    v["engine"] = json!(BASELINE);
+    Ok(v)
+}
+
 /// Who drives a controller during a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {
@@ -146,7 +153,10 @@ fn switch(addr: &str, from: Owner, to: Owner) -> Result<()> {
 /// Guest side: every engine on each controller (`backends`, in PCI order) at every point of
 /// `axes`, one JSON line per measurement (with its `repeat`), the engines' turns interleaved at
 /// every point (the controller rebound between turns, outside the measured time). `spdk`:
-/// `spdk_nvme_perf`'s path, SPDK taking a turn of its own.
+/// `spdk_nvme_perf`'s path, SPDK taking a turn of its own. `baseline`: another build's CLI,
+/// whose `ugds bench` runs in ugds's turns next to ours, ours first in even repeats and the
+/// baseline first in odd ones.
+#[allow(clippy::too_many_arguments)]
 pub fn guest(
     cli: &str,
     fio_engine: &str,
@@ -155,6 +165,7 @@ pub fn guest(
     backends: &[String],
     spdk: Option<&str>,
     axes: &Axes,
+    baseline: Option<&str>,
 ) -> Result<()> {
     if !Path::new("/sys/module/ugds").exists() {
         sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
@@ -200,7 +211,20 @@ pub fn guest(
                                     .first()
                                     .map(|n| format!("/dev/{n}"))
                                     .context("no ugds node")?;
-                                emit(ugds_point(cli, &node, job)?, repeat);
+                                // Each goes first every other repeat: what the first leaves
+                                // behind (a warm cache, the host's writeback) lands on both.
+                                let ours_first = repeat % 2 == 0;
+                                match baseline {
+                                    Some(b) if !ours_first => {
+                                        emit(baseline_point(b, &node, job)?, repeat);
+                                        emit(ugds_point(cli, &node, job)?, repeat);
+                                    }
+                                    Some(b) => {
+                                        emit(ugds_point(cli, &node, job)?, repeat);
+                                        emit(baseline_point(b, &node, job)?, repeat);
+                                    }
+                                    None => emit(ugds_point(cli, &node, job)?, repeat),
+                                }
                                 let fio = fio_job(FIO_UGDS, &ours, &node, job, Latency::Completion)?;
                                 emit(fio, repeat);
                                 // Synchronous calls again, each on a queue pair the thread owns.

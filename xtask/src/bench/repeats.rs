@@ -105,12 +105,22 @@ pub fn ratio(u: &Value, k: &Value) -> Ratio {
     }
     let n = ur.len().min(kr.len());
     let rs: Vec<f64> = (0..n).map(|i| ur[i] / kr[i].max(1.0)).collect();
+    of_ratios(&rs, noisy(u, k))
+}
+
+/// Whether either of two merged points was noisy (its repeats' IOPS more than [`NOISY`] apart).
+pub fn noisy(u: &Value, k: &Value) -> bool {
     let spread = |v: &Value| num(v, "iops_spread").unwrap_or(1.0);
+    spread(u) > NOISY || spread(k) > NOISY
+}
+
+/// The median and range of per-repeat ratios `rs`, `noisy` as given.
+pub fn of_ratios(rs: &[f64], noisy: bool) -> Ratio {
     Ratio {
-        median: median(&rs),
+        median: median(rs),
         min: rs.iter().copied().fold(f64::INFINITY, f64::min),
         max: rs.iter().copied().fold(0.0, f64::max),
-        noisy: spread(u) > NOISY || spread(k) > NOISY,
+        noisy,
     }
 }
 
