@@ -380,7 +380,9 @@ impl QueueBatch {
     /// allocates nothing here). A completed entry is reported once.
     pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let mut wait = Waiter::new(self.largest);
-        let (mut deadline, mut check) = (Deadline::new(timeout), true);
+        // The deadline starts at the first clock read the wait asks for (a few thousand polls or a
+        // sleep in), so a wait that ends sooner reads no clock; a zero timeout looks once.
+        let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
         loop {
             self.collect_once()?;
             if self.ready.len() + self.completed.len() >= min || self.in_flight == 0 {

@@ -277,7 +277,9 @@ impl VolumeQueueBatch {
     pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
         let mut wait = Waiter::new(largest);
-        let (mut deadline, mut check) = (Deadline::new(timeout), true);
+        // The deadline starts at the first clock read the wait asks for (a few thousand polls or a
+        // sleep in), so a wait that ends sooner reads no clock; a zero timeout looks once.
+        let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
         loop {
             for m in 0..self.members.len() {
                 if self.members[m].running > 0 {

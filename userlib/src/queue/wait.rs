@@ -75,6 +75,12 @@ const BUDGET_FACTOR: u64 = 4;
 /// Polls between clock reads while spinning (adaptive mode: the budget is short).
 const SPINS_PER_BUDGET_CHECK: u32 = 64;
 
+/// One adaptive wait in this many on a queue measures its length for the queue's spin budget
+/// (a clock read when its first pause comes and one when it ends); the others read no clock
+/// until their first budget check. Under QEMU's TCG a clock read is an emulated `rdtsc` behind
+/// the vDSO, and at depth most waits end within a few dozen polls.
+const WAITS_PER_SAMPLE: u32 = 8;
+
 /// A spinning poll's pause: the CPU's spin-wait hint once every [`super::SPINS_PER_CHECK`]
 /// polls (when the deadline's clock is read anyway), not at each; says whether it paused. An
 /// emulated CPU (QEMU's TCG) leaves its translated code at every PAUSE and takes the emulator's
@@ -166,6 +172,9 @@ pub(crate) struct QueueWait {
     spin_max_bytes: u64,
     /// Moving average of recent waits, in nanoseconds (an adaptive wait's budget).
     recent_ns: AtomicU64,
+    /// Adaptive waits begun here (see [`WAITS_PER_SAMPLE`]); a count that loses an update to a
+    /// race only moves a sample.
+    waits: AtomicU32,
     /// Waiters asleep on (or about to sleep on) `irq`: a reaper that takes completions off the
     /// CQ signals `irq` for them, since the interrupt may have woken another thread.
     sleepers: AtomicU32,
@@ -178,7 +187,14 @@ impl QueueWait {
         // Learned here, with the queue, rather than at a wait's first check of the waiters:
         // learning it makes system calls, which a wait must not.
         spin_slots();
-        QueueWait { mode, irq, spin_max_bytes, recent_ns: AtomicU64::new(MIN_SPIN_NS), sleepers: AtomicU32::new(0) }
+        QueueWait {
+            mode,
+            irq,
+            spin_max_bytes,
+            recent_ns: AtomicU64::new(MIN_SPIN_NS),
+            waits: AtomicU32::new(0),
+            sleepers: AtomicU32::new(0),
+        }
     }
 
     /// Called by a reap that took entries off the CQ: wakes the sleepers, whose completions it
@@ -196,6 +212,15 @@ impl QueueWait {
     fn budget(&self) -> Duration {
         let ns = self.recent_ns.load(Ordering::Relaxed).saturating_mul(BUDGET_FACTOR).max(MIN_SPIN_NS);
         Duration::from_nanos(ns).min(MAX_SPIN)
+    }
+
+    /// Whether the wait beginning now measures its length (one in [`WAITS_PER_SAMPLE`]).
+    #[inline]
+    fn sample_due(&self) -> bool {
+        // A plain load and store, not a read-modify-write: the count only spaces the samples.
+        let n = self.waits.load(Ordering::Relaxed);
+        self.waits.store(n.wrapping_add(1), Ordering::Relaxed);
+        n.is_multiple_of(WAITS_PER_SAMPLE)
     }
 
     /// Folds one wait's length into the moving average (weight 1/8).
@@ -281,15 +306,17 @@ pub(crate) struct Waiter {
     spins: u32,
     /// How often a busy poll gave its CPU up (see [`Waiter::poll`]).
     yields: u32,
-    /// When the first pause came.
+    /// When the first pause came (a sampled wait), or the first budget check (the others).
     since: Option<Instant>,
+    /// Whether this wait's length feeds the queue's spin budget (`since` is its first pause).
+    sampled: bool,
 }
 
 impl Waiter {
     /// A wait for a request of `bytes` bytes.
     #[inline]
     pub(crate) fn new(bytes: u64) -> Self {
-        Waiter { q: None, bytes, phase: Phase::Start, spins: 0, yields: 0, since: None }
+        Waiter { q: None, bytes, phase: Phase::Start, spins: 0, yields: 0, since: None, sampled: false }
     }
 
     /// Pauses once on queue `q`: spins, or sleeps on its interrupt, as its mode and this
@@ -344,7 +371,10 @@ impl Waiter {
         }
         match self.phase {
             Phase::Start => {
-                self.since.get_or_insert_with(Instant::now);
+                if self.since.is_none() && q.sample_due() {
+                    self.since = Some(Instant::now());
+                    self.sampled = true;
+                }
                 self.q = Some(q.clone());
                 // Leaving `Start`: counted among the waiters until `release`.
                 WAITING.fetch_add(1, Ordering::AcqRel);
@@ -361,7 +391,14 @@ impl Waiter {
                 if !self.spins.is_multiple_of(SPINS_PER_BUDGET_CHECK) {
                     return false;
                 }
-                let spun = self.since.map_or(Duration::ZERO, |s| s.elapsed());
+                // An unsampled wait starts its spin's clock here, a budget check into it.
+                let spun = match self.since {
+                    Some(s) => s.elapsed(),
+                    None => {
+                        self.since = Some(Instant::now());
+                        Duration::ZERO
+                    }
+                };
                 if spun > q.budget() || !may_spin(WAITING.load(Ordering::Acquire), spin_slots()) {
                     self.start_sleeping(q);
                 }
@@ -398,7 +435,7 @@ impl Waiter {
     /// then gives back its place among the waiters).
     #[inline]
     pub(crate) fn done(self) {
-        if let (Some(q), Some(since)) = (&self.q, self.since) {
+        if let (Some(q), Some(since), true) = (&self.q, self.since, self.sampled) {
             q.record(u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX));
         }
     }
@@ -484,6 +521,26 @@ mod tests {
         assert!(t.elapsed() < Duration::from_millis(1), "a signalled sleep waited {:?}", t.elapsed());
         drop(w);
         assert_eq!(q.sleepers.load(Ordering::Acquire), 0);
+    }
+
+    /// One adaptive wait in [`WAITS_PER_SAMPLE`] on a queue measures its length (two clock
+    /// reads) for the spin budget; the others leave the budget as it is.
+    #[test]
+    fn one_adaptive_wait_in_eight_feeds_the_spin_budget() {
+        let ev = Interrupt::always(EventFd::new().expect("eventfd"));
+        let q = Arc::new(QueueWait::new(Waiting::Adaptive, Some(ev), u64::MAX));
+        let mut fed = Vec::new();
+        for i in 0..2 * WAITS_PER_SAMPLE {
+            let before = q.recent_ns.load(Ordering::Relaxed);
+            let mut w = Waiter::new(4096);
+            w.pause(&q);
+            std::thread::sleep(Duration::from_millis(1));
+            w.done();
+            if q.recent_ns.load(Ordering::Relaxed) != before {
+                fed.push(i);
+            }
+        }
+        assert_eq!(fed, [0, WAITS_PER_SAMPLE], "the waits that fed the budget");
     }
 
     #[test]
