@@ -323,6 +323,7 @@ impl StorageBatch {
     }
 
     /// Entries running.
+    #[inline]
     pub fn in_flight(&self) -> usize {
         self.pool_running() + self.native.as_ref().map_or(0, Native::in_flight)
     }

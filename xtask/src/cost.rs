@@ -8,7 +8,8 @@
 //! device's shared queue, `storage-owned` on the thread's own queue, the model stepped on the
 //! same thread each time the read's wait finds nothing. `batch` is a `StorageBatch` of 32 or 128
 //! entries kept full as `ugds bench --iodepth` keeps it, on the model's queue pair, the model
-//! posting at most 4 completions per step (its figures are per read).
+//! posting at most 4 completions per step (its figures are per read); `batch-1` a batch of 8
+//! whose model posts one completion per step, so every wait and every submit carries one read.
 //!
 //! - `ns/command`: native wall time per command, bursts 1 and 32, the model's work included
 //!   (a native clock cannot separate two pieces of code on one thread without disturbing them).
@@ -28,8 +29,9 @@ use std::process::Command;
 const MODEL_FNS: [&str; 2] = ["*MockQueue*step*", "*mock*step_model*"];
 
 /// What the cost program drives: the queue pair shared, owned, the whole `Storage::read` on a
-/// shared queue or on the thread's own, or a `StorageBatch` of 32 and of 128 entries.
-const MODES: [(usize, &str); 8] = [
+/// shared queue or on the thread's own, or a `StorageBatch` of 32 and of 128 entries (and of 8
+/// whose waits each find one completion).
+const MODES: [(usize, &str); 9] = [
     (1, "shared"),
     (1, "owned"),
     (32, "shared"),
@@ -38,6 +40,7 @@ const MODES: [(usize, &str); 8] = [
     (1, "storage-owned"),
     (32, "batch"),
     (128, "batch"),
+    (8, "batch-1"),
 ];
 
 /// One burst size's figures.
@@ -89,7 +92,7 @@ pub fn run() -> Result<Vec<Cost>> {
     println!(
         "goals: instructions/command <= 400 at burst 1 and <= 250 at burst 32, shared and owned \
          (storage: the whole synchronous read, for comparison; batch: per read of a batch of BURST \
-         entries kept full, 4 completions per step of the model)"
+         entries kept full, 4 completions per step of the model; batch-1: 1 per step)"
     );
     Ok(out)
 }

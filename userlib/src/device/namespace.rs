@@ -66,6 +66,7 @@ impl Namespace {
 
     /// The starting LBA and block count of a single-command request (batch entries), or why
     /// it needs more than one command. The request was checked by [`crate::Storage`].
+    #[inline]
     pub(crate) fn one_command(&self, dev_offset: u64, len: u64) -> Result<(u64, u32)> {
         let per_cmd = self.max_command_bytes();
         if len > per_cmd {
