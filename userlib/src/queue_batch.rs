@@ -242,6 +242,8 @@ impl QueueBatch {
             return Err(Error::invalid("ios", format!("{n} entries exceed the batch's free capacity")));
         }
         self.cids.clear();
+        // Events of this call's invalid entries go back too when the call fails as a whole.
+        let ready_before = self.ready.len();
         let failed = {
             let Self { dev, ns, qp, slots, in_flight, largest, ready, cids, timeout, member, .. } = self;
             let (nsid, status, member) = (ns.id(), &dev.status, *member);
@@ -306,6 +308,7 @@ impl QueueBatch {
         match failed {
             None => Ok(()),
             Some(e) => {
+                self.ready.truncate(ready_before);
                 if let Error::EpochChanged { old, new } = e {
                     // The submission met a reset: the commands of earlier bursts were lost with
                     // it, and their ids are free for others now.
@@ -380,8 +383,9 @@ impl QueueBatch {
     /// allocates nothing here). A completed entry is reported once.
     pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let mut wait = Waiter::new(self.largest);
-        // The deadline starts at the first clock read the wait asks for (a few thousand polls or a
-        // sleep in), so a wait that ends sooner reads no clock; a zero timeout looks once.
+        // The deadline starts at the first clock read the wait asks for (a few thousand polls in,
+        // or before its first sleep), so a wait that ends sooner reads no clock; a zero timeout
+        // looks once.
         let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
         loop {
             self.collect_once()?;
@@ -574,6 +578,23 @@ mod tests {
     /// A submission that meets a controller reset fails the entries of earlier bursts, whose
     /// commands were lost with it (their ids are free for other commands now), instead of
     /// leaving them to wait for completions that never come.
+    /// A submit that fails as a whole (here at its second entry's push, across a reset)
+    /// leaves nothing of itself behind: no command, no held lease, and no event for an entry of
+    /// the call that was refused before the failure.
+    #[test]
+    fn a_failed_submission_leaves_no_event_of_its_own() {
+        let (mut b, buf, mock, _dev) = batch();
+        mock.reset_controller();
+        let mut entries = reads(&buf, 0..2);
+        // Longer than one command: refused as an Invalid event before the push that fails.
+        entries[0].len = b.max_command_bytes() + 4096;
+        let e = b.submit(entries).expect_err("a submission across a reset");
+        assert!(matches!(e, Error::EpochChanged { .. }), "{e:?}");
+        assert_eq!((b.in_flight(), buf.inflight()), (0, 0), "something of the call is held");
+        let ev = b.status(0, Duration::ZERO).expect("status");
+        assert!(ev.is_empty(), "events of a submit that failed: {ev:?}");
+    }
+
     #[test]
     fn a_submission_that_meets_a_reset_fails_the_entries_in_flight() {
         let (mut b, buf, mock, _dev) = batch();

@@ -358,7 +358,9 @@ impl StorageBatch {
         self.pooled
     }
 
-    /// Submits `reqs`. Fails as a whole (nothing submitted) when they exceed the free capacity.
+    /// Submits `reqs`. A request the checks refuse becomes an `Invalid` event; the rest run.
+    /// Fails as a whole (nothing submitted, and no event for any of `reqs` later) when they
+    /// exceed the free capacity or the device refuses the submission (a reset, a fault).
     pub fn submit(&mut self, reqs: &[IoRequest]) -> Result<()> {
         self.born.check("batch")?;
         self.storage.alive()?;
@@ -378,6 +380,8 @@ impl StorageBatch {
         let max_cmd = self.storage.max_command_bytes();
         let mut pooled = Vec::new();
         self.entries.clear();
+        // A call that fails as a whole takes back the events of its refused entries too.
+        let ready_before = self.ready.len();
         for r in reqs {
             if !self.native.as_mut().is_some_and(|n| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)) {
                 pooled.push(r);
@@ -408,13 +412,17 @@ impl StorageBatch {
                 Ok(e) => Some(e),
                 Err(e) => {
                     self.entries.clear();
+                    self.ready.truncate(ready_before);
                     return Err(e);
                 }
             }
         };
         if let Some(q) = self.native.as_mut() {
             if !self.entries.is_empty() {
-                q.submit(self.entries.drain(..))?;
+                if let Err(e) = q.submit(self.entries.drain(..)) {
+                    self.ready.truncate(ready_before);
+                    return Err(e);
+                }
             }
         }
         // Every entry that goes to the worker threads found them above.

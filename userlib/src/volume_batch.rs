@@ -277,8 +277,9 @@ impl VolumeQueueBatch {
     pub(crate) fn status_into(&mut self, min: usize, timeout: Duration, out: &mut impl EventSink) -> Result<()> {
         let largest = self.pending.values().map(|p| p.len).max().unwrap_or(0);
         let mut wait = Waiter::new(largest);
-        // The deadline starts at the first clock read the wait asks for (a few thousand polls or a
-        // sleep in), so a wait that ends sooner reads no clock; a zero timeout looks once.
+        // The deadline starts at the first clock read the wait asks for (a few thousand polls in,
+        // or before its first sleep), so a wait that ends sooner reads no clock; a zero timeout
+        // looks once.
         let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
         loop {
             for m in 0..self.members.len() {
@@ -304,7 +305,11 @@ impl VolumeQueueBatch {
             // needs slows everything down.
             match self.members.iter().filter(|m| m.running > 0).max_by_key(|m| m.running) {
                 Some(m) => check = wait.pause(m.batch.wait_state()),
-                None => std::hint::spin_loop(),
+                None => {
+                    std::hint::spin_loop();
+                    // Nothing runs to pause on: the deadline is what ends this wait.
+                    check = true;
+                }
             }
         }
     }

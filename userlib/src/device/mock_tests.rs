@@ -169,22 +169,22 @@ fn a_storage_batch_kept_full_allocates_nothing_per_round() {
     assert_eq!(allocations, 0, "allocations in 1000 rounds of a full batch");
 }
 
+/// A read of `len` bytes into page `cookie` of `buf`, from block `cookie` (4 KiB blocks).
+fn page_read(buf: &std::sync::Arc<crate::Buffer>, cookie: u64, len: u64) -> crate::IoRequest {
+    let at = cookie * 4096;
+    crate::IoRequest { op: crate::Op::Read, buf: buf.clone(), buf_offset: at, file_offset: at, len, cookie }
+}
+
 /// An entry refused at submit is reported by a later wait even when the wait it would have
 /// come with failed (the controller faulted meanwhile): its event goes out only with a wait
 /// that succeeds.
 #[test]
 fn a_refused_entry_outlives_a_failed_wait() {
     use super::mock_device::MockBatch;
-    use crate::{IoRequest, IoStatus, Op};
+    use crate::IoStatus;
     let mut m = MockBatch::stepped(MockConfig { null: true, ..MockConfig::default() }, 4).unwrap();
-    let read = |cookie: u64, len: u64| IoRequest {
-        op: Op::Read,
-        buf: m.buffer.clone(),
-        buf_offset: cookie * 4096,
-        file_offset: cookie * 4096,
-        len,
-        cookie,
-    };
+    let buf = m.buffer.clone();
+    let read = |cookie: u64, len: u64| page_read(&buf, cookie, len);
     // Entry 1 is refused (zero bytes); entry 0 runs.
     m.batch.submit(&[read(0, 4096), read(1, 0)]).unwrap();
     m.set_faulted(true);
@@ -198,6 +198,23 @@ fn a_refused_entry_outlives_a_failed_wait() {
         }
     }
     assert!(seen.contains(&(1, IoStatus::Invalid)), "the refused entry's event: {seen:?}");
+}
+
+/// A storage batch's submit that fails as a whole (the controller faulted) leaves no event of
+/// its own behind: the entry it refused before the failure is not reported later.
+#[test]
+fn a_failed_storage_batch_submit_leaves_no_event_of_its_own() {
+    use super::mock_device::MockBatch;
+    let mut m = MockBatch::stepped(MockConfig { null: true, ..MockConfig::default() }, 4).unwrap();
+    let buf = m.buffer.clone();
+    let read = |cookie: u64, len: u64| page_read(&buf, cookie, len);
+    m.set_faulted(true);
+    // Entry 1 is refused by the request check (zero bytes); entry 0's submission fails.
+    assert!(m.batch.submit(&[read(0, 4096), read(1, 0)]).is_err(), "a submit on a faulted controller fails");
+    m.set_faulted(false);
+    assert_eq!(m.batch.in_flight(), 0);
+    let ev = m.batch.status(0, Duration::ZERO).unwrap();
+    assert!(ev.is_empty(), "events of a submit that failed: {ev:?}");
 }
 
 /// Events a storage batch's wait gathered before a look at its queue batch failed in the same

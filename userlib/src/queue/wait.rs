@@ -321,7 +321,7 @@ impl Waiter {
 
     /// Pauses once on queue `q`: spins, or sleeps on its interrupt, as its mode and this
     /// wait's progress say. Returns whether the caller should read the clock for its deadline
-    /// now (after every sleep; every few thousand spins).
+    /// now (before the first sleep and after every sleep; every few thousand spins).
     #[inline]
     pub(crate) fn pause(&mut self, q: &Arc<QueueWait>) -> bool {
         // The in-memory device model answers on this thread when it is stepped (tests only).
@@ -381,10 +381,12 @@ impl Waiter {
                 let spinnable = q.mode == Waiting::Adaptive && self.bytes <= q.spin_max_bytes;
                 if spinnable && may_spin(WAITING.load(Ordering::Acquire), spin_slots()) {
                     self.phase = Phase::Spinning;
+                    false
                 } else {
                     self.start_sleeping(q);
+                    // About to sleep: the caller's deadline starts now, not after the sleep.
+                    true
                 }
-                false
             }
             Phase::Spinning => {
                 relax(self.spins);
@@ -401,6 +403,8 @@ impl Waiter {
                 };
                 if spun > q.budget() || !may_spin(WAITING.load(Ordering::Acquire), spin_slots()) {
                     self.start_sleeping(q);
+                    // About to sleep: the caller's deadline starts now, not after the sleep.
+                    return true;
                 }
                 self.spins.is_multiple_of(super::SPINS_PER_CHECK)
             }
@@ -548,7 +552,8 @@ mod tests {
         let ev = Interrupt::always(EventFd::new().expect("eventfd"));
         let q = Arc::new(QueueWait::new(Waiting::Adaptive, Some(ev), 8192));
         let mut w = Waiter::new(1 << 20);
-        w.pause(&q);
+        // Its caller's deadline starts before the first sleep, not after it.
+        assert!(w.pause(&q), "a wait about to sleep asks for the clock");
         assert_eq!(w.phase, Phase::Sleeping);
     }
 
