@@ -33,9 +33,27 @@ struct Slot {
 }
 
 /// The one command that carries `e` on `ns`, on the registration of member `member`'s
-/// controller, with its first block.
+/// controller, with its first block; `None` when there is none, the entry's `Invalid` event
+/// then pushed to `refused`.
 #[inline(always)]
-fn command_for<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Command<'e>, u64)> {
+fn command_for<'e>(
+    ns: &Namespace,
+    e: &'e Entry,
+    member: usize,
+    refused: &mut Vec<IoEvent>,
+) -> Option<(Command<'e>, u64)> {
+    match built(ns, e, member) {
+        Ok(c) => Some(c),
+        Err(error) => {
+            refused.push(IoEvent { cookie: e.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(error) });
+            None
+        }
+    }
+}
+
+/// [`command_for`]'s command, or why there is none.
+#[inline(always)]
+fn built<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Command<'e>, u64)> {
     let (slba, nlb) = ns.one_command(e.dev_offset, e.len)?;
     let reg = e
         .lease
@@ -248,22 +266,13 @@ impl QueueBatch {
             let Self { dev, ns, qp, slots, in_flight, largest, ready, cids, timeout, member, .. } = self;
             let (nsid, status, member) = (ns.id(), &dev.status, *member);
             let mut placing = Placing { slots, cids, largest, in_flight };
-            let mut invalid = |cookie: u64, error: Error| {
-                ready.push(IoEvent { cookie, status: IoStatus::Invalid, bytes: 0, error: Some(error) });
-            };
             let mut entries = entries;
             let (mut sub, mut failed) = (None, None);
             // The first entry that makes a command opens the submission, with room for every
             // entry of the call (a few more than run when some are invalid; the ring has four
             // times the batch's entries).
             for e in entries.by_ref() {
-                let (cmd, slba) = match command_for(ns, &e, member) {
-                    Ok(c) => c,
-                    Err(error) => {
-                        invalid(e.cookie, error);
-                        continue;
-                    }
-                };
+                let Some((cmd, slba)) = command_for(ns, &e, member, ready) else { continue };
                 let opened = qp.submission_owned(nsid, n, status, *timeout, &cmd).and_then(|mut s| {
                     let cid = s.push(&cmd)?;
                     Ok((s, cid))
@@ -279,13 +288,7 @@ impl QueueBatch {
             }
             if let Some(s) = &mut sub {
                 for e in entries {
-                    let (cmd, slba) = match command_for(ns, &e, member) {
-                        Ok(c) => c,
-                        Err(error) => {
-                            invalid(e.cookie, error);
-                            continue;
-                        }
-                    };
+                    let Some((cmd, slba)) = command_for(ns, &e, member, ready) else { continue };
                     match s.push(&cmd) {
                         Ok(cid) => placing.put(e, cid, slba),
                         Err(error) => {

@@ -546,11 +546,6 @@ impl StorageBatch {
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
         let native = self.native.as_mut().map(Native::cancel).transpose();
-        for (e, path) in native.as_ref().ok().into_iter().flatten().flatten() {
-            if e.status == IoStatus::Complete && self.counts {
-                self.storage.count(*path, e.bytes);
-            }
-        }
         let pool = {
             let (m, cv) = &*self.state;
             let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -559,7 +554,8 @@ impl StorageBatch {
             }
             std::mem::take(&mut st.events)
         };
-        out.extend(native?.into_iter().flatten().map(|(e, _)| e));
+        let mut native = native?.unwrap_or_default();
+        Counted::new(&mut out, &self.storage, self.counts).put_all(&mut native);
         out.extend(pool);
         Ok(out)
     }
