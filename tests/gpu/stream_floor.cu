@@ -13,6 +13,12 @@
 //   echo+copy     echo, the host thread first copying 4 KiB pinned -> device on a stream of its
 //                 own and synchronizing it (the fallback path's copy into GPU memory)
 //   copy          the host copy alone: cudaMemcpyAsync 4 KiB pinned -> device + synchronize
+//   echo+gpucopy  echo+copy, but the host thread queues the copy and, behind it on its own
+//                 stream, the stream's write of the second word (cuStreamWriteValue32) and does
+//                 not wait: the copy's end releases the waiting stream
+//   eager         the host thread is told by the caller, not the stream, to answer (what starting
+//                 a group at once on an idle stream would cost): only the wait and synchronize
+//   eager+copy, eager+gpucopy   the same with the copy, synchronized or stream-signalled
 // Every method runs ITER times, methods taking turns; p50 and p90 per method in microseconds, and
 // echo - sync, the machinery's own cost. Each echo checks that the host saw the stream's value.
 //
@@ -46,7 +52,12 @@
 // (done), [2] the stream writes after its wait (passed).
 static volatile uint32_t *words;
 static CUdeviceptr dwords;
-static std::atomic<int> mode{0};  // 0: echo, 1: echo+copy, -1: stop
+// What the host thread does for the next ticket: how it learns of it, and its copy.
+enum Copy { NONE, HOST_SYNCED, STREAM_SIGNALLED };
+static std::atomic<int> copy_kind{NONE};
+static std::atomic<bool> eager{false};
+static std::atomic<uint32_t> told{0};  // eager: the ticket the caller hands over
+static std::atomic<bool> stop{false};
 static void *pinned_src;
 static void *dev_dst;
 static cudaStream_t copy_stream;
@@ -55,23 +66,33 @@ static std::atomic<long> mismatches{0};
 static void *echo_thread(void *) {
   CK(cudaSetDevice(0));
   uint32_t last = 0;
-  for (;;) {
-    int m = mode.load(std::memory_order_acquire);
-    if (m < 0) return nullptr;
-    uint32_t r = words[0];
+  while (!stop.load(std::memory_order_acquire)) {
+    uint32_t r = eager.load(std::memory_order_acquire) ? told.load(std::memory_order_acquire) : words[0];
     if (r == last) continue;
     if (r != last + 1) mismatches++;
     last = r;
-    if (m == 1) {
-      CK(cudaMemcpyAsync(dev_dst, pinned_src, 4096, cudaMemcpyHostToDevice, copy_stream));
-      CK(cudaStreamSynchronize(copy_stream));
+    int c = copy_kind.load(std::memory_order_acquire);
+    if (c != NONE) CK(cudaMemcpyAsync(dev_dst, pinned_src, 4096, cudaMemcpyHostToDevice, copy_stream));
+    if (c == STREAM_SIGNALLED) {
+      CU(cuStreamWriteValue32((CUstream)copy_stream, dwords + 4, r, CU_STREAM_WRITE_VALUE_DEFAULT));
+      continue;
     }
+    if (c == HOST_SYNCED) CK(cudaStreamSynchronize(copy_stream));
     std::atomic_thread_fence(std::memory_order_release);
     words[1] = r;
   }
+  return nullptr;
 }
 
 static void empty_fn(void *) {}
+
+struct Method {
+  const char *name;
+  enum { SYNC, HOSTFN, ECHO, COPY } kind;
+  bool passed;
+  bool eager;
+  Copy copy;
+};
 
 int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 2000;
@@ -90,34 +111,52 @@ int main(int argc, char **argv) {
   pthread_t th;
   pthread_create(&th, nullptr, echo_thread, nullptr);
 
-  const char *names[] = {"sync", "hostfn", "echo", "echo+passed", "echo+copy", "copy"};
-  const int n = sizeof(names) / sizeof(names[0]);
+  const Method methods[] = {
+      {"sync", Method::SYNC, false, false, NONE},
+      {"hostfn", Method::HOSTFN, false, false, NONE},
+      {"echo", Method::ECHO, false, false, NONE},
+      {"echo+passed", Method::ECHO, true, false, NONE},
+      {"echo+copy", Method::ECHO, false, false, HOST_SYNCED},
+      {"copy", Method::COPY, false, false, NONE},
+      {"echo+gpucopy", Method::ECHO, false, false, STREAM_SIGNALLED},
+      {"eager", Method::ECHO, false, true, NONE},
+      {"eager+copy", Method::ECHO, false, true, HOST_SYNCED},
+      {"eager+gpucopy", Method::ECHO, false, true, STREAM_SIGNALLED},
+  };
+  const int n = sizeof(methods) / sizeof(methods[0]);
   std::vector<std::vector<double>> t(n);
   uint32_t ticket = 0;
   for (int i = 0; i < iters; i++) {
     for (int m = 0; m < n; m++) {
+      const Method &me = methods[m];
+      // Set before the ticket exists: the host thread reads them after it sees the ticket.
+      copy_kind.store(me.copy, std::memory_order_release);
+      eager.store(me.eager, std::memory_order_release);
       double a = now_us();
-      switch (m) {
-        case 0:
+      switch (me.kind) {
+        case Method::SYNC:
           CK(cudaStreamSynchronize(s));
           break;
-        case 1:
+        case Method::HOSTFN:
           CK(cudaLaunchHostFunc(s, empty_fn, nullptr));
           CK(cudaStreamSynchronize(s));
           break;
-        case 2:
-        case 3:
-        case 4: {
-          mode.store(m == 4 ? 1 : 0, std::memory_order_release);
+        case Method::ECHO:
           ticket++;
-          CU(cuStreamWriteValue32((CUstream)s, dwords, ticket, CU_STREAM_WRITE_VALUE_DEFAULT));
+          if (me.eager) {
+            told.store(ticket, std::memory_order_release);
+          } else {
+            CU(cuStreamWriteValue32((CUstream)s, dwords, ticket, CU_STREAM_WRITE_VALUE_DEFAULT));
+          }
           CU(cuStreamWaitValue32((CUstream)s, dwords + 4, ticket, CU_STREAM_WAIT_VALUE_GEQ));
-          if (m == 3) CU(cuStreamWriteValue32((CUstream)s, dwords + 8, ticket, CU_STREAM_WRITE_VALUE_DEFAULT));
+          if (me.passed) CU(cuStreamWriteValue32((CUstream)s, dwords + 8, ticket, CU_STREAM_WRITE_VALUE_DEFAULT));
           CK(cudaStreamSynchronize(s));
           if (words[1] != ticket) mismatches++;
+          // The next method may switch how tickets are handed over: both ways agree first.
+          told.store(ticket, std::memory_order_release);
+          words[0] = ticket;
           break;
-        }
-        case 5:
+        case Method::COPY:
           CK(cudaMemcpyAsync(dev_dst, pinned_src, 4096, cudaMemcpyHostToDevice, s));
           CK(cudaStreamSynchronize(s));
           break;
@@ -125,17 +164,19 @@ int main(int argc, char **argv) {
       t[m].push_back(now_us() - a);
     }
   }
-  mode.store(-1);
+  stop.store(true);
   pthread_join(th, nullptr);
   printf("stream machinery, p50 / p90 of %d each, methods taking turns (us):\n", iters);
-  std::vector<double> p50(n);
+  std::vector<double> p(n);
   for (int m = 0; m < n; m++) {
     std::sort(t[m].begin(), t[m].end());
-    p50[m] = t[m][t[m].size() / 2];
-    printf("  %-12s %8.2f %8.2f\n", names[m], p50[m], t[m][t[m].size() * 9 / 10]);
+    p[m] = t[m][t[m].size() / 2];
+    printf("  %-14s %8.2f %8.2f\n", methods[m].name, p[m], t[m][t[m].size() * 9 / 10]);
   }
   printf("  echo - sync %.2f us, echo+passed - echo %.2f us, echo+copy - echo %.2f us (copy alone %.2f us)\n",
-         p50[2] - p50[0], p50[3] - p50[2], p50[4] - p50[2], p50[5]);
+         p[2] - p[0], p[3] - p[2], p[4] - p[2], p[5]);
+  printf("  echo+gpucopy - echo %.2f us, eager - sync %.2f us, eager+copy - eager %.2f us, eager+gpucopy - eager %.2f us\n",
+         p[6] - p[2], p[7] - p[0], p[8] - p[7], p[9] - p[7]);
   printf("STREAM-FLOOR %s (%ld mismatches)\n", mismatches.load() ? "FAIL" : "PASS", mismatches.load());
   return mismatches.load() ? 1 : 0;
 }

@@ -95,11 +95,19 @@ impl Dispatcher {
     }
 
     /// Queues `start` to run once `stream` reaches the point queued now; `key` is the group's
-    /// first ticket (increasing, cyclic). On error nothing was queued on the stream and `start`
-    /// never runs.
-    pub(crate) fn queue(&self, stream: &dyn Stream, key: u32, start: Start) -> Result<()> {
-        // Known to the dispatcher before the stream can write the key.
+    /// first ticket (increasing, cyclic). With `at_once` (the caller found the stream idle, so
+    /// it has reached that point already) the key is stored here rather than by the stream:
+    /// the group starts without waiting for the stream to get round to a store. On error
+    /// nothing was queued on the stream and `start` never runs.
+    pub(crate) fn queue(&self, stream: &dyn Stream, key: u32, start: Start, at_once: bool) -> Result<()> {
+        // Known to the dispatcher before the key is written.
         let sleeping = self.add(|q| q.groups.push_back((key, start)));
+        if at_once {
+            // An idle stream has written every earlier key: the word only moves forward.
+            self.shared.reached.store(key);
+            self.wake_if(sleeping);
+            return Ok(());
+        }
         if let Err(e) = stream.write_word(&self.shared.reached, key) {
             // The caller holds the registration's queue lock, so this group is the last one.
             self.lock().groups.pop_back();
@@ -258,7 +266,7 @@ mod tests {
             // Longer than the idle spin: the thread is asleep when the group comes.
             std::thread::sleep(IDLE_SPIN * 20);
             let tx = tx.clone();
-            d.queue(&*stream, key, Box::new(move || tx.send(key).unwrap())).unwrap();
+            d.queue(&*stream, key, Box::new(move || tx.send(key).unwrap()), false).unwrap();
             assert_eq!(rx.recv_timeout(WAIT).unwrap(), key);
         }
         assert!(d.sleeps() >= 1, "the dispatcher never slept between groups");

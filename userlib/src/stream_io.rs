@@ -313,7 +313,10 @@ impl StreamIo {
         let last = next.wrapping_add(count);
         let cancelled = Arc::new(AtomicBool::new(false));
         let cancel = cancelled.clone();
-        self.dispatch.queue(&*self.stream, first, Box::new(move || run(first, cancelled)))?;
+        // Asked before anything of this group is queued: on an idle stream everything queued
+        // before (earlier groups' waits included) is done, so the group may start now.
+        let at_once = self.stream.is_idle();
+        self.dispatch.queue(&*self.stream, first, Box::new(move || run(first, cancelled)), at_once)?;
         // Whatever happens next, the group's start queued above finishes these tickets.
         *next = last;
         let waited = self.stream.wait_word(&self.word, last);

@@ -215,6 +215,46 @@ fn stream_ordered_reads_bind_arguments_late_and_complete_in_order() {
     assert_eq!(all[99].result(), 4096);
 }
 
+/// A group queued on a stream with nothing left to do starts at once (the host hands it to the
+/// dispatcher); behind work still running, it starts when the stream reaches it.
+#[test]
+fn a_group_on_an_idle_stream_starts_without_the_stream_storing_its_start() {
+    let f = TempFile::new("idle", 1 << 20, SEED);
+    let st = Storage::open(f.path()).unwrap();
+    let buf = Arc::new(st.alloc_host(4096).unwrap());
+    let stream = CpuStream::new().unwrap();
+    let sio = StreamIo::new(stream.clone()).unwrap();
+    let read = |off: i64| {
+        let before = stream.jobs_queued();
+        let args = AsyncArgs::new(4096, off, 0);
+        sio.read_async(&st, &buf, &args).unwrap();
+        (args, stream.jobs_queued() - before)
+    };
+    let (args, queued) = read(0);
+    assert_eq!(queued, 2, "on an idle stream: the group's wait and its passed mark, no store to start it");
+    sio.synchronize().unwrap();
+    assert_eq!(args.result(), 4096);
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g = gate.clone();
+    stream
+        .launch(move || {
+            while !g.load(std::sync::atomic::Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .unwrap();
+    let (late, queued) = read(8192);
+    assert_eq!(queued, 3, "behind running work the stream stores the group's start");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(late.result(), 0, "started before the stream reached it");
+    gate.store(true, std::sync::atomic::Ordering::Release);
+    sio.synchronize().unwrap();
+    assert_eq!(late.result(), 4096);
+    let mut out = vec![0u8; 4096];
+    buf.copy_out(0, &mut out).unwrap();
+    assert_eq!(pattern::first_mismatch(SEED, 8192, &out), None);
+}
+
 /// A group's operations overlap; the work after the group sees all of them; writes queued after
 /// stream work carry what that work produced.
 #[test]

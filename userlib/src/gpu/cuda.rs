@@ -502,6 +502,29 @@ impl Stream for CudaStream {
         check("cuStreamSynchronize", unsafe { cu::cuStreamSynchronize(self.raw) })
     }
 
+    fn is_idle(&self) -> bool {
+        // cuda.h's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD handles.
+        const LEGACY: usize = 0x1;
+        const PER_THREAD: usize = 0x2;
+        let raw = self.raw as usize;
+        // The legacy default stream's next work waits for every blocking stream of the
+        // context, which no query reaches.
+        if raw == 0 || raw == LEGACY {
+            return false;
+        }
+        let Ok(_ctx) = self.cuda.enter() else { return false };
+        // SAFETY: a live stream handle (or the per-thread default stream's), queried only.
+        let idle = |s: cu::CUstream| unsafe { cu::cuStreamQuery(s) } == cu::CUresult::CUDA_SUCCESS;
+        // A blocking stream's next work also waits for the legacy default stream's.
+        let blocking = raw == PER_THREAD || {
+            let mut flags = 0;
+            // SAFETY: out-pointer to a local; a live stream.
+            let r = unsafe { cu::cuStreamGetFlags(self.raw, &mut flags) };
+            r != cu::CUresult::CUDA_SUCCESS || flags & cu::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as u32 == 0
+        };
+        idle(self.raw) && (!blocking || idle(LEGACY as cu::CUstream))
+    }
+
     fn raw(&self) -> usize {
         self.raw as usize
     }

@@ -109,6 +109,13 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
     }
     /// Blocks until everything queued so far is done.
     fn synchronize(&self) -> Result<()>;
+    /// Whether the stream has nothing left to do: everything queued on it so far is done, and
+    /// so is everything its next work would implicitly wait for (CUDA: the legacy default
+    /// stream's work, for a stream that synchronizes with it). False where the runtime cannot
+    /// tell, which is always safe: stream-ordered I/O then waits for the stream to reach it.
+    fn is_idle(&self) -> bool {
+        false
+    }
     /// The runtime's handle (`CUstream` for CUDA), for callers that launch their own work.
     fn raw(&self) -> usize;
 }
@@ -121,6 +128,8 @@ enum Job {
 #[derive(Default)]
 struct Queue {
     jobs: VecDeque<Job>,
+    /// Jobs ever queued (tests tell what stream-ordered I/O queued on the stream).
+    pushed: u64,
     /// Jobs taken but not finished (0 or 1).
     running: usize,
     closed: bool,
@@ -199,9 +208,16 @@ impl CpuStream {
         // A forked child has no stream thread: the work would never run.
         self.born.check("stream")?;
         let (m, cv) = &*self.shared;
-        m.lock().unwrap_or_else(|e| e.into_inner()).0.jobs.push_back(j);
+        let mut q = m.lock().unwrap_or_else(|e| e.into_inner());
+        q.0.jobs.push_back(j);
+        q.0.pushed += 1;
         cv.notify_all();
         Ok(())
+    }
+
+    /// Jobs ever queued on it: host functions, waits and stores, and launched work.
+    pub fn jobs_queued(&self) -> u64 {
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner()).0.pushed
     }
 
     /// Queues work standing in for a kernel: it runs in stream order.
@@ -231,6 +247,11 @@ impl Stream for CpuStream {
             q = cv.wait(q).unwrap_or_else(|e| e.into_inner());
         }
         Ok(())
+    }
+
+    fn is_idle(&self) -> bool {
+        let q = self.shared.0.lock().unwrap_or_else(|e| e.into_inner());
+        q.0.jobs.is_empty() && q.0.running == 0
     }
 
     fn raw(&self) -> usize {
