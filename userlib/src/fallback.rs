@@ -13,6 +13,7 @@ use crate::gpu::GpuMemory;
 use crate::gpu::{Gpu, STAGING_CHUNK};
 use crate::inflight::{settle, Failed, InFlight, IoResult, Why};
 use crate::staging_pipeline::staged;
+use crate::stream_tail::{self, Copying};
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;
 use std::fs::File;
@@ -382,7 +383,8 @@ impl FileTarget {
     ///
     /// Up to [`READ_LANES`] chunks are read from disk at once; as each arrives, its copy to the
     /// device starts, and its staging chunk is read into again once that copy is done.
-    pub(crate) fn read_gpu(&self, gpu: &Gpu, dev_ptr: u64, len: usize, file_offset: u64) -> IoResult<usize> {
+    pub(crate) fn read_gpu(&self, mem: &Arc<GpuMemory>, dev_ptr: u64, len: usize, file_offset: u64) -> IoResult<usize> {
+        let gpu = mem.gpu();
         let nchunks = len.div_ceil(STAGING_CHUNK);
         let lanes = nchunks.clamp(1, READ_LANES);
         let stage = gpu.take_staging(lanes)?;
@@ -457,6 +459,23 @@ impl FileTarget {
                 None => Ok(()),
             }
         });
+        // Bytes up to the first short chunk (the end of the file).
+        let mut total = 0;
+        for (k, &g) in got.iter().enumerate() {
+            total += g;
+            if g < piece(k).1 {
+                break;
+            }
+        }
+        // A stream's only I/O leaves its one copy running: the stream's completion is queued
+        // behind it, and the copy keeps its queue, staging and memory until it is done.
+        if r.is_ok() && lanes == 1 && stream_tail::armed() {
+            if let Some(q) = qs.pop() {
+                // Armed, so it is taken (were it not, dropping it would wait for the copy).
+                drop(stream_tail::defer(Copying::new(gpu.clone(), q, stage, mem.clone())));
+                return Ok(total);
+            }
+        }
         // Every disk read is reaped by now, unless the failure's token holds the ring; copies may
         // still run: wait before the chunks go back (or keep them, with the queues, for good if
         // a queue cannot say it is done).
@@ -479,14 +498,6 @@ impl FileTarget {
             gpu.put_staging(stage);
         }
         r?;
-        // Bytes up to the first short chunk (the end of the file).
-        let mut total = 0;
-        for (k, &g) in got.iter().enumerate() {
-            total += g;
-            if g < piece(k).1 {
-                break;
-            }
-        }
         Ok(total)
     }
 
@@ -568,7 +579,7 @@ impl DataPath for FileTarget {
                 if write {
                     self.write_gpu(g.gpu(), dev_ptr, len as usize, file_offset)
                 } else {
-                    self.read_gpu(g.gpu(), dev_ptr, len as usize, file_offset)
+                    self.read_gpu(g, dev_ptr, len as usize, file_offset)
                 }
             }
         };

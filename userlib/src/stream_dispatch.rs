@@ -28,6 +28,10 @@ const IDLE_SPIN: Duration = Duration::from_micros(100);
 /// A group's start, run by the dispatcher.
 type Start = Box<dyn FnOnce() + Send + 'static>;
 
+/// Housekeeping the dispatcher does between groups and before it sleeps (letting go of what
+/// finished copies kept); returns true while some is left, and the thread does not sleep then.
+pub(crate) type Tidy = Box<dyn Fn() -> bool + Send + 'static>;
+
 /// Queued groups, in stream order.
 struct Queued {
     /// (the value the stream writes when it reaches the group, what starts it)
@@ -75,8 +79,9 @@ impl std::fmt::Debug for Dispatcher {
 }
 
 impl Dispatcher {
-    /// A dispatcher for groups queued on `stream` (its word comes from the stream's runtime).
-    pub(crate) fn new(stream: &dyn Stream) -> Result<Dispatcher> {
+    /// A dispatcher for groups queued on `stream` (its word comes from the stream's runtime),
+    /// doing `tidy` while it waits.
+    pub(crate) fn new(stream: &dyn Stream, tidy: Tidy) -> Result<Dispatcher> {
         let reached = stream.completion_word()?;
         reached.store(0);
         let shared = Arc::new(Shared {
@@ -89,7 +94,7 @@ impl Dispatcher {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ugds-stream".into())
-            .spawn(move || run(&s))
+            .spawn(move || run(&s, &*tidy))
             .map_err(|e| Error::Io { op: "spawning a stream dispatcher".into(), source: e })?;
         Ok(Dispatcher { shared, thread: Some(thread) })
     }
@@ -186,7 +191,7 @@ impl Drop for Dispatcher {
 }
 
 /// The dispatcher thread: runs each queued group once the stream has written its key.
-fn run(s: &Shared) {
+fn run(s: &Shared, tidy: &dyn Fn() -> bool) {
     loop {
         // The next group, once queued; returns when told to stop with nothing queued.
         let key = loop {
@@ -208,8 +213,15 @@ fn run(s: &Shared) {
             s.pending.store(false, Ordering::Release);
             drop(q);
             let idle = Instant::now();
-            while !s.pending.load(Ordering::Acquire) && idle.elapsed() < IDLE_SPIN {
-                std::hint::spin_loop();
+            while !s.pending.load(Ordering::Acquire) {
+                let untidy = tidy();
+                if idle.elapsed() < IDLE_SPIN {
+                    std::hint::spin_loop();
+                } else if untidy {
+                    std::thread::sleep(POLL_SLEEP);
+                } else {
+                    break;
+                }
             }
             let mut q = s.queued.lock().unwrap_or_else(|e| e.into_inner());
             if q.idle() {
@@ -223,6 +235,7 @@ fn run(s: &Shared) {
         };
         let since = Instant::now();
         while !s.reached.reached(key) {
+            tidy();
             if since.elapsed() < SPIN {
                 std::hint::spin_loop();
             } else {
@@ -249,7 +262,7 @@ mod tests {
     #[test]
     fn prepared_work_runs_on_the_dispatcher_thread_with_nothing_queued_on_the_stream() {
         let stream = CpuStream::new().unwrap();
-        let d = Dispatcher::new(&*stream).unwrap();
+        let d = Dispatcher::new(&*stream, Box::new(|| false)).unwrap();
         let (tx, rx) = mpsc::channel();
         d.prepare(Box::new(move || {
             let _ = tx.send(std::thread::current().name().map(String::from));
@@ -260,7 +273,7 @@ mod tests {
     #[test]
     fn groups_queued_after_the_dispatcher_fell_asleep_still_start() {
         let stream = CpuStream::new().unwrap();
-        let d = Dispatcher::new(&*stream).unwrap();
+        let d = Dispatcher::new(&*stream, Box::new(|| false)).unwrap();
         let (tx, rx) = mpsc::channel();
         for key in 1..=3u32 {
             // Longer than the idle spin: the thread is asleep when the group comes.

@@ -22,6 +22,7 @@ use crate::inflight::{InFlight, Why};
 use crate::storage::{ConcretePath, Storage};
 use crate::storage_batch::Native;
 use crate::stream_dispatch::Dispatcher;
+use crate::stream_tail::{Copies, Offer};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,6 +123,9 @@ pub struct StreamIo {
     passed: CompletionWord,
     /// Starts each group when the stream reaches it.
     dispatch: Dispatcher,
+    /// Copies into GPU memory whose queues store `word` (see [`crate::stream_tail`]), until
+    /// each is over.
+    copies: Arc<Copies>,
     /// The queue batch groups on a file or volume target run on (made at the first, again when
     /// a group is larger or on another target).
     group: Arc<Mutex<Option<GroupBatch>>>,
@@ -142,15 +146,33 @@ struct Finish {
     tickets: Arc<Mutex<Tickets>>,
     word: CompletionWord,
     ticket: u32,
+    /// A copy's queue stores the word (this ticket's value) once the copy is done: the host
+    /// only counts the ticket.
+    stored_by_device: bool,
+}
+
+impl Finish {
+    fn new(tickets: &Arc<Mutex<Tickets>>, word: &CompletionWord, ticket: u32) -> Finish {
+        Finish { tickets: tickets.clone(), word: word.clone(), ticket, stored_by_device: false }
+    }
+
+    /// Whether every earlier ticket is done: finishing this one then moves the word to it.
+    fn is_next(&self) -> bool {
+        self.tickets.lock().unwrap_or_else(|e| e.into_inner()).prefix == self.ticket.wrapping_sub(1)
+    }
 }
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        finish(&self.tickets, &self.word, self.ticket);
+        let prefix = finish(&self.tickets, self.ticket);
+        if !self.stored_by_device {
+            self.word.store(prefix);
+        }
     }
 }
 
-fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
+/// Counts `ticket` done; returns the ticket up to which all are done (the word's value).
+fn finish(tickets: &Mutex<Tickets>, ticket: u32) -> u32 {
     let mut t = tickets.lock().unwrap_or_else(|e| e.into_inner());
     t.done.insert(ticket);
     loop {
@@ -160,7 +182,7 @@ fn finish(tickets: &Mutex<Tickets>, word: &CompletionWord, ticket: u32) {
         }
         t.prefix = n;
     }
-    word.store(t.prefix);
+    t.prefix
 }
 
 impl StreamIo {
@@ -173,7 +195,9 @@ impl StreamIo {
         word.store(0);
         let passed = stream.completion_word()?;
         passed.store(0);
-        let dispatch = Dispatcher::new(&*stream)?;
+        let copies = Arc::new(Copies::default());
+        let c = copies.clone();
+        let dispatch = Dispatcher::new(&*stream, Box::new(move || c.tidy()))?;
         let sio = StreamIo {
             stream,
             word,
@@ -181,6 +205,7 @@ impl StreamIo {
             next: Mutex::new(0),
             passed,
             dispatch,
+            copies,
             group: Arc::default(),
             born,
         };
@@ -259,7 +284,7 @@ impl StreamIo {
         self.queue(1, move |first, cancelled| {
             // Finishes the ticket once the group and any job it handed work to are over (or
             // were dropped unrun).
-            let done = Arc::new(Finish { tickets, word, ticket: first });
+            let done = Arc::new(Finish::new(&tickets, &word, first));
             if !cancelled.load(Ordering::Acquire) {
                 run_group(&s, &engine, &group, &ops, &done);
             }
@@ -274,6 +299,7 @@ impl StreamIo {
             return Err(Error::invalid("ops", "empty group"));
         }
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
+        let copies = self.copies.clone();
         // CAST: a group's jobs are counted in u32 tickets (wrapping is how tickets work).
         self.queue(jobs.len() as u32, move |first, cancelled| {
             let single = jobs.len() == 1;
@@ -281,7 +307,11 @@ impl StreamIo {
                 let ticket = first.wrapping_add(i as u32);
                 // Finishes the ticket however the job ends (returns, panics, or is dropped
                 // unrun), so the stream's wait is always released.
-                let done = Finish { tickets: tickets.clone(), word: word.clone(), ticket };
+                let done = Finish::new(&tickets, &word, ticket);
+                if single {
+                    run_alone(job, done, &cancelled, &copies);
+                    continue;
+                }
                 let cancelled = cancelled.clone();
                 let work = move || {
                     let _done = done;
@@ -289,14 +319,8 @@ impl StreamIo {
                         job();
                     }
                 };
-                if single {
-                    // A group of one runs on the dispatcher (no hand-off to a worker: the
-                    // dispatcher is idle until the stream passes this group anyway).
-                    work();
-                } else {
-                    // A refused spawn drops `work` and with it `done`: the ticket still finishes.
-                    let _ = engine.spawn(work);
-                }
+                // A refused spawn drops `work` and with it `done`: the ticket still finishes.
+                let _ = engine.spawn(work);
             }
         })
     }
@@ -332,13 +356,48 @@ impl StreamIo {
     /// Waits for everything queued on the stream.
     pub fn synchronize(&self) -> Result<()> {
         self.born.check("stream")?;
-        self.stream.synchronize()
+        self.stream.synchronize()?;
+        // The copies that released the stream are over: what they kept busy goes now.
+        self.settle_copies();
+        Ok(())
+    }
+
+    /// Waits for the copies that release the stream to be over and lets go of what they kept
+    /// (memory, buffers counted busy). They never wait for the stream (each is a copy of at
+    /// most a staging chunk, started when its read completed), so this is short. The dispatcher
+    /// lets go of them on its own within microseconds; a caller about to tell whether a
+    /// buffer is in use settles them first, so that a buffer whose stream has passed its I/O
+    /// is never reported busy.
+    pub(crate) fn settle_copies(&self) {
+        drop(self.copies.take_all());
+    }
+
+    /// Copies that released the stream so far (tests).
+    #[cfg(test)]
+    pub(crate) fn copies_signalled(&self) -> u64 {
+        self.copies.signalled()
     }
 
     /// Whether the stream has passed every group queued through this registration.
     pub fn idle(&self) -> bool {
         let next = *self.next.lock().unwrap_or_else(|e| e.into_inner());
         self.passed.reached(next)
+    }
+}
+
+/// Runs a group of one job on the dispatcher (no hand-off to a worker: the dispatcher is idle
+/// until the stream passes this group anyway). When the job's one I/O leaves its copy into GPU
+/// memory running ([`crate::stream_tail`]), the copy's queue stores the word behind it, after
+/// the job has stored its result.
+fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies) {
+    if cancelled.load(Ordering::Acquire) {
+        return;
+    }
+    // Only when every earlier ticket is done: the device then stores what the host would.
+    let offer = done.is_next().then(Offer::new);
+    job();
+    if let Some(c) = offer.and_then(Offer::take) {
+        done.stored_by_device = copies.signal(c, &done.word, done.ticket);
     }
 }
 
@@ -462,6 +521,7 @@ impl Drop for StreamIo {
             // The completion words (pinned memory of the parent's runtime) and the queue batch stay.
             std::mem::forget(self.word.clone());
             std::mem::forget(self.passed.clone());
+            std::mem::forget(self.copies.clone());
             self.dispatch.forget();
             std::mem::forget(self.group.clone());
             return;
@@ -472,12 +532,15 @@ impl Drop for StreamIo {
                 // The stream may still read the one word and write the other: a token keeps
                 // their memory allocated.
                 let words = (self.word.clone(), self.passed.clone(), self.dispatch.word().clone());
-                InFlight::new(Why::Stream).holding(words).keep();
+                // Copies not over may yet store the word.
+                InFlight::new(Why::Stream).holding((words, self.copies.take_all())).keep();
                 // Its thread ends on its own should the stream ever reach what is queued.
                 self.dispatch.stop(false);
                 return;
             }
             std::thread::sleep(Duration::from_micros(100));
         }
+        // The stream passed every group, so every copy that released one is over.
+        self.settle_copies();
     }
 }

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use ugds::capi::{Face, Library};
+use ugds::Stream;
 
 fn temp_file(name: &str, len: usize) -> (std::path::PathBuf, std::fs::File) {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -80,6 +81,39 @@ fn registering_a_stream_sets_it_up_before_its_first_io() {
     assert!(lib.stream_is_set_up(s), "registration set the stream up");
     lib.stream_forget(s);
     assert!(!lib.stream_is_set_up(s));
+}
+
+/// Stream-ordered reads into GPU memory (the CPU stand-in runtime) on a CPU stream: once the
+/// stream is synchronized the data and the result are there, and the buffer deregisters at once:
+/// nothing the read kept busy outlives the stream passing it.
+#[test]
+fn a_buffer_deregisters_as_soon_as_its_stream_passed_a_read_into_it() {
+    let (path, f) = temp_file("async-gpu", 1 << 20);
+    let lib = leak_lib(Face::Ugds);
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let gpu = ugds::Gpu::cpu();
+    let mem = gpu.alloc(4096).unwrap();
+    let base = mem.device_ptr() as usize;
+    let s = lib.cpu_stream_create().unwrap();
+    for i in 0..100usize {
+        // SAFETY: the memory stays allocated until after it is deregistered below.
+        unsafe { lib.buf_register(base, 4096, Some(gpu.clone()), false) }.unwrap();
+        let (size, foff, boff, mut bytes) = (4096usize, (i * 4096) as libc::off_t, 0 as libc::off_t, 0isize);
+        let args = ugds::capi::LateArgs { size: &size, file_offset: &foff, buf_offset: &boff, bytes: &mut bytes };
+        // SAFETY: the argument words live until the stream is synchronized below.
+        unsafe { lib.rw_async(false, h, base, args, s) }.unwrap();
+        lib.cpu_stream(s).unwrap().synchronize().unwrap();
+        // SAFETY: the stream passed the read; nothing writes the memory now.
+        let v = unsafe { std::ptr::read_volatile(&bytes) };
+        assert_eq!(v, 4096, "read {i}");
+        // SAFETY: the CPU runtime's device memory is host memory, 4096 bytes at `base`.
+        let got = unsafe { std::slice::from_raw_parts(base as *const u8, 4096) };
+        assert!(got.iter().enumerate().all(|(k, &b)| b == ((i * 4096 + k) * 31 % 251) as u8), "read {i}: data");
+        lib.buf_deregister(base).unwrap_or_else(|e| panic!("read {i}: deregistration refused: {e:?}"));
+    }
+    lib.handle_deregister(h, 0).unwrap();
+    std::fs::remove_file(path).unwrap();
 }
 
 const LEN: usize = 256 << 10;

@@ -194,6 +194,7 @@ impl Library {
             }
         }
         // All or nothing: no buffer is released while any is busy.
+        self.settle_streams();
         let entries = self.buffers();
         if entries.iter().any(|e| self.buf_busy(e)) {
             return Err(Fail::Code(UGDS_BUSY));
@@ -307,11 +308,13 @@ impl Library {
         let deadline = (timeout_sec >= 0).then(|| Instant::now() + Duration::from_secs(timeout_sec as u64));
         // (c_int seconds always fit an Instant.)
         if timeout_sec >= -1 {
+            self.settle_streams();
             while handle.inflight.load(Ordering::Acquire) > 0 {
                 if deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(Fail::Code(UGDS_BUSY));
                 }
                 std::thread::sleep(Duration::from_micros(200));
+                self.settle_streams();
             }
         }
         self.handles.write().unwrap_or_else(|e| e.into_inner()).remove(&h);
@@ -406,6 +409,8 @@ impl Library {
 
     /// `BufDeregister`: refused while I/O on it runs or RDMA regions use it.
     pub fn buf_deregister(&self, base: usize) -> CResult<()> {
+        // A copy that released a stream and is over no longer holds the buffer.
+        self.settle_streams();
         let mut bufs = self.bufs.write().unwrap_or_else(|e| e.into_inner());
         let Some(entry) = bufs.get(&base).cloned() else { return Err(Fail::Code(UGDS_MEMORY_NOT_REGISTERED)) };
         if entry.rdma.load(Ordering::Acquire) > 0 {

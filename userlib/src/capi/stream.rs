@@ -182,6 +182,16 @@ impl Library {
         io.keys().any(|k| k.0 == stream)
     }
 
+    /// Settles the copies that release streams (see [`StreamIo::settle_copies`]): done before
+    /// telling whether a buffer or handle is in use.
+    pub(crate) fn settle_streams(&self) {
+        let io: Vec<Arc<StreamIo>> =
+            self.streams.io.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for sio in io {
+            sio.settle_copies();
+        }
+    }
+
     /// Forgets `stream` after the library's own work on it is done (never calls the stream).
     pub fn stream_forget(&self, stream: usize) {
         let gone: Vec<Arc<StreamIo>> = {
@@ -246,14 +256,18 @@ impl Library {
                     std::ptr::read_volatile(args.buf_offset),
                 )
             };
+            // One I/O: a read into GPU memory may end on the device (crate::stream_tail).
             // SAFETY: the memory contract is the caller's (registered memory stays valid).
-            let v = match unsafe { self.rw_as(IoKind::Async, write, fh, base, size, foff, boff) } {
+            let v = match crate::stream_tail::one_io(|| unsafe {
+                self.rw_as(IoKind::Async, write, fh, base, size, foff, boff)
+            }) {
                 Ok(n) => n as libc::ssize_t,
                 Err(f) => f.ret_for(self.face),
             };
             // SAFETY: as above.
             unsafe { std::ptr::write_volatile(args.bytes, v) };
-            drop(hold);
+            // Busy until a copy left running (if any) is over.
+            crate::stream_tail::keep_while_copying(Box::new(hold));
         });
         sio.submit_jobs(&engine, vec![job]).map_err(Fail::Lib)
     }

@@ -390,6 +390,21 @@ impl CopyQueue for CudaCopyQueue {
             r => check("cuStreamQuery", r).map(|()| true),
         }
     }
+
+    fn signal(&mut self, word: &CompletionWord, value: u32) -> Result<bool> {
+        // The word may be of another context (the stream's): its address must name it here too.
+        if !word.is_unified() {
+            return Ok(false);
+        }
+        let _ctx = self.enter()?;
+        let flags = cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        // SAFETY: the word is mapped pinned memory at the same address in every context; its
+        // owner keeps it until the stream waiting on it has passed (which this store lets it).
+        check("cuStreamWriteValue32", unsafe {
+            cu::cuStreamWriteValue32_v2(self.stream, word.device_addr(), value, flags)
+        })?;
+        Ok(true)
+    }
 }
 
 impl Drop for CudaCopyQueue {

@@ -135,6 +135,12 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     fn poll(&mut self) -> Result<bool> {
         self.wait().map(|()| true)
     }
+    /// Queues a store of `value` into `word`, made once every copy started so far is done
+    /// (by the device, where the runtime can: no host thread waits for the copies); false when
+    /// this queue cannot, and the caller waits for the copies and stores the value itself.
+    fn signal(&mut self, _word: &stream::CompletionWord, _value: u32) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// [`CopyQueue::to_device_many`] as one [`CopyQueue::to_device`] per copy (the default, and a

@@ -77,6 +77,13 @@ impl CompletionWord {
         self.inner.device
     }
 
+    /// Whether the device address is the host address (unified addressing): then it names the
+    /// word in every context of the process, not only the stream's.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn is_unified(&self) -> bool {
+        self.inner.device == self.inner.host as u64
+    }
+
     /// True when the word has reached `value` (cyclic comparison, as CUDA's GEQ wait: wraps).
     pub fn reached(&self, value: u32) -> bool {
         self.load().wrapping_sub(value) as i32 >= 0
