@@ -392,8 +392,9 @@ impl CopyQueue for CudaCopyQueue {
     }
 
     fn signal(&mut self, word: &CompletionWord, value: u32) -> Result<bool> {
-        // The word may be of another context (the stream's): its address must name it here too.
-        if !word.is_unified() {
+        // Pinned by CUDA (not a CPU stream's plain word), at one address in every context (the
+        // stream's context may not be this queue's).
+        if !word.device_writable_by(Vendor::Cuda) {
             return Ok(false);
         }
         let _ctx = self.enter()?;
@@ -477,7 +478,7 @@ impl Stream for CudaStream {
         // `owner` which the word keeps.
         unsafe {
             (*word).store(0, std::sync::atomic::Ordering::Release);
-            Ok(CompletionWord::new(word, dev, Box::new(owner)))
+            Ok(CompletionWord::new(word, dev, Box::new(owner)).mapped_by(Vendor::Cuda))
         }
     }
 

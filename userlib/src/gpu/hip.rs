@@ -771,7 +771,7 @@ impl Stream for HipStream {
         // first use, owned by `owner`, which the word keeps.
         unsafe {
             (*word).store(0, std::sync::atomic::Ordering::Release);
-            Ok(CompletionWord::new(word, dev as u64, Box::new(owner)))
+            Ok(CompletionWord::new(word, dev as u64, Box::new(owner)).mapped_by(Vendor::Hip))
         }
     }
 

@@ -18,6 +18,9 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct CompletionWord {
     inner: Arc<WordInner>,
+    /// The runtime that pinned and mapped the word for its devices (none: plain host memory,
+    /// which only a host thread may store into).
+    mapped_by: Option<super::Vendor>,
 }
 
 struct WordInner {
@@ -46,7 +49,14 @@ impl CompletionWord {
     /// `host` must be valid, 4-byte aligned and only accessed atomically for as long as
     /// `owner` lives.
     pub unsafe fn new(host: *const AtomicU32, device: u64, owner: Box<dyn Any + Send + Sync>) -> Self {
-        CompletionWord { inner: Arc::new(WordInner { host, device, _owner: owner }) }
+        CompletionWord { inner: Arc::new(WordInner { host, device, _owner: owner }), mapped_by: None }
+    }
+
+    /// Says that `vendor`'s runtime pinned and mapped the word (its page-locked, device-mapped
+    /// memory), so that its devices may store into it.
+    pub(crate) fn mapped_by(mut self, vendor: super::Vendor) -> Self {
+        self.mapped_by = Some(vendor);
+        self
     }
 
     /// A word in ordinary host memory (for [`CpuStream`]).
@@ -77,11 +87,12 @@ impl CompletionWord {
         self.inner.device
     }
 
-    /// Whether the device address is the host address (unified addressing): then it names the
-    /// word in every context of the process, not only the stream's.
+    /// Whether a device of `vendor`'s runtime may store into the word at its device address
+    /// from any context: the runtime mapped it, and that address is its host address (unified
+    /// addressing), not one valid in the stream's context only.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn is_unified(&self) -> bool {
-        self.inner.device == self.inner.host as u64
+    pub(crate) fn device_writable_by(&self, vendor: super::Vendor) -> bool {
+        self.mapped_by == Some(vendor) && self.inner.device == self.inner.host as u64
     }
 
     /// True when the word has reached `value` (cyclic comparison, as CUDA's GEQ wait: wraps).
@@ -305,6 +316,24 @@ mod tests {
         w.store(2);
         s.synchronize().unwrap();
         assert_eq!(*log.lock().unwrap(), vec![1, 2]);
+    }
+
+    #[test]
+    fn only_a_word_a_runtime_mapped_at_its_host_address_is_device_writable() {
+        use crate::gpu::Vendor;
+        let plain = CompletionWord::host();
+        assert!(!plain.device_writable_by(Vendor::Cuda), "a CPU stream's word is plain host memory");
+        let b = Box::new(AtomicU32::new(0));
+        let p: *const AtomicU32 = &*b;
+        // SAFETY: the box owns the atomic and is kept by the word.
+        let mapped = unsafe { CompletionWord::new(p, p as u64, b) }.mapped_by(Vendor::Cuda);
+        assert!(mapped.device_writable_by(Vendor::Cuda));
+        assert!(!mapped.device_writable_by(Vendor::Hip), "mapped by another runtime");
+        let b = Box::new(AtomicU32::new(0));
+        let p: *const AtomicU32 = &*b;
+        // SAFETY: as above.
+        let elsewhere = unsafe { CompletionWord::new(p, 0x1000, b) }.mapped_by(Vendor::Cuda);
+        assert!(!elsewhere.device_writable_by(Vendor::Cuda), "an address valid in one context only");
     }
 
     #[test]
