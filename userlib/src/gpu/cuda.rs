@@ -529,8 +529,18 @@ impl Stream for CudaStream {
             return false;
         }
         let Ok(_ctx) = self.cuda.enter() else { return false };
-        // SAFETY: a live stream handle (or the per-thread default stream's), queried only.
-        let idle = |s: cu::CUstream| unsafe { cu::cuStreamQuery(s) } == cu::CUresult::CUDA_SUCCESS;
+        let idle = |s: cu::CUstream| {
+            // A query of a stream being captured into a graph (or of the legacy stream while a
+            // stream it would wait for is) is refused and spoils the capture; asking whether it
+            // is capturing is allowed.
+            let mut capture = cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            // SAFETY: out-pointer to a local; a live stream handle (or a default stream's).
+            let r = unsafe { cu::cuStreamIsCapturing(s, &mut capture) };
+            r == cu::CUresult::CUDA_SUCCESS
+                && capture == cu::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+                // SAFETY: as above, queried only.
+                && unsafe { cu::cuStreamQuery(s) } == cu::CUresult::CUDA_SUCCESS
+        };
         // A blocking stream's next work also waits for the legacy default stream's.
         let blocking = raw == PER_THREAD || {
             let mut flags = 0;
