@@ -247,6 +247,36 @@ fn a_file_is_read_into_and_written_from_hip_memory_on_the_fallback_path() {
     assert_eq!(pattern::first_mismatch(SEED, 0, &back[..4 << 20]), None, "bytes before the write are untouched");
 }
 
+/// uGDS maps unregistered GPU memory for one call only from a 64 KiB GPU page boundary and
+/// refuses the rest with -EINVAL (uGDS's own test_alignment_errors asks this); the refused read
+/// changes nothing.
+#[test]
+fn ugds_refuses_unregistered_gpu_memory_off_a_gpu_page() {
+    let _g = fake_hip();
+    let f = TempFile::new("hip-onthefly", 1 << 20, SEED);
+    let file = std::fs::File::open(f.path()).unwrap();
+    let lib: &'static ugds::capi::Library = Box::leak(Box::new(ugds::capi::Library::new(ugds::capi::Face::Ugds)));
+    lib.driver_open().unwrap();
+    let h = lib.handle_register(std::os::fd::AsRawFd::as_raw_fd(&file)).unwrap();
+    let gpu = Gpu::hip().unwrap();
+    let mem = gpu.alloc(256 << 10).unwrap();
+    let page = (mem.device_ptr() as usize).next_multiple_of(64 << 10);
+    let base = mem.device_ptr() as usize;
+    gpu.upload(&mem, 0, &vec![0u8; 256 << 10]).unwrap();
+    // SAFETY: `page + 4096` lies in the 256 KiB allocation (at most 64 KiB past its start).
+    let bad = unsafe { lib.rw(false, h, page, 4096, 0, 4096) };
+    assert_eq!(bad.map_err(|e| e.ret()), Err(-(libc::EINVAL as isize)), "4 KiB past a GPU page");
+    let mut out = vec![0u8; 256 << 10];
+    gpu.download(&mem, 0, &mut out).unwrap();
+    assert!(out.iter().all(|&b| b == 0), "the refused read wrote nothing");
+    // SAFETY: as above.
+    let n = unsafe { lib.rw(false, h, page, 4096, 8192, 0) }.unwrap();
+    assert_eq!(n, 4096);
+    gpu.download(&mem, page - base, &mut out[..4096]).unwrap();
+    assert_eq!(pattern::first_mismatch(SEED, 8192, &out[..4096]), None);
+    lib.handle_deregister(h, -1).unwrap();
+}
+
 /// Stream-ordered reads on a HIP stream the "application" made (wrapped, not owned): each op's
 /// arguments are set by stream work queued just before it, and stream work after it sees its
 /// result, in order.

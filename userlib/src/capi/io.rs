@@ -14,6 +14,9 @@ use crate::storage::Storage;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// The GPU page: where uGDS lets memory registered for one call start.
+const GPU_PAGE: usize = 64 << 10;
+
 /// Most segments in one vectored call.
 const IOV_MAX: usize = super::types::UGDS_IOV_MAX as usize;
 
@@ -186,8 +189,13 @@ impl Library {
         }
         let mem = classify(addr);
         match self.face {
-            // uGDS registers unregistered memory for the call.
+            // uGDS registers unregistered memory for the call; GPU memory only from a 64 KiB
+            // GPU page boundary (uGDS refuses the rest: its driver's mapping would round the
+            // address down).
             Face::Ugds => {
+                if matches!(mem, Raw::Gpu(_)) && !addr.is_multiple_of(GPU_PAGE) {
+                    return Err(Fail::Errno(libc::EINVAL));
+                }
                 // SAFETY: forwarded from the caller.
                 unsafe { self.rw_temporary(&h, write, &mem, addr, size, foff) }
             }
