@@ -249,16 +249,13 @@ impl StreamIo {
     }
 
     /// Queues a group: its operations run concurrently once the stream reaches it, and later
-    /// stream work waits for all of them. On a file or block device a group of one is a job of
-    /// its own on the dispatcher; a larger group is one job that puts its operations in flight
-    /// at once on a ring of this registration's own (see
+    /// stream work waits for all of them. On a file or block device the whole group is one job
+    /// that puts its operations in flight at once on a ring of this registration's own (see
     /// [`crate::fallback_batch`]), on a striped volume on queue pairs of its own on every member
     /// (see [`crate::volume_batch`]); elsewhere each operation is a job of its own.
     pub fn submit(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
         self.born.check("stream")?;
         let batched = match storage.concrete_path() {
-            #[cfg(feature = "fallback")]
-            ConcretePath::File(_) if ops.len() == 1 => return self.submit_one(storage, &ops[0]),
             #[cfg(feature = "fallback")]
             ConcretePath::File(_) => true,
             ConcretePath::Volume(_) => true,
@@ -275,19 +272,6 @@ impl StreamIo {
             })
             .collect();
         self.submit_jobs(&storage.engine()?, jobs)
-    }
-
-    /// A group of one operation on a file: a job of its own on the dispatcher, so that its read
-    /// into GPU memory may end on the device (see [`crate::stream_tail`]).
-    #[cfg(feature = "fallback")]
-    fn submit_one(&self, storage: &Arc<Storage>, o: &AsyncOp) -> Result<()> {
-        let (s, o) = (storage.clone(), o.clone());
-        let job: StreamJob = Box::new(move || {
-            crate::stream_tail::one_io(|| run_op(&s, &o));
-            // The buffer stays registered until a copy left running is over.
-            crate::stream_tail::keep_while_copying(Box::new(o));
-        });
-        self.submit_jobs(&storage.engine()?, vec![job])
     }
 
     /// [`StreamIo::submit`] on a file or volume target: one ticket for the group, which runs on
