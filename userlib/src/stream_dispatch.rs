@@ -101,15 +101,15 @@ impl Dispatcher {
 
     /// Queues `start` to run once `stream` reaches the point queued now; `key` is the group's
     /// first ticket (increasing, cyclic). With `at_once` (the caller found the stream idle, so
-    /// it has reached that point already) the key is stored here rather than by the stream:
-    /// the group starts without waiting for the stream to get round to a store. On error
-    /// nothing was queued on the stream and `start` never runs.
+    /// it has reached that point already) nothing is queued on the stream: the caller stores
+    /// the key with [`Dispatcher::release`] once the rest of its group is queued, and the group
+    /// starts without waiting for the stream to get round to a store. On error nothing was
+    /// queued on the stream and `start` never runs.
     pub(crate) fn queue(&self, stream: &dyn Stream, key: u32, start: Start, at_once: bool) -> Result<()> {
         // Known to the dispatcher before the key is written.
         let sleeping = self.add(|q| q.groups.push_back((key, start)));
         if at_once {
-            // An idle stream has written every earlier key: the word only moves forward.
-            self.shared.reached.store(key);
+            // Awake and watching for the key by the time it is released.
             self.wake_if(sleeping);
             return Ok(());
         }
@@ -120,6 +120,15 @@ impl Dispatcher {
         }
         self.wake_if(sleeping);
         Ok(())
+    }
+
+    /// Starts the group queued with `at_once` under `key`. An idle stream has written every
+    /// earlier key, so the word only moves forward.
+    pub(crate) fn release(&self, key: u32) {
+        self.shared.reached.store(key);
+        // The thread may have gone to sleep since the group was added.
+        let sleeping = self.lock().sleeping;
+        self.wake_if(sleeping);
     }
 
     /// Runs `f` on the dispatcher thread before the next group, whatever the stream does: for

@@ -164,15 +164,14 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        let prefix = finish(&self.tickets, self.ticket);
-        if !self.stored_by_device {
-            self.word.store(prefix);
-        }
+        finish(&self.tickets, self.ticket, (!self.stored_by_device).then_some(&self.word));
     }
 }
 
-/// Counts `ticket` done; returns the ticket up to which all are done (the word's value).
-fn finish(tickets: &Mutex<Tickets>, ticket: u32) -> u32 {
+/// Counts `ticket` done and stores the ticket up to which all are done into `word` (when
+/// given), under the lock: stores made after it is released could land out of order and move
+/// the word back.
+fn finish(tickets: &Mutex<Tickets>, ticket: u32, word: Option<&CompletionWord>) {
     let mut t = tickets.lock().unwrap_or_else(|e| e.into_inner());
     t.done.insert(ticket);
     loop {
@@ -182,7 +181,9 @@ fn finish(tickets: &Mutex<Tickets>, ticket: u32) -> u32 {
         }
         t.prefix = n;
     }
-    t.prefix
+    if let Some(w) = word {
+        w.store(t.prefix);
+    }
 }
 
 impl StreamIo {
@@ -347,6 +348,10 @@ impl StreamIo {
         if waited.is_err() {
             cancel.store(true, Ordering::Release);
         }
+        if at_once {
+            // Started only now: a failed wait's caller is told before its I/O could begin.
+            self.dispatch.release(first);
+        }
         // Written by the stream, not a host function: a host function here would be a second
         // round trip to a host thread on every synchronize's critical path.
         let marked = self.stream.write_word(&self.passed, last);
@@ -369,6 +374,10 @@ impl StreamIo {
     /// buffer is in use settles them first, so that a buffer whose stream has passed its I/O
     /// is never reported busy.
     pub(crate) fn settle_copies(&self) {
+        // In a forked child the copies (and their queues) are the parent's: touched by no one.
+        if self.born.in_child() {
+            return;
+        }
         drop(self.copies.take_all());
     }
 

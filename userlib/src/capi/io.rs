@@ -116,6 +116,17 @@ impl Library {
         // A request larger than the face's largest piece (`FaceOptions::max_io_bytes`) runs as
         // pieces of it, one after the other; a short piece (the end of a file) ends it.
         let max = self.max_io_bytes.load(std::sync::atomic::Ordering::Relaxed).max(1);
+        // uGDS maps unregistered GPU memory for one call only from a 64 KiB GPU page (its
+        // driver's mapping would round the address down) and refuses the rest; checked on the
+        // request's start, not on each piece's.
+        let start = base.wrapping_add(buf_offset.max(0) as usize);
+        if self.face == Face::Ugds
+            && !start.is_multiple_of(GPU_PAGE)
+            && self.buffer(base).is_none()
+            && matches!(classify(start), Raw::Gpu(_))
+        {
+            return Err(Fail::Errno(libc::EINVAL));
+        }
         let r = (|| -> CResult<usize> {
             let mut done = 0usize;
             loop {
@@ -189,13 +200,9 @@ impl Library {
         }
         let mem = classify(addr);
         match self.face {
-            // uGDS registers unregistered memory for the call; GPU memory only from a 64 KiB
-            // GPU page boundary (uGDS refuses the rest: its driver's mapping would round the
-            // address down).
+            // uGDS registers unregistered memory for the call (GPU memory only from a GPU page:
+            // `rw_as` checked that).
             Face::Ugds => {
-                if matches!(mem, Raw::Gpu(_)) && !addr.is_multiple_of(GPU_PAGE) {
-                    return Err(Fail::Errno(libc::EINVAL));
-                }
                 // SAFETY: forwarded from the caller.
                 unsafe { self.rw_temporary(&h, write, &mem, addr, size, foff) }
             }

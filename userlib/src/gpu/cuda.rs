@@ -524,8 +524,9 @@ impl Stream for CudaStream {
         const PER_THREAD: usize = 0x2;
         let raw = self.raw as usize;
         // The legacy default stream's next work waits for every blocking stream of the
-        // context, which no query reaches.
-        if raw == 0 || raw == LEGACY {
+        // context, which no query reaches; the per-thread default stream is one handle for
+        // every thread's own stream, so whose it is cannot be told here.
+        if raw == 0 || raw == LEGACY || raw == PER_THREAD {
             return false;
         }
         let Ok(_ctx) = self.cuda.enter() else { return false };
@@ -542,7 +543,7 @@ impl Stream for CudaStream {
                 && unsafe { cu::cuStreamQuery(s) } == cu::CUresult::CUDA_SUCCESS
         };
         // A blocking stream's next work also waits for the legacy default stream's.
-        let blocking = raw == PER_THREAD || {
+        let blocking = {
             let mut flags = 0;
             // SAFETY: out-pointer to a local; a live stream.
             let r = unsafe { cu::cuStreamGetFlags(self.raw, &mut flags) };
