@@ -123,12 +123,10 @@ impl Dispatcher {
     }
 
     /// Starts the group queued with `at_once` under `key`. An idle stream has written every
-    /// earlier key, so the word only moves forward.
+    /// earlier key, so the word only moves forward. The thread is awake: `queue` woke it, and it
+    /// never sleeps on the condition variable while a group is queued.
     pub(crate) fn release(&self, key: u32) {
         self.shared.reached.store(key);
-        // The thread may have gone to sleep since the group was added.
-        let sleeping = self.lock().sleeping;
-        self.wake_if(sleeping);
     }
 
     /// Runs `f` on the dispatcher thread before the next group, whatever the stream does: for

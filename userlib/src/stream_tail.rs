@@ -16,7 +16,6 @@
 
 use crate::gpu::stream::CompletionWord;
 use crate::gpu::{CopyQueue, Gpu, GpuMemory, PinnedHost};
-use crate::inflight::{InFlight, Why};
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -79,38 +78,34 @@ impl Copying {
         }
     }
 
-    /// Whether the copy is over (then its queue and staging went back to the GPU's pools, or,
-    /// when the queue failed, into a token for good).
+    /// Whether the copy is over (then ended: see [`Copying::end`]).
     fn done(&mut self) -> bool {
         let Some(q) = self.queue.as_mut() else { return true };
-        match q.poll() {
-            Ok(false) => false,
-            Ok(true) => {
-                self.release();
-                true
-            }
-            Err(e) => {
-                log::debug!("a copy behind a stream's completion failed: {e}");
-                self.keep_for_good();
-                true
-            }
-        }
+        let r = match q.poll() {
+            Ok(false) => return false,
+            Ok(true) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.end(r);
+        true
     }
 
-    fn release(&mut self) {
-        if let Some(q) = self.queue.take() {
-            self.gpu.put_queue(q);
-        }
-        self.gpu.put_staging(std::mem::take(&mut self.stage));
-    }
-
-    /// The queue cannot say its copy is done: it, the staging memory, the GPU memory and the
-    /// busy counts stay for good.
-    fn keep_for_good(&mut self) {
-        let q = self.queue.take();
+    /// Ends the copy with its queue's answer `r` ([`Gpu::settle_queue`]): on success the queue
+    /// and the staging go back to the GPU's pools; when the queue cannot say the copy is done,
+    /// the failure's token keeps the queue, the staging, the memory and the busy counts for
+    /// good.
+    fn end(&mut self, r: crate::Result<()>) {
+        let Some(q) = self.queue.take() else { return };
         let stage = std::mem::take(&mut self.stage);
-        let keep = std::mem::take(&mut self.keep);
-        InFlight::new(Why::Copy).holding((q, stage, self._mem.clone(), keep)).keep();
+        match self.gpu.settle_queue(r, q) {
+            Ok(()) => self.gpu.put_staging(stage),
+            Err(mut f) => {
+                log::debug!("a copy behind a stream's completion failed: {}", f.error);
+                let keep = std::mem::take(&mut self.keep);
+                // A failed queue's token always comes back: nothing is handed back here.
+                drop(f.hold_if_running((stage, self._mem.clone(), keep)));
+            }
+        }
     }
 }
 
@@ -118,10 +113,8 @@ impl Drop for Copying {
     fn drop(&mut self) {
         // What the copy uses goes only once it is over.
         let Some(q) = self.queue.as_mut() else { return };
-        match q.wait() {
-            Ok(()) => self.release(),
-            Err(_) => self.keep_for_good(),
-        }
+        let r = q.wait();
+        self.end(r);
     }
 }
 
