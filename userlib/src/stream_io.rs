@@ -382,7 +382,7 @@ impl StreamIo {
     }
 
     /// Copies that released the stream so far (tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "fallback"))]
     pub(crate) fn copies_signalled(&self) -> u64 {
         self.copies.signalled()
     }
