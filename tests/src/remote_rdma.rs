@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::{pattern, Error, Gpu, Rejection, Storage};
+use ugds::{pattern, Error, Gpu, IoRequest, IoStatus, Op, Rejection, Storage, StorageBatch};
 
 const V: &str = "remote";
 /// The address of the dummy interface the soft-RoCE device sits on.
@@ -37,6 +37,11 @@ pub fn tests() -> Vec<Test> {
             name: "remote_rdma_port_removed_mid_stream_fails_by_name_then_reconnects_without_loss",
             variant: V,
             run: port_bounce,
+        },
+        Test {
+            name: "remote_rdma_batch_keeps_its_entries_in_flight_on_queues_of_its_own_both_ways",
+            variant: V,
+            run: batch_in_flight,
         },
     ]
 }
@@ -282,5 +287,98 @@ fn registration_cost() -> Result<()> {
             "registering {len} bytes ({reg} ns) costs more than the read ({io} ns)"
         );
     }
+    Ok(())
+}
+
+/// A batch on an NVMe/RDMA namespace keeps its entries in flight on queues of its own (none on
+/// the storage's worker threads): 96 entries of 512 B to 1 MiB (small writes go in the
+/// capsule, the rest by RDMA), written, checked on the backing disk, overwritten there and
+/// read back; then a batch dropped with reads in flight, after which the namespace still works.
+fn batch_in_flight() -> Result<()> {
+    ensure_rdma_target()?;
+    let st = Storage::open(uri(1))?;
+    let n = 96u64;
+    let slot = 1u64 << 20;
+    let buf = Arc::new(st.alloc_host((n * slot) as usize)?);
+    let mut b = StorageBatch::new(&st, n as usize)?;
+    ensure_that!(b.is_native(), "an NVMe/RDMA batch should have queues of its own");
+    // Entry i: 512 B to 128 KiB, every 16th 1 MiB, one after another on the namespace.
+    let mut at = 0u64;
+    let reqs: Vec<IoRequest> = (0..n)
+        .map(|i| {
+            let len: u64 = if i % 16 == 5 { 1 << 20 } else { 512 << (i % 9) };
+            let file_offset = at;
+            at += len.next_multiple_of(4096);
+            IoRequest { op: Op::Write, buf: buf.clone(), buf_offset: i * slot, file_offset, len, cookie: i }
+        })
+        .collect();
+    let fill = |seed: u64| -> Result<()> {
+        let mut v = buf.host_view()?;
+        for r in &reqs {
+            pattern::fill(
+                seed ^ r.cookie,
+                r.file_offset,
+                &mut v[r.buf_offset as usize..(r.buf_offset + r.len) as usize],
+            );
+        }
+        Ok(())
+    };
+    let run = |b: &mut StorageBatch, op: Op| -> Result<()> {
+        let rs: Vec<IoRequest> = reqs.iter().cloned().map(|r| IoRequest { op, ..r }).collect();
+        b.submit(&rs)?;
+        let mut seen = vec![0u32; n as usize];
+        let mut got = 0;
+        while got < rs.len() {
+            let ev = b.status(rs.len() - got, Duration::from_secs(30))?;
+            ensure_that!(!ev.is_empty(), "{op:?}: no events within 30 s ({got} of {})", rs.len());
+            for e in &ev {
+                let r = &rs[e.cookie as usize];
+                ensure_that!(e.status == IoStatus::Complete && e.bytes == r.len, "{op:?} entry {}: {e:?}", r.cookie);
+                seen[e.cookie as usize] += 1;
+            }
+            got += ev.len();
+        }
+        ensure_that!(seen.iter().all(|&c| c == 1), "{op:?}: an entry reported other than once");
+        ensure_that!(b.pooled_entries() == 0, "{op:?}: {} entries ran on worker threads", b.pooled_entries());
+        Ok(())
+    };
+    fill(0x5D)?;
+    run(&mut b, Op::Write)?;
+    for r in &reqs {
+        let back = direct_read(BACKING, r.file_offset, r.len as usize)?;
+        if let Some(at) = pattern::first_mismatch(0x5D ^ r.cookie, r.file_offset, &back) {
+            bail!(
+                "batch write {} ({} bytes at {}): the backing disk differs at byte {at}",
+                r.cookie,
+                r.len,
+                r.file_offset
+            );
+        }
+        let mut data = vec![0u8; r.len as usize];
+        pattern::fill(0x7E ^ r.cookie, r.file_offset, &mut data);
+        direct_write(BACKING, r.file_offset, &data)?;
+    }
+    buf.host_view()?.fill(0);
+    run(&mut b, Op::Read)?;
+    {
+        let v = buf.host_view()?;
+        for r in &reqs {
+            let got = &v[r.buf_offset as usize..(r.buf_offset + r.len) as usize];
+            if let Some(at) = pattern::first_mismatch(0x7E ^ r.cookie, r.file_offset, got) {
+                bail!("batch read {} ({} bytes at {}) differs at byte {at}", r.cookie, r.len, r.file_offset);
+            }
+        }
+    }
+    // Dropped with reads in flight: its queues are closed before the buffer's leases go.
+    let rs: Vec<IoRequest> = reqs.iter().cloned().map(|r| IoRequest { op: Op::Read, ..r }).collect();
+    b.submit(&rs)?;
+    drop(b);
+    let one = st.alloc_host(4096)?;
+    st.read(&one, 0, 0, 4096)?;
+    let mut got = vec![0u8; 4096];
+    one.copy_out(0, &mut got)?;
+    // Entry 0 (cookie 0, 512 bytes at 0) as the backing disk last wrote it.
+    let first = reqs[0].len as usize;
+    ensure_that!(pattern::first_mismatch(0x7E, 0, &got[..first]).is_none(), "a read after the dropped batch differs");
     Ok(())
 }

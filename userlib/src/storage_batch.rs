@@ -174,7 +174,7 @@ impl Native {
             ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
             #[cfg(feature = "fallback")]
             ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
-            // Queues of its own on NVMe/TCP; RDMA's queues run one call at a time.
+            // Queues of its own on NVMe/TCP and NVMe/RDMA.
             ConcretePath::Remote(r) if one => RemoteBatch::new(r.link(), capacity).map(|b| Native::Remote(Box::new(b))),
             ConcretePath::Remote(_) => None,
         }

@@ -1,5 +1,5 @@
-//! A batch on the remote path over NVMe/TCP: entries go to I/O queues the batch holds for its
-//! life (each a connection of its own), every one of their commands in flight at once, as
+//! A batch on the remote path (NVMe/TCP or NVMe/RDMA): entries go to I/O queues the batch holds
+//! for its life (each a connection of its own), every one of their commands in flight at once, as
 //! deep as the queues are, instead of one I/O per queue on the storage's worker threads. An
 //! entry is one command per piece of at most the largest command, all on one queue; its event
 //! comes when its last piece completes. Completions are matched by command identifier and
@@ -9,7 +9,7 @@
 //! threads of the batch's own instead, one queue each (`remote::spread`): one thread reading
 //! every connection does all their receive work on one core.
 //!
-//! Waiting blocks in `ppoll` on the queues' sockets: the target (on a small machine, the same
+//! Waiting blocks in `ppoll` on the queues' sockets (or RDMA completion channels): the target (on a small machine, the same
 //! cores) needs the CPU more than a spinning reader does. A queue that stays silent with
 //! commands in flight for the URI's timeout is closed, and its entries fail by name.
 //!
@@ -102,8 +102,8 @@ impl std::fmt::Debug for RemoteBatch {
 }
 
 impl RemoteBatch {
-    /// A batch of up to `capacity` entries on `link`'s namespace: `None` when its queues do not
-    /// keep commands in flight across calls (RDMA), or none can be spared or connected for it.
+    /// A batch of up to `capacity` entries on `link`'s namespace: `None` when no queue can be
+    /// spared or connected for it.
     pub(crate) fn new(link: &Arc<Link>, capacity: usize) -> Option<RemoteBatch> {
         Self::with(link, capacity, true)
     }
@@ -145,7 +145,8 @@ impl RemoteBatch {
     }
 
     /// Whether an entry of `len` bytes in `mem` runs here: host memory (a socket cannot reach
-    /// GPU memory), in at most [`MAX_PIECES`] commands.
+    /// GPU memory; over RDMA, GPU memory goes through the worker threads' calls, which register
+    /// its dma-buf), in at most [`MAX_PIECES`] commands.
     pub(crate) fn takes(&self, mem: &Mem, len: u64) -> bool {
         matches!(mem, Mem::Host { .. }) && len.div_ceil(self.piece.max(1)) <= MAX_PIECES
     }

@@ -106,7 +106,7 @@ pub use rdma::{rdma_drive, RdmaEvent};
 mod rdma {
     use super::HarnessDone;
     use crate::error::Result;
-    use crate::remote::rdma::{drive, Wire};
+    use crate::remote::rdma_slots::{drive, Slots, Wire};
     use crate::remote::verbs::{IbvSge, IbvWc, CAPSULE, RESPONSE, WC_RECV, WC_SEND, WC_SUCCESS};
     use std::cell::RefCell;
     use std::collections::{HashMap, VecDeque};
@@ -156,13 +156,15 @@ mod rdma {
         waits: VecDeque<Vec<RdmaEvent>>,
         /// Capsule slot -> the work request whose SEND has not completed.
         sending: HashMap<usize, u64>,
-        /// Sent command indices (their CIDs), oldest first, without a scripted response yet.
-        unanswered: Vec<u64>,
+        /// CIDs of sent commands without a response yet, oldest first.
+        unanswered: Vec<u16>,
+        /// The command (its index) that last went out with each CID.
+        holder: HashMap<u16, usize>,
         /// Posted response slots, oldest first.
         posted: VecDeque<usize>,
         slot_bytes: HashMap<usize, [u8; RESPONSE]>,
-        /// The first response that named each CID.
-        first: HashMap<u16, [u8; RESPONSE]>,
+        /// The first response that named each command (by its CID while it held it).
+        first: HashMap<usize, [u8; RESPONSE]>,
     }
 
     #[derive(Debug)]
@@ -184,7 +186,10 @@ mod rdma {
                                 st.posted.remove(p);
                             }
                             if let Ok(c) = Cqe::read_from_bytes(&response[..]) {
-                                st.first.entry(c.cid()).or_insert(response);
+                                if let Some(&i) = st.holder.get(&c.cid()) {
+                                    st.first.entry(i).or_insert(response);
+                                }
+                                st.unanswered.retain(|&u| u != c.cid());
                             }
                         }
                     } else if status == WC_SUCCESS {
@@ -205,15 +210,15 @@ mod rdma {
                     }
                     let slot = st.posted.pop_front()?;
                     let at = usize::from(nth) % st.unanswered.len();
-                    let i = st.unanswered.remove(at);
+                    let cid = st.unanswered.remove(at);
                     let mut b = [0u8; RESPONSE];
                     b[..4].copy_from_slice(&result.to_le_bytes());
-                    // CAST: command indices are below 65535 (drive checks).
-                    b[12..14].copy_from_slice(&(i as u16).to_le_bytes());
+                    b[12..14].copy_from_slice(&cid.to_le_bytes());
                     b[14..16].copy_from_slice(&status.to_le_bytes());
                     st.slot_bytes.insert(slot, b);
-                    // CAST: as above.
-                    st.first.entry(i as u16).or_insert(b);
+                    if let Some(&i) = st.holder.get(&cid) {
+                        st.first.entry(i).or_insert(b);
+                    }
                     // CAST: RESPONSE is 16.
                     Some(IbvWc::new(slot as u64, WC_SUCCESS, WC_RECV, RESPONSE as u32))
                 }
@@ -226,14 +231,21 @@ mod rdma {
             self.slots
         }
 
-        fn send(&self, slot: usize, wr_id: u64, _sqe: &[u8; CAPSULE], _data: Option<IbvSge>) -> std::io::Result<()> {
+        fn send(&self, slot: usize, wr_id: u64, sqe: &[u8; CAPSULE], _data: Option<IbvSge>) -> std::io::Result<()> {
             let mut st = self.st.borrow_mut();
             assert!(slot < self.slots, "a SEND on capsule slot {slot} of {}", self.slots);
             if let Some(w) = st.sending.get(&slot) {
                 panic!("capsule slot {slot} reused for work request {wr_id} before the SEND of {w} completed");
             }
+            let cid = u16::from_le_bytes([sqe[2], sqe[3]]);
+            assert!(!st.unanswered.contains(&cid), "CID {cid} reused before its response came");
+            // The command's index is its SLBA (see `rdma_drive`).
+            let mut slba = [0u8; 8];
+            slba.copy_from_slice(&sqe[40..48]);
+            // CAST: a harness run has few commands.
+            st.holder.insert(cid, u64::from_le_bytes(slba) as usize);
             st.sending.insert(slot, wr_id);
-            st.unanswered.push(wr_id);
+            st.unanswered.push(cid);
             Ok(())
         }
 
@@ -267,8 +279,9 @@ mod rdma {
         }
     }
 
-    /// Runs `sqes` (command `i` gets CID `i`) through the NVMe/RDMA command loop on `slots`
-    /// capsule slots (every response slot posted), at most `depth - 1` in flight, each wait
+    /// Runs `sqes` (command `i` gets SLBA `i`, which names it to the script) through the
+    /// NVMe/RDMA command loop on `slots` capsule slots (every response slot posted), at most
+    /// `depth - 1` in flight, each wait
     /// delivering the next list of `waits` (then timeouts). Panics when the loop breaks one
     /// of its promises (see the module).
     pub fn rdma_drive(
@@ -286,16 +299,15 @@ mod rdma {
             .enumerate()
             .map(|(i, s)| {
                 let mut s = *s;
-                // CAST: a harness run has few commands.
-                s.set_cid(i as u16);
+                s.set_slba(i as u64);
                 (s, None)
             })
             .collect();
-        let done = drive(&wire, &cmds, depth, Duration::from_millis(1), "scripted-target:4420", "scripted I/O")?;
+        let mut slots_ = Slots::new(slots, depth);
+        let done = drive(&wire, &mut slots_, &cmds, Duration::from_millis(1), "scripted-target:4420", "scripted I/O")?;
         let st = wire.st.borrow();
         for (i, d) in done.iter().enumerate() {
-            // CAST: as above.
-            let first = st.first.get(&(i as u16)).and_then(|b| Cqe::read_from_bytes(&b[..]).ok());
+            let first = st.first.get(&i).and_then(|b| Cqe::read_from_bytes(&b[..]).ok());
             let Some(c) = first else {
                 panic!("command {i} completed ({d:?}) without any response naming it");
             };

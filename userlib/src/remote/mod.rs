@@ -16,6 +16,8 @@ mod fabrics;
 mod queue;
 #[cfg(feature = "rdma")]
 mod rdma;
+#[cfg(feature = "rdma")]
+mod rdma_slots;
 mod splice;
 mod spread;
 pub(crate) mod sysfs;

@@ -13,29 +13,35 @@
 //!
 //! Every call ends with all its commands completed or with the queue pair disconnected (moved
 //! to the error state) before the registrations are released, so the target can never reach
-//! memory after the call returns; a connection is never reused after an error.
+//! memory after the call returns; a connection is never reused after an error. A batch's
+//! commands stay in flight across calls (`Pipelined`): each holds its registration in its
+//! capsule slot (`rdma_slots.rs`) until its response came, or the queue pair was disconnected.
 
-use super::transport::{result_of, set_psdt_sgl, Cmd, Data, Done, FabricsQueue};
+use super::rdma_slots::{drive, Slots, Wire};
+use super::transport::{set_psdt_sgl, Cmd, Data, Done, FabricsQueue, Pipelined, RawData};
 use super::uri::RemoteSpec;
-use super::verbs::{self, CmError, Endpoint, IbvSge, IbvWc, Mr, TargetAccess, CAPSULE, RESPONSE, WC_RECV, WC_SUCCESS};
+use super::verbs::{CmError, Endpoint, IbvSge, IbvWc, Mr, TargetAccess, CAPSULE, RESPONSE};
 use crate::error::{Error, Rejection, Result};
 use std::net::ToSocketAddrs;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::time::Duration;
 use ugds_uapi::rdma::{keyed_sgl, reject_reason, CmReject, CmRequest, RECFMT_1_0};
 use ugds_uapi::tcp::SGL_INCAPSULE;
-use ugds_uapi::{Cqe, Sqe};
+use ugds_uapi::Sqe;
 use zerocopy::{FromBytes, IntoBytes};
 
 /// A connected NVMe/RDMA queue.
 #[derive(Debug)]
 pub(crate) struct RdmaQueue {
+    /// Commands in flight by capsule slot, some holding their data's registration: declared
+    /// before the endpoint, so they are dropped before its protection domain goes.
+    slots: Slots,
     ep: Endpoint,
     /// `HOST:PORT`, for messages.
     target: String,
     qid: u16,
-    /// Commands in flight at most, plus one (the SQ size).
-    depth: usize,
+    /// Whether the CQ is armed with no completion unhandled (a batch's wait may begin).
+    armed: bool,
     in_capsule: usize,
     /// The longest wait for any one completion.
     timeout: Duration,
@@ -89,7 +95,8 @@ impl RdmaQueue {
         let timeout = Duration::from_millis(spec.timeout_ms);
         let ep = Endpoint::connect(addr, private.as_bytes(), usize::from(depth), 2, timeout)
             .map_err(|e| cm_error(spec, e))?;
-        Ok(RdmaQueue { ep, target, qid, depth: usize::from(depth), in_capsule: 0, timeout, broken: false })
+        let slots = Slots::new(ep.slots(), usize::from(depth));
+        Ok(RdmaQueue { slots, ep, target, qid, armed: false, in_capsule: 0, timeout, broken: false })
     }
 
     /// Mean nanoseconds of one registration and deregistration of `len` bytes of host memory
@@ -109,27 +116,12 @@ impl RdmaQueue {
     }
 }
 
-/// One command, ready to send: its SQE (CID and SGL filled in), its registration, and the
-/// in-capsule gather element.
+/// One command of a call, ready to send: its SQE (SGL filled in), its registration (kept for
+/// the call), and the in-capsule gather element.
 struct Prepared<'a> {
     sqe: Sqe,
     _mr: Option<Mr<'a>>,
     inline: Option<IbvSge>,
-}
-
-/// What [`drive`] needs of a connection: an [`Endpoint`], or a fake in the host tests.
-pub(crate) trait Wire {
-    /// Capsule slots (and response slots).
-    fn slots(&self) -> usize;
-    /// Posts the SQE in capsule slot `slot` as a signaled SEND (work request `wr_id`), with
-    /// in-capsule data when given.
-    fn send(&self, slot: usize, wr_id: u64, sqe: &[u8; CAPSULE], data: Option<IbvSge>) -> std::io::Result<()>;
-    /// Posts a receive on response slot `slot`.
-    fn post_recv(&self, slot: usize) -> std::io::Result<()>;
-    /// The bytes received in response slot `slot`.
-    fn response(&self, slot: usize) -> [u8; RESPONSE];
-    /// Waits up to `timeout` for completions.
-    fn wait(&self, out: &mut [IbvWc], timeout: Duration) -> std::io::Result<usize>;
 }
 
 impl Wire for Endpoint {
@@ -150,40 +142,30 @@ impl Wire for Endpoint {
     }
 }
 
-/// Per-command progress.
-#[derive(Debug, Clone, Copy, Default)]
-struct Progress {
-    slot: Option<usize>,
-    sent: bool,
-    done: Option<Done>,
-}
-
 impl FabricsQueue for RdmaQueue {
     fn execute(&mut self, cmds: &mut [Cmd<'_>], op: &str) -> Result<Vec<Done>> {
         if self.broken {
             return Err(self.transport_error(op, std::io::Error::from_raw_os_error(libc::ENOTCONN)));
         }
-        if cmds.len() >= usize::from(u16::MAX) {
-            return Err(Error::invalid("cmds", "too many commands for one call"));
+        if self.slots.in_flight() > 0 {
+            return Err(Error::invalid("queue", "a batch's commands are in flight on it"));
         }
         let ep = &self.ep;
-        let prepared = cmds
-            .iter_mut()
-            .enumerate()
-            .map(|(i, c)| prepare(ep, &self.target, c, i, self.in_capsule))
-            .collect::<Result<Vec<_>>>();
+        let prepared =
+            cmds.iter_mut().map(|c| prepare(ep, &self.target, c, self.in_capsule)).collect::<Result<Vec<_>>>();
         let r = prepared.and_then(|p| {
             let wire: Vec<_> = p.iter().map(|c| (c.sqe, c.inline)).collect();
-            let r = drive(ep, &wire, self.depth, self.timeout, &self.target, op);
+            let r = drive(ep, &mut self.slots, &wire, self.timeout, &self.target, op);
             if r.is_err() {
                 // Before the registrations go: the target must not reach them any more.
                 ep.kill();
             }
             r
         });
+        // The waits took the channel's events: a batch arms the CQ again before it waits.
+        self.armed = false;
         if r.is_err() {
-            self.broken = true;
-            self.ep.kill();
+            self.abandon();
         }
         r
     }
@@ -208,6 +190,123 @@ impl FabricsQueue for RdmaQueue {
         }
         Ok(())
     }
+
+    fn pipelined(&mut self) -> Option<&mut dyn Pipelined> {
+        Some(self)
+    }
+}
+
+/// A batch's commands: each registers its memory when it starts and keeps the registration
+/// in its slot until its SEND and its response both completed. Waiting is the batch's (`ppoll`
+/// on the completion channel, with the CQ armed whenever a wait could begin).
+impl Pipelined for RdmaQueue {
+    fn room(&self) -> usize {
+        if self.broken {
+            0
+        } else {
+            self.slots.room()
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.in_flight()
+    }
+
+    fn buffered(&self) -> bool {
+        false
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.ep.completion_fd())
+    }
+
+    unsafe fn start(&mut self, sqe: Sqe, data: RawData, op: &str) -> Result<u16> {
+        if self.broken {
+            return Err(self.transport_error(op, std::io::Error::from_raw_os_error(libc::ENOTCONN)));
+        }
+        if self.slots.room() == 0 {
+            return Err(Error::invalid("queue", "every slot is in flight"));
+        }
+        let (mem, write) = match data {
+            RawData::None => (None, false),
+            RawData::In { ptr, len } => (Some((ptr, len, TargetAccess::Write)), false),
+            RawData::Out { ptr, len } => (Some((ptr, len, TargetAccess::Read)), true),
+        };
+        let mr = match mem {
+            None => None,
+            // SAFETY: the caller keeps the memory valid and unshared until this command's
+            // response came out of `reap` or the queue was abandoned (which kills the queue
+            // pair before the slots let the registration go); the slots, and with them the
+            // registration, are dropped before the endpoint (`Drop` below, field order).
+            Some((ptr, len, access)) => Some(
+                unsafe { self.ep.register_raw(ptr, len, access) }.map_err(|e| registration_error(&self.target, e))?,
+            ),
+        };
+        let len = mem.map_or(0, |(_, len, _)| len);
+        let mut sqe = sqe;
+        let inline = describe(&mut sqe, mr.as_ref(), len, write, self.in_capsule)?;
+        let r = (|| {
+            if !self.armed {
+                self.ep.arm()?;
+                self.armed = true;
+            }
+            self.slots.start(&self.ep, sqe, inline, mr)
+        })();
+        r.map_err(|e| {
+            self.abandon();
+            self.transport_error(op, e)
+        })
+    }
+
+    fn reap(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()> {
+        let r = self.take_completions(out, op);
+        if r.is_err() {
+            self.abandon();
+        }
+        r
+    }
+
+    fn abandon(&mut self) {
+        self.broken = true;
+        // The queue pair first: after this the target reaches no registration through it.
+        self.ep.kill();
+        self.slots.clear();
+    }
+}
+
+impl RdmaQueue {
+    /// Handles every completion there is, and leaves the CQ armed with none unhandled, so the
+    /// next one makes the completion channel readable.
+    fn take_completions(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()> {
+        self.ep.take_events();
+        self.armed = false;
+        self.drain(out, op)?;
+        self.ep.arm().map_err(|e| self.transport_error(op, e))?;
+        self.armed = true;
+        // What came between the last poll and the arming raised no event.
+        self.drain(out, op)
+    }
+
+    fn drain(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()> {
+        let mut wcs = [IbvWc::default(); 16];
+        loop {
+            let n = self.ep.poll(&mut wcs).map_err(|e| self.transport_error(op, e))?;
+            if n == 0 {
+                return Ok(());
+            }
+            self.slots.handle(&self.ep, &wcs[..n], out, &self.target, op)?;
+        }
+    }
+}
+
+impl Drop for RdmaQueue {
+    fn drop(&mut self) {
+        // A batch abandons a queue before dropping it with commands in flight; if one did not,
+        // the queue pair still goes first, before the slots' registrations.
+        if self.slots.in_flight() > 0 {
+            self.abandon();
+        }
+    }
 }
 
 /// What the target may do to a command's memory: read it for a write to the target, write it
@@ -222,33 +321,24 @@ fn target_access(data: &Data<'_>) -> Option<TargetAccess> {
     }
 }
 
-/// Registers command `i`'s data and fills in its CID and data pointer.
-fn prepare<'a>(
-    ep: &'a Endpoint,
-    target: &str,
-    c: &'a mut Cmd<'_>,
-    i: usize,
-    in_capsule: usize,
-) -> Result<Prepared<'a>> {
-    let mut sqe = c.sqe;
-    // CAST: checked by the caller: fewer than 65535 commands.
-    sqe.set_cid(i as u16);
-    set_psdt_sgl(&mut sqe);
-    let len = c.data.len();
-    let Ok(len32) = u32::try_from(len) else {
-        return Err(Error::invalid("data", "a command's data is over 4 GiB"));
-    };
-    let reg_error = |source| Error::RemoteTransport {
+fn registration_error(target: &str, source: std::io::Error) -> Error {
+    Error::RemoteTransport {
         target: target.to_string(),
         op: "registering memory with the RDMA device (ibv_reg_mr)".into(),
         source,
-    };
+    }
+}
+
+/// Registers a call's command's data for the call and describes it in its SQE.
+fn prepare<'a>(ep: &'a Endpoint, target: &str, c: &'a mut Cmd<'_>, in_capsule: usize) -> Result<Prepared<'a>> {
+    let mut sqe = c.sqe;
+    let len = c.data.len();
     let write = matches!(c.data, Data::Out(_));
     let access = target_access(&c.data);
     let mr = match (&mut c.data, access) {
         (Data::None, _) | (_, None) => None,
-        (Data::Out(b), _) => Some(ep.register(b).map_err(reg_error)?),
-        (Data::In(b), _) => Some(ep.register_mut(b).map_err(reg_error)?),
+        (Data::Out(b), _) => Some(ep.register(b).map_err(|e| registration_error(target, e))?),
+        (Data::In(b), _) => Some(ep.register_mut(b).map_err(|e| registration_error(target, e))?),
         (Data::DmaBuf { fd, offset, len, .. }, Some(access)) => {
             Some(ep.register_dmabuf(fd.as_raw_fd(), *offset, *len, *offset, access).map_err(|source| {
                 Error::RemoteTransport {
@@ -259,127 +349,38 @@ fn prepare<'a>(
             })?)
         }
     };
-    let mut inline = None;
-    match &mr {
+    let inline = describe(&mut sqe, mr.as_ref(), len, write, in_capsule)?;
+    Ok(Prepared { sqe, _mr: mr, inline })
+}
+
+/// Describes `len` bytes of data registered as `mr` in `sqe` by one SGL descriptor: in the
+/// capsule (a write of at most `in_capsule` bytes; returns the gather element that sends it),
+/// a keyed data block the target reaches by RDMA, or a null descriptor without data.
+fn describe(sqe: &mut Sqe, mr: Option<&Mr<'_>>, len: usize, write: bool, in_capsule: usize) -> Result<Option<IbvSge>> {
+    set_psdt_sgl(sqe);
+    let Ok(len32) = u32::try_from(len) else {
+        return Err(Error::invalid("data", "a command's data is over 4 GiB"));
+    };
+    match mr {
         None => {
             // A null keyed descriptor: length 0.
             let (a, b) = keyed_sgl(0, 0, 0).unwrap_or_default();
             sqe.set_prps(a, b);
+            Ok(None)
         }
         Some(m) if write && len <= in_capsule => {
             // Data block, offset 0 of the capsule's data.
             sqe.set_prps(0, u64::from(len32) | u64::from(SGL_INCAPSULE) << 56);
-            inline = Some(IbvSge { addr: m.addr, length: len32, lkey: m.lkey });
+            Ok(Some(IbvSge { addr: m.addr, length: len32, lkey: m.lkey }))
         }
         Some(m) => {
             let (a, b) = keyed_sgl(m.addr, len32, m.rkey)
                 .ok_or_else(|| Error::invalid("data", "a command's data is over 16 MiB (a keyed SGL's limit)"))?;
             sqe.set_prps(a, b);
+            Ok(None)
         }
     }
-    Ok(Prepared { sqe, _mr: mr, inline })
 }
-
-/// Sends every command (up to `depth - 1` in flight, each capsule slot reused only after both
-/// its SEND and its response completed) and collects the responses.
-pub(super) fn drive<W: Wire>(
-    ep: &W,
-    cmds: &[(Sqe, Option<IbvSge>)],
-    depth: usize,
-    timeout: Duration,
-    target: &str,
-    op: &str,
-) -> Result<Vec<Done>> {
-    let err = |source| Error::RemoteTransport { target: target.to_string(), op: op.to_string(), source };
-    let protocol = |reason| Error::RemoteProtocol { target: target.to_string(), reason };
-    let n = cmds.len();
-    let mut prog = vec![Progress::default(); n];
-    let mut free: Vec<usize> = (0..ep.slots()).rev().collect();
-    let (mut next, mut inflight, mut finished) = (0usize, 0usize, 0usize);
-    let mut wcs = [IbvWc::default(); 16];
-    while finished < n {
-        while next < n && inflight < depth.saturating_sub(1).max(1) {
-            let Some(slot) = free.pop() else { break };
-            let (sqe, inline) = &cmds[next];
-            let bytes: [u8; CAPSULE] = sqe.as_bytes().try_into().map_err(|_| protocol("SQE size".into()))?;
-            ep.send(slot, next as u64, &bytes, *inline).map_err(err)?;
-            prog[next].slot = Some(slot);
-            next += 1;
-            inflight += 1;
-        }
-        let got = ep.wait(&mut wcs, timeout).map_err(err)?;
-        for wc in &wcs[..got] {
-            if wc.status != WC_SUCCESS {
-                return Err(err(std::io::Error::other(format!(
-                    "work completion {} ({})",
-                    verbs::wc_status(wc.status),
-                    if wc.opcode & WC_RECV != 0 { "receive" } else { "send" }
-                ))));
-            }
-            let i = if wc.opcode & WC_RECV != 0 {
-                // CAST: receive work request IDs are slot numbers.
-                let slot = wc.wr_id as usize;
-                if slot >= ep.slots() {
-                    return Err(protocol(format!("a receive completion for slot {slot}")));
-                }
-                if wc.byte_len as usize != verbs::RESPONSE {
-                    return Err(protocol(format!("a response capsule of {} bytes (16 expected)", wc.byte_len)));
-                }
-                let cqe = Cqe::read_from_bytes(&ep.response(slot)[..]).map_err(|_| protocol("short CQE".into()))?;
-                ep.post_recv(slot).map_err(err)?;
-                let i = usize::from(cqe.cid());
-                match prog.get(i) {
-                    Some(p) if p.slot.is_some() && p.done.is_none() => {}
-                    _ => return Err(protocol(format!("a response for command {i}, which is not in flight"))),
-                }
-                prog[i].done = Some(Done { status: cqe.status(), result: result_of(&cqe) });
-                inflight -= 1;
-                finished += 1;
-                i
-            } else {
-                // CAST: send work request IDs are command indices.
-                let i = wc.wr_id as usize;
-                match prog.get(i) {
-                    Some(p) if !p.sent && (p.slot.is_some() || p.done.is_some()) => {}
-                    _ => return Err(protocol(format!("a send completion for command {i}, which is not in flight"))),
-                }
-                prog[i].sent = true;
-                i
-            };
-            if prog[i].sent && prog[i].done.is_some() {
-                if let Some(s) = prog[i].slot.take() {
-                    free.push(s);
-                }
-            }
-        }
-    }
-    // Every response is in; the last SENDs' completions may still be due (their capsule slots
-    // must not be reused before): collect them.
-    while prog.iter().any(|p| !p.sent) {
-        let got = ep.wait(&mut wcs, timeout).map_err(err)?;
-        for wc in &wcs[..got] {
-            if wc.status != WC_SUCCESS || wc.opcode & WC_RECV != 0 {
-                return Err(protocol(format!(
-                    "after every response: a {} completion ({})",
-                    if wc.opcode & WC_RECV != 0 { "receive" } else { "send" },
-                    verbs::wc_status(wc.status)
-                )));
-            }
-            // CAST: send work request IDs are command indices.
-            match prog.get_mut(wc.wr_id as usize) {
-                Some(p) if !p.sent => p.sent = true,
-                _ => {
-                    return Err(protocol(format!("a send completion for command {}, which is not in flight", wc.wr_id)))
-                }
-            }
-        }
-    }
-    Ok(prog.iter().map(|p| p.done.unwrap_or(Done { status: ugds_uapi::Status::SUCCESS, result: 0 })).collect())
-}
-
-#[cfg(test)]
-#[path = "rdma_drive_tests.rs"]
-mod drive_tests;
 
 #[cfg(test)]
 mod tests {

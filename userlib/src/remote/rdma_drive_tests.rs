@@ -1,4 +1,4 @@
-//! The NVMe/RDMA queue's command loop (`drive`) against a fake connection: capsules answered
+//! The NVMe/RDMA queue's capsule slots (`drive` and the batch's `start`/`handle`) against a fake connection: capsules answered
 //! in order and out of order, and a hostile target (responses for commands not in flight,
 //! duplicates, short responses, failed work completions, silence, random completions), which
 //! must give named errors, never a panic or a hang. The VM tests run the real thing.
@@ -19,7 +19,7 @@ struct Event {
 /// How the fake answers.
 #[derive(Debug, Clone)]
 enum Mode {
-    /// Each capsule: its send completion, then its response (CID echoed, result = CID * 3).
+    /// Each capsule: its send completion, then its response (CID echoed, result = SLBA * 3).
     InOrder,
     /// The response first, its send completion later.
     ResponseFirst,
@@ -88,9 +88,9 @@ impl Wire for FakeWire {
             return Ok(());
         }
         let cid = u16::from_le_bytes([sqe[2], sqe[3]]);
+        let slba = u32::from_le_bytes([sqe[40], sqe[41], sqe[42], sqe[43]]);
         let slot = st.posted.pop_front().ok_or_else(|| std::io::Error::other("receive queue empty (RNR)"))?;
-        let mut resp =
-            Event { wc: wc(slot as u64, WC_RECV, RESPONSE as u32), bytes: cqe_bytes(cid, u32::from(cid) * 3, 0) };
+        let mut resp = Event { wc: wc(slot as u64, WC_RECV, RESPONSE as u32), bytes: cqe_bytes(cid, slba * 3, 0) };
         if let Mode::Hostile { k, change } = st.mode {
             if st.responses == k {
                 change(&mut resp);
@@ -146,15 +146,14 @@ fn cmds(n: usize) -> Vec<(Sqe, Option<IbvSge>)> {
     (0..n)
         .map(|i| {
             let mut s = Sqe::new(0x02, 0);
-            // CAST: tests use fewer than 65536 commands.
-            s.set_cid(i as u16);
+            s.set_slba(i as u64);
             (s, None)
         })
         .collect()
 }
 
 fn run(w: &FakeWire, n: usize, depth: usize) -> Result<Vec<Done>> {
-    drive(w, &cmds(n), depth, Duration::from_millis(10), "10.0.0.2:4420", "read")
+    drive(w, &mut Slots::new(w.slots(), depth), &cmds(n), Duration::from_millis(10), "10.0.0.2:4420", "read")
 }
 
 #[test]
@@ -236,4 +235,47 @@ proptest! {
             Err(e) => prop_assert!(false, "unnamed error {e:?}"),
         }
     }
+}
+
+/// A batch's use of the slots: commands started one by one stay in flight across calls, each
+/// with a CID of its own; a slot whose response came is reused only once its SEND completed.
+#[test]
+fn slots_keep_commands_in_flight_across_calls_until_send_and_response_completed() {
+    let w = FakeWire::new(8, Mode::ResponseFirst);
+    let mut slots = Slots::new(w.slots(), 5);
+    assert_eq!(slots.room(), 4, "one entry of the queue stays empty");
+    let cmds = cmds(4);
+    let cids: Vec<u16> = cmds.iter().map(|&(sqe, _)| slots.start(&w, sqe, None, None).unwrap()).collect();
+    let mut sorted = cids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 4, "CIDs {cids:?}");
+    assert_eq!((slots.room(), slots.in_flight()), (0, 4));
+    let e = slots.start(&w, cmds[0].0, None, None).expect_err("a fifth command started");
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    // The fake answers each capsule at once and holds back its SEND completions: they come
+    // after the next two responses.
+    let mut out = Vec::new();
+    let mut wcs = [IbvWc::default(); 1];
+    let mut responses = 0;
+    while responses < 4 {
+        let n = w.wait(&mut wcs, Duration::ZERO).unwrap();
+        slots.handle(&w, &wcs[..n], &mut out, "t", "read").unwrap();
+        responses = out.len();
+    }
+    for (cid, d) in &out {
+        let i = cids.iter().position(|c| c == cid).unwrap();
+        assert_eq!(d.result, i as u64 * 3, "command {i}'s result under CID {cid}");
+    }
+    // Every response is in; only the first SEND completed: the other three slots stay taken.
+    assert_eq!((slots.room(), slots.in_flight()), (1, 3));
+    while slots.in_flight() > 0 {
+        let n = w.wait(&mut wcs, Duration::ZERO).unwrap();
+        slots.handle(&w, &wcs[..n], &mut out, "t", "read").unwrap();
+    }
+    assert_eq!(slots.room(), 4);
+    // Abandoned commands (the queue pair killed) free every slot.
+    slots.start(&w, cmds[0].0, None, None).unwrap();
+    slots.clear();
+    assert_eq!((slots.room(), slots.in_flight()), (4, 0));
 }

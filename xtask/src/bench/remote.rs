@@ -9,8 +9,8 @@
 //! target (both initiators stay connected), and reports medians, the median of the per-repeat
 //! ratios with its range, and `noisy` where an engine's repeats disagree (see `repeats`).
 //!
-//! `ugds bench --depth N` keeps N requests in its batch; over TCP the batch holds I/O queues
-//! (TCP connections) of its own with every request's commands in flight. The guest samples the
+//! `ugds bench --depth N` keeps N requests in its batch; the batch holds I/O queues (TCP
+//! connections, RDMA queue pairs) of its own with every request's commands in flight. The guest samples the
 //! TCP connections ugds holds to the target during each point and records the I/O queues among
 //! them next to the requested depth.
 
@@ -329,8 +329,7 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
             "all in flight on the batch's own I/O queues (the last column: the most TCP connections ugds held \
              to the target during the point, less the admin queue; – where not sampled)"
         } else {
-            "each request run by one of the storage's worker threads on an I/O queue of its own (an RDMA \
-             queue runs one call at a time)"
+            "all in flight on the batch's own I/O queues (RDMA queue pairs; their number is not sampled)"
         }
     );
     s
@@ -549,7 +548,7 @@ mod tests {
         assert!(t.contains("\n[1] ugds bench exited with 1: \"rdma\" is not implemented\n"), "{t}");
         assert!(t.contains("all in flight on the batch's own I/O queues"), "{t}");
         let r = table(&Grid { transport: "rdma".into(), ..g.clone() }, &pts);
-        assert!(r.contains("storage's worker threads") && !r.contains("own I/O queues"), "{r}");
+        assert!(r.contains("own I/O queues (RDMA queue pairs") && !r.contains("TCP connections"), "{r}");
         assert!(t.contains("| randread | 1M | 32 | – | – | – | – | – | – | – | – | – |"), "{t}");
         assert!(t.contains("during the kernel's points (the first measurement of each): 9 segments retransmitted, 0 retransmission timeouts, 0 zero windows advertised, 0 window probes; during ugds's: 6, 0, 0, 0."), "{t}");
         let c = csv(&g, &pts);

@@ -35,6 +35,8 @@ use crate::error::Error;
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 /// How a connection attempt failed.
@@ -87,6 +89,10 @@ pub(crate) struct Mr<'a> {
     pub(crate) rkey: u32,
     _mem: PhantomData<(&'a mut [u8], &'a Endpoint)>,
 }
+
+// SAFETY: an ibv_mr may be deregistered from any thread (verbs are thread-safe per the
+// rdma-core documentation); the memory it names is borrowed as `PhantomData` says.
+unsafe impl Send for Mr<'_> {}
 
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
@@ -233,6 +239,18 @@ impl Endpoint {
         ep.comp = unsafe { (lib.create_comp_channel)(verbs) };
         if ep.comp.is_null() {
             return Err(os_err("ibv_create_comp_channel"));
+        }
+        // Non-blocking, so taking the channel's events (`take_events`) never sleeps: rdma-core
+        // documents this for completion channels.
+        // SAFETY: `comp` is live; its fd is the channel's own, open for the channel's life.
+        let cfd = unsafe { (*ep.comp).fd };
+        // SAFETY: plain fcntl calls on an open descriptor.
+        let nonblocking = unsafe {
+            let flags = libc::fcntl(cfd, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(cfd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+        };
+        if !nonblocking {
+            return Err(os_err("fcntl(O_NONBLOCK) on the completion channel"));
         }
         // CAST: slots is at most a few hundred.
         let cqe = (2 * slots + 2) as c_int;
@@ -402,6 +420,30 @@ impl Endpoint {
         self.wrap(mr, iova)
     }
 
+    /// Registers `len` bytes at `ptr` for the target to `access`, for a command kept in flight
+    /// past any borrow (a batch's).
+    ///
+    /// # Safety
+    /// The memory stays mapped, and (for [`TargetAccess::Write`]) nothing else reads or writes
+    /// it, until the queue pair is killed ([`Endpoint::kill`]) or the command's response came;
+    /// the registration is dropped before this endpoint.
+    pub(crate) unsafe fn register_raw(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: TargetAccess,
+    ) -> std::io::Result<Mr<'static>> {
+        // SAFETY: `pd` is live; the caller keeps the memory mapped and unshared as above, and
+        // drops the registration before the PD goes (with this endpoint).
+        let mr = unsafe { (self.lib.reg_mr)(self.pd, ptr.as_ptr().cast(), len.max(1), access.flags()) };
+        if mr.is_null() {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a non-null result of a registration is a live ibv_mr.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        Ok(Mr { mr, addr: ptr.as_ptr() as u64, lkey, rkey, _mem: PhantomData })
+    }
+
     fn wrap<'a>(&'a self, mr: *mut IbvMr, addr: u64) -> std::io::Result<Mr<'a>> {
         if mr.is_null() {
             return Err(std::io::Error::last_os_error());
@@ -495,8 +537,40 @@ impl Endpoint {
         }
     }
 
+    /// The completion channel's descriptor: readable once a completion came on an armed CQ
+    /// ([`Endpoint::arm`]).
+    pub(crate) fn completion_fd(&self) -> RawFd {
+        // SAFETY: `comp` is live.
+        unsafe { (*self.comp).fd }
+    }
+
+    /// Arms the CQ: the next completion raises one event on the completion channel. One that
+    /// came before is not signalled: poll after arming.
+    pub(crate) fn arm(&self) -> std::io::Result<()> {
+        let arm =
+            self.context().req_notify_cq.ok_or_else(|| std::io::Error::other("the provider has no req_notify_cq"))?;
+        // SAFETY: `cq` is live and has a completion channel; 0: any completion.
+        match unsafe { arm(self.cq, 0) } {
+            0 => Ok(()),
+            r => Err(std::io::Error::from_raw_os_error(r)),
+        }
+    }
+
+    /// Takes (and acknowledges) every event waiting on the completion channel, without
+    /// waiting; after one the CQ is disarmed.
+    pub(crate) fn take_events(&self) {
+        let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: `comp` is live and non-blocking (set at connect), so this never sleeps; each
+        // event is acked at once (ibv_destroy_cq waits for every event to be acked).
+        unsafe {
+            while (self.lib.get_cq_event)(self.comp, &mut cq, &mut ctx) == 0 {
+                (self.lib.ack_cq_events)(cq, 1);
+            }
+        }
+    }
+
     /// Takes up to `out.len()` completions without waiting.
-    fn poll(&self, out: &mut [IbvWc]) -> std::io::Result<usize> {
+    pub(crate) fn poll(&self, out: &mut [IbvWc]) -> std::io::Result<usize> {
         let f = self.context().poll_cq.ok_or_else(|| std::io::Error::other("the provider has no poll_cq"))?;
         // CAST: a handful of entries.
         // SAFETY: `cq` is live; `out` has room for the number asked for.
@@ -522,14 +596,8 @@ impl Endpoint {
             }
             std::hint::spin_loop();
         }
-        let arm =
-            self.context().req_notify_cq.ok_or_else(|| std::io::Error::other("the provider has no req_notify_cq"))?;
         loop {
-            // SAFETY: `cq` is live and has a completion channel; 0: any completion.
-            let r = unsafe { arm(self.cq, 0) };
-            if r != 0 {
-                return Err(std::io::Error::from_raw_os_error(r));
-            }
+            self.arm()?;
             // A completion that came before the CQ was armed raises no event.
             let n = self.poll(out)?;
             if n > 0 {
@@ -566,14 +634,7 @@ impl Endpoint {
                 ));
             }
             if fds[0].revents != 0 {
-                let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
-                // SAFETY: `comp` is live and readable, so this does not block; the event is
-                // acked at once (ibv_destroy_cq waits for every event to be acked).
-                unsafe {
-                    if (self.lib.get_cq_event)(self.comp, &mut cq, &mut ctx) == 0 {
-                        (self.lib.ack_cq_events)(cq, 1);
-                    }
-                }
+                self.take_events();
             }
         }
     }
