@@ -306,7 +306,7 @@ mod rdma {
         let mut slots_ = Slots::new(slots, depth);
         let done = drive(&wire, &mut slots_, &cmds, Duration::from_millis(1), "scripted-target:4420", "scripted I/O")?;
         let st = wire.st.borrow();
-        for (i, d) in done.iter().enumerate() {
+        for (i, (_, d)) in done.iter().enumerate() {
             let first = st.first.get(&i).and_then(|b| Cqe::read_from_bytes(&b[..]).ok());
             let Some(c) = first else {
                 panic!("command {i} completed ({d:?}) without any response naming it");
@@ -316,7 +316,7 @@ mod rdma {
                 "command {i}: result {d:?} is not its first response {c:?}"
             );
         }
-        Ok(done.into_iter().map(|d| (d.status, d.result)).collect())
+        Ok(done.into_iter().map(|(_, d)| (d.status, d.result)).collect())
     }
 }
 

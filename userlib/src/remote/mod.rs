@@ -17,6 +17,8 @@ mod queue;
 #[cfg(feature = "rdma")]
 mod rdma;
 #[cfg(feature = "rdma")]
+mod rdma_bounce;
+#[cfg(feature = "rdma")]
 mod rdma_slots;
 mod splice;
 mod spread;

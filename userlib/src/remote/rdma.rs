@@ -17,6 +17,7 @@
 //! commands stay in flight across calls (`Pipelined`): each holds its registration in its
 //! capsule slot (`rdma_slots.rs`) until its response came, or the queue pair was disconnected.
 
+use super::rdma_bounce::{Bounce, Keys, CHUNK};
 use super::rdma_slots::{drive, Slots, Wire};
 use super::transport::{set_psdt_sgl, Cmd, Data, Done, FabricsQueue, Pipelined, RawData};
 use super::uri::RemoteSpec;
@@ -24,6 +25,7 @@ use super::verbs::{CmError, Endpoint, IbvSge, IbvWc, Mr, TargetAccess, CAPSULE, 
 use crate::error::{Error, Rejection, Result};
 use std::net::ToSocketAddrs;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::ptr::NonNull;
 use std::time::Duration;
 use ugds_uapi::rdma::{keyed_sgl, reject_reason, CmReject, CmRequest, RECFMT_1_0};
 use ugds_uapi::tcp::SGL_INCAPSULE;
@@ -36,6 +38,11 @@ pub(crate) struct RdmaQueue {
     /// Commands in flight by capsule slot, some holding their data's registration: declared
     /// before the endpoint, so they are dropped before its protection domain goes.
     slots: Slots,
+    /// A chunk per slot for small commands' data (`None` where it could not be registered:
+    /// every command registers its own memory then); dropped before the endpoint too.
+    bounce: Option<Bounce>,
+    /// Where each slot's batch read through its chunk goes once its response came.
+    landing: Vec<Option<Landing>>,
     ep: Endpoint,
     /// `HOST:PORT`, for messages.
     target: String,
@@ -47,6 +54,18 @@ pub(crate) struct RdmaQueue {
     timeout: Duration,
     broken: bool,
 }
+
+/// Where a batch's read through a chunk is copied to: the caller's memory.
+#[derive(Debug, Clone, Copy)]
+struct Landing {
+    to: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the landing pointers name memory of commands in flight, which the batch that started
+// them keeps valid and unshared until their completion or `abandon`, on whichever thread it
+// reaps; the endpoint and the chunks are Send themselves.
+unsafe impl Send for RdmaQueue {}
 
 /// The named error for a connection that could not be made.
 fn cm_error(spec: &RemoteSpec, e: CmError) -> Error {
@@ -96,7 +115,11 @@ impl RdmaQueue {
         let ep = Endpoint::connect(addr, private.as_bytes(), usize::from(depth), 2, timeout)
             .map_err(|e| cm_error(spec, e))?;
         let slots = Slots::new(ep.slots(), usize::from(depth));
-        Ok(RdmaQueue { slots, ep, target, qid, armed: false, in_capsule: 0, timeout, broken: false })
+        let bounce = Bounce::new(&ep, slots.capacity())
+            .map_err(|e| log::debug!("{target}: queue {qid} registers every command's memory: chunks refused ({e})"))
+            .ok();
+        let landing = vec![None; slots.capacity()];
+        Ok(RdmaQueue { slots, bounce, landing, ep, target, qid, armed: false, in_capsule: 0, timeout, broken: false })
     }
 
     /// Mean nanoseconds of one registration and deregistration of `len` bytes of host memory
@@ -151,8 +174,19 @@ impl FabricsQueue for RdmaQueue {
             return Err(Error::invalid("queue", "a batch's commands are in flight on it"));
         }
         let ep = &self.ep;
-        let prepared =
-            cmds.iter_mut().map(|c| prepare(ep, &self.target, c, self.in_capsule)).collect::<Result<Vec<_>>>();
+        // Small commands go through their slots' chunks where every command starts at once.
+        let chunks = self.bounce.as_ref().and_then(|_| self.slots.upcoming(cmds.len()));
+        let bounce = self.bounce.as_ref();
+        let chunk_of = |i: usize, c: &Cmd<'_>| {
+            let small = matches!(c.data, Data::In(_) | Data::Out(_)) && (1..=CHUNK).contains(&c.data.len());
+            chunks.as_ref().and_then(|v| v.get(i).copied()).filter(|_| small)
+        };
+        let planned: Vec<Option<u16>> = cmds.iter().enumerate().map(|(i, c)| chunk_of(i, c)).collect();
+        let prepared = cmds
+            .iter_mut()
+            .zip(&planned)
+            .map(|(c, &chunk)| prepare(ep, bounce.zip(chunk), &self.target, c, self.in_capsule))
+            .collect::<Result<Vec<_>>>();
         let r = prepared.and_then(|p| {
             let wire: Vec<_> = p.iter().map(|c| (c.sqe, c.inline)).collect();
             let r = drive(ep, &mut self.slots, &wire, self.timeout, &self.target, op);
@@ -164,10 +198,28 @@ impl FabricsQueue for RdmaQueue {
         });
         // The waits took the channel's events: a batch arms the CQ again before it waits.
         self.armed = false;
-        if r.is_err() {
-            self.abandon();
+        let done = match r {
+            Ok(d) => d,
+            Err(e) => {
+                self.abandon();
+                return Err(e);
+            }
+        };
+        // Reads through chunks: their data, once every response is in.
+        for ((c, &(cid, d)), &chunk) in cmds.iter_mut().zip(&done).zip(&planned) {
+            let (Some(chunk), Some(b), Data::In(to)) = (chunk, self.bounce.as_ref(), &mut c.data) else { continue };
+            if chunk != cid {
+                // `upcoming` and `drive` disagree: the data is not where the command said.
+                self.abandon();
+                return Err(Error::invalid("queue", "a command went out in another slot than its chunk's"));
+            }
+            if d.status.is_success() {
+                // SAFETY: `to` is the command's own exclusive buffer, at most CHUNK bytes (see
+                // `chunk_of`); its response came, so the target wrote the chunk before.
+                unsafe { b.drain_to(chunk, NonNull::from(&mut **to).cast(), to.len()) };
+            }
         }
-        r
+        Ok(done.into_iter().map(|(_, d)| d).collect())
     }
 
     fn qid(&self) -> u16 {
@@ -232,19 +284,38 @@ impl Pipelined for RdmaQueue {
             RawData::In { ptr, len } => (Some((ptr, len, TargetAccess::Write)), false),
             RawData::Out { ptr, len } => (Some((ptr, len, TargetAccess::Read)), true),
         };
-        let mr = match mem {
-            None => None,
-            // SAFETY: the caller keeps the memory valid and unshared until this command's
-            // response came out of `reap` or the queue was abandoned (which kills the queue
-            // pair before the slots let the registration go); the slots, and with them the
-            // registration, are dropped before the endpoint (`Drop` below, field order).
-            Some((ptr, len, access)) => Some(
-                unsafe { self.ep.register_raw(ptr, len, access) }.map_err(|e| registration_error(&self.target, e))?,
-            ),
-        };
         let len = mem.map_or(0, |(_, len, _)| len);
+        // A small command goes through the chunk of the slot it is about to take.
+        let chunk = self
+            .slots
+            .upcoming(1)
+            .and_then(|v| v.first().copied())
+            .filter(|_| (1..=CHUNK).contains(&len))
+            .and_then(|cid| Some((cid, self.bounce.as_ref()?.keys(cid)?)));
+        let (mr, keys, landing) = match (mem, chunk) {
+            (None, _) => (None, None, None),
+            (Some((ptr, len, access)), Some((cid, keys))) => {
+                if let (TargetAccess::Read, Some(b)) = (access, &self.bounce) {
+                    // SAFETY: the caller keeps `ptr` valid for `len` bytes (at most CHUNK); the
+                    // chunk's slot is free, so no command uses the chunk.
+                    unsafe { b.fill(cid, ptr, len) };
+                }
+                let landing = (access == TargetAccess::Write).then_some((cid, Landing { to: ptr, len }));
+                (None, Some(keys), landing)
+            }
+            (Some((ptr, len, access)), None) => {
+                // SAFETY: the caller keeps the memory valid and unshared until this command's
+                // response came out of `reap` or the queue was abandoned (which kills the queue
+                // pair before the slots let the registration go); the slots, and with them the
+                // registration, are dropped before the endpoint (`Drop` below, field order).
+                let mr = unsafe { self.ep.register_raw(ptr, len, access) }
+                    .map_err(|e| registration_error(&self.target, e))?;
+                let keys = mr.keys();
+                (Some(mr), Some(keys), None)
+            }
+        };
         let mut sqe = sqe;
-        let inline = describe(&mut sqe, mr.as_ref(), len, write, self.in_capsule)?;
+        let inline = describe(&mut sqe, keys, len, write, self.in_capsule)?;
         let r = (|| {
             if !self.armed {
                 self.ep.arm()?;
@@ -252,18 +323,42 @@ impl Pipelined for RdmaQueue {
             }
             self.slots.start(&self.ep, sqe, inline, mr)
         })();
-        r.map_err(|e| {
-            self.abandon();
-            self.transport_error(op, e)
-        })
+        match r {
+            Ok(cid) if chunk.is_none_or(|(c, _)| c == cid) => {
+                if let Some((_, l)) = landing {
+                    self.landing[usize::from(cid)] = Some(l);
+                }
+                Ok(cid)
+            }
+            Ok(_) => {
+                // `upcoming` and `start` disagree: the data is not where the command said.
+                self.abandon();
+                Err(Error::invalid("queue", "a command went out in another slot than its chunk's"))
+            }
+            Err(e) => {
+                self.abandon();
+                Err(self.transport_error(op, e))
+            }
+        }
     }
 
     fn reap(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()> {
+        let from = out.len();
         let r = self.take_completions(out, op);
         if r.is_err() {
             self.abandon();
+            return r;
         }
-        r
+        // Reads through chunks: their data, before their slots (and chunks) can be taken again.
+        for &(cid, d) in &out[from..] {
+            let Some(l) = self.landing.get_mut(usize::from(cid)).and_then(Option::take) else { continue };
+            if let (true, Some(b)) = (d.status.is_success(), &self.bounce) {
+                // SAFETY: `start`'s caller keeps `l.to` valid and unshared until this response
+                // is reaped (now); its response came, so the target wrote the chunk before.
+                unsafe { b.drain_to(cid, l.to, l.len) };
+            }
+        }
+        Ok(())
     }
 
     fn abandon(&mut self) {
@@ -271,6 +366,7 @@ impl Pipelined for RdmaQueue {
         // The queue pair first: after this the target reaches no registration through it.
         self.ep.kill();
         self.slots.clear();
+        self.landing.fill(None);
     }
 }
 
@@ -329,11 +425,29 @@ fn registration_error(target: &str, source: std::io::Error) -> Error {
     }
 }
 
-/// Registers a call's command's data for the call and describes it in its SQE.
-fn prepare<'a>(ep: &'a Endpoint, target: &str, c: &'a mut Cmd<'_>, in_capsule: usize) -> Result<Prepared<'a>> {
+/// Describes a call's command's data in its SQE: through `chunk` of the bounce (a write's data
+/// copied in now; a read's copied out by the caller once the response came), or registered for
+/// the call.
+fn prepare<'a>(
+    ep: &'a Endpoint,
+    chunk: Option<(&Bounce, u16)>,
+    target: &str,
+    c: &'a mut Cmd<'_>,
+    in_capsule: usize,
+) -> Result<Prepared<'a>> {
     let mut sqe = c.sqe;
     let len = c.data.len();
     let write = matches!(c.data, Data::Out(_));
+    if let Some((b, i)) = chunk {
+        if let Data::Out(from) = &c.data {
+            // SAFETY: `from` is the command's buffer, borrowed for the call, at most CHUNK bytes
+            // (the caller's check); the slot of chunk `i` is free, so no command uses it.
+            unsafe { b.fill(i, NonNull::from(&**from).cast(), from.len()) };
+        }
+        let keys = b.keys(i).ok_or_else(|| Error::invalid("queue", "a chunk past the queue's"))?;
+        let inline = describe(&mut sqe, Some(keys), len, write, in_capsule)?;
+        return Ok(Prepared { sqe, _mr: None, inline });
+    }
     let access = target_access(&c.data);
     let mr = match (&mut c.data, access) {
         (Data::None, _) | (_, None) => None,
@@ -349,19 +463,19 @@ fn prepare<'a>(ep: &'a Endpoint, target: &str, c: &'a mut Cmd<'_>, in_capsule: u
             })?)
         }
     };
-    let inline = describe(&mut sqe, mr.as_ref(), len, write, in_capsule)?;
+    let inline = describe(&mut sqe, mr.as_ref().map(Mr::keys), len, write, in_capsule)?;
     Ok(Prepared { sqe, _mr: mr, inline })
 }
 
-/// Describes `len` bytes of data registered as `mr` in `sqe` by one SGL descriptor: in the
+/// Describes `len` bytes of data registered at `keys` in `sqe` by one SGL descriptor: in the
 /// capsule (a write of at most `in_capsule` bytes; returns the gather element that sends it),
 /// a keyed data block the target reaches by RDMA, or a null descriptor without data.
-fn describe(sqe: &mut Sqe, mr: Option<&Mr<'_>>, len: usize, write: bool, in_capsule: usize) -> Result<Option<IbvSge>> {
+fn describe(sqe: &mut Sqe, keys: Option<Keys>, len: usize, write: bool, in_capsule: usize) -> Result<Option<IbvSge>> {
     set_psdt_sgl(sqe);
     let Ok(len32) = u32::try_from(len) else {
         return Err(Error::invalid("data", "a command's data is over 4 GiB"));
     };
-    match mr {
+    match keys {
         None => {
             // A null keyed descriptor: length 0.
             let (a, b) = keyed_sgl(0, 0, 0).unwrap_or_default();

@@ -153,7 +153,14 @@ fn cmds(n: usize) -> Vec<(Sqe, Option<IbvSge>)> {
 }
 
 fn run(w: &FakeWire, n: usize, depth: usize) -> Result<Vec<Done>> {
-    drive(w, &mut Slots::new(w.slots(), depth), &cmds(n), Duration::from_millis(10), "10.0.0.2:4420", "read")
+    let mut slots = Slots::new(w.slots(), depth);
+    let upcoming = slots.upcoming(n);
+    let r = drive(w, &mut slots, &cmds(n), Duration::from_millis(10), "10.0.0.2:4420", "read")?;
+    if let Some(u) = upcoming {
+        let cids: Vec<u16> = r.iter().map(|&(c, _)| c).collect();
+        assert_eq!(cids, u, "the CIDs the commands took are the ones upcoming() named");
+    }
+    Ok(r.into_iter().map(|(_, d)| d).collect())
 }
 
 #[test]

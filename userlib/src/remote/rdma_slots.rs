@@ -54,6 +54,17 @@ impl Slots {
         Slots { busy: (0..n).map(|_| None).collect(), free: (0..n as u16).rev().collect() }
     }
 
+    /// Slots in all.
+    pub(crate) fn capacity(&self) -> usize {
+        self.busy.len()
+    }
+
+    /// The CIDs (slots) the next `n` starts take, in order, when `n` commands fit now: starts
+    /// take the free slots in a fixed order, whatever was handled before them.
+    pub(crate) fn upcoming(&self, n: usize) -> Option<Vec<u16>> {
+        (n <= self.free.len()).then(|| self.free.iter().rev().take(n).copied().collect())
+    }
+
     /// Commands that can start now.
     pub(crate) fn room(&self) -> usize {
         self.free.len()
@@ -158,8 +169,10 @@ impl Slots {
 }
 
 /// Runs `cmds` through `slots` (every one free) to completion, as many in flight as the slots
-/// allow, waiting up to `timeout` for each completion; returns each command's result, in order.
-/// On an error the caller kills the connection before letting go of the commands' memory.
+/// allow, waiting up to `timeout` for each completion; returns each command's CID (its slot)
+/// and result, in order. Commands that fit the free slots all start before the first wait, in
+/// the order of [`Slots::upcoming`]. On an error the caller kills the connection before
+/// letting go of the commands' memory.
 pub(crate) fn drive<W: Wire>(
     w: &W,
     slots: &mut Slots,
@@ -167,10 +180,10 @@ pub(crate) fn drive<W: Wire>(
     timeout: Duration,
     target: &str,
     op: &str,
-) -> Result<Vec<Done>> {
+) -> Result<Vec<(u16, Done)>> {
     let err = |source| Error::RemoteTransport { target: target.to_string(), op: op.to_string(), source };
     let n = cmds.len();
-    let mut done: Vec<Option<Done>> = vec![None; n];
+    let mut done: Vec<Option<(u16, Done)>> = vec![None; n];
     let mut index_of = vec![0usize; slots.busy.len()];
     let (mut next, mut finished) = (0usize, 0usize);
     let mut wcs = [IbvWc::default(); 16];
@@ -187,11 +200,11 @@ pub(crate) fn drive<W: Wire>(
         let got = w.wait(&mut wcs, timeout).map_err(err)?;
         slots.handle(w, &wcs[..got], &mut out, target, op)?;
         for (cid, d) in out.drain(..) {
-            done[index_of[usize::from(cid)]] = Some(d);
+            done[index_of[usize::from(cid)]] = Some((cid, d));
             finished += 1;
         }
     }
-    Ok(done.into_iter().map(|d| d.unwrap_or(Done { status: ugds_uapi::Status::SUCCESS, result: 0 })).collect())
+    Ok(done.into_iter().map(|d| d.unwrap_or((0, Done { status: ugds_uapi::Status::SUCCESS, result: 0 }))).collect())
 }
 
 #[cfg(test)]

@@ -66,6 +66,8 @@ pub(crate) enum TargetAccess {
     Read,
     /// The target RDMA-writes the memory (a read from the target).
     Write,
+    /// Either: memory of a queue's own that stages small commands' data both ways.
+    Either,
 }
 
 impl TargetAccess {
@@ -75,6 +77,7 @@ impl TargetAccess {
             TargetAccess::Read => ACCESS_REMOTE_READ,
             // Verbs refuses REMOTE_WRITE without LOCAL_WRITE.
             TargetAccess::Write => ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE,
+            TargetAccess::Either => ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ,
         }
     }
 }
