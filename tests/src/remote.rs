@@ -290,21 +290,45 @@ fn port_bounce() -> Result<()> {
     bounce(&uri(1), 1)
 }
 
+/// Runs `work` on a thread of its own while nvmet port `port` loses the subsystem for 1.5 s
+/// (from 0.7 s on: every connection closed, connects refused meanwhile) and gets it back; `after`
+/// later the flag `work` is given turns true and `work`'s result is returned (or the first
+/// error of taking the subsystem off and putting it back).
+pub(crate) fn while_port_away<T: Send + 'static>(
+    port: u32,
+    after: Duration,
+    work: impl FnOnce(&std::sync::atomic::AtomicBool) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let worker = std::thread::spawn(move || work(&flag));
+    let link = format!("{CONFIGFS}/ports/{port}/subsystems/{NQN}");
+    std::thread::sleep(Duration::from_millis(700));
+    let removed = sh(&format!("rm {link}"));
+    std::thread::sleep(Duration::from_millis(1500));
+    let added = sh(&format!("ln -s {CONFIGFS}/subsystems/{NQN} {link}"));
+    std::thread::sleep(after);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let out = worker.join().map_err(|_| anyhow::anyhow!("the worker panicked"))??;
+    removed?;
+    added?;
+    Ok(out)
+}
+
 /// A writer streams 64 KiB writes to `uri` while nvmet port `port` loses and regains the
 /// subsystem (every connection closed, connects refused meanwhile): the writes that meet the
 /// loss fail by name, the rest succeed (after a reconnect), and every write reported done is on
 /// the disk.
 pub(crate) fn bounce(uri: &str, port: u32) -> Result<()> {
     let st = Storage::open(uri)?;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (st2, done2) = (st.clone(), done.clone());
+    let st2 = st.clone();
     const BASE: u64 = 16 << 20;
     const LEN: u64 = 64 << 10;
-    let writer = std::thread::spawn(move || -> Result<Vec<(u64, Option<Error>, Duration)>> {
+    let log = while_port_away(port, Duration::from_millis(1500), move |stop| {
         let buf = st2.alloc_host(LEN as usize)?;
-        let mut log = Vec::new();
+        let mut log: Vec<(u64, Option<Error>, Duration)> = Vec::new();
         let mut k = 0u64;
-        while !done2.load(std::sync::atomic::Ordering::Relaxed) && k < 4000 {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && k < 4000 {
             let off = BASE + (k % 256) * LEN;
             let mut data = vec![0u8; LEN as usize];
             pattern::fill(1000 + k, off, &mut data);
@@ -315,17 +339,7 @@ pub(crate) fn bounce(uri: &str, port: u32) -> Result<()> {
             k += 1;
         }
         Ok(log)
-    });
-    let link = format!("{CONFIGFS}/ports/{port}/subsystems/{NQN}");
-    std::thread::sleep(Duration::from_millis(700));
-    let removed = sh(&format!("rm {link}"));
-    std::thread::sleep(Duration::from_millis(1500));
-    let added = sh(&format!("ln -s {CONFIGFS}/subsystems/{NQN} {link}"));
-    std::thread::sleep(Duration::from_millis(1500));
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let log = writer.join().map_err(|_| anyhow::anyhow!("the writer panicked"))??;
-    removed?;
-    added?;
+    })?;
     let failed: Vec<_> = log.iter().filter(|(_, e, _)| e.is_some()).collect();
     ensure_that!(!failed.is_empty(), "{} writes, none noticed the port going away", log.len());
     for (k, e, _) in &failed {

@@ -6,10 +6,10 @@
 //! re-added mid-stream, and named errors for bad targets.
 
 use crate::remote::{
-    bounce, cross_check, ensure_target, insmod, ranges, with_kernel_namespace, BACKING, CONFIGFS, NQN,
+    bounce, cross_check, ensure_target, insmod, ranges, while_port_away, with_kernel_namespace, BACKING, CONFIGFS, NQN,
 };
 use crate::{direct_read, direct_write, ensure_that, sh, Test};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +42,11 @@ pub fn tests() -> Vec<Test> {
             name: "remote_rdma_batch_keeps_its_entries_in_flight_on_queues_of_its_own_both_ways",
             variant: V,
             run: batch_in_flight,
+        },
+        Test {
+            name: "remote_rdma_batch_sees_the_port_removed_at_once_and_fails_by_name",
+            variant: V,
+            run: batch_port_bounce,
         },
     ]
 }
@@ -380,5 +385,118 @@ fn batch_in_flight() -> Result<()> {
     // Entry 0 (cookie 0, 512 bytes at 0) as the backing disk last wrote it.
     let first = reqs[0].len as usize;
     ensure_that!(pattern::first_mismatch(0x7E, 0, &got[..first]).is_none(), "a read after the dropped batch differs");
+    Ok(())
+}
+
+/// Batches of 32 64 KiB writes, one after another, while nvmet port 2 loses and regains the
+/// subsystem: the batch's queues wait on their connection's events too, so the entries that
+/// meet the loss fail by name at once (not at the URI's 5 s timeout); later batches run again
+/// (after a reconnect), and every entry reported done is on the disk.
+fn batch_port_bounce() -> Result<()> {
+    ensure_rdma_target()?;
+    const BASE: u64 = 16 << 20;
+    const LEN: u64 = 64 << 10;
+    const N: u64 = 32;
+    let st = Storage::open(uri(1))?;
+    let st2 = st.clone();
+    // Per entry: its cookie, its status, and its error (whether it is a named remote error,
+    // and its text).
+    type Round = (u64, Vec<(u64, IoStatus, Option<(bool, String)>)>, Duration);
+    let named = |e: &Error| {
+        let remote = matches!(
+            e,
+            Error::RemoteTransport { .. }
+                | Error::RemoteProtocol { .. }
+                | Error::RemoteUnreachable { .. }
+                | Error::RemoteRejected { .. }
+        );
+        (remote, e.to_string())
+    };
+    let rounds = while_port_away(PORT, Duration::from_millis(2500), move |stop| -> Result<Vec<Round>> {
+        let buf = Arc::new(st2.alloc_host((N * LEN) as usize)?);
+        let mut rounds = Vec::new();
+        let mut k = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && k < 2000 {
+            let reqs: Vec<IoRequest> = (0..N)
+                .map(|i| {
+                    let off = BASE + i * LEN;
+                    IoRequest {
+                        op: Op::Write,
+                        buf: buf.clone(),
+                        buf_offset: i * LEN,
+                        file_offset: off,
+                        len: LEN,
+                        cookie: i,
+                    }
+                })
+                .collect();
+            {
+                let mut v = buf.host_view()?;
+                for r in &reqs {
+                    let at = r.buf_offset as usize;
+                    pattern::fill(k * N + r.cookie, r.file_offset, &mut v[at..at + LEN as usize]);
+                }
+            }
+            let t = Instant::now();
+            let mut evs = Vec::new();
+            match StorageBatch::new(&st2, N as usize) {
+                Ok(mut b) => {
+                    b.submit(&reqs)?;
+                    while evs.len() < reqs.len() {
+                        let got = b.status(reqs.len() - evs.len(), Duration::from_secs(20))?;
+                        ensure_that!(!got.is_empty(), "round {k}: no events within 20 s");
+                        evs.extend(got.into_iter().map(|e| (e.cookie, e.status, e.error.as_ref().map(named))));
+                    }
+                }
+                Err(e) => evs.extend((0..N).map(|i| (i, IoStatus::Failed, Some(named(&e))))),
+            }
+            rounds.push((k, evs, t.elapsed()));
+            k += 1;
+        }
+        Ok(rounds)
+    })?;
+    let failed: Vec<_> = rounds
+        .iter()
+        .flat_map(|(k, evs, _)| evs.iter().filter(|e| e.1 != IoStatus::Complete).map(move |e| (*k, e)))
+        .collect();
+    ensure_that!(!failed.is_empty(), "{} rounds, none noticed the port going away", rounds.len());
+    for (k, (i, status, e)) in &failed {
+        let is_named = e.as_ref().is_some_and(|e| e.0);
+        ensure_that!(is_named && *status == IoStatus::Failed, "round {k} entry {i}: {status:?} {e:?}");
+    }
+    let slowest = rounds.iter().map(|r| r.2).max().unwrap_or_default();
+    ensure_that!(slowest < Duration::from_secs(4), "a round took {slowest:?} (the URI's timeout is 5 s)");
+    let last = rounds.last().context("no rounds")?;
+    ensure_that!(
+        last.1.iter().all(|e| e.1 == IoStatus::Complete),
+        "the last round failed: no reconnect: {:?}",
+        last.1[0]
+    );
+    // Every entry reported done is on the disk (the latest round that wrote each offset wins).
+    let mut latest = std::collections::BTreeMap::new();
+    for (k, evs, _) in &rounds {
+        for (i, status, _) in evs {
+            latest.insert(*i, (*k, *status == IoStatus::Complete));
+        }
+    }
+    let mut checked = 0;
+    for (i, (k, ok)) in latest {
+        if !ok {
+            continue;
+        }
+        let off = BASE + i * LEN;
+        let back = direct_read(BACKING, off, LEN as usize)?;
+        ensure_that!(
+            pattern::first_mismatch(k * N + i, off, &back).is_none(),
+            "round {k} entry {i} is not on the disk"
+        );
+        checked += 1;
+    }
+    eprintln!(
+        "batch port bounce: {} rounds of {N}, {} entries failed by name, slowest round {slowest:?}, {checked} offsets checked; {}",
+        rounds.len(),
+        failed.len(),
+        st.describe()
+    );
     Ok(())
 }

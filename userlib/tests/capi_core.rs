@@ -21,12 +21,19 @@ fn leak_lib(face: Face) -> &'static Library {
     Box::leak(Box::new(Library::new(face)))
 }
 
-#[test]
-fn a_file_opened_without_o_direct_is_read_with_o_direct() {
-    let (path, f) = temp_file("no-odirect", 1 << 20);
+/// A uGDS library, open, with a handle on a fresh 1 MiB file `name` (its path and descriptor
+/// too).
+fn ugds_handle(name: &str) -> (std::path::PathBuf, std::fs::File, &'static Library, usize) {
+    let (path, f) = temp_file(name, 1 << 20);
     let lib = leak_lib(Face::Ugds);
     lib.driver_open().unwrap();
     let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    (path, f, lib, h)
+}
+
+#[test]
+fn a_file_opened_without_o_direct_is_read_with_o_direct() {
+    let (path, _f, lib, h) = ugds_handle("no-odirect");
     assert!(lib.handle(h).unwrap().storage.bypasses_page_cache(), "the library opens its own O_DIRECT descriptor");
     lib.handle_deregister(h, -1).unwrap();
     std::fs::remove_file(path).unwrap();
@@ -56,10 +63,7 @@ fn a_stale_handle_never_reaches_a_new_registration() {
 
 #[test]
 fn ugds_refuses_what_cufile_stages() {
-    let (path, f) = temp_file("strict", 1 << 20);
-    let lib = leak_lib(Face::Ugds);
-    lib.driver_open().unwrap();
-    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let (path, _f, lib, h) = ugds_handle("strict");
     let mut buf = vec![0u8; 8192];
     for (size, off) in [(100usize, 0i64), (512, 7), (0, 0)] {
         // SAFETY: `buf` holds 8192 bytes.
@@ -88,10 +92,7 @@ fn registering_a_stream_sets_it_up_before_its_first_io() {
 /// nothing the read kept busy outlives the stream passing it.
 #[test]
 fn a_buffer_deregisters_as_soon_as_its_stream_passed_a_read_into_it() {
-    let (path, f) = temp_file("async-gpu", 1 << 20);
-    let lib = leak_lib(Face::Ugds);
-    lib.driver_open().unwrap();
-    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let (path, _f, lib, h) = ugds_handle("async-gpu");
     let gpu = ugds::Gpu::cpu();
     let mem = gpu.alloc(4096).unwrap();
     let base = mem.device_ptr() as usize;
@@ -167,10 +168,7 @@ proptest! {
 /// A uGDS library, open, with a handle on a fresh 1 MiB file, and 64 KiB of host memory (not
 /// registered yet).
 fn ugds_on_file(name: &str) -> (std::path::PathBuf, &'static Library, usize, ugds::Buffer) {
-    let (path, f) = temp_file(name, 1 << 20);
-    let lib = leak_lib(Face::Ugds);
-    lib.driver_open().unwrap();
-    let h = lib.handle_register(f.as_raw_fd()).unwrap();
+    let (path, _f, lib, h) = ugds_handle(name);
     let m = ugds::Storage::open(path.to_str().unwrap()).unwrap().alloc_host(64 << 10).unwrap();
     (path, lib, h, m)
 }

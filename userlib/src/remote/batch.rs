@@ -9,9 +9,10 @@
 //! threads of the batch's own instead, one queue each (`remote::spread`): one thread reading
 //! every connection does all their receive work on one core.
 //!
-//! Waiting blocks in `ppoll` on the queues' sockets (or RDMA completion channels): the target (on a small machine, the same
-//! cores) needs the CPU more than a spinning reader does. A queue that stays silent with
-//! commands in flight for the URI's timeout is closed, and its entries fail by name.
+//! Waiting blocks in `ppoll` on the queues' sockets (or RDMA completion and connection
+//! channels): the target (on a small machine, the same cores) needs the CPU more than a
+//! spinning reader does. A queue that stays silent with commands in flight for the URI's
+//! timeout is closed, and its entries fail by name.
 //!
 //! Rules: an entry holds its lease until its event; a queue whose commands might still move
 //! data is closed for good (`Pipelined::abandon`) before any of its entries' leases go.

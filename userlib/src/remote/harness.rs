@@ -5,7 +5,7 @@
 //! [`tcp_exchange`] runs a list of commands on an NVMe/TCP queue ([`super::queue::TcpQueue`] on
 //! [`super::tcp::Conn`], ICReq/ICResp included) whose target sends a given byte string, then
 //! ends the connection. [`rdma_drive`] runs commands through the NVMe/RDMA command loop
-//! (`rdma::drive`) on a scripted connection whose completions are given, either raw or
+//! (`rdma_slots::drive`) on a scripted connection whose completions are given, either raw or
 //! relative to what the loop has sent so far (so a fuzzer reaches deep states), and checks
 //! the loop's own promises as it goes: a capsule slot is never reused before its SEND
 //! completed, a receive is never posted twice, and every command's result is the first

@@ -6,16 +6,20 @@
 //! RECVs; data named by keyed SGL data blocks (type 4) pointing at memory registered with the
 //! queue's protection domain, which the target RDMA-reads (writes) or -writes (reads).
 //!
-//! Memory is registered per I/O (every command's data, for the call's duration). A
-//! registration cache per `Buffer` would need a deregistration hook the `DataPath` does not
-//! have (a freed and remapped buffer must never be reachable through an old key); the cost is
-//! measured in the VM test `remote_rdma_registration_cost` (see docs/remote.md).
+//! A command of at most 16 KiB goes through its capsule slot's chunk of memory the queue
+//! registered once (`rdma_bounce.rs`); a larger one's memory is registered per I/O (for the
+//! call, or for a batch's command until it is over). A registration cache per `Buffer` would
+//! need a deregistration hook the `DataPath` does not have (a freed and remapped buffer must
+//! never be reachable through an old key); the cost is measured in the VM test
+//! `remote_rdma_per_io_registration_cost_against_the_io` (see docs/remote.md).
 //!
-//! Every call ends with all its commands completed or with the queue pair disconnected (moved
-//! to the error state) before the registrations are released, so the target can never reach
-//! memory after the call returns; a connection is never reused after an error. A batch's
-//! commands stay in flight across calls (`Pipelined`): each holds its registration in its
-//! capsule slot (`rdma_slots.rs`) until its response came, or the queue pair was disconnected.
+//! Every call ends with all its commands over (SEND and response completed, `rdma_slots.rs`)
+//! or with the queue pair disconnected (moved to the error state) before the registrations are
+//! released, so the target can never reach memory after the call returns; a connection is
+//! never reused after an error. A batch's commands stay in flight across calls (`Pipelined`):
+//! each holds its registration in its capsule slot until it is over, and only then is its
+//! completion handed to the batch (whose event ends the memory's lease), or the queue pair is
+//! disconnected first (`abandon`).
 
 use super::rdma_bounce::{Bounce, Keys, CHUNK};
 use super::rdma_slots::{drive, Slots, Wire};
@@ -115,8 +119,9 @@ impl RdmaQueue {
         let ep = Endpoint::connect(addr, private.as_bytes(), usize::from(depth), 2, timeout)
             .map_err(|e| cm_error(spec, e))?;
         let slots = Slots::new(ep.slots(), usize::from(depth));
-        let bounce = Bounce::new(&ep, slots.capacity())
-            .map_err(|e| log::debug!("{target}: queue {qid} registers every command's memory: chunks refused ({e})"))
+        // SAFETY: the chunks are dropped before the endpoint (field order of RdmaQueue).
+        let bounce = unsafe { Bounce::new(&ep, slots.capacity()) }
+            .map_err(|e| log::info!("{target}: queue {qid} registers every command's memory: chunks refused ({e})"))
             .ok();
         let landing = vec![None; slots.capacity()];
         Ok(RdmaQueue { slots, bounce, landing, ep, target, qid, armed: false, in_capsule: 0, timeout, broken: false })
@@ -269,7 +274,7 @@ impl Pipelined for RdmaQueue {
     }
 
     fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.ep.completion_fd())
+        Some(self.ep.ready_fd())
     }
 
     unsafe fn start(&mut self, sqe: Sqe, data: RawData, op: &str) -> Result<u16> {
@@ -345,11 +350,8 @@ impl Pipelined for RdmaQueue {
     fn reap(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()> {
         let from = out.len();
         let r = self.take_completions(out, op);
-        if r.is_err() {
-            self.abandon();
-            return r;
-        }
-        // Reads through chunks: their data, before their slots (and chunks) can be taken again.
+        // Reads through chunks: their data, before their slots (and chunks) can be taken again;
+        // also when a later completion failed, as the batch reports these commands done.
         for &(cid, d) in &out[from..] {
             let Some(l) = self.landing.get_mut(usize::from(cid)).and_then(Option::take) else { continue };
             if let (true, Some(b)) = (d.status.is_success(), &self.bounce) {
@@ -358,7 +360,10 @@ impl Pipelined for RdmaQueue {
                 unsafe { b.drain_to(cid, l.to, l.len) };
             }
         }
-        Ok(())
+        if r.is_err() {
+            self.abandon();
+        }
+        r
     }
 
     fn abandon(&mut self) {
@@ -374,9 +379,15 @@ impl RdmaQueue {
     /// Handles every completion there is, and leaves the CQ armed with none unhandled, so the
     /// next one makes the completion channel readable.
     fn take_completions(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()> {
-        self.ep.take_events();
+        let events = self.ep.take_events();
         self.armed = false;
+        let before = out.len();
         self.drain(out, op)?;
+        if events == 0 && out.len() == before {
+            // Woken by neither: the connection's event channel (a disconnect), named at once
+            // rather than at the batch's timeout.
+            self.ep.check_connection().map_err(|e| self.transport_error(op, e))?;
+        }
         self.ep.arm().map_err(|e| self.transport_error(op, e))?;
         self.armed = true;
         // What came between the last poll and the arming raised no event.

@@ -5,6 +5,12 @@
 //! 50 us under the VM's soft-RoCE (the VM test `remote_rdma_per_io_registration_cost_against_the_io`),
 //! a 16 KiB copy a few. The chunk is the slot's, so it is free exactly when the slot is: once
 //! the command's SEND and its response both completed.
+//!
+//! Unlike a command's own registration, the chunks stay registered for the target to read and
+//! write for the connection's life: a target could write a chunk between commands, or answer
+//! a read with success without writing it (the read then gets an earlier command's bytes).
+//! Either way it reaches only the queue's own memory, never the caller's, and a target can
+//! send wrong data through the chunk of a read it serves anyway.
 
 use super::verbs::{Endpoint, Mr, TargetAccess};
 use std::alloc::Layout;
@@ -48,8 +54,11 @@ unsafe impl Send for Bounce {}
 
 impl Bounce {
     /// `chunks` chunks registered with `ep`'s protection domain for the target to read and
-    /// write. The Bounce must be dropped before `ep`.
-    pub(crate) fn new(ep: &Endpoint, chunks: usize) -> std::io::Result<Bounce> {
+    /// write.
+    ///
+    /// # Safety
+    /// The Bounce is dropped before `ep`.
+    pub(crate) unsafe fn new(ep: &Endpoint, chunks: usize) -> std::io::Result<Bounce> {
         let bytes = chunks.max(1).checked_mul(CHUNK).ok_or_else(|| std::io::Error::other("too many chunks"))?;
         let layout = Layout::from_size_align(bytes, 4096).map_err(std::io::Error::other)?;
         // SAFETY: `layout` has a non-zero size.
@@ -57,7 +66,7 @@ impl Bounce {
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
         // SAFETY: the memory is the Bounce's own and stays allocated until `Drop`, which drops the
         // registration first; no Rust reference to it is ever made (copies go through raw
-        // pointers); the caller drops the Bounce before the endpoint.
+        // pointers); the Bounce is dropped before the endpoint (this function's contract).
         match unsafe { ep.register_raw(mem, bytes, TargetAccess::Either) } {
             Ok(mr) => Ok(Bounce { mem, layout, chunks: chunks.max(1), mr: Some(mr) }),
             Err(e) => {

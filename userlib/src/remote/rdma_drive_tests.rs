@@ -245,7 +245,8 @@ proptest! {
 }
 
 /// A batch's use of the slots: commands started one by one stay in flight across calls, each
-/// with a CID of its own; a slot whose response came is reused only once its SEND completed.
+/// with a CID of its own; a command's result is handed out (and its slot reused) only once both
+/// its response and its SEND completed, so its registration never outlives its event.
 #[test]
 fn slots_keep_commands_in_flight_across_calls_until_send_and_response_completed() {
     let w = FakeWire::new(8, Mode::ResponseFirst);
@@ -264,23 +265,29 @@ fn slots_keep_commands_in_flight_across_calls_until_send_and_response_completed(
     // after the next two responses.
     let mut out = Vec::new();
     let mut wcs = [IbvWc::default(); 1];
-    let mut responses = 0;
-    while responses < 4 {
+    let (mut responded, mut sent) = (Vec::new(), Vec::new());
+    while slots.in_flight() > 0 {
         let n = w.wait(&mut wcs, Duration::ZERO).unwrap();
+        let wc = wcs[0];
+        if wc.opcode & WC_RECV != 0 {
+            responded.push(u16::from_le_bytes([w.response(wc.wr_id as usize)[12], w.response(wc.wr_id as usize)[13]]));
+        } else {
+            sent.push(wc.wr_id as u16);
+        }
         slots.handle(&w, &wcs[..n], &mut out, "t", "read").unwrap();
-        responses = out.len();
+        for &(cid, _) in &out {
+            assert!(responded.contains(&cid) && sent.contains(&cid), "command {cid} handed out before both completed");
+        }
+        assert_eq!(slots.room(), out.len(), "a slot is free exactly when its command was handed out");
+        if wc.opcode & WC_RECV != 0 && responded.len() == 4 {
+            assert!(out.len() < 4, "the fake holds SEND completions back past the last response");
+        }
     }
+    assert_eq!(out.len(), 4);
     for (cid, d) in &out {
         let i = cids.iter().position(|c| c == cid).unwrap();
         assert_eq!(d.result, i as u64 * 3, "command {i}'s result under CID {cid}");
     }
-    // Every response is in; only the first SEND completed: the other three slots stay taken.
-    assert_eq!((slots.room(), slots.in_flight()), (1, 3));
-    while slots.in_flight() > 0 {
-        let n = w.wait(&mut wcs, Duration::ZERO).unwrap();
-        slots.handle(&w, &wcs[..n], &mut out, "t", "read").unwrap();
-    }
-    assert_eq!(slots.room(), 4);
     // Abandoned commands (the queue pair killed) free every slot.
     slots.start(&w, cmds[0].0, None, None).unwrap();
     slots.clear();

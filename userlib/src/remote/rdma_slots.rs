@@ -1,9 +1,10 @@
 //! An NVMe/RDMA queue's capsule slots: the command in each, whether its SEND and its response
-//! completed, and what each work completion means. A command's CID is its slot's number; a
-//! slot is reused only once both completed (the NIC may read the capsule until its SEND
-//! completes; the target is done with the command's memory once its response came). A call's
-//! list of commands ([`drive`]) and a batch's commands kept in flight across calls (`Pipelined`
-//! on `RdmaQueue`) both go through [`Slots`].
+//! completed, and what each work completion means. A command's CID is its slot's number. A
+//! command is over, and its slot free again, only once both completed: the NIC may read the
+//! capsule (and in-capsule data) until its SEND completes, and the target may reach the
+//! command's memory until its response came; so its result is handed out only then, after
+//! which its registration is gone. A call's list of commands ([`drive`]) and a batch's commands
+//! kept in flight across calls (`Pipelined` on `RdmaQueue`) both go through [`Slots`].
 
 use super::transport::{result_of, Done};
 use super::verbs::{self, IbvSge, IbvWc, Mr, CAPSULE, RESPONSE, WC_RECV, WC_SUCCESS};
@@ -31,7 +32,8 @@ pub(crate) trait Wire {
 #[derive(Debug)]
 struct Busy {
     sent: bool,
-    responded: bool,
+    /// The response's result, once it came.
+    done: Option<Done>,
     /// Its data's registration, when the slot holds it (a batch's command): it goes with the
     /// slot.
     _mr: Option<Mr<'static>>,
@@ -77,7 +79,7 @@ impl Slots {
 
     /// Sends `sqe` with in-capsule `inline` data in a free slot, its CID set to the slot's;
     /// `mr` (its data's registration, if the slot is to hold it) is kept until the slot is
-    /// free again. An error leaves the slot free (the connection's errors break it: the caller
+    /// free again, which is when [`Slots::handle`] hands out the command's result. An error leaves the slot free (the connection's errors break it: the caller
     /// kills it).
     pub(crate) fn start<W: Wire>(
         &mut self,
@@ -94,13 +96,14 @@ impl Slots {
         bytes.copy_from_slice(sqe.as_bytes());
         w.send(usize::from(cid), u64::from(cid), &bytes, inline)?;
         self.free.pop();
-        self.busy[usize::from(cid)] = Some(Busy { sent: false, responded: false, _mr: mr });
+        self.busy[usize::from(cid)] = Some(Busy { sent: false, done: None, _mr: mr });
         Ok(cid)
     }
 
-    /// Handles `wcs`: appends each response's CID and result to `out`, frees each slot whose
-    /// SEND and response both completed. A failed work completion, or one the slots cannot
-    /// account for, is a named error (the caller kills the connection).
+    /// Handles `wcs`: frees each slot whose SEND and response both completed (its registration
+    /// goes) and appends its CID and result to `out`. A failed work completion, or one the
+    /// slots cannot account for, is a named error (the caller kills the connection); what
+    /// `out` got before it is over all the same.
     pub(crate) fn handle<W: Wire>(
         &mut self,
         w: &W,
@@ -133,10 +136,11 @@ impl Slots {
                 w.post_recv(slot).map_err(err)?;
                 let cid = cqe.cid();
                 match self.busy.get_mut(usize::from(cid)) {
-                    Some(Some(b)) if !b.responded => b.responded = true,
+                    Some(Some(b)) if b.done.is_none() => {
+                        b.done = Some(Done { status: cqe.status(), result: result_of(&cqe) })
+                    }
                     _ => return Err(protocol(format!("a response for command {cid}, which is not in flight"))),
                 }
-                out.push((cid, Done { status: cqe.status(), result: result_of(&cqe) }));
                 cid
             } else {
                 // CAST: send work request IDs are capsule slot numbers (checked below).
@@ -149,9 +153,10 @@ impl Slots {
                 slot as u16
             };
             let slot = usize::from(cid);
-            if self.busy[slot].as_ref().is_some_and(|b| b.sent && b.responded) {
+            if let Some(Busy { sent: true, done: Some(d), .. }) = self.busy[slot] {
                 self.busy[slot] = None;
                 self.free.push(cid);
+                out.push((cid, d));
             }
         }
         Ok(())
@@ -188,9 +193,8 @@ pub(crate) fn drive<W: Wire>(
     let (mut next, mut finished) = (0usize, 0usize);
     let mut wcs = [IbvWc::default(); 16];
     let mut out = Vec::new();
-    // Until every response came and every capsule slot is free again (the last SENDs'
-    // completions may trail their responses).
-    while finished < n || slots.in_flight() > 0 {
+    // Until every command is over (its SEND and its response completed).
+    while finished < n {
         while next < n && slots.room() > 0 {
             let (sqe, inline) = cmds[next];
             let cid = slots.start(w, sqe, inline, None).map_err(err)?;

@@ -133,9 +133,11 @@ pub(crate) trait Pipelined {
     /// until this command's completion came out of [`Pipelined::reap`] or the queue was
     /// abandoned, broken or dropped.
     unsafe fn start(&mut self, sqe: Sqe, data: RawData, op: &str) -> Result<u16>;
-    /// Handles what came back: waits (bounded by the connection's timeout) for one PDU, then
-    /// handles every one already received; appends each completed command's identifier and
-    /// result to `out`. An error closes the connection for good.
+    /// Handles what came back, called once [`Pipelined::poll_fd`] is readable (or always, where
+    /// it is `None` or [`Pipelined::buffered`]): TCP waits (bounded by the connection's timeout)
+    /// for one PDU, then handles every one already received; RDMA never waits. Appends each
+    /// completed command's identifier and result to `out`. An error closes the connection for
+    /// good.
     fn reap(&mut self, out: &mut Vec<(u16, Done)>, op: &str) -> Result<()>;
     /// Closes the connection for good and forgets every command in flight: no byte of theirs
     /// is moved after this returns.

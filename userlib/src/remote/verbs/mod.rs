@@ -19,7 +19,8 @@
 //! [`Endpoint`] is one connected RC queue pair with its own protection domain, completion
 //! queue and a registered region of capsule and response slots; [`Mr`] a registration of
 //! memory borrowed for its lifetime (it borrows the endpoint too, so it is deregistered before
-//! the PD goes). Dropping an endpoint destroys its queue pair before the region is
+//! the PD goes), or, from the `unsafe` [`Endpoint::register_raw`], one whose user keeps the
+//! memory and the endpoint alive instead (a batch's command, a queue's own chunks). Dropping an endpoint destroys its queue pair before the region is
 //! deregistered and freed, so the NIC can no longer reach that memory. A [`Mr`] is dropped by
 //! its user only after every command naming it completed, or after [`Endpoint::kill`] moved
 //! the queue pair to the error state (see `rdma.rs`).
@@ -35,7 +36,7 @@ use crate::error::Error;
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
@@ -57,8 +58,8 @@ pub(crate) const CAPSULE: usize = 64;
 /// Bytes of one response slot: the CQE.
 pub(crate) const RESPONSE: usize = 16;
 
-/// What the target may do to memory registered for one command: never more than the
-/// command's direction needs.
+/// What the target may do to registered memory: for the caller's memory, never more than the
+/// command's direction needs; a queue's own chunks ([`TargetAccess::Either`]) take both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TargetAccess {
     /// The target RDMA-reads the memory (a write to the target; our SENDs read it too, which
@@ -127,6 +128,9 @@ pub(crate) struct Endpoint {
     region_mr: *mut IbvMr,
     slots: usize,
     connected: std::sync::atomic::AtomicBool,
+    /// An epoll descriptor readable while the completion channel or the CM event channel is:
+    /// what a batch waits on (closed after `Drop` released the channels).
+    ready: Option<OwnedFd>,
 }
 
 impl std::fmt::Debug for Lib {
@@ -211,6 +215,7 @@ impl Endpoint {
             region_mr: std::ptr::null_mut(),
             slots,
             connected: std::sync::atomic::AtomicBool::new(false),
+            ready: None,
         };
         // SAFETY: `ch` is live; `id` receives the new id.
         if unsafe { (lib.create_id)(ch, &mut ep.id, std::ptr::null_mut(), RDMA_PS_TCP) } != 0 {
@@ -255,6 +260,24 @@ impl Endpoint {
         if !nonblocking {
             return Err(os_err("fcntl(O_NONBLOCK) on the completion channel"));
         }
+        // SAFETY: no pointers; a new descriptor or -1.
+        let efd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if efd < 0 {
+            return Err(os_err("epoll_create1"));
+        }
+        // SAFETY: `efd` is a new descriptor owned by nothing else.
+        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        // SAFETY: `ch` is live.
+        let mfd = unsafe { (*ep.ch).fd };
+        for fd in [cfd, mfd] {
+            // CAST: a descriptor is non-negative.
+            let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: fd as u64 };
+            // SAFETY: both descriptors are open; `ev` is valid for the call.
+            if unsafe { libc::epoll_ctl(efd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+                return Err(os_err("epoll_ctl"));
+            }
+        }
+        ep.ready = Some(efd);
         // CAST: slots is at most a few hundred.
         let cqe = (2 * slots + 2) as c_int;
         // SAFETY: `verbs` and `comp` are live; vector 0.
@@ -540,11 +563,36 @@ impl Endpoint {
         }
     }
 
-    /// The completion channel's descriptor: readable once a completion came on an armed CQ
-    /// ([`Endpoint::arm`]).
-    pub(crate) fn completion_fd(&self) -> RawFd {
-        // SAFETY: `comp` is live.
-        unsafe { (*self.comp).fd }
+    /// A descriptor readable once a completion came on an armed CQ ([`Endpoint::arm`]), or
+    /// the connection had an event (a disconnect: [`Endpoint::check_connection`]).
+    pub(crate) fn ready_fd(&self) -> RawFd {
+        // SAFETY: `comp` is live (its descriptor: only before `connect` made the epoll one).
+        self.ready.as_ref().map_or_else(|| unsafe { (*self.comp).fd }, |f| f.as_raw_fd())
+    }
+
+    /// An error when the connection had an event (after connecting, only its end), without
+    /// waiting.
+    pub(crate) fn check_connection(&self) -> std::io::Result<()> {
+        // SAFETY: `ch` is live.
+        let mut fds = [libc::pollfd { fd: unsafe { (*self.ch).fd }, events: libc::POLLIN, revents: 0 }];
+        // SAFETY: one valid pollfd; no wait.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) } > 0 {
+            return Err(self.connection_event());
+        }
+        Ok(())
+    }
+
+    /// The error for the connection's event, read from the readable CM channel.
+    fn connection_event(&self) -> std::io::Error {
+        let (kind, status, _) = match self.read_cm_event() {
+            Ok(e) => e,
+            Err(e) => return e,
+        };
+        let what = if kind == cm_event::DISCONNECTED { "the target disconnected" } else { "the connection ended" };
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            format!("{what}: {} (status {status})", self.lib.event_name(kind)),
+        )
     }
 
     /// Arms the CQ: the next completion raises one event on the completion channel. One that
@@ -560,16 +608,19 @@ impl Endpoint {
     }
 
     /// Takes (and acknowledges) every event waiting on the completion channel, without
-    /// waiting; after one the CQ is disarmed.
-    pub(crate) fn take_events(&self) {
+    /// waiting; after one the CQ is disarmed. Returns how many there were.
+    pub(crate) fn take_events(&self) -> usize {
         let (mut cq, mut ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let mut n = 0;
         // SAFETY: `comp` is live and non-blocking (set at connect), so this never sleeps; each
         // event is acked at once (ibv_destroy_cq waits for every event to be acked).
         unsafe {
             while (self.lib.get_cq_event)(self.comp, &mut cq, &mut ctx) == 0 {
                 (self.lib.ack_cq_events)(cq, 1);
+                n += 1;
             }
         }
+        n
     }
 
     /// Takes up to `out.len()` completions without waiting.
@@ -628,13 +679,7 @@ impl Endpoint {
                 return Err(e);
             }
             if fds[1].revents != 0 {
-                let (kind, status, _) = self.read_cm_event()?;
-                let what =
-                    if kind == cm_event::DISCONNECTED { "the target disconnected" } else { "the connection ended" };
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionReset,
-                    format!("{what}: {} (status {status})", self.lib.event_name(kind)),
-                ));
+                return Err(self.connection_event());
             }
             if fds[0].revents != 0 {
                 self.take_events();
