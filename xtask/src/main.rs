@@ -179,9 +179,9 @@ enum Cmd {
         #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members", conflicts_with = "remote")]
         chunk: u64,
         /// Another build's `ugds` CLI (e.g. target/release/ugds of an older commit's worktree):
-        /// the main grid runs its `ugds bench` in the same turns as ours and adds a table of
-        /// ours over it per point (IOPS and p50 latency).
-        #[arg(long, value_name = "PATH", conflicts_with_all = ["members", "remote", "p2p"])]
+        /// the main grid (or, with --remote, the remote one) runs its `ugds bench` in the same
+        /// turns as ours and adds a table of ours over it per point (IOPS and p50 latency).
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["members", "p2p"])]
         baseline_cli: Option<PathBuf>,
         /// Reads into another device's memory BAR (peer-to-peer, Debian's 7.3 kernel) against host
         /// memory and against the kernel nvme driver's own peer-to-peer read, in one VM.
@@ -195,6 +195,9 @@ enum Cmd {
         cli: String,
         /// The grid, as JSON.
         grid: String,
+        /// Another build's ugds CLI, measured in ugds's turns too.
+        #[arg(long)]
+        baseline_cli: Option<String>,
     },
     /// (internal) The volume benchmark's steps inside the VM.
     #[command(hide = true)]
@@ -436,7 +439,7 @@ fn real_main() -> Result<()> {
                 bench::p2p::run(seconds.max(1), out)?
             } else if let Some(transport) = remote {
                 let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats };
-                bench::remote::run(&grid.checked()?, out)?
+                bench::remote::run(&grid.checked()?, out, baseline_cli.as_deref())?
             } else if members.is_empty() {
                 let backends = bench::volume::backends(&backend)?;
                 bench::run(seconds, repeats, out, &backends, spdk, axes, baseline_cli.as_deref())?
@@ -447,7 +450,9 @@ fn real_main() -> Result<()> {
             }
         }
         Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
-        Cmd::BenchRemoteGuest { cli, grid } => bench::remote::guest(&cli, &grid)?,
+        Cmd::BenchRemoteGuest { cli, grid, baseline_cli } => {
+            bench::remote::guest(&cli, &grid, baseline_cli.as_deref())?
+        }
         Cmd::BenchGuest { cli, fio_engine, seconds, repeats, backends, spdk, sizes, depths, rws, baseline_cli } => {
             let axes = bench::Axes::main().with(sizes, depths, rws).checked_main()?;
             bench::guest(

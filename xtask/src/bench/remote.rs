@@ -122,16 +122,20 @@ impl Grid {
     }
 }
 
-/// Host side: build, boot one VM, collect the points, write the results.
-pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
+/// Host side: build, boot one VM, collect the points, write the results. `baseline`: another
+/// build's `ugds` CLI, whose `ugds bench` runs in ugds's turns too (engine `ugds-baseline`,
+/// compared with ours point by point, as in the main grid).
+pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result<()> {
     let t = Instant::now();
     let root = toolchain::workspace_root();
+    let baseline = baseline.map(super::baseline::checked).transpose()?;
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     let k = kernel::Choice::Test612.ensure()?;
     let cli = root.join("target/release/ugds");
     let me = std::env::current_exe()?;
     let spec = format!("size={}M,lbs=4096,backend={},serial=rbench0", DISK_BYTES >> 20, grid.backend);
-    let points_total = 2 * grid.points() * grid.repeats;
+    let engines = 2 + usize::from(baseline.is_some());
+    let points_total = engines * grid.points() * grid.repeats;
     // Under TCG a point costs its seconds plus a few for fio or the CLI to start and warm up.
     let estimate = points_total as u64 * (grid.seconds + 4);
     let cfg = vm::VmConfig {
@@ -146,12 +150,15 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
             "bench-remote-guest".into(),
             cli.display().to_string(),
             grid.to_json().to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(baseline.iter().map(|b| format!("--baseline-cli={}", b.display())))
+        .collect(),
         p2p: None,
     };
     eprintln!(
-        "bench: booting the VM ({points_total} points over {}: {} sizes x {} depths x {} rw x 2 engines x {} repeats, \
-         {} s each; about {} min)",
+        "bench: booting the VM ({points_total} points over {}: {} sizes x {} depths x {} rw x {engines} engines x {} \
+         repeats, {} s each; about {} min)",
         grid.transport,
         grid.sizes.len(),
         grid.depths.len(),
@@ -165,18 +172,24 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     if outcome.code != 0 {
         bail!("the remote benchmark failed in the VM (exit {})", outcome.code);
     }
-    let measurements = points_from(&outcome.output)?;
-    let points = repeats::merge(&measurements, &["rw", "size", "depth"]);
+    let mut measurements = points_from(&outcome.output)?;
+    let (points, versus) = merged(grid, &mut measurements);
     let dir = out.unwrap_or_else(|| root.join("target/bench-remote"));
     std::fs::create_dir_all(&dir)?;
     let stem = format!("remote-results-{}", grid.transport);
     let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let all = json!({ "grid": grid.to_json(), "points": points, "measurements": measurements,
+    let mut all = json!({ "grid": grid.to_json(), "points": points, "measurements": measurements,
                       "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(),
                       "host_loadavg_before": load_before.trim(), "host_loadavg_after": load_after.trim() });
+    if let Some(b) = &baseline {
+        all["baseline_cli"] = json!(b.display().to_string());
+    }
     std::fs::write(dir.join(format!("{stem}.json")), serde_json::to_string_pretty(&all)?)?;
     std::fs::write(dir.join(format!("{stem}.csv")), csv(grid, &points))?;
     let mut md = table(grid, &points);
+    if let Some(b) = &baseline {
+        md.push_str(&super::baseline::table(&points, &versus, b));
+    }
     // The VM's two vCPUs are emulated (TCG) on a shared host: its load says how noisy a run was.
     let _ = writeln!(
         md,
@@ -189,6 +202,18 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     println!("{md}");
     println!("wrote {stem}.json, .csv, .md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
     Ok(())
+}
+
+/// Every engine's points from `measurements` (each given the grid's backend, the controller
+/// column of the baseline's table), ours annotated with the baseline's ratios where it ran.
+fn merged(grid: &Grid, measurements: &mut [Value]) -> (Vec<Value>, Vec<super::baseline::Versus>) {
+    for m in measurements.iter_mut() {
+        m["backend"] = json!(grid.backend);
+    }
+    let mut points = repeats::merge(measurements, &["rw", "size", "depth"]);
+    let versus = super::baseline::compare(measurements, &points);
+    super::baseline::annotate(&mut points, &versus);
+    (points, versus)
 }
 
 fn find<'a>(points: &'a [Value], engine: &str, rw: &str, size: &str, depth: usize) -> Option<&'a Value> {
@@ -495,6 +520,33 @@ mod tests {
         }
         .checked()
         .unwrap()
+    }
+
+    /// With a baseline CLI, its measurements pair with ours by repeat and give the ugds/baseline
+    /// table; the kernel's table is unchanged by them.
+    #[test]
+    fn a_baseline_clis_points_are_compared_with_ours_by_repeat() {
+        let g = grid();
+        let m = |engine: &str, repeat: u64, iops: f64| {
+            json!({"engine": engine, "rw": "randread", "size": "4K", "depth": 1, "repeat": repeat,
+                   "iops": iops, "p50_us": 1e6 / iops, "p99_us": 2e6 / iops})
+        };
+        let mut raw = vec![
+            m("kernel", 0, 1000.0),
+            m("ugds", 0, 2000.0),
+            m("ugds-baseline", 0, 1000.0),
+            m("kernel", 1, 1000.0),
+            m("ugds-baseline", 1, 1250.0),
+            m("ugds", 1, 2500.0),
+        ];
+        let (points, versus) = merged(&g, &mut raw);
+        assert_eq!(versus.len(), 1);
+        let ours = points.iter().find(|p| p["engine"] == "ugds").unwrap();
+        assert_eq!(ours["baseline_iops_ratio"], json!(2.0), "{ours}");
+        let md = super::super::baseline::table(&points, &versus, Path::new("/old/ugds"));
+        assert!(md.contains("| null | randread | 4K | 1 | 2250 | 1125 | 2.00x"), "{md}");
+        let t = table(&g, &points);
+        assert!(t.contains("| randread | 4K | 1 | 1000 | 2250 | 2.25x"), "{t}");
     }
 
     #[test]

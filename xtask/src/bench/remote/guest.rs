@@ -160,11 +160,11 @@ fn counter(text: &str, section: &str, name: &str) -> Option<u64> {
     names.split_whitespace().zip(values.split_whitespace()).find(|(n, _)| *n == name)?.1.parse().ok()
 }
 
-/// One `ugds bench` point on the target's URI; on TCP with the most I/O queues (connections
-/// less the admin queue and the `others` that were there before) it held during the point. A
-/// failure is the point's `error`, by the CLI's own message.
-fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize, others: usize) -> Value {
-    let mut v = json!({"engine": "ugds", "rw": rw, "size": size, "depth": depth});
+/// One `ugds bench` point of `cli` (as `engine`) on the target's URI; on TCP with the most I/O
+/// queues (connections less the admin queue and the `others` that were there before) it held
+/// during the point. A failure is the point's `error`, by the CLI's own message.
+fn ugds_point(cli: &str, engine: &str, grid: &Grid, rw: &str, size: &str, depth: usize, others: usize) -> Value {
+    let mut v = json!({"engine": engine, "rw": rw, "size": size, "depth": depth});
     // fio's options under fio's names: `rw` passes through, `size` is the region.
     let child = Command::new(cli)
         .args(["--json", "bench", &grid.uri(), "--rw", rw, "--bs", size, "--iodepth", &depth.to_string()])
@@ -218,8 +218,9 @@ fn ugds_point(cli: &str, grid: &Grid, rw: &str, size: &str, depth: usize, others
 
 /// Guest side: the target and the kernel's initiator, then every point measured `repeats`
 /// times per engine, the engines alternating, one JSON line per measurement (a failed one
-/// carries its `error`).
-pub fn guest(cli: &str, grid: &str) -> Result<()> {
+/// carries its `error`). `baseline`: another build's CLI, run in ugds's turns too (ours first
+/// in even repeats, the baseline's in odd ones).
+pub fn guest(cli: &str, grid: &str, baseline: Option<&str>) -> Result<()> {
     let grid = Grid::from_json(&serde_json::from_str(grid)?)?;
     let build = PathBuf::from(std::env::var("UGDS_KERNEL_BUILD").context("UGDS_KERNEL_BUILD")?);
     let addr = bind::nvme_controllers()?.into_iter().next().context("no emulated NVMe controller")?;
@@ -243,23 +244,31 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
                 // Alternate which engine starts, so neither always runs on a target just warmed
                 // (or just disturbed) by the other.
                 for (repeat, ugds_side) in repeats::order(grid.repeats, point % 2 == 1) {
-                    let before = tcp_stalls();
-                    let mut v = if ugds_side {
-                        ugds_point(cli, &grid, rw, size, depth, kernels)
-                    } else {
-                        let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
-                        fio_point_with(&dev, job, Latency::Total).unwrap_or_else(|e| {
-                            json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")})
-                        })
-                    };
-                    if grid.transport == "tcp" {
-                        let after = tcp_stalls();
-                        for (i, (key, ..)) in STALLS.iter().enumerate() {
-                            v[*key] = json!(after[i].saturating_sub(before[i]));
-                        }
+                    // The turn's runs: the kernel's, or ours and the baseline's by turns.
+                    let mut runs: Vec<(&str, &str)> =
+                        if ugds_side { vec![(cli, "ugds")] } else { vec![("", "kernel")] };
+                    if let Some(b) = baseline.filter(|_| ugds_side) {
+                        runs.insert(usize::from(repeat % 2 == 0), (b, "ugds-baseline"));
                     }
-                    v["repeat"] = json!(repeat);
-                    println!("{MARK}{v}");
+                    for (who, engine) in runs {
+                        let before = tcp_stalls();
+                        let mut v = if engine == "kernel" {
+                            let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
+                            fio_point_with(&dev, job, Latency::Total).unwrap_or_else(|e| {
+                                json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")})
+                            })
+                        } else {
+                            ugds_point(who, engine, &grid, rw, size, depth, kernels)
+                        };
+                        if grid.transport == "tcp" {
+                            let after = tcp_stalls();
+                            for (i, (key, ..)) in STALLS.iter().enumerate() {
+                                v[*key] = json!(after[i].saturating_sub(before[i]));
+                            }
+                        }
+                        v["repeat"] = json!(repeat);
+                        println!("{MARK}{v}");
+                    }
                 }
                 point += 1;
             }
