@@ -37,6 +37,10 @@ const MAX_PIECES: u64 = 16;
 /// Entries this large go to the queue with the fewest bytes in flight; smaller ones to the
 /// first queue with room, so small I/O stays on as few sockets as it needs.
 const LARGE_ENTRY: u64 = 64 << 10;
+/// Over RDMA, queues a batch opens for large entries while every one it holds has data in
+/// flight: the NIC (soft-RoCE: the kernel) moves each queue pair's data on its own, so large
+/// I/O spread over several queue pairs moves in parallel at no cost to the calling thread.
+const RDMA_LARGE_LANES: usize = 4;
 
 /// One held I/O queue.
 struct Lane {
@@ -266,7 +270,12 @@ impl RemoteBatch {
                     fits.map(|(i, _)| i).next()
                 }
             };
+            let spread_rdma = large
+                && self.link.spec.transport == super::uri::Transport::Rdma
+                && self.lanes.len() < RDMA_LARGE_LANES
+                && self.lanes.iter().all(|l| l.bytes > 0);
             let lane = match best(&mut self.lanes) {
+                Some(_) if spread_rdma && self.add_lane() => self.lanes.len() - 1,
                 Some(i) => i,
                 None if self.lanes.len() < self.want && self.add_lane() => self.lanes.len() - 1,
                 None if self.lanes.is_empty() => {
