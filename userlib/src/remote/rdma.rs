@@ -21,11 +21,11 @@
 //! completion handed to the batch (whose event ends the memory's lease), or the queue pair is
 //! disconnected first (`abandon`).
 
-use super::rdma_bounce::{Bounce, Keys, CHUNK};
+use super::rdma_bounce::{self, Bounce};
 use super::rdma_slots::{drive, Slots, Wire};
 use super::transport::{set_psdt_sgl, Cmd, Data, Done, FabricsQueue, Pipelined, RawData};
 use super::uri::RemoteSpec;
-use super::verbs::{CmError, Endpoint, IbvSge, IbvWc, Mr, TargetAccess, CAPSULE, RESPONSE};
+use super::verbs::{CmError, Endpoint, IbvSge, IbvWc, Keys, Mr, TargetAccess, CAPSULE, RESPONSE};
 use crate::error::{Error, Rejection, Result};
 use std::net::ToSocketAddrs;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -183,7 +183,7 @@ impl FabricsQueue for RdmaQueue {
         let chunks = self.bounce.as_ref().and_then(|_| self.slots.upcoming(cmds.len()));
         let bounce = self.bounce.as_ref();
         let chunk_of = |i: usize, c: &Cmd<'_>| {
-            let small = matches!(c.data, Data::In(_) | Data::Out(_)) && (1..=CHUNK).contains(&c.data.len());
+            let small = matches!(c.data, Data::In(_) | Data::Out(_)) && rdma_bounce::takes(c.data.len());
             chunks.as_ref().and_then(|v| v.get(i).copied()).filter(|_| small)
         };
         let planned: Vec<Option<u16>> = cmds.iter().enumerate().map(|(i, c)| chunk_of(i, c)).collect();
@@ -295,7 +295,7 @@ impl Pipelined for RdmaQueue {
             .slots
             .upcoming(1)
             .and_then(|v| v.first().copied())
-            .filter(|_| (1..=CHUNK).contains(&len))
+            .filter(|_| rdma_bounce::takes(len))
             .and_then(|cid| Some((cid, self.bounce.as_ref()?.keys(cid)?)));
         let (mr, keys, landing) = match (mem, chunk) {
             (None, _) => (None, None, None),

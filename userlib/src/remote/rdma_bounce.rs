@@ -12,26 +12,16 @@
 //! Either way it reaches only the queue's own memory, never the caller's, and a target can
 //! send wrong data through the chunk of a read it serves anyway.
 
-use super::verbs::{Endpoint, Mr, TargetAccess};
+use super::verbs::{Endpoint, Keys, Mr, TargetAccess};
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
 /// Bytes of one chunk: the largest command that goes through one.
 pub(crate) const CHUNK: usize = 16 << 10;
 
-/// Where the target reaches registered memory, and the key a local SEND gathers it with.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Keys {
-    pub(crate) addr: u64,
-    pub(crate) lkey: u32,
-    pub(crate) rkey: u32,
-}
-
-impl Mr<'_> {
-    /// The registration's keys, at its start.
-    pub(crate) fn keys(&self) -> Keys {
-        Keys { addr: self.addr, lkey: self.lkey, rkey: self.rkey }
-    }
+/// Whether a command of `len` bytes goes through a chunk.
+pub(crate) fn takes(len: usize) -> bool {
+    (1..=CHUNK).contains(&len)
 }
 
 /// A queue's chunks.
@@ -80,7 +70,8 @@ impl Bounce {
     /// Where chunk `i` is (`None` past the last chunk).
     pub(crate) fn keys(&self, i: u16) -> Option<Keys> {
         let mr = self.mr.as_ref()?;
-        (usize::from(i) < self.chunks).then(|| Keys { addr: mr.addr + (usize::from(i) * CHUNK) as u64, ..mr.keys() })
+        let k = mr.keys();
+        (usize::from(i) < self.chunks).then(|| Keys { addr: k.addr + (usize::from(i) * CHUNK) as u64, ..k })
     }
 
     /// Copies `len` bytes from `from` into chunk `i`.

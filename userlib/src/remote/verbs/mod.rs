@@ -20,8 +20,8 @@
 //! queue and a registered region of capsule and response slots; [`Mr`] a registration of
 //! memory borrowed for its lifetime (it borrows the endpoint too, so it is deregistered before
 //! the PD goes), or, from the `unsafe` [`Endpoint::register_raw`], one whose user keeps the
-//! memory and the endpoint alive instead (a batch's command, a queue's own chunks). Dropping an endpoint destroys its queue pair before the region is
-//! deregistered and freed, so the NIC can no longer reach that memory. A [`Mr`] is dropped by
+//! memory and the endpoint alive instead (a batch's command, a queue's own chunks). Dropping
+//! an endpoint destroys its queue pair before the region is deregistered and freed, so the NIC can no longer reach that memory. A [`Mr`] is dropped by
 //! its user only after every command naming it completed, or after [`Endpoint::kill`] moved
 //! the queue pair to the error state (see `rdma.rs`).
 
@@ -83,15 +83,28 @@ impl TargetAccess {
     }
 }
 
+/// Where the target reaches registered memory, and the key a local SEND gathers it with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Keys {
+    pub(crate) addr: u64,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
 /// A registration of memory that outlives `'a`, with the PD of an endpoint that outlives `'a`
 /// (so it is deregistered before that PD is freed).
 #[derive(Debug)]
 pub(crate) struct Mr<'a> {
     mr: *mut IbvMr,
-    pub(crate) addr: u64,
-    pub(crate) lkey: u32,
-    pub(crate) rkey: u32,
+    keys: Keys,
     _mem: PhantomData<(&'a mut [u8], &'a Endpoint)>,
+}
+
+impl Mr<'_> {
+    /// The registration's keys, at its start.
+    pub(crate) fn keys(&self) -> Keys {
+        self.keys
+    }
 }
 
 // SAFETY: an ibv_mr may be deregistered from any thread (verbs are thread-safe per the
@@ -411,7 +424,7 @@ impl Endpoint {
         // SAFETY: `pd` is live; `mem` stays borrowed (and so mapped) while the Mr lives, and the
         // access flags let no one write it through the registration.
         let mr = unsafe { (self.lib.reg_mr)(self.pd, mem.as_ptr().cast_mut().cast(), mem.len().max(1), access) };
-        self.wrap(mr, mem.as_ptr() as u64)
+        wrap(mr, mem.as_ptr() as u64)
     }
 
     /// Registers `mem` for the target to write into.
@@ -420,7 +433,7 @@ impl Endpoint {
         // SAFETY: `pd` is live; `mem` is borrowed exclusively for the Mr's lifetime, so the
         // NIC's writes race with no Rust reference.
         let mr = unsafe { (self.lib.reg_mr)(self.pd, mem.as_mut_ptr().cast(), mem.len().max(1), access) };
-        self.wrap(mr, mem.as_ptr() as u64)
+        wrap(mr, mem.as_ptr() as u64)
     }
 
     /// Registers `len` bytes at `offset` of dma-buf `fd` (GPU memory) at I/O virtual address
@@ -443,7 +456,7 @@ impl Endpoint {
         // SAFETY: `pd` is live; the kernel checks `fd` and the range against the dma-buf and
         // takes its own reference, so no host memory of ours is named.
         let mr = unsafe { f(self.pd, offset, len, iova, fd, access) };
-        self.wrap(mr, iova)
+        wrap(mr, iova)
     }
 
     /// Registers `len` bytes at `ptr` for the target to `access`, for a command kept in flight
@@ -462,21 +475,7 @@ impl Endpoint {
         // SAFETY: `pd` is live; the caller keeps the memory mapped and unshared as above, and
         // drops the registration before the PD goes (with this endpoint).
         let mr = unsafe { (self.lib.reg_mr)(self.pd, ptr.as_ptr().cast(), len.max(1), access.flags()) };
-        if mr.is_null() {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a non-null result of a registration is a live ibv_mr.
-        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        Ok(Mr { mr, addr: ptr.as_ptr() as u64, lkey, rkey, _mem: PhantomData })
-    }
-
-    fn wrap<'a>(&'a self, mr: *mut IbvMr, addr: u64) -> std::io::Result<Mr<'a>> {
-        if mr.is_null() {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a non-null result of a registration is a live ibv_mr.
-        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
-        Ok(Mr { mr, addr, lkey, rkey, _mem: PhantomData })
+        wrap(mr, ptr.as_ptr() as u64)
     }
 
     /// Slots (capsules and responses).
@@ -686,6 +685,16 @@ impl Endpoint {
             }
         }
     }
+}
+
+/// The result of a registration at `addr`, as an [`Mr`] of the lifetime its caller promises.
+fn wrap<'a>(mr: *mut IbvMr, addr: u64) -> std::io::Result<Mr<'a>> {
+    if mr.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a non-null result of a registration is a live ibv_mr.
+    let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+    Ok(Mr { mr, keys: Keys { addr, lkey, rkey }, _mem: PhantomData })
 }
 
 impl Endpoint {

@@ -244,21 +244,22 @@ pub fn guest(cli: &str, grid: &str, baseline: Option<&str>) -> Result<()> {
                 // Alternate which engine starts, so neither always runs on a target just warmed
                 // (or just disturbed) by the other.
                 for (repeat, ugds_side) in repeats::order(grid.repeats, point % 2 == 1) {
-                    // The turn's runs: the kernel's, or ours and the baseline's by turns.
-                    let mut runs: Vec<(&str, &str)> =
-                        if ugds_side { vec![(cli, "ugds")] } else { vec![("", "kernel")] };
+                    // The turn's runs: the kernel's (no CLI), or ours and the baseline's by turns.
+                    let mut runs: Vec<(Option<&str>, &str)> =
+                        if ugds_side { vec![(Some(cli), "ugds")] } else { vec![(None, "kernel")] };
                     if let Some(b) = baseline.filter(|_| ugds_side) {
-                        runs.insert(usize::from(repeat % 2 == 0), (b, "ugds-baseline"));
+                        runs.insert(usize::from(repeat % 2 == 0), (Some(b), "ugds-baseline"));
                     }
                     for (who, engine) in runs {
                         let before = tcp_stalls();
-                        let mut v = if engine == "kernel" {
-                            let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
-                            fio_point_with(&dev, job, Latency::Total).unwrap_or_else(|e| {
-                                json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")})
-                            })
-                        } else {
-                            ugds_point(who, engine, &grid, rw, size, depth, kernels)
+                        let mut v = match who {
+                            Some(cli) => ugds_point(cli, engine, &grid, rw, size, depth, kernels),
+                            None => {
+                                let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
+                                fio_point_with(&dev, job, Latency::Total).unwrap_or_else(|e| {
+                                    json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")})
+                                })
+                            }
                         };
                         if grid.transport == "tcp" {
                             let after = tcp_stalls();
