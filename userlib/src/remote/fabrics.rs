@@ -51,6 +51,10 @@ struct Pool {
     /// QIDs of queues that were dropped (their connection broke), for the next connection.
     spare: Vec<u16>,
     next_qid: u16,
+    /// Callers waiting in [`Controller::take_queue`] for a queue to come back: a queue is
+    /// returned after every synchronous I/O, and a wake-up is a system call even when nobody
+    /// waits, so one is made only for a waiter.
+    waiters: usize,
 }
 
 /// A connected, enabled controller.
@@ -75,6 +79,9 @@ pub(crate) struct Controller {
     max_queues: u16,
     pool: Mutex<Pool>,
     returned: Condvar,
+    /// Wake-ups made in `put_queue` (tests).
+    #[cfg(test)]
+    pub(crate) wakes: std::sync::atomic::AtomicU64,
     keep_alive: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
     /// Set when the controller is known gone on the target (its admin queue failed, or an I/O
     /// queue could not join it): the path then connects a new one.
@@ -127,6 +134,8 @@ impl Controller {
             max_queues: 0,
             pool: Mutex::new(Pool { next_qid: 1, ..Default::default() }),
             returned: Condvar::new(),
+            #[cfg(test)]
+            wakes: Default::default(),
             keep_alive: None,
             dead: Arc::new(AtomicBool::new(false)),
         };
@@ -305,7 +314,9 @@ impl Controller {
                 drop(pool);
                 return self.connect_io(qid);
             }
+            pool.waiters += 1;
             pool = self.returned.wait(pool).unwrap_or_else(|e| e.into_inner());
+            pool.waiters -= 1;
         }
     }
 
@@ -353,9 +364,12 @@ impl Controller {
                 Ok(q)
             }
             Err(e) => {
-                self.pool.lock().unwrap_or_else(|e| e.into_inner()).spare.push(qid);
                 // The target no longer knows the controller, or cannot be reached.
                 self.dead.store(true, Ordering::Relaxed);
+                let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+                pool.spare.push(qid);
+                // A caller waiting for a queue may connect with it.
+                self.wake_a_waiter(pool);
                 Err(e)
             }
         }
@@ -384,7 +398,18 @@ impl Controller {
         } else {
             pool.free.push(q);
         }
-        self.returned.notify_one();
+        self.wake_a_waiter(pool);
+    }
+
+    /// Wakes one caller waiting in [`Controller::take_queue`], if one waits, after `pool`
+    /// (locked, where a waiter counts itself before it waits) got a queue or a QID back.
+    fn wake_a_waiter(&self, pool: std::sync::MutexGuard<'_, Pool>) {
+        if pool.waiters > 0 {
+            drop(pool);
+            #[cfg(test)]
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+            self.returned.notify_one();
+        }
     }
 }
 

@@ -281,3 +281,42 @@ proptest! {
         }
     }
 }
+
+/// A queue handed back after a synchronous I/O wakes nobody when nobody waits (a wake-up is a
+/// system call: one per I/O before), and callers that outnumber the controller's queues
+/// still each get one as the others hand theirs back.
+#[test]
+fn queues_come_back_without_a_wake_up_unless_a_caller_waits_for_one() {
+    use super::fabrics::Controller;
+    use super::uri::RemoteSpec;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    let cfg = FakeConfig::default();
+    let fake = Fake::start(cfg.clone());
+    let spec = RemoteSpec::parse(&fake.uri(&cfg.nqn, 1)).unwrap();
+    let ctrl = Arc::new(Controller::connect(&spec).unwrap());
+    for _ in 0..50 {
+        let q = ctrl.take_queue().unwrap();
+        ctrl.put_queue(q);
+    }
+    assert_eq!(ctrl.wakes.load(Ordering::Relaxed), 0, "queues handed back with nobody waiting woke someone");
+    // The fake grants 4 I/O queues: 12 callers holding one each for a while must wait.
+    let t = Instant::now();
+    let callers: Vec<_> = (0..12)
+        .map(|_| {
+            let ctrl = ctrl.clone();
+            std::thread::spawn(move || {
+                for _ in 0..5 {
+                    let q = ctrl.take_queue().unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                    ctrl.put_queue(q);
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        c.join().unwrap();
+    }
+    assert!(t.elapsed() < Duration::from_secs(10), "callers waited {:?}", t.elapsed());
+    assert!(ctrl.wakes.load(Ordering::Relaxed) > 0, "no caller ever waited for a queue");
+}
