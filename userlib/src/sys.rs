@@ -242,6 +242,12 @@ impl DeviceFd {
 #[derive(Debug)]
 pub struct EventFd(OwnedFd);
 
+#[cfg(test)]
+thread_local! {
+    /// Eventfd signals made by this thread (tests count wake-ups with it).
+    pub(crate) static SIGNALS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 impl EventFd {
     /// A new non-blocking eventfd.
     pub fn new() -> Result<Self> {
@@ -261,17 +267,22 @@ impl EventFd {
 
     /// Signals it (wakes its sleepers), as the interrupt does.
     pub fn signal(&self) {
+        #[cfg(test)]
+        SIGNALS.with(|s| s.set(s.get() + 1));
         let v = 1u64;
         // SAFETY: writing 8 bytes from a u64 to an eventfd; a full counter (EAGAIN) is signalled
         // already.
         unsafe { libc::write(self.raw(), (&v as *const u64).cast(), 8) };
     }
 
-    /// Sleeps until signalled or `timeout_ms` passed, then clears the counter.
+    /// Sleeps until signalled or `timeout_ms` passed, then clears the counter (with a
+    /// timeout of 0, only clears it: one system call, not two).
     pub fn wait(&self, timeout_ms: i32) {
-        let mut p = libc::pollfd { fd: self.raw(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd; errors (EINTR) just end the wait early.
-        unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if timeout_ms != 0 {
+            let mut p = libc::pollfd { fd: self.raw(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; errors (EINTR) just end the wait early.
+            unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        }
         let mut v = 0u64;
         // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd (EAGAIN when empty).
         unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };

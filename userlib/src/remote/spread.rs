@@ -122,13 +122,21 @@ impl Spread {
         self.workers.iter().map(|w| w.cookies.len()).min().unwrap_or(usize::MAX)
     }
 
-    /// Hands `e` to the thread with the fewest entries in flight.
+    /// Hands `e` to the thread with the fewest entries in flight. The thread is signalled only
+    /// when its orders were empty: it clears its signal before it takes its orders, all at
+    /// once, so orders left waiting always have a signal behind them or are about to be taken
+    /// (a signal per entry was a system call per entry, and one more for the thread to clear).
     pub(crate) fn submit(&mut self, e: Entry) {
         // `new` made at least one.
         let Some(w) = self.workers.iter_mut().min_by_key(|w| w.cookies.len()) else { return };
         w.cookies.push(e.cookie);
-        lock(&w.inbox.orders).entries.push(e);
-        w.inbox.wake.signal();
+        let mut orders = lock(&w.inbox.orders);
+        let first = orders.entries.is_empty();
+        orders.entries.push(e);
+        drop(orders);
+        if first {
+            w.inbox.wake.signal();
+        }
     }
 
     /// Signalled when an event comes back.
@@ -233,8 +241,15 @@ fn run(index: usize, mut batch: RemoteBatch, inbox: &Inbox, out: &Outbox, timeou
             }
         }
         if !events.is_empty() {
-            lock(&out.events).extend(events.into_iter().map(|(ev, p)| (index, ev, p)));
-            out.wake.signal();
+            // Signalled only when the batch had taken every earlier event: it clears the signal
+            // before it takes them, all at once (see `Spread::submit`).
+            let mut queued = lock(&out.events);
+            let first = queued.is_empty();
+            queued.extend(events.into_iter().map(|(ev, p)| (index, ev, p)));
+            drop(queued);
+            if first {
+                out.wake.signal();
+            }
         }
     }
 }
