@@ -21,6 +21,7 @@ use super::Link;
 use crate::batch::{Entry, IoEvent, IoStatus};
 use crate::buffer::Path;
 use crate::sys::EventFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -41,8 +42,19 @@ struct Orders {
 /// The batch's side of one thread.
 struct Inbox {
     orders: Mutex<Orders>,
-    /// Signalled whenever `orders` changes; the thread's waits end on it.
+    /// Signalled when `orders` gets something to do; the thread's waits end on it.
     wake: Arc<EventFd>,
+    /// Set before each signal: the thread clears `wake` before it takes its orders only when
+    /// this says a signal was given (a clear with none is a system call that finds nothing).
+    signalled: AtomicBool,
+}
+
+impl Inbox {
+    /// Tells the thread it has orders.
+    fn signal(&self) {
+        self.signalled.store(true, Ordering::Release);
+        self.wake.signal();
+    }
 }
 
 /// Events from every thread, each with its thread's index.
@@ -97,7 +109,8 @@ impl Spread {
                 Ok(w) => Arc::new(w),
                 Err(_) => break,
             };
-            let inbox = Arc::new(Inbox { orders: Mutex::new(Orders::default()), wake });
+            let inbox =
+                Arc::new(Inbox { orders: Mutex::new(Orders::default()), wake, signalled: AtomicBool::new(false) });
             let (ib, o, timeout) = (inbox.clone(), out.clone(), link.timeout());
             let spawned =
                 std::thread::Builder::new().name(format!("ugds-remote-{i}")).spawn(move || run(i, b, &ib, &o, timeout));
@@ -135,7 +148,7 @@ impl Spread {
         orders.entries.push(e);
         drop(orders);
         if first {
-            w.inbox.wake.signal();
+            w.inbox.signal();
         }
     }
 
@@ -180,7 +193,7 @@ impl Spread {
     pub(crate) fn cancel(&self) {
         for w in &self.workers {
             lock(&w.inbox.orders).cancel = true;
-            w.inbox.wake.signal();
+            w.inbox.signal();
         }
     }
 }
@@ -189,7 +202,7 @@ impl Drop for Spread {
     fn drop(&mut self) {
         for w in &self.workers {
             lock(&w.inbox.orders).stop = true;
-            w.inbox.wake.signal();
+            w.inbox.signal();
         }
         for w in &mut self.workers {
             if let Some(t) = w.thread.take() {
@@ -211,7 +224,11 @@ fn run(index: usize, mut batch: RemoteBatch, inbox: &Inbox, out: &Outbox, timeou
     batch.end_waits_on(inbox.wake.clone());
     loop {
         // Cleared before the orders are taken: a signal after this is for orders still to come.
-        inbox.wake.wait(0);
+        // The flag is set before the orders' signal is written; a signal written after the
+        // clear only ends a later wait early.
+        if inbox.signalled.swap(false, Ordering::AcqRel) {
+            inbox.wake.wait(0);
+        }
         let Orders { entries, cancel, stop } = std::mem::take(&mut *lock(&inbox.orders));
         if stop {
             // `batch` drops here: its queues close before its entries' leases go.
