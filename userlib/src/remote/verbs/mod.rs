@@ -21,9 +21,10 @@
 //! memory borrowed for its lifetime (it borrows the endpoint too, so it is deregistered before
 //! the PD goes), or, from the `unsafe` [`Endpoint::register_raw`], one whose user keeps the
 //! memory and the endpoint alive instead (a batch's command, a queue's own chunks). Dropping
-//! an endpoint destroys its queue pair before the region is deregistered and freed, so the NIC can no longer reach that memory. A [`Mr`] is dropped by
-//! its user only after every command naming it completed, or after [`Endpoint::kill`] moved
-//! the queue pair to the error state (see `rdma.rs`).
+//! an endpoint destroys its queue pair before the region is deregistered and freed, so the NIC
+//! can no longer reach that memory. A [`Mr`] is dropped by its user only after every command
+//! naming it completed, or after [`Endpoint::kill`] moved the queue pair to the error state
+//! (see `rdma.rs`).
 
 mod sys;
 
