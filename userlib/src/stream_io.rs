@@ -262,6 +262,12 @@ impl StreamIo {
             ConcretePath::Volume(_) => true,
             _ => false,
         };
+        #[cfg(feature = "fallback")]
+        if let ([o], ConcretePath::File(_)) = (ops, storage.concrete_path()) {
+            if o.op == Op::Read && matches!(o.buf.mem(), crate::buffer::Mem::Gpu(_)) {
+                return self.submit_jobs(&storage.engine()?, vec![read_alone(storage, o)]);
+            }
+        }
         if batched && !ops.is_empty() {
             return self.submit_to_batch(storage, ops);
         }
@@ -408,6 +414,24 @@ fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &
     if let Some(c) = offer.and_then(Offer::take) {
         done.stored_by_device = copies.signal(c, &done.word, done.ticket);
     }
+}
+
+/// A group of one read into GPU memory on a file or block device, as a job of its own: run on
+/// the dispatcher as the job's one I/O, so on the fallback path the read's copy is left running
+/// and its queue releases the stream ([`crate::stream_tail`]), as the C faces' reads do. The
+/// result is stored when the read is done, before the copy is; the buffer stays counted in use
+/// until the copy is over.
+#[cfg(feature = "fallback")]
+fn read_alone(storage: &Arc<Storage>, o: &AsyncOp) -> StreamJob {
+    let (s, o) = (storage.clone(), o.clone());
+    Box::new(move || {
+        // Taken before the I/O: a buffer that cannot be leased fails the I/O by name there.
+        let busy = Lease::new(o.buf.clone()).ok();
+        crate::stream_tail::one_io(|| run_op(&s, &o));
+        if let Some(l) = busy {
+            crate::stream_tail::keep_while_copying(Box::new(l));
+        }
+    })
 }
 
 /// An operation's late-bound arguments, read once and checked: (size, file offset, buffer

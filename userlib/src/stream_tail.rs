@@ -254,7 +254,7 @@ impl Copies {
 mod tests {
     use super::*;
     use crate::fallback::tests::TempFile;
-    use crate::stream_io::{StreamIo, StreamJob};
+    use crate::stream_io::{AsyncArgs, StreamIo, StreamJob};
     use crate::CpuStream;
 
     /// Something a job holds busy: its count tells whether it was let go.
@@ -320,5 +320,31 @@ mod tests {
         run(true, 4096);
         assert_eq!(sio.copies_signalled(), 2);
         assert_eq!(buf.inflight(), 0);
+    }
+
+    #[test]
+    fn a_rust_face_read_into_gpu_memory_is_released_by_its_copy() {
+        let f = TempFile::new("tail-rust", 1 << 20);
+        let st = f.storage();
+        let gpu = Gpu::cpu();
+        let buf = Arc::new(st.register_gpu(Arc::new(gpu.alloc(8192).unwrap()), false).unwrap());
+        let sio = StreamIo::new(CpuStream::new().unwrap()).unwrap();
+        for (i, off) in [4096u64, 12288].into_iter().enumerate() {
+            let args = AsyncArgs::new(4096, off as i64, 4096);
+            sio.read_async(&st, &buf, &args).unwrap();
+            sio.synchronize().unwrap();
+            assert_eq!(args.bytes.load(Ordering::Acquire), 4096);
+            assert_eq!(sio.copies_signalled(), i as u64 + 1, "the read's copy stored the stream's word");
+            let mut out = vec![0u8; 4096];
+            buf.copy_out(4096, &mut out).unwrap();
+            assert_eq!(crate::pattern::first_mismatch(1, off, &out), None);
+        }
+        assert_eq!(buf.inflight(), 0, "let go once the stream passed the reads");
+        // Writes, and groups of more than one, still run on the registration's batch.
+        let w = AsyncArgs::new(4096, 0, 0);
+        sio.write_async(&st, &buf, &w).unwrap();
+        sio.synchronize().unwrap();
+        assert_eq!(w.bytes.load(Ordering::Acquire), 4096);
+        assert_eq!(sio.copies_signalled(), 2);
     }
 }
