@@ -256,6 +256,20 @@ impl RemoteBatch {
 
     /// Starts waiting entries while a queue has room for all of an entry's pieces.
     fn start_waiting(&mut self) {
+        // More than one command to start: each queue holds its sends until all are started,
+        // so they leave together (see `Pipelined::hold_sends`).
+        let hold = self.waiting.len() > 1 || self.waiting.front().is_some_and(|(_, e)| e.len > self.piece);
+        if hold {
+            self.lanes.iter_mut().filter_map(Lane::pipe).for_each(|p| p.hold_sends(true));
+        }
+        self.start_each();
+        if hold {
+            self.lanes.iter_mut().filter_map(Lane::pipe).for_each(|p| p.hold_sends(false));
+        }
+    }
+
+    /// [`RemoteBatch::start_waiting`]'s loop.
+    fn start_each(&mut self) {
         while let Some((_, e)) = self.waiting.front() {
             let pieces = e.len.div_ceil(self.piece).max(1) as usize;
             let large = e.len >= LARGE_ENTRY;

@@ -156,6 +156,10 @@ impl Pipelined for TcpQueue {
         }
     }
 
+    fn hold_sends(&mut self, hold: bool) {
+        self.conn.hold_sends(hold);
+    }
+
     fn abandon(&mut self) {
         self.conn.fail();
         self.slots.fill(IDLE);

@@ -142,6 +142,10 @@ pub(crate) trait Pipelined {
     /// Closes the connection for good and forgets every command in flight: no byte of theirs
     /// is moved after this returns.
     fn abandon(&mut self);
+    /// While `hold` is true, holds the queue's sends back so that commands started together
+    /// go out together (on TCP, in as few segments as they fill); false sends what was held.
+    /// Where each command is a message of its own (RDMA), nothing to do.
+    fn hold_sends(&mut self, _hold: bool) {}
 }
 
 /// Connects queue `qid` of `spec`'s target (`depth` entries; `cntlid` the controller an I/O
