@@ -537,7 +537,6 @@ impl Conn {
     }
 }
 
-/// Decodes a common header (the caller passes 8 bytes).
 /// One `sendmsg` of `iov` on socket `fd` with `MSG_MORE` (the socket holds partial segments
 /// until a send without it); the bytes sent.
 fn send_more(fd: RawFd, iov: &mut [IoSlice<'_>]) -> std::io::Result<usize> {
@@ -556,6 +555,7 @@ fn send_more(fd: RawFd, iov: &mut [IoSlice<'_>]) -> std::io::Result<usize> {
     }
 }
 
+/// Decodes a common header (the caller passes 8 bytes).
 fn read_header(b: &[u8]) -> PduHeader {
     PduHeader::read_from_bytes(b).unwrap_or_default()
 }
