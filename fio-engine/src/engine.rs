@@ -345,19 +345,33 @@ impl Thread {
         }
     }
 
-    /// Submits what was queued: one call, so one doorbell, per target's batch.
+    /// Submits what was queued: one call, so one doorbell, per target's batch. While finished
+    /// I/Os wait to be handed to fio, the submission waits too, and the `getevents` that drains
+    /// them makes it: fio's defaults take one event per `getevents` and commit each new I/O on
+    /// its own, which rang the doorbell once per I/O (a trip through the emulator's lock under
+    /// QEMU) where one ring can carry every I/O queued while those events were handed out (4 KiB
+    /// reads on a null-backed controller: 97k IOPS at iodepth 8 to 128 in the VM, 160k to 268k
+    /// with fio told to take and submit in batches). Nothing is held back past a wait: a
+    /// `getevents` that the waiting events cannot answer submits first.
     pub(crate) fn commit(&mut self) {
+        if self.ready.is_empty() {
+            self.submit_pending();
+        }
+    }
+
+    /// Submits every target's queued requests.
+    fn submit_pending(&mut self) {
         for t in self.targets.iter_mut().flatten() {
             if t.pending.is_empty() {
                 continue;
             }
-            let reqs = std::mem::take(&mut t.pending);
             let Some(b) = t.batch.as_mut() else { continue };
-            if let Err(e) = b.submit(&reqs) {
-                log::error!("{}: submitting {} I/Os: {e}", t.name, reqs.len());
+            if let Err(e) = b.submit(&t.pending) {
+                log::error!("{}: submitting {} I/Os: {e}", t.name, t.pending.len());
                 let error = errno(&e);
-                self.ready.extend(reqs.iter().map(|r| Done { key: r.cookie, bytes: 0, error }));
+                self.ready.extend(t.pending.iter().map(|r| Done { key: r.cookie, bytes: 0, error }));
             }
+            t.pending.clear();
         }
     }
 
@@ -365,6 +379,13 @@ impl Thread {
     /// long as it takes) until there are `min`; returns how many.
     pub(crate) fn getevents(&mut self, min: usize, max: usize, timeout: Option<Duration>) -> usize {
         self.events.clear();
+        // Events already here answer the call: the device is not asked, and what `commit` held
+        // stays queued (see there).
+        if max > 0 && self.ready.len() >= max {
+            self.events.extend(self.ready.drain(..max));
+            return max;
+        }
+        self.submit_pending();
         let start = Instant::now();
         loop {
             // Counted before reaping: a batch counts an entry that completed but was not reaped
@@ -473,6 +494,43 @@ mod tests {
         assert!(!is_rdma_uri("nvmeof://tcp/10.0.0.1:4420/nqn.x?nsid=1") && !is_rdma_uri("/dev/ugds_drv0"));
         let e = rdma_needs_threads(uri).to_string();
         assert!(e.contains(uri) && e.contains("add thread=1"), "{e}");
+    }
+
+    /// A commit made while finished I/Os wait to be handed to fio is held, and goes to the
+    /// device (in one submission) only when a `getevents` finds those events gone; an I/O is
+    /// never held past a wait.
+    #[test]
+    fn a_commit_waits_while_finished_ios_wait_for_fio() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("f");
+        let mut t = Thread::new(Settings::from(None), 4);
+        let base = t.alloc_mem(4 * 4096).expect("memory");
+        t.open(0, file.to_str().expect("utf-8"), 1 << 20).expect("open");
+        // Page `i` of the memory allocated above.
+        let read = |i: usize| Request::Rw {
+            write: false,
+            offset: i as u64 * 4096,
+            len: 4096,
+            mem: base.wrapping_add(i * 4096),
+        };
+        let queued = |t: &Thread| t.targets[0].as_ref().map_or(0, |x| x.pending.len());
+        let in_flight = |t: &Thread| t.in_flight();
+        for k in [1, 2] {
+            assert_eq!(t.queue(0, k, read(k as usize)), Outcome::Queued);
+        }
+        t.commit();
+        assert_eq!((queued(&t), in_flight(&t)), (0, 2), "nothing waiting for fio: submitted at once");
+        t.reap(0, 2, Duration::from_secs(10));
+        assert_eq!(t.ready.len(), 2);
+        assert_eq!(t.getevents(1, 1, None), 1);
+        assert_eq!(t.queue(0, 3, read(3)), Outcome::Queued);
+        t.commit();
+        assert_eq!((queued(&t), in_flight(&t)), (1, 0), "held while an event waits for fio");
+        assert_eq!(t.getevents(1, 1, None), 1);
+        assert_eq!((queued(&t), in_flight(&t)), (1, 0), "answered from the waiting event");
+        assert_eq!(t.getevents(1, 1, None), 1);
+        assert_eq!(queued(&t), 0, "the wait submitted it");
+        assert_eq!(t.events[0], Done { key: 3, bytes: 4096, error: 0 });
     }
 
     /// An entry that runs on the storage's worker threads (on a file: a read past the batch

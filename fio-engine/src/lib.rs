@@ -15,7 +15,8 @@
 //! `filename=` is handed to the library's one target resolver (`ugds::Storage::open_with`):
 //! a ugds node, a namespace of it (`ugds_nsid=`), a striped volume, an NVMe over Fabrics URI, a
 //! file or a block device. I/O is synchronous at iodepth 1, and goes through a batch queue of
-//! the fio thread's own at a larger iodepth (fio's commit is one submit: one doorbell). fio's
+//! the fio thread's own at a larger iodepth (fio's commit is one submit: one doorbell, held while
+//! finished I/Os wait to be handed to fio; see `Thread::commit`). fio's
 //! I/O buffers are the engine's (`iomem_alloc`), registered once per thread and target.
 
 mod engine;
