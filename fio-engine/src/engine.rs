@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds::{Buffer, Error, IoEvent, IoRequest, IoStatus, Op, OwnedQueue, Storage, StorageBatch};
 
+/// A 2 MiB huge page.
+const HUGE_PAGE: usize = 2 << 20;
+
 /// fio's I/O buffers (`td->orig_buffer`), allocated by the engine (`iomem_alloc`) so that it
 /// decides how long they stay mapped: never shorter than a registration that names them.
 ///
@@ -26,9 +29,23 @@ pub(crate) struct IoMem {
 }
 
 impl IoMem {
-    /// `len` bytes (rounded up to pages) of zeroed, page-aligned memory.
+    /// `len` bytes of zeroed, page-aligned memory: from 2 MiB huge pages (`len` rounded up to
+    /// them) where the system has enough free, else from ordinary pages. A command's memory
+    /// inside one huge page is one contiguous range, one data descriptor, where ordinary pages
+    /// may take one per 4 KiB (as `ugds bench`'s buffers, and SPDK's).
     pub(crate) fn new(len: usize) -> Result<IoMem, Error> {
-        let len = len.max(1).next_multiple_of(4096);
+        let huge = len.max(1).next_multiple_of(HUGE_PAGE);
+        match Self::map(huge, libc::MAP_HUGETLB | libc::MAP_HUGE_2MB) {
+            Ok(m) => Ok(m),
+            Err(e) => {
+                log::debug!("fio's I/O buffers from ordinary pages: no {huge} bytes of huge pages ({e})");
+                Self::map(len.max(1).next_multiple_of(4096), 0)
+            }
+        }
+    }
+
+    /// An anonymous private mapping of `len` bytes with `flags` added.
+    fn map(len: usize, flags: i32) -> Result<IoMem, Error> {
         // SAFETY: an anonymous private mapping at an address of the kernel's choice touches no
         // existing memory.
         let p = unsafe {
@@ -36,7 +53,7 @@ impl IoMem {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
                 -1,
                 0,
             )
@@ -494,6 +511,45 @@ mod tests {
         assert!(!is_rdma_uri("nvmeof://tcp/10.0.0.1:4420/nqn.x?nsid=1") && !is_rdma_uri("/dev/ugds_drv0"));
         let e = rdma_needs_threads(uri).to_string();
         assert!(e.contains(uri) && e.contains("add thread=1"), "{e}");
+    }
+
+    /// The page size backing the mapping that holds `p`, in KiB, from `/proc/self/smaps`.
+    fn page_kib(p: *const u8) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-')) {
+                let (a, b) = range.split_once('-')?;
+                let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+                inside = (a..b).contains(&(p as usize));
+            } else if inside {
+                if let Some(v) = line.strip_prefix("KernelPageSize:") {
+                    return v.trim().trim_end_matches("kB").trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    /// Free 2 MiB huge pages, from `/proc/meminfo`.
+    fn free_huge_pages() -> u64 {
+        let m = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        m.lines().find_map(|l| l.strip_prefix("HugePages_Free:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// fio's buffers come from huge pages while enough are free, from ordinary pages otherwise;
+    /// either way they are zeroed, writable and at least as long as asked.
+    #[test]
+    fn io_mem_comes_from_huge_pages_while_enough_are_free() {
+        let want = 3 << 20;
+        let huge = free_huge_pages() >= 2;
+        let m = IoMem::new(want).expect("memory");
+        assert!(m.len >= want);
+        // SAFETY: `m` owns `m.len` bytes of readable, writable memory at `m.ptr`.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(m.ptr(), m.len) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        bytes[want - 1] = 7;
+        assert_eq!(page_kib(m.ptr()), Some(if huge { 2048 } else { 4 }), "huge pages free: {huge}");
     }
 
     /// A commit made while finished I/Os wait to be handed to fio is held, and goes to the
