@@ -7,21 +7,13 @@ use crate::options::{QueueMode, Settings};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::{Buffer, Error, IoEvent, IoRequest, IoStatus, Op, OwnedQueue, Storage, StorageBatch};
-
-/// A 2 MiB huge page.
-const HUGE_PAGE: usize = 2 << 20;
+use ugds::{Buffer, Error, HostMemory, IoEvent, IoRequest, IoStatus, Op, OwnedQueue, Storage, StorageBatch};
 
 /// fio's I/O buffers (`td->orig_buffer`), allocated by the engine (`iomem_alloc`) so that it
 /// decides how long they stay mapped: never shorter than a registration that names them.
-///
-/// # Invariants
-///
-/// `ptr` is the start of an anonymous mapping of `len` bytes (a multiple of the page size) that
-/// this value owns.
 pub(crate) struct IoMem {
-    ptr: *mut u8,
-    len: usize,
+    /// `None` only once handed to `Drop`.
+    mem: Option<HostMemory>,
     /// A registration of it may still be in use by the device (a lease kept for good after a
     /// failure the controller reset could not confirm): the mapping then stays for the life of
     /// the process, as `Storage::register_host` requires.
@@ -29,51 +21,29 @@ pub(crate) struct IoMem {
 }
 
 impl IoMem {
-    /// `len` bytes of zeroed, page-aligned memory: from 2 MiB huge pages (`len` rounded up to
-    /// them) where the system has enough free, else from ordinary pages. A command's memory
-    /// inside one huge page is one contiguous range, one data descriptor, where ordinary pages
-    /// may take one per 4 KiB (as `ugds bench`'s buffers, and SPDK's).
+    /// At least `len` bytes of zeroed, page-aligned memory: the library's host memory of whole
+    /// 2 MiB pages, so it comes from huge pages where the system has enough free (else from
+    /// ordinary pages). A command's memory inside one huge page is one contiguous range, one
+    /// data descriptor, where ordinary pages may take one per 4 KiB.
     pub(crate) fn new(len: usize) -> Result<IoMem, Error> {
-        let huge = len.max(1).next_multiple_of(HUGE_PAGE);
-        match Self::map(huge, libc::MAP_HUGETLB | libc::MAP_HUGE_2MB) {
-            Ok(m) => Ok(m),
-            Err(e) => {
-                log::debug!("fio's I/O buffers from ordinary pages: no {huge} bytes of huge pages ({e})");
-                Self::map(len.max(1).next_multiple_of(4096), 0)
-            }
-        }
-    }
-
-    /// An anonymous private mapping of `len` bytes with `flags` added.
-    fn map(len: usize, flags: i32) -> Result<IoMem, Error> {
-        // SAFETY: an anonymous private mapping at an address of the kernel's choice touches no
-        // existing memory.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::Open { path: "fio I/O buffers".into(), source: std::io::Error::last_os_error() });
-        }
-        // INVARIANT: a fresh mapping of `len` bytes, owned here.
-        Ok(IoMem { ptr: p.cast(), len, keep: false })
+        let mem = HostMemory::new(len.max(1).next_multiple_of(HostMemory::HUGE_PAGE))?;
+        Ok(IoMem { mem: Some(mem), keep: false })
     }
 
     /// The start (what fio gets as `td->orig_buffer`).
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.mem.as_ref().map_or(std::ptr::null_mut(), HostMemory::as_ptr)
+    }
+
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.mem.as_ref().map_or(0, HostMemory::len)
     }
 
     /// The offset of `p` in the memory when `[p, p + len)` lies inside it.
     pub(crate) fn offset_of(&self, p: *const u8, len: u64) -> Option<u64> {
-        let off = (p as usize).checked_sub(self.ptr as usize)? as u64;
-        (off.checked_add(len)? <= self.len as u64).then_some(off)
+        let off = (p as usize).checked_sub(self.ptr() as usize)? as u64;
+        (off.checked_add(len)? <= self.len() as u64).then_some(off)
     }
 }
 
@@ -81,11 +51,11 @@ impl Drop for IoMem {
     fn drop(&mut self) {
         if self.keep {
             log::warn!("keeping fio's I/O buffers mapped: an I/O into them may still run on the device");
-            return;
+            // Leaked, so never unmapped.
+            std::mem::forget(self.mem.take());
         }
-        // SAFETY: by the invariant the mapping is ours; every registration of it is gone
+        // Otherwise `mem` unmaps itself: every registration of it is gone
         // (`Thread::release_targets` ran first), so neither Rust nor the device refers to it.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -276,7 +246,7 @@ impl Thread {
             // SAFETY: the memory is the thread's IoMem, which outlives every target
             // (`free_mem` drops the targets first, and keeps the mapping for good when a lease
             // is kept); fio reads and writes its buffers only while no I/O on them runs.
-            Some(m) => Some(Arc::new(unsafe { storage.register_host(m.ptr, m.len) }?)),
+            Some(m) => Some(Arc::new(unsafe { storage.register_host(m.ptr(), m.len()) }?)),
             None => None,
         };
         let owned = if self.depth == 1 && self.settings.queue == QueueMode::Owned {
@@ -544,9 +514,9 @@ mod tests {
         let want = 3 << 20;
         let huge = free_huge_pages() >= 2;
         let m = IoMem::new(want).expect("memory");
-        assert!(m.len >= want);
-        // SAFETY: `m` owns `m.len` bytes of readable, writable memory at `m.ptr`.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(m.ptr(), m.len) };
+        assert!(m.len() >= want);
+        // SAFETY: `m` owns `m.len()` bytes of readable, writable memory at `m.ptr`.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(m.ptr(), m.len()) };
         assert!(bytes.iter().all(|&b| b == 0));
         bytes[want - 1] = 7;
         assert_eq!(page_kib(m.ptr()), Some(if huge { 2048 } else { 4 }), "huge pages free: {huge}");

@@ -101,6 +101,7 @@ pub use gpu::stream;
 pub use gpu::stream::{CpuStream, Stream};
 pub use gpu::{Gpu, GpuMemory};
 pub use inflight::kept as in_flight_kept;
+pub use mem::HostMemory;
 pub use queue::Waiting;
 pub use storage::{OwnedQueue, PathCounts, Storage};
 pub use storage_batch::{IoRequest, StorageBatch};

@@ -200,6 +200,9 @@ pub struct HostMemory {
 }
 
 impl HostMemory {
+    /// The huge page size: a length that is a multiple of it may come from huge pages.
+    pub const HUGE_PAGE: usize = HUGE_PAGE;
+
     /// `len` zeroed bytes (`len > 0`; whole pages are mapped), not inherited by a forked child;
     /// from huge pages where `len` is a multiple of 2 MiB and enough are free.
     pub fn new(len: usize) -> Result<Self> {
@@ -230,6 +233,11 @@ impl HostMemory {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Never: it holds at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
     }
 }
 
