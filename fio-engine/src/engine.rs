@@ -14,6 +14,9 @@ use ugds::{Buffer, Error, HostMemory, IoEvent, IoRequest, IoStatus, Op, OwnedQue
 pub(crate) struct IoMem {
     /// `None` only once handed to `Drop`.
     mem: Option<HostMemory>,
+    /// The bytes asked for, in whole pages: what is registered (the mapping is longer when
+    /// rounded up to huge pages, and pinning the rest would only count against the job).
+    len: usize,
     /// A registration of it may still be in use by the device (a lease kept for good after a
     /// failure the controller reset could not confirm): the mapping then stays for the life of
     /// the process, as `Storage::register_host` requires.
@@ -27,7 +30,7 @@ impl IoMem {
     /// data descriptor, where ordinary pages may take one per 4 KiB.
     pub(crate) fn new(len: usize) -> Result<IoMem, Error> {
         let mem = HostMemory::new(len.max(1).next_multiple_of(HostMemory::HUGE_PAGE))?;
-        Ok(IoMem { mem: Some(mem), keep: false })
+        Ok(IoMem { mem: Some(mem), len: len.max(1).next_multiple_of(4096), keep: false })
     }
 
     /// The start (what fio gets as `td->orig_buffer`).
@@ -35,9 +38,13 @@ impl IoMem {
         self.mem.as_ref().map_or(std::ptr::null_mut(), HostMemory::as_ptr)
     }
 
-    /// Its length in bytes.
+    /// Its length in bytes (the whole pages asked for).
     pub(crate) fn len(&self) -> usize {
-        self.mem.as_ref().map_or(0, HostMemory::len)
+        if self.mem.is_some() {
+            self.len
+        } else {
+            0
+        }
     }
 
     /// The offset of `p` in the memory when `[p, p + len)` lies inside it.
@@ -514,7 +521,8 @@ mod tests {
         let want = 3 << 20;
         let huge = free_huge_pages() >= 2;
         let m = IoMem::new(want).expect("memory");
-        assert!(m.len() >= want);
+        // What is registered is what was asked (whole pages), not the huge-page rounding.
+        assert_eq!(m.len(), want);
         // SAFETY: `m` owns `m.len()` bytes of readable, writable memory at `m.ptr`.
         let bytes = unsafe { std::slice::from_raw_parts_mut(m.ptr(), m.len()) };
         assert!(bytes.iter().all(|&b| b == 0));
