@@ -265,10 +265,19 @@ fn f(v: &Value, k: &str) -> f64 {
 /// whichever side has it (`ugds bench` times each I/O from the call to its return, which is
 /// that too), else the completion latency (`p50_us`, fio `clat`, which leaves out the submission
 /// call and whatever completes inside it).
-fn p50_ratio(k: &Value, u: &Value) -> Option<f64> {
-    let total = |v: &Value| if f(v, "lat_p50_us") > 0.0 { f(v, "lat_p50_us") } else { f(v, "p50_us") };
-    let (kernel, ours) = (total(k), total(u));
+pub(crate) fn p50_ratio(k: &Value, u: &Value) -> Option<f64> {
+    let (kernel, ours) = (total_p50(k), total_p50(u));
     (kernel > 0.0 && ours > 0.0).then(|| ours / kernel)
+}
+
+/// A point's p50 as [`p50_ratio`] compares it: the total latency where it has one, else its
+/// completion latency.
+pub(crate) fn total_p50(v: &Value) -> f64 {
+    if f(v, "lat_p50_us") > 0.0 {
+        f(v, "lat_p50_us")
+    } else {
+        f(v, "p50_us")
+    }
 }
 
 /// The point of `engine` beside `u` (same backend, rw, size and depth).

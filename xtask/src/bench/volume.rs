@@ -7,7 +7,10 @@
 //! scaling per point, and PNG scaling plots (members on the x axis).
 
 use super::repeats::{self, Ratio};
-use super::{check_axes, f, fio_point, json_nums, json_strs, points_from, register_font, sh, ugds_point, Job, MARK};
+use super::{
+    check_axes, f, fio_point, json_nums, json_strs, p50_ratio, points_from, register_font, sh, total_p50, ugds_point,
+    Job, MARK,
+};
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
@@ -292,13 +295,13 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
                         };
                         let _ = writeln!(
                             s,
-                            "| {rw} | {size} | {depth} | {n} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {:.2}x | {} | {} |",
+                            "| {rw} | {size} | {depth} | {n} | {:.0} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} |",
                             f(k, "iops"),
                             f(u, "iops"),
                             repeats::cell(repeats::ratio(u, k)),
-                            f(k, "p50_us"),
-                            f(u, "p50_us"),
-                            f(u, "p50_us") / f(k, "p50_us").max(0.001),
+                            total_p50(k),
+                            total_p50(u),
+                            p50_ratio(k, u).map_or_else(|| "–".into(), |r| format!("{r:.2}x")),
                             scale("kernel", k),
                             scale("ugds", u)
                         );
@@ -335,8 +338,8 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
         s,
         "\nIOPS and p50 are medians of {} measurements per engine, the engines taking turns; ugds/kernel IOPS is the \
          median of the per-turn ratios with their range, `noisy` where an engine's measurements differ by more than \
-         {}x. Scaling: IOPS against the same engine's {base}-member figure at the same point. ugds/kernel p50 below 1 \
-         is lower latency for ugds. Chunk {}, working set {} over the volume, {} s per measurement.",
+         {}x. Scaling: IOPS against the same engine's {base}-member figure at the same point. p50 is from the submission \
+         call to the completion (md's: fio's total `lat`); ugds/kernel p50 below 1 is lower latency for ugds. Chunk {}, working set {} over the volume, {} s per measurement.",
         grid.repeats,
         repeats::NOISY,
         ugds::units::human(grid.chunk),
@@ -657,6 +660,19 @@ mod tests {
         let (g3, lo, hi) = spread(&[1.0, 4.0]).unwrap();
         assert!((g3 - 2.0).abs() < 1e-9 && lo == 1.0 && hi == 4.0);
         assert!(spread(&[]).is_none());
+    }
+
+    /// The p50s compared are like with like: md's total latency (fio's `lat`, from the
+    /// submission call) where fio gave it, as `ugds bench` times its I/Os, not its completion
+    /// latency (`clat`), which leaves the submission call out.
+    #[test]
+    fn the_p50_ratio_compares_total_latencies() {
+        let g = grid();
+        let mut k = point("kernel", 2, "4K", 1, 1000.0, 30.0);
+        k["lat_p50_us"] = json!(40.0);
+        let pts = vec![k, point("ugds", 2, "4K", 1, 2000.0, 20.0)];
+        let t = table(&g, &pts);
+        assert!(t.contains("| randread | 4K | 1 | 2 | 1000 | 2000 | 2.00x | 40 | 20 | 0.50x |"), "{t}");
     }
 
     #[test]
