@@ -434,6 +434,38 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A request inside one chunk is its member's request: it runs on the thread's own queue of
+    /// that member, as a node's request does; one that crosses a chunk runs as lanes on the
+    /// members' shared queues. Each queue is a mock of its own, so the mock that counted a read
+    /// says which queue carried it.
+    #[test]
+    fn a_request_inside_one_chunk_takes_its_members_own_queue() {
+        use crate::device::mock_device::{mock_device_with_thread_queues, mock_volume_buffer};
+        use crate::mock::{MockConfig, MockDevice};
+        use std::time::Duration;
+        let chunk = 64 << 10;
+        let (mut members, mut shared, mut own) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..2 {
+            let (dev, s, mut t) =
+                mock_device_with_thread_queues(MockConfig::default(), 1, Duration::from_secs(5)).unwrap();
+            members.push(DirectPath { ns: dev.namespace(1).unwrap(), dev });
+            shared.push(s);
+            own.push(t.remove(0));
+        }
+        let st = crate::Storage::direct(&members[0].dev, 1).unwrap();
+        let pairs: Vec<(&Device, &MockDevice)> = members.iter().map(|m| &m.dev).zip(&shared).collect();
+        let buf = mock_volume_buffer(&st, &pairs).unwrap();
+        let member_bytes = members[0].ns.capacity();
+        let vol = VolumePath { members, names: vec!["m0".into(), "m1".into()], chunk, member_bytes, block_size: 4096 };
+        let reads = |ms: &[MockDevice]| ms.iter().map(|m| m.stats().reads).collect::<Vec<u64>>();
+        // The volume's second chunk is member 1's first.
+        assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk, 4096).unwrap(), 4096);
+        assert_eq!((reads(&own), reads(&shared)), (vec![0, 1], vec![0, 0]));
+        // 8 KiB across the first chunk's end: 4 KiB on each member, as lanes.
+        assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk - 4096, 8192).unwrap(), 8192);
+        assert_eq!((reads(&own), reads(&shared)), (vec![0, 1], vec![1, 1]));
+    }
+
     #[test]
     fn md_raid0_layout() {
         // 3 members, 64 KiB chunks: chunk 4 is member 1's second chunk.
