@@ -177,6 +177,9 @@ impl RemoteBatch {
             self.next_id += 1;
             self.waiting.push_back((id, e));
         }
+        if let Some(s) = self.spread.as_mut() {
+            s.wake_owed();
+        }
         self.start_waiting();
         Ok(())
     }

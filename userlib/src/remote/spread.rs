@@ -71,6 +71,8 @@ struct Worker {
     /// The cookies of the entries handed to it whose events have not come back (the batch
     /// answers them itself should the thread end).
     cookies: Vec<u64>,
+    /// Orders were handed to it empty since it was last signalled: it is owed one signal.
+    owed: bool,
 }
 
 /// A batch's threads for large entries.
@@ -115,7 +117,7 @@ impl Spread {
             let spawned =
                 std::thread::Builder::new().name(format!("ugds-remote-{i}")).spawn(move || run(i, b, &ib, &o, timeout));
             match spawned {
-                Ok(t) => workers.push(Worker { inbox, thread: Some(t), cookies: Vec::new() }),
+                Ok(t) => workers.push(Worker { inbox, thread: Some(t), cookies: Vec::new(), owed: false }),
                 Err(e) => {
                     log::warn!("remote batch: no thread for queue {i}: {e}");
                     break;
@@ -135,19 +137,26 @@ impl Spread {
         self.workers.iter().map(|w| w.cookies.len()).min().unwrap_or(usize::MAX)
     }
 
-    /// Hands `e` to the thread with the fewest entries in flight. The thread is signalled only
-    /// when its orders were empty: it clears its signal before it takes its orders, all at
-    /// once, so orders left waiting always have a signal behind them or are about to be taken
-    /// (a signal per entry was a system call per entry, and one more for the thread to clear).
+    /// Hands `e` to the thread with the fewest entries in flight; [`Spread::wake_owed`] then
+    /// signals the threads whose orders were empty. A thread clears its signal before it takes
+    /// its orders, all at once, so orders left waiting always have a signal behind them or are
+    /// about to be taken (a signal per entry was a system call per entry, and one more for the
+    /// thread to clear). The signals wait for the last entry: a thread that took its orders
+    /// between two entries would otherwise be signalled again within one submit.
     pub(crate) fn submit(&mut self, e: Entry) {
         // `new` made at least one.
         let Some(w) = self.workers.iter_mut().min_by_key(|w| w.cookies.len()) else { return };
         w.cookies.push(e.cookie);
         let mut orders = lock(&w.inbox.orders);
-        let first = orders.entries.is_empty();
+        w.owed |= orders.entries.is_empty();
         orders.entries.push(e);
-        drop(orders);
-        if first {
+    }
+
+    /// Signals every thread handed orders that were empty since its last signal (once each):
+    /// called after a submit's last [`Spread::submit`].
+    pub(crate) fn wake_owed(&mut self) {
+        for w in self.workers.iter_mut().filter(|w| w.owed) {
+            w.owed = false;
             w.inbox.signal();
         }
     }
