@@ -1,11 +1,13 @@
 //! Batches over any [`Storage`] path (cuFile's batch API). On the direct path, entries of
 //! registered memory that fit one command go to a queue batch (a queue pair of its own, one
-//! doorbell per submit); on a striped volume, entries of registered memory of any size go to
-//! queue pairs of the batch's own on every member, split into per-member pieces (see
+//! doorbell per submit), and larger ones, split into commands, to a second queue pair of its
+//! own (made at the first such entry); on a striped volume, entries of registered memory of any
+//! size go to queue pairs of the batch's own on every member, split into per-member pieces (see
 //! [`crate::volume_batch`]); on the fallback path, host memory and GPU memory up to a staging
 //! chunk go to an io_uring of the batch's own (see [`crate::fallback_batch`]); on NVMe/TCP, host
 //! memory goes to I/O queues the batch holds (see `remote::batch`); the rest (staged GPU memory,
-//! larger entries on one namespace, RDMA) run concurrently on the storage's worker threads.
+//! larger entries on a namespace whose controller grants no second queue pair, RDMA) run
+//! concurrently on the storage's worker threads.
 //! Events are collected with `status`.
 //!
 //! Rules: `submit` checks every entry (the storage's one check); invalid entries become
@@ -22,7 +24,7 @@ use crate::queue::Deadline;
 use crate::queue_batch::QueueBatch;
 use crate::remote::batch::RemoteBatch;
 use crate::storage::{ConcretePath, Storage};
-use crate::volume_batch::VolumeQueueBatch;
+use crate::volume_batch::{node_depth, VolumeQueueBatch};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -91,6 +93,12 @@ pub struct StorageBatch {
     capacity: usize,
     state: Arc<(Mutex<State>, Condvar)>,
     native: Option<Native>,
+    /// A node's entries larger than its largest command, split into commands on a queue pair
+    /// of their own (made at the first such entry; `Err` once the controller refused one, and
+    /// such entries then go to the worker threads).
+    large: Option<std::result::Result<VolumeQueueBatch, ()>>,
+    /// Checked entries on their way to the queue batch for large entries.
+    large_entries: Vec<Entry>,
     /// Checked entries on their way to the queue batch (kept: a submit allocates nothing).
     entries: Vec<Entry>,
     /// Events not reported yet: entries refused at submit, and what a failed wait had gathered.
@@ -276,6 +284,8 @@ impl StorageBatch {
             capacity,
             state: Arc::default(),
             native,
+            large: None,
+            large_entries: Vec::new(),
             entries: Vec::with_capacity(capacity.min(1024)),
             ready: Vec::new(),
             counts: true,
@@ -325,7 +335,37 @@ impl StorageBatch {
     /// Entries running.
     #[inline]
     pub fn in_flight(&self) -> usize {
-        self.pool_running() + self.native.as_ref().map_or(0, Native::in_flight)
+        self.pool_running() + self.native.as_ref().map_or(0, Native::in_flight) + self.large_in_flight()
+    }
+
+    /// Entries running on the queue pair for a node's large entries.
+    fn large_in_flight(&self) -> usize {
+        match &self.large {
+            Some(Ok(l)) => l.in_flight(),
+            _ => 0,
+        }
+    }
+
+    /// Whether an entry the queue batch refused goes to the queue pair for a node's large
+    /// entries (made here at the first one) rather than to the worker threads: registered
+    /// memory, larger than one command, on a node whose controller grants that queue pair.
+    fn splits(&mut self, buf: &Buffer, len: u64, max_cmd: u64) -> bool {
+        if !matches!(self.native, Some(Native::One(_))) || buf.registration().is_none() || len <= max_cmd {
+            return false;
+        }
+        if self.large.is_none() {
+            let made = match self.storage.concrete_path() {
+                ConcretePath::Direct(d) => {
+                    let depth = node_depth(self.capacity, d.dev.info().max_queue_entries);
+                    QueueBatch::new(&d.dev, &d.ns, depth)
+                        .inspect_err(|e| log::debug!("large batch entries go to the worker threads: {e}"))
+                        .ok()
+                }
+                _ => None,
+            };
+            self.large = Some(made.map(|q| VolumeQueueBatch::for_node(q, self.capacity)).ok_or(()));
+        }
+        matches!(self.large, Some(Ok(_)))
     }
 
     /// Entries running on the worker threads.
@@ -383,14 +423,19 @@ impl StorageBatch {
         // A call that fails as a whole takes back the events of its refused entries too.
         let ready_before = self.ready.len();
         for r in reqs {
-            if !self.native.as_mut().is_some_and(|n| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)) {
+            let large = if self.native.as_mut().is_some_and(|n| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)) {
+                false
+            } else if self.splits(&r.buf, r.len, max_cmd) {
+                true
+            } else {
                 pooled.push(r);
                 continue;
-            }
+            };
             let lease =
                 self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len).and_then(|()| Lease::new(r.buf.clone()));
+            let to = if large { &mut self.large_entries } else { &mut self.entries };
             match lease {
-                Ok(lease) => self.entries.push(Entry {
+                Ok(lease) => to.push(Entry {
                     op: r.op,
                     lease,
                     buf_offset: r.buf_offset,
@@ -412,11 +457,23 @@ impl StorageBatch {
                 Ok(e) => Some(e),
                 Err(e) => {
                     self.entries.clear();
+                    self.large_entries.clear();
                     self.ready.truncate(ready_before);
                     return Err(e);
                 }
             }
         };
+        // The large entries first: their batch fails only for want of room, which was checked
+        // above, so nothing is left half submitted.
+        if let Some(Ok(l)) = self.large.as_mut() {
+            if !self.large_entries.is_empty() {
+                if let Err(e) = l.submit(self.large_entries.drain(..)) {
+                    self.entries.clear();
+                    self.ready.truncate(ready_before);
+                    return Err(e);
+                }
+            }
+        }
         if let Some(q) = self.native.as_mut() {
             if !self.entries.is_empty() {
                 if let Err(e) = q.submit(self.entries.drain(..)) {
@@ -493,9 +550,9 @@ impl StorageBatch {
     /// Waits for at least `min` events of running entries (see [`StorageBatch::status`]) and
     /// appends every one available to `out`.
     fn wait_into(&mut self, min: usize, timeout: Duration, out: &mut Vec<IoEvent>) -> Result<()> {
-        if self.pooled == 0 {
-            // Nothing ever went to the worker threads: the queue batch (if any) is all there is
-            // to wait for, and it polls and waits by itself.
+        if self.pooled == 0 && self.large_in_flight() == 0 {
+            // Nothing ever went to the worker threads or the queue pair for large entries: the
+            // queue batch (if any) is all there is to wait for, and it polls and waits by itself.
             if let Some(q) = self.native.as_mut() {
                 q.status_into(min, timeout, &mut Counted::new(out, &self.storage, self.counts))?;
             }
@@ -509,27 +566,36 @@ impl StorageBatch {
             if let Some(q) = self.native.as_mut() {
                 q.status_into(0, Duration::ZERO, &mut Counted::new(out, &self.storage, self.counts))?;
             }
+            if let Some(Ok(l)) = self.large.as_mut() {
+                if l.in_flight() > 0 {
+                    l.status_into(0, Duration::ZERO, &mut Counted::new(out, &self.storage, self.counts))?;
+                }
+            }
             let (m, cv) = &*self.state;
             let mut pool = m.lock().unwrap_or_else(|e| e.into_inner());
             out.append(&mut pool.events);
             let running = pool.running;
             let native_busy = self.native.as_ref().is_some_and(|q| q.in_flight() > 0);
+            let large_busy = self.large_in_flight() > 0;
             let left = deadline.left();
             let got = out.len() - before;
-            if got >= min || (running == 0 && !native_busy) || left.is_zero() {
+            if got >= min || (running == 0 && !native_busy && !large_busy) || left.is_zero() {
                 return Ok(());
             }
-            if running == 0 {
-                // Only the queue batch runs: let it poll for what is missing (no system call).
+            if running == 0 && !(native_busy && large_busy) {
+                // One queue batch runs: let it poll for what is missing (no system call).
                 drop(pool);
-                if let Some(q) = self.native.as_mut() {
-                    q.status_into(min - got, left, &mut Counted::new(out, &self.storage, self.counts))?;
+                let mut sink = Counted::new(out, &self.storage, self.counts);
+                match (self.native.as_mut(), self.large.as_mut()) {
+                    (Some(q), _) if native_busy => q.status_into(min - got, left, &mut sink)?,
+                    (_, Some(Ok(l))) => l.status_into(min - got, left, &mut sink)?,
+                    _ => {}
                 }
                 return Ok(());
             }
             deadline.start();
-            if native_busy {
-                // Both run: poll the queue, and let the workers run.
+            if native_busy || large_busy {
+                // More than one runs: poll the queues, and let the workers run.
                 drop(pool);
                 std::thread::yield_now();
             } else {
@@ -546,6 +612,10 @@ impl StorageBatch {
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
         let native = self.native.as_mut().map(Native::cancel).transpose();
+        let large = match self.large.as_mut() {
+            Some(Ok(l)) => l.cancel().map(Some),
+            _ => Ok(None),
+        };
         let pool = {
             let (m, cv) = &*self.state;
             let mut st = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -555,6 +625,7 @@ impl StorageBatch {
             std::mem::take(&mut st.events)
         };
         let mut native = native?.unwrap_or_default();
+        native.extend(large?.unwrap_or_default());
         Counted::new(&mut out, &self.storage, self.counts).put_all(&mut native);
         out.extend(pool);
         Ok(out)
@@ -567,6 +638,7 @@ impl Drop for StorageBatch {
             // A forked child: the queue pair or ring is the parent's, and the worker threads
             // running the rest are not in this process (waiting for them would never end).
             std::mem::forget(self.native.take());
+            std::mem::forget(self.large.take());
             return;
         }
         let _ = self.cancel();
@@ -616,5 +688,47 @@ pub(crate) mod tests {
         }
         assert_eq!(out.len(), 6);
         assert_eq!(storage.path_counts(), after, "a batch that does not count counted");
+    }
+
+    /// On a node, an entry larger than one command runs split into commands on the batch's
+    /// queue pair for large entries (here over a model of its own, which counts its reads), not
+    /// on the worker threads; a small entry still runs on the queue batch. (A thread steps one
+    /// model on its idle polls, so the two run one after the other here.)
+    #[test]
+    fn a_large_entry_on_a_node_runs_split_on_a_queue_pair_of_its_own() {
+        use crate::device::mock_device::mock_batch_device;
+        use crate::volume_batch::node_depth;
+        let cfg = MockConfig { null: true, segments: 2, blocks: 1024, ..MockConfig::default() };
+        let mut m = MockBatch::stepped(cfg.clone(), 4).unwrap();
+        let depth = node_depth(4, 4096);
+        let ring = crate::queue_batch::ring_depth(depth, 4096).unwrap();
+        let (dev, qp, large) =
+            mock_batch_device(MockConfig { stepped: true, depth: ring, ..cfg }, Duration::from_secs(5)).unwrap();
+        let q = QueueBatch::over(&dev, &dev.namespace(1).unwrap(), qp, depth, 0);
+        m.batch.large = Some(Ok(VolumeQueueBatch::for_node(q, 4)));
+        let buf = m.buffer.clone();
+        let read = |cookie: u64, file_offset: u64, len: u64| IoRequest {
+            op: Op::Read,
+            buf: buf.clone(),
+            buf_offset: 0,
+            file_offset,
+            len,
+            cookie,
+        };
+        let one = |m: &mut MockBatch, r: IoRequest| {
+            m.batch.submit(&[r]).unwrap();
+            let ev = m.batch.status(1, Duration::from_secs(5)).unwrap();
+            ev.iter().map(|e| (e.cookie, e.status, e.bytes)).collect::<Vec<_>>()
+        };
+        // 1 MiB and 8 KiB: two commands of at most 1 MiB (the model's largest).
+        let big = (1 << 20) + 8192;
+        large.step_on_idle_polls();
+        assert_eq!(one(&mut m, read(1, 1 << 20, big)), [(1, IoStatus::Complete, big)]);
+        assert_eq!(large.stats().reads, 2, "the large entry's two commands");
+        assert_eq!(m.batch.pooled_entries(), 0, "nothing ran on the worker threads");
+        m.step_on_idle_polls(true);
+        assert_eq!(one(&mut m, read(0, 0, 4096)), [(0, IoStatus::Complete, 4096)]);
+        assert_eq!(large.stats().reads, 2, "the small entry ran on the queue batch");
+        assert_eq!(m.batch.in_flight(), 0);
     }
 }

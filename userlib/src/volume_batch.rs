@@ -35,6 +35,14 @@ fn member_depth(capacity: usize, max_entries: u32) -> usize {
     capacity.saturating_mul(2).max(MIN_MEMBER_DEPTH).min(most)
 }
 
+/// Pieces the queue pair of a node's batch for large entries holds ([`member_depth`]).
+pub(crate) fn node_depth(capacity: usize, max_entries: u32) -> usize {
+    member_depth(capacity, max_entries)
+}
+
+/// A node's "chunk": no request reaches its end, so only the largest command splits one.
+const NODE_CHUNK: u64 = 1 << 62;
+
 /// An entry whose pieces are in flight or waiting.
 struct Pending {
     cookie: u64,
@@ -62,6 +70,7 @@ struct Member {
 /// Queue batches on every member of a volume.
 pub(crate) struct VolumeQueueBatch {
     members: Vec<Member>,
+    /// The members' names (empty for a node's batch: errors then name no member).
     names: Vec<String>,
     chunk: u64,
     capacity: usize,
@@ -97,6 +106,13 @@ impl VolumeQueueBatch {
             members.push(QueueBatch::on_member(&m.dev, &m.ns, depth, i).ok()?);
         }
         Some(Self::from_members(members, vol.names().to_vec(), vol.chunk(), capacity))
+    }
+
+    /// A node's entries larger than its largest command, split into commands on `batch` (a
+    /// queue pair of their own; see [`node_depth`]): a one-member volume with no chunk
+    /// boundary, whose pieces' errors are reported as they are (no member to name).
+    pub(crate) fn for_node(batch: QueueBatch, capacity: usize) -> Self {
+        Self::from_members(vec![batch], Vec::new(), NODE_CHUNK, capacity)
     }
 
     /// A batch over member batches the test made (in member order, named `names`).
@@ -256,7 +272,11 @@ impl VolumeQueueBatch {
             if ev.status != IoStatus::Complete && p.failure.is_none() {
                 debug_assert_eq!(member, m);
                 let source = ev.error.unwrap_or_else(|| Error::invalid("batch", format!("{:?}", ev.status)));
-                let err = Error::Member { member: self.names[member].clone(), offset, source: Box::new(source) };
+                let err = match self.names.get(member) {
+                    Some(name) => Error::Member { member: name.clone(), offset, source: Box::new(source) },
+                    // A node's batch: the error is the node's own.
+                    None => source,
+                };
                 p.failure = Some((ev.status, err));
             }
             if p.remaining == 0 {
