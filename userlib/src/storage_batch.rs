@@ -163,7 +163,7 @@ impl Drop for Counted<'_> {
 #[derive(Debug)]
 pub(crate) enum Native {
     One(Box<QueueBatch>),
-    Volume(VolumeQueueBatch),
+    Volume(Box<VolumeQueueBatch>),
     #[cfg(feature = "fallback")]
     Ring(Box<RingBatch>),
     Remote(Box<RemoteBatch>),
@@ -179,7 +179,7 @@ impl Native {
                 QueueBatch::new(&d.dev, &d.ns, capacity).ok().map(|q| Native::One(Box::new(q)))
             }
             ConcretePath::Direct(_) => None,
-            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(Native::Volume),
+            ConcretePath::Volume(v) => VolumeQueueBatch::new(v, capacity).map(|b| Native::Volume(Box::new(b))),
             #[cfg(feature = "fallback")]
             ConcretePath::File(_) => RingBatch::new(storage, capacity).ok().map(|r| Native::Ring(Box::new(r))),
             // Queues of its own on NVMe/TCP and NVMe/RDMA.
