@@ -192,7 +192,9 @@ impl QueueMemory for DeviceShared {
 /// A length of whole 2 MiB pages comes from the system's reserved huge pages while enough are
 /// free (`/proc/sys/vm/nr_hugepages`), as SPDK's buffers do, and from ordinary pages otherwise:
 /// a huge page is physically contiguous, so a command inside one names one DMA segment (one SGL
-/// data block) where ordinary pages need one per 4 KiB.
+/// data block) where ordinary pages need one per 4 KiB. Ordinary pages of 2 MiB or more start on
+/// a huge-page boundary and ask for transparent huge pages (`MADV_HUGEPAGE`), which a kernel set
+/// to give them on request backs the memory with as it is touched.
 #[derive(Debug)]
 pub struct HostMemory {
     map: ManuallyDrop<Mmap>,
@@ -218,6 +220,8 @@ impl HostMemory {
         };
         let map = match huge {
             Some(m) => m,
+            // Where the pool has none, transparent huge pages where the kernel gives them.
+            None if len >= HUGE_PAGE => Mmap::anonymous_thp(len)?,
             None => Mmap::anonymous(len)?,
         };
         // SAFETY: our own fresh mapping of `map.len()` bytes.
@@ -328,5 +332,39 @@ mod tests {
         // SAFETY: `h` owns `len()` bytes and was never registered: nothing else can touch them.
         let s = unsafe { std::slice::from_raw_parts(h.as_ptr(), h.len()) };
         assert!(s.len() == HUGE_PAGE && s.iter().all(|b| *b == 0));
+    }
+
+    /// The value of field `name` (in kB) of the mapping that starts at `at`, from
+    /// `/proc/self/smaps`.
+    fn smaps_kb(at: *const u8, name: &str) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let start = format!("{:x}-", at as usize);
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start)).skip(1);
+        lines.find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
+    }
+
+    /// Host memory of at least one huge page on ordinary pages starts on a huge-page boundary
+    /// and asks for transparent huge pages: where the kernel gives them on request (its setting
+    /// `always` or `madvise`), the memory, once touched, is backed by them, so a registration
+    /// sees a contiguous run per 2 MiB where it would see up to 512 pages.
+    #[test]
+    fn host_memory_asks_for_transparent_huge_pages() {
+        let h = HostMemory::new(8 << 20).unwrap();
+        if smaps_kb(h.as_ptr(), "KernelPageSize:") == Some(2048) {
+            // The host's reserved huge pages (hugetlb) gave it: nothing to ask for.
+            return;
+        }
+        assert!((h.as_ptr() as usize).is_multiple_of(HUGE_PAGE), "{:p}", h.as_ptr());
+        // SAFETY: `h` owns `len()` bytes and was never registered: nothing else can touch them.
+        let s = unsafe { std::slice::from_raw_parts_mut(h.as_ptr(), h.len()) };
+        for page in s.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+        let offered = thp.contains("[always]") || thp.contains("[madvise]");
+        let huge = smaps_kb(h.as_ptr(), "AnonHugePages:").unwrap_or(0);
+        if offered {
+            assert!(huge >= 2048, "{huge} kB of transparent huge pages with THP {}", thp.trim());
+        }
     }
 }

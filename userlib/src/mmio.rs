@@ -48,6 +48,46 @@ impl Mmap {
         Self::new(-1, 0, len, libc::PROT_READ | libc::PROT_WRITE, flags, "mmap (host buffer)")
     }
 
+    /// As [`Mmap::anonymous`], starting on a [`HUGE_PAGE`] boundary and marked for transparent
+    /// huge pages (`MADV_HUGEPAGE`): where the kernel gives them on request (its setting
+    /// `always` or `madvise`; a best effort, never an error), each 2 MiB of it is then one
+    /// physically contiguous page once touched, as hugetlb pages are, without a reserved pool.
+    pub(crate) fn anonymous_thp(len: usize) -> Result<Self> {
+        // The mapping covers whole pages; the ends cut off are whole pages too.
+        let pages = len.checked_next_multiple_of(4096);
+        let over = pages
+            .and_then(|p| p.checked_add(HUGE_PAGE))
+            .ok_or_else(|| Error::invalid("len", format!("{len} bytes cannot be mapped")))?;
+        let pages = over - HUGE_PAGE;
+        let m = Self::anonymous(over)?;
+        let base = m.ptr() as usize;
+        let head = base.next_multiple_of(HUGE_PAGE) - base;
+        let tail = over - head - pages;
+        // The aligned middle is kept; `m` must not unmap the whole on drop.
+        std::mem::forget(m);
+        // SAFETY: `[base, base + head)` and `[base + head + pages, base + over)` are the two ends
+        // of the fresh mapping above, which nothing refers to; both are whole pages (`base`,
+        // `HUGE_PAGE` and `pages` are page multiples).
+        unsafe {
+            if head > 0 {
+                libc::munmap(base as *mut libc::c_void, head);
+            }
+            if tail > 0 {
+                libc::munmap((base + head + pages) as *mut libc::c_void, tail);
+            }
+        }
+        let start = (base + head) as *mut u8;
+        // SAFETY: an advice on the mapping just trimmed, which changes no contents.
+        if unsafe { libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE) } != 0 {
+            log::debug!("no transparent huge pages for a host buffer: {}", io::Error::last_os_error());
+        }
+        let ptr =
+            NonNull::new(start).ok_or(Error::Control { op: "mmap (host buffer)", source: io::Error::other("null") })?;
+        // INVARIANT: `[start, start + len)` is a live mapping owned here alone (its ends were
+        // unmapped), page aligned.
+        Ok(Mmap { ptr, len })
+    }
+
     /// As [`Mmap::anonymous`], from the system's reserved 2 MiB huge pages (hugetlb): `len` must
     /// be a multiple of [`HUGE_PAGE`]. The pages are reserved by the mmap itself, so it fails
     /// (`ENOMEM`) when too few are free, rather than faulting later.
