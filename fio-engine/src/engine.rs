@@ -29,8 +29,9 @@ impl IoMem {
     /// ordinary pages). A command's memory inside one huge page is one contiguous range, one
     /// data descriptor, where ordinary pages may take one per 4 KiB.
     pub(crate) fn new(len: usize) -> Result<IoMem, Error> {
-        let mem = HostMemory::new(len.max(1).next_multiple_of(HostMemory::HUGE_PAGE))?;
-        Ok(IoMem { mem: Some(mem), len: len.max(1).next_multiple_of(4096), keep: false })
+        let len = len.max(1);
+        let mem = HostMemory::new(len.next_multiple_of(HostMemory::HUGE_PAGE))?;
+        Ok(IoMem { mem: Some(mem), len: len.next_multiple_of(4096), keep: false })
     }
 
     /// The start (what fio gets as `td->orig_buffer`).
@@ -40,11 +41,7 @@ impl IoMem {
 
     /// Its length in bytes (the whole pages asked for).
     pub(crate) fn len(&self) -> usize {
-        if self.mem.is_some() {
-            self.len
-        } else {
-            0
-        }
+        self.len
     }
 
     /// The offset of `p` in the memory when `[p, p + len)` lies inside it.

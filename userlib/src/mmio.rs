@@ -54,11 +54,11 @@ impl Mmap {
     /// physically contiguous page once touched, as hugetlb pages are, without a reserved pool.
     pub(crate) fn anonymous_thp(len: usize) -> Result<Self> {
         // The mapping covers whole pages; the ends cut off are whole pages too.
-        let pages = len.checked_next_multiple_of(4096);
-        let over = pages
-            .and_then(|p| p.checked_add(HUGE_PAGE))
+        let pages = len
+            .checked_next_multiple_of(4096)
+            .filter(|p| p.checked_add(HUGE_PAGE).is_some())
             .ok_or_else(|| Error::invalid("len", format!("{len} bytes cannot be mapped")))?;
-        let pages = over - HUGE_PAGE;
+        let over = pages + HUGE_PAGE;
         let m = Self::anonymous(over)?;
         let base = m.ptr() as usize;
         let head = base.next_multiple_of(HUGE_PAGE) - base;

@@ -24,7 +24,7 @@ use crate::queue::Deadline;
 use crate::queue_batch::QueueBatch;
 use crate::remote::batch::RemoteBatch;
 use crate::storage::{ConcretePath, Storage};
-use crate::volume_batch::{node_depth, VolumeQueueBatch};
+use crate::volume_batch::{member_depth, VolumeQueueBatch};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -356,7 +356,7 @@ impl StorageBatch {
         if self.large.is_none() {
             let made = match self.storage.concrete_path() {
                 ConcretePath::Direct(d) => {
-                    let depth = node_depth(self.capacity, d.dev.info().max_queue_entries);
+                    let depth = member_depth(self.capacity, d.dev.info().max_queue_entries);
                     QueueBatch::new(&d.dev, &d.ns, depth)
                         .inspect_err(|e| log::debug!("large batch entries go to the worker threads: {e}"))
                         .ok()
@@ -697,10 +697,10 @@ pub(crate) mod tests {
     #[test]
     fn a_large_entry_on_a_node_runs_split_on_a_queue_pair_of_its_own() {
         use crate::device::mock_device::mock_batch_device;
-        use crate::volume_batch::node_depth;
+        use crate::volume_batch::member_depth;
         let cfg = MockConfig { null: true, segments: 2, blocks: 1024, ..MockConfig::default() };
         let mut m = MockBatch::stepped(cfg.clone(), 4).unwrap();
-        let depth = node_depth(4, 4096);
+        let depth = member_depth(4, 4096);
         let ring = crate::queue_batch::ring_depth(depth, 4096).unwrap();
         let (dev, qp, large) =
             mock_batch_device(MockConfig { stepped: true, depth: ring, ..cfg }, Duration::from_secs(5)).unwrap();

@@ -30,14 +30,9 @@ const MIN_MEMBER_DEPTH: usize = 32;
 /// grants queues of `max_entries`: two per entry (an entry of at most a chunk is at most two
 /// pieces, both on the one member of a one-member volume, so such entries never wait), at
 /// least [`MIN_MEMBER_DEPTH`], at most what the controller grants (one entry stays empty).
-fn member_depth(capacity: usize, max_entries: u32) -> usize {
+pub(crate) fn member_depth(capacity: usize, max_entries: u32) -> usize {
     let most = (max_entries as usize).saturating_sub(1).max(1);
     capacity.saturating_mul(2).max(MIN_MEMBER_DEPTH).min(most)
-}
-
-/// Pieces the queue pair of a node's batch for large entries holds ([`member_depth`]).
-pub(crate) fn node_depth(capacity: usize, max_entries: u32) -> usize {
-    member_depth(capacity, max_entries)
 }
 
 /// A node's "chunk": no request reaches its end, so only the largest command splits one.
@@ -116,7 +111,7 @@ impl VolumeQueueBatch {
     }
 
     /// A node's entries larger than its largest command, split into commands on `batch` (a
-    /// queue pair of their own; see [`node_depth`]): a one-member volume with no chunk
+    /// queue pair of their own, [`member_depth`] pieces deep): a one-member volume with no chunk
     /// boundary, whose pieces' errors are reported as they are (no member to name).
     pub(crate) fn for_node(batch: QueueBatch, capacity: usize) -> Self {
         Self::from_members(vec![batch], Vec::new(), NODE_CHUNK, capacity)
