@@ -435,11 +435,12 @@ mod tests {
     use proptest::prelude::*;
 
     /// A request inside one chunk is its member's request: it runs on the thread's own queue of
-    /// that member, as a node's request does; one that crosses a chunk runs as lanes on the
-    /// members' shared queues. Each queue is a mock of its own, so the mock that counted a read
-    /// says which queue carried it.
+    /// that member, as a node's request does; one that crosses a chunk runs as lanes, each on
+    /// the thread's own queue of its member where the thread holds one, else on the member's
+    /// shared queue. Each queue is a mock of its own, so the mock that counted a read says
+    /// which queue carried it.
     #[test]
-    fn a_request_inside_one_chunk_takes_its_members_own_queue() {
+    fn a_request_takes_its_members_own_queues() {
         use crate::device::mock_device::{mock_device_with_thread_queues, mock_volume_buffer};
         use crate::mock::{MockConfig, MockDevice};
         use std::time::Duration;
@@ -461,9 +462,15 @@ mod tests {
         // The volume's second chunk is member 1's first.
         assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk, 4096).unwrap(), 4096);
         assert_eq!((reads(&own), reads(&shared)), (vec![0, 1], vec![0, 0]));
-        // 8 KiB across the first chunk's end: 4 KiB on each member, as lanes.
+        // 8 KiB across the first chunk's end, 4 KiB on each member, from another thread: it
+        // claims member 0's own queue, and shares on member 1, whose only one this thread holds.
+        let r =
+            std::thread::scope(|s| s.spawn(|| vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk - 4096, 8192)).join());
+        assert_eq!(r.unwrap().unwrap(), 8192);
+        assert_eq!((reads(&own), reads(&shared)), (vec![1, 1], vec![0, 1]));
+        // That thread exited and let member 0's go: here both lanes run on this thread's own.
         assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk - 4096, 8192).unwrap(), 8192);
-        assert_eq!((reads(&own), reads(&shared)), (vec![0, 1], vec![1, 1]));
+        assert_eq!((reads(&own), reads(&shared)), (vec![2, 2], vec![0, 1]));
     }
 
     #[test]

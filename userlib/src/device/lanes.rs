@@ -6,15 +6,16 @@
 //! directly: [`Namespace::rw_on`]); a striped volume's request is one lane per member it
 //! touches, so all members work at once with no thread per member.
 //!
-//! A lane reaches its queue through a [`RequestQueue`]: the device's shared queue for this
-//! thread (locked per call) or rings the caller holds (no lock and no atomic read-modify-write
-//! per command). The logic here is the same for both.
+//! A lane reaches its queue through a [`RequestQueue`]: the thread's own queue of its
+//! controller or rings the caller holds (no lock and no atomic read-modify-write per command),
+//! or the device's shared queue for this thread (locked per call). The logic here is the same
+//! for all of them.
 
-use super::{Namespace, Registration};
+use super::{thread_queues, Namespace, Registration};
 use crate::cmd::{self, Command};
 use crate::error::Error;
 use crate::inflight::Failed;
-use crate::queue::{self, RequestQueue, Waiter, MAX_BURST};
+use crate::queue::{self, Held, HeldOrShared, RequestQueue, Waiter, MAX_BURST};
 use std::sync::Arc;
 use std::time::Instant;
 use ugds_uapi::Status;
@@ -123,30 +124,47 @@ impl<'a> State<'a> {
 }
 
 /// Moves every lane's extents (reads into or writes from its registration), all lanes at once,
-/// each on this thread's shared queue of its controller. Returns one result per lane. After the
-/// first failure no lane starts another burst, but every burst already in flight is waited for
-/// (or left in flight with a token), so nothing the caller's memory is named by runs after this
-/// returns unless a failure's token says so.
+/// each on the calling thread's own queue of its controller where the thread has one (as a
+/// namespace's request, [`Namespace::rw`]), else on this thread's shared queue there. Returns
+/// one result per lane. After the first failure no lane starts another burst, but every burst
+/// already in flight is waited for (or left in flight with a token), so nothing the caller's
+/// memory is named by runs after this returns unless a failure's token says so.
 pub(crate) fn run(write: bool, lanes: &[Lane<'_>]) -> Vec<Result<(), LaneFailure>> {
-    let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
+    // Before the thread's claims are looked at: a forked child's claims are its parent's.
+    if lanes.iter().any(|l| l.ns.dev.born.in_child()) {
+        return fail_all(lanes, || Error::ForkedChild { object: "device" }.into());
+    }
+    let sets: Vec<_> = lanes.iter().map(|l| &*l.ns.dev.threads).collect();
+    let create = |i: usize| lanes[i].ns.dev.create_thread_queue();
+    let none = || lanes.iter().map(|_| None).collect();
+    match thread_queues::with_own_each(&sets, create, |own| run_on(write, lanes, own)) {
+        Some(r) => r,
+        None => run_on(write, lanes, none()),
+    }
+}
+
+/// [`run`] with `own[i]` the thread's own queue for lane `i`, or `None` to share.
+fn run_on(write: bool, lanes: &[Lane<'_>], own: Vec<Option<Held<'_>>>) -> Vec<Result<(), LaneFailure>> {
     let mut queues = Vec::with_capacity(lanes.len());
-    for l in lanes {
-        match l.ns.queue() {
-            Ok(q) => queues.push(q),
+    for (l, held) in lanes.iter().zip(own) {
+        match (held, l.ns.queue()) {
+            (Some(h), _) => queues.push(HeldOrShared::Held(h)),
+            (None, Ok(q)) => queues.push(HeldOrShared::Shared(q)),
             // Nothing started: every lane fails, at its first byte, with why.
-            Err(_) => {
-                return lanes
-                    .iter()
-                    .map(|l| {
-                        let dev_offset = l.extents.first().map_or(0, |e| e.dev_offset);
-                        Err(LaneFailure { failure: super::namespace::no_shared_queue().into(), dev_offset })
-                    })
-                    .collect()
-            }
+            (None, Err(_)) => return fail_all(lanes, || super::namespace::no_shared_queue().into()),
         }
     }
+    let mut states: Vec<State<'_>> = lanes.iter().map(|_| State::new()).collect();
     drive(write, lanes, &mut queues, &mut states);
     states.into_iter().map(|s| s.result.unwrap_or(Ok(()))).collect()
+}
+
+/// Every lane failed at its first byte, with `failure()`, nothing started.
+fn fail_all(lanes: &[Lane<'_>], failure: impl Fn() -> Failed) -> Vec<Result<(), LaneFailure>> {
+    lanes
+        .iter()
+        .map(|l| Err(LaneFailure { failure: failure(), dev_offset: l.extents.first().map_or(0, |e| e.dev_offset) }))
+        .collect()
 }
 
 /// [`run`] for one lane on queue `q` (this thread's shared queue of the lane's controller, or

@@ -129,25 +129,85 @@ pub(super) fn with_own<R>(
         .try_with(|claims| {
             // Busy only if `f` reentered, which synchronous I/O never does: share then.
             let mut claims = claims.try_borrow_mut().ok()?;
-            let i = match claims.iter().position(|c| c.key == Arc::as_ptr(set)) {
-                Some(i) => i,
-                None => new_claim(&mut claims, set),
-            };
-            let claim = &mut claims[i];
-            if claim.held.is_none() {
-                let now = set.released.load(Ordering::Relaxed);
-                if claim.seen == now {
-                    return None;
-                }
-                claim.seen = now;
-                claim.held = set.claim(create);
-            }
-            let (slot, rings) = claim.held.as_mut()?;
+            let i = claim_in(&mut claims, set, create)?;
+            let (slot, rings) = claims[i].held.as_mut()?;
             let held = set.slots.get(*slot)?.get()?.held(rings)?;
             Some(f(held))
         })
         .ok()
         .flatten()
+}
+
+/// [`with_own`] on several devices at once (a striped volume's members): `f` gets, per set in
+/// `sets`, the calling thread's own queue of that device, or `None` where it has none (that
+/// member's lane then uses a shared queue). `create(i)` makes a queue for `sets[i]`. `None`
+/// when the thread's claims cannot be looked at (it is exiting, or `f` reentered), so every
+/// lane shares.
+pub(super) fn with_own_each<R>(
+    sets: &[&Arc<ThreadQueues>],
+    create: impl Fn(usize) -> Result<QueuePair>,
+    f: impl FnOnce(Vec<Option<Held<'_>>>) -> R,
+) -> Option<R> {
+    CLAIMS
+        .try_with(|claims| {
+            let mut claims = claims.try_borrow_mut().ok()?;
+            // Every set's claim first: adding one drops closed devices' claims, which moves the
+            // indices of those after them (never ours: our sets are open).
+            for set in sets.iter().filter(|s| !s.slots.is_empty()) {
+                if !claims.iter().any(|c| c.key == Arc::as_ptr(set)) {
+                    new_claim(&mut claims, set);
+                }
+            }
+            // The claim each set's queue is held by; a set named twice is held once (the second
+            // lane shares, and the lane driver refuses two lanes on one controller anyway).
+            let mut at: Vec<Option<usize>> = Vec::with_capacity(sets.len());
+            for (k, set) in sets.iter().enumerate() {
+                let i = if set.slots.is_empty() { None } else { claim_in(&mut claims, set, || create(k)) };
+                at.push(i.filter(|i| !at.contains(&Some(*i))));
+            }
+            // Disjoint borrows of the claims, in the sets' order.
+            let mut mine: Vec<Option<&mut Claim>> = sets.iter().map(|_| None).collect();
+            for (i, c) in claims.iter_mut().enumerate() {
+                if let Some(k) = at.iter().position(|&a| a == Some(i)) {
+                    mine[k] = Some(c);
+                }
+            }
+            let held = mine
+                .into_iter()
+                .zip(sets)
+                .map(|(c, set)| {
+                    let (slot, rings) = c?.held.as_mut()?;
+                    set.slots.get(*slot)?.get()?.held(rings)
+                })
+                .collect();
+            Some(f(held))
+        })
+        .ok()
+        .flatten()
+}
+
+/// The index in `claims` of this thread's claim on `set` once it holds a queue (claimed now,
+/// made with `create`, while one is free or can be made); `None` when it holds none.
+#[inline]
+fn claim_in(
+    claims: &mut Vec<Claim>,
+    set: &Arc<ThreadQueues>,
+    create: impl FnOnce() -> Result<QueuePair>,
+) -> Option<usize> {
+    let i = match claims.iter().position(|c| c.key == Arc::as_ptr(set)) {
+        Some(i) => i,
+        None => new_claim(claims, set),
+    };
+    let claim = &mut claims[i];
+    if claim.held.is_none() {
+        let now = set.released.load(Ordering::Relaxed);
+        if claim.seen == now {
+            return None;
+        }
+        claim.seen = now;
+        claim.held = set.claim(create);
+    }
+    claim.held.as_ref().map(|_| i)
 }
 
 /// Adds an empty claim of this thread on `set`, after dropping its claims on devices that

@@ -241,6 +241,78 @@ impl RequestQueue for Held<'_> {
     }
 }
 
+/// A queue reached either way, where one request's lanes mix them (a striped volume whose
+/// thread holds a queue of its own on some members and shares on others).
+#[derive(Debug)]
+pub(crate) enum HeldOrShared<'q> {
+    /// The thread's own rings.
+    Held(Held<'q>),
+    /// A queue shared with other threads.
+    Shared(&'q QueuePair),
+}
+
+impl RequestQueue for HeldOrShared<'_> {
+    fn depth(&self) -> u32 {
+        match self {
+            Self::Held(q) => q.depth(),
+            Self::Shared(q) => q.depth(),
+        }
+    }
+
+    fn wait_state(&self) -> &Arc<QueueWait> {
+        match self {
+            Self::Held(q) => q.wait_state(),
+            Self::Shared(q) => q.wait_state(),
+        }
+    }
+
+    fn resync(&mut self, status: &StatusView) {
+        match self {
+            Self::Held(q) => q.resync(status),
+            Self::Shared(q) => q.resync(status),
+        }
+    }
+
+    #[inline]
+    fn submit(
+        &mut self,
+        nsid: u32,
+        cmds: &[Command<'_>],
+        status: &StatusView,
+        timeout: Duration,
+        cids: &mut [u16],
+    ) -> Result<u64> {
+        match self {
+            Self::Held(q) => q.submit(nsid, cmds, status, timeout, cids),
+            Self::Shared(q) => q.submit_tagged(nsid, cmds, status, timeout, cids),
+        }
+    }
+
+    #[inline]
+    fn collect(&mut self, epoch: u64, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
+        match self {
+            Self::Held(q) => q.collect(cids, status, out),
+            Self::Shared(q) => q.collect_tagged(epoch, cids, status, out),
+        }
+    }
+
+    #[inline]
+    fn submit_one(&mut self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket> {
+        match self {
+            Self::Held(q) => q.submit_one(nsid, cmd, status, timeout),
+            Self::Shared(q) => q.submit_one(nsid, cmd, status, timeout),
+        }
+    }
+
+    #[inline]
+    fn collect_one(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
+        match self {
+            Self::Held(q) => q.collect_one(t, status),
+            Self::Shared(q) => q.collect_one(t, status),
+        }
+    }
+}
+
 /// A thread's hold on a [`ClaimableQueue`]'s rings: their lock, taken once when the thread
 /// claimed the queue and kept until the claim is dropped. The guard keeps the rings (plain
 /// data) alive by itself, so a claim outliving its queue's memory (the device closed) names

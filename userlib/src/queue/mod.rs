@@ -16,7 +16,7 @@ mod held;
 mod reap;
 mod wait;
 
-pub(crate) use held::{ClaimableQueue, Held, RequestQueue, RingsClaim};
+pub(crate) use held::{ClaimableQueue, Held, HeldOrShared, RequestQueue, RingsClaim};
 #[cfg(any(test, feature = "test-utils"))]
 pub use reap::Completion;
 #[cfg(feature = "test-utils")]
