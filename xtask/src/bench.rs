@@ -48,7 +48,7 @@ const SPDK: &str = spdk::SPDK;
 const KEYS: &[&str] = &["backend", "rw", "size", "depth"];
 
 pub use measure::guest;
-use measure::{fio_point, fio_point_with, sh, ugds_point, Job, Latency};
+use measure::{fio_point, fio_point_with, reserve_hugepages, sh, ugds_point, Job, Latency, HUGEPAGES};
 
 /// A grid's axes: I/O sizes (`4K`, `1M`), queue depths (fio `iodepth`; `ugds bench
 /// --iodepth`), and `randread` and/or `randwrite`. The main grid measures them rw by rw, size by
@@ -218,11 +218,11 @@ pub fn run(
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
     let mut all = json!({ "points": points, "measurements": raw, "datapath_cost": micro, "seconds_per_point": seconds,
-                      "repeats": repeats, "noisy_above": repeats::NOISY });
+                      "repeats": repeats, "noisy_above": repeats::NOISY, "guest_hugepages_2m": HUGEPAGES });
     if spdk {
         all["spdk"] = json!({ "version": crate::spdk::VERSION, "dpdk": toolchain::output(Command::new("pkg-config").args(["--modversion", "libdpdk"]))?,
                               "driver": "uio_pci_generic", "options": "-c 0x1 -L (one core, latency summary)",
-                              "hugepages_2m": spdk::HUGEPAGES });
+                              "hugepages_2m": HUGEPAGES });
     }
     if let Some(b) = &baseline {
         all["baseline_cli"] = json!(b.display().to_string());

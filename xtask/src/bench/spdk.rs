@@ -19,9 +19,6 @@ use std::time::Duration;
 /// The engine name of SPDK's points.
 pub const SPDK: &str = "spdk";
 
-/// 2 MiB hugepages the guest reserves for DPDK (512 MiB of the VM's 2 GiB).
-pub const HUGEPAGES: usize = 256;
-
 /// The kernel driver SPDK's turn binds the controller to.
 const UIO: &str = "uio_pci_generic";
 
@@ -153,7 +150,7 @@ fn sh(cmd: &str) -> Result<String> {
 }
 
 /// The guest's set-up for SPDK, once: the uio modules of the test kernel built at `kbuild`,
-/// hugepages on hugetlbfs, and a writable /run and /var/tmp (DPDK keeps its runtime folder in
+/// the guest's hugepages (reserved by every bench guest) on hugetlbfs, and a writable /run and /var/tmp (DPDK keeps its runtime folder in
 /// /var/run, SPDK its lock files in /var/tmp: the host's, read-only, under the guest's chroot).
 pub fn prepare(kbuild: &str) -> Result<()> {
     for m in ["uio", UIO] {
@@ -161,11 +158,6 @@ pub fn prepare(kbuild: &str) -> Result<()> {
             let ko = format!("{kbuild}/drivers/uio/{m}.ko");
             sh(&format!("insmod {ko}")).with_context(|| format!("loading {ko}"))?;
         }
-    }
-    write("/proc/sys/vm/nr_hugepages", &HUGEPAGES.to_string())?;
-    let got: usize = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")?.trim().parse()?;
-    if got < HUGEPAGES / 2 {
-        bail!("the guest reserved {got} hugepages of the {HUGEPAGES} asked for");
     }
     sh("grep -q ' /dev/hugepages hugetlbfs' /proc/mounts || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }")?;
     sh("grep -q ' /run tmpfs' /proc/mounts || mount -t tmpfs -o mode=755 run /run")?;

@@ -8,8 +8,8 @@
 
 use super::repeats::{self, Ratio};
 use super::{
-    check_axes, f, fio_point, json_nums, json_strs, p50_ratio, points_from, register_font, sh, total_p50, ugds_point,
-    Job, MARK,
+    check_axes, f, fio_point, json_nums, json_strs, p50_ratio, points_from, register_font, reserve_hugepages, sh,
+    total_p50, ugds_point, Job, HUGEPAGES, MARK,
 };
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
@@ -180,7 +180,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
     let dir = out.unwrap_or_else(|| root.join("target/bench-volume"));
     std::fs::create_dir_all(&dir)?;
     let all = json!({ "grid": grid.to_json(), "points": points, "measurements": raw,
-                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs() });
+                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(), "guest_hugepages_2m": HUGEPAGES });
     std::fs::write(dir.join("volume-results.json"), serde_json::to_string_pretty(&all)?)?;
     let md = table(grid, &points);
     std::fs::write(dir.join("volume-results.md"), &md)?;
@@ -459,6 +459,7 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
     if !Path::new("/sys/module/ugds").exists() {
         sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
     }
+    reserve_hugepages()?;
     let all = bind::nvme_controllers()?;
     let m = grid.controllers();
     if all.len() != m * grid.backends.len() {
