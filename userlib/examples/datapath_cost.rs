@@ -22,6 +22,8 @@
 //! step: commands finish a few at a time, as on a device with many in flight. `batch-1` the same
 //! with one completion a step: every wait finds one entry and every submit carries one, so a
 //! round's fixed costs fall on one read (what `ugds bench` meets at QD 8 in the VM).
+//! `volume` (with `batch` or `batch-1`) runs the same batch through a one-member striped
+//! volume's batch on the same model: the difference is the volume layer's own cost.
 
 use std::time::{Duration, Instant};
 use ugds::test_utils::{Command, DmaRange, MockBatch, MockConfig, MockQueue, MockStorage, Read, MAX_BURST};
@@ -131,7 +133,8 @@ fn main() -> ugds::Result<()> {
     if one_per_step || std::env::args().any(|a| a == "batch") {
         let capacity = bursts[0];
         let cfg = MockConfig { null: true, ..MockConfig::default() };
-        let mut m = MockBatch::stepped(cfg, capacity)?;
+        let volume = std::env::args().any(|a| a == "volume");
+        let mut m = if volume { MockBatch::stepped_volume(cfg, capacity)? } else { MockBatch::stepped(cfg, capacity)? };
         let posts = if one_per_step { 1 } else { POSTS_PER_STEP };
         m.post_at_most(posts);
         run_batch(&mut m, capacity, 10_000)?;
@@ -139,7 +142,8 @@ fn main() -> ugds::Result<()> {
         run_batch(&mut m, capacity, commands)?;
         let ns = t.elapsed().as_nanos() as f64 / commands as f64;
         println!(
-            "batch {capacity:>3}: {ns:>6.1} ns per 4 KiB read (StorageBatch kept full, {posts} completion(s) per step, device model included)"
+            "batch {capacity:>3}{}: {ns:>6.1} ns per 4 KiB read (StorageBatch kept full, {posts} completion(s) per step, device model included)",
+            if volume { " (1-member volume)" } else { "" }
         );
         return Ok(());
     }

@@ -277,6 +277,14 @@ impl StorageBatch {
         Ok(Self::with_native(storage, q.capacity(), Some(Native::One(Box::new(q)))))
     }
 
+    /// A batch whose native batch is the volume batch `v` (over the device model), for the cost
+    /// benchmark; no warm-up.
+    #[cfg(any(test, feature = "test-utils"))]
+    pub(crate) fn over_volume(storage: &Arc<Storage>, v: VolumeQueueBatch, capacity: usize) -> Result<StorageBatch> {
+        storage.engine()?;
+        Ok(Self::with_native(storage, capacity, Some(Native::Volume(Box::new(v)))))
+    }
+
     /// A fresh batch of `capacity` entries on `storage` with `native` behind it.
     fn with_native(storage: &Arc<Storage>, capacity: usize, native: Option<Native>) -> StorageBatch {
         StorageBatch {

@@ -180,14 +180,35 @@ impl MockBatch {
     /// A batch of `capacity` entries over a stepped model made as `cfg` says (its `stepped` is
     /// forced on, and its depth is the batch's ring).
     pub fn stepped(cfg: MockConfig, capacity: usize) -> Result<Self> {
-        let depth = crate::queue_batch::ring_depth(capacity, 4096)?;
+        Self::over_model(cfg, capacity, StorageBatch::over_queue)
+    }
+
+    /// [`MockBatch::stepped`] through a one-member striped volume's batch (128 KiB chunks) on
+    /// the same kind of model: each entry becomes its pieces, then entries of the member's
+    /// queue batch, so the difference from [`MockBatch::stepped`] is the volume layer's own cost.
+    pub fn stepped_volume(cfg: MockConfig, capacity: usize) -> Result<Self> {
+        let pieces = crate::volume_batch::member_depth(capacity, u32::MAX);
+        Self::over_model(cfg, pieces, |storage, member| {
+            let chunk = crate::volume::DEFAULT_CHUNK;
+            let vol = crate::volume_batch::VolumeQueueBatch::over(vec![member], vec!["m0".into()], chunk, capacity);
+            StorageBatch::over_volume(storage, vol, capacity)
+        })
+    }
+
+    /// A stepped model whose queue pair holds `entries`, a queue batch on it, and the storage
+    /// batch `make` builds over that.
+    fn over_model(
+        cfg: MockConfig,
+        entries: usize,
+        make: impl FnOnce(&Arc<Storage>, crate::queue_batch::QueueBatch) -> Result<StorageBatch>,
+    ) -> Result<Self> {
+        let depth = crate::queue_batch::ring_depth(entries, 4096)?;
         let cfg = MockConfig { stepped: true, depth, ..cfg };
         let (dev, qp, device) = mock_batch_device(cfg, Duration::from_secs(5))?;
         let storage = Storage::direct(&dev, 1)?;
         let buffer = Arc::new(mock_buffer(&storage, &dev, &device)?);
         let ns = dev.namespace(1)?;
-        let batch =
-            StorageBatch::over_queue(&storage, crate::queue_batch::QueueBatch::over(&dev, &ns, qp, capacity, 0))?;
+        let batch = make(&storage, crate::queue_batch::QueueBatch::over(&dev, &ns, qp, entries, 0))?;
         device.step_on_idle_polls();
         Ok(MockBatch { batch, buffer, device })
     }

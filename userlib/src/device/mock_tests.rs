@@ -126,13 +126,19 @@ fn a_storage_batch_on_the_model_reaps_completions_a_few_at_a_time() {
 /// A storage batch kept full the way `ugds bench` keeps it (wait for at least one event into a
 /// kept vector, submit a new read for each from another) allocates nothing once running: its
 /// submit and its wait reuse their own vectors. `status_into` appends after what the caller's
-/// vector holds and returns how many it appended.
+/// vector holds and returns how many it appended. The same through a one-member volume's batch
+/// (its entries' slots and piece lists are kept too).
 #[test]
 fn a_storage_batch_kept_full_allocates_nothing_per_round() {
     use super::mock_device::MockBatch;
+    let cfg = MockConfig { null: true, ..MockConfig::default() };
+    kept_full_allocates_nothing(MockBatch::stepped(cfg.clone(), 32).unwrap());
+    kept_full_allocates_nothing(MockBatch::stepped_volume(cfg, 32).unwrap());
+}
+
+fn kept_full_allocates_nothing(mut m: super::mock_device::MockBatch) {
     use crate::alloc_count::allocations_in;
     use crate::{IoEvent, IoRequest, IoStatus, Op};
-    let mut m = MockBatch::stepped(MockConfig { null: true, ..MockConfig::default() }, 32).unwrap();
     m.post_at_most(4);
     let buf = m.buffer.clone();
     let read = |slot: u64| IoRequest {
