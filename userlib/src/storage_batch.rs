@@ -94,9 +94,8 @@ pub struct StorageBatch {
     state: Arc<(Mutex<State>, Condvar)>,
     native: Option<Native>,
     /// A node's entries larger than its largest command, split into commands on a queue pair
-    /// of their own (made at the first such entry; `Err` once the controller refused one, and
-    /// such entries then go to the worker threads).
-    large: Option<std::result::Result<VolumeQueueBatch, ()>>,
+    /// of their own.
+    large: LargeEntries,
     /// Checked entries on their way to the queue batch for large entries.
     large_entries: Vec<Entry>,
     /// Checked entries on their way to the queue batch (kept: a submit allocates nothing).
@@ -250,6 +249,17 @@ impl Native {
     }
 }
 
+/// The queue pair for a node's batch entries larger than one command.
+#[derive(Debug)]
+enum LargeEntries {
+    /// No such entry came yet.
+    NotTried,
+    /// Made at the first such entry.
+    Made(Box<VolumeQueueBatch>),
+    /// The controller refused one: such entries go to the worker threads.
+    Refused,
+}
+
 impl StorageBatch {
     /// A batch on `storage` (its worker threads start here, not at the first submit).
     pub fn new(storage: &Arc<Storage>, capacity: usize) -> Result<StorageBatch> {
@@ -292,7 +302,7 @@ impl StorageBatch {
             capacity,
             state: Arc::default(),
             native,
-            large: None,
+            large: LargeEntries::NotTried,
             large_entries: Vec::new(),
             entries: Vec::with_capacity(capacity.min(1024)),
             ready: Vec::new(),
@@ -349,7 +359,7 @@ impl StorageBatch {
     /// Entries running on the queue pair for a node's large entries.
     fn large_in_flight(&self) -> usize {
         match &self.large {
-            Some(Ok(l)) => l.in_flight(),
+            LargeEntries::Made(l) => l.in_flight(),
             _ => 0,
         }
     }
@@ -361,7 +371,7 @@ impl StorageBatch {
         if !matches!(self.native, Some(Native::One(_))) || buf.registration().is_none() || len <= max_cmd {
             return false;
         }
-        if self.large.is_none() {
+        if matches!(self.large, LargeEntries::NotTried) {
             let made = match self.storage.concrete_path() {
                 ConcretePath::Direct(d) => {
                     let depth = member_depth(self.capacity, d.dev.info().max_queue_entries);
@@ -371,9 +381,12 @@ impl StorageBatch {
                 }
                 _ => None,
             };
-            self.large = Some(made.map(|q| VolumeQueueBatch::for_node(q, self.capacity)).ok_or(()));
+            self.large = match made {
+                Some(q) => LargeEntries::Made(Box::new(VolumeQueueBatch::for_node(q, self.capacity))),
+                None => LargeEntries::Refused,
+            };
         }
-        matches!(self.large, Some(Ok(_)))
+        matches!(self.large, LargeEntries::Made(_))
     }
 
     /// Entries running on the worker threads.
@@ -473,7 +486,7 @@ impl StorageBatch {
         };
         // The large entries first: their batch fails only for want of room, which was checked
         // above, so nothing is left half submitted.
-        if let Some(Ok(l)) = self.large.as_mut() {
+        if let LargeEntries::Made(l) = &mut self.large {
             if !self.large_entries.is_empty() {
                 if let Err(e) = l.submit(self.large_entries.drain(..)) {
                     self.entries.clear();
@@ -574,7 +587,7 @@ impl StorageBatch {
             if let Some(q) = self.native.as_mut() {
                 q.status_into(0, Duration::ZERO, &mut Counted::new(out, &self.storage, self.counts))?;
             }
-            if let Some(Ok(l)) = self.large.as_mut() {
+            if let LargeEntries::Made(l) = &mut self.large {
                 if l.in_flight() > 0 {
                     l.status_into(0, Duration::ZERO, &mut Counted::new(out, &self.storage, self.counts))?;
                 }
@@ -594,9 +607,9 @@ impl StorageBatch {
                 // One queue batch runs: let it poll for what is missing (no system call).
                 drop(pool);
                 let mut sink = Counted::new(out, &self.storage, self.counts);
-                match (self.native.as_mut(), self.large.as_mut()) {
+                match (self.native.as_mut(), &mut self.large) {
                     (Some(q), _) if native_busy => q.status_into(min - got, left, &mut sink)?,
-                    (_, Some(Ok(l))) => l.status_into(min - got, left, &mut sink)?,
+                    (_, LargeEntries::Made(l)) => l.status_into(min - got, left, &mut sink)?,
                     _ => {}
                 }
                 return Ok(());
@@ -620,8 +633,8 @@ impl StorageBatch {
         // The queue batch waits up to its deadline, then resets the controller (or keeps its
         // entries' leases for good). The worker threads' entries are waited for either way.
         let native = self.native.as_mut().map(Native::cancel).transpose();
-        let large = match self.large.as_mut() {
-            Some(Ok(l)) => l.cancel().map(Some),
+        let large = match &mut self.large {
+            LargeEntries::Made(l) => l.cancel().map(Some),
             _ => Ok(None),
         };
         let pool = {
@@ -646,7 +659,7 @@ impl Drop for StorageBatch {
             // A forked child: the queue pair or ring is the parent's, and the worker threads
             // running the rest are not in this process (waiting for them would never end).
             std::mem::forget(self.native.take());
-            std::mem::forget(self.large.take());
+            std::mem::forget(std::mem::replace(&mut self.large, LargeEntries::NotTried));
             return;
         }
         let _ = self.cancel();
@@ -713,7 +726,7 @@ pub(crate) mod tests {
         let (dev, qp, large) =
             mock_batch_device(MockConfig { stepped: true, depth: ring, ..cfg }, Duration::from_secs(5)).unwrap();
         let q = QueueBatch::over(&dev, &dev.namespace(1).unwrap(), qp, depth, 0);
-        m.batch.large = Some(Ok(VolumeQueueBatch::for_node(q, 4)));
+        m.batch.large = LargeEntries::Made(Box::new(VolumeQueueBatch::for_node(q, 4)));
         let buf = m.buffer.clone();
         let read = |cookie: u64, file_offset: u64, len: u64| IoRequest {
             op: Op::Read,
