@@ -487,24 +487,6 @@ mod tests {
         assert!(e.contains(uri) && e.contains("add thread=1"), "{e}");
     }
 
-    /// The page size backing the mapping that holds `p`, in KiB, from `/proc/self/smaps`.
-    fn page_kib(p: *const u8) -> Option<u64> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-')) {
-                let (a, b) = range.split_once('-')?;
-                let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
-                inside = (a..b).contains(&(p as usize));
-            } else if inside {
-                if let Some(v) = line.strip_prefix("KernelPageSize:") {
-                    return v.trim().trim_end_matches("kB").trim().parse().ok();
-                }
-            }
-        }
-        None
-    }
-
     /// Free 2 MiB huge pages, from `/proc/meminfo`.
     fn free_huge_pages() -> u64 {
         let m = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
@@ -524,7 +506,11 @@ mod tests {
         let bytes = unsafe { std::slice::from_raw_parts_mut(m.ptr(), m.len()) };
         assert!(bytes.iter().all(|&b| b == 0));
         bytes[want - 1] = 7;
-        assert_eq!(page_kib(m.ptr()), Some(if huge { 2048 } else { 4 }), "huge pages free: {huge}");
+        assert_eq!(
+            ugds::test_utils::smaps_kb(m.ptr(), "KernelPageSize"),
+            Some(if huge { 2048 } else { 4 }),
+            "huge pages free: {huge}"
+        );
     }
 
     /// A commit made while finished I/Os wait to be handed to fio is held, and goes to the

@@ -78,7 +78,7 @@ pub mod test_utils {
         Command, DatasetManagement, DmaRange, DsmRange, Flush, Read, Transfer, Write, WriteZeroes, DSM_MAX_RANGES,
     };
     pub use crate::device::mock_device::{MockBatch, MockStorage};
-    pub use crate::mem::{QueueMemory, TestMemory};
+    pub use crate::mem::{smaps_kb, QueueMemory, TestMemory};
     pub use crate::mmio::StatusView;
     pub use crate::mock::{Behaviour, Fault, HostileCqe, MockConfig, MockQueue, MockStats};
     pub use crate::queue::{Completion, Completions, QueuePair, Submission, Ticket, MAX_BURST};

@@ -298,6 +298,28 @@ impl QueueMemory for TestMemory {
     }
 }
 
+/// The value of field `name` (in kB: `KernelPageSize`, `AnonHugePages`, ...) of this process's
+/// mapping that holds `at`, from `/proc/self/smaps` (tests: what pages memory came in).
+#[cfg(any(test, feature = "test-utils"))]
+pub fn smaps_kb(at: *const u8, name: &str) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    for line in smaps.lines() {
+        // A mapping's first line starts with its range, `start-end` in hex.
+        let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+        if let Some((a, b)) =
+            range.and_then(|(a, b)| Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?)))
+        {
+            inside = (a..b).contains(&(at as usize));
+        } else if inside {
+            if let Some(v) = line.strip_prefix(name).and_then(|v| v.strip_prefix(':')) {
+                return v.trim().strip_suffix("kB")?.trim().parse().ok();
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,15 +356,6 @@ mod tests {
         assert!(s.len() == HUGE_PAGE && s.iter().all(|b| *b == 0));
     }
 
-    /// The value of field `name` (in kB) of the mapping that starts at `at`, from
-    /// `/proc/self/smaps`.
-    fn smaps_kb(at: *const u8, name: &str) -> Option<u64> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let start = format!("{:x}-", at as usize);
-        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start)).skip(1);
-        lines.find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
-    }
-
     /// Host memory of at least one huge page on ordinary pages starts on a huge-page boundary
     /// and asks for transparent huge pages: where the kernel gives them on request (its setting
     /// `always` or `madvise`), the memory, once touched, is backed by them, so a registration
@@ -350,7 +363,7 @@ mod tests {
     #[test]
     fn host_memory_asks_for_transparent_huge_pages() {
         let h = HostMemory::new(8 << 20).unwrap();
-        if smaps_kb(h.as_ptr(), "KernelPageSize:") == Some(2048) {
+        if smaps_kb(h.as_ptr(), "KernelPageSize") == Some(2048) {
             // The host's reserved huge pages (hugetlb) gave it: nothing to ask for.
             return;
         }
@@ -362,7 +375,7 @@ mod tests {
         }
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
         let offered = thp.contains("[always]") || thp.contains("[madvise]");
-        let huge = smaps_kb(h.as_ptr(), "AnonHugePages:").unwrap_or(0);
+        let huge = smaps_kb(h.as_ptr(), "AnonHugePages").unwrap_or(0);
         if offered {
             assert!(huge >= 2048, "{huge} kB of transparent huge pages with THP {}", thp.trim());
         }
