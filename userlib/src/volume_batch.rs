@@ -354,26 +354,53 @@ impl VolumeQueueBatch {
         // or before its first sleep), so a wait that ends sooner reads no clock; a zero timeout
         // looks once.
         let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
+        // Whether a member's own wait ran, and whether one ended with nothing (its time was up).
+        let (mut handed, mut expired) = (false, false);
         loop {
-            for m in 0..self.members.len() {
-                if self.members[m].running > 0 {
+            match self.sole_runner() {
+                // One member runs (a one-member volume, or entries on one member): its queue
+                // batch's own wait polls for its next piece, or takes what already came, with
+                // no round of this loop per poll. This wait's deadline starts after the first
+                // such wait (which reads the clock only once it waited a while).
+                Some(m) if self.ready.len() < min => {
+                    if handed {
+                        deadline.start();
+                    }
+                    handed = true;
                     let mut evs = std::mem::take(&mut self.piece_events);
-                    let got = self.members[m].batch.status_into(0, Duration::ZERO, &mut evs);
+                    let got = self.members[m].batch.status_into(1, deadline.left(), &mut evs);
+                    expired = evs.is_empty();
                     self.finished(m, evs.drain(..));
                     self.piece_events = evs;
                     got?;
                 }
-                // Also with nothing running: a refused submission leaves the rest waiting.
+                _ => {
+                    for m in 0..self.members.len() {
+                        if self.members[m].running > 0 {
+                            let mut evs = std::mem::take(&mut self.piece_events);
+                            let got = self.members[m].batch.status_into(0, Duration::ZERO, &mut evs);
+                            self.finished(m, evs.drain(..));
+                            self.piece_events = evs;
+                            got?;
+                        }
+                    }
+                }
+            }
+            // Also with nothing running: a refused submission leaves the rest waiting.
+            for m in 0..self.members.len() {
                 self.start_waiting(m);
             }
             let done = self.ready.len() >= min || self.in_flight() == 0;
-            if done || (check && deadline.passed()) {
+            if done || expired || (check && deadline.passed()) {
                 wait.done();
                 if self.in_flight() == 0 {
                     self.largest = 0;
                 }
                 out.put_all(&mut self.ready);
                 return Ok(());
+            }
+            if self.sole_runner().is_some() {
+                continue;
             }
             // Waits as a queue's own waits do (spinning while it pays, then asleep on an
             // interrupt), on the member with the most pieces in flight: a volume kept busy
@@ -387,6 +414,15 @@ impl VolumeQueueBatch {
                     check = true;
                 }
             }
+        }
+    }
+
+    /// The one member with pieces in flight, if exactly one has any.
+    fn sole_runner(&self) -> Option<usize> {
+        let mut running = self.members.iter().enumerate().filter(|(_, m)| m.running > 0);
+        match (running.next(), running.next()) {
+            (Some((m, _)), None) => Some(m),
+            _ => None,
         }
     }
 
@@ -621,6 +657,26 @@ mod tests {
         let entry = v.entry(Op::Read, 0, 0, 6 * chunk, 2);
         let ev = v.run(vec![entry]);
         assert!(matches!(ev.as_slice(), [IoEvent { cookie: 2, status: IoStatus::Complete, .. }]), "{ev:?}");
+    }
+
+    /// A wait for more entries than come back ends at its timeout with those that came: on one
+    /// member (whose queue batch's own wait polls for it) and on two (polled in turn).
+    #[test]
+    fn a_wait_for_entries_that_never_come_ends_at_its_timeout() {
+        let chunk = 64 << 10;
+        for n in [1, 2] {
+            // Member 0's first command never completes; entry 0 is that command.
+            let mut v = volume(n, chunk, 2, 4, vec![vec![Fault::Never]]);
+            let second = if n == 1 { 4096 } else { chunk };
+            v.batch.submit(vec![v.entry(Op::Read, 0, 0, 4096, 0), v.entry(Op::Read, 8192, second, 4096, 1)]).unwrap();
+            let start = Instant::now();
+            let mut got = Vec::new();
+            v.batch.status_into(2, Duration::from_millis(200), &mut got).unwrap();
+            let took = start.elapsed();
+            assert!(matches!(got.as_slice(), [(IoEvent { cookie: 1, status: IoStatus::Complete, .. }, _)]), "{got:?}");
+            assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(2), "{n} members: {took:?}");
+            assert_eq!(v.batch.in_flight(), 1);
+        }
     }
 
     /// Cancelling while pieces wait: those never start (their leases go back at once), the
