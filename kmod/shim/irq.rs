@@ -71,7 +71,7 @@ struct Shared {
 
 /// Every interrupt signals the eventfd (the state before the first arm).
 const ALWAYS: u8 = 0;
-/// The next interrupt signals the eventfd, then masks the vector.
+/// The next interrupt masks the vector, then signals the eventfd.
 const ARMED: u8 = 1;
 /// The handler is between taking the armed state and masking the vector.
 const FIRING: u8 = 2;
@@ -81,8 +81,8 @@ const MASKED: u8 = 3;
 /// An interrupt handler that signals an eventfd; the handler is freed, then the eventfd
 /// reference dropped, on drop.
 ///
-/// Once armed ([`EventfdIrq::arm`]) it is one-shot: it signals on the next interrupt and masks
-/// the vector, until armed again, so a queue whose waiters spin takes no interrupts and only a
+/// Once armed ([`EventfdIrq::arm`]) it is one-shot: on the next interrupt it masks the vector
+/// and signals, until armed again, so a queue whose waiters spin takes no interrupts and only a
 /// waiter about to sleep pays for one. A completion that comes while masked is latched by the
 /// interrupt core and delivered at the arm. Every mask is matched by exactly one unmask: only
 /// the handler masks (from [`ARMED`], through [`FIRING`]), only an arm unmasks (from
@@ -108,13 +108,16 @@ unsafe extern "C" fn signal_eventfd(_irq: kernel::ffi::c_int, data: *mut kernel:
     // SAFETY: `data` is the `Shared` registered with this handler; it lives until free_irq
     // (which waits for running handlers) has returned.
     let s = unsafe { &*data.cast::<Shared>() };
-    // SAFETY: the eventfd stays referenced for as long as `s` lives.
-    unsafe { bindings::eventfd_signal_mask(s.ctx.as_ptr(), 0) };
+    // Masked before the signal: a waiter that sees the signal and arms again at once finds
+    // the vector masked and unmasks it. Signalled first, its arm could find the handler still
+    // armed and return, and the mask that followed swallowed the next interrupt.
     if s.state.compare_exchange(ARMED, FIRING, Ordering::AcqRel, Ordering::Acquire).is_ok() {
         // SAFETY: our own IRQ, from its handler (the non-waiting variant is for exactly that).
         unsafe { bindings::disable_irq_nosync(s.irq) };
         s.state.store(MASKED, Ordering::Release);
     }
+    // SAFETY: the eventfd stays referenced for as long as `s` lives.
+    unsafe { bindings::eventfd_signal_mask(s.ctx.as_ptr(), 0) };
     IRQ_HANDLED as _
 }
 

@@ -23,6 +23,7 @@ pub fn tests() -> Vec<Test> {
         Test { name: "kmod_eventfd_signalled_by_msix", variant: V, run: eventfd_irq },
         Test { name: "kmod_bad_eventfd_arguments", variant: V, run: bad_eventfd },
         Test { name: "kmod_armed_interrupt_is_one_shot", variant: V, run: armed_irq_one_shot },
+        Test { name: "kmod_an_arm_right_after_a_signal_is_kept", variant: V, run: arm_right_after_a_signal },
         Test { name: "kmod_reset_keeps_queue_pairs_for_rearm", variant: V, run: reset_keeps_queues },
         Test { name: "kmod_unbind_while_open_revokes_everything", variant: V, run: unbind_while_open },
         Test { name: "kmod_bad_dmabuf_fd_and_range", variant: V, run: bad_dmabuf },
@@ -713,6 +714,65 @@ fn signalled(efd: &std::os::fd::OwnedFd, ms: i32) -> bool {
     // SAFETY: reading 8 bytes into a u64.
     unsafe { libc::read(efd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
     true
+}
+
+/// An arm made as soon as the eventfd says the last one fired is kept: the next completion
+/// signals. The handler used to signal before it masked the vector, so an arm that came in
+/// between found the handler still armed, returned, and the handler's mask then swallowed the
+/// next interrupt. Here the arm's own delivery of a latched completion fires the handler, and
+/// the thread arms again the moment it sees the signal, 2000 times.
+fn arm_right_after_a_signal() -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let node = bound_node(0)?;
+    let dev = RawDev::open(&node)?;
+    let ns = dev.info.namespaces[0];
+    let mut qp = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
+    let efd = eventfd()?;
+    dev.set_eventfd(qp.qid, efd.as_raw_fd())?;
+    let buf = HostBuf::new(4096)?;
+    let h = dev.register(buf.addr(), 4096)?;
+    let segs = dev.segments(h)?;
+    let read = |qp: &mut RawQpair| -> Result<()> {
+        qp.push_rw(nvm::READ, &ns, 0, &segs, 0, 4096)?;
+        qp.ring();
+        let c = qp.wait(1, Duration::from_secs(5))?;
+        ensure_that!(c[0].status().is_success(), "read failed: {}", c[0].status());
+        Ok(())
+    };
+    // Armed once and fired: masked from here on.
+    dev.arm_irq(qp.qid)?;
+    read(&mut qp)?;
+    ensure_that!(signalled(&efd, 5000), "the first armed interrupt did not signal");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for round in 0..2000 {
+        // From each CPU in turn: the handler runs on the vector's CPU, this thread on another
+        // one half the time (where it can see the signal before the handler's next step).
+        pin_to_cpu(round % cpus)?;
+        // A completion while masked, latched; the arm delivers it at once.
+        read(&mut qp)?;
+        dev.arm_irq(qp.qid)?;
+        ensure_that!(signalled(&efd, 5000), "round {round}: the arm did not deliver the latched completion");
+        // Armed again the moment the signal is seen: the next completion must signal.
+        dev.arm_irq(qp.qid)?;
+        read(&mut qp)?;
+        ensure_that!(signalled(&efd, 2000), "round {round}: an arm made right after a signal was lost");
+    }
+    dev.set_eventfd(qp.qid, -1)?;
+    dev.delete_qpair(qp.qid)?;
+    dev.deregister(h.id, h.generation)?;
+    Ok(())
+}
+
+/// Runs the calling thread on CPU `cpu` only.
+fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `cpu` is below the machine's CPU count, far below the set's size.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of its size, for the calling thread (0).
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    ensure_that!(r == 0, "sched_setaffinity to CPU {cpu}: {}", std::io::Error::last_os_error());
+    Ok(())
 }
 
 /// An armed interrupt signals once, then stays masked: a completion while masked raises
