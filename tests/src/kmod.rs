@@ -722,23 +722,8 @@ fn signalled(efd: &std::os::fd::OwnedFd, ms: i32) -> bool {
 /// next interrupt. Here the arm's own delivery of a latched completion fires the handler, and
 /// the thread arms again the moment it sees the signal, 2000 times.
 fn arm_right_after_a_signal() -> Result<()> {
-    use std::os::fd::AsRawFd;
-    let node = bound_node(0)?;
-    let dev = RawDev::open(&node)?;
-    let ns = dev.info.namespaces[0];
-    let mut qp = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
-    let efd = eventfd()?;
-    dev.set_eventfd(qp.qid, efd.as_raw_fd())?;
-    let buf = HostBuf::new(4096)?;
-    let h = dev.register(buf.addr(), 4096)?;
-    let segs = dev.segments(h)?;
-    let read = |qp: &mut RawQpair| -> Result<()> {
-        qp.push_rw(nvm::READ, &ns, 0, &segs, 0, 4096)?;
-        qp.ring();
-        let c = qp.wait(1, Duration::from_secs(5))?;
-        ensure_that!(c[0].status().is_success(), "read failed: {}", c[0].status());
-        Ok(())
-    };
+    let (dev, mut qp, efd, reads) = irq_queue()?;
+    let read = |qp: &mut RawQpair| reads.read(&dev, qp);
     // Armed once and fired: masked from here on.
     dev.arm_irq(qp.qid)?;
     read(&mut qp)?;
@@ -759,8 +744,43 @@ fn arm_right_after_a_signal() -> Result<()> {
     }
     dev.set_eventfd(qp.qid, -1)?;
     dev.delete_qpair(qp.qid)?;
-    dev.deregister(h.id, h.generation)?;
-    Ok(())
+    reads.release(&dev)
+}
+
+/// A 4 KiB buffer registered for reads of block 0 (the interrupt tests' reads).
+struct PageReads {
+    _buf: HostBuf,
+    h: RegistrationHandle,
+    segs: Vec<Segment>,
+}
+
+impl PageReads {
+    /// Reads block 0 on `qp` and waits for its completion by polling.
+    fn read(&self, dev: &RawDev, qp: &mut RawQpair) -> Result<()> {
+        qp.push_rw(nvm::READ, &dev.info.namespaces[0], 0, &self.segs, 0, 4096)?;
+        qp.ring();
+        let c = qp.wait(1, Duration::from_secs(5))?;
+        ensure_that!(c[0].status().is_success(), "read failed: {}", c[0].status());
+        Ok(())
+    }
+
+    fn release(self, dev: &RawDev) -> Result<()> {
+        Ok(dev.deregister(self.h.id, self.h.generation)?)
+    }
+}
+
+/// The first bound node opened raw, a queue pair with interrupts on whose vector signals a
+/// new eventfd, and a page registered for reads.
+fn irq_queue() -> Result<(RawDev, RawQpair, std::os::fd::OwnedFd, PageReads)> {
+    use std::os::fd::AsRawFd;
+    let dev = RawDev::open(&bound_node(0)?)?;
+    let qp = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
+    let efd = eventfd()?;
+    dev.set_eventfd(qp.qid, efd.as_raw_fd())?;
+    let buf = HostBuf::new(4096)?;
+    let h = dev.register(buf.addr(), 4096)?;
+    let segs = dev.segments(h)?;
+    Ok((dev, qp, efd, PageReads { _buf: buf, h, segs }))
 }
 
 /// Runs the calling thread on CPU `cpu` only.
@@ -779,22 +799,8 @@ fn pin_to_cpu(cpu: usize) -> Result<()> {
 /// nothing until the next arm, which delivers it.
 fn armed_irq_one_shot() -> Result<()> {
     use std::os::fd::AsRawFd;
-    let node = bound_node(0)?;
-    let dev = RawDev::open(&node)?;
-    let ns = dev.info.namespaces[0];
-    let mut qp = dev.create_qpair_flags(16, QPAIR_FLAG_IRQ)?;
-    let efd = eventfd()?;
-    dev.set_eventfd(qp.qid, efd.as_raw_fd())?;
-    let buf = HostBuf::new(4096)?;
-    let h = dev.register(buf.addr(), 4096)?;
-    let segs = dev.segments(h)?;
-    let read = |qp: &mut RawQpair| -> Result<()> {
-        qp.push_rw(nvm::READ, &ns, 0, &segs, 0, 4096)?;
-        qp.ring();
-        let c = qp.wait(1, Duration::from_secs(5))?;
-        ensure_that!(c[0].status().is_success(), "read failed: {}", c[0].status());
-        Ok(())
-    };
+    let (dev, mut qp, efd, reads) = irq_queue()?;
+    let read = |qp: &mut RawQpair| reads.read(&dev, qp);
     for round in 0..3 {
         dev.arm_irq(qp.qid)?;
         read(&mut qp)?;
@@ -817,8 +823,7 @@ fn armed_irq_one_shot() -> Result<()> {
     ensure_that!(signalled(&efd2, 5000), "a new handler on a vector freed while masked did not signal");
     dev.set_eventfd(again.qid, -1)?;
     dev.delete_qpair(again.qid)?;
-    dev.deregister(h.id, h.generation)?;
-    Ok(())
+    reads.release(&dev)
 }
 
 fn bad_eventfd() -> Result<()> {
