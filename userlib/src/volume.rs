@@ -375,14 +375,17 @@ impl DataPath for VolumePath {
             return settle(r, lease);
         }
         // One lane per member the request touches: the calling thread keeps every member's
-        // queue busy at once (no thread per member), each lane's pieces in order.
+        // queue busy at once (no thread per member), each lane's pieces in order. Pieces that
+        // continue each other on the member and in the buffer (a one-member volume's) are one
+        // extent, which the lane splits only at the member's largest command.
         let mut per_member: Vec<Vec<Extent>> = vec![Vec::new(); self.members.len()];
         for p in pieces(self.members.len(), self.chunk, file_offset, len) {
-            per_member[p.member].push(Extent {
-                reg_offset: buf_offset + p.request_offset,
-                dev_offset: p.member_offset,
-                len: p.len,
-            });
+            let (reg_offset, dev_offset) = (buf_offset + p.request_offset, p.member_offset);
+            let extents = &mut per_member[p.member];
+            match extents.last_mut() {
+                Some(e) if e.reg_offset + e.len == reg_offset && e.dev_offset + e.len == dev_offset => e.len += p.len,
+                _ => extents.push(Extent { reg_offset, dev_offset, len: p.len }),
+            }
         }
         let mut lanes = Vec::new();
         let mut lane_member = Vec::new();
@@ -471,6 +474,25 @@ mod tests {
         // That thread exited and let member 0's go: here both lanes run on this thread's own.
         assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk - 4096, 8192).unwrap(), 8192);
         assert_eq!((reads(&own), reads(&shared)), (vec![2, 2], vec![0, 1]));
+    }
+
+    /// On a one-member volume a request over several chunks is one run on the member: it goes
+    /// out in as few commands as the member's largest command allows, as on the node itself.
+    #[test]
+    fn a_one_member_request_over_chunks_takes_as_few_commands_as_the_node() {
+        use crate::device::mock_device::{mock_device, mock_volume_buffer};
+        use crate::mock::MockConfig;
+        use std::time::Duration;
+        let chunk = 64 << 10;
+        let (dev, mock) = mock_device(MockConfig::default(), Duration::from_secs(5)).unwrap();
+        let members = vec![DirectPath { ns: dev.namespace(1).unwrap(), dev }];
+        let st = crate::Storage::direct(&members[0].dev, 1).unwrap();
+        let buf = mock_volume_buffer(&st, &[(&members[0].dev, &mock)]).unwrap();
+        let member_bytes = members[0].ns.capacity();
+        let vol = VolumePath { members, names: vec!["m0".into()], chunk, member_bytes, block_size: 4096 };
+        // 4 chunks, one command of 256 KiB (the model's largest is 1 MiB).
+        assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, 0, 4 * chunk).unwrap(), 4 * chunk);
+        assert_eq!(mock.stats().reads, 1);
     }
 
     #[test]
