@@ -356,8 +356,10 @@ impl VolumeQueueBatch {
         let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
         // Whether a member's own wait ran, and whether one ended with nothing (its time was up).
         let (mut handed, mut expired) = (false, false);
+        // Which members run changes only when pieces come back or go out, below.
+        let mut sole = self.sole_runner();
         loop {
-            match self.sole_runner() {
+            match sole {
                 // One member runs (a one-member volume, or entries on one member): its queue
                 // batch's own wait polls for its next piece, or takes what already came, with
                 // no round of this loop per poll. This wait's deadline starts after the first
@@ -399,7 +401,8 @@ impl VolumeQueueBatch {
                 out.put_all(&mut self.ready);
                 return Ok(());
             }
-            if self.sole_runner().is_some() {
+            sole = self.sole_runner();
+            if sole.is_some() {
                 continue;
             }
             // Waits as a queue's own waits do (spinning while it pays, then asleep on an

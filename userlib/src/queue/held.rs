@@ -251,25 +251,27 @@ pub(crate) enum HeldOrShared<'q> {
     Shared(&'q QueuePair),
 }
 
+/// Each call is the one its way's own implementation makes (untagged on held rings, tagged and
+/// locked on a shared queue): only the choice of way is made here.
 impl RequestQueue for HeldOrShared<'_> {
     fn depth(&self) -> u32 {
         match self {
-            Self::Held(q) => q.depth(),
-            Self::Shared(q) => q.depth(),
+            Self::Held(q) => RequestQueue::depth(q),
+            Self::Shared(q) => RequestQueue::depth(q),
         }
     }
 
     fn wait_state(&self) -> &Arc<QueueWait> {
         match self {
-            Self::Held(q) => q.wait_state(),
-            Self::Shared(q) => q.wait_state(),
+            Self::Held(q) => RequestQueue::wait_state(q),
+            Self::Shared(q) => RequestQueue::wait_state(q),
         }
     }
 
     fn resync(&mut self, status: &StatusView) {
         match self {
-            Self::Held(q) => q.resync(status),
-            Self::Shared(q) => q.resync(status),
+            Self::Held(q) => RequestQueue::resync(q, status),
+            Self::Shared(q) => RequestQueue::resync(q, status),
         }
     }
 
@@ -283,32 +285,32 @@ impl RequestQueue for HeldOrShared<'_> {
         cids: &mut [u16],
     ) -> Result<u64> {
         match self {
-            Self::Held(q) => q.submit(nsid, cmds, status, timeout, cids),
-            Self::Shared(q) => q.submit_tagged(nsid, cmds, status, timeout, cids),
+            Self::Held(q) => RequestQueue::submit(q, nsid, cmds, status, timeout, cids),
+            Self::Shared(q) => RequestQueue::submit(q, nsid, cmds, status, timeout, cids),
         }
     }
 
     #[inline]
     fn collect(&mut self, epoch: u64, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {
         match self {
-            Self::Held(q) => q.collect(cids, status, out),
-            Self::Shared(q) => q.collect_tagged(epoch, cids, status, out),
+            Self::Held(q) => RequestQueue::collect(q, epoch, cids, status, out),
+            Self::Shared(q) => RequestQueue::collect(q, epoch, cids, status, out),
         }
     }
 
     #[inline]
     fn submit_one(&mut self, nsid: u32, cmd: &Command<'_>, status: &StatusView, timeout: Duration) -> Result<Ticket> {
         match self {
-            Self::Held(q) => q.submit_one(nsid, cmd, status, timeout),
-            Self::Shared(q) => q.submit_one(nsid, cmd, status, timeout),
+            Self::Held(q) => RequestQueue::submit_one(q, nsid, cmd, status, timeout),
+            Self::Shared(q) => RequestQueue::submit_one(q, nsid, cmd, status, timeout),
         }
     }
 
     #[inline]
     fn collect_one(&mut self, t: Ticket, status: &StatusView) -> Result<Option<Status>> {
         match self {
-            Self::Held(q) => q.collect_one(t, status),
-            Self::Shared(q) => q.collect_one(t, status),
+            Self::Held(q) => RequestQueue::collect_one(q, t, status),
+            Self::Shared(q) => RequestQueue::collect_one(q, t, status),
         }
     }
 }
