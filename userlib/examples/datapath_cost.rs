@@ -15,6 +15,9 @@
 //! on this thread each time the read's wait finds nothing (burst is 1), through the device's
 //! shared queue (what a thread gets when the controller has no queue to spare);
 //! `storage-owned` the same through the thread's own queue (claimed by its first read).
+//! `volume` (with `storage-owned`) reads through a one-member striped volume (128 KiB chunks) on
+//! the same model instead, and `bytes=N` sets the read's size: `bytes=262144` crosses a chunk,
+//! so the volume's request runs as a lane where the node's is one command.
 //!
 //! `batch` measures a `StorageBatch` of BURST entries kept full as `ugds bench --iodepth` keeps
 //! it (wait for at least one event, submit a new read for each), on the model's queue pair, the
@@ -79,10 +82,13 @@ fn run(m: &mut MockQueue, burst: usize, commands: usize, owned: bool) -> ugds::R
 }
 
 /// `commands` synchronous 4 KiB reads through `Storage::read`, at rotating offsets.
-fn run_storage(m: &MockStorage, commands: usize) -> ugds::Result<()> {
+/// `commands` synchronous reads of `bytes` each, at offsets that cycle through at most 64 of
+/// them (as many as fit the buffer, which spans the namespace).
+fn run_storage(m: &MockStorage, commands: usize, bytes: u64) -> ugds::Result<()> {
+    let places = (m.buffer.len() as u64 / bytes).clamp(1, 64);
     for k in 0..commands as u64 {
-        let off = (k % 64) * 4096;
-        m.storage.read(&m.buffer, off, off, 4096)?;
+        let off = (k % places) * bytes;
+        m.storage.read(&m.buffer, off, off, bytes)?;
     }
     Ok(())
 }
@@ -150,13 +156,24 @@ fn main() -> ugds::Result<()> {
     let storage_owned = std::env::args().any(|a| a == "storage-owned");
     if storage_owned || std::env::args().any(|a| a == "storage") {
         let cfg = MockConfig { depth: 256, null: true, ..MockConfig::default() };
-        let m = if storage_owned { MockStorage::stepped_thread_queue(cfg)? } else { MockStorage::stepped(cfg)? };
-        run_storage(&m, 10_000)?;
+        let volume = std::env::args().any(|a| a == "volume");
+        let bytes = std::env::args().find_map(|a| a.strip_prefix("bytes=").and_then(|b| b.parse().ok()));
+        let bytes: u64 = bytes.unwrap_or(4096);
+        let m = match (storage_owned, volume) {
+            (_, true) => MockStorage::stepped_thread_queue_volume(cfg)?,
+            (true, false) => MockStorage::stepped_thread_queue(cfg)?,
+            (false, false) => MockStorage::stepped(cfg)?,
+        };
+        run_storage(&m, 10_000, bytes)?;
         let t = Instant::now();
-        run_storage(&m, commands)?;
+        run_storage(&m, commands, bytes)?;
         let ns = t.elapsed().as_nanos() as f64 / commands as f64;
-        let mode = if storage_owned { "storage-owned" } else { "storage" };
-        println!("burst  1 ({mode}): {ns:>6.1} ns per 4 KiB read (Storage::read, device model included)");
+        let mode = match (storage_owned, volume) {
+            (_, true) => "storage-owned, 1-member volume",
+            (true, false) => "storage-owned",
+            (false, false) => "storage",
+        };
+        println!("burst  1 ({mode}): {ns:>6.1} ns per {} KiB read (Storage::read, device model included)", bytes >> 10);
         return Ok(());
     }
     let mut m = MockQueue::with(MockConfig { depth: 256, stepped: true, null: true, ..MockConfig::default() })?;

@@ -23,6 +23,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use ugds_uapi::ioctl::*;
 
+/// One entry per device (or namespace) a request touches: inline up to 4, so a volume of up to
+/// 4 members allocates nothing for its per-member lists; on the heap past that.
+pub(crate) type PerDevice<T> = smallvec::SmallVec<[T; 4]>;
+
 mod admin;
 mod control;
 pub(crate) mod lanes;

@@ -191,6 +191,12 @@ impl Storage {
         Self::new(ConcretePath::Direct(DirectPath { ns, dev: dev.clone() }))
     }
 
+    /// A striped volume over members already open (the cost benchmark's model).
+    #[cfg(any(test, feature = "test-utils"))]
+    pub(crate) fn over_volume(vol: VolumePath) -> Result<Arc<Storage>> {
+        Self::new(ConcretePath::Volume(vol))
+    }
+
     /// A file or block device (the fallback path).
     #[cfg(feature = "fallback")]
     pub fn file(f: FileTarget) -> Result<Arc<Storage>> {

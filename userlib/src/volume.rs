@@ -13,11 +13,12 @@
 use crate::buffer::{Buffer, Lease, Mem, Path};
 use crate::data_path::{within_capacity, DataPath, Registered};
 use crate::device::lanes::{self, Extent, Lane};
-use crate::device::{Device, DeviceOptions};
+use crate::device::{Device, DeviceOptions, PerDevice};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};
 use crate::gpu::GpuMemory;
 use crate::inflight::{settle, Failed, IoResult};
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 /// Default chunk: 128 KiB, as deployments striping NVMe for GPUs commonly use.
@@ -256,24 +257,34 @@ impl VolumePath {
             let ns = dev.namespace(spec.nsid)?;
             members.push(DirectPath { ns, dev });
         }
-        let bs = members[0].ns.block_size();
+        Self::over(members, spec.members.clone(), spec.chunk)
+    }
+
+    /// The volume striped over `members` (named `names`, in stripe order) in chunks of `chunk`
+    /// bytes; refused when the members' block sizes differ or a chunk exceeds the smallest.
+    pub(crate) fn over(members: Vec<DirectPath>, names: Vec<String>, chunk: u64) -> Result<VolumePath> {
+        let Some(first) = members.first() else { return Err(Error::invalid("volume", "no members")) };
+        if names.len() != members.len() {
+            return Err(Error::invalid("volume", format!("{} names for {} members", names.len(), members.len())));
+        }
+        let bs = first.ns.block_size();
         if let Some((i, p)) = members.iter().enumerate().find(|(_, p)| p.ns.block_size() != bs) {
             return Err(Error::invalid(
                 "volume",
                 format!(
                     "{} has {}-byte blocks, {} has {bs}-byte blocks: members must share a block size",
-                    spec.members[i],
+                    names[i],
                     p.ns.block_size(),
-                    spec.members[0]
+                    names[0]
                 ),
             ));
         }
         let smallest = members.iter().map(|p| p.ns.capacity()).min().unwrap_or(0);
-        let member_bytes = smallest / spec.chunk * spec.chunk;
+        let member_bytes = smallest / chunk * chunk;
         if member_bytes == 0 {
-            return Err(Error::invalid("chunk", format!("{} bytes exceed the smallest member", spec.chunk)));
+            return Err(Error::invalid("chunk", format!("{chunk} bytes exceed the smallest member")));
         }
-        Ok(VolumePath { members, names: spec.members.clone(), chunk: spec.chunk, member_bytes, block_size: bs })
+        Ok(VolumePath { members, names, chunk, member_bytes, block_size: bs })
     }
 
     /// The members, in stripe order.
@@ -378,27 +389,36 @@ impl DataPath for VolumePath {
         // queue busy at once (no thread per member), each lane's pieces in order. Pieces that
         // continue each other on the member and in the buffer (a one-member volume's) are one
         // extent, which the lane splits only at the member's largest command.
-        let mut per_member: Vec<Vec<Extent>> = vec![Vec::new(); self.members.len()];
-        for p in pieces(self.members.len(), self.chunk, file_offset, len) {
-            let (reg_offset, dev_offset) = (buf_offset + p.request_offset, p.member_offset);
-            let extents = &mut per_member[p.member];
-            match extents.last_mut() {
-                Some(e) if e.reg_offset + e.len == reg_offset && e.dev_offset + e.len == dev_offset => e.len += p.len,
-                _ => extents.push(Extent { reg_offset, dev_offset, len: p.len }),
+        // Every member's extents, member by member (`spans` says where each member's are): the
+        // lists are inline for requests of up to 16 extents on up to 4 members.
+        let n = self.members.len();
+        let mut extents: SmallVec<[Extent; 16]> = SmallVec::new();
+        let mut spans: PerDevice<(usize, std::ops::Range<usize>)> = PerDevice::new();
+        for m in 0..n {
+            let start = extents.len();
+            for p in pieces(n, self.chunk, file_offset, len).filter(|p| p.member == m) {
+                let (reg_offset, dev_offset) = (buf_offset + p.request_offset, p.member_offset);
+                match extents[start..].last_mut() {
+                    Some(e) if e.reg_offset + e.len == reg_offset && e.dev_offset + e.len == dev_offset => {
+                        e.len += p.len
+                    }
+                    _ => extents.push(Extent { reg_offset, dev_offset, len: p.len }),
+                }
+            }
+            if extents.len() > start {
+                spans.push((m, start..extents.len()));
             }
         }
-        let mut lanes = Vec::new();
-        let mut lane_member = Vec::new();
-        for (m, extents) in per_member.iter().enumerate().filter(|(_, e)| !e.is_empty()) {
-            let Some(reg) = buf.registration_on(m) else {
+        let mut lanes: PerDevice<Lane<'_>> = PerDevice::new();
+        for (m, span) in &spans {
+            let Some(reg) = buf.registration_on(*m) else {
                 return Err(Error::invalid("buf", "not registered on every member of the volume").into());
             };
-            lanes.push(Lane { ns: &self.members[m].ns, reg, extents });
-            lane_member.push(m);
+            lanes.push(Lane { ns: &self.members[*m].ns, reg, extents: &extents[span.clone()] });
         }
         // The first member's error; tokens of every member whose commands may still run.
         let mut first: Option<Failed> = None;
-        for (r, &m) in lanes::run(write, &lanes).into_iter().zip(&lane_member) {
+        for (r, &(m, _)) in lanes::run(write, &lanes).into_iter().zip(&spans) {
             let Err(f) = r else { continue };
             let (member, offset) = (self.names[m].clone(), f.dev_offset);
             let f = f.failure.map(|e| Error::Member { member, offset, source: Box::new(e) });
@@ -409,6 +429,8 @@ impl DataPath for VolumePath {
                 (Some(_), (_, None)) => {}
             }
         }
+        // The lanes borrow the buffer that `settle` takes back.
+        drop(lanes);
         settle(first.map_or(Ok(len), Err), lease)
     }
 

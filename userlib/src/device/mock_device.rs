@@ -101,7 +101,6 @@ pub(crate) fn mock_buffer(st: &Storage, dev: &Device, mock: &MockDevice) -> Resu
 /// A host buffer of `st` registered on every member of a volume over mocks (in member order):
 /// each registration names all of its mock's host memory, so what member `m` reads lands in
 /// mock `m`'s host memory at the buffer offset.
-#[cfg(test)]
 pub(crate) fn mock_volume_buffer(st: &Storage, members: &[(&Device, &MockDevice)]) -> Result<Buffer> {
     let regs: Vec<Registration> = members
         .iter()
@@ -158,6 +157,20 @@ impl MockStorage {
         let (dev, device, thread) = mock_device_with_thread_queues(cfg, 1, Duration::from_secs(5))?;
         let storage = Storage::direct(&dev, 1)?;
         let buffer = mock_buffer(&storage, &dev, &device)?;
+        thread.iter().for_each(MockDevice::step_on_idle_polls);
+        Ok(MockStorage { storage, buffer, device, _thread: thread })
+    }
+
+    /// [`MockStorage::stepped_thread_queue`] through a one-member striped volume (128 KiB
+    /// chunks) over the same kind of model: a request over several chunks takes the volume's
+    /// lanes, so the difference from the node is the volume layer's own cost.
+    pub fn stepped_thread_queue_volume(cfg: MockConfig) -> Result<Self> {
+        let cfg = MockConfig { stepped: true, ..cfg };
+        let (dev, device, thread) = mock_device_with_thread_queues(cfg, 1, Duration::from_secs(5))?;
+        let member = crate::direct::DirectPath { ns: dev.namespace(1)?, dev: dev.clone() };
+        let vol = crate::volume::VolumePath::over(vec![member], vec!["m0".into()], crate::volume::DEFAULT_CHUNK)?;
+        let storage = Storage::over_volume(vol)?;
+        let buffer = mock_volume_buffer(&storage, &[(&dev, &device)])?;
         thread.iter().for_each(MockDevice::step_on_idle_polls);
         Ok(MockStorage { storage, buffer, device, _thread: thread })
     }

@@ -16,6 +16,7 @@
 //! into the child are never used (every request checks the fork generation first) and name
 //! nothing of the parent's device.
 
+use super::PerDevice;
 use crate::error::Result;
 use crate::queue::{ClaimableQueue, Held, QueuePair, RingsClaim};
 use std::cell::RefCell;
@@ -146,7 +147,7 @@ pub(super) fn with_own<R>(
 pub(super) fn with_own_each<R>(
     sets: &[&Arc<ThreadQueues>],
     create: impl Fn(usize) -> Result<QueuePair>,
-    f: impl FnOnce(Vec<Option<Held<'_>>>) -> R,
+    f: impl FnOnce(PerDevice<Option<Held<'_>>>) -> R,
 ) -> Option<R> {
     CLAIMS
         .try_with(|claims| {
@@ -160,13 +161,13 @@ pub(super) fn with_own_each<R>(
             }
             // The claim each set's queue is held by; a set named twice is held once (the second
             // lane shares, and the lane driver refuses two lanes on one controller anyway).
-            let mut at: Vec<Option<usize>> = Vec::with_capacity(sets.len());
+            let mut at: PerDevice<Option<usize>> = PerDevice::with_capacity(sets.len());
             for (k, set) in sets.iter().enumerate() {
                 let i = if set.slots.is_empty() { None } else { claim_in(&mut claims, set, || create(k)) };
                 at.push(i.filter(|i| !at.contains(&Some(*i))));
             }
             // Disjoint borrows of the claims, in the sets' order.
-            let mut mine: Vec<Option<&mut Claim>> = sets.iter().map(|_| None).collect();
+            let mut mine: PerDevice<Option<&mut Claim>> = sets.iter().map(|_| None).collect();
             for (i, c) in claims.iter_mut().enumerate() {
                 if let Some(k) = at.iter().position(|&a| a == Some(i)) {
                     mine[k] = Some(c);
