@@ -15,9 +15,10 @@
 //! on this thread each time the read's wait finds nothing (burst is 1), through the device's
 //! shared queue (what a thread gets when the controller has no queue to spare);
 //! `storage-owned` the same through the thread's own queue (claimed by its first read).
-//! `volume` (with `storage-owned`) reads through a one-member striped volume (128 KiB chunks) on
-//! the same model instead, and `bytes=N` sets the read's size: `bytes=262144` crosses a chunk,
-//! so the volume's request runs as a lane where the node's is one command.
+//! `volume` (with `storage-owned`) reads through a striped volume (128 KiB chunks) of
+//! `members=N` members (default 1), each on a model of its own, instead; `bytes=N` sets the
+//! read's size. With `members=2 bytes=262144` every read covers one chunk of each member: the
+//! volume's lanes, one command each.
 //!
 //! `batch` measures a `StorageBatch` of BURST entries kept full as `ugds bench --iodepth` keeps
 //! it (wait for at least one event, submit a new read for each), on the model's queue pair, the
@@ -159,8 +160,10 @@ fn main() -> ugds::Result<()> {
         let volume = std::env::args().any(|a| a == "volume");
         let bytes = std::env::args().find_map(|a| a.strip_prefix("bytes=").and_then(|b| b.parse().ok()));
         let bytes: u64 = bytes.unwrap_or(4096);
+        let members = std::env::args().find_map(|a| a.strip_prefix("members=").and_then(|b| b.parse().ok()));
+        let members: usize = members.unwrap_or(1);
         let m = match (storage_owned, volume) {
-            (_, true) => MockStorage::stepped_thread_queue_volume(cfg)?,
+            (_, true) => MockStorage::stepped_thread_queue_volume(cfg, members)?,
             (true, false) => MockStorage::stepped_thread_queue(cfg)?,
             (false, false) => MockStorage::stepped(cfg)?,
         };
@@ -169,9 +172,9 @@ fn main() -> ugds::Result<()> {
         run_storage(&m, commands, bytes)?;
         let ns = t.elapsed().as_nanos() as f64 / commands as f64;
         let mode = match (storage_owned, volume) {
-            (_, true) => "storage-owned, 1-member volume",
-            (true, false) => "storage-owned",
-            (false, false) => "storage",
+            (_, true) => format!("storage-owned, {members}-member volume"),
+            (true, false) => "storage-owned".into(),
+            (false, false) => "storage".into(),
         };
         println!("burst  1 ({mode}): {ns:>6.1} ns per {} KiB read (Storage::read, device model included)", bytes >> 10);
         return Ok(());

@@ -161,18 +161,31 @@ impl MockStorage {
         Ok(MockStorage { storage, buffer, device, _thread: thread })
     }
 
-    /// [`MockStorage::stepped_thread_queue`] through a one-member striped volume (128 KiB
-    /// chunks) over the same kind of model: a request over several chunks takes the volume's
-    /// lanes, so the difference from the node is the volume layer's own cost.
-    pub fn stepped_thread_queue_volume(cfg: MockConfig) -> Result<Self> {
+    /// [`MockStorage::stepped_thread_queue`] through a striped volume of `members` members
+    /// (128 KiB chunks), each over a model of its own, all stepped on the caller's idle polls: a
+    /// request over chunks of several members takes the volume's lanes (one of a one-member
+    /// volume is its member's request).
+    pub fn stepped_thread_queue_volume(cfg: MockConfig, members: usize) -> Result<Self> {
         let cfg = MockConfig { stepped: true, ..cfg };
-        let (dev, device, thread) = mock_device_with_thread_queues(cfg, 1, Duration::from_secs(5))?;
-        let member = crate::direct::DirectPath { ns: dev.namespace(1)?, dev: dev.clone() };
-        let vol = crate::volume::VolumePath::over(vec![member], vec!["m0".into()], crate::volume::DEFAULT_CHUNK)?;
+        let (mut paths, mut names, mut devices, mut threads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for m in 0..members {
+            let (dev, device, thread) = mock_device_with_thread_queues(cfg.clone(), 1, Duration::from_secs(5))?;
+            paths.push(crate::direct::DirectPath { ns: dev.namespace(1)?, dev });
+            names.push(format!("m{m}"));
+            devices.push(device);
+            threads.extend(thread);
+        }
+        let vol = crate::volume::VolumePath::over(paths, names, crate::volume::DEFAULT_CHUNK)?;
+        let devs: Vec<Device> = vol.members().iter().map(|p| p.dev.clone()).collect();
         let storage = Storage::over_volume(vol)?;
-        let buffer = mock_volume_buffer(&storage, &[(&dev, &device)])?;
-        thread.iter().for_each(MockDevice::step_on_idle_polls);
-        Ok(MockStorage { storage, buffer, device, _thread: thread })
+        let pairs: Vec<(&Device, &MockDevice)> = devs.iter().zip(&devices).collect();
+        let buffer = mock_volume_buffer(&storage, &pairs)?;
+        crate::mock::stop_stepping_on_idle_polls();
+        threads.iter().for_each(MockDevice::also_step_on_idle_polls);
+        let mut devices = devices.into_iter();
+        let device = devices.next().ok_or_else(|| crate::Error::invalid("members", "none"))?;
+        threads.extend(devices);
+        Ok(MockStorage { storage, buffer, device, _thread: threads })
     }
 }
 

@@ -93,17 +93,18 @@ fn a_stepped_mock_storage_answers_on_the_readers_thread() {
     });
 }
 
-/// A synchronous request over two chunks of a one-member volume (the volume's lanes) allocates
-/// nothing once the thread holds its queue, as a node's request does: the per-member and
-/// per-command lists are inline. Each such request made 14 allocations when they were vectors:
-/// about 2600 of its instructions (the cost benchmark's `storage-owned volume bytes=262144`).
+/// A synchronous request over chunks of two members (the volume's lanes) allocates nothing once
+/// the thread holds its queues, as a node's request does: the per-member and per-command lists
+/// are inline. With vectors, such a request over two chunks of a one-member volume made 14
+/// allocations, about 2600 of its instructions (the cost benchmark's `storage-owned volume
+/// bytes=262144`).
 #[test]
 fn a_volume_request_over_chunks_allocates_nothing() {
     use super::mock_device::MockStorage;
     use crate::alloc_count::allocations_in;
     std::thread::scope(|s| {
         s.spawn(|| {
-            let m = MockStorage::stepped_thread_queue_volume(MockConfig::default()).unwrap();
+            let m = MockStorage::stepped_thread_queue_volume(MockConfig::default(), 2).unwrap();
             let chunk = crate::volume::DEFAULT_CHUNK;
             // The first claims the thread's queue.
             assert_eq!(m.storage.read(&m.buffer, 0, chunk / 2, 2 * chunk).unwrap(), 2 * chunk);

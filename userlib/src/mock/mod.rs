@@ -221,8 +221,8 @@ pub(crate) struct MockDevice {
 }
 
 thread_local! {
-    /// The model a stepped mock's waits run on this thread (see [`MockDevice::step_on_idle_polls`]).
-    static STEP_ON_IDLE: std::cell::RefCell<Option<Arc<Mutex<Model>>>> = const { std::cell::RefCell::new(None) };
+    /// The models a stepped mock's waits run on this thread (see [`MockDevice::step_on_idle_polls`]).
+    static STEP_ON_IDLE: std::cell::RefCell<Vec<Arc<Mutex<Model>>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Runs the model registered for this thread, if any: called by a wait each time its poll found
@@ -230,8 +230,8 @@ thread_local! {
 /// caller's thread.
 #[inline]
 pub(crate) fn on_idle_poll() {
-    STEP_ON_IDLE.with(|m| {
-        if let Some(m) = &*m.borrow() {
+    STEP_ON_IDLE.with(|models| {
+        for m in models.borrow().iter() {
             step_model(m);
         }
     });
@@ -247,7 +247,7 @@ fn step_model(m: &Mutex<Model>) -> usize {
 /// Whether a model runs on this thread's idle polls.
 #[cfg(test)]
 pub(crate) fn stepping_on_idle_polls() -> bool {
-    STEP_ON_IDLE.with(|m| m.borrow().is_some())
+    STEP_ON_IDLE.with(|m| !m.borrow().is_empty())
 }
 
 /// Sets or clears `model`'s status page's faulted flag.
@@ -260,7 +260,7 @@ fn set_faulted(model: &Mutex<Model>, on: bool) {
 
 /// Stops running a model on this thread's idle polls.
 pub(crate) fn stop_stepping_on_idle_polls() {
-    STEP_ON_IDLE.with(|m| *m.borrow_mut() = None);
+    STEP_ON_IDLE.with(|m| m.borrow_mut().clear());
 }
 
 impl MockDevice {
@@ -273,7 +273,13 @@ impl MockDevice {
     /// From now on, every wait of this thread that polls and finds nothing steps this (stepped)
     /// model once.
     pub(crate) fn step_on_idle_polls(&self) {
-        STEP_ON_IDLE.with(|m| *m.borrow_mut() = Some(self.model.clone()));
+        STEP_ON_IDLE.with(|m| *m.borrow_mut() = vec![self.model.clone()]);
+    }
+
+    /// [`MockDevice::step_on_idle_polls`], besides the models stepped already (a volume's
+    /// members, each stepped once per idle poll).
+    pub(crate) fn also_step_on_idle_polls(&self) {
+        STEP_ON_IDLE.with(|m| m.borrow_mut().push(self.model.clone()));
     }
 
     /// The DMA segments of the mock's host memory.
