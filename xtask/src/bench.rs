@@ -221,8 +221,7 @@ pub fn run(
                       "repeats": repeats, "noisy_above": repeats::NOISY, "guest_hugepages_2m": HUGEPAGES });
     if spdk {
         all["spdk"] = json!({ "version": crate::spdk::VERSION, "dpdk": toolchain::output(Command::new("pkg-config").args(["--modversion", "libdpdk"]))?,
-                              "driver": "uio_pci_generic", "options": "-c 0x1 -L (one core, latency summary)",
-                              "hugepages_2m": HUGEPAGES });
+                              "driver": "uio_pci_generic", "options": "-c 0x1 -L (one core, latency summary)" });
     }
     if let Some(b) = &baseline {
         all["baseline_cli"] = json!(b.display().to_string());
