@@ -82,9 +82,8 @@ fn run(m: &mut MockQueue, burst: usize, commands: usize, owned: bool) -> ugds::R
     Ok(())
 }
 
-/// `commands` synchronous 4 KiB reads through `Storage::read`, at rotating offsets.
 /// `commands` synchronous reads of `bytes` each, at offsets that cycle through at most 64 of
-/// them (as many as fit the buffer, which spans the namespace).
+/// them (as many as fit the buffer, which spans the namespace), through `Storage::read`.
 fn run_storage(m: &MockStorage, commands: usize, bytes: u64) -> ugds::Result<()> {
     let places = (m.buffer.len() as u64 / bytes).clamp(1, 64);
     for k in 0..commands as u64 {

@@ -128,8 +128,9 @@ pub struct MockStorage {
     /// A buffer registered on it, over all of the mock's host memory.
     pub buffer: Buffer,
     device: MockDevice,
-    /// The per-thread queue's device, when there is one (it is the one stepped).
-    _thread: Vec<MockDevice>,
+    /// The other models it runs on, kept alive with it: the per-thread queues' (the ones
+    /// stepped) and a volume's further members'.
+    _kept: Vec<MockDevice>,
 }
 
 impl std::fmt::Debug for MockStorage {
@@ -146,7 +147,7 @@ impl MockStorage {
         let storage = Storage::direct(&dev, 1)?;
         let buffer = mock_buffer(&storage, &dev, &device)?;
         device.step_on_idle_polls();
-        Ok(MockStorage { storage, buffer, device, _thread: Vec::new() })
+        Ok(MockStorage { storage, buffer, device, _kept: Vec::new() })
     }
 
     /// [`MockStorage::stepped`] whose device has one per-thread queue (over a mock of its own,
@@ -158,7 +159,7 @@ impl MockStorage {
         let storage = Storage::direct(&dev, 1)?;
         let buffer = mock_buffer(&storage, &dev, &device)?;
         thread.iter().for_each(MockDevice::step_on_idle_polls);
-        Ok(MockStorage { storage, buffer, device, _thread: thread })
+        Ok(MockStorage { storage, buffer, device, _kept: thread })
     }
 
     /// [`MockStorage::stepped_thread_queue`] through a striped volume of `members` members
@@ -167,25 +168,25 @@ impl MockStorage {
     /// volume is its member's request).
     pub fn stepped_thread_queue_volume(cfg: MockConfig, members: usize) -> Result<Self> {
         let cfg = MockConfig { stepped: true, ..cfg };
-        let (mut paths, mut names, mut devices, mut threads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut paths, mut names, mut pairs, mut threads) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for m in 0..members {
             let (dev, device, thread) = mock_device_with_thread_queues(cfg.clone(), 1, Duration::from_secs(5))?;
-            paths.push(crate::direct::DirectPath { ns: dev.namespace(1)?, dev });
+            paths.push(crate::direct::DirectPath { ns: dev.namespace(1)?, dev: dev.clone() });
             names.push(format!("m{m}"));
-            devices.push(device);
+            pairs.push((dev, device));
             threads.extend(thread);
         }
         let vol = crate::volume::VolumePath::over(paths, names, crate::volume::DEFAULT_CHUNK)?;
-        let devs: Vec<Device> = vol.members().iter().map(|p| p.dev.clone()).collect();
         let storage = Storage::over_volume(vol)?;
-        let pairs: Vec<(&Device, &MockDevice)> = devs.iter().zip(&devices).collect();
-        let buffer = mock_volume_buffer(&storage, &pairs)?;
+        let regs: Vec<(&Device, &MockDevice)> = pairs.iter().map(|(d, m)| (d, m)).collect();
+        let buffer = mock_volume_buffer(&storage, &regs)?;
         crate::mock::stop_stepping_on_idle_polls();
         threads.iter().for_each(MockDevice::also_step_on_idle_polls);
-        let mut devices = devices.into_iter();
-        let device = devices.next().ok_or_else(|| crate::Error::invalid("members", "none"))?;
-        threads.extend(devices);
-        Ok(MockStorage { storage, buffer, device, _thread: threads })
+        // `over` refused an empty volume: there is a first member.
+        let mut members = pairs.into_iter().map(|(_, m)| m);
+        let device = members.next().ok_or_else(|| crate::Error::invalid("members", "none"))?;
+        threads.extend(members);
+        Ok(MockStorage { storage, buffer, device, _kept: threads })
     }
 }
 
