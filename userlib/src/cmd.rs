@@ -12,7 +12,7 @@
 //! (`allow(dead_code)` outside those builds), as is the rest of the engine's test surface.
 
 use crate::mem::QueueMemory;
-use crate::prp::{self, PrpError, LIST_ENTRIES, PAGE};
+use crate::prp::{self, OneRange, PrpError, Walk, LIST_ENTRIES, PAGE};
 use crate::ring::sq::SqSlot;
 use crate::sgl::{self, Alignment, DataPointers};
 use ugds_uapi::ioctl::Segment;
@@ -28,6 +28,27 @@ pub struct DmaRange<'a> {
     /// The controller epoch the segments are known valid in (a dma-buf its exporter may
     /// revoke); `None`: valid for as long as the registration lives.
     epoch: Option<u64>,
+    /// Further pieces the range gathers after its first (none: one range from `off`).
+    gather: Gather<'a>,
+}
+
+/// Bytes between a registration and a namespace: one piece of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Byte offset in the registration.
+    pub(crate) reg_offset: u64,
+    /// Byte offset on the namespace.
+    pub(crate) dev_offset: u64,
+    /// Bytes (a multiple of the block size; checked by `Storage`).
+    pub(crate) len: u64,
+}
+
+/// The pieces a gathered [`DmaRange`] moves: `extents`' buffer ranges in order, from `skip`
+/// bytes into the first; `skip` past the first is at the range's `off` in its segments.
+#[derive(Debug, Clone, Copy, Default)]
+struct Gather<'a> {
+    extents: &'a [Extent],
+    skip: u64,
 }
 
 impl<'a> DmaRange<'a> {
@@ -43,7 +64,37 @@ impl<'a> DmaRange<'a> {
     /// - `len` is exactly the command's transfer length (its blocks times the block size), so
     ///   the device moves no byte outside the range.
     pub unsafe fn new(segs: &'a [Segment], off: u64, len: u64) -> Self {
-        DmaRange { segs, off, len, epoch: None }
+        DmaRange { segs, off, len, epoch: None, gather: Gather::default() }
+    }
+
+    /// `len` bytes gathered from the buffer ranges of `extents`, in order, from `skip` bytes
+    /// into the first (byte `off` of the memory `segs` map; every extent's `reg_offset` is
+    /// taken relative to that) as far as `len` reaches. One command then moves a namespace's
+    /// run of blocks from or to pieces that lie apart in the buffer (a striped volume member's
+    /// chunks). A piece outside `segs` makes the command fail when it is written.
+    ///
+    /// # Safety
+    ///
+    /// As [`DmaRange::new`], for every byte of every piece (up to `len` bytes in all), and
+    /// `len` is exactly the command's transfer length.
+    pub(crate) unsafe fn gather(segs: &'a [Segment], off: u64, extents: &'a [Extent], skip: u64, len: u64) -> Self {
+        DmaRange { segs, off, len, epoch: None, gather: Gather { extents, skip } }
+    }
+
+    /// Whether it gathers several pieces.
+    #[inline(always)]
+    fn gathers(&self) -> bool {
+        self.gather.extents.len() > 1
+    }
+
+    /// Its bytes piece by piece, as the data pointer builders walk them.
+    fn pieces(&self) -> Pieces<'a> {
+        let Gather { extents, skip } = self.gather;
+        let first = (self.off, extents.first().map_or(0, |e| e.len.saturating_sub(skip)));
+        // A registration offset less `base` is an offset in `segs`; a first extent that does
+        // not lead to `off` (none of the library's) names no byte: `base` past every extent.
+        let base = extents.first().and_then(|e| (e.reg_offset + skip).checked_sub(self.off)).unwrap_or(u64::MAX);
+        Pieces { segs: self.segs, cur: (0, 0), first, rest: extents.get(1..).unwrap_or(&[]), base, at: (0, 0, first) }
     }
 
     /// The segments it is walked in and its offset into the first of them (tests).
@@ -57,6 +108,38 @@ impl<'a> DmaRange<'a> {
     /// epoch than its own ([`Command::valid_in`]).
     pub(crate) fn only_in(self, epoch: u64) -> Self {
         DmaRange { epoch: Some(epoch), ..self }
+    }
+}
+
+/// A gathered [`DmaRange`]'s bytes on the bus, piece by piece.
+struct Pieces<'a> {
+    segs: &'a [Segment],
+    cur: (usize, u64),
+    /// The first piece: its offset relative to `segs`, its bytes.
+    first: (u64, u64),
+    rest: &'a [Extent],
+    base: u64,
+    /// Where the last position asked for was: the index of the next piece of `rest`, the
+    /// transfer byte where the current piece starts, and its offset and bytes.
+    at: (usize, u64, (u64, u64)),
+}
+
+impl Walk for Pieces<'_> {
+    fn at(&mut self, pos: u64) -> Option<(u64, u64)> {
+        if pos < self.at.1 {
+            // Asked backwards (the builders do not): from the first piece again.
+            self.at = (0, 0, self.first);
+        }
+        loop {
+            let (next, start, (off, len)) = self.at;
+            let within = pos - start;
+            if within < len {
+                let (addr, contig) = prp::locate(self.segs, off.checked_add(within)?, &mut self.cur)?;
+                return Some((addr, contig.min(len - within)));
+            }
+            let e = self.rest.get(next)?;
+            self.at = (next + 1, start + len, (e.reg_offset.checked_sub(self.base)?, e.len));
+        }
     }
 }
 
@@ -275,7 +358,7 @@ impl<'a> Command<'a> {
         page: &ListPage<'_, P>,
         policy: DptrPolicy,
     ) -> Result<([u64; 2], Dptr), PrpError> {
-        match self.data {
+        match &self.data {
             Data::None => Ok(([0, 0], Dptr::Other)),
             Data::Prp(r) => {
                 let Some(align) = policy.sgl else { return prps(r, page) };
@@ -322,25 +405,44 @@ impl<'a> Command<'a> {
 
 /// PRP1 and PRP2 of `r`, the list (if any) written to `page`.
 #[inline(always)]
-fn prps<P: QueueMemory + ?Sized>(r: DmaRange<'_>, page: &ListPage<'_, P>) -> Result<([u64; 2], Dptr), PrpError> {
-    let p =
-        prp::build_with(r.segs, r.off, r.len, page.bus, LIST_ENTRIES, |i, a| page.mem.store64(page.off + 8 * i, a))?;
+fn prps<P: QueueMemory + ?Sized>(r: &DmaRange<'_>, page: &ListPage<'_, P>) -> Result<([u64; 2], Dptr), PrpError> {
+    if r.gathers() {
+        return gathered_prps(r, page);
+    }
+    let sink = |i, a| page.mem.store64(page.off + 8 * i, a);
+    let p = prp::build_with(OneRange::new(r.segs, r.off), r.len, page.bus, LIST_ENTRIES, sink)?;
+    Ok(([p.prp1, p.prp2], Dptr::Prp))
+}
+
+/// [`prps`] of a gathered range, out of line: the one-range case stays short.
+#[inline(never)]
+fn gathered_prps<P: QueueMemory + ?Sized>(
+    r: &DmaRange<'_>,
+    page: &ListPage<'_, P>,
+) -> Result<([u64; 2], Dptr), PrpError> {
+    let sink = |i, a| page.mem.store64(page.off + 8 * i, a);
+    let p = prp::build_with(r.pieces(), r.len, page.bus, LIST_ENTRIES, sink)?;
     Ok(([p.prp1, p.prp2], Dptr::Prp))
 }
 
 /// SGL1 of `r` with at most `budget` data blocks, the segment (if any) written to `page`.
 #[inline]
 fn sgls<P: QueueMemory + ?Sized>(
-    r: DmaRange<'_>,
+    r: &DmaRange<'_>,
     page: &ListPage<'_, P>,
     align: Alignment,
     budget: usize,
 ) -> Result<([u64; 2], Dptr), PrpError> {
-    let s = sgl::build_with(r.segs, r.off, r.len, &[page.bus], align, budget, |i, d| {
+    let sink = |i, d: sgl::Desc| {
         let [a, b] = d.qwords();
         page.mem.store64(page.off + sgl::DESC_BYTES * i, a);
         page.mem.store64(page.off + sgl::DESC_BYTES * i + 8, b);
-    })?;
+    };
+    let s = if !r.gathers() {
+        sgl::build_with(OneRange::new(r.segs, r.off), r.len, &[page.bus], align, budget, sink)?
+    } else {
+        sgl::build_with(r.pieces(), r.len, &[page.bus], align, budget, sink)?
+    };
     Ok((s.sgl1.qwords(), if s.blocks > 1 { Dptr::SglList } else { Dptr::Sgl }))
 }
 
@@ -605,6 +707,99 @@ mod tests {
         assert_eq!(encode_with(&Read::new(0, 3, range(0, 12288)).build(), auto).unwrap().2, Dptr::Sgl);
         // No data: no data pointer to choose.
         assert_eq!(encode_with(&Flush::new().build(), sgl).unwrap().2, Dptr::Other);
+    }
+
+    /// A gathered range's data pointer names its pieces in order, each as far as the range's
+    /// length reaches, whether as PRPs (interior boundaries on pages) or as an SGL's blocks.
+    #[test]
+    fn a_gathered_range_names_its_pieces_in_order() {
+        let ext = |reg_offset, len| Extent { reg_offset, dev_offset: 0, len };
+        // The segments start at byte 1 MiB of the registration (`BASE`).
+        const BASE: u64 = 1 << 20;
+        fn r(first: u64, rest: &[Extent], len: u64) -> DmaRange<'static> {
+            let mut extents = vec![Extent { reg_offset: BASE - 0x1000, dev_offset: 0, len: 0x1000 + first }];
+            extents.extend_from_slice(rest);
+            // SAFETY: never handed to a device, only encoded into test memory.
+            unsafe { DmaRange::gather(&SEGS, 0, extents.leak(), 0x1000, len) }
+        }
+        let rest = &[ext(BASE + 0x8000, 0x2000), ext(BASE + 0x1_0000, 0x2000)];
+        let prp = DptrPolicy::PRP_ONLY;
+        let (got, pool, kind) = encode_with(&Read::new(0, 6, r(0x2000, rest, 0x6000)).build(), prp).unwrap();
+        assert_eq!((kind, got[6], got[8]), (Dptr::Prp, 0x10_0000, 0xAB000));
+        let list: Vec<u64> = (0..5).map(|i| pool.load64(8 * i)).collect();
+        assert_eq!(list, [0x10_1000, 0x10_8000, 0x10_9000, 0x11_0000, 0x11_1000]);
+        // The length ends inside the last piece.
+        let (_, pool, _) = encode_with(&Read::new(0, 5, r(0x2000, rest, 0x5000)).build(), prp).unwrap();
+        assert_eq!((pool.load64(24), pool.load64(32)), (0x11_0000, 0));
+        // As an SGL: one data block per piece.
+        let sgl = DptrPolicy::new(DataPointers::SglPreferred, 1);
+        let (got, pool, kind) = encode_with(&Write::new(0, 6, r(0x2000, rest, 0x6000)).build(), sgl).unwrap();
+        assert_eq!((kind, got[6], got[8]), (Dptr::SglList, 0xAB000, 48));
+        let blocks: Vec<(u64, u64)> = (0..3).map(|i| (pool.load64(16 * i), pool.load64(16 * i + 8))).collect();
+        assert_eq!(blocks, [(0x10_0000, 0x2000), (0x10_8000, 0x2000), (0x11_0000, 0x2000)]);
+        // A jump inside a page: no PRPs can name it; an SGL can.
+        let odd = r(0x1800, rest, 0x3800);
+        assert_eq!(encode_with(&Read::new(0, 7, odd).build(), prp).unwrap_err(), PrpError::Discontiguous);
+        assert_eq!(encode_with(&Read::new(0, 7, odd).build(), sgl).unwrap().2, Dptr::SglList);
+        // Pieces that do not reach the length, lie before the segments or past them: refused.
+        assert_eq!(
+            encode_with(&Read::new(0, 7, r(0x2000, rest, 0x7000)).build(), prp).unwrap_err(),
+            PrpError::OutOfRange
+        );
+        let before = &[ext(BASE - 0x1000, 0x1000)];
+        assert_eq!(
+            encode_with(&Read::new(0, 2, r(0x1000, before, 0x2000)).build(), sgl).unwrap_err(),
+            PrpError::OutOfRange
+        );
+        let past = &[ext(BASE + (1 << 20), 0x1000)];
+        assert_eq!(
+            encode_with(&Read::new(0, 2, r(0x1000, past, 0x2000)).build(), prp).unwrap_err(),
+            PrpError::OutOfRange
+        );
+    }
+
+    proptest::proptest! {
+        /// For any pieces (whole pages at page offsets, in order, of scattered segments) and any
+        /// length they reach, a gathered range's PRPs name the bus page of every page of every
+        /// piece, in order, and nothing else.
+        #[test]
+        fn gathered_prps_name_every_page_of_every_piece(
+            pieces in proptest::collection::vec((0u64..4, 1u64..6), 1..6),
+            short in 0u64..4,
+        ) {
+            // 64 scattered pages.
+            let segs: Vec<Segment> =
+                (0..64u64).map(|i| Segment { dma_addr: 0x100_0000 + ((i * 37) % 64) * PAGE, len: PAGE }).collect();
+            let segs = &segs[..];
+            let (mut at, mut ranges) = (0u64, Vec::new());
+            for (gap, pages) in pieces {
+                ranges.push((at + gap * PAGE, pages * PAGE));
+                at += (gap + pages) * PAGE;
+            }
+            let total: u64 = ranges.iter().map(|r| r.1).sum();
+            let len = total - (short * PAGE).min(total - PAGE);
+            let extents: Vec<Extent> = ranges.iter().map(|&(o, l)| Extent { reg_offset: o, dev_offset: 0, len: l }).collect();
+            // SAFETY: never handed to a device, only encoded into test memory.
+            let r = unsafe { DmaRange::gather(segs, ranges[0].0, &extents, 0, len) };
+            let c = Read::new(0, (len / PAGE) as u32, r).build();
+            let (got, pool, _) = encode_with(&c, DptrPolicy::PRP_ONLY).unwrap();
+            let want: Vec<u64> = ranges
+                .iter()
+                .flat_map(|&(o, l)| (0..l / PAGE).map(move |p| segs[((o / PAGE) + p) as usize].dma_addr))
+                .take((len / PAGE) as usize)
+                .collect();
+            let mut named = vec![got[6] as u64 | (got[7] as u64) << 32];
+            let prp2 = got[8] as u64 | (got[9] as u64) << 32;
+            match want.len() {
+                1 => proptest::prop_assert_eq!(prp2, 0),
+                2 => named.push(prp2),
+                n => {
+                    proptest::prop_assert_eq!(prp2, 0xAB000);
+                    named.extend((0..n - 1).map(|i| pool.load64(8 * i)));
+                }
+            }
+            proptest::prop_assert_eq!(named, want);
+        }
     }
 
     #[test]

@@ -60,24 +60,56 @@ pub(crate) fn locate(segs: &[Segment], off: u64, cursor: &mut (usize, u64)) -> O
     None
 }
 
+/// Where the bytes of one transfer lie on the bus. The builders ask for positions of the
+/// transfer (0 is its first byte) in increasing order.
+pub trait Walk {
+    /// The bus address of byte `pos` of the transfer and how many bytes from there are
+    /// contiguous on the bus within the same piece of memory; `None` past the memory.
+    fn at(&mut self, pos: u64) -> Option<(u64, u64)>;
+}
+
+/// A transfer over one range of a registration: its bytes from `off` on, of the memory `segs`
+/// map.
+#[derive(Debug, Clone)]
+pub struct OneRange<'a> {
+    segs: &'a [Segment],
+    off: u64,
+    cur: (usize, u64),
+}
+
+impl<'a> OneRange<'a> {
+    /// The transfer starting at byte `off` of the memory `segs` map.
+    #[inline(always)]
+    pub fn new(segs: &'a [Segment], off: u64) -> Self {
+        OneRange { segs, off, cur: (0, 0) }
+    }
+}
+
+impl Walk for OneRange<'_> {
+    #[inline(always)]
+    fn at(&mut self, pos: u64) -> Option<(u64, u64)> {
+        locate(self.segs, self.off.checked_add(pos)?, &mut self.cur)
+    }
+}
+
 /// Builds PRPs for `[off, off + len)` of a registration made of `segs`. `list` receives the
 /// list entries (it must hold [`LIST_ENTRIES`]); `list_bus` is the list page's bus address.
 #[cfg(test)]
 pub fn build(segs: &[Segment], off: u64, len: u64, list: &mut [u64], list_bus: u64) -> Result<Prps, PrpError> {
     let cap = list.len().min(LIST_ENTRIES);
-    build_with(segs, off, len, list_bus, cap, |i, a| list[i] = a)
+    build_with(OneRange::new(segs, off), len, list_bus, cap, |i, a| list[i] = a)
 }
 
-/// Like [`build`], but hands each list entry `(index, bus address)` to `sink` (the data path
-/// writes them straight into the command's PRP page, with no intermediate buffer). At most
-/// `cap` entries are produced. On error, entries already handed out are garbage to ignore.
+/// Builds PRPs for the `len` bytes `walk` finds, handing each list entry `(index, bus address)`
+/// to `sink` (the data path writes them straight into the command's PRP page, with no
+/// intermediate buffer). At most `cap` entries are produced. On error, entries already handed
+/// out are garbage to ignore.
 ///
 /// The one- or two-page case (the common small transfer) is inlined into the caller; only a
 /// list is built out of line.
 #[inline(always)]
-pub fn build_with(
-    segs: &[Segment],
-    off: u64,
+pub fn build_with<W: Walk>(
+    mut walk: W,
     len: u64,
     list_bus: u64,
     cap: usize,
@@ -86,11 +118,8 @@ pub fn build_with(
     if len == 0 {
         return Err(PrpError::Empty);
     }
-    if !off.is_multiple_of(4) {
-        return Err(PrpError::Unaligned);
-    }
-    let mut cur = (0usize, 0u64);
-    let (first, contig) = locate(segs, off, &mut cur).ok_or(PrpError::OutOfRange)?;
+    let (first, contig) = walk.at(0).ok_or(PrpError::OutOfRange)?;
+    // PRP1's low two bits must be zero.
     if first % 4 != 0 {
         return Err(PrpError::Unaligned);
     }
@@ -99,34 +128,31 @@ pub fn build_with(
     if contig < head {
         return Err(PrpError::Discontiguous);
     }
-    // One or two pages inside one segment: PRP1 and PRP2 directly, no list. The second page
-    // starts right after PRP1's page, in bus memory too.
+    // One or two pages inside one contiguous run: PRP1 and PRP2 directly, no list. The second
+    // page starts right after PRP1's page, in bus memory too.
     if len - head <= PAGE && contig >= len {
         let prp2 = if len == head { 0 } else { first + head };
         return Ok(Prps { prp1: first, prp2, list_len: 0 });
     }
-    build_list(segs, (off, len), (first, head), cur, list_bus, cap, sink)
+    build_list(walk, len, (first, head), list_bus, cap, sink)
 }
 
-/// The rest of [`build_with`]: the pages after PRP1's (`head` bytes from bus address `first`),
-/// walked from the segment `cur` found.
+/// The rest of [`build_with`]: the pages after PRP1's (`head` bytes from bus address `first`).
 #[inline(never)]
-fn build_list(
-    segs: &[Segment],
-    (off, len): (u64, u64),
+fn build_list<W: Walk>(
+    mut walk: W,
+    len: u64,
     (first, head): (u64, u64),
-    mut cur: (usize, u64),
     list_bus: u64,
     cap: usize,
     mut sink: impl FnMut(usize, u64),
 ) -> Result<Prps, PrpError> {
-    let end = off.checked_add(len).ok_or(PrpError::OutOfRange)?;
-    let mut pos = off + head;
+    let mut pos = head;
     let mut pages = 0usize;
     let mut second = 0u64;
-    while pos < end {
-        let (addr, contig) = locate(segs, pos, &mut cur).ok_or(PrpError::OutOfRange)?;
-        let chunk = PAGE.min(end - pos);
+    while pos < len {
+        let (addr, contig) = walk.at(pos).ok_or(PrpError::OutOfRange)?;
+        let chunk = PAGE.min(len - pos);
         if addr % PAGE != 0 || contig < chunk {
             return Err(PrpError::Discontiguous);
         }

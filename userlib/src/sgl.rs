@@ -10,8 +10,7 @@
 //! Segment descriptor and holds data blocks only. Compared with PRPs, a contiguous 2 MiB run
 //! costs one 16-byte descriptor instead of a 4 KiB list, and a segment boundary may fall anywhere.
 
-use crate::prp::{locate, PrpError, PAGE};
-use ugds_uapi::ioctl::Segment;
+use crate::prp::{PrpError, Walk, PAGE};
 
 /// Bytes of one SGL descriptor.
 pub const DESC_BYTES: usize = 16;
@@ -186,16 +185,15 @@ impl<F: FnMut(usize, Desc)> Writer<'_, F> {
     }
 }
 
-/// Builds the SGL for `[off, off + len)` of a registration made of `segs`. `pages` are the bus
-/// addresses of the list pages the command may use, in order; each list slot `(index,
-/// descriptor)` goes to `sink` (a slot may be handed out twice: the later value counts). At most
-/// `max_blocks` data blocks (and never more than the pages hold); beyond that `TooLarge`, so a
-/// caller can bound the SGL by what the PRP list would cost. On error, slots already handed out
-/// are garbage to ignore.
+/// Builds the SGL for the `len` bytes `walk` finds (one range of a registration, or several
+/// gathered). `pages` are the bus addresses of the list pages the command may use, in order;
+/// each list slot `(index, descriptor)` goes to `sink` (a slot may be handed out twice: the later
+/// value counts). At most `max_blocks` data blocks (and never more than the pages hold); beyond
+/// that `TooLarge`, so a caller can bound the SGL by what the PRP list would cost. On error,
+/// slots already handed out are garbage to ignore.
 #[inline]
-pub fn build_with(
-    segs: &[Segment],
-    off: u64,
+pub fn build_with<W: Walk>(
+    mut walk: W,
     len: u64,
     pages: &[u64],
     align: Alignment,
@@ -208,15 +206,14 @@ pub fn build_with(
     if max_blocks == 0 {
         return Err(PrpError::TooLarge);
     }
-    let end = off.checked_add(len).ok_or(PrpError::OutOfRange)?;
     let unaligned = |a: u64, n: u64| align == Alignment::Dword && (!a.is_multiple_of(4) || !n.is_multiple_of(4));
     let mut w = Writer { pages, max_blocks, sink, slot: 0, blocks: 0, ptr_slot: None, sgl1: None };
-    let mut cur = (0usize, 0u64);
-    let mut pos = off;
+    let mut pos = 0u64;
+    let end = len;
     // The run being gathered: (bus address, length).
     let mut run: Option<(u64, u64)> = None;
     while pos < end {
-        let (addr, contig) = locate(segs, pos, &mut cur).ok_or(PrpError::OutOfRange)?;
+        let (addr, contig) = walk.at(pos).ok_or(PrpError::OutOfRange)?;
         let mut take = contig.min(end - pos);
         if let Some((a, n)) = run.as_mut() {
             if *a + *n == addr && *n < MAX_BLOCK {
@@ -247,8 +244,10 @@ pub fn build_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prp::{locate, OneRange};
     use proptest::prelude::*;
     use std::collections::HashMap;
+    use ugds_uapi::ioctl::Segment;
 
     fn seg(dma_addr: u64, len: u64) -> Segment {
         Segment { dma_addr, len }
@@ -264,7 +263,7 @@ mod tests {
         max: usize,
     ) -> Result<(Sgl, HashMap<usize, Desc>), PrpError> {
         let mut slots = HashMap::new();
-        let s = build_with(segs, off, len, pages, align, max, |i, d| {
+        let s = build_with(OneRange::new(segs, off), len, pages, align, max, |i, d| {
             slots.insert(i, d);
         })?;
         Ok((s, slots))

@@ -11,8 +11,9 @@
 //! offset on it.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
+use crate::cmd::Extent;
 use crate::data_path::{within_capacity, DataPath, Registered};
-use crate::device::lanes::{self, Extent, Lane};
+use crate::device::lanes::{self, Lane};
 use crate::device::{Device, DeviceOptions, PerDevice};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};
@@ -505,6 +506,64 @@ mod tests {
         // That thread exited and let member 0's go: here both lanes run on this thread's own.
         assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, chunk - 4096, 8192).unwrap(), 8192);
         assert_eq!((reads(&own), reads(&shared)), (vec![2, 2], vec![0, 1]));
+    }
+
+    /// A request over several chunks of two members: each member's chunks continue each other
+    /// on the member but lie apart in the buffer, and its lane gathers them into one command
+    /// (as md's block layer merges a member's pieces), each chunk's data in its place, with PRPs
+    /// and with SGLs, over scattered bus pages. One command per chunk made 1 MiB at QD 1 on 2
+    /// and 4 members 0.32x to 0.63x one member's IOPS.
+    #[test]
+    fn a_members_chunks_go_out_as_one_command() {
+        use crate::device::mock_device::{mock_device, mock_volume_buffer};
+        use crate::mock::{MockConfig, MockDevice};
+        use crate::sgl::DataPointers;
+        use std::time::Duration;
+        let chunk: u64 = 128 << 10;
+        let byte = |m: usize, i: u64| (i / 4096 * 7 + i % 251 + 101 * m as u64) as u8;
+        for data_pointers in [DataPointers::PrpOnly, DataPointers::SglPreferred] {
+            let cfg = MockConfig {
+                segment_bytes: 64 << 10,
+                segments: 16,
+                scatter: true,
+                data_pointers,
+                ..Default::default()
+            };
+            let (mut members, mut mocks) = (Vec::new(), Vec::new());
+            for _ in 0..2 {
+                let (dev, mock) = mock_device(cfg.clone(), Duration::from_secs(5)).unwrap();
+                members.push(DirectPath { ns: dev.namespace(1).unwrap(), dev });
+                mocks.push(mock);
+            }
+            let st = crate::Storage::direct(&members[0].dev, 1).unwrap();
+            let pairs: Vec<(&Device, &MockDevice)> = members.iter().map(|m| &m.dev).zip(&mocks).collect();
+            let buf = mock_volume_buffer(&st, &pairs).unwrap();
+            let member_bytes = members[0].ns.capacity();
+            let names = vec!["m0".into(), "m1".into()];
+            let vol = VolumePath { members, names, chunk, member_bytes, block_size: 4096 };
+            // Chunk k of the request is member k % 2's chunk k / 2; its data lies at byte k *
+            // chunk of that member's registration. Fill each member's memory with its bytes.
+            for (m, mock) in mocks.iter().enumerate() {
+                mock.host_write(0, &(0..1u64 << 20).map(|i| byte(m, i)).collect::<Vec<u8>>());
+            }
+            assert_eq!(vol.rw(true, Lease::new(&buf).unwrap(), 0, 0, 1 << 20).unwrap(), 1 << 20);
+            for (m, mock) in mocks.iter().enumerate() {
+                assert_eq!(mock.stats().writes, 1, "member {m}'s 4 chunks in one command");
+                for k in (m as u64..8).step_by(2) {
+                    let want: Vec<u8> = (k * chunk..(k + 1) * chunk).map(|i| byte(m, i)).collect();
+                    assert!(mock.backing(k / 2 * 32, 32) == want, "chunk {k} on member {m}");
+                }
+                mock.host_write(0, &vec![0; 1 << 20]);
+            }
+            assert_eq!(vol.rw(false, Lease::new(&buf).unwrap(), 0, 0, 1 << 20).unwrap(), 1 << 20);
+            for (m, mock) in mocks.iter().enumerate() {
+                assert_eq!(mock.stats().reads, 1, "member {m}'s 4 chunks in one command");
+                for k in (m as u64..8).step_by(2) {
+                    let want: Vec<u8> = (k * chunk..(k + 1) * chunk).map(|i| byte(m, i)).collect();
+                    assert!(mock.host_read((k * chunk) as usize, chunk as usize) == want, "chunk {k} on member {m}");
+                }
+            }
+        }
     }
 
     /// On a one-member volume a request over several chunks is one run on the member: it goes
