@@ -28,27 +28,22 @@ pub struct DmaRange<'a> {
     /// The controller epoch the segments are known valid in (a dma-buf its exporter may
     /// revoke); `None`: valid for as long as the registration lives.
     epoch: Option<u64>,
-    /// Further pieces the range gathers after its first (none: one range from `off`).
-    gather: Gather<'a>,
+    /// The pieces it gathers: `stride.first < len`; else one range from `off`.
+    stride: Stride,
 }
 
-/// Bytes between a registration and a namespace: one piece of a request.
+/// Pieces of a buffer at a fixed distance, as one command gathers them: `first` bytes, then
+/// pieces of `piece` bytes, each starting `gap` bytes after the end of the one before, as far as
+/// the command's length reaches. A striped volume member's chunks of one request lie so: `gap`
+/// is the other members' chunks between them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Extent {
-    /// Byte offset in the registration.
-    pub(crate) reg_offset: u64,
-    /// Byte offset on the namespace.
-    pub(crate) dev_offset: u64,
-    /// Bytes (a multiple of the block size; checked by `Storage`).
-    pub(crate) len: u64,
-}
-
-/// The pieces a gathered [`DmaRange`] moves: `extents`' buffer ranges in order, from `skip`
-/// bytes into the first; `skip` past the first is at the range's `off` in its segments.
-#[derive(Debug, Clone, Copy, Default)]
-struct Gather<'a> {
-    extents: &'a [Extent],
-    skip: u64,
+pub struct Stride {
+    /// Bytes of the first piece.
+    pub first: u64,
+    /// Bytes of every later piece (the last one as far as the length reaches).
+    pub piece: u64,
+    /// Bytes between the end of a piece and the start of the next.
+    pub gap: u64,
 }
 
 impl<'a> DmaRange<'a> {
@@ -64,37 +59,32 @@ impl<'a> DmaRange<'a> {
     /// - `len` is exactly the command's transfer length (its blocks times the block size), so
     ///   the device moves no byte outside the range.
     pub unsafe fn new(segs: &'a [Segment], off: u64, len: u64) -> Self {
-        DmaRange { segs, off, len, epoch: None, gather: Gather::default() }
+        DmaRange { segs, off, len, epoch: None, stride: Stride { first: len, piece: 0, gap: 0 } }
     }
 
-    /// `len` bytes gathered from the buffer ranges of `extents`, in order, from `skip` bytes
-    /// into the first (byte `off` of the memory `segs` map; every extent's `reg_offset` is
-    /// taken relative to that) as far as `len` reaches. One command then moves a namespace's
-    /// run of blocks from or to pieces that lie apart in the buffer (a striped volume member's
-    /// chunks). A piece outside `segs` makes the command fail when it is written.
+    /// `len` bytes gathered from pieces of the memory `segs` map, the first at `off`, laid out
+    /// as `stride` says. One command then moves a namespace's run of blocks from or to pieces
+    /// that lie apart in the buffer (a striped volume member's chunks). A piece outside `segs`
+    /// makes the command fail when it is written.
     ///
     /// # Safety
     ///
     /// As [`DmaRange::new`], for every byte of every piece (up to `len` bytes in all), and
     /// `len` is exactly the command's transfer length.
-    pub(crate) unsafe fn gather(segs: &'a [Segment], off: u64, extents: &'a [Extent], skip: u64, len: u64) -> Self {
-        DmaRange { segs, off, len, epoch: None, gather: Gather { extents, skip } }
+    pub(crate) unsafe fn gather(segs: &'a [Segment], off: u64, stride: Stride, len: u64) -> Self {
+        DmaRange { segs, off, len, epoch: None, stride }
     }
 
     /// Whether it gathers several pieces.
     #[inline(always)]
     fn gathers(&self) -> bool {
-        self.gather.extents.len() > 1
+        self.stride.first < self.len
     }
 
     /// Its bytes piece by piece, as the data pointer builders walk them.
     fn pieces(&self) -> Pieces<'a> {
-        let Gather { extents, skip } = self.gather;
-        let first = (self.off, extents.first().map_or(0, |e| e.len.saturating_sub(skip)));
-        // A registration offset less `base` is an offset in `segs`; a first extent that does
-        // not lead to `off` (none of the library's) names no byte: `base` past every extent.
-        let base = extents.first().and_then(|e| (e.reg_offset + skip).checked_sub(self.off)).unwrap_or(u64::MAX);
-        Pieces { segs: self.segs, cur: (0, 0), first, rest: extents.get(1..).unwrap_or(&[]), base, at: (0, 0, first) }
+        let first = (self.off, self.stride.first);
+        Pieces { segs: self.segs, cur: (0, 0), stride: self.stride, first, at: (0, first) }
     }
 
     /// The segments it is walked in and its offset into the first of them (tests).
@@ -115,30 +105,33 @@ impl<'a> DmaRange<'a> {
 struct Pieces<'a> {
     segs: &'a [Segment],
     cur: (usize, u64),
-    /// The first piece: its offset relative to `segs`, its bytes.
+    stride: Stride,
+    /// The first piece: its offset in `segs`, its bytes.
     first: (u64, u64),
-    rest: &'a [Extent],
-    base: u64,
-    /// Where the last position asked for was: the index of the next piece of `rest`, the
-    /// transfer byte where the current piece starts, and its offset and bytes.
-    at: (usize, u64, (u64, u64)),
+    /// Where the last position asked for was: the transfer byte where its piece starts, and
+    /// the piece's offset in `segs` and bytes.
+    at: (u64, (u64, u64)),
 }
 
 impl Walk for Pieces<'_> {
     fn at(&mut self, pos: u64) -> Option<(u64, u64)> {
-        if pos < self.at.1 {
+        if pos < self.at.0 {
             // Asked backwards (the builders do not): from the first piece again.
-            self.at = (0, 0, self.first);
+            self.at = (0, self.first);
         }
         loop {
-            let (next, start, (off, len)) = self.at;
+            let (start, (off, len)) = self.at;
             let within = pos - start;
             if within < len {
                 let (addr, contig) = prp::locate(self.segs, off.checked_add(within)?, &mut self.cur)?;
                 return Some((addr, contig.min(len - within)));
             }
-            let e = self.rest.get(next)?;
-            self.at = (next + 1, start + len, (e.reg_offset.checked_sub(self.base)?, e.len));
+            // Pieces of no bytes would never reach `pos`.
+            if self.stride.piece == 0 {
+                return None;
+            }
+            let next = off.checked_add(len)?.checked_add(self.stride.gap)?;
+            self.at = (start + len, (next, self.stride.piece));
         }
     }
 }
@@ -713,81 +706,68 @@ mod tests {
     /// length reaches, whether as PRPs (interior boundaries on pages) or as an SGL's blocks.
     #[test]
     fn a_gathered_range_names_its_pieces_in_order() {
-        let ext = |reg_offset, len| Extent { reg_offset, dev_offset: 0, len };
-        // The segments start at byte 1 MiB of the registration (`BASE`).
-        const BASE: u64 = 1 << 20;
-        fn r(first: u64, rest: &[Extent], len: u64) -> DmaRange<'static> {
-            let mut extents = vec![Extent { reg_offset: BASE - 0x1000, dev_offset: 0, len: 0x1000 + first }];
-            extents.extend_from_slice(rest);
+        fn r(off: u64, first: u64, len: u64) -> DmaRange<'static> {
+            // Pieces of 8 KiB, 24 KiB apart (as 8 KiB chunks of a 4-member volume).
+            let stride = Stride { first, piece: 0x2000, gap: 0x6000 };
             // SAFETY: never handed to a device, only encoded into test memory.
-            unsafe { DmaRange::gather(&SEGS, 0, extents.leak(), 0x1000, len) }
+            unsafe { DmaRange::gather(&SEGS, off, stride, len) }
         }
-        let rest = &[ext(BASE + 0x8000, 0x2000), ext(BASE + 0x1_0000, 0x2000)];
         let prp = DptrPolicy::PRP_ONLY;
-        let (got, pool, kind) = encode_with(&Read::new(0, 6, r(0x2000, rest, 0x6000)).build(), prp).unwrap();
+        let (got, pool, kind) = encode_with(&Read::new(0, 6, r(0, 0x2000, 0x6000)).build(), prp).unwrap();
         assert_eq!((kind, got[6], got[8]), (Dptr::Prp, 0x10_0000, 0xAB000));
         let list: Vec<u64> = (0..5).map(|i| pool.load64(8 * i)).collect();
         assert_eq!(list, [0x10_1000, 0x10_8000, 0x10_9000, 0x11_0000, 0x11_1000]);
-        // The length ends inside the last piece.
-        let (_, pool, _) = encode_with(&Read::new(0, 5, r(0x2000, rest, 0x5000)).build(), prp).unwrap();
-        assert_eq!((pool.load64(24), pool.load64(32)), (0x11_0000, 0));
+        // The length ends inside the last piece; a first piece shorter than the others.
+        let (_, pool, _) = encode_with(&Read::new(0, 4, r(0x1000, 0x1000, 0x4000)).build(), prp).unwrap();
+        assert_eq!([pool.load64(0), pool.load64(8), pool.load64(16)], [0x10_8000, 0x10_9000, 0x11_0000]);
         // As an SGL: one data block per piece.
         let sgl = DptrPolicy::new(DataPointers::SglPreferred, 1);
-        let (got, pool, kind) = encode_with(&Write::new(0, 6, r(0x2000, rest, 0x6000)).build(), sgl).unwrap();
+        let (got, pool, kind) = encode_with(&Write::new(0, 6, r(0, 0x2000, 0x6000)).build(), sgl).unwrap();
         assert_eq!((kind, got[6], got[8]), (Dptr::SglList, 0xAB000, 48));
         let blocks: Vec<(u64, u64)> = (0..3).map(|i| (pool.load64(16 * i), pool.load64(16 * i + 8))).collect();
         assert_eq!(blocks, [(0x10_0000, 0x2000), (0x10_8000, 0x2000), (0x11_0000, 0x2000)]);
         // A jump inside a page: no PRPs can name it; an SGL can.
-        let odd = r(0x1800, rest, 0x3800);
+        let odd = r(0x800, 0x1000, 0x3000);
         assert_eq!(encode_with(&Read::new(0, 7, odd).build(), prp).unwrap_err(), PrpError::Discontiguous);
         assert_eq!(encode_with(&Read::new(0, 7, odd).build(), sgl).unwrap().2, Dptr::SglList);
-        // Pieces that do not reach the length, lie before the segments or past them: refused.
-        assert_eq!(
-            encode_with(&Read::new(0, 7, r(0x2000, rest, 0x7000)).build(), prp).unwrap_err(),
-            PrpError::OutOfRange
-        );
-        let before = &[ext(BASE - 0x1000, 0x1000)];
-        assert_eq!(
-            encode_with(&Read::new(0, 2, r(0x1000, before, 0x2000)).build(), sgl).unwrap_err(),
-            PrpError::OutOfRange
-        );
-        let past = &[ext(BASE + (1 << 20), 0x1000)];
-        assert_eq!(
-            encode_with(&Read::new(0, 2, r(0x1000, past, 0x2000)).build(), prp).unwrap_err(),
-            PrpError::OutOfRange
-        );
+        // Pieces past the segments (1 MiB) are refused.
+        let past = r(0xF_E000, 0x2000, 0x4000);
+        assert_eq!(encode_with(&Read::new(0, 4, past).build(), prp).unwrap_err(), PrpError::OutOfRange);
+        assert_eq!(encode_with(&Read::new(0, 4, past).build(), sgl).unwrap_err(), PrpError::OutOfRange);
+        // Pieces of no bytes never reach the length.
+        // SAFETY: as above.
+        let empty = unsafe { DmaRange::gather(&SEGS, 0, Stride { first: 0x1000, piece: 0, gap: 0 }, 0x2000) };
+        assert_eq!(encode_with(&Read::new(0, 2, empty).build(), prp).unwrap_err(), PrpError::OutOfRange);
     }
 
     proptest::proptest! {
-        /// For any pieces (whole pages at page offsets, in order, of scattered segments) and any
-        /// length they reach, a gathered range's PRPs name the bus page of every page of every
-        /// piece, in order, and nothing else.
+        /// For any stride (whole pages, scattered segments) and any length its pieces reach, a
+        /// gathered range's PRPs name the bus page of every page of every piece, in order, and
+        /// nothing else.
         #[test]
         fn gathered_prps_name_every_page_of_every_piece(
-            pieces in proptest::collection::vec((0u64..4, 1u64..6), 1..6),
-            short in 0u64..4,
+            start in 0u64..4,
+            first in 1u64..4,
+            piece in 1u64..4,
+            gap in 0u64..4,
+            pages in 1u64..16,
         ) {
             // 64 scattered pages.
             let segs: Vec<Segment> =
                 (0..64u64).map(|i| Segment { dma_addr: 0x100_0000 + ((i * 37) % 64) * PAGE, len: PAGE }).collect();
-            let segs = &segs[..];
-            let (mut at, mut ranges) = (0u64, Vec::new());
-            for (gap, pages) in pieces {
-                ranges.push((at + gap * PAGE, pages * PAGE));
-                at += (gap + pages) * PAGE;
-            }
-            let total: u64 = ranges.iter().map(|r| r.1).sum();
-            let len = total - (short * PAGE).min(total - PAGE);
-            let extents: Vec<Extent> = ranges.iter().map(|&(o, l)| Extent { reg_offset: o, dev_offset: 0, len: l }).collect();
+            let stride = Stride { first: first * PAGE, piece: piece * PAGE, gap: gap * PAGE };
             // SAFETY: never handed to a device, only encoded into test memory.
-            let r = unsafe { DmaRange::gather(segs, ranges[0].0, &extents, 0, len) };
-            let c = Read::new(0, (len / PAGE) as u32, r).build();
+            let r = unsafe { DmaRange::gather(&segs, start * PAGE, stride, pages * PAGE) };
+            let c = Read::new(0, pages as u32, r).build();
             let (got, pool, _) = encode_with(&c, DptrPolicy::PRP_ONLY).unwrap();
-            let want: Vec<u64> = ranges
-                .iter()
-                .flat_map(|&(o, l)| (0..l / PAGE).map(move |p| segs[((o / PAGE) + p) as usize].dma_addr))
-                .take((len / PAGE) as usize)
-                .collect();
+            // The registration pages the pieces cover, in order.
+            let mut want = Vec::new();
+            let (mut at, mut n) = (start, first);
+            while (want.len() as u64) < pages {
+                want.extend((at..at + n).map(|p| segs[p as usize].dma_addr));
+                (at, n) = (at + n + gap, piece);
+            }
+            want.truncate(pages as usize);
             let mut named = vec![got[6] as u64 | (got[7] as u64) << 32];
             let prp2 = got[8] as u64 | (got[9] as u64) << 32;
             match want.len() {

@@ -11,7 +11,7 @@
 
 use crate::batch::{Entry, EventSink, IoEvent, IoStatus, Op};
 use crate::buffer::{Buffer, Lease, Path};
-use crate::cmd::{self, Command};
+use crate::cmd::{self, Command, Stride};
 use crate::device::{create_queue_pair, delete_queue_pair, Device, Inner, Namespace};
 use crate::error::{Error, Result};
 use crate::inflight::{InFlight, Why};
@@ -32,17 +32,39 @@ struct Slot {
     lease: Option<Lease<Arc<Buffer>>>,
 }
 
-/// The one command that carries `e` on `ns`, on the registration of member `member`'s
-/// controller, with its first block; `None` when there is none, the entry's `Invalid` event
-/// then pushed to `refused`.
+/// What a queue batch submits: an entry, and how its buffer pieces lie where its one command
+/// gathers several (a striped volume member's chunks of one entry; `None`: one range).
+pub(crate) trait Submitted {
+    /// The entry and its pieces' layout.
+    fn parts(self) -> (Entry, Option<Stride>);
+}
+
+impl Submitted for Entry {
+    #[inline(always)]
+    fn parts(self) -> (Entry, Option<Stride>) {
+        (self, None)
+    }
+}
+
+impl Submitted for (Entry, Option<Stride>) {
+    #[inline(always)]
+    fn parts(self) -> (Entry, Option<Stride>) {
+        self
+    }
+}
+
+/// The one command that carries `e` (its buffer pieces laid out as `stride` says) on `ns`, on
+/// the registration of member `member`'s controller, with its first block; `None` when there is
+/// none, the entry's `Invalid` event then pushed to `refused`.
 #[inline(always)]
 fn command_for<'e>(
     ns: &Namespace,
     e: &'e Entry,
+    stride: Option<Stride>,
     member: usize,
     refused: &mut Vec<IoEvent>,
 ) -> Option<(Command<'e>, u64)> {
-    match built(ns, e, member) {
+    match built(ns, e, stride, member) {
         Ok(c) => Some(c),
         Err(error) => {
             refused.push(IoEvent { cookie: e.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(error) });
@@ -53,7 +75,7 @@ fn command_for<'e>(
 
 /// [`command_for`]'s command, or why there is none.
 #[inline(always)]
-fn built<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Command<'e>, u64)> {
+fn built<'e>(ns: &Namespace, e: &'e Entry, stride: Option<Stride>, member: usize) -> Result<(Command<'e>, u64)> {
     let (slba, nlb) = ns.one_command(e.dev_offset, e.len)?;
     let reg = e
         .lease
@@ -62,9 +84,15 @@ fn built<'e>(ns: &Namespace, e: &'e Entry, member: usize) -> Result<(Command<'e>
         .ok_or_else(|| Error::invalid("buf", "not registered with the controller"))?;
     // SAFETY: the entry holds an I/O lease on the buffer that owns `reg`, which its slot keeps
     // until the command is over (for good when that cannot be confirmed), so the registration
-    // stays and the CPU keeps out; `one_command` made `len` exactly `nlb` blocks. `range`
-    // checks that the registration is alive.
-    let data = unsafe { reg.range(e.buf_offset, e.len) }?;
+    // stays and the CPU keeps out (of every piece of a gathered entry too: the lease is on the
+    // whole buffer); `one_command` made `len` exactly `nlb` blocks. `range` and `gather` check
+    // that the registration is alive.
+    let data = unsafe {
+        match stride {
+            None => reg.range(e.buf_offset, e.len),
+            Some(stride) => reg.gather(e.buf_offset, stride, e.len),
+        }
+    }?;
     let cmd = match e.op {
         Op::Write => cmd::Write::new(slba, nlb, data).build(),
         Op::Read => cmd::Read::new(slba, nlb, data).build(),
@@ -251,7 +279,8 @@ impl QueueBatch {
     /// room or the device refuses the submission (a reset, no queue room in time).
     pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
     where
-        I: IntoIterator<Item = Entry>,
+        I: IntoIterator,
+        I::Item: Submitted,
         I::IntoIter: ExactSizeIterator,
     {
         let entries = entries.into_iter();
@@ -272,7 +301,8 @@ impl QueueBatch {
             // entry of the call (a few more than run when some are invalid; the ring has four
             // times the batch's entries).
             for e in entries.by_ref() {
-                let Some((cmd, slba)) = command_for(ns, &e, member, ready) else { continue };
+                let (e, stride) = e.parts();
+                let Some((cmd, slba)) = command_for(ns, &e, stride, member, ready) else { continue };
                 let opened = qp.submission_owned(nsid, n, status, *timeout, &cmd).and_then(|mut s| {
                     let cid = s.push(&cmd)?;
                     Ok((s, cid))
@@ -288,7 +318,8 @@ impl QueueBatch {
             }
             if let Some(s) = &mut sub {
                 for e in entries {
-                    let Some((cmd, slba)) = command_for(ns, &e, member, ready) else { continue };
+                    let (e, stride) = e.parts();
+                    let Some((cmd, slba)) = command_for(ns, &e, stride, member, ready) else { continue };
                     match s.push(&cmd) {
                         Ok(cid) => placing.put(e, cid, slba),
                         Err(error) => {

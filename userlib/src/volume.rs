@@ -11,9 +11,8 @@
 //! offset on it.
 
 use crate::buffer::{Buffer, Lease, Mem, Path};
-use crate::cmd::Extent;
 use crate::data_path::{within_capacity, DataPath, Registered};
-use crate::device::lanes::{self, Lane};
+use crate::device::lanes::{self, Extent, Lane};
 use crate::device::{Device, DeviceOptions, PerDevice};
 use crate::direct::DirectPath;
 use crate::error::{Error, Result};

@@ -14,6 +14,7 @@
 
 use crate::batch::{Entry, EventSink, IoEvent, IoStatus};
 use crate::buffer::{Lease, Path};
+use crate::cmd::Stride;
 use crate::error::{Error, Result};
 use crate::queue::{Deadline, Waiter};
 use crate::queue_batch::QueueBatch;
@@ -64,7 +65,67 @@ struct Member {
     /// Pieces submitted to its batch whose events have not come back: kept here, because the
     /// batch would count them by a walk over its slots at every poll.
     running: usize,
-    waiting: VecDeque<Entry>,
+    /// With how each one's buffer pieces lie (`None`: one range).
+    waiting: VecDeque<(Entry, Option<Stride>)>,
+}
+
+/// One command's share of an entry: its member, where on the member, where its first byte lies
+/// in the entry, its bytes, and how its pieces lie in the buffer.
+#[derive(Debug, Clone, Copy)]
+struct MemberPiece {
+    member: usize,
+    dev_offset: u64,
+    request_offset: u64,
+    len: u64,
+    /// `first == len`: one range of the buffer.
+    stride: Stride,
+    /// The entry offset just past its last byte, and the bytes of its last piece.
+    end: u64,
+    last: u64,
+}
+
+impl MemberPiece {
+    fn new(member: usize, dev_offset: u64, request_offset: u64, len: u64) -> Self {
+        let stride = Stride { first: len, piece: 0, gap: 0 };
+        MemberPiece { member, dev_offset, request_offset, len, stride, end: request_offset + len, last: len }
+    }
+
+    /// How its buffer pieces lie, when there are several.
+    fn gathered(&self) -> Option<Stride> {
+        (self.stride.first < self.len).then_some(self.stride)
+    }
+
+    /// Takes up to `avail` bytes at member offset `off`, entry offset `req`, when they continue
+    /// it on the member, it has room below `step`, and in the buffer they come right after it
+    /// (one range) or where its stride puts its next piece (a jump between bus pages, which
+    /// `jumps(from, to)` checks); returns the bytes taken (0: none).
+    fn take(&mut self, off: u64, req: u64, avail: u64, step: u64, jumps: impl Fn(u64, u64) -> bool) -> u64 {
+        if self.dev_offset + self.len != off || self.len >= step {
+            return 0;
+        }
+        let room = step - self.len;
+        let one_range = self.stride.first == self.len;
+        let take = if one_range && req == self.end {
+            let take = room.min(avail);
+            self.stride.first += take;
+            take
+        } else if one_range && req > self.end && jumps(self.end, req) {
+            // The first jump sets the stride: this piece and those after it as long as this one.
+            (self.stride.piece, self.stride.gap) = (avail, req - self.end);
+            room.min(avail)
+        } else if !one_range
+            && self.last == self.stride.piece
+            && req == self.end + self.stride.gap
+            && jumps(self.end, req)
+        {
+            room.min(avail).min(self.stride.piece)
+        } else {
+            return 0;
+        };
+        self.len += take;
+        (self.end, self.last) = (req + take, take);
+        take
+    }
 }
 
 /// Queue batches on every member of a volume.
@@ -84,10 +145,10 @@ pub(crate) struct VolumeQueueBatch {
     /// A member batch's events as they come back (kept: a poll allocates nothing).
     piece_events: Vec<(IoEvent, Path)>,
     /// Kept between calls, so that a submit allocates only its entries' piece lists: the
-    /// members a submit touched, an entry's pieces (member, offset on it, offset in the entry,
-    /// bytes) and their leases, and the cookies of the pieces a member's submit carries.
+    /// members a submit touched, an entry's pieces and their leases, and the cookies of the
+    /// pieces a member's submit carries.
     touched: Vec<bool>,
-    ps: Vec<(usize, u64, u64, u64)>,
+    ps: Vec<MemberPiece>,
     leases: Vec<Lease<std::sync::Arc<crate::buffer::Buffer>>>,
     cookies: Vec<u64>,
 }
@@ -187,29 +248,31 @@ impl VolumeQueueBatch {
         self.touched.resize(n, false);
         let (mut ps, mut leases) = (std::mem::take(&mut self.ps), std::mem::take(&mut self.leases));
         for e in entries {
-            // (member, offset on it, offset in the entry, bytes) of each piece.
             ps.clear();
+            let buf = e.lease.buffer();
             for p in pieces(n, self.chunk, e.dev_offset, e.len) {
                 // A chunk's piece larger than the member's largest command becomes several;
-                // pieces that continue each other on the member and in the buffer (those of a
-                // one-member volume) become one, up to that size.
+                // pieces that continue each other on the member become one, up to that size:
+                // those of a one-member volume, next to each other in the buffer, and a member's
+                // chunks of a striped volume, at a fixed distance in the buffer (one command
+                // where there were one per chunk).
                 let step = self.members[p.member].max_piece.max(1);
                 let mut at = 0;
                 while at < p.len {
                     let (off, req) = (p.member_offset + at, p.request_offset + at);
-                    let last = ps.last_mut().filter(|l| l.0 == p.member && l.1 + l.3 == off && l.2 + l.3 == req);
-                    match last {
-                        Some(l) if l.3 < step => {
-                            let take = (step - l.3).min(p.len - at);
-                            l.3 += take;
-                            at += take;
-                        }
-                        _ => {
-                            let len = step.min(p.len - at);
-                            ps.push((p.member, off, req, len));
-                            at += len;
-                        }
+                    let open = ps.iter_mut().rev().find(|l| l.member == p.member);
+                    let jumps = |from: u64, to: u64| {
+                        let reg = buf.registration_on(p.member);
+                        reg.is_some_and(|r| r.jumps_between_pages(e.buf_offset + from, e.buf_offset + to))
+                    };
+                    let took = open.map_or(0, |l| l.take(off, req, p.len - at, step, jumps));
+                    if took > 0 {
+                        at += took;
+                        continue;
                     }
+                    let len = step.min(p.len - at);
+                    ps.push(MemberPiece::new(p.member, off, req, len));
+                    at += len;
                 }
             }
             // Every piece holds its own lease; all are taken before any piece is queued. The one
@@ -250,24 +313,23 @@ impl VolumeQueueBatch {
                 }
             };
             let first = u64::from(slot);
-            for (k, (&(member, member_offset, request_offset, len), lease)) in
-                ps.iter().zip(leases.drain(..)).enumerate()
-            {
-                self.touched[member] = true;
-                self.members[member].waiting.push_back(Entry {
+            for (k, (p, lease)) in ps.iter().zip(leases.drain(..)).enumerate() {
+                self.touched[p.member] = true;
+                let piece = Entry {
                     op: e.op,
                     lease,
-                    buf_offset: e.buf_offset + request_offset,
-                    dev_offset: member_offset,
-                    len,
+                    buf_offset: e.buf_offset + p.request_offset,
+                    dev_offset: p.dev_offset,
+                    len: p.len,
                     cookie: first | (k as u64) << SLOT_BITS,
-                });
+                };
+                self.members[p.member].waiting.push_back((piece, p.gathered()));
             }
             self.largest = self.largest.max(e.len);
             let p = &mut self.slots[slot as usize];
             (p.cookie, p.len, p.path, p.remaining) = (e.cookie, e.len, path, ps.len());
             p.pieces.clear();
-            p.pieces.extend(ps.iter().map(|&(m, off, _, _)| (m, off)));
+            p.pieces.extend(ps.iter().map(|l| (l.member, l.dev_offset)));
         }
         (self.ps, self.leases) = (ps, leases);
         for m in 0..n {
@@ -290,7 +352,7 @@ impl VolumeQueueBatch {
             return;
         }
         cookies.clear();
-        cookies.extend(member.waiting.iter().take(room).map(|e| e.cookie));
+        cookies.extend(member.waiting.iter().take(room).map(|(e, _)| e.cookie));
         match member.batch.submit(member.waiting.drain(..room)) {
             // Refused ones among them come back as events too.
             Ok(()) => member.running += room,
@@ -437,7 +499,7 @@ impl VolumeQueueBatch {
             let evs = self.members[m]
                 .waiting
                 .drain(..)
-                .map(|e| {
+                .map(|(e, _)| {
                     (IoEvent { cookie: e.cookie, status: IoStatus::Canceled, bytes: 0, error: None }, Path::DirectHost)
                 })
                 .collect::<Vec<_>>();
@@ -609,6 +671,33 @@ mod tests {
         }
     }
 
+    /// An entry over many chunks of 2 members: each member's chunks, at a fixed distance in the
+    /// buffer, go out as one command while they fit one (also from inside a chunk), where the
+    /// buffer jumps between pages; elsewhere one command per chunk. The bytes land where md
+    /// RAID0 puts them either way.
+    #[test]
+    fn a_members_chunks_of_an_entry_go_out_as_one_command() {
+        let chunk = 128 << 10;
+        for (buf_at, per_member) in [(0u64, [2u64, 2]), (512, [9, 8])] {
+            let mut v = volume(2, chunk, 4, 8, Vec::new());
+            let want = [(buf_at, 0u64, 1u64 << 20), (buf_at + (1 << 20), chunk - 4096, 1 << 20)];
+            let entries = want.iter().enumerate().map(|(i, &(b, d, l))| v.entry(Op::Read, b, d, l, i as u64)).collect();
+            let ev = v.run(entries);
+            assert_eq!(ev.len(), 2);
+            assert!(ev.iter().all(|e| (e.status, e.bytes) == (IoStatus::Complete, 1 << 20)), "{ev:?}");
+            let reads: Vec<u64> = v.mocks.iter().map(|m| m.stats().reads).collect();
+            assert_eq!(reads, per_member, "buffer at {buf_at}");
+            for &(b, d, l) in &want {
+                for p in pieces(2, chunk, d, l) {
+                    let got = v.mocks[p.member].host_read((b + p.request_offset) as usize, p.len as usize);
+                    let exp: Vec<u8> =
+                        (p.member_offset..p.member_offset + p.len).map(|at| byte(p.member, at)).collect();
+                    assert!(got == exp, "buffer at {buf_at}, entry at {d}: member {}'s piece differs", p.member);
+                }
+            }
+        }
+    }
+
     /// Writes of several chunks with a chunk larger than one command (2 MiB against the
     /// model's 1 MiB): each chunk's piece becomes commands of at most 1 MiB, and the members
     /// hold the buffer's bytes where md RAID0 puts them.
@@ -640,9 +729,11 @@ mod tests {
     #[test]
     fn a_failed_piece_of_a_large_entry_names_its_member_and_offset() {
         let chunk = 16 << 10;
-        // Member 1's second command fails: chunk 3 of the volume, at chunk 1 of member 1.
+        // Member 1's second command fails: chunk 3 of the volume, at chunk 1 of member 1. (The
+        // buffer starts inside a page, so that every chunk is a command of its own: a member's
+        // chunks are gathered into one command where the buffer jumps between pages.)
         let mut v = volume(2, chunk, 2, 2, vec![Vec::new(), vec![Fault::None, Fault::Status(0x281)]]);
-        let entry = v.entry(Op::Read, 0, 0, 6 * chunk, 1);
+        let entry = v.entry(Op::Read, 512, 0, 6 * chunk, 1);
         let ev = v.run(vec![entry]);
         match ev.as_slice() {
             [IoEvent {
@@ -689,7 +780,8 @@ mod tests {
     fn cancel_drops_waiting_pieces_and_reports_the_entry_once() {
         let chunk = 16 << 10;
         let mut v = volume(2, chunk, 1, 2, Vec::new());
-        let entry = v.entry(Op::Read, 0, 0, 16 * chunk, 3);
+        // Inside a page: a command per chunk, 8 per member (see the test above).
+        let entry = v.entry(Op::Read, 512, 0, 16 * chunk, 3);
         v.batch.submit(vec![entry]).unwrap();
         let ev = v.batch.cancel().unwrap();
         assert!(matches!(ev.as_slice(), [(IoEvent { cookie: 3, status: IoStatus::Canceled, .. }, _)]), "{ev:?}");
@@ -704,7 +796,8 @@ mod tests {
         let chunk = 16 << 10;
         let mut v = volume(2, chunk, 1, 2, Vec::new());
         v.mocks[1].set_faulted(true);
-        let entry = v.entry(Op::Read, 0, 0, 16 * chunk, 4);
+        // Inside a page: a command per chunk, 8 per member, more than its queue holds.
+        let entry = v.entry(Op::Read, 512, 0, 16 * chunk, 4);
         let ev = v.run(vec![entry]);
         match ev.as_slice() {
             [IoEvent { cookie: 4, status: IoStatus::Failed, error: Some(Error::Member { member, .. }), .. }] => {

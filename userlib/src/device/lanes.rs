@@ -12,7 +12,7 @@
 //! for all of them.
 
 use super::{thread_queues, Namespace, PerDevice, Registration};
-use crate::cmd::{self, Command, Extent};
+use crate::cmd::{self, Command, Stride};
 use crate::error::Error;
 use crate::inflight::Failed;
 use crate::queue::{self, Held, HeldOrShared, RequestQueue, Waiter, MAX_BURST};
@@ -23,6 +23,17 @@ use ugds_uapi::Status;
 
 /// One entry per command of a lane's burst: inline up to 4 commands.
 type PerCommand<T> = SmallVec<[T; 4]>;
+
+/// Bytes between a registration and a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Byte offset in the registration.
+    pub(crate) reg_offset: u64,
+    /// Byte offset on the namespace.
+    pub(crate) dev_offset: u64,
+    /// Bytes (a multiple of the block size; checked by `Storage`).
+    pub(crate) len: u64,
+}
 
 /// One namespace's share of a request.
 #[derive(Debug)]
@@ -105,36 +116,21 @@ impl<'a> State<'a> {
                 continue;
             }
             // The command takes the rest of this extent up to the largest command, and gathers
-            // the extents after it that continue it on the namespace (a striped volume member's
-            // chunks, apart in the buffer) while it has room: one command where there were one
-            // per chunk. Only where the buffer jumps between whole pages, as a PRP list's
-            // entries must (SGLs could jump anywhere; PRPs are what every controller takes).
-            let mut chunk = per_cmd.min(e.len - done);
-            let (mut last, mut last_end) = (self.next.0, done + chunk);
-            while chunk < per_cmd {
-                let p = &lane.extents[last];
-                let Some(f) = lane.extents.get(last + 1) else { break };
-                let p_end = p.reg_offset + p.len;
-                if last_end < p.len
-                    || f.dev_offset != p.dev_offset + p.len
-                    || f.reg_offset < p_end
-                    || !lane.reg.jumps_between_pages(p_end, f.reg_offset)
-                {
-                    break;
-                }
-                let take = (per_cmd - chunk).min(f.len);
-                (chunk, last, last_end) = (chunk + take, last + 1, take);
-            }
+            // the extents after it that continue it on the namespace while it has room: a
+            // striped volume member's chunks, which lie in the buffer at a fixed distance (the
+            // other members' chunks between them). One command where there were one per chunk.
+            let (chunk, last, last_end, stride) = gathered(lane, self.next, per_cmd);
             let (slba, nlb) = ((e.dev_offset + done) >> shift, (chunk >> shift) as u32);
             let start = e.reg_offset + done;
             // SAFETY: `lane.reg` is held by a buffer whose I/O lease the caller holds for the
             // call (the CPU cannot touch the memory) and keeps for good when the commands may
             // outlive it (the failure's `InFlight` token), so the registration stays while the
-            // SSD may use it; `chunk` is exactly `nlb` blocks, the bytes of the extents it takes.
+            // SSD may use it; `chunk` is exactly `nlb` blocks, those of the extents it takes,
+            // whose buffer ranges `stride` lays out.
             let data = unsafe {
-                match last == self.next.0 {
-                    true => lane.reg.range(start, chunk),
-                    false => lane.reg.gather(&lane.extents[self.next.0..=last], done, chunk),
+                match stride {
+                    None => lane.reg.range(start, chunk),
+                    Some(stride) => lane.reg.gather(start, stride, chunk),
                 }
             }
             .map_err(|err| (err, e.dev_offset + done))?;
@@ -154,6 +150,44 @@ impl<'a> State<'a> {
         self.burst.clear();
         self.result = Some(Err(LaneFailure { failure, dev_offset }));
     }
+}
+
+/// The next command of `lane` from `next` (an extent and bytes of it already issued), at most
+/// `per_cmd` bytes: its bytes, the extent and the end within it where it stops, and how its
+/// buffer pieces lie when it takes more than one extent. It takes the following extents while
+/// they continue the namespace's blocks, lie at one distance from each other in the buffer
+/// (every extent between the first and the last as long as the second), and the buffer jumps
+/// from the end of a bus page to the start of one, as PRP list entries need (SGLs could jump
+/// anywhere; PRPs are what every controller takes).
+fn gathered(lane: &Lane<'_>, next: (usize, u64), per_cmd: u64) -> (u64, usize, u64, Option<Stride>) {
+    let (i, done) = next;
+    let e = &lane.extents[i];
+    let mut chunk = per_cmd.min(e.len - done);
+    let (mut last, mut last_end) = (i, done + chunk);
+    let mut stride = Stride { first: chunk, piece: 0, gap: 0 };
+    while chunk < per_cmd && last_end == lane.extents[last].len {
+        let (p, Some(f)) = (&lane.extents[last], lane.extents.get(last + 1)) else { break };
+        let p_end = p.reg_offset + p.len;
+        let Some(gap) = f.reg_offset.checked_sub(p_end) else { break };
+        let fits = match last == i {
+            true => true,
+            false => gap == stride.gap && p.len == stride.piece,
+        };
+        if !fits
+            || f.len == 0
+            || f.dev_offset != p.dev_offset + p.len
+            || !lane.reg.jumps_between_pages(p_end, f.reg_offset)
+        {
+            break;
+        }
+        if last == i {
+            (stride.piece, stride.gap) = (f.len, gap);
+        }
+        // No more of an extent than a piece: past it, the next command goes on.
+        let take = (per_cmd - chunk).min(f.len).min(stride.piece);
+        (chunk, last, last_end) = (chunk + take, last + 1, take);
+    }
+    (chunk, last, last_end, (last > i).then_some(stride))
 }
 
 /// Moves every lane's extents (reads into or writes from its registration), all lanes at once,

@@ -195,7 +195,7 @@ impl Namespace {
         if len > 0 && len <= self.max_command_bytes() && Arc::ptr_eq(&reg.dev, &self.dev) {
             return self.rw_one_command(write, reg, reg_offset, dev_offset, len, &mut q);
         }
-        let extents = [crate::cmd::Extent { reg_offset, dev_offset, len }];
+        let extents = [lanes::Extent { reg_offset, dev_offset, len }];
         let lane = lanes::Lane { ns: self, reg, extents: &extents };
         lanes::run_one(write, &lane, q).map_err(|f| f.failure)
     }

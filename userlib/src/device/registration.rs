@@ -1,7 +1,7 @@
 //! `Registration`: memory the module pinned or attached for one controller's DMA.
 
 use super::{revocation, Inner};
-use crate::cmd::{DmaRange, Extent};
+use crate::cmd::{DmaRange, Stride};
 use crate::error::Result;
 use crate::prp::{self, PAGE};
 use crate::sys::req;
@@ -60,19 +60,17 @@ impl Registration {
 }
 
 impl Registration {
-    /// `len` bytes gathered from the buffer ranges of `extents`, from `skip` bytes into the
-    /// first, for one command; checked alive as [`Registration::range`].
+    /// `len` bytes gathered from pieces laid out as `stride` says, the first at `off`, for one
+    /// command; checked alive as [`Registration::range`].
     ///
     /// # Safety
     ///
     /// As [`DmaRange::gather`], except that the registration's liveness is checked here.
     #[inline]
-    pub(crate) unsafe fn gather<'a>(&'a self, extents: &'a [Extent], skip: u64, len: u64) -> Result<DmaRange<'a>> {
-        let start = extents.first().map_or(0, |e| e.reg_offset + skip);
-        let (segs, off) = self.segments.from(start);
-        // SAFETY: as in `range`; the extents' offsets are the registration's, walked from the
-        // segment holding the first byte (one before it is refused when the command is written).
-        let r = unsafe { DmaRange::gather(segs, off, extents, skip, len) };
+    pub(crate) unsafe fn gather(&self, off: u64, stride: Stride, len: u64) -> Result<DmaRange<'_>> {
+        let (segs, off) = self.segments.from(off);
+        // SAFETY: as in `range`, for every piece.
+        let r = unsafe { DmaRange::gather(segs, off, stride, len) };
         Ok(match self.valid_epoch()? {
             None => r,
             Some(epoch) => r.only_in(epoch),
