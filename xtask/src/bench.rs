@@ -212,7 +212,7 @@ pub fn run(
     let raw = points_from(&outcome.output)?;
     let mut points = repeats::merge(&raw, KEYS);
     add_ratios(&mut points);
-    let versus = baseline::compare(&raw, &points);
+    let versus = baseline::compare(&raw, &points, KEYS);
     baseline::annotate(&mut points, &versus);
     let micro = microbench(&root)?;
     let dir = out.unwrap_or_else(|| root.join("target/bench"));

@@ -179,9 +179,10 @@ enum Cmd {
         #[arg(long, value_parser = vm::parse_size, default_value = "128K", requires = "members", conflicts_with = "remote")]
         chunk: u64,
         /// Another build's `ugds` CLI (e.g. target/release/ugds of an older commit's worktree):
-        /// the main grid (or, with --remote, the remote one) runs its `ugds bench` in the same
-        /// turns as ours and adds a table of ours over it per point (IOPS and p50 latency).
-        #[arg(long, value_name = "PATH", conflicts_with_all = ["members", "p2p"])]
+        /// the main grid (or, with --remote, the remote one; with --members, on the volumes)
+        /// runs its `ugds bench` in the same turns as ours and adds a table of ours over it per
+        /// point (IOPS and p50 latency).
+        #[arg(long, value_name = "PATH", conflicts_with = "p2p")]
         baseline_cli: Option<PathBuf>,
         /// Reads into another device's memory BAR (peer-to-peer, Debian's 7.3 kernel) against host
         /// memory and against the kernel nvme driver's own peer-to-peer read, in one VM.
@@ -206,6 +207,9 @@ enum Cmd {
         cli: String,
         /// The grid, as JSON.
         grid: String,
+        /// Another build's ugds CLI, measured on the volumes in ugds's turns too.
+        #[arg(long)]
+        baseline_cli: Option<String>,
     },
     /// (internal) The benchmark's steps inside the VM.
     #[command(hide = true)]
@@ -446,10 +450,12 @@ fn real_main() -> Result<()> {
             } else {
                 let backends = bench::volume::backends(&backend)?;
                 let grid = bench::volume::Grid { members, sizes, depths, rws, backends, seconds, span, chunk, repeats };
-                bench::volume::run(&grid.checked()?, out)?
+                bench::volume::run(&grid.checked()?, out, baseline_cli.as_deref())?
             }
         }
-        Cmd::BenchVolumeGuest { cli, grid } => bench::volume::guest(&cli, &grid)?,
+        Cmd::BenchVolumeGuest { cli, grid, baseline_cli } => {
+            bench::volume::guest(&cli, &grid, baseline_cli.as_deref())?
+        }
         Cmd::BenchRemoteGuest { cli, grid, baseline_cli } => {
             bench::remote::guest(&cli, &grid, baseline_cli.as_deref())?
         }

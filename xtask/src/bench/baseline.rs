@@ -3,7 +3,7 @@
 //! builds of the library are compared within one boot: the emulated device's figures move
 //! between boots by more than most changes are worth.
 
-use super::{f, repeats, summary_of, BASELINE, KEYS, UGDS};
+use super::{f, repeats, summary_of, BASELINE, UGDS};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -37,14 +37,15 @@ pub(super) struct Versus {
 }
 
 /// Every point where both `ugds bench`s ran, from the merged `points` and the raw
-/// measurements they came from (`raw`, each with its `repeat`), in the points' order.
-pub(super) fn compare(raw: &[Value], points: &[Value]) -> Vec<Versus> {
+/// measurements they came from (`raw`, each with its `repeat`), in the points' order; a
+/// point is where `keys` are equal (backend, rw, size and depth; `members` too for volumes).
+pub(super) fn compare(raw: &[Value], points: &[Value], keys: &[&str]) -> Vec<Versus> {
     let mut out = Vec::new();
     for (ours, u) in points.iter().enumerate().filter(|(_, p)| p["engine"] == UGDS) {
         let at = |engine: &'static str| {
-            raw.iter().filter(move |p| p["engine"] == engine && KEYS.iter().all(|k| p[*k] == u[*k]))
+            raw.iter().filter(move |p| p["engine"] == engine && keys.iter().all(|k| p[*k] == u[*k]))
         };
-        let Some(theirs) = points.iter().position(|b| b["engine"] == BASELINE && KEYS.iter().all(|k| b[*k] == u[*k]))
+        let Some(theirs) = points.iter().position(|b| b["engine"] == BASELINE && keys.iter().all(|k| b[*k] == u[*k]))
         else {
             continue;
         };
@@ -83,16 +84,20 @@ pub(super) fn annotate(points: &mut [Value], versus: &[Versus]) {
 }
 
 /// The markdown of the comparison: a row per point, then per controller the geometric means.
+/// A volume's points (with `members`) get a members column.
 pub(super) fn table(points: &[Value], versus: &[Versus], cli: &Path) -> String {
+    let members = versus.iter().any(|v| points[v.ours].get("members").is_some());
+    let (head, rule) = if members { ("members | ", "---: | ") } else { ("", "") };
     let mut s = format!(
-        "\n### ugds/baseline: this build's `ugds bench` against {}'s\n\nIn the same turns on the same controller, the two going first by turns (this build in even repeats, the baseline in odd ones); a ratio is the median of the ratios of the two measurements of each repeat, with their range in brackets. ugds/baseline IOPS above 1 is more IOPS for this build; ugds/baseline p50 is this build's p50 latency over the baseline's: below 1 is lower latency for this build.\n\n| controller | rw | size | QD/batch | ugds IOPS | baseline IOPS | ugds/baseline IOPS | ugds p50 us | baseline p50 us | ugds/baseline p50 |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "\n### ugds/baseline: this build's `ugds bench` against {}'s\n\nIn the same turns on the same controller, the two going first by turns (this build in even repeats, the baseline in odd ones); a ratio is the median of the ratios of the two measurements of each repeat, with their range in brackets. ugds/baseline IOPS above 1 is more IOPS for this build; ugds/baseline p50 is this build's p50 latency over the baseline's: below 1 is lower latency for this build.\n\n| controller | {head}rw | size | QD/batch | ugds IOPS | baseline IOPS | ugds/baseline IOPS | ugds p50 us | baseline p50 us | ugds/baseline p50 |\n| --- | {rule}--- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         cli.display()
     );
     for v in versus {
         let (u, b) = (&points[v.ours], &points[v.theirs]);
+        let n = if members { format!("{} | ", u["members"]) } else { String::new() };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.1} | {:.1} | {} |",
+            "| {} | {n}{} | {} | {} | {:.0} | {:.0} | {} | {:.1} | {:.1} | {} |",
             u["backend"].as_str().unwrap_or(""),
             u["rw"].as_str().unwrap_or(""),
             u["size"].as_str().unwrap_or(""),
@@ -162,7 +167,7 @@ mod tests {
         let raw = measurements();
         let mut points = repeats::merge(&raw, KEYS);
         add_ratios(&mut points);
-        let versus = compare(&raw, &points);
+        let versus = compare(&raw, &points, KEYS);
         assert_eq!(versus.len(), 2);
         annotate(&mut points, &versus);
         let t = table(&points, &versus, Path::new("/base/ugds"));

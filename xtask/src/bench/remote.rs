@@ -211,7 +211,7 @@ fn merged(grid: &Grid, measurements: &mut [Value]) -> (Vec<Value>, Vec<super::ba
         m["backend"] = json!(grid.backend);
     }
     let mut points = repeats::merge(measurements, &["rw", "size", "depth"]);
-    let versus = super::baseline::compare(measurements, &points);
+    let versus = super::baseline::compare(measurements, &points, super::KEYS);
     super::baseline::annotate(&mut points, &versus);
     (points, versus)
 }

@@ -4,12 +4,14 @@
 //! times per engine, the engines taking turns (see [`super::repeats`]): the controllers move
 //! between the kernel's nvme driver (md) and ugds at each turn, which costs a rebind per round,
 //! outside the measured time. Writes JSON, a markdown table with median ratios, their range and
-//! scaling per point, and PNG scaling plots (members on the x axis).
+//! scaling per point, and PNG scaling plots (members on the x axis). With `--baseline-cli`,
+//! another build's `ugds bench` runs on the same volume in ugds's turns (engine
+//! `ugds-baseline`, see [`super::baseline`]).
 
 use super::repeats::{self, Ratio};
 use super::{
     check_axes, f, fio_point, json_nums, json_strs, p50_ratio, points_from, register_font, reserve_hugepages, sh,
-    total_p50, ugds_point, Job, HUGEPAGES, MARK,
+    total_p50, ugds_point, Job, BASELINE, HUGEPAGES, MARK,
 };
 use crate::{bind, kernel, kmod, toolchain, vm};
 use anyhow::{bail, Context, Result};
@@ -125,9 +127,11 @@ pub fn backends(s: &str) -> Result<Vec<String>> {
     }
 }
 
-/// Host side: build, boot one VM, collect the points, write the results.
-pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
+/// Host side: build, boot one VM, collect the points, write the results. `baseline`: another
+/// build's `ugds` CLI, whose `ugds bench` runs on the volume in ugds's turns too.
+pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result<()> {
     let t = Instant::now();
+    let baseline = baseline.map(super::baseline::checked).transpose()?;
     let root = toolchain::workspace_root();
     toolchain::setup_and_build_release(&["-p", "ugds-cli", "--bins"])?;
     let k = kernel::Choice::Test612.ensure()?;
@@ -140,7 +144,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
             nvme.push(format!("size={}M,lbs=4096,backend={b},serial=vb{b}{i}", CONTROLLER_BYTES >> 20).parse()?);
         }
     }
-    let points_total = 2 * grid.points() * grid.backends.len();
+    let points_total = (2 + usize::from(baseline.is_some())) * grid.points() * grid.backends.len();
     // Under TCG a measurement costs its seconds plus a few for fio or the CLI to start and warm
     // up, and each round a rebind of the controllers.
     let estimate = (points_total * grid.repeats) as u64 * (grid.seconds + 5);
@@ -151,21 +155,25 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
         mem: "2G".into(),
         timeout: Duration::from_secs((estimate * 3).max(1800)),
         env: vec![("UGDS_KMOD".into(), ko.display().to_string())],
-        cmd: vec![
+        cmd: [
             me.display().to_string(),
             "bench-volume-guest".into(),
             cli.display().to_string(),
             grid.to_json().to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(baseline.iter().map(|b| format!("--baseline-cli={}", b.display())))
+        .collect(),
         p2p: None,
     };
     eprintln!(
-        "bench: booting the VM ({points_total} points: members {:?} x {} sizes x {} depths x {} rw x 2 engines x {} \
+        "bench: booting the VM ({points_total} points: members {:?} x {} sizes x {} depths x {} rw x {} engines x {} \
          backend(s), {} times each, interleaved, {} s per measurement; about {} min)",
         grid.members,
         grid.sizes.len(),
         grid.depths.len(),
         grid.rws.len(),
+        2 + usize::from(baseline.is_some()),
         grid.backends.len(),
         grid.repeats,
         grid.seconds,
@@ -176,13 +184,21 @@ pub fn run(grid: &Grid, out: Option<PathBuf>) -> Result<()> {
         bail!("the volume benchmark failed in the VM (exit {})", outcome.code);
     }
     let raw = points_from(&outcome.output)?;
-    let points = merged(&raw);
+    let mut points = merged(&raw);
+    let versus = super::baseline::compare(&raw, &points, KEYS);
+    super::baseline::annotate(&mut points, &versus);
     let dir = out.unwrap_or_else(|| root.join("target/bench-volume"));
     std::fs::create_dir_all(&dir)?;
-    let all = json!({ "grid": grid.to_json(), "points": points, "measurements": raw,
+    let mut all = json!({ "grid": grid.to_json(), "points": points, "measurements": raw,
                       "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(), "guest_hugepages_2m": HUGEPAGES });
+    if let Some(b) = &baseline {
+        all["baseline_cli"] = json!(b.display().to_string());
+    }
     std::fs::write(dir.join("volume-results.json"), serde_json::to_string_pretty(&all)?)?;
-    let md = table(grid, &points);
+    let mut md = table(grid, &points);
+    if let Some(b) = &baseline {
+        md.push_str(&super::baseline::table(&points, &versus, b));
+    }
     std::fs::write(dir.join("volume-results.md"), &md)?;
     let plots = plot(grid, &points, &dir)?;
     println!("{md}");
@@ -453,8 +469,9 @@ pub(super) fn disk_of(addr: &str) -> Result<String> {
 
 /// Guest side: per backend, every point measured in turns by the kernel's md RAID0 over the
 /// first N namespaces and by the ugds volume over the same controllers, one JSON line per
-/// measurement.
-pub fn guest(cli: &str, grid: &str) -> Result<()> {
+/// measurement. `baseline`: another build's CLI, run on the volume in ugds's turns too (ours
+/// first in even repeats, the baseline's in odd ones).
+pub fn guest(cli: &str, grid: &str, baseline: Option<&str>) -> Result<()> {
     let grid = Grid::from_json(&serde_json::from_str(grid)?)?;
     if !Path::new("/sys/module/ugds").exists() {
         sh(&format!("insmod {}", std::env::var("UGDS_KMOD").context("UGDS_KMOD")?))?;
@@ -492,10 +509,14 @@ pub fn guest(cli: &str, grid: &str) -> Result<()> {
                                 let mut out = Vec::new();
                                 if ours {
                                     let nodes = side.switch_to_ugds(group)?;
-                                    out.push((
-                                        ugds_point(cli, &bind::volume_spec(grid.chunk, &nodes[..n])?, job)?,
-                                        "ugds",
-                                    ));
+                                    let volume = bind::volume_spec(grid.chunk, &nodes[..n])?;
+                                    let mut clis = vec![(cli, "ugds")];
+                                    if let Some(b) = baseline {
+                                        clis.insert(usize::from(repeat % 2 == 0), (b, BASELINE));
+                                    }
+                                    for (c, engine) in clis {
+                                        out.push((ugds_point(c, &volume, job)?, engine));
+                                    }
                                     // Reference: the first member's node itself (the single-device
                                     // path, no volume).
                                     if n == 1 {
@@ -674,6 +695,42 @@ mod tests {
         let pts = vec![k, point("ugds", 2, "4K", 1, 2000.0, 20.0)];
         let t = table(&g, &pts);
         assert!(t.contains("| randread | 4K | 1 | 2 | 1000 | 2000 | 2.00x | 40 | 20 | 0.50x |"), "{t}");
+    }
+
+    /// With a baseline CLI, its volume points pair with ours by member count and repeat: the
+    /// ugds/baseline table has a row per member count, and md's table is as it was.
+    #[test]
+    fn a_baseline_clis_volume_points_are_compared_with_ours_by_member_count() {
+        let g = grid();
+        let mut raw = Vec::new();
+        for r in 0..3usize {
+            for (engine, m, iops) in [
+                ("kernel", 2, 1000.0),
+                ("ugds", 2, 3000.0),
+                (BASELINE, 2, 2000.0),
+                ("ugds", 4, 3000.0),
+                (BASELINE, 4, 3000.0),
+            ] {
+                // The machine's speed moves between repeats (binary fractions: exact ratios).
+                let mut p = point(engine, m, "1M", 32, iops * [1.0, 1.25, 1.125][r], 100.0);
+                p["repeat"] = json!(r);
+                raw.push(p);
+            }
+        }
+        let mut pts = merged(&raw);
+        let versus = super::super::baseline::compare(&raw, &pts, KEYS);
+        assert_eq!(versus.len(), 2, "one per member count");
+        super::super::baseline::annotate(&mut pts, &versus);
+        let u2 = find(&pts, "null", "ugds", 2, "randread", "1M", 32).unwrap();
+        assert_eq!(u2["baseline_iops_ratio"], json!(1.5), "{u2}");
+        assert_eq!(find(&pts, "null", "ugds", 4, "randread", "1M", 32).unwrap()["baseline_iops_ratio"], json!(1.0));
+        let md = super::super::baseline::table(&pts, &versus, Path::new("/old/ugds"));
+        assert!(md.contains("| controller | members | rw | size | QD/batch |"), "{md}");
+        assert!(md.contains("| null | 2 | randread | 1M | 32 | 3375 | 2250 | 1.50x |"), "{md}");
+        assert!(md.contains("| null | 4 | randread | 1M | 32 | 3375 | 3375 | 1.00x |"), "{md}");
+        // md's table compares ugds with the kernel only.
+        let t = table(&g, &pts);
+        assert!(t.contains("| randread | 1M | 32 | 2 | 1125 | 3375 | 3.00x |"), "{t}");
     }
 
     #[test]
