@@ -507,6 +507,28 @@ mod tests {
         assert_eq!((reads(&own), reads(&shared)), (vec![2, 2], vec![0, 1]));
     }
 
+    /// A volume of two members in `chunk`s over device models configured as `cfgs` say, with a
+    /// buffer registered on both (each member's registration over its own model's memory).
+    fn two_members(
+        cfgs: [crate::mock::MockConfig; 2],
+        chunk: u64,
+    ) -> (VolumePath, Vec<crate::mock::MockDevice>, Buffer) {
+        use crate::device::mock_device::{mock_device, mock_volume_buffer};
+        use crate::mock::MockDevice;
+        let (mut members, mut mocks) = (Vec::new(), Vec::new());
+        for cfg in cfgs {
+            let (dev, mock) = mock_device(cfg, std::time::Duration::from_secs(5)).unwrap();
+            members.push(DirectPath { ns: dev.namespace(1).unwrap(), dev });
+            mocks.push(mock);
+        }
+        let st = crate::Storage::direct(&members[0].dev, 1).unwrap();
+        let pairs: Vec<(&Device, &MockDevice)> = members.iter().map(|m| &m.dev).zip(&mocks).collect();
+        let buf = mock_volume_buffer(&st, &pairs).unwrap();
+        let member_bytes = members[0].ns.capacity();
+        let names = vec!["m0".into(), "m1".into()];
+        (VolumePath { members, names, chunk, member_bytes, block_size: 4096 }, mocks, buf)
+    }
+
     /// A request over several chunks of two members: each member's chunks continue each other
     /// on the member but lie apart in the buffer, and its lane gathers them into one command
     /// (as md's block layer merges a member's pieces), each chunk's data in its place, with PRPs
@@ -514,10 +536,8 @@ mod tests {
     /// and 4 members 0.32x to 0.63x one member's IOPS.
     #[test]
     fn a_members_chunks_go_out_as_one_command() {
-        use crate::device::mock_device::{mock_device, mock_volume_buffer};
-        use crate::mock::{MockConfig, MockDevice};
+        use crate::mock::MockConfig;
         use crate::sgl::DataPointers;
-        use std::time::Duration;
         let chunk: u64 = 128 << 10;
         let byte = |m: usize, i: u64| (i / 4096 * 7 + i % 251 + 101 * m as u64) as u8;
         for data_pointers in [DataPointers::PrpOnly, DataPointers::SglPreferred] {
@@ -528,18 +548,7 @@ mod tests {
                 data_pointers,
                 ..Default::default()
             };
-            let (mut members, mut mocks) = (Vec::new(), Vec::new());
-            for _ in 0..2 {
-                let (dev, mock) = mock_device(cfg.clone(), Duration::from_secs(5)).unwrap();
-                members.push(DirectPath { ns: dev.namespace(1).unwrap(), dev });
-                mocks.push(mock);
-            }
-            let st = crate::Storage::direct(&members[0].dev, 1).unwrap();
-            let pairs: Vec<(&Device, &MockDevice)> = members.iter().map(|m| &m.dev).zip(&mocks).collect();
-            let buf = mock_volume_buffer(&st, &pairs).unwrap();
-            let member_bytes = members[0].ns.capacity();
-            let names = vec!["m0".into(), "m1".into()];
-            let vol = VolumePath { members, names, chunk, member_bytes, block_size: 4096 };
+            let (vol, mocks, buf) = two_members([cfg.clone(), cfg], chunk);
             // Chunk k of the request is member k % 2's chunk k / 2; its data lies at byte k *
             // chunk of that member's registration. Fill each member's memory with its bytes.
             for (m, mock) in mocks.iter().enumerate() {
@@ -563,6 +572,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A failed command that gathered a member's chunks fails the request, naming the member and
+    /// the offset where that command starts on it.
+    #[test]
+    fn a_failed_gathered_command_names_its_member_and_where_it_starts() {
+        use crate::mock::{Behaviour, Fault, MockConfig};
+        let failing = MockConfig { behaviour: Behaviour::Script(vec![Fault::Status(0x281)]), ..Default::default() };
+        let (vol, mocks, buf) = two_members([MockConfig::default(), failing], 128 << 10);
+        // Chunks 1, 3, 5 and 7 are member 1's first 512 KiB: one command, which fails.
+        match vol.rw(false, Lease::new(&buf).unwrap(), 0, 0, 1 << 20).map_err(|f| f.into_parts().0) {
+            Err(Error::Member { member, offset, source }) => {
+                assert_eq!((member.as_str(), offset), ("m1", 0));
+                assert!(matches!(*source, Error::Nvme { .. }), "{source:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(mocks.iter().map(|m| m.stats().reads).collect::<Vec<_>>(), [1, 1], "one command per member");
     }
 
     /// On a one-member volume a request over several chunks is one run on the member: it goes

@@ -724,33 +724,38 @@ mod tests {
         }
     }
 
-    /// A failed piece of a multi-chunk entry fails the entry, naming the member and the offset
-    /// on it, once all of the entry's pieces are over; the batch goes on.
+    /// A failed piece of a multi-chunk entry fails the entry once, naming the member and the
+    /// offset where the failed command starts on it, once all of the entry's pieces are over; the
+    /// batch goes on. With the buffer inside a page every chunk is a command of its own; on page
+    /// boundaries a member's chunks of the entry are one command.
     #[test]
     fn a_failed_piece_of_a_large_entry_names_its_member_and_offset() {
         let chunk = 16 << 10;
-        // Member 1's second command fails: chunk 3 of the volume, at chunk 1 of member 1. (The
-        // buffer starts inside a page, so that every chunk is a command of its own: a member's
-        // chunks are gathered into one command where the buffer jumps between pages.)
-        let mut v = volume(2, chunk, 2, 2, vec![Vec::new(), vec![Fault::None, Fault::Status(0x281)]]);
-        let entry = v.entry(Op::Read, 512, 0, 6 * chunk, 1);
-        let ev = v.run(vec![entry]);
-        match ev.as_slice() {
-            [IoEvent {
-                cookie: 1,
-                status: IoStatus::Failed,
-                error: Some(Error::Member { member, offset, source }),
-                ..
-            }] => {
-                assert_eq!((member.as_str(), *offset), ("m1", chunk));
-                assert!(matches!(**source, Error::Nvme { .. }), "{source:?}");
+        // Member 1's second command (chunk 3 of the volume, at chunk 1 of member 1), or its
+        // first (chunks 1, 3 and 5 gathered, at 0), fails.
+        let second = vec![Fault::None, Fault::Status(0x281)];
+        for (buf_offset, script, failed_at, reads) in
+            [(512, second, chunk, [3, 3]), (0, vec![Fault::Status(0x281)], 0, [1, 1])]
+        {
+            let mut v = volume(2, chunk, 2, 2, vec![Vec::new(), script]);
+            let ev = v.run(vec![v.entry(Op::Read, buf_offset, 0, 6 * chunk, 1)]);
+            match ev.as_slice() {
+                [IoEvent {
+                    cookie: 1,
+                    status: IoStatus::Failed,
+                    error: Some(Error::Member { member, offset, source }),
+                    ..
+                }] => {
+                    assert_eq!((member.as_str(), *offset), ("m1", failed_at));
+                    assert!(matches!(**source, Error::Nvme { .. }), "{source:?}");
+                }
+                other => panic!("{other:?}"),
             }
-            other => panic!("{other:?}"),
+            assert_eq!(v.mocks.iter().map(|m| m.stats().reads).collect::<Vec<_>>(), reads, "buffer at {buf_offset}");
+            assert_eq!(v.batch.in_flight(), 0);
+            let ev = v.run(vec![v.entry(Op::Read, buf_offset, 0, 6 * chunk, 2)]);
+            assert!(matches!(ev.as_slice(), [IoEvent { cookie: 2, status: IoStatus::Complete, .. }]), "{ev:?}");
         }
-        assert_eq!(v.batch.in_flight(), 0);
-        let entry = v.entry(Op::Read, 0, 0, 6 * chunk, 2);
-        let ev = v.run(vec![entry]);
-        assert!(matches!(ev.as_slice(), [IoEvent { cookie: 2, status: IoStatus::Complete, .. }]), "{ev:?}");
     }
 
     /// A wait for more entries than come back ends at its timeout with those that came: on one
