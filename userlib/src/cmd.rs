@@ -46,6 +46,37 @@ pub struct Stride {
     pub gap: u64,
 }
 
+impl Stride {
+    /// One range of `len` bytes (no further pieces yet).
+    pub(crate) const fn one(len: u64) -> Self {
+        Stride { first: len, piece: 0, gap: 0 }
+    }
+
+    /// Takes a next piece that starts `gap` bytes after the end of the last one (`last` bytes
+    /// long) and has `avail` bytes, with `room` bytes left in the command; returns how many it
+    /// takes, 0 where the piece does not keep the stride. The first further piece sets the
+    /// stride (its length and distance); after it a piece must follow a whole piece at the same
+    /// distance, and no more of it is taken than a piece (past it, another command goes on).
+    /// `jumps` says whether the data may jump there (asked last: it may cost a lookup).
+    pub(crate) fn take_next(
+        &mut self,
+        last: u64,
+        gap: u64,
+        avail: u64,
+        room: u64,
+        jumps: impl FnOnce() -> bool,
+    ) -> u64 {
+        let first_jump = self.piece == 0;
+        if avail == 0 || !(first_jump || (last == self.piece && gap == self.gap)) || !jumps() {
+            return 0;
+        }
+        if first_jump {
+            (self.piece, self.gap) = (avail, gap);
+        }
+        room.min(avail).min(self.piece)
+    }
+}
+
 impl<'a> DmaRange<'a> {
     /// Bytes `[off, off + len)` of the memory that `segs` map.
     ///
@@ -59,7 +90,7 @@ impl<'a> DmaRange<'a> {
     /// - `len` is exactly the command's transfer length (its blocks times the block size), so
     ///   the device moves no byte outside the range.
     pub unsafe fn new(segs: &'a [Segment], off: u64, len: u64) -> Self {
-        DmaRange { segs, off, len, epoch: None, stride: Stride { first: len, piece: 0, gap: 0 } }
+        DmaRange { segs, off, len, epoch: None, stride: Stride::one(len) }
     }
 
     /// `len` bytes gathered from pieces of the memory `segs` map, the first at `off`, laid out

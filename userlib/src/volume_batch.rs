@@ -86,7 +86,7 @@ struct MemberPiece {
 
 impl MemberPiece {
     fn new(member: usize, dev_offset: u64, request_offset: u64, len: u64) -> Self {
-        let stride = Stride { first: len, piece: 0, gap: 0 };
+        let stride = Stride::one(len);
         MemberPiece { member, dev_offset, request_offset, len, stride, end: request_offset + len, last: len }
     }
 
@@ -104,24 +104,19 @@ impl MemberPiece {
             return 0;
         }
         let room = step - self.len;
-        let one_range = self.stride.first == self.len;
-        let take = if one_range && req == self.end {
+        let take = if self.stride.first == self.len && req == self.end {
+            // One range so far, and this continues it in the buffer: it grows.
             let take = room.min(avail);
             self.stride.first += take;
             take
-        } else if one_range && req > self.end && jumps(self.end, req) {
-            // The first jump sets the stride: this piece and those after it as long as this one.
-            (self.stride.piece, self.stride.gap) = (avail, req - self.end);
-            room.min(avail)
-        } else if !one_range
-            && self.last == self.stride.piece
-            && req == self.end + self.stride.gap
-            && jumps(self.end, req)
-        {
-            room.min(avail).min(self.stride.piece)
+        } else if req > self.end {
+            self.stride.take_next(self.last, req - self.end, avail, room, || jumps(self.end, req))
         } else {
-            return 0;
+            0
         };
+        if take == 0 {
+            return 0;
+        }
         self.len += take;
         (self.end, self.last) = (req + take, take);
         take

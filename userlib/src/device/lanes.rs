@@ -161,30 +161,22 @@ impl<'a> State<'a> {
 /// anywhere; PRPs are what every controller takes).
 fn gathered(lane: &Lane<'_>, next: (usize, u64), per_cmd: u64) -> (u64, usize, u64, Option<Stride>) {
     let (i, done) = next;
-    let e = &lane.extents[i];
-    let mut chunk = per_cmd.min(e.len - done);
+    let mut chunk = per_cmd.min(lane.extents[i].len - done);
     let (mut last, mut last_end) = (i, done + chunk);
-    let mut stride = Stride { first: chunk, piece: 0, gap: 0 };
+    let mut stride = Stride::one(chunk);
     while chunk < per_cmd && last_end == lane.extents[last].len {
         let (p, Some(f)) = (&lane.extents[last], lane.extents.get(last + 1)) else { break };
         let p_end = p.reg_offset + p.len;
         let Some(gap) = f.reg_offset.checked_sub(p_end) else { break };
-        let fits = match last == i {
-            true => true,
-            false => gap == stride.gap && p.len == stride.piece,
-        };
-        if !fits
-            || f.len == 0
-            || f.dev_offset != p.dev_offset + p.len
-            || !lane.reg.jumps_between_pages(p_end, f.reg_offset)
-        {
+        if f.dev_offset != p.dev_offset + p.len {
             break;
         }
-        if last == i {
-            (stride.piece, stride.gap) = (f.len, gap);
+        let piece = if last == i { chunk } else { p.len };
+        let jumps = || lane.reg.jumps_between_pages(p_end, f.reg_offset);
+        let take = stride.take_next(piece, gap, f.len, per_cmd - chunk, jumps);
+        if take == 0 {
+            break;
         }
-        // No more of an extent than a piece: past it, the next command goes on.
-        let take = (per_cmd - chunk).min(f.len).min(stride.piece);
         (chunk, last, last_end) = (chunk + take, last + 1, take);
     }
     (chunk, last, last_end, (last > i).then_some(stride))
@@ -377,8 +369,8 @@ mod tests {
     /// A lane's state is what every request of more than one command builds, moves and drops:
     /// it has room for a few commands inline, not arrays of a whole burst. With arrays of
     /// [`MAX_BURST`] it was 6224 bytes, and a 256 KiB read over two chunks of a volume took 3.4x
-    /// its node's time under QEMU's TCG. (552 bytes with 4 commands inline, each naming the
-    /// extents it may gather.)
+    /// its node's time under QEMU's TCG. (552 bytes with 4 commands inline, each with the
+    /// stride of the pieces it may gather.)
     #[test]
     fn a_lane_state_is_small() {
         let size = std::mem::size_of::<State<'static>>();

@@ -52,14 +52,19 @@ impl Registration {
         // is named only in the epoch it was found alive in (a revocation resets the controller
         // first, moving the epoch on).
         let r = unsafe { DmaRange::new(segs, off, len) };
+        self.alive(r)
+    }
+
+    /// `r`, valid only in the controller epoch this registration is found alive in (any
+    /// epoch for host pages).
+    #[inline(always)]
+    fn alive<'a>(&self, r: DmaRange<'a>) -> Result<DmaRange<'a>> {
         Ok(match self.valid_epoch()? {
             None => r,
             Some(epoch) => r.only_in(epoch),
         })
     }
-}
 
-impl Registration {
     /// `len` bytes gathered from pieces laid out as `stride` says, the first at `off`, for one
     /// command; checked alive as [`Registration::range`].
     ///
@@ -71,10 +76,7 @@ impl Registration {
         let (segs, off) = self.segments.from(off);
         // SAFETY: as in `range`, for every piece.
         let r = unsafe { DmaRange::gather(segs, off, stride, len) };
-        Ok(match self.valid_epoch()? {
-            None => r,
-            Some(epoch) => r.only_in(epoch),
-        })
+        self.alive(r)
     }
 
     /// Whether a command's data may jump from the byte before `end` to byte `start`: the first
