@@ -18,6 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod baseline;
+pub mod host;
 mod measure;
 pub mod p2p;
 pub mod remote;
@@ -205,7 +206,9 @@ pub fn run(
         backends.len(),
         estimate.as_secs().div_ceil(60)
     );
+    let host = host::HostRun::start();
     let outcome = vm::run(&cfg, &k, true)?;
+    let host = host.finish();
     if outcome.code != 0 {
         bail!("the benchmark failed in the VM (exit {})", outcome.code);
     }
@@ -218,7 +221,8 @@ pub fn run(
     let dir = out.unwrap_or_else(|| root.join("target/bench"));
     std::fs::create_dir_all(&dir)?;
     let mut all = json!({ "points": points, "measurements": raw, "datapath_cost": micro, "seconds_per_point": seconds,
-                      "repeats": repeats, "noisy_above": repeats::NOISY, "guest_hugepages_2m": HUGEPAGES });
+                      "repeats": repeats, "noisy_above": repeats::NOISY, "guest_hugepages_2m": HUGEPAGES,
+                      "host": host.json() });
     if spdk {
         all["spdk"] = json!({ "version": crate::spdk::VERSION, "dpdk": toolchain::output(Command::new("pkg-config").args(["--modversion", "libdpdk"]))?,
                               "driver": "uio_pci_generic", "options": "-c 0x1 -L (one core, latency summary)" });
@@ -231,10 +235,14 @@ pub fn run(
     if let Some(b) = &baseline {
         md.push_str(&baseline::table(&points, &versus, b));
     }
+    md.push_str(&host.markdown());
     std::fs::write(dir.join("results.md"), &md)?;
     let plots = plot(&points, &dir, &axes)?;
     println!("{md}");
     println!("wrote results.json, results.md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
+    if let Some(w) = host.warning() {
+        eprintln!("{w}");
+    }
     Ok(())
 }
 

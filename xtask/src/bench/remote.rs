@@ -167,8 +167,9 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
         grid.seconds,
         estimate.div_ceil(60)
     );
-    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let host = super::host::HostRun::start();
     let outcome = vm::run(&cfg, &k, true)?;
+    let host = host.finish();
     if outcome.code != 0 {
         bail!("the remote benchmark failed in the VM (exit {})", outcome.code);
     }
@@ -177,10 +178,8 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
     let dir = out.unwrap_or_else(|| root.join("target/bench-remote"));
     std::fs::create_dir_all(&dir)?;
     let stem = format!("remote-results-{}", grid.transport);
-    let load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let mut all = json!({ "grid": grid.to_json(), "points": points, "measurements": measurements,
-                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(),
-                      "host_loadavg_before": load_before.trim(), "host_loadavg_after": load_after.trim() });
+                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(), "host": host.json() });
     if let Some(b) = &baseline {
         all["baseline_cli"] = json!(b.display().to_string());
     }
@@ -190,17 +189,14 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
     if let Some(b) = &baseline {
         md.push_str(&super::baseline::table(&points, &versus, b));
     }
-    // The VM's two vCPUs are emulated (TCG) on a shared host: its load says how noisy a run was.
-    let _ = writeln!(
-        md,
-        "\nHost load average (1, 5, 15 min) before the VM: {}; after: {}.",
-        load_before.split_whitespace().take(3).collect::<Vec<_>>().join(", "),
-        load_after.split_whitespace().take(3).collect::<Vec<_>>().join(", ")
-    );
+    md.push_str(&host.markdown());
     std::fs::write(dir.join(format!("{stem}.md")), &md)?;
     let plots = plot(grid, &points, &dir)?;
     println!("{md}");
     println!("wrote {stem}.json, .csv, .md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
+    if let Some(w) = host.warning() {
+        eprintln!("{w}");
+    }
     Ok(())
 }
 

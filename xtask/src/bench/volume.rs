@@ -179,7 +179,9 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
         grid.seconds,
         estimate.div_ceil(60)
     );
+    let host = super::host::HostRun::start();
     let outcome = vm::run(&cfg, &k, true)?;
+    let host = host.finish();
     if outcome.code != 0 {
         bail!("the volume benchmark failed in the VM (exit {})", outcome.code);
     }
@@ -190,7 +192,8 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
     let dir = out.unwrap_or_else(|| root.join("target/bench-volume"));
     std::fs::create_dir_all(&dir)?;
     let mut all = json!({ "grid": grid.to_json(), "points": points, "measurements": raw,
-                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(), "guest_hugepages_2m": HUGEPAGES });
+                      "noisy_above": repeats::NOISY, "vm_seconds": t.elapsed().as_secs(), "guest_hugepages_2m": HUGEPAGES,
+                      "host": host.json() });
     if let Some(b) = &baseline {
         all["baseline_cli"] = json!(b.display().to_string());
     }
@@ -199,6 +202,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
     if let Some(b) = &baseline {
         md.push_str(&super::baseline::table(&points, &versus, b));
     }
+    md.push_str(&host.markdown());
     std::fs::write(dir.join("volume-results.md"), &md)?;
     let plots = plot(grid, &points, &dir)?;
     println!("{md}");
@@ -207,6 +211,9 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
         dir.display(),
         t.elapsed()
     );
+    if let Some(w) = host.warning() {
+        eprintln!("{w}");
+    }
     Ok(())
 }
 
