@@ -1,6 +1,7 @@
 //! `ugds bench-gpu`: the fallback path into GPU memory against `pread(O_DIRECT)` + a copy to
 //! the GPU, and against the disk's own O_DIRECT read bandwidth (no GPU), in one run.
 
+use crate::rounds::{self, Ratio};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
@@ -83,12 +84,6 @@ pub(crate) fn pread_pinned(fd: std::os::fd::RawFd, pinned: &PinnedHost, size: u6
 /// Rounds per measurement.
 const ROUNDS: usize = 3;
 
-/// The median (0 for no samples).
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// Thread `t`'s `n`th random offset, a multiple of `size` inside the file.
 pub(crate) fn offset(t: usize, n: u64, size: u64, file_size: u64) -> u64 {
     let slots = (file_size / size).max(1);
@@ -112,7 +107,7 @@ pub fn run(p: Params) -> Res<()> {
             if st.is_direct() { "n/a" } else { "yes" }
         );
         println!(
-            "{:>8} {:>7} {:>14} {:>18} {:>14} {:>12} {:>12}",
+            "{:>8} {:>7} {:>14} {:>18} {:>14} {:>22} {:>22}",
             "size", "threads", "ugds GB/s", "pread+copy GB/s", "disk GB/s", "vs pread+cp", "vs disk"
         );
     }
@@ -146,29 +141,36 @@ pub fn run(p: Params) -> Res<()> {
                 q.wait()?;
                 Ok(())
             };
-            // The disk is shared and noisy: the three methods take turns, three rounds each,
-            // and each reports its median round.
-            let (mut u, mut c, mut d) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..ROUNDS {
-                u.push(timed(threads, p.seconds / ROUNDS as f64, size, ugds_io)?);
-                c.push(timed(threads, p.seconds / ROUNDS as f64, size, pread_copy)?);
-                d.push(timed(threads, p.seconds / ROUNDS as f64, size, pread)?);
+            // The disk is shared and noisy: the three methods take turns, in both orders, three
+            // rounds each; a comparison is the median of its rounds' ratios, with their range.
+            let mut got: [Vec<f64>; 3] = Default::default();
+            let secs = p.seconds / ROUNDS as f64;
+            for round in 0..ROUNDS {
+                for m in rounds::order(round, 3) {
+                    got[m].push(match m {
+                        0 => timed(threads, secs, size, ugds_io)?,
+                        1 => timed(threads, secs, size, pread_copy)?,
+                        _ => timed(threads, secs, size, pread)?,
+                    });
+                }
             }
-            let (ugds_bw, copy_bw, disk_bw) = (median(u), median(c), median(d));
-            let row = (size, threads, ugds_bw, copy_bw, disk_bw);
+            let [u, c, d] = &got;
+            let (ugds_bw, copy_bw, disk_bw) = (rounds::median(u), rounds::median(c), rounds::median(d));
+            let (vs_copy, vs_disk) = (Ratio::of(u, c), Ratio::of(u, d));
             if p.json {
                 rows.push(serde_json::json!({"size": size, "threads": threads, "ugds_gbps": ugds_bw,
-                    "pread_copy_gbps": copy_bw, "disk_gbps": disk_bw}));
+                    "pread_copy_gbps": copy_bw, "disk_gbps": disk_bw, "vs_pread_copy": vs_copy.json(),
+                    "vs_disk": vs_disk.json(), "rounds_gbps": {"ugds": u, "pread_copy": c, "disk": d}}));
             } else {
                 println!(
-                    "{:>8} {:>7} {:>14.3} {:>18.3} {:>14.3} {:>11.2}x {:>11.2}x",
-                    ugds::units::human(row.0),
-                    row.1,
-                    row.2,
-                    row.3,
-                    row.4,
-                    row.2 / row.3,
-                    row.2 / row.4
+                    "{:>8} {:>7} {:>14.3} {:>18.3} {:>14.3} {:>22} {:>22}",
+                    ugds::units::human(size),
+                    threads,
+                    ugds_bw,
+                    copy_bw,
+                    disk_bw,
+                    vs_copy.cell(),
+                    vs_disk.cell()
                 );
             }
         }

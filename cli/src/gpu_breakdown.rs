@@ -5,7 +5,8 @@
 //! after another. Every figure comes from
 //! the same run, the methods taking turns so the disk's drift hits all of them alike.
 
-use crate::gpu_bench::{median, pread_pinned};
+use crate::gpu_bench::pread_pinned;
+use crate::rounds::{self, median, Ratio};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
@@ -80,7 +81,7 @@ pub fn breakdown(file: &str, file_size: u64, sizes: &[u64], gpu: &Arc<Gpu>, json
             }
         }
         gpu.set_copy_wait(CopyWait::Auto);
-        let m: Vec<f64> = t.into_iter().map(median).collect();
+        let m: Vec<f64> = t.iter().map(|v| median(v)).collect();
         let (disk, poll) = (m[0], m[4]);
         if json {
             rows.push(serde_json::json!({"size": size, "disk_us": m[0], "copy_sync_us": m[1], "copy_poll_us": m[2],
@@ -150,6 +151,9 @@ fn batch_iops(
     Ok((reps * d) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// Rounds of the depth sweep.
+const DEPTH_ROUNDS: usize = 5;
+
 /// A batch of `depth` reads of `size` into GPU memory, and a stream-ordered group of `depth`
 /// reads (queued on a stream, then the stream synchronized), against `depth` naive reads (pread
 /// into pinned memory, copy, wait) one after another, and against the same batch into host
@@ -167,10 +171,15 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
     let mut q = gpu.runtime().copy_queue()?;
     let sio = StreamIo::new(gpu.runtime().new_stream()?)?;
     if !json {
-        println!("depth sweep ({} reads, IOPS, median of 5 alternating rounds):", ugds::units::human(size));
         println!(
-            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>10}",
-            "depth", "batch", "stream", "naive loop", "host batch", "ratio", "stream", "batch/host"
+            "depth sweep ({} reads, IOPS, medians of {DEPTH_ROUNDS} rounds taking turns; ratios: the median of the \
+             rounds' ratios, their range, noisy where a method's rounds differ by more than {}x):",
+            ugds::units::human(size),
+            rounds::NOISY
+        );
+        println!(
+            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>22} {:>22} {:>22}",
+            "depth", "batch", "stream", "naive loop", "host batch", "batch/naive", "stream/naive", "batch/host"
         );
     }
     let mut rows = Vec::new();
@@ -178,49 +187,63 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
     for &d in depths {
         let mut b = StorageBatch::new(&st, d)?;
         let mut hb = StorageBatch::new(&st, d)?;
-        let (mut bt, mut st_t, mut nt, mut ht) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..5 {
+        // Per method (batch, host batch, stream, naive loop), its IOPS in each round; the
+        // methods take turns, in both orders.
+        let mut got: [Vec<f64>; 4] = Default::default();
+        for round in 0..DEPTH_ROUNDS {
             // A round: enough batches for about 0.2 s of work at the naive rate.
             let reps = (2000 / d).max(4);
-            bt.push(batch_iops(&mut b, &bufs[..d], size, file_size, reps, &mut n)?);
-            ht.push(batch_iops(&mut hb, &hosts[..d], size, file_size, reps, &mut n)?);
-            let start = Instant::now();
-            for _ in 0..reps {
-                let ops: Vec<AsyncOp> = (0..d)
-                    .map(|i| {
-                        n += 1;
-                        let args = AsyncArgs::new(size, offset(n, size, file_size) as i64, 0);
-                        AsyncOp { op: Op::Read, buf: bufs[i].clone(), args }
-                    })
-                    .collect();
-                sio.submit(&st, &ops)?;
-                sio.synchronize()?;
-                if let Some(o) = ops.iter().find(|o| o.args.result() != size as i64) {
-                    return Err(format!("a stream-ordered read returned {}", o.args.result()).into());
-                }
+            for m in rounds::order(round, 4) {
+                let iops = match m {
+                    0 => batch_iops(&mut b, &bufs[..d], size, file_size, reps, &mut n)?,
+                    1 => batch_iops(&mut hb, &hosts[..d], size, file_size, reps, &mut n)?,
+                    2 => {
+                        let start = Instant::now();
+                        for _ in 0..reps {
+                            let ops: Vec<AsyncOp> = (0..d)
+                                .map(|i| {
+                                    n += 1;
+                                    let args = AsyncArgs::new(size, offset(n, size, file_size) as i64, 0);
+                                    AsyncOp { op: Op::Read, buf: bufs[i].clone(), args }
+                                })
+                                .collect();
+                            sio.submit(&st, &ops)?;
+                            sio.synchronize()?;
+                            if let Some(o) = ops.iter().find(|o| o.args.result() != size as i64) {
+                                return Err(format!("a stream-ordered read returned {}", o.args.result()).into());
+                            }
+                        }
+                        (reps * d) as f64 / start.elapsed().as_secs_f64()
+                    }
+                    _ => {
+                        let start = Instant::now();
+                        for _ in 0..reps * d {
+                            n += 1;
+                            pread_pinned(fd, &pinned, size, offset(n, size, file_size))?;
+                            // SAFETY: `pinned` holds the `size` bytes just read and is not reused
+                            // before the wait below; `mems[0]` is `size` bytes of device memory.
+                            unsafe { q.to_device(mems[0].device_ptr(), pinned.as_ptr(), size as usize)? };
+                            q.wait()?;
+                        }
+                        (reps * d) as f64 / start.elapsed().as_secs_f64()
+                    }
+                };
+                got[m].push(iops);
             }
-            st_t.push((reps * d) as f64 / start.elapsed().as_secs_f64());
-            let start = Instant::now();
-            for _ in 0..reps * d {
-                n += 1;
-                pread_pinned(fd, &pinned, size, offset(n, size, file_size))?;
-                // SAFETY: `pinned` holds the `size` bytes just read and is not reused before the
-                // wait below; `mems[0]` is `size` bytes of device memory.
-                unsafe { q.to_device(mems[0].device_ptr(), pinned.as_ptr(), size as usize)? };
-                q.wait()?;
-            }
-            nt.push((reps * d) as f64 / start.elapsed().as_secs_f64());
         }
-        let (bi, si, ni, hi) = (median(bt), median(st_t), median(nt), median(ht));
+        let [bt, ht, st_t, nt] = &got;
+        let (bi, hi, si, ni) = (median(bt), median(ht), median(st_t), median(nt));
+        let (batch, stream, of_host) = (Ratio::of(bt, nt), Ratio::of(st_t, nt), Ratio::of(bt, ht));
         if json {
             rows.push(serde_json::json!({"depth": d, "size": size, "batch_iops": bi, "stream_iops": si,
-                "naive_iops": ni, "host_batch_iops": hi}));
+                "naive_iops": ni, "host_batch_iops": hi, "batch_vs_naive": batch.json(),
+                "stream_vs_naive": stream.json(), "batch_vs_host_batch": of_host.json()}));
         } else {
             println!(
-                "{d:>6} {bi:>12.0} {si:>12.0} {ni:>12.0} {hi:>12.0} {:>7.2}x {:>7.2}x {:>9.2}x",
-                bi / ni,
-                si / ni,
-                bi / hi
+                "{d:>6} {bi:>12.0} {si:>12.0} {ni:>12.0} {hi:>12.0} {:>22} {:>22} {:>22}",
+                batch.cell(),
+                stream.cell(),
+                of_host.cell()
             );
         }
     }

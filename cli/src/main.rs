@@ -172,6 +172,7 @@ mod gpu_bench;
 mod gpu_breakdown;
 mod health;
 mod ops;
+mod rounds;
 
 pub(crate) type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
