@@ -107,6 +107,11 @@ pub fn run(p: Params) -> Res<()> {
             if st.is_direct() { "n/a" } else { "yes" }
         );
         println!(
+            "GB/s: medians of {ROUNDS} rounds taking turns; ratios: the median of the rounds' ratios, their range, \
+             noisy where a method's rounds differ by more than {}x",
+            rounds::NOISY
+        );
+        println!(
             "{:>8} {:>7} {:>14} {:>18} {:>14} {:>22} {:>22}",
             "size", "threads", "ugds GB/s", "pread+copy GB/s", "disk GB/s", "vs pread+cp", "vs disk"
         );

@@ -38,12 +38,16 @@ pub(crate) struct Ratio {
 }
 
 impl Ratio {
-    /// `a` over `b`, round by round (`a[i]` and `b[i]` measured in round `i`).
+    /// `a` over `b`, round by round (`a[i]` and `b[i]` measured in round `i`). A round where
+    /// `b` measured nothing has no ratio (and makes the comparison noisy); with no ratio at all
+    /// every figure is 0.
     pub(crate) fn of(a: &[f64], b: &[f64]) -> Ratio {
         let n = a.len().min(b.len());
-        let rs: Vec<f64> = (0..n).map(|i| if b[i] > 0.0 { a[i] / b[i] } else { f64::INFINITY }).collect();
-        let (min, max) = rs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-        Ratio { median: median(&rs), min, max, noisy: spread_too_wide(&a[..n]) || spread_too_wide(&b[..n]) }
+        let rs: Vec<f64> = (0..n).filter(|&i| b[i] > 0.0).map(|i| a[i] / b[i]).filter(|r| r.is_finite()).collect();
+        let (min, max) =
+            rs.iter().copied().reduce(f64::min).zip(rs.iter().copied().reduce(f64::max)).unwrap_or((0.0, 0.0));
+        let noisy = rs.len() < n || spread_too_wide(&a[..n]) || spread_too_wide(&b[..n]);
+        Ratio { median: median(&rs), min, max, noisy }
     }
 
     /// The table's cell: `1.23x (1.10–1.30)`, or `noisy (0.80–1.90)` where it is not a result.
@@ -97,8 +101,11 @@ mod tests {
         assert!(r.noisy);
         assert!(r.cell().starts_with("noisy ("), "{}", r.cell());
         assert!(Ratio::of(&steady, &[1.0, 0.6, 1.0]).noisy);
-        // A round that measured nothing is no result either.
-        assert!(Ratio::of(&steady, &[1.0, 0.0, 1.0]).noisy);
+        // A round that measured nothing is no result either, and no infinity reaches the JSON.
+        let r = Ratio::of(&steady, &[1.0, 0.0, 1.0]);
+        assert!(r.noisy && r.max.is_finite() && r.json()["range"][1].is_f64(), "{r:?}");
+        let none = Ratio::of(&steady, &[0.0; 3]);
+        assert_eq!((none.median, none.min, none.max, none.noisy), (0.0, 0.0, 0.0, true));
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! moves with the host's speed: the same build's IOPS differ several times over between hosts,
 //! and a run on one host is comparable with another only through the ratios measured in its
 //! own turns. The record says which host a recorded run had, and a host whose hypervisor took
-//! a share of its CPU time is named in the report.
+//! a share of its busy CPU time is named in the report.
 
 use serde_json::{json, Value};
 
-/// The share of the host's CPU time a hypervisor may take before a report warns about it.
+/// The share of the host's busy CPU time a hypervisor may take before a report warns about it
+/// (of busy time, not of all: steal builds up only on CPUs with work, and a host of many idle
+/// CPUs would hide it in its idle time).
 pub const STEAL_WARN: f64 = 0.05;
 
 /// The host's CPU time counters, summed over its CPUs (the `cpu` line of `/proc/stat`, in clock
@@ -17,7 +19,7 @@ pub const STEAL_WARN: f64 = 0.05;
 pub struct CpuTimes {
     /// Every state's ticks together.
     total: u64,
-    /// Ticks neither idle nor waiting for I/O.
+    /// Ticks neither idle nor waiting for I/O (stolen ones included).
     busy: u64,
     /// Ticks a hypervisor ran something else while this host had work (`steal`).
     steal: u64,
@@ -37,19 +39,21 @@ impl CpuTimes {
         let total: u64 = (0..8).map(at).sum();
         Some(CpuTimes { total, busy: total - at(3) - at(4), steal: at(7) })
     }
-
-    fn read() -> Option<CpuTimes> {
-        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
-    }
 }
 
-/// Shares of the host's CPU time between two readings: (busy, stolen); `None` when no time
-/// passed or a counter went back.
+/// Between two readings: the share of the host's CPU time that was busy (stolen time
+/// included), and the share of that busy time a hypervisor stole; `None` when no time passed or
+/// a counter went back (the stolen share 0 when nothing was busy).
 pub fn shares(before: CpuTimes, after: CpuTimes) -> Option<(f64, f64)> {
     let total = after.total.checked_sub(before.total).filter(|&t| t > 0)? as f64;
     let busy = after.busy.checked_sub(before.busy)? as f64;
     let steal = after.steal.checked_sub(before.steal)? as f64;
-    Some((busy / total, steal / total))
+    Some((busy / total, if busy > 0.0 { steal / busy } else { 0.0 }))
+}
+
+/// CPUs a `/proc/stat` text counts (its `cpuN` lines).
+fn cpus_of(stat: &str) -> usize {
+    stat.lines().filter(|l| l.strip_prefix("cpu").is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))).count()
 }
 
 /// A benchmark's host, from the VM's start ([`HostRun::start`]) to its end ([`HostRun::finish`]).
@@ -63,13 +67,18 @@ pub struct HostRun {
 pub struct Host {
     /// The CPU model (`/proc/cpuinfo`'s first `model name`), empty where unknown.
     pub cpu_model: String,
-    /// CPUs online.
+    /// CPUs the host's counters cover (`cpuN` lines of `/proc/stat`).
     pub cpus: usize,
     /// `/proc/loadavg` before and after.
     pub load: [String; 2],
-    /// Shares of the host's CPU time while the VM ran: busy, and stolen by a hypervisor.
+    /// While the VM ran: the share of the host's CPU time busy (stolen included), and the
+    /// share of that busy time stolen by a hypervisor.
     pub busy_share: Option<f64>,
     pub steal_share: Option<f64>,
+}
+
+fn read_stat() -> Option<String> {
+    std::fs::read_to_string("/proc/stat").ok()
 }
 
 fn loadavg() -> String {
@@ -79,13 +88,13 @@ fn loadavg() -> String {
 impl HostRun {
     /// Takes the readings before the VM boots.
     pub fn start() -> HostRun {
-        HostRun { load_before: loadavg(), before: CpuTimes::read() }
+        HostRun { load_before: loadavg(), before: read_stat().as_deref().and_then(CpuTimes::parse) }
     }
 
     /// Takes the readings after the VM stopped.
     pub fn finish(self) -> Host {
-        let after = CpuTimes::read();
-        let s = self.before.zip(after).and_then(|(b, a)| shares(b, a));
+        let stat = read_stat().unwrap_or_default();
+        let s = self.before.zip(CpuTimes::parse(&stat)).and_then(|(b, a)| shares(b, a));
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
@@ -93,10 +102,9 @@ impl HostRun {
                 l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, m)| m.trim().to_string())
             })
             .unwrap_or_default();
-        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
         Host {
             cpu_model,
-            cpus,
+            cpus: cpus_of(&stat),
             load: [self.load_before, loadavg()],
             busy_share: s.map(|s| s.0),
             steal_share: s.map(|s| s.1),
@@ -124,18 +132,19 @@ impl Host {
         );
         if let (Some(b), Some(st)) = (self.busy_share, self.steal_share) {
             s.push_str(&format!(
-                "; while it ran, {:.0}% of the host's CPU time busy, {:.1}% stolen",
+                "; while it ran, its CPUs were busy {:.0}% of the time, {:.1}% of that stolen by a hypervisor",
                 b * 100.0,
                 st * 100.0
             ));
         }
         s.push('.');
         if self.steal_share.is_some_and(|st| st > STEAL_WARN) {
-            s.push_str(
-                " The hypervisor under this host took more than 5% of its CPU time: the emulated \
-                 CPUs lost time unevenly, which slows the absolute figures and adds noise to the \
-                 ratios.",
-            );
+            s.push_str(&format!(
+                " The hypervisor under this host took more than {:.0}% of its busy time: the \
+                 emulated CPUs lost time unevenly, which slows the absolute figures and adds noise \
+                 to the ratios.",
+                STEAL_WARN * 100.0
+            ));
         }
         s.push('\n');
         s
@@ -144,7 +153,7 @@ impl Host {
     /// A line for the terminal when the host was stolen from, else `None`.
     pub fn warning(&self) -> Option<String> {
         let st = self.steal_share.filter(|&st| st > STEAL_WARN)?;
-        Some(format!("bench: the hypervisor took {:.0}% of this host's CPU time during the run", st * 100.0))
+        Some(format!("bench: a hypervisor took {:.0}% of this host's busy CPU time during the run", st * 100.0))
     }
 }
 
@@ -169,11 +178,20 @@ mod tests {
     }
 
     #[test]
+    fn the_cpus_are_the_counted_ones() {
+        assert_eq!(cpus_of(STAT_A), 1);
+        assert_eq!(cpus_of("cpu  1 2 3 4\ncpu0 1 1 1 1\ncpu1 0 1 2 3\ncpu12 1 1 1 1\nintr 5\n"), 3);
+    }
+
+    #[test]
     fn busy_and_stolen_shares_come_from_the_difference_of_two_readings() {
         let (a, b) = (CpuTimes::parse(STAT_A).unwrap(), CpuTimes::parse(STAT_B).unwrap());
         let (busy, steal) = shares(a, b).unwrap();
         assert!((busy - 440.0 / 650.0).abs() < 1e-9, "{busy}");
-        assert!((steal - 100.0 / 650.0).abs() < 1e-9, "{steal}");
+        // Of the busy time: 100 of 440 ticks, where of all the time it would read 15%.
+        assert!((steal - 100.0 / 440.0).abs() < 1e-9, "{steal}");
+        let idle = CpuTimes { total: 2000, busy: 180, steal: 15 };
+        assert_eq!(shares(a, idle), Some((0.0, 0.0)), "nothing busy, nothing stolen");
         assert_eq!(shares(a, a), None, "no time passed");
         assert_eq!(shares(b, a), None, "counters went back");
     }
@@ -194,11 +212,11 @@ mod tests {
         let md = quiet.markdown();
         assert!(md.contains("2 CPUs (AMD EPYC)"), "{md}");
         assert!(md.contains("0.50, 0.60, 0.70 before the VM, 1.50, 1.00, 0.80 after"), "{md}");
-        assert!(md.contains("90% of the host's CPU time busy, 1.0% stolen"), "{md}");
-        assert!(!md.contains("hypervisor"), "{md}");
+        assert!(md.contains("its CPUs were busy 90% of the time, 1.0% of that stolen"), "{md}");
+        assert!(!md.contains("took more than"), "{md}");
         assert_eq!(quiet.warning(), None);
         let stolen = host(0.3);
-        assert!(stolen.markdown().contains("The hypervisor under this host took more than 5%"));
+        assert!(stolen.markdown().contains("The hypervisor under this host took more than 5% of its busy time"));
         assert!(stolen.warning().unwrap().contains("30%"));
         assert_eq!(stolen.json()["steal_share"], 0.3);
         assert_eq!(stolen.json()["cpus"], 2);

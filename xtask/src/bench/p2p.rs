@@ -37,18 +37,25 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
         cmd: vec![suite.display().to_string(), "--bench-p2p".into(), seconds.to_string()],
         p2p: Some(p2p::P2p { topology: p2p::Topology::Switch, zen_cpu: false, passthrough: true }),
     };
+    let host = super::host::HostRun::start();
     let o = vm::run(&cfg, &k, true)?;
+    let host = host.finish();
     let line = o
         .output
         .lines()
         .find_map(|l| l.split_once("UGDS-P2P-BENCH ").map(|(_, j)| j.to_string()))
         .with_context(|| format!("the guest reported no result (exit {})", o.code))?;
-    let v: serde_json::Value = serde_json::from_str(&line)?;
+    let mut v: serde_json::Value = serde_json::from_str(&line)?;
+    v["host"] = host.json();
     std::fs::write(out.join("p2p.json"), serde_json::to_string_pretty(&v)?)?;
-    let md = markdown(&v)?;
+    let mut md = markdown(&v)?;
+    md.push_str(&host.markdown());
     std::fs::write(out.join("p2p.md"), &md)?;
     print!("{md}");
     println!("wrote {}", out.display());
+    if let Some(w) = host.warning() {
+        eprintln!("{w}");
+    }
     Ok(())
 }
 
