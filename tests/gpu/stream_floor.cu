@@ -19,6 +19,10 @@
 //   eager         the host thread is told by the caller, not the stream, to answer (what starting
 //                 a group at once on an idle stream would cost): only the wait and synchronize
 //   eager+copy, eager+gpucopy   the same with the copy, synchronized or stream-signalled
+//   eager+gpucopy+devword  eager+gpucopy, the word the copy's stream stores and the stream waits
+//                 for in device memory instead of mapped pinned host memory
+// Then what queueing costs the calling thread: a query of an idle stream, queueing a wait and a
+// store.
 // Every method runs ITER times, methods taking turns; p50 and p90 per method in microseconds, and
 // echo - sync, the machinery's own cost. Each echo checks that the host saw the stream's value.
 //
@@ -53,7 +57,9 @@
 static volatile uint32_t *words;
 static CUdeviceptr dwords;
 // What the host thread does for the next ticket: how it learns of it, and its copy.
-enum Copy { NONE, HOST_SYNCED, STREAM_SIGNALLED };
+enum Copy { NONE, HOST_SYNCED, STREAM_SIGNALLED, STREAM_SIGNALLED_DEVWORD };
+// A word in device memory, for the waits that only a stream stores into.
+static CUdeviceptr devword;
 static std::atomic<int> copy_kind{NONE};
 static std::atomic<bool> eager{false};
 static std::atomic<uint32_t> told{0};  // eager: the ticket the caller hands over
@@ -73,8 +79,9 @@ static void *echo_thread(void *) {
     last = r;
     int c = copy_kind.load(std::memory_order_acquire);
     if (c != NONE) CK(cudaMemcpyAsync(dev_dst, pinned_src, 4096, cudaMemcpyHostToDevice, copy_stream));
-    if (c == STREAM_SIGNALLED) {
-      CU(cuStreamWriteValue32((CUstream)copy_stream, dwords + 4, r, CU_STREAM_WRITE_VALUE_DEFAULT));
+    if (c == STREAM_SIGNALLED || c == STREAM_SIGNALLED_DEVWORD) {
+      CUdeviceptr w = c == STREAM_SIGNALLED ? dwords + 4 : devword;
+      CU(cuStreamWriteValue32((CUstream)copy_stream, w, r, CU_STREAM_WRITE_VALUE_DEFAULT));
       continue;
     }
     if (c == HOST_SYNCED) CK(cudaStreamSynchronize(copy_stream));
@@ -105,6 +112,8 @@ int main(int argc, char **argv) {
   CU(cuMemHostGetDevicePointer(&dwords, h, 0));
   CK(cudaHostAlloc(&pinned_src, 4096, cudaHostAllocDefault));
   CK(cudaMalloc(&dev_dst, 4096));
+  CU(cuMemAlloc(&devword, 4));
+  CU(cuMemsetD32(devword, 0, 1));
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
@@ -122,6 +131,7 @@ int main(int argc, char **argv) {
       {"eager", Method::ECHO, false, true, NONE},
       {"eager+copy", Method::ECHO, false, true, HOST_SYNCED},
       {"eager+gpucopy", Method::ECHO, false, true, STREAM_SIGNALLED},
+      {"eager+gpucopy+devword", Method::ECHO, false, true, STREAM_SIGNALLED_DEVWORD},
   };
   const int n = sizeof(methods) / sizeof(methods[0]);
   std::vector<std::vector<double>> t(n);
@@ -148,10 +158,11 @@ int main(int argc, char **argv) {
           } else {
             CU(cuStreamWriteValue32((CUstream)s, dwords, ticket, CU_STREAM_WRITE_VALUE_DEFAULT));
           }
-          CU(cuStreamWaitValue32((CUstream)s, dwords + 4, ticket, CU_STREAM_WAIT_VALUE_GEQ));
+          CU(cuStreamWaitValue32((CUstream)s, me.copy == STREAM_SIGNALLED_DEVWORD ? devword : dwords + 4, ticket,
+                                 CU_STREAM_WAIT_VALUE_GEQ));
           if (me.passed) CU(cuStreamWriteValue32((CUstream)s, dwords + 8, ticket, CU_STREAM_WRITE_VALUE_DEFAULT));
           CK(cudaStreamSynchronize(s));
-          if (words[1] != ticket) mismatches++;
+          if (me.copy != STREAM_SIGNALLED_DEVWORD && words[1] != ticket) mismatches++;
           // The next method may switch how tickets are handed over: both ways agree first.
           told.store(ticket, std::memory_order_release);
           words[0] = ticket;
@@ -171,12 +182,37 @@ int main(int argc, char **argv) {
   for (int m = 0; m < n; m++) {
     std::sort(t[m].begin(), t[m].end());
     p[m] = t[m][t[m].size() / 2];
-    printf("  %-14s %8.2f %8.2f\n", methods[m].name, p[m], t[m][t[m].size() * 9 / 10]);
+    printf("  %-22s %8.2f %8.2f\n", methods[m].name, p[m], t[m][t[m].size() * 9 / 10]);
   }
   printf("  echo - sync %.2f us, echo+passed - echo %.2f us, echo+copy - echo %.2f us (copy alone %.2f us)\n",
          p[2] - p[0], p[3] - p[2], p[4] - p[2], p[5]);
   printf("  echo+gpucopy - echo %.2f us, eager - sync %.2f us, eager+copy - eager %.2f us, eager+gpucopy - eager %.2f us\n",
          p[6] - p[2], p[7] - p[0], p[8] - p[7], p[9] - p[7]);
+  printf("  eager+gpucopy+devword - eager+gpucopy %.2f us\n", p[10] - p[9]);
+  // What queueing costs the calling thread, p50 of ITER each: a query of an idle stream (how
+  // ugds tells that a group may start at once), queueing a wait already satisfied, and queueing
+  // a store; each pass ends with a synchronize, outside the timings.
+  std::vector<double> api[3];
+  for (int i = 0; i < iters; i++) {
+    double a = now_us();
+    CUresult qr = cuStreamQuery((CUstream)s);
+    double b = now_us();
+    if (qr != CUDA_SUCCESS) mismatches++;
+    api[0].push_back(b - a);
+    a = now_us();
+    CU(cuStreamWaitValue32((CUstream)s, dwords + 4, 0, CU_STREAM_WAIT_VALUE_GEQ));
+    b = now_us();
+    api[1].push_back(b - a);
+    a = now_us();
+    CU(cuStreamWriteValue32((CUstream)s, dwords + 12, (uint32_t)i, CU_STREAM_WRITE_VALUE_DEFAULT));
+    b = now_us();
+    api[2].push_back(b - a);
+    CK(cudaStreamSynchronize(s));
+  }
+  for (auto &v : api) std::sort(v.begin(), v.end());
+  printf("  calling thread: cuStreamQuery (idle) %.2f us, queueing cuStreamWaitValue32 %.2f us, "
+         "queueing cuStreamWriteValue32 %.2f us (p50)\n",
+         api[0][iters / 2], api[1][iters / 2], api[2][iters / 2]);
   printf("STREAM-FLOOR %s (%ld mismatches)\n", mismatches.load() ? "FAIL" : "PASS", mismatches.load());
   return mismatches.load() ? 1 : 0;
 }
