@@ -288,6 +288,9 @@ pub struct Report {
     /// The most contiguous bus ranges one job's buffer is in (direct path only): 1 per 2 MiB
     /// where the buffers came from huge pages.
     buffer_dma_segments: Option<usize>,
+    /// A batch's I/Os per round (one wait, then one submit of what the wait returned), over all
+    /// jobs: what one submission, and its doorbell write, carried. Batches only.
+    ios_per_round: Option<f64>,
 }
 
 /// User + system CPU time of this process.
@@ -317,9 +320,17 @@ struct Job<'a> {
     deadline: Duration,
 }
 
+/// A batch loop's rounds (one wait, then one submit of what it returned) and the I/Os they
+/// submitted, the first full batch included: how many I/Os a submission's doorbell carried.
+#[derive(Debug, Default, Clone, Copy)]
+struct Rounds {
+    rounds: u64,
+    ios: u64,
+}
+
 /// Keeps `depth` I/Os in flight through a [`ugds::StorageBatch`], resubmitting as they
-/// complete.
-fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<Option<usize>> {
+/// complete; counts its rounds into `rounds`.
+fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat, rounds: &mut Rounds) -> Res<Option<usize>> {
     let (st, bs, depth) = (j.st, j.bs, j.depth);
     let total = usize::try_from(bs).ok().and_then(|s| s.checked_mul(depth)).ok_or("--bs x --iodepth overflows")?;
     let buf = Arc::new(job_buffer(st, total)?);
@@ -364,6 +375,7 @@ fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<Option<usize>> {
         first.push(req);
     }
     b.submit(&first)?;
+    *rounds = Rounds { rounds: 1, ios: first.len() as u64 };
     // Kept from one round to the next: the loop allocates nothing.
     let (mut ev, mut again) = (Vec::with_capacity(depth), first);
     loop {
@@ -391,6 +403,8 @@ fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat) -> Res<Option<usize>> {
             break;
         }
         b.submit(&again)?;
+        rounds.rounds += 1;
+        rounds.ios += again.len() as u64;
     }
     b.cancel()?;
     Ok(buf.dma_segments())
@@ -460,19 +474,20 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let blocks = region_blocks(st.capacity()?, offset, size, bs)?;
     let job = Job { st: &st, bs, offset, depth: iodepth, deadline: Duration::from_secs_f64(runtime) };
     let cpu0 = cpu_time();
-    let results: Vec<Res<(Lat, Option<usize>)>> = std::thread::scope(|s| {
+    let results: Vec<Res<(Lat, Option<usize>, Rounds)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..numjobs)
             .map(|ji| {
                 let job = &job;
-                s.spawn(move || -> Res<(Lat, Option<usize>)> {
+                s.spawn(move || -> Res<(Lat, Option<usize>, Rounds)> {
                     let mut pat = Pattern::new(rw, rwmixread, blocks, ji);
                     let mut lat = Lat::new()?;
+                    let mut rounds = Rounds::default();
                     let segs = if iodepth > 1 {
-                        batch_loop(job, &mut pat, &mut lat)?
+                        batch_loop(job, &mut pat, &mut lat, &mut rounds)?
                     } else {
                         sync_loop(job, queue, &mut pat, &mut lat)?
                     };
-                    Ok((lat, segs))
+                    Ok((lat, segs, rounds))
                 })
             })
             .collect();
@@ -481,10 +496,13 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let cpu = cpu_time() - cpu0;
     let mut all = Lat::new()?;
     let mut segments = None;
+    let mut rounds = Rounds::default();
     for r in results {
-        let (lat, segs) = r?;
+        let (lat, segs, r) = r?;
         all.add(&lat)?;
         segments = segments.max(segs);
+        rounds.rounds += r.rounds;
+        rounds.ios += r.ios;
     }
     let mut both = all.read.clone();
     both.add(&all.write)?;
@@ -527,6 +545,7 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
             remote_staged: c.remote_staged,
         },
         buffer_dma_segments: segments,
+        ios_per_round: (rounds.rounds > 0).then(|| rounds.ios as f64 / rounds.rounds as f64),
     };
     if json {
         println!("{}", serde_json::to_string(&report)?);
@@ -572,6 +591,9 @@ fn print_report(r: &Report, st: &Storage) {
     );
     if let Some(n) = r.buffer_dma_segments {
         println!("  buffers: at most {n} DMA segments each");
+    }
+    if let Some(n) = r.ios_per_round {
+        println!("  batch: {n:.2} I/Os per round (a wait, then a submit and its doorbell write)");
     }
 }
 

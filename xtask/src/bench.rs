@@ -452,11 +452,20 @@ fn goal_line(points: &[Value], backend: &str, engine: &str, name: &str) -> Optio
     Some(l)
 }
 
+/// The cell of I/Os per round: SPDK's poller's (completions per poll that found any) and
+/// `ugds bench`'s batch's (I/Os per wait and submit), `–` where a side did not say.
+fn per_round(sp: &Value, ours: Option<&Value>) -> String {
+    let n = |v: Option<&Value>| {
+        v.and_then(|v| v["ios_per_round"].as_f64()).map_or_else(|| "–".into(), |x| format!("{x:.2}"))
+    };
+    format!("{} / {}", n(Some(sp)), n(ours))
+}
+
 /// SPDK's own figures per point, beside the ratios of ours to them.
 fn spdk_table(s: &mut String, points: &[Value], backend: &str) {
     let _ = writeln!(
         s,
-        "\nSPDK's `spdk_nvme_perf` on the same controller (its own figures; latencies from submission to completion):\n\n| rw | size | QD | SPDK IOPS | SPDK MiB/s | SPDK avg / min / max us | SPDK p50 / p99 us | SPDK/kernel | ugds/SPDK | ugds/SPDK p50 | fio+ugds/SPDK | owned/SPDK | goal |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        "\nSPDK's `spdk_nvme_perf` on the same controller (its own figures; latencies from submission to completion):\n\n| rw | size | QD | SPDK IOPS | SPDK MiB/s | SPDK avg / min / max us | SPDK p50 / p99 us | SPDK/kernel | ugds/SPDK | ugds/SPDK p50 | fio+ugds/SPDK | owned/SPDK | I/Os per round, SPDK / ugds | goal |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
     );
     for sp in points.iter().filter(|p| p["backend"] == backend && p["engine"] == SPDK) {
         let ours = |engine: &str| beside(points, sp, engine);
@@ -477,7 +486,7 @@ fn spdk_table(s: &mut String, points: &[Value], backend: &str) {
         );
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {} | {} | {} | {} | {goal} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} | {} | {} | {} | {} | {} | {} | {goal} |",
             sp["rw"].as_str().unwrap_or(""),
             sp["size"].as_str().unwrap_or(""),
             sp["depth"],
@@ -493,6 +502,7 @@ fn spdk_table(s: &mut String, points: &[Value], backend: &str) {
             ratio_cell(ours(UGDS).and_then(|u| p50_ratio(sp, u))),
             versus(FIO_UGDS),
             versus(OWNED),
+            per_round(sp, ours(UGDS)),
         );
     }
 }
@@ -903,12 +913,20 @@ mod tests {
         assert_eq!(header.matches('|').count(), qd1.matches('|').count());
         let row = t.lines().find(|l| l.starts_with("| randread | 4K | 1 | 17600 |")).expect("SPDK row");
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        // | rw | size | QD | IOPS | MiB/s | avg/min/max | p50/p99 | SPDK/kernel | ugds/SPDK | p50 | fio+ugds/SPDK | owned/SPDK | goal |
+        // | rw | size | QD | IOPS | MiB/s | avg/min/max | p50/p99 | SPDK/kernel | ugds/SPDK | p50 | fio+ugds/SPDK | owned/SPDK | I/Os per round | goal |
         assert_eq!(
-            &cells[5..14],
-            &["68.8", "33.0 / 9.5 / 900.0", "30.0 / 60.0", "1.60x", "1.25x", "0.67x", "0.94x", "1.56x", "met"],
+            &cells[5..15],
+            &["68.8", "33.0 / 9.5 / 900.0", "30.0 / 60.0", "1.60x", "1.25x", "0.67x", "0.94x", "1.56x", "– / –", "met"],
             "{row}"
         );
+        // Where both sides said how many I/Os a round carried, the cell has both.
+        let mut with_rounds = pts.clone();
+        for p in with_rounds.iter_mut().filter(|p| p["depth"] == 32 && p["rw"] == "randread" && p["size"] == "4K") {
+            p["ios_per_round"] = json!(if p["engine"] == SPDK { 7.98 } else { 4.5 });
+        }
+        let t2 = table(&with_rounds, &json!({}), 2, 1, &Axes::main());
+        let row32 = t2.lines().find(|l| l.starts_with("| randread | 4K | 32 | 80000 |")).expect("SPDK QD 32 row");
+        assert!(row32.contains("| 7.98 / 4.50 |"), "{row32}");
         let qd32 = t.lines().find(|l| l.starts_with("| randread | 4K | 32 | 80000 |")).expect("SPDK QD 32 row");
         assert!(qd32.ends_with("| missed (needs 0.90x) |"), "{qd32}");
         assert!(t.contains("- ugds/SPDK IOPS: geometric mean"), "{t}");

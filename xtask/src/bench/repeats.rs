@@ -12,8 +12,10 @@ use serde_json::{json, Value};
 pub const NOISY: f64 = 1.5;
 
 /// The fields besides `iops` a point's medians are taken of (those the point has): latencies,
-/// and SPDK's own throughput and average, min and max latency.
-const LATENCIES: &[&str] = &["p50_us", "p99_us", "lat_p50_us", "lat_p99_us", "mib_s", "avg_us", "min_us", "max_us"];
+/// SPDK's own throughput and average, min and max latency, and the I/Os per round of a batch
+/// or of SPDK's poller.
+const LATENCIES: &[&str] =
+    &["p50_us", "p99_us", "lat_p50_us", "lat_p99_us", "mib_s", "avg_us", "min_us", "max_us", "ios_per_round"];
 
 /// The median (the mean of the middle two for an even count); 0 for none.
 pub fn median(v: &[f64]) -> f64 {

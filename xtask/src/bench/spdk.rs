@@ -47,6 +47,7 @@ pub(super) fn perf_args(job: Job, addr: &str) -> Result<Vec<String>> {
         "-r".into(),
         format!("trtype:PCIe traddr:{addr}"),
         "-L".into(),
+        "--transport-stats".into(),
     ])
 }
 
@@ -60,6 +61,9 @@ pub struct Report {
     pub min_us: f64,
     pub max_us: f64,
     pub percentiles: Vec<(f64, f64)>,
+    /// With `--transport-stats`, the queue pair's completions per poll that found any: the
+    /// I/Os each round carried (`ugds bench`'s `ios_per_round` says the same of its batches).
+    pub ios_per_round: Option<f64>,
 }
 
 impl Report {
@@ -104,7 +108,18 @@ pub fn parse(out: &str) -> Result<Report> {
             percentiles.push((p, v));
         }
     }
-    Ok(Report { iops, mib_s, avg_us, min_us, max_us, percentiles })
+    Ok(Report { iops, mib_s, avg_us, min_us, max_us, percentiles, ios_per_round: ios_per_round(out) })
+}
+
+/// Completions per poll that found any, from `--transport-stats`' PCIe counters (`polls`,
+/// `idle_polls`, `completions`; the first queue pair's); `None` without them or without a busy
+/// poll.
+fn ios_per_round(out: &str) -> Option<f64> {
+    let counter = |name: &str| {
+        out.lines().find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':')?.trim().parse::<u64>().ok())
+    };
+    let busy = counter("polls")?.checked_sub(counter("idle_polls")?).filter(|&b| b > 0)?;
+    Some(counter("completions")? as f64 / busy as f64)
 }
 
 /// The grid's point of a report: SPDK's own figures under the grid's names. Its latencies are
@@ -113,6 +128,9 @@ pub(super) fn point(r: &Report, job: Job) -> Value {
     let mut v = json!({"engine": SPDK, "rw": job.rw, "size": job.size, "depth": job.depth, "iops": r.iops,
                        "mib_s": r.mib_s, "avg_us": r.avg_us, "min_us": r.min_us, "max_us": r.max_us,
                        "latency": "total"});
+    if let Some(n) = r.ios_per_round {
+        v["ios_per_round"] = json!(n);
+    }
     for (pct, k) in [(50.0, "p50_us"), (99.0, "p99_us")] {
         if let Some(us) = r.percentile(pct) {
             v[k] = json!(us);
@@ -245,7 +263,10 @@ Summary latency data for PCIE (0000:00:03.0) [1b36:0010] NSID 1      from core 0
     #[test]
     fn the_job_maps_onto_perf_options() {
         let a = perf_args(job("randwrite", "128K", 32), "0000:00:05.0").unwrap();
-        assert_eq!(a.join(" "), "-q 32 -o 131072 -w randwrite -t 2 -c 0x1 -r trtype:PCIe traddr:0000:00:05.0 -L",);
+        assert_eq!(
+            a.join(" "),
+            "-q 32 -o 131072 -w randwrite -t 2 -c 0x1 -r trtype:PCIe traddr:0000:00:05.0 -L --transport-stats"
+        );
         assert_eq!(
             perf_args(job("randread", "4K", 1), "0000:00:04.0").unwrap()[..6],
             ["-q", "1", "-o", "4096", "-w", "randread"]
@@ -276,6 +297,35 @@ Summary latency data for PCIE (0000:00:03.0) [1b36:0010] NSID 1      from core 0
     }
 
     /// Without `-L` no percentiles; a failed run (no Total line) or a mangled one is an error.
+    /// `--transport-stats`' block as 25.09 printed it in the VM (4 KiB random reads, QD 8).
+    const STATS: &str = "\
+lcore 0, ns PCIE (0000:00:03.0) [1b36:0010] NSID 1 statistics:
+PCIE transport:
+\tpolls:               1577144
+\tidle_polls:          1555029
+\tcompletions:         176543
+\tcq_mmio_doorbell_updates: 22110
+\tcq_shadow_doorbell_updates: 22115
+\tsubmitted_requests:  176543
+\tsq_mmio_doorbell_updates:  22091
+\tsq_shadow_doorbell_updates:  22115
+\tqueued_requests:     0
+";
+
+    #[test]
+    fn the_transport_stats_give_the_ios_per_round() {
+        let with = format!("{STATS}{REPORT}");
+        let r = parse(&with).unwrap();
+        let n = r.ios_per_round.unwrap();
+        assert!((n - 176543.0 / 22115.0).abs() < 1e-9, "{n}");
+        assert_eq!(point(&r, job("randread", "4K", 8))["ios_per_round"], n);
+        assert_eq!(parse(REPORT).unwrap().ios_per_round, None);
+        assert!(point(&parse(REPORT).unwrap(), job("randread", "4K", 8)).get("ios_per_round").is_none());
+        // No busy poll: no figure rather than a division by zero.
+        let idle = with.replace("idle_polls:          1555029", "idle_polls:          1577144");
+        assert_eq!(parse(&idle).unwrap().ios_per_round, None);
+    }
+
     #[test]
     fn reports_without_latency_data_or_total_line() {
         let plain = &REPORT[..REPORT.find("Summary").unwrap()];
