@@ -323,14 +323,14 @@ struct Job<'a> {
 /// A batch loop's rounds (one wait, then one submit of what it returned) and the I/Os they
 /// submitted, the first full batch included: how many I/Os a submission's doorbell carried.
 #[derive(Debug, Default, Clone, Copy)]
-struct Rounds {
+struct BatchRounds {
     rounds: u64,
     ios: u64,
 }
 
 /// Keeps `depth` I/Os in flight through a [`ugds::StorageBatch`], resubmitting as they
 /// complete; counts its rounds into `rounds`.
-fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat, rounds: &mut Rounds) -> Res<Option<usize>> {
+fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat, rounds: &mut BatchRounds) -> Res<Option<usize>> {
     let (st, bs, depth) = (j.st, j.bs, j.depth);
     let total = usize::try_from(bs).ok().and_then(|s| s.checked_mul(depth)).ok_or("--bs x --iodepth overflows")?;
     let buf = Arc::new(job_buffer(st, total)?);
@@ -375,7 +375,7 @@ fn batch_loop(j: &Job, pat: &mut Pattern, lat: &mut Lat, rounds: &mut Rounds) ->
         first.push(req);
     }
     b.submit(&first)?;
-    *rounds = Rounds { rounds: 1, ios: first.len() as u64 };
+    *rounds = BatchRounds { rounds: 1, ios: first.len() as u64 };
     // Kept from one round to the next: the loop allocates nothing.
     let (mut ev, mut again) = (Vec::with_capacity(depth), first);
     loop {
@@ -474,14 +474,14 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let blocks = region_blocks(st.capacity()?, offset, size, bs)?;
     let job = Job { st: &st, bs, offset, depth: iodepth, deadline: Duration::from_secs_f64(runtime) };
     let cpu0 = cpu_time();
-    let results: Vec<Res<(Lat, Option<usize>, Rounds)>> = std::thread::scope(|s| {
+    let results: Vec<Res<(Lat, Option<usize>, BatchRounds)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..numjobs)
             .map(|ji| {
                 let job = &job;
-                s.spawn(move || -> Res<(Lat, Option<usize>, Rounds)> {
+                s.spawn(move || -> Res<(Lat, Option<usize>, BatchRounds)> {
                     let mut pat = Pattern::new(rw, rwmixread, blocks, ji);
                     let mut lat = Lat::new()?;
-                    let mut rounds = Rounds::default();
+                    let mut rounds = BatchRounds::default();
                     let segs = if iodepth > 1 {
                         batch_loop(job, &mut pat, &mut lat, &mut rounds)?
                     } else {
@@ -496,7 +496,7 @@ pub fn run(json: bool, a: BenchArgs) -> Res<()> {
     let cpu = cpu_time() - cpu0;
     let mut all = Lat::new()?;
     let mut segments = None;
-    let mut rounds = Rounds::default();
+    let mut rounds = BatchRounds::default();
     for r in results {
         let (lat, segs, r) = r?;
         all.add(&lat)?;

@@ -12,7 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds::batch::{IoStatus, Op};
-use ugds::gpu::{CopyWait, Gpu};
+use ugds::gpu::{CopyQueue, CopyWait, Gpu, GpuMemory, PinnedHost};
 use ugds::{AsyncArgs, AsyncOp, IoRequest, Storage, StorageBatch, StreamIo};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -151,6 +151,61 @@ fn batch_iops(
     Ok((reps * d) as f64 / start.elapsed().as_secs_f64())
 }
 
+/// Runs `reps` stream-ordered groups of `bufs.len()` reads of `size`, each entry into its own
+/// buffer, each group queued on `sio`'s stream and then synchronized; returns I/Os per second.
+fn stream_iops(
+    sio: &StreamIo,
+    st: &Arc<Storage>,
+    bufs: &[Arc<ugds::Buffer>],
+    size: u64,
+    file_size: u64,
+    reps: usize,
+    n: &mut u64,
+) -> Res<f64> {
+    let start = Instant::now();
+    for _ in 0..reps {
+        let ops: Vec<AsyncOp> = bufs
+            .iter()
+            .map(|buf| {
+                *n += 1;
+                let args = AsyncArgs::new(size, offset(*n, size, file_size) as i64, 0);
+                AsyncOp { op: Op::Read, buf: buf.clone(), args }
+            })
+            .collect();
+        sio.submit(st, &ops)?;
+        sio.synchronize()?;
+        if let Some(o) = ops.iter().find(|o| o.args.result() != size as i64) {
+            return Err(format!("a stream-ordered read returned {}", o.args.result()).into());
+        }
+    }
+    Ok((reps * bufs.len()) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Runs `count` naive reads of `size` one after another (pread into `pinned`, copy into `mem`
+/// on `q`, wait); returns I/Os per second.
+#[allow(clippy::too_many_arguments)]
+fn naive_iops(
+    fd: std::os::fd::RawFd,
+    pinned: &PinnedHost,
+    q: &mut dyn CopyQueue,
+    mem: &GpuMemory,
+    size: u64,
+    file_size: u64,
+    count: usize,
+    n: &mut u64,
+) -> Res<f64> {
+    let start = Instant::now();
+    for _ in 0..count {
+        *n += 1;
+        pread_pinned(fd, pinned, size, offset(*n, size, file_size))?;
+        // SAFETY: `pinned` holds the `size` bytes just read and is not reused before the wait
+        // below; `mem` is `size` bytes of device memory (allocated for reads of `size`).
+        unsafe { q.to_device(mem.device_ptr(), pinned.as_ptr(), size as usize)? };
+        q.wait()?;
+    }
+    Ok(count as f64 / start.elapsed().as_secs_f64())
+}
+
 /// Rounds of the depth sweep.
 const DEPTH_ROUNDS: usize = 5;
 
@@ -197,36 +252,8 @@ pub fn depths(file: &str, file_size: u64, size: u64, depths: &[usize], gpu: &Arc
                 let iops = match m {
                     0 => batch_iops(&mut b, &bufs[..d], size, file_size, reps, &mut n)?,
                     1 => batch_iops(&mut hb, &hosts[..d], size, file_size, reps, &mut n)?,
-                    2 => {
-                        let start = Instant::now();
-                        for _ in 0..reps {
-                            let ops: Vec<AsyncOp> = (0..d)
-                                .map(|i| {
-                                    n += 1;
-                                    let args = AsyncArgs::new(size, offset(n, size, file_size) as i64, 0);
-                                    AsyncOp { op: Op::Read, buf: bufs[i].clone(), args }
-                                })
-                                .collect();
-                            sio.submit(&st, &ops)?;
-                            sio.synchronize()?;
-                            if let Some(o) = ops.iter().find(|o| o.args.result() != size as i64) {
-                                return Err(format!("a stream-ordered read returned {}", o.args.result()).into());
-                            }
-                        }
-                        (reps * d) as f64 / start.elapsed().as_secs_f64()
-                    }
-                    _ => {
-                        let start = Instant::now();
-                        for _ in 0..reps * d {
-                            n += 1;
-                            pread_pinned(fd, &pinned, size, offset(n, size, file_size))?;
-                            // SAFETY: `pinned` holds the `size` bytes just read and is not reused
-                            // before the wait below; `mems[0]` is `size` bytes of device memory.
-                            unsafe { q.to_device(mems[0].device_ptr(), pinned.as_ptr(), size as usize)? };
-                            q.wait()?;
-                        }
-                        (reps * d) as f64 / start.elapsed().as_secs_f64()
-                    }
+                    2 => stream_iops(&sio, &st, &bufs[..d], size, file_size, reps, &mut n)?,
+                    _ => naive_iops(fd, &pinned, q.as_mut(), &mems[0], size, file_size, reps * d, &mut n)?,
                 };
                 got[m].push(iops);
             }

@@ -240,9 +240,7 @@ pub fn run(
     let plots = plot(&points, &dir, &axes)?;
     println!("{md}");
     println!("wrote results.json, results.md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
-    if let Some(w) = host.warning() {
-        eprintln!("{w}");
-    }
+    host.warn();
     Ok(())
 }
 

@@ -155,6 +155,13 @@ impl Host {
         let st = self.steal_share.filter(|&st| st > STEAL_WARN)?;
         Some(format!("bench: a hypervisor took {:.0}% of this host's busy CPU time during the run", st * 100.0))
     }
+
+    /// Prints [`Host::warning`], if any, on stderr: the last thing a benchmark says.
+    pub fn warn(&self) {
+        if let Some(w) = self.warning() {
+            eprintln!("{w}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -53,9 +53,7 @@ pub fn run(seconds: u64, out: Option<PathBuf>) -> Result<()> {
     std::fs::write(out.join("p2p.md"), &md)?;
     print!("{md}");
     println!("wrote {}", out.display());
-    if let Some(w) = host.warning() {
-        eprintln!("{w}");
-    }
+    host.warn();
     Ok(())
 }
 

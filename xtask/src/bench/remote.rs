@@ -194,9 +194,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
     let plots = plot(grid, &points, &dir)?;
     println!("{md}");
     println!("wrote {stem}.json, .csv, .md and {plots} plot(s) to {} in {:.0?}", dir.display(), t.elapsed());
-    if let Some(w) = host.warning() {
-        eprintln!("{w}");
-    }
+    host.warn();
     Ok(())
 }
 

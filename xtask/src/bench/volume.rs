@@ -211,9 +211,7 @@ pub fn run(grid: &Grid, out: Option<PathBuf>, baseline: Option<&Path>) -> Result
         dir.display(),
         t.elapsed()
     );
-    if let Some(w) = host.warning() {
-        eprintln!("{w}");
-    }
+    host.warn();
     Ok(())
 }
 
