@@ -22,7 +22,7 @@ use crate::inflight::{InFlight, Why};
 use crate::storage::{ConcretePath, Storage};
 use crate::storage_batch::Native;
 use crate::stream_dispatch::Dispatcher;
-use crate::stream_tail::{Copies, Offer};
+use crate::stream_tail::{Copies, Offer, Release};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,6 +121,9 @@ pub struct StreamIo {
     /// The last ticket whose group the stream has passed (its wait included), written by the
     /// stream after each group's wait.
     passed: CompletionWord,
+    /// The gate of a copy's store queued with the copy (see [`crate::stream_tail`]): the host
+    /// stores a ticket here once that ticket's job has stored its result.
+    gate: CompletionWord,
     /// Starts each group when the stream reaches it.
     dispatch: Dispatcher,
     /// Copies into GPU memory whose queues store `word` (see [`crate::stream_tail`]), until
@@ -196,6 +199,8 @@ impl StreamIo {
         word.store(0);
         let passed = stream.completion_word()?;
         passed.store(0);
+        let gate = stream.completion_word()?;
+        gate.store(0);
         let copies = Arc::new(Copies::default());
         let c = copies.clone();
         let dispatch = Dispatcher::new(&*stream, Box::new(move || c.tidy()))?;
@@ -205,6 +210,7 @@ impl StreamIo {
             tickets: Arc::default(),
             next: Mutex::new(0),
             passed,
+            gate,
             dispatch,
             copies,
             group: Arc::default(),
@@ -306,7 +312,7 @@ impl StreamIo {
             return Err(Error::invalid("ops", "empty group"));
         }
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
-        let copies = self.copies.clone();
+        let (copies, gate) = (self.copies.clone(), self.gate.clone());
         // CAST: a group's jobs are counted in u32 tickets (wrapping is how tickets work).
         self.queue(jobs.len() as u32, move |first, cancelled| {
             let single = jobs.len() == 1;
@@ -316,7 +322,7 @@ impl StreamIo {
                 // unrun), so the stream's wait is always released.
                 let done = Finish::new(&tickets, &word, ticket);
                 if single {
-                    run_alone(job, done, &cancelled, &copies);
+                    run_alone(job, done, &cancelled, &copies, &gate);
                     continue;
                 }
                 let cancelled = cancelled.clone();
@@ -336,8 +342,9 @@ impl StreamIo {
     /// see to it that tickets `first..first + count` finish, when the stream reaches the
     /// group, then the wait for them. `cancelled` is set when queuing the group's wait failed
     /// after its start was queued: the caller is told the operation failed, so its I/O
-    /// must not start (it would use memory the caller may free); I/O that started before the
-    /// flag was set cannot be recalled.
+    /// must not start (it would use memory the caller may free). A group started at once on an
+    /// idle stream is over by the time the call fails; one the stream starts may have started
+    /// before the flag was set, and cannot be recalled.
     fn queue(&self, count: u32, run: impl FnOnce(u32, Arc<AtomicBool>) + Send + 'static) -> Result<()> {
         let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
         let first = next.wrapping_add(1);
@@ -350,18 +357,40 @@ impl StreamIo {
         self.dispatch.queue(&*self.stream, first, Box::new(move || run(first, cancelled)), at_once)?;
         // Whatever happens next, the group's start queued above finishes these tickets.
         *next = last;
-        let waited = self.stream.wait_word(&self.word, last);
-        if waited.is_err() {
-            cancel.store(true, Ordering::Release);
-        }
         if at_once {
-            // Started only now: a failed wait's caller is told before its I/O could begin.
+            // Started before its wait is queued, which takes this thread a microsecond or more
+            // (a failed wait is seen to below).
             self.dispatch.release(first);
         }
-        // Written by the stream, not a host function: a host function here would be a second
-        // round trip to a host thread on every synchronize's critical path.
-        let marked = self.stream.write_word(&self.passed, last);
-        waited.and(marked)
+        // The wait, and behind it the mark that the stream passed the group: written by the
+        // stream, not a host function, which would be a second round trip to a host thread on
+        // every synchronize's critical path.
+        let queued = self.stream.wait_then_write(&self.word, last, &self.passed, last);
+        if queued.is_err() {
+            cancel.store(true, Ordering::Release);
+            if at_once {
+                // The group may have started: its caller, told that it failed, may free its
+                // memory at once, so the call returns only once the group is over.
+                self.wait_finished(last);
+            }
+            // Nothing of the group is left on the stream, which may still say so (dropping the
+            // registration waits for that mark).
+            let _ = self.stream.write_word(&self.passed, last);
+        }
+        queued
+    }
+
+    /// Waits until every ticket up to `last` is finished (a group that started, or saw that it
+    /// was cancelled before it could).
+    fn wait_finished(&self, last: u32) {
+        let finished = || {
+            let prefix = self.tickets.lock().unwrap_or_else(|e| e.into_inner()).prefix;
+            // Cyclic, as tickets are.
+            prefix.wrapping_sub(last) as i32 >= 0
+        };
+        while !finished() {
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
 
     /// Waits for everything queued on the stream.
@@ -404,12 +433,13 @@ impl StreamIo {
 /// until the stream passes this group anyway). When the job's one I/O leaves its copy into GPU
 /// memory running ([`crate::stream_tail`]), the copy's queue stores the word behind it, after
 /// the job has stored its result.
-fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies) {
+fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies, gate: &CompletionWord) {
     if cancelled.load(Ordering::Acquire) {
         return;
     }
     // Only when every earlier ticket is done: the device then stores what the host would.
-    let offer = done.is_next().then(Offer::new);
+    let offer =
+        done.is_next().then(|| Offer::new(Release { word: done.word.clone(), gate: gate.clone(), value: done.ticket }));
     job();
     if let Some(c) = offer.and_then(Offer::take) {
         done.stored_by_device = copies.signal(c, &done.word, done.ticket);
@@ -554,6 +584,7 @@ impl Drop for StreamIo {
             // The completion words (pinned memory of the parent's runtime) and the queue batch stay.
             std::mem::forget(self.word.clone());
             std::mem::forget(self.passed.clone());
+            std::mem::forget(self.gate.clone());
             std::mem::forget(self.copies.clone());
             self.dispatch.forget();
             std::mem::forget(self.group.clone());
@@ -562,9 +593,9 @@ impl Drop for StreamIo {
         let deadline = Instant::now() + DROP_WAIT;
         while !self.idle() {
             if Instant::now() >= deadline {
-                // The stream may still read the one word and write the other: a token keeps
-                // their memory allocated.
-                let words = (self.word.clone(), self.passed.clone(), self.dispatch.word().clone());
+                // The stream may still read the one word and write the other (and a copy's queue
+                // read the gate): a token keeps their memory allocated.
+                let words = (self.word.clone(), self.passed.clone(), self.dispatch.word().clone(), self.gate.clone());
                 // Copies not over may yet store the word.
                 InFlight::new(Why::Stream).holding((words, self.copies.take_all())).keep();
                 // Its thread ends on its own should the stream ever reach what is queued.
@@ -575,5 +606,55 @@ impl Drop for StreamIo {
         }
         // The stream passed every group, so every copy that released one is over.
         self.settle_copies();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::stream::{CpuStream, HostFn};
+
+    /// A CPU stream that cannot queue waits (and takes a while to say so, as a driver call may).
+    #[derive(Debug)]
+    struct NoWaits(Arc<CpuStream>);
+
+    impl Stream for NoWaits {
+        fn completion_word(&self) -> Result<CompletionWord> {
+            self.0.completion_word()
+        }
+        fn host_fn(&self, f: HostFn) -> Result<()> {
+            self.0.host_fn(f)
+        }
+        fn wait_word(&self, _: &CompletionWord, _: u32) -> Result<()> {
+            std::thread::sleep(Duration::from_millis(20));
+            Err(Error::Gpu { op: "wait", reason: "refused (test)".into() })
+        }
+        fn synchronize(&self) -> Result<()> {
+            self.0.synchronize()
+        }
+        fn is_idle(&self) -> bool {
+            self.0.is_idle()
+        }
+        fn raw(&self) -> usize {
+            self.0.raw()
+        }
+    }
+
+    #[test]
+    fn a_group_started_at_once_is_over_before_its_failed_wait_is_reported() {
+        let sio = StreamIo::new(Arc::new(NoWaits(CpuStream::new().unwrap()))).unwrap();
+        let engine = Engine::new(1).unwrap();
+        // (started, finished)
+        let seen = Arc::new(Mutex::new((false, false)));
+        let s = seen.clone();
+        let job: StreamJob = Box::new(move || {
+            s.lock().unwrap().0 = true;
+            // I/O that takes a while, into memory the caller would free on hearing of a failure.
+            std::thread::sleep(Duration::from_millis(100));
+            s.lock().unwrap().1 = true;
+        });
+        assert!(sio.submit_jobs(&engine, vec![job]).is_err(), "the wait could not be queued");
+        let (started, finished) = *seen.lock().unwrap();
+        assert!(!started || finished, "reported failed while its I/O still ran");
     }
 }

@@ -406,6 +406,24 @@ impl CopyQueue for CudaCopyQueue {
         })?;
         Ok(true)
     }
+
+    fn signal_gated(
+        &mut self,
+        gate: &CompletionWord,
+        gate_value: u32,
+        word: &CompletionWord,
+        value: u32,
+    ) -> Result<bool> {
+        // Both pinned by CUDA, at one address in every context (as in `signal`).
+        if !gate.device_writable_by(Vendor::Cuda) || !word.device_writable_by(Vendor::Cuda) {
+            return Ok(false);
+        }
+        let _ctx = self.enter()?;
+        let mut ops = [wait_op(gate.device_addr(), gate_value), write_op(word.device_addr(), value)];
+        // SAFETY: both words are mapped pinned memory whose owners keep them until the queue
+        // is over (its copy keeps the queue until then, and the registration its words).
+        unsafe { batch_mem_ops(self.stream, &mut ops) }
+    }
 }
 
 impl Drop for CudaCopyQueue {
@@ -447,6 +465,57 @@ impl Drop for PinnedWord {
             // SAFETY: `ptr` came from cuMemHostAlloc and the word using it is gone.
             unsafe { cu::cuMemFreeHost(self.ptr) };
         }
+    }
+}
+
+/// A stream's wait for the 32-bit word at device address `addr` to reach `value` (cyclic `>=`),
+/// as an entry of [`batch_mem_ops`].
+fn wait_op(addr: cu::CUdeviceptr, value: u32) -> cu::CUstreamBatchMemOpParams {
+    // SAFETY: plain data for which all-zero is valid; the fields are set below.
+    let mut p: cu::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+    p.waitValue.operation = cu::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32;
+    p.waitValue.address = addr;
+    p.waitValue.__bindgen_anon_1.value = value;
+    p.waitValue.flags = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    p
+}
+
+/// A stream's store of `value` into the 32-bit word at device address `addr`, as an entry of
+/// [`batch_mem_ops`].
+fn write_op(addr: cu::CUdeviceptr, value: u32) -> cu::CUstreamBatchMemOpParams {
+    // SAFETY: as in `wait_op`.
+    let mut p: cu::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+    p.writeValue.operation = cu::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+    p.writeValue.address = addr;
+    p.writeValue.__bindgen_anon_1.value = value;
+    p.writeValue.flags = cu::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    p
+}
+
+/// Set once the driver refused a batch of memory operations: later callers queue them one by
+/// one without asking again.
+static BATCH_MEM_OPS_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Queues `ops` on `stream` as one batch (`cuStreamBatchMemOp`); false, with nothing queued,
+/// where the driver does not take batches (the caller queues them one by one). The stream's
+/// context must be current.
+///
+/// # Safety
+///
+/// Every address in `ops` must stay valid until the stream has run the operation.
+unsafe fn batch_mem_ops(stream: cu::CUstream, ops: &mut [cu::CUstreamBatchMemOpParams]) -> Result<bool> {
+    if BATCH_MEM_OPS_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(false);
+    }
+    // CAST: a handful of operations.
+    let n = ops.len() as std::ffi::c_uint;
+    // SAFETY: `n` filled entries; the caller keeps the addresses valid.
+    match unsafe { cu::cuStreamBatchMemOp_v2(stream, n, ops.as_mut_ptr(), 0) } {
+        cu::CUresult::CUDA_ERROR_NOT_SUPPORTED => {
+            BATCH_MEM_OPS_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+            Ok(false)
+        }
+        r => check("cuStreamBatchMemOp", r).map(|()| true),
     }
 }
 
@@ -510,6 +579,20 @@ impl Stream for CudaStream {
         check("cuStreamWriteValue32", unsafe {
             cu::cuStreamWriteValue32_v2(self.raw, word.device_addr(), value, flags)
         })
+    }
+
+    fn wait_then_write(&self, wait: &CompletionWord, value: u32, out: &CompletionWord, stored: u32) -> Result<()> {
+        {
+            let _ctx = self.cuda.enter()?;
+            let mut ops = [wait_op(wait.device_addr(), value), write_op(out.device_addr(), stored)];
+            // SAFETY: both words are mapped pinned memory their owners keep until the stream
+            // has passed the operations (as for `wait_word` and `write_word`).
+            if unsafe { batch_mem_ops(self.raw, &mut ops) }? {
+                return Ok(());
+            }
+        }
+        self.wait_word(wait, value)?;
+        self.write_word(out, stored)
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -120,6 +120,14 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
         let word = word.clone();
         self.host_fn(Box::new(move || word.store(value)))
     }
+    /// Queues a wait for `wait` to reach `value` and behind it a store of `stored` into `out`
+    /// ([`Stream::wait_word`] then [`Stream::write_word`]). On error the wait may not have been
+    /// queued. CUDA queues both as one batch of memory operations, which the stream also runs
+    /// sooner than two.
+    fn wait_then_write(&self, wait: &CompletionWord, value: u32, out: &CompletionWord, stored: u32) -> Result<()> {
+        self.wait_word(wait, value)?;
+        self.write_word(out, stored)
+    }
     /// Makes the stream's context current on the calling thread and leaves it so (a thread of
     /// the library's own that serves the stream: its GPU calls then find the context bound).
     fn bind_thread(&self) -> Result<()> {
