@@ -121,9 +121,11 @@ pub struct StreamIo {
     /// The last ticket whose group the stream has passed (its wait included), written by the
     /// stream after each group's wait.
     passed: CompletionWord,
-    /// The gate of a copy's store queued with the copy (see [`crate::stream_tail`]): the host
-    /// stores a ticket here once that ticket's job has stored its result.
-    gate: CompletionWord,
+    /// The ticket up to which the host has finished every job (stored its result, let go of
+    /// what it held or handed that to a copy), written by the host. The stream waits for it as
+    /// well as for `word`, which a copy's queue may store before the job is over (see
+    /// [`crate::stream_tail`]).
+    finished: CompletionWord,
     /// Starts each group when the stream reaches it.
     dispatch: Dispatcher,
     /// Copies into GPU memory whose queues store `word` (see [`crate::stream_tail`]), until
@@ -148,6 +150,8 @@ const DROP_WAIT: Duration = Duration::from_secs(60);
 struct Finish {
     tickets: Arc<Mutex<Tickets>>,
     word: CompletionWord,
+    /// The registration's `finished` word.
+    finished: CompletionWord,
     ticket: u32,
     /// A copy's queue stores the word (this ticket's value) once the copy is done: the host
     /// only counts the ticket.
@@ -155,8 +159,9 @@ struct Finish {
 }
 
 impl Finish {
-    fn new(tickets: &Arc<Mutex<Tickets>>, word: &CompletionWord, ticket: u32) -> Finish {
-        Finish { tickets: tickets.clone(), word: word.clone(), ticket, stored_by_device: false }
+    fn new(tickets: &Arc<Mutex<Tickets>>, word: &CompletionWord, finished: &CompletionWord, ticket: u32) -> Finish {
+        let (tickets, word, finished) = (tickets.clone(), word.clone(), finished.clone());
+        Finish { tickets, word, finished, ticket, stored_by_device: false }
     }
 
     /// Whether every earlier ticket is done: finishing this one then moves the word to it.
@@ -167,14 +172,14 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        finish(&self.tickets, self.ticket, (!self.stored_by_device).then_some(&self.word));
+        finish(&self.tickets, self.ticket, (!self.stored_by_device).then_some(&self.word), &self.finished);
     }
 }
 
 /// Counts `ticket` done and stores the ticket up to which all are done into `word` (when
-/// given), under the lock: stores made after it is released could land out of order and move
-/// the word back.
-fn finish(tickets: &Mutex<Tickets>, ticket: u32, word: Option<&CompletionWord>) {
+/// given) and `finished`, under the lock: stores made after it is released could land out of
+/// order and move a word back.
+fn finish(tickets: &Mutex<Tickets>, ticket: u32, word: Option<&CompletionWord>, finished: &CompletionWord) {
     let mut t = tickets.lock().unwrap_or_else(|e| e.into_inner());
     t.done.insert(ticket);
     loop {
@@ -187,6 +192,7 @@ fn finish(tickets: &Mutex<Tickets>, ticket: u32, word: Option<&CompletionWord>) 
     if let Some(w) = word {
         w.store(t.prefix);
     }
+    finished.store(t.prefix);
 }
 
 impl StreamIo {
@@ -199,8 +205,8 @@ impl StreamIo {
         word.store(0);
         let passed = stream.completion_word()?;
         passed.store(0);
-        let gate = stream.completion_word()?;
-        gate.store(0);
+        let finished = stream.completion_word()?;
+        finished.store(0);
         let copies = Arc::new(Copies::default());
         let c = copies.clone();
         let dispatch = Dispatcher::new(&*stream, Box::new(move || c.tidy()))?;
@@ -210,7 +216,7 @@ impl StreamIo {
             tickets: Arc::default(),
             next: Mutex::new(0),
             passed,
-            gate,
+            finished,
             dispatch,
             copies,
             group: Arc::default(),
@@ -293,11 +299,11 @@ impl StreamIo {
     fn submit_to_batch(&self, storage: &Arc<Storage>, ops: &[AsyncOp]) -> Result<()> {
         let engine = storage.engine()?;
         let (s, ops, group) = (storage.clone(), ops.to_vec(), self.group.clone());
-        let (word, tickets) = (self.word.clone(), self.tickets.clone());
+        let (word, finished, tickets) = (self.word.clone(), self.finished.clone(), self.tickets.clone());
         self.queue(1, move |first, cancelled| {
             // Finishes the ticket once the group and any job it handed work to are over (or
             // were dropped unrun).
-            let done = Arc::new(Finish::new(&tickets, &word, first));
+            let done = Arc::new(Finish::new(&tickets, &word, &finished, first));
             if !cancelled.load(Ordering::Acquire) {
                 run_group(&s, &engine, &group, &ops, &done);
             }
@@ -312,7 +318,7 @@ impl StreamIo {
             return Err(Error::invalid("ops", "empty group"));
         }
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
-        let (copies, gate) = (self.copies.clone(), self.gate.clone());
+        let (copies, finished) = (self.copies.clone(), self.finished.clone());
         // CAST: a group's jobs are counted in u32 tickets (wrapping is how tickets work).
         self.queue(jobs.len() as u32, move |first, cancelled| {
             let single = jobs.len() == 1;
@@ -320,9 +326,9 @@ impl StreamIo {
                 let ticket = first.wrapping_add(i as u32);
                 // Finishes the ticket however the job ends (returns, panics, or is dropped
                 // unrun), so the stream's wait is always released.
-                let done = Finish::new(&tickets, &word, ticket);
+                let done = Finish::new(&tickets, &word, &finished, ticket);
                 if single {
-                    run_alone(job, done, &cancelled, &copies, &gate);
+                    run_alone(job, done, &cancelled, &copies);
                     continue;
                 }
                 let cancelled = cancelled.clone();
@@ -365,7 +371,8 @@ impl StreamIo {
         // The wait, and behind it the mark that the stream passed the group: written by the
         // stream, not a host function, which would be a second round trip to a host thread on
         // every synchronize's critical path.
-        let queued = self.stream.wait_then_write(&self.word, last, &self.passed, last);
+        let waits = [(&self.word, last), (&self.finished, last)];
+        let queued = self.stream.waits_then_write(&waits, &self.passed, last);
         if queued.is_err() {
             cancel.store(true, Ordering::Release);
             if at_once {
@@ -433,13 +440,12 @@ impl StreamIo {
 /// until the stream passes this group anyway). When the job's one I/O leaves its copy into GPU
 /// memory running ([`crate::stream_tail`]), the copy's queue stores the word behind it, after
 /// the job has stored its result.
-fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies, gate: &CompletionWord) {
+fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies) {
     if cancelled.load(Ordering::Acquire) {
         return;
     }
     // Only when every earlier ticket is done: the device then stores what the host would.
-    let offer =
-        done.is_next().then(|| Offer::new(Release { word: done.word.clone(), gate: gate.clone(), value: done.ticket }));
+    let offer = done.is_next().then(|| Offer::new(Release { word: done.word.clone(), value: done.ticket }));
     job();
     if let Some(c) = offer.and_then(Offer::take) {
         done.stored_by_device = copies.signal(c, &done.word, done.ticket);
@@ -584,7 +590,7 @@ impl Drop for StreamIo {
             // The completion words (pinned memory of the parent's runtime) and the queue batch stay.
             std::mem::forget(self.word.clone());
             std::mem::forget(self.passed.clone());
-            std::mem::forget(self.gate.clone());
+            std::mem::forget(self.finished.clone());
             std::mem::forget(self.copies.clone());
             self.dispatch.forget();
             std::mem::forget(self.group.clone());
@@ -593,9 +599,10 @@ impl Drop for StreamIo {
         let deadline = Instant::now() + DROP_WAIT;
         while !self.idle() {
             if Instant::now() >= deadline {
-                // The stream may still read the one word and write the other (and a copy's queue
-                // read the gate): a token keeps their memory allocated.
-                let words = (self.word.clone(), self.passed.clone(), self.dispatch.word().clone(), self.gate.clone());
+                // The stream may still read its words and write `passed`: a token keeps their
+                // memory allocated.
+                let words =
+                    (self.word.clone(), self.passed.clone(), self.dispatch.word().clone(), self.finished.clone());
                 // Copies not over may yet store the word.
                 InFlight::new(Why::Stream).holding((words, self.copies.take_all())).keep();
                 // Its thread ends on its own should the stream ever reach what is queued.

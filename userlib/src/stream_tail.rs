@@ -10,14 +10,14 @@
 //! The hand-over is per thread. The registration's dispatcher offers it around a group of one
 //! job ([`Offer`]); a job that is exactly one I/O accepts it for that I/O ([`one_io`]); the
 //! fallback path's GPU read then leaves its copy running instead of waiting for it
-//! ([`defer`]), and queues the store behind the copy at once, gated by a word the host opens
-//! ([`CopyQueue::signal_gated`]); the job hands over what it holds busy
-//! ([`keep_while_copying`]) after storing its result; the dispatcher keeps the [`Copying`] and
-//! opens the gate, or, where the queue takes no gated store, queues the store only then.
-//! Queued with the copy, the store is in place before the copy ends (on the H100, stream-ordered
-//! 4 KiB reads then took 1.8 us less from the copy's start to the synchronize's return than
-//! with the store queued after the job: `docs/gpu/run-24.txt`). Everything else waits for its
-//! copies as before.
+//! ([`defer`]) and queues the store behind it at once; the job hands over what it holds busy
+//! ([`keep_while_copying`]) after storing its result; the dispatcher keeps the [`Copying`]
+//! (or, where the queue took no store then, queues it now). The stream also waits for the
+//! host's mark that the job is over (`StreamIo`'s `finished` word), so it passes the I/O only
+//! once the copy is done and the job has stored its result and let go of what it holds: the
+//! host's last step is a plain store, not a call into the runtime after the job (on the H100,
+//! the store queued after the job came 2.8 us after the copy, and the stream passed 8 us after
+//! that: `docs/gpu/run-24.txt`). Everything else waits for its copies as before.
 
 use crate::gpu::stream::CompletionWord;
 use crate::gpu::{CopyQueue, Gpu, GpuMemory, PinnedHost};
@@ -46,12 +46,10 @@ fn replace(s: State) -> State {
     STATE.with(|c| std::mem::replace(&mut *c.borrow_mut(), s))
 }
 
-/// How a copy left running releases the stream: its queue stores `value` into `word` once the
-/// host has stored at least `value` into `gate`.
+/// How a copy left running releases the stream: its queue stores `value` into `word`.
 #[derive(Debug, Clone)]
 pub(crate) struct Release {
     pub(crate) word: CompletionWord,
-    pub(crate) gate: CompletionWord,
     pub(crate) value: u32,
 }
 
@@ -64,9 +62,8 @@ pub(crate) struct Copying {
     _mem: Arc<GpuMemory>,
     /// What the I/O held busy (a C face's handle and buffer counts), released after the copy.
     keep: Vec<Box<dyn Any + Send>>,
-    /// The gate of a store queued behind the copy and the value that opens it, until opened:
-    /// the queue does not finish before.
-    gate: Option<(CompletionWord, u32)>,
+    /// The queue stores the stream's word behind the copy (queued when the copy was).
+    signalled: bool,
 }
 
 impl std::fmt::Debug for Copying {
@@ -78,40 +75,22 @@ impl std::fmt::Debug for Copying {
 impl Copying {
     /// A copy queued on `queue` from `stage` into `mem`.
     pub(crate) fn new(gpu: Arc<Gpu>, queue: Box<dyn CopyQueue>, stage: Vec<PinnedHost>, mem: Arc<GpuMemory>) -> Self {
-        Copying { gpu, queue: Some(queue), stage, _mem: mem, keep: Vec::new(), gate: None }
-    }
-
-    /// Queues `r`'s gated store behind the copy (see [`Release`]); false when the queue cannot
-    /// (or the call failed): the store is then queued after the job, by [`Copies::signal`].
-    fn signal_gated(&mut self, r: &Release) -> bool {
-        let Some(q) = self.queue.as_mut() else { return false };
-        match q.signal_gated(&r.gate, r.value, &r.word, r.value) {
-            Ok(true) => {
-                self.gate = Some((r.gate.clone(), r.value));
-                true
-            }
-            Ok(false) => false,
-            Err(e) => {
-                log::debug!("queueing a stream's completion behind its copy: {e}");
-                false
-            }
-        }
-    }
-
-    /// Lets the gated store behind the copy be made (the job's result is stored).
-    fn open_gate(&mut self) {
-        if let Some((gate, value)) = self.gate.take() {
-            gate.store(value);
-        }
+        Copying { gpu, queue: Some(queue), stage, _mem: mem, keep: Vec::new(), signalled: false }
     }
 
     /// Queues the store of `value` into `word` behind the copy; false when the runtime cannot
     /// (or the call failed): the caller then stores it itself, after dropping this (which
     /// waits for the copy).
     fn signal(&mut self, word: &CompletionWord, value: u32) -> bool {
+        if self.signalled {
+            return true;
+        }
         let Some(q) = self.queue.as_mut() else { return false };
         match q.signal(word, value) {
-            Ok(queued) => queued,
+            Ok(queued) => {
+                self.signalled = queued;
+                queued
+            }
             Err(e) => {
                 log::debug!("queueing a stream's completion behind its copy: {e}");
                 false
@@ -152,9 +131,6 @@ impl Copying {
 
 impl Drop for Copying {
     fn drop(&mut self) {
-        // A queue behind a closed gate never finishes (a job that did not end as it should:
-        // the host releases the stream itself then, and the store only repeats its value).
-        self.open_gate();
         // What the copy uses goes only once it is over.
         let Some(q) = self.queue.as_mut() else { return };
         let r = q.wait();
@@ -228,8 +204,8 @@ pub(crate) fn defer(mut c: Copying) -> Result<(), Copying> {
     STATE.with(|cell| {
         let mut s = cell.borrow_mut();
         let State::Armed(r) = &*s else { return Err(c) };
-        // Behind the copy now, while it runs; the gate opens once the job has stored its result.
-        c.signal_gated(r);
+        // Behind the copy now, while it runs (the stream also waits for the job to be over).
+        c.signal(&r.word, r.value);
         *s = State::Deferred(c);
         Ok(())
     })
@@ -259,22 +235,16 @@ pub(crate) struct Copies {
 }
 
 impl Copies {
-    /// Queues the store of `value` into `word` behind `c`'s copy (or opens the gate of the one
-    /// queued with the copy) and keeps `c`; false when that cannot be done: `c` was dropped
-    /// (its copy waited for) and the caller stores the word.
+    /// Queues the store of `value` into `word` behind `c`'s copy (unless queued with the copy)
+    /// and keeps `c`; false when that cannot be done: `c` was dropped (its copy waited for) and
+    /// the caller stores the word.
     pub(crate) fn signal(&self, c: Copying, word: &CompletionWord, value: u32) -> bool {
-        // Listed before the store is queued (or its gate opened): once the stream is released,
-        // whoever settles the copies finds this one (and what it keeps busy).
+        // Listed before the job's ticket is finished: once the stream is released, whoever
+        // settles the copies finds this one (and what it keeps busy).
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         running.push(c);
-        let queued = running.last_mut().is_some_and(|c| match c.gate.is_some() {
-            // Queued behind the copy with the same word and value (the dispatcher's offer).
-            true => {
-                c.open_gate();
-                true
-            }
-            false => c.signal(word, value),
-        });
+        // Queued when the copy was, with the same word and value, where the queue could.
+        let queued = running.last_mut().is_some_and(|c| c.signal(word, value));
         if !queued {
             drop(running.pop());
         }
@@ -328,7 +298,7 @@ mod tests {
         let copying = || Copying::new(gpu.clone(), gpu.take_queue().unwrap(), Vec::new(), mem.clone());
         assert!(defer(copying()).is_err(), "no offer");
         assert!(one_io(|| defer(copying())).is_err(), "no offer");
-        let release = Release { word: CompletionWord::host(), gate: CompletionWord::host(), value: 1 };
+        let release = Release { word: CompletionWord::host(), value: 1 };
         let offer = Offer::new(release);
         assert!(defer(copying()).is_err(), "offered, but not inside the job's one I/O");
         let (t, kept) = token();
@@ -383,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_copy_queued_with_its_store_releases_the_stream_only_after_the_jobs_result() {
-        let f = TempFile::new("tail-gate", 1 << 20);
+        let f = TempFile::new("tail-result", 1 << 20);
         let st = f.storage();
         let buf = Arc::new(st.register_gpu(Arc::new(Gpu::cpu().alloc(4096).unwrap()), false).unwrap());
         let sio = StreamIo::new(CpuStream::new().unwrap()).unwrap();
@@ -391,7 +361,7 @@ mod tests {
         let (s, b, g) = (st.clone(), buf.clone(), got.clone());
         let job: StreamJob = Box::new(move || {
             let n = one_io(|| s.read(&b, 0, 8192, 4096).unwrap());
-            // The copy (and the store queued with it) is done by now; the result is not stored.
+            // The copy, and the store queued with it, are done by now; the result is not stored.
             std::thread::sleep(std::time::Duration::from_millis(50));
             g.store(n, Ordering::Release);
         });
@@ -413,7 +383,7 @@ mod tests {
             panic!("a test's job panics after its I/O on purpose");
         });
         sio.submit_jobs(&st.engine().unwrap(), vec![job]).unwrap();
-        // The gate of the store queued with the copy never opens the normal way.
+        // The job never hands over what it holds, nor stores its result.
         let (tx, rx) = std::sync::mpsc::channel();
         let s2 = sio.clone();
         std::thread::spawn(move || tx.send(s2.synchronize().is_ok()).unwrap());

@@ -1,7 +1,7 @@
 //! A runtime whose device memory is host memory: memfd-backed, so that its dma-buf export is a
 //! real one (udmabuf) and registration takes the same path as GPU memory. Copies are memcpy.
 
-use super::stream::{CompletionWord, CpuStream, Stream};
+use super::stream::{CpuStream, Stream};
 use super::{CopyQueue, Runtime, Vendor};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -112,7 +112,7 @@ impl Runtime for Cpu {
     }
 
     fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(MemcpyQueue::default()))
+        Ok(Box::new(MemcpyQueue))
     }
 
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
@@ -167,30 +167,9 @@ impl Drop for Cpu {
     }
 }
 
-/// Copies complete at once; a gated store waits for its gate (see [`CopyQueue::signal_gated`]):
-/// made by the first `poll` or `wait` that finds the gate open.
-#[derive(Debug, Default)]
-struct MemcpyQueue {
-    /// (gate, the value it must reach, word, the value to store)
-    gated: Option<(CompletionWord, u32, CompletionWord, u32)>,
-}
-
-impl MemcpyQueue {
-    /// Makes the gated store if its gate is open; whether nothing is left waiting.
-    fn pass_gate(&mut self) -> bool {
-        match self.gated.take() {
-            Some((gate, at, word, value)) if gate.reached(at) => {
-                word.store(value);
-                true
-            }
-            Some(g) => {
-                self.gated = Some(g);
-                false
-            }
-            None => true,
-        }
-    }
-}
+/// Copies complete at once.
+#[derive(Debug)]
+struct MemcpyQueue;
 
 impl CopyQueue for MemcpyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
@@ -206,33 +185,12 @@ impl CopyQueue for MemcpyQueue {
     }
 
     fn wait(&mut self) -> Result<()> {
-        // As a device queue would: a gated store holds the queue until its gate opens.
-        while !self.pass_gate() {
-            std::thread::sleep(std::time::Duration::from_micros(10));
-        }
         Ok(())
     }
 
-    fn poll(&mut self) -> Result<bool> {
-        Ok(self.pass_gate())
-    }
-
-    fn signal(&mut self, word: &CompletionWord, value: u32) -> Result<bool> {
-        // Every copy is done when it is started (a gated store before this one is made first).
-        self.wait()?;
+    fn signal(&mut self, word: &super::stream::CompletionWord, value: u32) -> Result<bool> {
+        // Every copy is done when it is started.
         word.store(value);
-        Ok(true)
-    }
-
-    fn signal_gated(
-        &mut self,
-        gate: &CompletionWord,
-        gate_value: u32,
-        word: &CompletionWord,
-        value: u32,
-    ) -> Result<bool> {
-        self.wait()?;
-        self.gated = Some((gate.clone(), gate_value, word.clone(), value));
         Ok(true)
     }
 }
@@ -299,13 +257,13 @@ impl CopyQueue for FaultyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
         self.record(src);
         // SAFETY: forwarded from the caller.
-        unsafe { MemcpyQueue::default().to_device(dst, src, len) }
+        unsafe { MemcpyQueue.to_device(dst, src, len) }
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
         self.record(dst);
         // SAFETY: forwarded from the caller.
-        unsafe { MemcpyQueue::default().to_host(dst, src, len) }
+        unsafe { MemcpyQueue.to_host(dst, src, len) }
     }
 
     fn wait(&mut self) -> Result<()> {

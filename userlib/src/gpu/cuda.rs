@@ -406,24 +406,6 @@ impl CopyQueue for CudaCopyQueue {
         })?;
         Ok(true)
     }
-
-    fn signal_gated(
-        &mut self,
-        gate: &CompletionWord,
-        gate_value: u32,
-        word: &CompletionWord,
-        value: u32,
-    ) -> Result<bool> {
-        // Both pinned by CUDA, at one address in every context (as in `signal`).
-        if !gate.device_writable_by(Vendor::Cuda) || !word.device_writable_by(Vendor::Cuda) {
-            return Ok(false);
-        }
-        let _ctx = self.enter()?;
-        let mut ops = [wait_op(gate.device_addr(), gate_value), write_op(word.device_addr(), value)];
-        // SAFETY: both words are mapped pinned memory whose owners keep them until the queue
-        // is over (its copy keeps the queue until then, and the registration its words).
-        unsafe { batch_mem_ops(self.stream, &mut ops) }
-    }
 }
 
 impl Drop for CudaCopyQueue {
@@ -581,17 +563,20 @@ impl Stream for CudaStream {
         })
     }
 
-    fn wait_then_write(&self, wait: &CompletionWord, value: u32, out: &CompletionWord, stored: u32) -> Result<()> {
+    fn waits_then_write(&self, waits: &[(&CompletionWord, u32)], out: &CompletionWord, stored: u32) -> Result<()> {
         {
             let _ctx = self.cuda.enter()?;
-            let mut ops = [wait_op(wait.device_addr(), value), write_op(out.device_addr(), stored)];
-            // SAFETY: both words are mapped pinned memory their owners keep until the stream
-            // has passed the operations (as for `wait_word` and `write_word`).
+            let mut ops: Vec<_> = waits.iter().map(|(w, v)| wait_op(w.device_addr(), *v)).collect();
+            ops.push(write_op(out.device_addr(), stored));
+            // SAFETY: every word is mapped pinned memory its owner keeps until the stream has
+            // passed the operations (as for `wait_word` and `write_word`).
             if unsafe { batch_mem_ops(self.raw, &mut ops) }? {
                 return Ok(());
             }
         }
-        self.wait_word(wait, value)?;
+        for &(w, v) in waits {
+            self.wait_word(w, v)?;
+        }
         self.write_word(out, stored)
     }
 

@@ -141,20 +141,6 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     fn signal(&mut self, _word: &stream::CompletionWord, _value: u32) -> Result<bool> {
         Ok(false)
     }
-    /// [`CopyQueue::signal`] made once the host has also stored at least `gate_value` into
-    /// `gate` (cyclic `>=`): queued as soon as the copies are, so that their end releases the
-    /// stream without a host thread in between, while the host still decides when the stream may
-    /// see their results (it opens the gate after storing them). Whoever gets true must open
-    /// the gate, or the queue never finishes; false when this queue cannot (nothing queued).
-    fn signal_gated(
-        &mut self,
-        _gate: &stream::CompletionWord,
-        _gate_value: u32,
-        _word: &stream::CompletionWord,
-        _value: u32,
-    ) -> Result<bool> {
-        Ok(false)
-    }
 }
 
 /// [`CopyQueue::to_device_many`] as one [`CopyQueue::to_device`] per copy (the default, and a

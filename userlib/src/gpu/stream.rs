@@ -120,12 +120,14 @@ pub trait Stream: Send + Sync + std::fmt::Debug {
         let word = word.clone();
         self.host_fn(Box::new(move || word.store(value)))
     }
-    /// Queues a wait for `wait` to reach `value` and behind it a store of `stored` into `out`
-    /// ([`Stream::wait_word`] then [`Stream::write_word`]). On error the wait may not have been
-    /// queued. CUDA queues both as one batch of memory operations, which the stream also runs
-    /// sooner than two.
-    fn wait_then_write(&self, wait: &CompletionWord, value: u32, out: &CompletionWord, stored: u32) -> Result<()> {
-        self.wait_word(wait, value)?;
+    /// Queues a wait for each `(word, value)` of `waits` and behind them a store of `stored` into
+    /// `out` ([`Stream::wait_word`]s, then [`Stream::write_word`]). On error some waits may
+    /// not have been queued. CUDA queues them all as one batch of memory operations, which the
+    /// stream also runs sooner than separate ones.
+    fn waits_then_write(&self, waits: &[(&CompletionWord, u32)], out: &CompletionWord, stored: u32) -> Result<()> {
+        for &(w, v) in waits {
+            self.wait_word(w, v)?;
+        }
         self.write_word(out, stored)
     }
     /// Makes the stream's context current on the calling thread and leaves it so (a thread of
