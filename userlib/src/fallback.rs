@@ -21,8 +21,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::sync::Arc;
 
-mod queued_copy;
-
 /// One command's size: large enough to stream, small enough that a request is split into many
 /// commands in flight at once.
 pub(crate) const PIECE: usize = 1 << 20;
@@ -108,8 +106,6 @@ pub struct FileTarget {
     block_device: bool,
     /// The same file without O_DIRECT, opened at first need (writes of any size and offset).
     buffered: std::sync::OnceLock<File>,
-    /// The size last asked (see `queued_copy`).
-    known_len: std::sync::atomic::AtomicU64,
     /// Tests: this many of the next `io_uring_enter` calls fail (EFAULT) without submitting.
     #[cfg(test)]
     pub(crate) fail_enters: std::sync::atomic::AtomicU32,
@@ -162,7 +158,6 @@ impl FileTarget {
             align,
             block_device,
             buffered: Default::default(),
-            known_len: Default::default(),
             #[cfg(test)]
             fail_enters: Default::default(),
         })
@@ -389,14 +384,6 @@ impl FileTarget {
     /// Up to [`READ_LANES`] chunks are read from disk at once; as each arrives, its copy to the
     /// device starts, and its staging chunk is read into again once that copy is done.
     pub(crate) fn read_gpu(&self, mem: &Arc<GpuMemory>, dev_ptr: u64, len: usize, file_offset: u64) -> IoResult<usize> {
-        // A stream's one read of one chunk: its copy is queued while the disk reads.
-        if (1..=STAGING_CHUNK).contains(&len) {
-            if let Some(r) = stream_tail::armed_release() {
-                if let Some(n) = self.read_gpu_queued(mem, dev_ptr, len, file_offset, &r)? {
-                    return Ok(n);
-                }
-            }
-        }
         let gpu = mem.gpu();
         let nchunks = len.div_ceil(STAGING_CHUNK);
         let lanes = nchunks.clamp(1, READ_LANES);

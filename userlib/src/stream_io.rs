@@ -126,9 +126,6 @@ pub struct StreamIo {
     /// well as for `word`, which a copy's queue may store before the job is over (see
     /// [`crate::stream_tail`]).
     finished: CompletionWord,
-    /// The ticket whose read's data the host has put in staging, for a copy queued before it
-    /// (see [`crate::stream_tail::Release`]).
-    staged: CompletionWord,
     /// Starts each group when the stream reaches it.
     dispatch: Dispatcher,
     /// Copies into GPU memory whose queues store `word` (see [`crate::stream_tail`]), until
@@ -210,8 +207,6 @@ impl StreamIo {
         passed.store(0);
         let finished = stream.completion_word()?;
         finished.store(0);
-        let staged = stream.completion_word()?;
-        staged.store(0);
         let copies = Arc::new(Copies::default());
         let c = copies.clone();
         let dispatch = Dispatcher::new(&*stream, Box::new(move || c.tidy()))?;
@@ -222,7 +217,6 @@ impl StreamIo {
             next: Mutex::new(0),
             passed,
             finished,
-            staged,
             dispatch,
             copies,
             group: Arc::default(),
@@ -324,7 +318,7 @@ impl StreamIo {
             return Err(Error::invalid("ops", "empty group"));
         }
         let (engine, word, tickets) = (engine.clone(), self.word.clone(), self.tickets.clone());
-        let (copies, finished, staged) = (self.copies.clone(), self.finished.clone(), self.staged.clone());
+        let (copies, finished) = (self.copies.clone(), self.finished.clone());
         // CAST: a group's jobs are counted in u32 tickets (wrapping is how tickets work).
         self.queue(jobs.len() as u32, move |first, cancelled| {
             let single = jobs.len() == 1;
@@ -334,7 +328,7 @@ impl StreamIo {
                 // unrun), so the stream's wait is always released.
                 let done = Finish::new(&tickets, &word, &finished, ticket);
                 if single {
-                    run_alone(job, done, &cancelled, &copies, &staged);
+                    run_alone(job, done, &cancelled, &copies);
                     continue;
                 }
                 let cancelled = cancelled.clone();
@@ -446,14 +440,12 @@ impl StreamIo {
 /// until the stream passes this group anyway). When the job's one I/O leaves its copy into GPU
 /// memory running ([`crate::stream_tail`]), the copy's queue stores the word behind it, after
 /// the job has stored its result.
-fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies, staged: &CompletionWord) {
+fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies) {
     if cancelled.load(Ordering::Acquire) {
         return;
     }
     // Only when every earlier ticket is done: the device then stores what the host would.
-    let offer = done
-        .is_next()
-        .then(|| Offer::new(Release { word: done.word.clone(), staged: staged.clone(), value: done.ticket }));
+    let offer = done.is_next().then(|| Offer::new(Release { word: done.word.clone(), value: done.ticket }));
     job();
     if let Some(c) = offer.and_then(Offer::take) {
         done.stored_by_device = copies.signal(c, &done.word, done.ticket);
@@ -599,7 +591,6 @@ impl Drop for StreamIo {
             std::mem::forget(self.word.clone());
             std::mem::forget(self.passed.clone());
             std::mem::forget(self.finished.clone());
-            std::mem::forget(self.staged.clone());
             std::mem::forget(self.copies.clone());
             self.dispatch.forget();
             std::mem::forget(self.group.clone());
@@ -611,7 +602,7 @@ impl Drop for StreamIo {
                 // The stream may still read its words and write `passed`: a token keeps their
                 // memory allocated.
                 let words =
-                    [&self.word, &self.passed, self.dispatch.word(), &self.finished, &self.staged].map(Clone::clone);
+                    (self.word.clone(), self.passed.clone(), self.dispatch.word().clone(), self.finished.clone());
                 // Copies not over may yet store the word.
                 InFlight::new(Why::Stream).holding((words, self.copies.take_all())).keep();
                 // Its thread ends on its own should the stream ever reach what is queued.

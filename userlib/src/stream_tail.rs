@@ -46,13 +46,10 @@ fn replace(s: State) -> State {
     STATE.with(|c| std::mem::replace(&mut *c.borrow_mut(), s))
 }
 
-/// How a copy left running releases the stream: its queue stores `value` into `word`. A read
-/// may queue its copy before its data is in staging, behind a wait for the host to store at
-/// least `value` into `staged` (`fallback::queued_copy`).
+/// How a copy left running releases the stream: its queue stores `value` into `word`.
 #[derive(Debug, Clone)]
 pub(crate) struct Release {
     pub(crate) word: CompletionWord,
-    pub(crate) staged: CompletionWord,
     pub(crate) value: u32,
 }
 
@@ -79,12 +76,6 @@ impl Copying {
     /// A copy queued on `queue` from `stage` into `mem`.
     pub(crate) fn new(gpu: Arc<Gpu>, queue: Box<dyn CopyQueue>, stage: Vec<PinnedHost>, mem: Arc<GpuMemory>) -> Self {
         Copying { gpu, queue: Some(queue), stage, _mem: mem, keep: Vec::new(), signalled: false }
-    }
-
-    /// The same, its queue already storing the stream's word behind the copy.
-    pub(crate) fn with_store_queued(mut self) -> Self {
-        self.signalled = true;
-        self
     }
 
     /// Queues the store of `value` into `word` behind the copy; false when the runtime cannot
@@ -207,14 +198,6 @@ pub(crate) fn armed() -> bool {
     STATE.with(|c| matches!(*c.borrow(), State::Armed(_)))
 }
 
-/// How the copy of this thread's I/O releases the stream, when the I/O accepted an offer.
-pub(crate) fn armed_release() -> Option<Release> {
-    STATE.with(|c| match &*c.borrow() {
-        State::Armed(r) => Some(r.clone()),
-        _ => None,
-    })
-}
-
 /// Leaves `c` running when this thread's I/O accepted an offer; otherwise hands it back (the
 /// caller waits for it).
 pub(crate) fn defer(mut c: Copying) -> Result<(), Copying> {
@@ -315,7 +298,7 @@ mod tests {
         let copying = || Copying::new(gpu.clone(), gpu.take_queue().unwrap(), Vec::new(), mem.clone());
         assert!(defer(copying()).is_err(), "no offer");
         assert!(one_io(|| defer(copying())).is_err(), "no offer");
-        let release = Release { word: CompletionWord::host(), staged: CompletionWord::host(), value: 1 };
+        let release = Release { word: CompletionWord::host(), value: 1 };
         let offer = Offer::new(release);
         assert!(defer(copying()).is_err(), "offered, but not inside the job's one I/O");
         let (t, kept) = token();

@@ -1,7 +1,7 @@
 //! A runtime whose device memory is host memory: memfd-backed, so that its dma-buf export is a
 //! real one (udmabuf) and registration takes the same path as GPU memory. Copies are memcpy.
 
-use super::stream::{CompletionWord, CpuStream, Stream};
+use super::stream::{CpuStream, Stream};
 use super::{CopyQueue, Runtime, Vendor};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -112,7 +112,7 @@ impl Runtime for Cpu {
     }
 
     fn copy_queue(&self) -> Result<Box<dyn CopyQueue>> {
-        Ok(Box::new(MemcpyQueue::default()))
+        Ok(Box::new(MemcpyQueue))
     }
 
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<OwnedFd> {
@@ -167,84 +167,30 @@ impl Drop for Cpu {
     }
 }
 
-/// What a [`MemcpyQueue`] holds back behind a wait.
+/// Copies complete at once.
 #[derive(Debug)]
-enum Held {
-    Wait(CompletionWord, u32),
-    /// (destination, source, length) in device (here: host) memory.
-    Copy(u64, usize, usize),
-    Store(CompletionWord, u32),
-}
-
-/// Copies complete at once, unless a wait holds them back ([`CopyQueue::wait_word`]): then
-/// they, and stores, run in order once the wait's word is reached, at the queue's next `poll`
-/// or `wait` (as a device runs what is queued behind a wait when the word arrives).
-#[derive(Debug, Default)]
-struct MemcpyQueue {
-    held: std::collections::VecDeque<Held>,
-}
-
-impl MemcpyQueue {
-    /// Runs what is held back, up to a wait whose word is not reached; whether all ran.
-    fn run(&mut self) -> bool {
-        while let Some(h) = self.held.front() {
-            match h {
-                Held::Wait(w, v) if !w.reached(*v) => return false,
-                Held::Wait(..) => {}
-                // SAFETY: the caller of `to_device` guaranteed both ranges until the queue is
-                // waited for, which it is not before this runs.
-                Held::Copy(dst, src, len) => unsafe {
-                    std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *len)
-                },
-                Held::Store(w, v) => w.store(*v),
-            }
-            self.held.pop_front();
-        }
-        true
-    }
-}
+struct MemcpyQueue;
 
 impl CopyQueue for MemcpyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
-        if !self.held.is_empty() {
-            // CAST: kept as an address (the queue is Send); used as the caller's pointer.
-            self.held.push_back(Held::Copy(dst, src as usize, len));
-            return Ok(());
-        }
         // SAFETY: the caller guarantees both ranges (device memory is host memory here).
         unsafe { std::ptr::copy_nonoverlapping(src, dst as *mut u8, len) };
         Ok(())
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
-        self.wait()?;
         // SAFETY: as above.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
         Ok(())
     }
 
     fn wait(&mut self) -> Result<()> {
-        while !self.run() {
-            std::thread::sleep(std::time::Duration::from_micros(10));
-        }
         Ok(())
     }
 
-    fn poll(&mut self) -> Result<bool> {
-        Ok(self.run())
-    }
-
-    fn signal(&mut self, word: &CompletionWord, value: u32) -> Result<bool> {
-        match self.held.is_empty() {
-            // Every copy queued so far is done.
-            true => word.store(value),
-            false => self.held.push_back(Held::Store(word.clone(), value)),
-        }
-        Ok(true)
-    }
-
-    fn wait_word(&mut self, word: &CompletionWord, value: u32) -> Result<bool> {
-        self.held.push_back(Held::Wait(word.clone(), value));
+    fn signal(&mut self, word: &super::stream::CompletionWord, value: u32) -> Result<bool> {
+        // Every copy is done when it is started.
+        word.store(value);
         Ok(true)
     }
 }
@@ -311,13 +257,13 @@ impl CopyQueue for FaultyQueue {
     unsafe fn to_device(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
         self.record(src);
         // SAFETY: forwarded from the caller.
-        unsafe { MemcpyQueue::default().to_device(dst, src, len) }
+        unsafe { MemcpyQueue.to_device(dst, src, len) }
     }
 
     unsafe fn to_host(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
         self.record(dst);
         // SAFETY: forwarded from the caller.
-        unsafe { MemcpyQueue::default().to_host(dst, src, len) }
+        unsafe { MemcpyQueue.to_host(dst, src, len) }
     }
 
     fn wait(&mut self) -> Result<()> {

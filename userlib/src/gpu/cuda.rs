@@ -406,21 +406,6 @@ impl CopyQueue for CudaCopyQueue {
         })?;
         Ok(true)
     }
-
-    fn wait_word(&mut self, word: &CompletionWord, value: u32) -> Result<bool> {
-        // As in `signal`.
-        if !word.device_writable_by(Vendor::Cuda) {
-            return Ok(false);
-        }
-        let _ctx = self.enter()?;
-        let geq = cu::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        // SAFETY: the word is mapped pinned memory at the same address in every context; its
-        // owner keeps it until the queue is over (the copy behind the wait keeps the queue).
-        check("cuStreamWaitValue32", unsafe {
-            cu::cuStreamWaitValue32_v2(self.stream, word.device_addr(), value, geq)
-        })?;
-        Ok(true)
-    }
 }
 
 impl Drop for CudaCopyQueue {

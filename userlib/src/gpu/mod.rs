@@ -141,12 +141,6 @@ pub trait CopyQueue: Send + std::fmt::Debug {
     fn signal(&mut self, _word: &stream::CompletionWord, _value: u32) -> Result<bool> {
         Ok(false)
     }
-    /// Queues a wait: what is queued after it starts once `word` has reached `value` (cyclic
-    /// `>=`), which the host stores. Whoever gets true must store it, or the queue never
-    /// finishes; false when this queue cannot (nothing queued).
-    fn wait_word(&mut self, _word: &stream::CompletionWord, _value: u32) -> Result<bool> {
-        Ok(false)
-    }
 }
 
 /// [`CopyQueue::to_device_many`] as one [`CopyQueue::to_device`] per copy (the default, and a
