@@ -102,7 +102,7 @@ impl Dispatcher {
     /// Queues `start` to run once `stream` reaches the point queued now; `key` is the group's
     /// first ticket (increasing, cyclic). With `at_once` (the caller found the stream idle, so
     /// it has reached that point already) nothing is queued on the stream: the caller stores
-    /// the key with [`Dispatcher::release`] once the rest of its group is queued, and the group
+    /// the key with [`Dispatcher::release`] (before it queues the group's wait), and the group
     /// starts without waiting for the stream to get round to a store. On error nothing was
     /// queued on the stream and `start` never runs.
     pub(crate) fn queue(&self, stream: &dyn Stream, key: u32, start: Start, at_once: bool) -> Result<()> {

@@ -9,9 +9,13 @@
 //! wait on a host-mapped completion word, advanced as operations finish (in ticket order, so
 //! the word means "every operation up to this ticket is done"). Work queued after the
 //! group starts only when all of the group's I/O is done; the operations of one group overlap
-//! their device time. [`StreamIo::read_async`] is a group of one. Results (bytes, or a negative
-//! errno) are written to each operation's [`AsyncArgs::bytes`] before the word advances; an
-//! invalid argument found at execution time is reported there and later operations still run.
+//! their device time. [`StreamIo::read_async`] is a group of one. The stream also waits on a
+//! second word the host stores as operations finish: a read's copy into GPU memory may advance
+//! the completion word from its own queue (see [`crate::stream_tail`]), and the stream passes
+//! only once both say so. Results (bytes, or a negative errno) are written to each operation's
+//! [`AsyncArgs::bytes`] before the host's word advances; an invalid argument found at execution
+//! time is reported there and later operations still run. The waits and the mark that the
+//! stream passed the group are queued as one batch where the runtime takes batches.
 
 use crate::batch::{Entry, IoStatus, Op};
 use crate::buffer::{Buffer, Lease};
@@ -380,15 +384,17 @@ impl StreamIo {
                 // memory at once, so the call returns only once the group is over.
                 self.wait_finished(last);
             }
-            // Nothing of the group is left on the stream, which may still say so (dropping the
-            // registration waits for that mark).
+            // The mark may not be queued yet; dropping the registration waits for it (a wait
+            // queued before the failure is passed: the group's tickets finish whatever happens).
             let _ = self.stream.write_word(&self.passed, last);
         }
         queued
     }
 
     /// Waits until every ticket up to `last` is finished (a group that started, or saw that it
-    /// was cancelled before it could).
+    /// was cancelled before it could), and the copies left running are over: a read's copy
+    /// into GPU memory writes the caller's memory after its ticket finished, and the store
+    /// behind it must land before a later group's store of the word.
     fn wait_finished(&self, last: u32) {
         let finished = || {
             let prefix = self.tickets.lock().unwrap_or_else(|e| e.into_inner()).prefix;
@@ -398,6 +404,7 @@ impl StreamIo {
         while !finished() {
             std::thread::sleep(Duration::from_micros(20));
         }
+        self.settle_copies();
     }
 
     /// Waits for everything queued on the stream.
@@ -438,8 +445,9 @@ impl StreamIo {
 
 /// Runs a group of one job on the dispatcher (no hand-off to a worker: the dispatcher is idle
 /// until the stream passes this group anyway). When the job's one I/O leaves its copy into GPU
-/// memory running ([`crate::stream_tail`]), the copy's queue stores the word behind it, after
-/// the job has stored its result.
+/// memory running ([`crate::stream_tail`]), the copy's queue stores the word behind it (queued
+/// with the copy); the host's finished mark, which the stream waits for too, follows once the
+/// job has stored its result and the copy is listed.
 fn run_alone(job: StreamJob, mut done: Finish, cancelled: &AtomicBool, copies: &Copies) {
     if cancelled.load(Ordering::Acquire) {
         return;

@@ -62,8 +62,9 @@ pub(crate) struct Copying {
     _mem: Arc<GpuMemory>,
     /// What the I/O held busy (a C face's handle and buffer counts), released after the copy.
     keep: Vec<Box<dyn Any + Send>>,
-    /// The queue stores the stream's word behind the copy (queued when the copy was).
-    signalled: bool,
+    /// The word the queue stores behind the copy, once that store is queued (kept allocated
+    /// with the rest should the queue fail).
+    stores: Option<CompletionWord>,
 }
 
 impl std::fmt::Debug for Copying {
@@ -75,20 +76,22 @@ impl std::fmt::Debug for Copying {
 impl Copying {
     /// A copy queued on `queue` from `stage` into `mem`.
     pub(crate) fn new(gpu: Arc<Gpu>, queue: Box<dyn CopyQueue>, stage: Vec<PinnedHost>, mem: Arc<GpuMemory>) -> Self {
-        Copying { gpu, queue: Some(queue), stage, _mem: mem, keep: Vec::new(), signalled: false }
+        Copying { gpu, queue: Some(queue), stage, _mem: mem, keep: Vec::new(), stores: None }
     }
 
     /// Queues the store of `value` into `word` behind the copy; false when the runtime cannot
     /// (or the call failed): the caller then stores it itself, after dropping this (which
     /// waits for the copy).
     fn signal(&mut self, word: &CompletionWord, value: u32) -> bool {
-        if self.signalled {
+        if self.stores.is_some() {
             return true;
         }
         let Some(q) = self.queue.as_mut() else { return false };
         match q.signal(word, value) {
             Ok(queued) => {
-                self.signalled = queued;
+                if queued {
+                    self.stores = Some(word.clone());
+                }
                 queued
             }
             Err(e) => {
@@ -122,8 +125,9 @@ impl Copying {
             Err(mut f) => {
                 log::debug!("a copy behind a stream's completion failed: {}", f.error);
                 let keep = std::mem::take(&mut self.keep);
-                // A failed queue's token always comes back: nothing is handed back here.
-                drop(f.hold_if_running((stage, self._mem.clone(), keep)));
+                // A failed queue's token always comes back: nothing is handed back here (the
+                // word too: the store behind the copy may still come).
+                drop(f.hold_if_running((stage, self._mem.clone(), keep, self.stores.take())));
             }
         }
     }

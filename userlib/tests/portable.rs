@@ -231,7 +231,10 @@ fn a_group_on_an_idle_stream_starts_without_the_stream_storing_its_start() {
         (args, stream.jobs_queued() - before)
     };
     let (args, queued) = read(0);
-    assert_eq!(queued, 2, "on an idle stream: the group's wait and its passed mark, no store to start it");
+    assert_eq!(
+        queued, 3,
+        "on an idle stream: the group's waits (the word, the host's finished mark) and its passed mark, no store to start it"
+    );
     sio.synchronize().unwrap();
     assert_eq!(args.result(), 4096);
     let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -244,7 +247,7 @@ fn a_group_on_an_idle_stream_starts_without_the_stream_storing_its_start() {
         })
         .unwrap();
     let (late, queued) = read(8192);
-    assert_eq!(queued, 3, "behind running work the stream stores the group's start");
+    assert_eq!(queued, 4, "behind running work the stream stores the group's start");
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(late.result(), 0, "started before the stream reached it");
     gate.store(true, std::sync::atomic::Ordering::Release);

@@ -479,7 +479,8 @@ fn write_op(addr: cu::CUdeviceptr, value: u32) -> cu::CUstreamBatchMemOpParams {
 static BATCH_MEM_OPS_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Queues `ops` on `stream` as one batch (`cuStreamBatchMemOp`); false, with nothing queued,
-/// where the driver does not take batches (the caller queues them one by one). The stream's
+/// where the driver does not take batches or rejects this one (the caller queues them one by
+/// one). The stream's
 /// context must be current.
 ///
 /// # Safety
@@ -497,6 +498,9 @@ unsafe fn batch_mem_ops(stream: cu::CUstream, ops: &mut [cu::CUstreamBatchMemOpP
             BATCH_MEM_OPS_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
             Ok(false)
         }
+        // A batch the driver rejects queues nothing: the operations one by one say why, if
+        // they fail too.
+        cu::CUresult::CUDA_ERROR_INVALID_VALUE => Ok(false),
         r => check("cuStreamBatchMemOp", r).map(|()| true),
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! [`CpuStream`] implements them with a thread, so the ordering logic of
 //! [`crate::stream_io`] is tested without a GPU; `gpu::cuda` implements them with
-//! `cuStreamWriteValue32`, `cuLaunchHostFunc` and `cuStreamWaitValue32`.
+//! `cuStreamWriteValue32`, `cuLaunchHostFunc` and `cuStreamWaitValue32`, and queues a group's
+//! waits and its closing store as one `cuStreamBatchMemOp`.
 
 use crate::error::{Error, Result};
 use std::any::Any;
