@@ -372,7 +372,7 @@ impl StreamIo {
             // (a failed wait is seen to below).
             self.dispatch.release(first);
         }
-        // The wait, and behind it the mark that the stream passed the group: written by the
+        // The waits, and behind them the mark that the stream passed the group: written by the
         // stream, not a host function, which would be a second round trip to a host thread on
         // every synchronize's critical path.
         let waits = [(&self.word, last), (&self.finished, last)];

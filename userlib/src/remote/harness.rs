@@ -407,8 +407,8 @@ mod rdma_tests {
     /// the slot then tripped the harness's check of receives posted twice: the fuzzer's find).
     #[test]
     fn a_slot_completed_twice_in_one_wait_is_delivered_once() {
-        let mut response = [0u8; 16];
-        response[12..14].copy_from_slice(&0u16.to_le_bytes());
+        // A success response for CID 0 (all zeros).
+        let response = [0u8; 16];
         let raw = RdmaEvent::Raw { wr_id: 0, status: 0, opcode: 1 << 7, byte_len: 16, response };
         let r = rdma_drive(&[Sqe::default()], 2, 4, vec![vec![raw, raw]]);
         assert!(
