@@ -277,14 +277,19 @@ impl QueueBatch {
     /// command, or whose registration was revoked since it was checked, becomes an `Invalid`
     /// event; the rest run. Fails as a whole, publishing nothing, only when the batch has no
     /// room or the device refuses the submission (a reset, no queue room in time).
+    ///
+    /// The room asked for is the iterator's upper bound (its length, for a list; the requests
+    /// behind it, for entries made as they are taken, some of which may be refused on the way),
+    /// so an iterator without one is refused.
     pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
     where
         I: IntoIterator,
         I::Item: Submitted,
-        I::IntoIter: ExactSizeIterator,
     {
         let entries = entries.into_iter();
-        let n = entries.len();
+        let Some(n) = entries.size_hint().1 else {
+            return Err(Error::invalid("ios", "entries without a bound on their number"));
+        };
         if self.in_flight + n > self.capacity {
             return Err(Error::invalid("ios", format!("{n} entries exceed the batch's free capacity")));
         }

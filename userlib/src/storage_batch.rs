@@ -249,6 +249,26 @@ impl Native {
     }
 }
 
+/// `r` checked against `storage` and its buffer leased for the I/O: the entry a queue batch
+/// runs.
+#[inline(always)]
+fn entry(storage: &Storage, r: &IoRequest) -> Result<Entry> {
+    storage.check(&r.buf, r.buf_offset, r.file_offset, r.len)?;
+    Ok(Entry {
+        op: r.op,
+        lease: Lease::new(r.buf.clone())?,
+        buf_offset: r.buf_offset,
+        dev_offset: r.file_offset,
+        len: r.len,
+        cookie: r.cookie,
+    })
+}
+
+/// The event of request `r`, refused by the checks with `error`.
+fn refused(r: &IoRequest, error: Error) -> IoEvent {
+    IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(error) }
+}
+
 /// The queue pair for a node's batch entries larger than one command.
 #[derive(Debug)]
 enum LargeEntries {
@@ -439,6 +459,30 @@ impl StorageBatch {
         }
         // Checked entries the queue batch can carry take it (see `Native::takes`).
         let max_cmd = self.storage.max_command_bytes();
+        // The usual batch: every entry for a namespace's own queue pair. Each is checked and
+        // leased as the queue batch takes it, one pass from request to command.
+        let all_one = match &mut self.native {
+            Some(n @ Native::One(_)) => reqs.iter().all(|r| n.takes(&r.buf, r.buf_offset, r.len, max_cmd)),
+            _ => false,
+        };
+        if all_one {
+            if let Some(Native::One(q)) = &mut self.native {
+                let ready_before = self.ready.len();
+                let (storage, ready) = (&self.storage, &mut self.ready);
+                let entries = reqs.iter().filter_map(|r| match entry(storage, r) {
+                    Ok(e) => Some(e),
+                    Err(e) => {
+                        ready.push(refused(r, e));
+                        None
+                    }
+                });
+                let submitted = q.submit(entries);
+                if submitted.is_err() {
+                    self.ready.truncate(ready_before);
+                }
+                return submitted;
+            }
+        }
         let mut pooled = Vec::new();
         self.entries.clear();
         // A call that fails as a whole takes back the events of its refused entries too.
@@ -452,21 +496,10 @@ impl StorageBatch {
                 pooled.push(r);
                 continue;
             };
-            let lease =
-                self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len).and_then(|()| Lease::new(r.buf.clone()));
             let to = if large { &mut self.large_entries } else { &mut self.entries };
-            match lease {
-                Ok(lease) => to.push(Entry {
-                    op: r.op,
-                    lease,
-                    buf_offset: r.buf_offset,
-                    dev_offset: r.file_offset,
-                    len: r.len,
-                    cookie: r.cookie,
-                }),
-                Err(e) => {
-                    self.ready.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) })
-                }
+            match entry(&self.storage, r) {
+                Ok(e) => to.push(e),
+                Err(e) => self.ready.push(refused(r, e)),
             }
         }
         // The worker threads, when any entry goes to them (before anything is submitted: the
@@ -507,7 +540,7 @@ impl StorageBatch {
         let Some(engine) = engine else { return Ok(()) };
         for r in pooled {
             if let Err(e) = self.storage.check(&r.buf, r.buf_offset, r.file_offset, r.len) {
-                self.ready.push(IoEvent { cookie: r.cookie, status: IoStatus::Invalid, bytes: 0, error: Some(e) });
+                self.ready.push(refused(r, e));
                 continue;
             }
             self.pooled += 1;
