@@ -437,9 +437,29 @@ impl QueueBatch {
             }
             check = wait.pause(self.qp.wait_state());
         }
+        // What it found goes out, then the CQ is looked at again, and again while each look
+        // finds more: completions the controller posted while these were handed out (a device
+        // posts a group of commands' completions one after another) come with this wait, and
+        // the caller's next submission carries them too, one doorbell for the group instead of
+        // one per part of it. Nothing is submitted meanwhile, so the looks end. A look that
+        // fails here is left to the next call, which meets the same state.
+        while self.ready.len() + self.completed.len() > 0 {
+            self.hand_out(out);
+            if self.in_flight == 0
+                || !matches!(self.qp.posted_owned(&self.dev.status), Ok(true))
+                || self.collect_once().is_err()
+            {
+                break;
+            }
+        }
         if self.in_flight == 0 {
             self.largest = 0;
         }
+        Ok(())
+    }
+
+    /// Appends the events of the entries refused or completed since the last call to `out`.
+    fn hand_out(&mut self, out: &mut impl EventSink) {
         // Drained only when there is something to drain (a drain costs a few dozen
         // instructions even when empty, and a wait at depth usually finds one entry).
         if !self.ready.is_empty() {
@@ -463,7 +483,6 @@ impl QueueBatch {
             out.put(ev, s.path);
         }
         self.completed.clear();
-        Ok(())
     }
 
     /// Waits for every entry in flight (up to the deadline; then resets the controller, after
@@ -612,6 +631,30 @@ mod tests {
         got.sort_by_key(|g| g.0);
         assert_eq!(got, (0..32).map(|i| (i, IoStatus::Complete)).collect::<Vec<_>>());
         assert!(b.reaps >= 1 && b.in_flight() == 0, "reaps {}", b.reaps);
+    }
+
+    /// A wait that found completions looks at the CQ again once it handed them out, and again
+    /// while each look finds more: what the device posted meanwhile comes with this wait. Here
+    /// the device posts 2 completions each time it runs, and the sink runs it once per event it
+    /// takes, as a device goes on posting a group while the host hands out its first part.
+    #[test]
+    fn a_wait_takes_the_completions_posted_while_it_hands_out_its_events() {
+        struct Stepping<'a>(&'a MockDevice, Vec<u64>);
+        impl EventSink for Stepping<'_> {
+            fn put(&mut self, ev: IoEvent, _: Path) {
+                self.1.push(ev.cookie);
+                self.0.step();
+            }
+        }
+        let (mut b, buf, mock, _dev) = batch();
+        mock.post_at_most(2);
+        b.submit(reads(&buf, 0..8)).expect("submit");
+        mock.step();
+        let mut out = Stepping(&mock, Vec::new());
+        b.status_into(1, Duration::from_secs(5), &mut out).expect("status");
+        out.1.sort_unstable();
+        assert_eq!(out.1, (0..8).collect::<Vec<_>>(), "the events of one wait");
+        assert_eq!(b.in_flight(), 0);
     }
 
     /// A submission that meets a controller reset fails the entries of earlier bursts, whose
