@@ -326,7 +326,10 @@ impl QueueBatch {
                     let (e, stride) = e.parts();
                     let Some((cmd, slba)) = command_for(ns, &e, stride, member, ready) else { continue };
                     match s.push(&cmd) {
-                        Ok(cid) => placing.put(e, cid, slba),
+                        Ok(cid) => {
+                            placing.put(e, cid, slba);
+                            debug_assert!(placing.cids.len() <= n, "more entries than the iterator's bound");
+                        }
                         Err(error) => {
                             failed = Some(error);
                             break;
@@ -424,7 +427,7 @@ impl QueueBatch {
         let mut wait = Waiter::new(self.largest);
         // The deadline starts at the first clock read the wait asks for (a few thousand polls in,
         // or before its first sleep), so a wait that ends sooner reads no clock; a zero timeout
-        // looks once.
+        // waits for nothing.
         let (mut deadline, mut check) = (Deadline::new(timeout), timeout.is_zero());
         loop {
             self.collect_once()?;
@@ -441,16 +444,15 @@ impl QueueBatch {
         // finds more: completions the controller posted while these were handed out (a device
         // posts a group of commands' completions one after another) come with this wait, and
         // the caller's next submission carries them too, one doorbell for the group instead of
-        // one per part of it. Nothing is submitted meanwhile, so the looks end. A look that
-        // fails here is left to the next call, which meets the same state.
+        // one per part of it. Nothing is submitted meanwhile, so the looks end. A look is a
+        // collect like any other: a reset it meets fails the entries in flight (their events
+        // come with this wait), any other failure is this call's.
         while self.ready.len() + self.completed.len() > 0 {
             self.hand_out(out);
-            if self.in_flight == 0
-                || !matches!(self.qp.posted_owned(&self.dev.status), Ok(true))
-                || self.collect_once().is_err()
-            {
+            if self.in_flight == 0 {
                 break;
             }
+            self.collect_once()?;
         }
         if self.in_flight == 0 {
             self.largest = 0;
@@ -655,6 +657,40 @@ mod tests {
         out.1.sort_unstable();
         assert_eq!(out.1, (0..8).collect::<Vec<_>>(), "the events of one wait");
         assert_eq!(b.in_flight(), 0);
+    }
+
+    /// A reset that the wait's further look meets (a poll that finds nothing reads the epoch
+    /// only now and then, so each number of idle polls before it is tried) fails the entries in
+    /// flight, and their events come with this wait or the next: none is lost with the reset.
+    #[test]
+    fn a_reset_met_by_a_further_look_fails_the_entries_in_flight() {
+        struct Resetting<'a>(&'a MockDevice, Vec<(u64, IoStatus)>);
+        impl EventSink for Resetting<'_> {
+            fn put(&mut self, ev: IoEvent, _: Path) {
+                if self.1.is_empty() {
+                    self.0.reset_controller();
+                }
+                self.1.push((ev.cookie, ev.status));
+            }
+        }
+        for idle in 0..64 {
+            let (mut b, buf, mock, _dev) = batch();
+            mock.post_at_most(2);
+            b.submit(reads(&buf, 0..8)).expect("submit");
+            for _ in 0..idle {
+                assert!(b.status(0, Duration::ZERO).expect("status").is_empty());
+            }
+            mock.step();
+            let mut out = Resetting(&mock, Vec::new());
+            b.status_into(1, Duration::from_secs(5), &mut out).expect("status");
+            if b.in_flight() > 0 {
+                b.status_into(8 - out.1.len(), Duration::from_millis(500), &mut out).expect("status");
+            }
+            out.1.sort_unstable_by_key(|e| e.0);
+            let want: Vec<_> = (0..8).map(|i| (i, if i < 2 { IoStatus::Complete } else { IoStatus::Failed })).collect();
+            assert_eq!(out.1, want, "after {idle} idle polls");
+            assert_eq!(b.in_flight(), 0);
+        }
     }
 
     /// A submission that meets a controller reset fails the entries of earlier bursts, whose

@@ -113,12 +113,6 @@ impl<'q> Held<'q> {
         reap::hand_out_all(self.core, self.rings, status, sink)
     }
 
-    /// [`QueuePair::posted_owned`].
-    #[inline(always)]
-    pub(crate) fn posted(&mut self, status: &StatusView) -> Result<bool> {
-        reap::posted(self.core, self.rings, status)
-    }
-
     /// [`QueuePair::collect_owned`].
     #[inline]
     pub(crate) fn collect(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {

@@ -426,14 +426,6 @@ impl QueuePair {
         self.held().reap(status, sink)
     }
 
-    /// Whether the controller posted a completion the next reap would take, for the queue's
-    /// single owner: one load when it did, the look a reap starts with otherwise (counted as a
-    /// poll that found nothing).
-    #[inline(always)]
-    pub(crate) fn posted_owned(&mut self, status: &StatusView) -> Result<bool> {
-        self.held().posted(status)
-    }
-
     /// [`QueuePair::collect`] for the queue's single owner: no lock.
     #[cfg_attr(not(any(test, feature = "test-utils")), allow(dead_code))]
     pub fn collect_owned(&mut self, cids: &[u16], status: &StatusView, out: &mut [Option<Status>]) -> Result<usize> {

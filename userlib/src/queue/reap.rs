@@ -192,7 +192,7 @@ pub(super) fn hand_out_all(
 /// Whether an entry is posted. A poll that finds none counts itself and reads the epoch every
 /// 64th time (or at once on a broken queue).
 #[inline(always)]
-pub(super) fn posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<bool> {
+fn posted(qp: &Core, r: &mut Rings, status: &StatusView) -> Result<bool> {
     // SAFETY: as in `reap_one`.
     if r.broken || !unsafe { r.cq.ready_unchecked(&qp.cq_mem) } {
         r.idle = r.idle.wrapping_add(1);
