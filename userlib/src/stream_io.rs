@@ -567,18 +567,40 @@ fn run_group(
             ops[i].args.store_result(e.errno() as i64);
         }
     }
-    let (Some(r), n) = (slot.as_mut().map(|g| &mut g.batch), entries.len()) else { return };
-    if n == 0 || r.submit(entries).is_err() {
+    if let Some(g) = slot.as_mut() {
+        run_on_batch(s, &mut g.batch, entries, ops);
+    }
+}
+
+/// Runs `entries` (operations of `ops`, each entry's cookie its index there) on a group's
+/// queue batch and stores each operation's result as its event comes. When the batch refuses
+/// the entries or a wait of it fails, every one of them whose event did not come gets that
+/// failure's errno: no result is left at the 0 it started with, which would read as a
+/// transfer of nothing.
+fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp]) {
+    let n = entries.len();
+    if n == 0 {
         return;
     }
-    let (mut got, mut events) = (0, Vec::with_capacity(n));
-    while got < n {
-        if r.status_into(n - got, Duration::from_secs(1), &mut events).is_err() {
-            return;
+    let mut waiting: Vec<usize> = entries.iter().map(|e| e.cookie as usize).collect();
+    let fail_rest = |waiting: &[usize], e: &Error| {
+        for o in waiting.iter().filter_map(|&i| ops.get(i)) {
+            o.args.store_result(e.errno() as i64);
         }
+    };
+    if let Err(e) = r.submit(entries) {
+        // Nothing of the call was placed.
+        fail_rest(&waiting, &e);
+        return;
+    }
+    let mut events = Vec::with_capacity(n);
+    while !waiting.is_empty() {
+        let waited = r.status_into(waiting.len(), Duration::from_secs(1), &mut events);
         for (e, path) in events.drain(..) {
-            got += 1;
-            let Some(o) = ops.get(e.cookie as usize) else { continue };
+            let i = e.cookie as usize;
+            let Some(at) = waiting.iter().position(|&w| w == i) else { continue };
+            waiting.swap_remove(at);
+            let Some(o) = ops.get(i) else { continue };
             match (e.status, e.error) {
                 (IoStatus::Complete, _) => {
                     s.count(path, e.bytes);
@@ -587,6 +609,10 @@ fn run_group(
                 (_, Some(err)) => o.args.store_result(err.errno() as i64),
                 (_, None) => o.args.store_result(-(libc::EIO as i64)),
             }
+        }
+        if let Err(e) = waited {
+            fail_rest(&waiting, &e);
+            return;
         }
     }
 }
@@ -652,6 +678,53 @@ mod tests {
         }
         fn raw(&self) -> usize {
             self.0.raw()
+        }
+    }
+
+    /// A group's queue batch on a controller that faults before its submission, or while its
+    /// wait runs: every operation's result is the failure's errno, none the 0 of a transfer of
+    /// nothing (nothing was stored when the batch failed).
+    #[test]
+    fn a_failed_group_batch_stores_an_error_for_every_operation() {
+        use crate::device::mock_device::{mock_batch_device, mock_buffer};
+        use crate::mock::MockConfig;
+        use crate::queue_batch::QueueBatch;
+        for fault_before_submit in [true, false] {
+            let cfg = MockConfig { depth: 9, stepped: true, ..MockConfig::default() };
+            let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(500)).unwrap();
+            let ns = dev.namespace(1).unwrap();
+            let st = Storage::direct(&dev, 1).unwrap();
+            let buf = Arc::new(mock_buffer(&st, &dev, &mock).unwrap());
+            let mut batch = Native::One(Box::new(QueueBatch::over(&dev, &ns, qp, 8, 0)));
+            let ops: Vec<AsyncOp> = (0..3u64)
+                .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, i as i64 * 4096, 0) })
+                .collect();
+            let entries = (0..3u64)
+                .map(|i| Entry {
+                    op: Op::Read,
+                    lease: Lease::new(buf.clone()).unwrap(),
+                    buf_offset: i * 4096,
+                    dev_offset: i * 4096,
+                    len: 4096,
+                    cookie: i,
+                })
+                .collect();
+            // The model never answers (stepped, never stepped): the wait polls until it sees
+            // the fault.
+            let faulting = if fault_before_submit {
+                mock.set_faulted(true);
+                None
+            } else {
+                Some(mock.fault_after(Duration::from_millis(50)))
+            };
+            run_on_batch(&st, &mut batch, entries, &ops);
+            if let Some(t) = faulting {
+                t.join().unwrap();
+            }
+            let want = Error::DeviceFaulted.errno() as i64;
+            let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
+            assert_eq!(got, vec![want; 3], "faulted before the submission: {fault_before_submit}");
+            mock.set_faulted(false);
         }
     }
 
