@@ -25,8 +25,9 @@ use std::path::Path;
 use std::process::Command;
 
 /// The model's entry points, as callgrind names them: stepped by the benchmark loop, or by a
-/// wait that found nothing (`storage`). Neither calls the other (nested toggles would cancel).
-const MODEL_FNS: [&str; 2] = ["*MockQueue*step*", "*mock*step_model*"];
+/// wait that found nothing (`storage`; the hook that walks the thread's models, so its walk is
+/// not counted as the engine's). Neither calls the other (nested toggles would cancel).
+const MODEL_FNS: [&str; 2] = ["*MockQueue*step*", "*mock*on_idle_poll*"];
 
 /// What the cost program drives: the queue pair shared, owned, the whole `Storage::read` on a
 /// shared queue or on the thread's own, or a `StorageBatch` of 32 and of 128 entries (and of 8

@@ -225,10 +225,11 @@ thread_local! {
     static STEP_ON_IDLE: std::cell::RefCell<Vec<Arc<Mutex<Model>>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Runs the model registered for this thread, if any: called by a wait each time its poll found
-/// nothing, so a stepped mock behind a [`crate::Device`] answers synchronous I/O on the
-/// caller's thread.
-#[inline]
+/// Runs the models registered for this thread, if any: called by a wait each time its poll
+/// found nothing, so a stepped mock behind a [`crate::Device`] answers synchronous I/O on the
+/// caller's thread. Never inlined, so a profiler (`cargo xtask cost`) counts the models' work,
+/// and the walk over them, apart from the engine's.
+#[inline(never)]
 pub(crate) fn on_idle_poll() {
     STEP_ON_IDLE.with(|models| {
         for m in models.borrow().iter() {
@@ -237,9 +238,7 @@ pub(crate) fn on_idle_poll() {
     });
 }
 
-/// One step of `m`. Never inlined, so a profiler (`cargo xtask cost`) counts the model's work
-/// apart from the engine's.
-#[inline(never)]
+/// One step of `m`.
 fn step_model(m: &Mutex<Model>) -> usize {
     m.lock().unwrap_or_else(|p| p.into_inner()).step()
 }
