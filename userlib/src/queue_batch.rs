@@ -272,6 +272,12 @@ impl QueueBatch {
         self.in_flight
     }
 
+    /// How long a command may run before it counts as hung (the device's command timeout, as
+    /// its synchronous requests wait).
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Submits checked entries with one doorbell write, writing each command into the queue as
     /// it is built (no list of commands gathered first). An entry the queue cannot carry as one
     /// command, or whose registration was revoked since it was checked, becomes an `Invalid`

@@ -187,6 +187,19 @@ impl Native {
         }
     }
 
+    /// How long a command of this batch may run before it counts as hung, on queue pairs of
+    /// its own; a remote target's queues fail their entries after the URI's timeout
+    /// themselves, and a file's ring waits as the kernel's own reads of the file do.
+    pub(crate) fn command_timeout(&self) -> Option<Duration> {
+        match self {
+            Native::One(q) => Some(q.command_timeout()),
+            Native::Volume(v) => Some(v.command_timeout()),
+            #[cfg(feature = "fallback")]
+            Native::Ring(_) => None,
+            Native::Remote(_) => None,
+        }
+    }
+
     fn in_flight(&self) -> usize {
         match self {
             Native::One(q) => q.in_flight(),
@@ -238,7 +251,7 @@ impl Native {
         }
     }
 
-    fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
+    pub(crate) fn cancel(&mut self) -> Result<Vec<(IoEvent, Path)>> {
         match self {
             Native::One(q) => q.cancel(),
             Native::Volume(v) => v.cancel(),

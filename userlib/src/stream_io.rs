@@ -17,8 +17,8 @@
 //! time is reported there and later operations still run. The waits and the mark that the
 //! stream passed the group are queued as one batch where the runtime takes batches.
 
-use crate::batch::{Entry, IoStatus, Op};
-use crate::buffer::{Buffer, Lease};
+use crate::batch::{Entry, IoEvent, IoStatus, Op};
+use crate::buffer::{Buffer, Lease, Path};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::gpu::stream::{CompletionWord, Stream};
@@ -576,42 +576,65 @@ fn run_group(
 /// queue batch and stores each operation's result as its event comes. When the batch refuses
 /// the entries or a wait of it fails, every one of them whose event did not come gets that
 /// failure's errno: no result is left at the 0 it started with, which would read as a
-/// transfer of nothing.
+/// transfer of nothing. When no event comes for the batch's command timeout, the rest are
+/// hung: the batch cancels them (resetting the controller if they still do not finish, so
+/// their memory is safe) and they fail with `ETIMEDOUT`, as a synchronous request would; the
+/// stream then moves on instead of waiting for good.
 fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp]) {
     let n = entries.len();
     if n == 0 {
         return;
     }
     let mut waiting: Vec<usize> = entries.iter().map(|e| e.cookie as usize).collect();
-    let fail_rest = |waiting: &[usize], e: &Error| {
+    let fail_rest = |waiting: &[usize], errno: i32| {
         for o in waiting.iter().filter_map(|&i| ops.get(i)) {
-            o.args.store_result(e.errno() as i64);
+            o.args.store_result(errno as i64);
         }
     };
     if let Err(e) = r.submit(entries) {
         // Nothing of the call was placed.
-        fail_rest(&waiting, &e);
+        fail_rest(&waiting, e.errno());
         return;
     }
-    let mut events = Vec::with_capacity(n);
+    // Stores an event's result (an event of no operation still waiting is dropped).
+    let store = |waiting: &mut Vec<usize>, e: IoEvent, path: Path| {
+        let i = e.cookie as usize;
+        let Some(at) = waiting.iter().position(|&w| w == i) else { return };
+        waiting.swap_remove(at);
+        let Some(o) = ops.get(i) else { return };
+        let v = match (e.status, e.error) {
+            (IoStatus::Complete, _) => {
+                s.count(path, e.bytes);
+                e.bytes as i64
+            }
+            (IoStatus::Canceled, _) => -(libc::ETIMEDOUT as i64),
+            (_, Some(err)) => err.errno() as i64,
+            (_, None) => -(libc::EIO as i64),
+        };
+        o.args.store_result(v);
+    };
+    let hung_after = r.command_timeout();
+    let (mut events, mut quiet_since) = (Vec::with_capacity(n), Instant::now());
     while !waiting.is_empty() {
+        let before = waiting.len();
         let waited = r.status_into(waiting.len(), Duration::from_secs(1), &mut events);
         for (e, path) in events.drain(..) {
-            let i = e.cookie as usize;
-            let Some(at) = waiting.iter().position(|&w| w == i) else { continue };
-            waiting.swap_remove(at);
-            let Some(o) = ops.get(i) else { continue };
-            match (e.status, e.error) {
-                (IoStatus::Complete, _) => {
-                    s.count(path, e.bytes);
-                    o.args.store_result(e.bytes as i64);
-                }
-                (_, Some(err)) => o.args.store_result(err.errno() as i64),
-                (_, None) => o.args.store_result(-(libc::EIO as i64)),
-            }
+            store(&mut waiting, e, path);
         }
         if let Err(e) = waited {
-            fail_rest(&waiting, &e);
+            fail_rest(&waiting, e.errno());
+            return;
+        }
+        if waiting.len() < before {
+            quiet_since = Instant::now();
+        } else if hung_after.is_some_and(|t| quiet_since.elapsed() > t) {
+            log::warn!("stream-ordered I/O: {} operations of a group hung; canceled", waiting.len());
+            match r.cancel() {
+                Ok(evs) => evs.into_iter().for_each(|(e, path)| store(&mut waiting, e, path)),
+                // The batch keeps the memory of what it could not stop leased for good.
+                Err(e) => log::warn!("stream-ordered I/O: canceling the hung operations failed: {e}"),
+            }
+            fail_rest(&waiting, -libc::ETIMEDOUT);
             return;
         }
     }
@@ -681,51 +704,95 @@ mod tests {
         }
     }
 
+    /// A group of three 4 KiB reads (operation `i` at block `i`) and their entries, for a queue
+    /// batch of 8 on the device model made as `cfg` says, its commands timing out after
+    /// `timeout`.
+    struct ModelGroup {
+        st: Arc<Storage>,
+        batch: Native,
+        ops: Vec<AsyncOp>,
+        entries: Vec<Entry>,
+        buf: Arc<Buffer>,
+        mock: crate::mock::MockDevice,
+        _dev: crate::device::Device,
+    }
+
+    fn model_group(cfg: crate::mock::MockConfig, timeout: Duration) -> ModelGroup {
+        use crate::device::mock_device::{mock_batch_device, mock_buffer};
+        let (dev, qp, mock) = mock_batch_device(cfg, timeout).unwrap();
+        let ns = dev.namespace(1).unwrap();
+        let st = Storage::direct(&dev, 1).unwrap();
+        let buf = Arc::new(mock_buffer(&st, &dev, &mock).unwrap());
+        let batch = Native::One(Box::new(crate::queue_batch::QueueBatch::over(&dev, &ns, qp, 8, 0)));
+        let ops = (0..3u64)
+            .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, i as i64 * 4096, 0) })
+            .collect();
+        let entries = (0..3u64)
+            .map(|i| Entry {
+                op: Op::Read,
+                lease: Lease::new(buf.clone()).unwrap(),
+                buf_offset: i * 4096,
+                dev_offset: i * 4096,
+                len: 4096,
+                cookie: i,
+            })
+            .collect();
+        ModelGroup { st, batch, ops, entries, buf, mock, _dev: dev }
+    }
+
     /// A group's queue batch on a controller that faults before its submission, or while its
     /// wait runs: every operation's result is the failure's errno, none the 0 of a transfer of
     /// nothing (nothing was stored when the batch failed).
     #[test]
     fn a_failed_group_batch_stores_an_error_for_every_operation() {
-        use crate::device::mock_device::{mock_batch_device, mock_buffer};
         use crate::mock::MockConfig;
-        use crate::queue_batch::QueueBatch;
         for fault_before_submit in [true, false] {
             let cfg = MockConfig { depth: 9, stepped: true, ..MockConfig::default() };
-            let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(500)).unwrap();
-            let ns = dev.namespace(1).unwrap();
-            let st = Storage::direct(&dev, 1).unwrap();
-            let buf = Arc::new(mock_buffer(&st, &dev, &mock).unwrap());
-            let mut batch = Native::One(Box::new(QueueBatch::over(&dev, &ns, qp, 8, 0)));
-            let ops: Vec<AsyncOp> = (0..3u64)
-                .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, i as i64 * 4096, 0) })
-                .collect();
-            let entries = (0..3u64)
-                .map(|i| Entry {
-                    op: Op::Read,
-                    lease: Lease::new(buf.clone()).unwrap(),
-                    buf_offset: i * 4096,
-                    dev_offset: i * 4096,
-                    len: 4096,
-                    cookie: i,
-                })
-                .collect();
+            let mut g = model_group(cfg, Duration::from_millis(500));
             // The model never answers (stepped, never stepped): the wait polls until it sees
             // the fault.
             let faulting = if fault_before_submit {
-                mock.set_faulted(true);
+                g.mock.set_faulted(true);
                 None
             } else {
-                Some(mock.fault_after(Duration::from_millis(50)))
+                Some(g.mock.fault_after(Duration::from_millis(50)))
             };
-            run_on_batch(&st, &mut batch, entries, &ops);
+            run_on_batch(&g.st, &mut g.batch, std::mem::take(&mut g.entries), &g.ops);
             if let Some(t) = faulting {
                 t.join().unwrap();
             }
             let want = Error::DeviceFaulted.errno() as i64;
-            let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
+            let got: Vec<i64> = g.ops.iter().map(|o| o.args.result()).collect();
             assert_eq!(got, vec![want; 3], "faulted before the submission: {fault_before_submit}");
-            mock.set_faulted(false);
+            g.mock.set_faulted(false);
         }
+    }
+
+    /// A group's queue batch whose command never completes: once no event came for the
+    /// device's command timeout, the batch is canceled (a controller reset asked for) and the
+    /// hung operation fails with ETIMEDOUT while the others keep their bytes; the group ends
+    /// instead of holding the stream for good.
+    #[test]
+    fn a_hung_operation_of_a_group_times_out() {
+        use crate::mock::{Behaviour, Fault, MockConfig};
+        let behaviour = Behaviour::Script(vec![Fault::None, Fault::Never, Fault::None]);
+        let cfg = MockConfig { depth: 9, behaviour, ..MockConfig::default() };
+        let mut g = model_group(cfg, Duration::from_millis(300));
+        let (ops, buf) = (g.ops.clone(), g.buf.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let run = std::thread::spawn(move || {
+            run_on_batch(&g.st, &mut g.batch, std::mem::take(&mut g.entries), &g.ops);
+            let _ = tx.send(());
+            // Kept until the results are checked: dropping it is not what ends the wait.
+            g
+        });
+        assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "the group still waits for its hung command");
+        drop(run.join().unwrap());
+        let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
+        assert_eq!(got, vec![4096, -(libc::ETIMEDOUT as i64), 4096]);
+        // The model's reset cannot confirm the controller stopped (its ioctls fail): the hung
+        // read's memory stays leased.
+        assert_eq!(buf.inflight(), 1);
     }
 
     #[test]

@@ -221,6 +221,12 @@ impl VolumeQueueBatch {
         self.slots.len() - self.free.len()
     }
 
+    /// How long a piece may run before it counts as hung: the longest of the members' command
+    /// timeouts.
+    pub(crate) fn command_timeout(&self) -> Duration {
+        self.members.iter().map(|m| m.batch.command_timeout()).max().unwrap_or_default()
+    }
+
     /// Submits checked entries of any size: their pieces go to the members' queues, one
     /// doorbell per member touched, or wait there for room.
     pub(crate) fn submit<I>(&mut self, entries: I) -> Result<()>
