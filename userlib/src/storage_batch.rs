@@ -200,6 +200,15 @@ impl Native {
         }
     }
 
+    /// A count that moves whenever a command of the batch comes back, where an entry may be
+    /// several commands (a volume's pieces); elsewhere each entry's event is its progress.
+    pub(crate) fn commands_done(&self) -> u64 {
+        match self {
+            Native::Volume(v) => v.pieces_done(),
+            _ => 0,
+        }
+    }
+
     fn in_flight(&self) -> usize {
         match self {
             Native::One(q) => q.in_flight(),

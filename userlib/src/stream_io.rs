@@ -308,9 +308,12 @@ impl StreamIo {
             // Finishes the ticket once the group and any job it handed work to are over (or
             // were dropped unrun).
             let done = Arc::new(Finish::new(&tickets, &word, &finished, first));
-            if !cancelled.load(Ordering::Acquire) {
-                run_group(&s, &engine, &group, &ops, &done);
-            }
+            let retired =
+                if cancelled.load(Ordering::Acquire) { None } else { run_group(&s, &engine, &group, &ops, &done) };
+            // The group is over (its workers hold their own references) before a retired
+            // batch's drop, which may wait for commands it could not stop.
+            drop(done);
+            drop(retired);
         })
     }
 
@@ -516,14 +519,16 @@ impl GroupBatch {
 /// Runs a group on a file or volume target: every operation the registration's queue batch
 /// takes in flight on it at once, each other one on a worker of its own (holding the group's
 /// ticket), then the batch's events stored as the operations' results. Groups of one
-/// registration run one after another (stream order), so the batch is never shared.
+/// registration run one after another (stream order), so the batch is never shared. Returns
+/// the batch when a failure retired it, for the caller to drop once the group is over.
+#[must_use]
 fn run_group(
     s: &Arc<Storage>,
     engine: &Engine,
     group: &Mutex<Option<GroupBatch>>,
     ops: &[AsyncOp],
     done: &Arc<Finish>,
-) {
+) -> Option<GroupBatch> {
     let mut slot = group.lock().unwrap_or_else(|e| e.into_inner());
     if !slot.as_ref().is_some_and(|g| g.fits(s, ops.len())) {
         // The old batch (if any) is idle: its groups are over. It goes first: its controllers
@@ -567,8 +572,14 @@ fn run_group(
             ops[i].args.store_result(e.errno() as i64);
         }
     }
-    if let Some(g) = slot.as_mut() {
-        run_on_batch(s, &mut g.batch, entries, ops);
+    // A batch a failure left unsound (events or entries of this group still in it) serves no
+    // later group: it goes once this group is over, since its drop may wait for commands it
+    // could not stop.
+    let sound = slot.as_mut().is_none_or(|g| run_on_batch(s, &mut g.batch, entries, ops));
+    if sound {
+        None
+    } else {
+        slot.take()
     }
 }
 
@@ -576,14 +587,15 @@ fn run_group(
 /// queue batch and stores each operation's result as its event comes. When the batch refuses
 /// the entries or a wait of it fails, every one of them whose event did not come gets that
 /// failure's errno: no result is left at the 0 it started with, which would read as a
-/// transfer of nothing. When no event comes for the batch's command timeout, the rest are
-/// hung: the batch cancels them (resetting the controller if they still do not finish, so
-/// their memory is safe) and they fail with `ETIMEDOUT`, as a synchronous request would; the
-/// stream then moves on instead of waiting for good.
-fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp]) {
+/// transfer of nothing. When no command of the batch came back for its command timeout, the
+/// rest are hung: the batch cancels them (resetting the controller if they still do not
+/// finish; memory of commands it cannot confirm stopped stays leased) and they fail with
+/// `ETIMEDOUT`, as a synchronous request would, instead of holding the stream for good.
+/// Returns whether the batch is sound for another group (false after any of these).
+fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp]) -> bool {
     let n = entries.len();
     if n == 0 {
-        return;
+        return true;
     }
     let mut waiting: Vec<usize> = entries.iter().map(|e| e.cookie as usize).collect();
     let fail_rest = |waiting: &[usize], errno: i32| {
@@ -594,7 +606,7 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
     if let Err(e) = r.submit(entries) {
         // Nothing of the call was placed.
         fail_rest(&waiting, e.errno());
-        return;
+        return false;
     }
     // Stores an event's result (an event of no operation still waiting is dropped).
     let store = |waiting: &mut Vec<usize>, e: IoEvent, path: Path| {
@@ -616,16 +628,17 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
     let hung_after = r.command_timeout();
     let (mut events, mut quiet_since) = (Vec::with_capacity(n), Instant::now());
     while !waiting.is_empty() {
-        let before = waiting.len();
+        let before = (waiting.len(), r.commands_done());
         let waited = r.status_into(waiting.len(), Duration::from_secs(1), &mut events);
         for (e, path) in events.drain(..) {
             store(&mut waiting, e, path);
         }
         if let Err(e) = waited {
+            // Entries the batch finished but had not handed out yet fail with the rest.
             fail_rest(&waiting, e.errno());
-            return;
+            return false;
         }
-        if waiting.len() < before {
+        if (waiting.len(), r.commands_done()) != before {
             quiet_since = Instant::now();
         } else if hung_after.is_some_and(|t| quiet_since.elapsed() > t) {
             log::warn!("stream-ordered I/O: {} operations of a group hung; canceled", waiting.len());
@@ -635,9 +648,10 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
                 Err(e) => log::warn!("stream-ordered I/O: canceling the hung operations failed: {e}"),
             }
             fail_rest(&waiting, -libc::ETIMEDOUT);
-            return;
+            return false;
         }
     }
+    true
 }
 
 impl Drop for StreamIo {
@@ -757,7 +771,8 @@ mod tests {
             } else {
                 Some(g.mock.fault_after(Duration::from_millis(50)))
             };
-            run_on_batch(&g.st, &mut g.batch, std::mem::take(&mut g.entries), &g.ops);
+            let sound = run_on_batch(&g.st, &mut g.batch, std::mem::take(&mut g.entries), &g.ops);
+            assert!(!sound, "a failed batch is retired");
             if let Some(t) = faulting {
                 t.join().unwrap();
             }
@@ -781,18 +796,72 @@ mod tests {
         let (ops, buf) = (g.ops.clone(), g.buf.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         let run = std::thread::spawn(move || {
-            run_on_batch(&g.st, &mut g.batch, std::mem::take(&mut g.entries), &g.ops);
-            let _ = tx.send(());
+            let sound = run_on_batch(&g.st, &mut g.batch, std::mem::take(&mut g.entries), &g.ops);
+            let _ = tx.send(sound);
             // Kept until the results are checked: dropping it is not what ends the wait.
             g
         });
-        assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "the group still waits for its hung command");
+        let sound = rx.recv_timeout(Duration::from_secs(20)).expect("the group still waits for its hung command");
+        assert!(!sound, "a batch that had to cancel is retired");
         drop(run.join().unwrap());
         let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
         assert_eq!(got, vec![4096, -(libc::ETIMEDOUT as i64), 4096]);
         // The model's reset cannot confirm the controller stopped (its ioctls fail): the hung
         // read's memory stays leased.
         assert_eq!(buf.inflight(), 1);
+    }
+
+    /// A volume's entry of many pieces, one command at a time on its member, each answered well
+    /// within the command timeout but all of them taking longer than it: the group waits for
+    /// it, counting each piece that comes back as progress, and it completes.
+    #[test]
+    fn a_volume_entry_slower_than_the_timeout_but_progressing_completes() {
+        use crate::device::mock_device::{mock_batch_device, mock_volume_buffer};
+        use crate::mock::MockConfig;
+        use crate::queue_batch::QueueBatch;
+        use crate::volume_batch::VolumeQueueBatch;
+        const MIB: u64 = 1 << 20;
+        let cfg = MockConfig {
+            depth: 2,
+            stepped: true,
+            null: true,
+            blocks: 2048,
+            segment_bytes: 8 * MIB,
+            ..MockConfig::default()
+        };
+        let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(300)).unwrap();
+        let ns = dev.namespace(1).unwrap();
+        let st = Storage::direct(&dev, 1).unwrap();
+        let buf = Arc::new(mock_volume_buffer(&st, &[(&dev, &mock)]).unwrap());
+        // One piece in flight at a time: 8 commands of 1 MiB, one after another.
+        let member = QueueBatch::over(&dev, &ns, qp, 1, 0);
+        let mut batch = Native::Volume(Box::new(VolumeQueueBatch::over(vec![member], vec!["m0".into()], 128 << 10, 1)));
+        let ops = [AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(8 * MIB, 0, 0) }];
+        let entry = Entry {
+            op: Op::Read,
+            lease: Lease::new(buf.clone()).unwrap(),
+            buf_offset: 0,
+            dev_offset: 0,
+            len: 8 * MIB,
+            cookie: 0,
+        };
+        // The device answers every 150 ms: 1.2 s for the entry, past the first 1 s round of
+        // the group's wait.
+        let stop = Arc::new(AtomicBool::new(false));
+        let stepper = {
+            let (stop, mock) = (stop.clone(), Arc::new(mock));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(150));
+                    mock.step();
+                }
+            })
+        };
+        let sound = run_on_batch(&st, &mut batch, vec![entry], &ops);
+        stop.store(true, Ordering::Relaxed);
+        stepper.join().unwrap();
+        assert_eq!(ops[0].args.result(), 8 * MIB as i64);
+        assert!(sound);
     }
 
     #[test]

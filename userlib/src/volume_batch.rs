@@ -146,6 +146,9 @@ pub(crate) struct VolumeQueueBatch {
     ps: Vec<MemberPiece>,
     leases: Vec<Lease<std::sync::Arc<crate::buffer::Buffer>>>,
     cookies: Vec<u64>,
+    /// Pieces whose commands came back so far: the batch's progress while an entry of many
+    /// pieces has no event yet.
+    pieces_done: u64,
 }
 
 impl Pending {
@@ -213,6 +216,7 @@ impl VolumeQueueBatch {
             ps: Vec::new(),
             leases: Vec::new(),
             cookies: Vec::new(),
+            pieces_done: 0,
         }
     }
 
@@ -225,6 +229,12 @@ impl VolumeQueueBatch {
     /// timeouts.
     pub(crate) fn command_timeout(&self) -> Duration {
         self.members.iter().map(|m| m.batch.command_timeout()).max().unwrap_or_default()
+    }
+
+    /// Pieces whose commands came back so far (wrapping): it moves while an entry of many
+    /// pieces, whose event comes with its last, is still running.
+    pub(crate) fn pieces_done(&self) -> u64 {
+        self.pieces_done
     }
 
     /// Submits checked entries of any size: their pieces go to the members' queues, one
@@ -376,6 +386,7 @@ impl VolumeQueueBatch {
     fn finished(&mut self, m: usize, events: impl ExactSizeIterator<Item = (IoEvent, Path)>) {
         let member = &mut self.members[m];
         member.running = member.running.saturating_sub(events.len());
+        self.pieces_done = self.pieces_done.wrapping_add(events.len() as u64);
         self.absorb(m, events);
     }
 
