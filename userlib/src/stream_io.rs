@@ -308,12 +308,9 @@ impl StreamIo {
             // Finishes the ticket once the group and any job it handed work to are over (or
             // were dropped unrun).
             let done = Arc::new(Finish::new(&tickets, &word, &finished, first));
-            let retired =
-                if cancelled.load(Ordering::Acquire) { None } else { run_group(&s, &engine, &group, &ops, &done) };
-            // The group is over (its workers hold their own references) before a retired
-            // batch's drop, which may wait for commands it could not stop.
-            drop(done);
-            drop(retired);
+            if !cancelled.load(Ordering::Acquire) {
+                run_group(&s, &engine, &group, &ops, &done);
+            }
         })
     }
 
@@ -519,16 +516,14 @@ impl GroupBatch {
 /// Runs a group on a file or volume target: every operation the registration's queue batch
 /// takes in flight on it at once, each other one on a worker of its own (holding the group's
 /// ticket), then the batch's events stored as the operations' results. Groups of one
-/// registration run one after another (stream order), so the batch is never shared. Returns
-/// the batch when a failure retired it, for the caller to drop once the group is over.
-#[must_use]
+/// registration run one after another (stream order), so the batch is never shared.
 fn run_group(
     s: &Arc<Storage>,
     engine: &Engine,
     group: &Mutex<Option<GroupBatch>>,
     ops: &[AsyncOp],
     done: &Arc<Finish>,
-) -> Option<GroupBatch> {
+) {
     let mut slot = group.lock().unwrap_or_else(|e| e.into_inner());
     if !slot.as_ref().is_some_and(|g| g.fits(s, ops.len())) {
         // The old batch (if any) is idle: its groups are over. It goes first: its controllers
@@ -573,13 +568,12 @@ fn run_group(
         }
     }
     // A batch a failure left unsound (events or entries of this group still in it) serves no
-    // later group: it goes once this group is over, since its drop may wait for commands it
-    // could not stop.
+    // later group. It goes before the group is over: its drop waits for the commands it still
+    // has (or resets the controller, or keeps their memory leased for good), so the stream
+    // does not pass the group while one of them may still move data.
     let sound = slot.as_mut().is_none_or(|g| run_on_batch(s, &mut g.batch, entries, ops));
-    if sound {
-        None
-    } else {
-        slot.take()
+    if !sound {
+        *slot = None;
     }
 }
 
@@ -825,27 +819,27 @@ mod tests {
             depth: 2,
             stepped: true,
             null: true,
-            blocks: 2048,
-            segment_bytes: 8 * MIB,
+            blocks: 4096,
+            segment_bytes: 16 * MIB,
             ..MockConfig::default()
         };
         let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(300)).unwrap();
         let ns = dev.namespace(1).unwrap();
         let st = Storage::direct(&dev, 1).unwrap();
         let buf = Arc::new(mock_volume_buffer(&st, &[(&dev, &mock)]).unwrap());
-        // One piece in flight at a time: 8 commands of 1 MiB, one after another.
+        // One piece in flight at a time: 16 commands of 1 MiB, one after another.
         let member = QueueBatch::over(&dev, &ns, qp, 1, 0);
         let mut batch = Native::Volume(Box::new(VolumeQueueBatch::over(vec![member], vec!["m0".into()], 128 << 10, 1)));
-        let ops = [AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(8 * MIB, 0, 0) }];
+        let ops = [AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(16 * MIB, 0, 0) }];
         let entry = Entry {
             op: Op::Read,
             lease: Lease::new(buf.clone()).unwrap(),
             buf_offset: 0,
             dev_offset: 0,
-            len: 8 * MIB,
+            len: 16 * MIB,
             cookie: 0,
         };
-        // The device answers every 150 ms: 1.2 s for the entry, past the first 1 s round of
+        // The device answers every 150 ms: 2.4 s for the entry, well past the first 1 s round of
         // the group's wait.
         let stop = Arc::new(AtomicBool::new(false));
         let stepper = {
@@ -860,7 +854,7 @@ mod tests {
         let sound = run_on_batch(&st, &mut batch, vec![entry], &ops);
         stop.store(true, Ordering::Relaxed);
         stepper.join().unwrap();
-        assert_eq!(ops[0].args.result(), 8 * MIB as i64);
+        assert_eq!(ops[0].args.result(), 16 * MIB as i64);
         assert!(sound);
     }
 
