@@ -777,7 +777,7 @@ mod tests {
         }
     }
 
-    /// A group's queue batch whose command never completes: once no event came for the
+    /// A group's queue batch whose command never completes: once no command came back for the
     /// device's command timeout, the batch is canceled (a controller reset asked for) and the
     /// hung operation fails with ETIMEDOUT while the others keep their bytes; the group ends
     /// instead of holding the stream for good.
