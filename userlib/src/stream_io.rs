@@ -858,6 +858,65 @@ mod tests {
         assert!(sound);
     }
 
+    /// A striped volume's group where one member's command never completes while the other
+    /// member's completes: once nothing came back for the command timeout, every member is
+    /// canceled, the hung operation fails with ETIMEDOUT, the other keeps its bytes, and the
+    /// group ends (it does not hold the stream for good because another member answered).
+    #[test]
+    fn a_hung_piece_on_one_member_of_a_volume_times_out_the_group() {
+        use crate::device::mock_device::{mock_batch_device, mock_volume_buffer};
+        use crate::mock::{Behaviour, Fault, MockConfig};
+        use crate::queue_batch::QueueBatch;
+        use crate::volume_batch::VolumeQueueBatch;
+        let chunk = 64 << 10;
+        let (mut members, mut mocks, mut devs) = (Vec::new(), Vec::new(), Vec::new());
+        for m in 0..2 {
+            // Member 1's first command never completes.
+            let behaviour = if m == 1 { Behaviour::Script(vec![Fault::Never]) } else { Behaviour::Honest };
+            let cfg = MockConfig { depth: 5, blocks: 1024, segment_bytes: 4 << 20, behaviour, ..MockConfig::default() };
+            let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(300)).unwrap();
+            let ns = dev.namespace(1).unwrap();
+            members.push(QueueBatch::over(&dev, &ns, qp, 4, m));
+            mocks.push(mock);
+            devs.push(dev);
+        }
+        let st = Storage::direct(&devs[0], 1).unwrap();
+        let pairs: Vec<_> = devs.iter().zip(&mocks).collect();
+        let buf = Arc::new(mock_volume_buffer(&st, &pairs).unwrap());
+        let names = vec!["m0".into(), "m1".into()];
+        let mut batch = Native::Volume(Box::new(VolumeQueueBatch::over(members, names, chunk, 2)));
+        // Operation 0 in the first chunk (member 0), operation 1 in the second (member 1).
+        let ops: Vec<AsyncOp> = (0..2i64)
+            .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, i * chunk as i64, 0) })
+            .collect();
+        let entries = (0..2u64)
+            .map(|i| Entry {
+                op: Op::Read,
+                lease: Lease::new(buf.clone()).unwrap(),
+                buf_offset: i * 4096,
+                dev_offset: i * chunk,
+                len: 4096,
+                cookie: i,
+            })
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let run_ops = ops.clone();
+        let run = std::thread::spawn(move || {
+            let sound = run_on_batch(&st, &mut batch, entries, &run_ops);
+            let _ = tx.send(sound);
+            // Kept until the results are checked.
+            (batch, st, mocks, devs)
+        });
+        let sound = rx.recv_timeout(Duration::from_secs(20)).expect("the group still waits for its hung piece");
+        assert!(!sound, "a batch that had to cancel is retired");
+        drop(run.join().unwrap());
+        let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
+        assert_eq!(got, vec![4096, -(libc::ETIMEDOUT as i64)]);
+        // Member 1's reset cannot confirm its controller stopped: that read's memory stays
+        // leased; member 0's read gave its lease back.
+        assert_eq!(buf.inflight(), 1);
+    }
+
     #[test]
     fn a_group_started_at_once_is_over_before_its_failed_wait_is_reported() {
         let sio = StreamIo::new(Arc::new(NoWaits(CpuStream::new().unwrap()))).unwrap();
