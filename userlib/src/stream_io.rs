@@ -735,17 +735,21 @@ mod tests {
         let ops = (0..3u64)
             .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, i as i64 * 4096, 0) })
             .collect();
-        let entries = (0..3u64)
-            .map(|i| Entry {
-                op: Op::Read,
-                lease: Lease::new(buf.clone()).unwrap(),
-                buf_offset: i * 4096,
-                dev_offset: i * 4096,
-                len: 4096,
-                cookie: i,
-            })
-            .collect();
+        let entries = (0..3u64).map(|i| read_entry(&buf, i, i * 4096, 4096)).collect();
         ModelGroup { st, batch, ops, entries, buf, mock, _dev: dev }
+    }
+
+    /// Entry `i` of a group: a read of `len` bytes at `dev_offset` into page `i` of `buf`, its
+    /// cookie `i`, with the buffer leased.
+    fn read_entry(buf: &Arc<Buffer>, i: u64, dev_offset: u64, len: u64) -> Entry {
+        Entry {
+            op: Op::Read,
+            lease: Lease::new(buf.clone()).unwrap(),
+            buf_offset: i * 4096,
+            dev_offset,
+            len,
+            cookie: i,
+        }
     }
 
     /// A group's queue batch on a controller that faults before its submission, or while its
@@ -831,14 +835,7 @@ mod tests {
         let member = QueueBatch::over(&dev, &ns, qp, 1, 0);
         let mut batch = Native::Volume(Box::new(VolumeQueueBatch::over(vec![member], vec!["m0".into()], 128 << 10, 1)));
         let ops = [AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(16 * MIB, 0, 0) }];
-        let entry = Entry {
-            op: Op::Read,
-            lease: Lease::new(buf.clone()).unwrap(),
-            buf_offset: 0,
-            dev_offset: 0,
-            len: 16 * MIB,
-            cookie: 0,
-        };
+        let entry = read_entry(&buf, 0, 0, 16 * MIB);
         // The device answers every 150 ms: 2.4 s for the entry, well past the first 1 s round of
         // the group's wait.
         let stop = Arc::new(AtomicBool::new(false));
@@ -889,16 +886,7 @@ mod tests {
         let ops: Vec<AsyncOp> = (0..2i64)
             .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, i * chunk as i64, 0) })
             .collect();
-        let entries = (0..2u64)
-            .map(|i| Entry {
-                op: Op::Read,
-                lease: Lease::new(buf.clone()).unwrap(),
-                buf_offset: i * 4096,
-                dev_offset: i * chunk,
-                len: 4096,
-                cookie: i,
-            })
-            .collect();
+        let entries = (0..2u64).map(|i| read_entry(&buf, i, i * chunk, 4096)).collect();
         let (tx, rx) = std::sync::mpsc::channel();
         let run_ops = ops.clone();
         let run = std::thread::spawn(move || {
