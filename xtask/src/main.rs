@@ -184,6 +184,10 @@ enum Cmd {
         /// point (IOPS and p50 latency).
         #[arg(long, value_name = "PATH", conflicts_with = "p2p")]
         baseline_cli: Option<PathBuf>,
+        /// With --remote: confine both engines' processes (fio, and each `ugds bench`) to these
+        /// CPUs (e.g. 1): the scheduler then cannot move them between CPUs at each wake-up.
+        #[arg(long, value_name = "LIST", requires = "remote")]
+        cpus: Option<String>,
         /// Reads into another device's memory BAR (peer-to-peer, Debian's 7.3 kernel) against host
         /// memory and against the kernel nvme driver's own peer-to-peer read, in one VM.
         #[arg(long, conflicts_with_all = ["remote", "members"])]
@@ -433,6 +437,7 @@ fn real_main() -> Result<()> {
             p2p,
             spdk,
             baseline_cli,
+            cpus,
         } => {
             let grid_only = members.is_empty() && remote.is_none() && !p2p;
             let backend = backend.unwrap_or_else(|| if grid_only { "both".into() } else { "null".into() });
@@ -442,7 +447,7 @@ fn real_main() -> Result<()> {
             if p2p {
                 bench::p2p::run(seconds.max(1), out)?
             } else if let Some(transport) = remote {
-                let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats };
+                let grid = bench::remote::Grid { transport, sizes, depths, rws, backend, seconds, span, repeats, cpus };
                 bench::remote::run(&grid.checked()?, out, baseline_cli.as_deref())?
             } else if members.is_empty() {
                 let backends = bench::volume::backends(&backend)?;

@@ -55,12 +55,16 @@ pub(super) struct Job<'a> {
 /// One fio point on a block device (io_uring, O_DIRECT, fixed buffers, registered files):
 /// `iops`, `p50_us`, `p99_us` (completion latency).
 pub(super) fn fio_point(dev: &str, job: Job) -> Result<Value> {
-    fio_point_with(dev, job, Latency::Completion)
+    fio_point_with(dev, job, Latency::Completion, None)
 }
 
-/// [`fio_point`] with the latency `lat` names (recorded as the point's `latency`).
-pub(super) fn fio_point_with(dev: &str, job: Job, lat: Latency) -> Result<Value> {
-    fio_job(KERNEL, KERNEL_ENGINE, dev, job, lat)
+/// [`fio_point`] with the latency `lat` names (recorded as the point's `latency`); `cpus`: the
+/// CPUs fio runs on (its `cpus_allowed`), or anywhere.
+pub(super) fn fio_point_with(dev: &str, job: Job, lat: Latency, cpus: Option<&str>) -> Result<Value> {
+    match cpus {
+        Some(c) => fio_job(KERNEL, &format!("{KERNEL_ENGINE} --cpus_allowed={c}"), dev, job, lat),
+        None => fio_job(KERNEL, KERNEL_ENGINE, dev, job, lat),
+    }
 }
 
 /// The kernel path's fio engine options: io_uring, O_DIRECT, fixed buffers, registered files.

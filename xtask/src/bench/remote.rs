@@ -57,6 +57,10 @@ pub struct Grid {
     pub span: u64,
     /// Measurements per engine and point, interleaved.
     pub repeats: usize,
+    /// CPUs both engines' processes are confined to (a list as taskset and fio's
+    /// `cpus_allowed` take it, e.g. `1` or `0-1`); `None`: wherever the scheduler puts them.
+    /// The kernel's own threads (the initiator's and the target's workers) are never pinned.
+    pub cpus: Option<String>,
 }
 
 impl Grid {
@@ -75,6 +79,15 @@ impl Grid {
         if self.repeats == 0 {
             bail!("--repeats must be at least 1");
         }
+        if let Some(c) = &self.cpus {
+            let ok = c.split(',').all(|r| {
+                let mut ends = r.splitn(2, '-');
+                ends.all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            });
+            if !ok {
+                bail!("--cpus takes a CPU list such as 1 or 0-1,3, not {c:?}");
+            }
+        }
         Ok(self)
     }
 
@@ -86,7 +99,8 @@ impl Grid {
     /// As JSON (what the guest gets, and what the results record).
     pub fn to_json(&self) -> Value {
         json!({"transport": self.transport, "sizes": self.sizes, "depths": self.depths, "rws": self.rws,
-               "backend": self.backend, "seconds": self.seconds, "span": self.span, "repeats": self.repeats})
+               "backend": self.backend, "seconds": self.seconds, "span": self.span, "repeats": self.repeats,
+               "cpus": self.cpus})
     }
 
     /// From [`Grid::to_json`]'s form.
@@ -103,6 +117,7 @@ impl Grid {
             span: num("span")?,
             // CAST: a small count.
             repeats: v["repeats"].as_u64().unwrap_or(1) as usize,
+            cpus: v["cpus"].as_str().map(str::to_string),
         }
         .checked()
     }
@@ -351,6 +366,13 @@ pub fn table(grid: &Grid, points: &[Value]) -> String {
             "all in flight on the batch's own I/O queues (RDMA queue pairs; their number is not sampled)"
         }
     );
+    if let Some(c) = &grid.cpus {
+        let _ = writeln!(
+            s,
+            "\nBoth engines' processes ran on CPUs {c} only (fio's `cpus_allowed`, `taskset` for `ugds bench`); \
+             the kernel's own threads (the initiator's and the target's workers) ran wherever the scheduler put them."
+        );
+    }
     s
 }
 
@@ -511,6 +533,7 @@ mod tests {
             seconds: 1,
             span: 1 << 30,
             repeats: 1,
+            cpus: None,
         }
         .checked()
         .unwrap()
@@ -565,6 +588,15 @@ mod tests {
         assert!(bad(|g| g.span = 4 << 30));
         assert!(bad(|g| g.depths.clear()));
         assert!(bad(|g| g.repeats = 0));
+        for cpus in ["", "1,", "a", "0-", "1 2", "1;reboot"] {
+            let mut g = grid();
+            g.cpus = Some(cpus.into());
+            assert!(g.checked().is_err(), "{cpus:?}");
+        }
+        let pinned = Grid { cpus: Some("0-1,3".into()), ..grid() }.checked().unwrap();
+        assert_eq!(Grid::from_json(&pinned.to_json()).unwrap(), pinned);
+        assert!(table(&pinned, &[]).contains("ran on CPUs 0-1,3 only"));
+        assert!(!table(&grid(), &[]).contains("ran on CPUs"));
     }
 
     fn point(engine: &str, size: &str, depth: usize, iops: f64, p50: f64) -> Value {

@@ -163,8 +163,13 @@ fn counter(text: &str, section: &str, name: &str) -> Option<u64> {
 /// CLI's own message.
 fn ugds_point(cli: &str, engine: &str, grid: &Grid, rw: &str, size: &str, depth: usize) -> Value {
     let mut v = json!({"engine": engine, "rw": rw, "size": size, "depth": depth});
+    // Pinned through taskset, which execs the CLI: the process sampled below is the CLI's.
+    let mut child = Command::new(if grid.cpus.is_some() { "taskset" } else { cli });
+    if let Some(c) = &grid.cpus {
+        child.args(["-c", c, cli]);
+    }
     // fio's options under fio's names: `rw` passes through, `size` is the region.
-    let child = Command::new(cli)
+    let child = child
         .args(["--json", "bench", &grid.uri(), "--rw", rw, "--bs", size, "--iodepth", &depth.to_string()])
         .args(["--runtime", &grid.seconds.to_string(), "--size", &ugds::units::human(grid.span)])
         .stdout(Stdio::piped())
@@ -252,7 +257,7 @@ pub fn guest(cli: &str, grid: &str, baseline: Option<&str>) -> Result<()> {
                             Some(cli) => ugds_point(cli, engine, &grid, rw, size, depth),
                             None => {
                                 let job = Job { rw, size, depth, seconds: grid.seconds, span: &span };
-                                fio_point_with(&dev, job, Latency::Total).unwrap_or_else(|e| {
+                                fio_point_with(&dev, job, Latency::Total, grid.cpus.as_deref()).unwrap_or_else(|e| {
                                     json!({"engine": "kernel", "rw": rw, "size": size, "depth": depth, "error": format!("{e:#}")})
                                 })
                             }
