@@ -200,12 +200,13 @@ impl Native {
         }
     }
 
-    /// A count that moves whenever a command of the batch comes back, where an entry may be
-    /// several commands (a volume's pieces); elsewhere each entry's event is its progress.
-    pub(crate) fn commands_done(&self) -> u64 {
-        match self {
-            Native::Volume(v) => v.pieces_done(),
-            _ => 0,
+    /// A volume's progress per member into `out` (replacing what it held): each member's pieces
+    /// in flight and how many of its pieces came back so far (see
+    /// [`VolumeQueueBatch::member_progress`]). Empty elsewhere: each entry's event is its progress.
+    pub(crate) fn member_progress(&self, out: &mut Vec<(usize, u64)>) {
+        out.clear();
+        if let Native::Volume(v) = self {
+            out.extend(v.member_progress());
         }
     }
 

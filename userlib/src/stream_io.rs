@@ -581,8 +581,8 @@ fn run_group(
 /// queue batch and stores each operation's result as its event comes. When the batch refuses
 /// the entries or a wait of it fails, every one of them whose event did not come gets that
 /// failure's errno: no result is left at the 0 it started with, which would read as a
-/// transfer of nothing. When no command of the batch came back for its command timeout, the
-/// rest are hung: the batch cancels them (resetting the controller if they still do not
+/// transfer of nothing. When no command of the batch came back for its command timeout (on a
+/// volume, none of one member's while it had some in flight), the rest are hung: the batch cancels them (resetting the controller if they still do not
 /// finish; memory of commands it cannot confirm stopped stays leased) and they fail with
 /// `ETIMEDOUT`, as a synchronous request would, instead of holding the stream for good.
 /// Returns whether the batch is sound for another group (false after any of these).
@@ -621,8 +621,14 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
     };
     let hung_after = r.command_timeout();
     let (mut events, mut quiet_since) = (Vec::with_capacity(n), Instant::now());
+    // A volume's members each keep their own quiet time (their count of pieces back, and since
+    // when it stood still with pieces in flight): one member's pieces coming back says nothing
+    // of another's.
+    let mut progress = Vec::new();
+    r.member_progress(&mut progress);
+    let mut members: Vec<(u64, Instant)> = progress.iter().map(|&(_, done)| (done, quiet_since)).collect();
     while !waiting.is_empty() {
-        let before = (waiting.len(), r.commands_done());
+        let before = waiting.len();
         let waited = r.status_into(waiting.len(), Duration::from_secs(1), &mut events);
         for (e, path) in events.drain(..) {
             store(&mut waiting, e, path);
@@ -632,9 +638,18 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
             fail_rest(&waiting, e.errno());
             return false;
         }
-        if (waiting.len(), r.commands_done()) != before {
-            quiet_since = Instant::now();
-        } else if hung_after.is_some_and(|t| quiet_since.elapsed() > t) {
+        let now = Instant::now();
+        r.member_progress(&mut progress);
+        for (&(running, done), m) in progress.iter().zip(members.iter_mut()) {
+            if running == 0 || done != m.0 {
+                *m = (done, now);
+            }
+        }
+        if members.is_empty() && waiting.len() != before {
+            quiet_since = now;
+        }
+        let quiet = members.iter().map(|m| m.1).min().unwrap_or(quiet_since);
+        if hung_after.is_some_and(|t| now.duration_since(quiet) > t) {
             log::warn!("stream-ordered I/O: {} operations of a group hung; canceled", waiting.len());
             match r.cancel() {
                 Ok(evs) => evs.into_iter().for_each(|(e, path)| store(&mut waiting, e, path)),
@@ -903,6 +918,67 @@ mod tests {
         // Member 1's reset cannot confirm its controller stopped: that read's memory stays
         // leased; member 0's read gave its lease back.
         assert_eq!(buf.inflight(), 1);
+    }
+
+    /// A striped volume's group: member 1's command never completes while member 0's come back
+    /// one at a time, half a second apart, for 4 s. The hang is found by member 1's own quiet
+    /// time (300 ms), not after member 0's work is over.
+    #[test]
+    fn a_member_that_hangs_while_another_keeps_completing_times_out_the_group() {
+        use crate::device::mock_device::{mock_batch_device, mock_volume_buffer};
+        use crate::mock::{Behaviour, Fault, MockConfig};
+        use crate::queue_batch::QueueBatch;
+        use crate::volume_batch::VolumeQueueBatch;
+        let (chunk, slow) = (64 << 10, 8usize);
+        let (mut members, mut mocks, mut devs) = (Vec::new(), Vec::new(), Vec::new());
+        for m in 0..2 {
+            let (behaviour, stepped) =
+                if m == 1 { (Behaviour::Script(vec![Fault::Never]), false) } else { (Behaviour::Honest, true) };
+            let cfg = MockConfig {
+                depth: 16,
+                blocks: 1024,
+                segment_bytes: 4 << 20,
+                behaviour,
+                stepped,
+                ..MockConfig::default()
+            };
+            let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(300)).unwrap();
+            let ns = dev.namespace(1).unwrap();
+            members.push(QueueBatch::over(&dev, &ns, qp, 12, m));
+            mocks.push(mock);
+            devs.push(dev);
+        }
+        mocks[0].post_at_most(1);
+        let stepper = mocks[0].step_every(Duration::from_millis(500), slow + 4);
+        let st = Storage::direct(&devs[0], 1).unwrap();
+        let pairs: Vec<_> = devs.iter().zip(&mocks).collect();
+        let buf = Arc::new(mock_volume_buffer(&st, &pairs).unwrap());
+        let mut batch =
+            Native::Volume(Box::new(VolumeQueueBatch::over(members, vec!["m0".into(), "m1".into()], chunk, 16)));
+        // Operations 0..slow in even chunks (member 0), the last in the second chunk (member 1).
+        let at = |i: usize| if i < slow { 2 * i as u64 * chunk } else { chunk };
+        let ops: Vec<AsyncOp> = (0..=slow)
+            .map(|i| AsyncOp { op: Op::Read, buf: buf.clone(), args: AsyncArgs::new(4096, at(i) as i64, 0) })
+            .collect();
+        let entries = (0..=slow).map(|i| read_entry(&buf, i as u64, at(i), 4096)).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let run_ops = ops.clone();
+        let started = Instant::now();
+        let run = std::thread::spawn(move || {
+            let sound = run_on_batch(&st, &mut batch, entries, &run_ops);
+            let _ = tx.send((sound, started.elapsed()));
+            (batch, st, mocks, devs)
+        });
+        let (sound, took) = rx.recv_timeout(Duration::from_secs(20)).expect("the group still waits for its hung piece");
+        assert!(!sound, "a batch that had to cancel is retired");
+        // Member 0's pieces alone take 4 s; its last would have ended the old quiet time.
+        assert!(took < Duration::from_secs(3), "the hang was found after {took:?}");
+        stepper.join().unwrap();
+        drop(run.join().unwrap());
+        let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
+        assert_eq!(got[slow], -(libc::ETIMEDOUT as i64), "{got:?}");
+        assert!(got[..slow].iter().all(|&r| r == 4096 || r == -(libc::ETIMEDOUT as i64)), "{got:?}");
+        assert!(got[..slow].contains(&-(libc::ETIMEDOUT as i64)), "member 0 was still at work: {got:?}");
     }
 
     #[test]

@@ -65,6 +65,9 @@ struct Member {
     /// Pieces submitted to its batch whose events have not come back: kept here, because the
     /// batch would count them by a walk over its slots at every poll.
     running: usize,
+    /// Its pieces whose commands came back so far (wrapping): its progress while an entry of
+    /// many pieces has no event yet, or while another member's pieces keep coming back.
+    done: u64,
     /// With how each one's buffer pieces lie (`None`: one range).
     waiting: VecDeque<(Entry, Option<Stride>)>,
 }
@@ -146,9 +149,6 @@ pub(crate) struct VolumeQueueBatch {
     ps: Vec<MemberPiece>,
     leases: Vec<Lease<std::sync::Arc<crate::buffer::Buffer>>>,
     cookies: Vec<u64>,
-    /// Pieces whose commands came back so far: the batch's progress while an entry of many
-    /// pieces has no event yet.
-    pieces_done: u64,
 }
 
 impl Pending {
@@ -199,7 +199,7 @@ impl VolumeQueueBatch {
             .into_iter()
             .map(|batch| {
                 let (depth, max_piece) = (batch.capacity(), batch.max_command_bytes());
-                Member { batch, depth, max_piece, running: 0, waiting: VecDeque::new() }
+                Member { batch, depth, max_piece, running: 0, done: 0, waiting: VecDeque::new() }
             })
             .collect();
         VolumeQueueBatch {
@@ -216,7 +216,6 @@ impl VolumeQueueBatch {
             ps: Vec::new(),
             leases: Vec::new(),
             cookies: Vec::new(),
-            pieces_done: 0,
         }
     }
 
@@ -231,10 +230,11 @@ impl VolumeQueueBatch {
         self.members.iter().map(|m| m.batch.command_timeout()).max().unwrap_or_default()
     }
 
-    /// Pieces whose commands came back so far (wrapping): it moves while an entry of many
-    /// pieces, whose event comes with its last, is still running.
-    pub(crate) fn pieces_done(&self) -> u64 {
-        self.pieces_done
+    /// Each member's progress, in member order: its pieces in flight on its queue and how many
+    /// of its pieces came back so far (wrapping). A member whose count stays put with pieces in
+    /// flight is stuck, however the others move.
+    pub(crate) fn member_progress(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.members.iter().map(|m| (m.running, m.done))
     }
 
     /// Submits checked entries of any size: their pieces go to the members' queues, one
@@ -386,7 +386,7 @@ impl VolumeQueueBatch {
     fn finished(&mut self, m: usize, events: impl ExactSizeIterator<Item = (IoEvent, Path)>) {
         let member = &mut self.members[m];
         member.running = member.running.saturating_sub(events.len());
-        self.pieces_done = self.pieces_done.wrapping_add(events.len() as u64);
+        member.done = member.done.wrapping_add(events.len() as u64);
         self.absorb(m, events);
     }
 

@@ -351,6 +351,20 @@ impl MockDevice {
         })
     }
 
+    /// Steps this (stepped) model from another thread `times` times, `period` apart: commands
+    /// that come back a few at a time (see [`MockDevice::post_at_most`]), slowly, while the
+    /// host waits.
+    #[cfg(test)]
+    pub(crate) fn step_every(&self, period: std::time::Duration, times: usize) -> JoinHandle<()> {
+        let model = self.model.clone();
+        std::thread::spawn(move || {
+            for _ in 0..times {
+                std::thread::sleep(period);
+                step_model(&model);
+            }
+        })
+    }
+
     /// Overwrites the namespace's data at block `lba`.
     pub(crate) fn set_backing(&self, lba: u64, data: &[u8]) {
         let mut m = self.model.lock().unwrap_or_else(|p| p.into_inner());
