@@ -24,7 +24,7 @@ use crate::queue::Deadline;
 use crate::queue_batch::QueueBatch;
 use crate::remote::batch::RemoteBatch;
 use crate::storage::{ConcretePath, Storage};
-use crate::volume_batch::{member_depth, VolumeQueueBatch};
+use crate::volume_batch::{member_depth, MemberProgress, VolumeQueueBatch};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -200,10 +200,9 @@ impl Native {
         }
     }
 
-    /// A volume's progress per member into `out` (replacing what it held): each member's pieces
-    /// in flight and how many of its pieces came back so far (see
+    /// A volume's progress per member into `out` (replacing what it held; see
     /// [`VolumeQueueBatch::member_progress`]). Empty elsewhere: each entry's event is its progress.
-    pub(crate) fn member_progress(&self, out: &mut Vec<(usize, u64)>) {
+    pub(crate) fn member_progress(&self, out: &mut Vec<MemberProgress>) {
         out.clear();
         if let Native::Volume(v) = self {
             out.extend(v.member_progress());

@@ -581,10 +581,11 @@ fn run_group(
 /// queue batch and stores each operation's result as its event comes. When the batch refuses
 /// the entries or a wait of it fails, every one of them whose event did not come gets that
 /// failure's errno: no result is left at the 0 it started with, which would read as a
-/// transfer of nothing. When no command of the batch came back for its command timeout (on a
-/// volume, none of one member's while it had some in flight), the rest are hung: the batch cancels them (resetting the controller if they still do not
-/// finish; memory of commands it cannot confirm stopped stays leased) and they fail with
-/// `ETIMEDOUT`, as a synchronous request would, instead of holding the stream for good.
+/// transfer of nothing. When no command of the batch came back for its command timeout, or on
+/// a volume none of one member's while it had some in flight, the rest are hung: the batch
+/// cancels them, on every member (resetting the controller if they still do not finish; memory
+/// of commands it cannot confirm stopped stays leased), and they fail with `ETIMEDOUT`, as a
+/// synchronous request would, instead of holding the stream for good.
 /// Returns whether the batch is sound for another group (false after any of these).
 fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp]) -> bool {
     let n = entries.len();
@@ -620,13 +621,14 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
         o.args.store_result(v);
     };
     let hung_after = r.command_timeout();
+    // The group's quiet time, since an event came or a command came back; on a volume each
+    // member keeps its own too, since one member's pieces coming back say nothing of another's.
+    // The oldest counts.
     let (mut events, mut quiet_since) = (Vec::with_capacity(n), Instant::now());
-    // A volume's members each keep their own quiet time (their count of pieces back, and since
-    // when it stood still with pieces in flight): one member's pieces coming back says nothing
-    // of another's.
     let mut progress = Vec::new();
     r.member_progress(&mut progress);
-    let mut members: Vec<(u64, Instant)> = progress.iter().map(|&(_, done)| (done, quiet_since)).collect();
+    let mut members: Vec<MemberQuiet> =
+        progress.iter().map(|p| MemberQuiet { done: p.done, since: quiet_since }).collect();
     while !waiting.is_empty() {
         let before = waiting.len();
         let waited = r.status_into(waiting.len(), Duration::from_secs(1), &mut events);
@@ -640,15 +642,18 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
         }
         let now = Instant::now();
         r.member_progress(&mut progress);
-        for (&(running, done), m) in progress.iter().zip(members.iter_mut()) {
-            if running == 0 || done != m.0 {
-                *m = (done, now);
+        let mut moved = waiting.len() != before;
+        for (p, m) in progress.iter().zip(members.iter_mut()) {
+            moved |= p.done != m.done;
+            // A member with nothing in flight is not waited for.
+            if p.in_flight == 0 || p.done != m.done {
+                *m = MemberQuiet { done: p.done, since: now };
             }
         }
-        if members.is_empty() && waiting.len() != before {
+        if moved {
             quiet_since = now;
         }
-        let quiet = members.iter().map(|m| m.1).min().unwrap_or(quiet_since);
+        let quiet = members.iter().map(|m| m.since).fold(quiet_since, Instant::min);
         if hung_after.is_some_and(|t| now.duration_since(quiet) > t) {
             log::warn!("stream-ordered I/O: {} operations of a group hung; canceled", waiting.len());
             match r.cancel() {
@@ -661,6 +666,13 @@ fn run_on_batch(s: &Storage, r: &mut Native, entries: Vec<Entry>, ops: &[AsyncOp
         }
     }
     true
+}
+
+/// A volume member's quiet time in a group's wait: its count of pieces back when it last moved
+/// (or had nothing in flight), and when that was.
+struct MemberQuiet {
+    done: u64,
+    since: Instant,
 }
 
 impl Drop for StreamIo {
@@ -853,19 +865,9 @@ mod tests {
         let entry = read_entry(&buf, 0, 0, 16 * MIB);
         // The device answers every 150 ms: 2.4 s for the entry, well past the first 1 s round of
         // the group's wait.
-        let stop = Arc::new(AtomicBool::new(false));
-        let stepper = {
-            let (stop, mock) = (stop.clone(), Arc::new(mock));
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(Duration::from_millis(150));
-                    mock.step();
-                }
-            })
-        };
+        let stepper = mock.step_every(Duration::from_millis(150));
         let sound = run_on_batch(&st, &mut batch, vec![entry], &ops);
-        stop.store(true, Ordering::Relaxed);
-        stepper.join().unwrap();
+        drop(stepper);
         assert_eq!(ops[0].args.result(), 16 * MIB as i64);
         assert!(sound);
     }
@@ -921,15 +923,16 @@ mod tests {
     }
 
     /// A striped volume's group: member 1's command never completes while member 0's come back
-    /// one at a time, half a second apart, for 4 s. The hang is found by member 1's own quiet
-    /// time (300 ms), not after member 0's work is over.
+    /// one at a time, each well within the command timeout (100 ms against 300), for 4 s. The
+    /// hang is found by member 1's own quiet time, not after member 0's work is over; member 0's
+    /// operations not done by then are canceled with it.
     #[test]
     fn a_member_that_hangs_while_another_keeps_completing_times_out_the_group() {
         use crate::device::mock_device::{mock_batch_device, mock_volume_buffer};
         use crate::mock::{Behaviour, Fault, MockConfig};
         use crate::queue_batch::QueueBatch;
         use crate::volume_batch::VolumeQueueBatch;
-        let (chunk, slow) = (64 << 10, 8usize);
+        let (chunk, slow) = (64 << 10, 40usize);
         let (mut members, mut mocks, mut devs) = (Vec::new(), Vec::new(), Vec::new());
         for m in 0..2 {
             let (behaviour, stepped) =
@@ -944,17 +947,18 @@ mod tests {
             };
             let (dev, qp, mock) = mock_batch_device(cfg, Duration::from_millis(300)).unwrap();
             let ns = dev.namespace(1).unwrap();
+            // Member 0's queue holds fewer pieces than it gets: the rest wait in the volume batch.
             members.push(QueueBatch::over(&dev, &ns, qp, 12, m));
             mocks.push(mock);
             devs.push(dev);
         }
         mocks[0].post_at_most(1);
-        let stepper = mocks[0].step_every(Duration::from_millis(500), slow + 4);
+        let stepper = mocks[0].step_every(Duration::from_millis(100));
         let st = Storage::direct(&devs[0], 1).unwrap();
         let pairs: Vec<_> = devs.iter().zip(&mocks).collect();
         let buf = Arc::new(mock_volume_buffer(&st, &pairs).unwrap());
-        let mut batch =
-            Native::Volume(Box::new(VolumeQueueBatch::over(members, vec!["m0".into(), "m1".into()], chunk, 16)));
+        let names = vec!["m0".into(), "m1".into()];
+        let mut batch = Native::Volume(Box::new(VolumeQueueBatch::over(members, names, chunk, 64)));
         // Operations 0..slow in even chunks (member 0), the last in the second chunk (member 1).
         let at = |i: usize| if i < slow { 2 * i as u64 * chunk } else { chunk };
         let ops: Vec<AsyncOp> = (0..=slow)
@@ -970,15 +974,17 @@ mod tests {
             (batch, st, mocks, devs)
         });
         let (sound, took) = rx.recv_timeout(Duration::from_secs(20)).expect("the group still waits for its hung piece");
+        drop(stepper);
         assert!(!sound, "a batch that had to cancel is retired");
-        // Member 0's pieces alone take 4 s; its last would have ended the old quiet time.
+        // Member 0's pieces alone take 4 s; until its last, any piece of it ended the group's
+        // quiet time.
         assert!(took < Duration::from_secs(3), "the hang was found after {took:?}");
-        stepper.join().unwrap();
         drop(run.join().unwrap());
         let got: Vec<i64> = ops.iter().map(|o| o.args.result()).collect();
-        assert_eq!(got[slow], -(libc::ETIMEDOUT as i64), "{got:?}");
-        assert!(got[..slow].iter().all(|&r| r == 4096 || r == -(libc::ETIMEDOUT as i64)), "{got:?}");
-        assert!(got[..slow].contains(&-(libc::ETIMEDOUT as i64)), "member 0 was still at work: {got:?}");
+        let timed_out = -(libc::ETIMEDOUT as i64);
+        assert_eq!(got[slow], timed_out, "{got:?}");
+        assert!(got[..slow].iter().all(|&r| r == 4096 || r == timed_out), "{got:?}");
+        assert!(got[..slow].contains(&timed_out), "member 0 was still at work: {got:?}");
     }
 
     #[test]

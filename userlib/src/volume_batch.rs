@@ -55,6 +55,15 @@ struct Pending {
     failure: Option<(IoStatus, Error)>,
 }
 
+/// Where one member of a volume batch stands (see [`VolumeQueueBatch::member_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MemberProgress {
+    /// Its pieces on its queue whose commands have not come back.
+    pub(crate) in_flight: usize,
+    /// Its pieces whose commands came back so far (wrapping).
+    pub(crate) done: u64,
+}
+
 /// One member: its queue batch, and its pieces that wait for room there.
 struct Member {
     batch: QueueBatch,
@@ -65,8 +74,7 @@ struct Member {
     /// Pieces submitted to its batch whose events have not come back: kept here, because the
     /// batch would count them by a walk over its slots at every poll.
     running: usize,
-    /// Its pieces whose commands came back so far (wrapping): its progress while an entry of
-    /// many pieces has no event yet, or while another member's pieces keep coming back.
+    /// Its pieces whose commands came back so far (wrapping).
     done: u64,
     /// With how each one's buffer pieces lie (`None`: one range).
     waiting: VecDeque<(Entry, Option<Stride>)>,
@@ -230,11 +238,10 @@ impl VolumeQueueBatch {
         self.members.iter().map(|m| m.batch.command_timeout()).max().unwrap_or_default()
     }
 
-    /// Each member's progress, in member order: its pieces in flight on its queue and how many
-    /// of its pieces came back so far (wrapping). A member whose count stays put with pieces in
-    /// flight is stuck, however the others move.
-    pub(crate) fn member_progress(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
-        self.members.iter().map(|m| (m.running, m.done))
+    /// Each member's progress, in member order: what moves while an entry of many pieces has no
+    /// event yet.
+    pub(crate) fn member_progress(&self) -> impl Iterator<Item = MemberProgress> + '_ {
+        self.members.iter().map(|m| MemberProgress { in_flight: m.running, done: m.done })
     }
 
     /// Submits checked entries of any size: their pieces go to the members' queues, one

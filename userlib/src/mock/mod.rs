@@ -351,18 +351,20 @@ impl MockDevice {
         })
     }
 
-    /// Steps this (stepped) model from another thread `times` times, `period` apart: commands
-    /// that come back a few at a time (see [`MockDevice::post_at_most`]), slowly, while the
-    /// host waits.
+    /// Steps this (stepped) model from another thread every `period` until the returned
+    /// [`Stepper`] is dropped: commands that come back a few at a time (see
+    /// [`MockDevice::post_at_most`]), slowly, while the host waits.
     #[cfg(test)]
-    pub(crate) fn step_every(&self, period: std::time::Duration, times: usize) -> JoinHandle<()> {
-        let model = self.model.clone();
-        std::thread::spawn(move || {
-            for _ in 0..times {
+    pub(crate) fn step_every(&self, period: std::time::Duration) -> Stepper {
+        let (model, stop) = (self.model.clone(), Arc::new(AtomicBool::new(false)));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
                 std::thread::sleep(period);
                 step_model(&model);
             }
-        })
+        });
+        Stepper { stop, thread: Some(thread) }
     }
 
     /// Overwrites the namespace's data at block `lba`.
@@ -371,6 +373,23 @@ impl MockDevice {
         let a = (lba * self.block_size as u64) as usize;
         if let Some(dst) = m.backing.get_mut(a..a + data.len()) {
             dst.copy_from_slice(data);
+        }
+    }
+}
+
+/// A thread stepping a model (see [`MockDevice::step_every`]); dropping it stops and joins it.
+#[cfg(test)]
+pub(crate) struct Stepper {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[cfg(test)]
+impl Drop for Stepper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
