@@ -31,6 +31,11 @@ const STARTED_MARKER: &str = "UGDS-VM-STARTED";
 /// timeout; [`run`] then fails as for a crash, so the suite boots the variant once more.
 const BOOT_DEADLINE: Duration = Duration::from_secs(180);
 
+/// CPUs of every guest (QEMU's `-smp`).
+pub const GUEST_CPUS: u32 = 2;
+/// [`GUEST_CPUS`] as QEMU's argument.
+const GUEST_CPUS_ARG: &str = "2";
+
 /// One emulated NVMe controller: `size=1G,lbs=4096,mdts=2,qpairs=4,mqes=127,ns=2,throttle_iops=10,serial=X,shared=on`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvmeSpec {
@@ -394,7 +399,7 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, shm: Option<&Path>, ini
         "-cpu",
         if cfg.p2p.is_some_and(|p| p.zen_cpu) { "EPYC" } else { "max" },
         "-smp",
-        "2",
+        GUEST_CPUS_ARG,
         "-m",
         &cfg.mem,
         "-nographic",
