@@ -33,8 +33,6 @@ const BOOT_DEADLINE: Duration = Duration::from_secs(180);
 
 /// CPUs of every guest (QEMU's `-smp`).
 pub const GUEST_CPUS: u32 = 2;
-/// [`GUEST_CPUS`] as QEMU's argument.
-const GUEST_CPUS_ARG: &str = "2";
 
 /// One emulated NVMe controller: `size=1G,lbs=4096,mdts=2,qpairs=4,mqes=127,ns=2,throttle_iops=10,serial=X,shared=on`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,8 +396,6 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, shm: Option<&Path>, ini
         "tcg,thread=multi",
         "-cpu",
         if cfg.p2p.is_some_and(|p| p.zen_cpu) { "EPYC" } else { "max" },
-        "-smp",
-        GUEST_CPUS_ARG,
         "-m",
         &cfg.mem,
         "-nographic",
@@ -410,6 +406,7 @@ fn qemu_args(cfg: &VmConfig, kernel: &Guest, dir: &Path, shm: Option<&Path>, ini
     .iter()
     .map(|s| s.to_string())
     .collect();
+    a.extend(["-smp".into(), GUEST_CPUS.to_string()]);
     a.extend(["-monitor".into(), monitor(std::env::var_os(MONITOR_ENV))?]);
     // tsc=reliable: keep the vDSO clock (TSC) even if TCG timing trips the clocksource watchdog.
     let mut append = String::from("console=ttyS0 panic=-1 loglevel=4 rdinit=/init tsc=reliable");
