@@ -606,7 +606,7 @@ mod tests {
         let pinned = Grid { cpus: Some("0,1".into()), ..grid() }.checked().unwrap();
         assert_eq!(Grid::from_json(&pinned.to_json()).unwrap(), pinned);
         assert!(table(&pinned, &[]).contains("ran on CPU list 0,1 alone"));
-        assert!(!table(&grid(), &[]).contains("ran on CPUs"));
+        assert!(!table(&grid(), &[]).contains("ran on CPU list"));
     }
 
     fn point(engine: &str, size: &str, depth: usize, iops: f64, p50: f64) -> Value {
